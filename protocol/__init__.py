@@ -1,0 +1,67 @@
+"""eurekamem's wire protocol, sans-IO: records, params, the JSON-RPC envelope and the framings.
+
+Both the daemon and the client import it; it does no I/O and imports no event loop.
+See PROTOCOL.md beside this file for the description meant for other languages.
+"""
+
+from ._envelope import (
+    Call,
+    Codec,
+    Failure,
+    Incoming,
+    Rejected,
+    Request,
+    Success,
+    failure,
+    framing_error_line,
+    success,
+)
+from ._errors import ERROR_CODES, KIND_BY_CODE, ProtocolError
+from ._framing import (
+    DEFAULT_MAX_FRAME_BYTES,
+    BinaryDecoder,
+    FrameTooLarge,
+    NdjsonDecoder,
+    decoder_for_first_byte,
+    frame_binary,
+    frame_ndjson,
+)
+from ._methods import METHODS, RELATIONS, MethodSpec, TheoryState
+from ._methods import *  # noqa: F401,F403  (params Structs)
+from ._records import CrossRunRecord, Edge, EpisodicEntry, KnowledgeNode, normalize_timestamp, now_rfc3339
+
+PROTOCOL_VERSION = 1
+
+__all__ = [
+    "BinaryDecoder",
+    "Call",
+    "Codec",
+    "CrossRunRecord",
+    "DEFAULT_MAX_FRAME_BYTES",
+    "ERROR_CODES",
+    "Edge",
+    "EpisodicEntry",
+    "Failure",
+    "FrameTooLarge",
+    "Incoming",
+    "KIND_BY_CODE",
+    "KnowledgeNode",
+    "METHODS",
+    "MethodSpec",
+    "NdjsonDecoder",
+    "PROTOCOL_VERSION",
+    "ProtocolError",
+    "RELATIONS",
+    "Rejected",
+    "Request",
+    "Success",
+    "TheoryState",
+    "decoder_for_first_byte",
+    "failure",
+    "frame_binary",
+    "frame_ndjson",
+    "framing_error_line",
+    "normalize_timestamp",
+    "now_rfc3339",
+    "success",
+]

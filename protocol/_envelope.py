@@ -1,0 +1,185 @@
+"""The JSON-RPC 2.0 envelope in both encodings: frames in, validated calls out; replies to bytes.
+
+Rule kept here: a frame becomes either a Call (method known, params decoded into the method's
+Struct) or a Rejected (the contract's error, with the request's id when one could be read). Nothing
+here does I/O or touches state, so a bad request can never change anything.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from ._errors import ProtocolError
+from ._framing import frame_binary, frame_ndjson
+from ._methods import METHODS, MethodSpec
+
+RequestId = Union[int, str, None]
+
+
+class Request(msgspec.Struct, kw_only=True):
+    method: str
+    params: msgspec.Raw = msgspec.Raw(b"")
+    id: Union[int, str, None, UnsetType] = UNSET
+    jsonrpc: str = "2.0"
+
+
+class Success(msgspec.Struct):
+    jsonrpc: str
+    id: Any
+    result: Any
+
+
+class Failure(msgspec.Struct):
+    jsonrpc: str
+    id: Any
+    error: dict[str, Any]
+
+
+class Call(msgspec.Struct):
+    """A request that is ready to run. `id` is UNSET for a notification (no answer)."""
+
+    id: Union[int, str, None, UnsetType]
+    spec: MethodSpec
+    params: Any
+
+    @property
+    def wants_reply(self) -> bool:
+        return self.id is not UNSET
+
+
+class Rejected(msgspec.Struct):
+    """A request that cannot run; `error` is what to answer (unless it was a notification)."""
+
+    id: Union[int, str, None, UnsetType]
+    error: ProtocolError
+
+    @property
+    def wants_reply(self) -> bool:
+        return self.id is not UNSET
+
+
+Incoming = Union[Call, Rejected]
+
+
+def success(request_id: RequestId, result: Any) -> Success:
+    return Success("2.0", request_id, result)
+
+
+def failure(request_id: RequestId, error: ProtocolError) -> Failure:
+    return Failure("2.0", request_id, error.to_wire())
+
+
+def _params_error(exc: Exception) -> ProtocolError:
+    text = str(exc)
+    kind = "too_large" if "length <=" in text else "invalid_params"
+    return ProtocolError(kind, f"invalid params: {text}")
+
+
+class Codec:
+    """One framing's envelope codec: JSON for NDJSON, MessagePack for binary frames."""
+
+    def __init__(self, framing: str) -> None:
+        if framing not in ("ndjson", "binary"):
+            raise ValueError(f"unknown framing {framing!r}")
+        self.framing = framing
+        mod = msgspec.json if framing == "ndjson" else msgspec.msgpack
+        self._mod = mod
+        self._envelope = mod.Decoder(Union[Request, list[msgspec.Raw]])
+        self._request = mod.Decoder(Request)
+        self._any = mod.Decoder()
+        self._params: dict[type, Any] = {}
+        self._empty_params = b"{}" if framing == "ndjson" else b"\x80"
+        self._encoder = mod.Encoder()
+        self._frame = frame_ndjson if framing == "ndjson" else frame_binary
+
+    # --- decoding -------------------------------------------------------------------------------
+
+    def decode(self, frame: bytes) -> tuple[list[Incoming], bool]:
+        """A frame's requests, and whether it was a batch (a batch is answered with one array)."""
+        try:
+            envelope = self._envelope.decode(frame)
+        except msgspec.ValidationError:
+            return [self._reject_invalid(frame)], False
+        except msgspec.DecodeError as exc:
+            return [Rejected(None, ProtocolError("parse_error", f"parse error: {exc}"))], False
+        if isinstance(envelope, Request):
+            return [self._to_call(envelope)], False
+        if not envelope:
+            return [Rejected(None, ProtocolError("invalid_request", "empty batch"))], False
+        out: list[Incoming] = []
+        for raw in envelope:
+            try:
+                out.append(self._to_call(self._request.decode(raw)))
+            except msgspec.ValidationError:
+                out.append(self._reject_invalid(raw))
+        return out, True
+
+    def _reject_invalid(self, raw: bytes) -> Rejected:
+        obj = self._any.decode(raw)
+        request_id: Any = None
+        if isinstance(obj, dict):
+            candidate = obj.get("id", UNSET)
+            if candidate is UNSET or isinstance(candidate, (int, str)) and not isinstance(candidate, bool):
+                request_id = candidate
+            if "method" not in obj:
+                problem = "missing `method`"
+            elif not isinstance(obj.get("method"), str):
+                problem = "`method` must be a string"
+            elif "params" in obj and not isinstance(obj["params"], dict):
+                problem = "`params` must be an object"
+            else:
+                problem = "bad envelope (id must be a string, an integer or null)"
+            if request_id is UNSET:
+                request_id = None  # an invalid request is answered even without an id
+        else:
+            problem = f"a request must be an object, not {type(obj).__name__}"
+        return Rejected(request_id, ProtocolError("invalid_request", f"invalid request: {problem}"))
+
+    def _to_call(self, request: Request) -> Incoming:
+        if request.jsonrpc != "2.0":
+            return Rejected(request.id, ProtocolError("invalid_request", 'invalid request: "jsonrpc" must be "2.0"'))
+        spec = METHODS.get(request.method)
+        if spec is None:
+            return Rejected(
+                request.id,
+                ProtocolError("method_not_found", f"method not found: {request.method!r}", method=request.method),
+            )
+        raw = bytes(request.params) or self._empty_params
+        try:
+            params = self.decode_params(spec.params, raw)
+        except ProtocolError as exc:
+            return Rejected(request.id, exc)
+        return Call(request.id, spec, params)
+
+    def decode_params(self, params_type: type, raw: bytes) -> Any:
+        decoder = self._params.get(params_type)
+        if decoder is None:
+            decoder = self._params[params_type] = self._mod.Decoder(params_type)
+        try:
+            return decoder.decode(raw)
+        except msgspec.ValidationError as exc:
+            raise _params_error(exc) from None
+        except msgspec.DecodeError as exc:
+            raise ProtocolError("invalid_params", f"invalid params: {exc}") from None
+
+    # --- encoding -------------------------------------------------------------------------------
+
+    def encode(self, message: Any) -> bytes:
+        """A reply (Success, Failure or a list of them) as one framed message."""
+        return self._frame(self._encoder.encode(message))
+
+    def encode_request(self, request_id: RequestId, method: str, params: Any) -> bytes:
+        """A request as one framed message (for clients and tests)."""
+        return self._frame(self._encoder.encode({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}))
+
+
+def framing_error_line(first_byte: int) -> bytes:
+    """The one JSON line sent before closing a connection whose first byte picks no framing."""
+    error = ProtocolError(
+        "parse_error",
+        f"unknown framing: first byte 0x{first_byte:02x}; send JSON lines or 0x00-prefixed binary frames",
+    )
+    return frame_ndjson(msgspec.json.encode(failure(None, error)))

@@ -1,0 +1,179 @@
+"""Every method's params as a msgspec Struct, and the table that names them.
+
+Rule kept here: a method exists on the wire if and only if it is in METHODS; its params Struct
+forbids unknown fields and carries every bound (lengths, ranges), so that a request which decodes
+is a request the daemon can run. Bounds on string and list lengths are reported as `too_large`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+# Field limits. A frame is bounded separately (max_frame_bytes, 16 MiB by default).
+MAX_ID = 256  # session ids, roles, node ids, tags
+MAX_KEY = 1024  # persistent keys, theorem names, prefixes
+MAX_TEXT = 1 << 20  # content, formal statements: 1 Mi characters
+MAX_TAGS = 256
+MAX_RECENT = 500  # the episodic ring size
+MAX_DEPTH = 16
+MAX_LIMIT = 10_000
+
+Ident = Annotated[str, Meta(min_length=1, max_length=MAX_ID)]
+Key = Annotated[str, Meta(min_length=1, max_length=MAX_KEY)]
+Text = Annotated[str, Meta(max_length=MAX_TEXT)]
+Tag = Annotated[str, Meta(min_length=1, max_length=MAX_ID)]
+Tags = Annotated[list[Tag], Meta(max_length=MAX_TAGS)]
+Relation = Literal["uses", "generalizes", "specializes", "contradicts"]
+RELATIONS: tuple[str, ...] = ("uses", "generalizes", "specializes", "contradicts")
+
+
+class Params(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Base of every params Struct."""
+
+
+class Empty(Params):
+    pass
+
+
+# --- tier 1: episodic ---------------------------------------------------------------------------
+
+
+class EpisodicLog(Params):
+    session_id: Ident
+    agent_role: Ident
+    content: Text
+    metadata: dict[str, Any] = {}
+
+
+class EpisodicRecent(Params):
+    session_id: Ident
+    n: Annotated[int, Meta(ge=1, le=MAX_RECENT)] = 20
+    agent_role: Ident | None = None
+
+
+class EpisodicSearch(Params):
+    session_id: Ident
+    query: Annotated[str, Meta(min_length=1, max_length=MAX_KEY)]
+    n: Annotated[int, Meta(ge=1, le=MAX_RECENT)] = 20
+
+
+class TheoryState(msgspec.Struct, kw_only=True):
+    """EurekaClaw's TheoryState as JSON; unknown fields are ignored (CONTRACT.md §3)."""
+
+    informal_statement: str = ""
+    formal_statement: str = ""
+    status: str = ""
+    proven_lemmas: dict[str, dict[str, Any]] = {}
+    failed_attempts: list[dict[str, Any]] = []
+    lemma_dag: dict[str, dict[str, Any]] = {}
+
+
+class SessionClose(Params):
+    session_id: Ident
+    domain: Annotated[str, Meta(max_length=MAX_KEY)] | None = None
+    theory_state: TheoryState | None = None
+    extract: bool = True
+
+
+# --- tier 2: persistent -------------------------------------------------------------------------
+
+
+class PersistentRemember(Params):
+    key: Key
+    value: Any
+    tags: Tags = []
+    source_session: Annotated[str, Meta(max_length=MAX_ID)] = ""
+
+
+class PersistentKey(Params):
+    key: Key
+
+
+class PersistentByTag(Params):
+    tag: Tag
+
+
+class PersistentKeys(Params):
+    prefix: Annotated[str, Meta(max_length=MAX_KEY)] = ""
+    limit: Annotated[int, Meta(ge=1, le=MAX_LIMIT)] = 1000
+
+
+# --- tier 3: knowledge graph --------------------------------------------------------------------
+
+
+class GraphAddTheorem(Params):
+    theorem_name: Key
+    formal_statement: Text
+    domain: Annotated[str, Meta(max_length=MAX_KEY)] = ""
+    session_id: Annotated[str, Meta(max_length=MAX_ID)] = ""
+    tags: Tags = []
+
+
+class GraphLink(Params):
+    from_id: Ident
+    to_id: Ident
+    relation: Relation = "uses"
+
+
+class GraphNodeRef(Params):
+    node_id: Ident
+
+
+class GraphRelated(Params):
+    node_id: Ident
+    depth: Annotated[int, Meta(ge=0, le=MAX_DEPTH)] = 2
+
+
+class GraphSearch(Params):
+    query: Annotated[str, Meta(max_length=MAX_KEY)] = ""
+    domain: Annotated[str, Meta(max_length=MAX_KEY)] | None = None
+    tag: Tag | None = None
+    limit: Annotated[int, Meta(ge=1, le=MAX_LIMIT)] = 50
+
+
+class GraphExport(Params):
+    format: Literal["node_link", "graphml"] = "node_link"
+
+
+# --- the table ----------------------------------------------------------------------------------
+
+
+class MethodSpec(msgspec.Struct, frozen=True):
+    name: str
+    params: type
+    tier: str  # which actor answers: sys, episodic, persistent, graph
+    writes: bool  # changes durable state (journaled)
+    doc: str
+
+
+def _spec(name: str, params: type, tier: str, writes: bool, doc: str) -> tuple[str, MethodSpec]:
+    return name, MethodSpec(name, params, tier, writes, doc)
+
+
+METHODS: dict[str, MethodSpec] = dict(
+    [
+        _spec("sys.hello", Empty, "sys", False, "server name, version, protocol, methods, limits"),
+        _spec("sys.ping", Empty, "sys", False, '{"pong": true}'),
+        _spec("sys.stats", Empty, "sys", False, "counts per tier, journal, requests, latencies"),
+        _spec("sys.snapshot", Empty, "sys", False, "write every snapshot file now"),
+        _spec("episodic.log", EpisodicLog, "episodic", False, "append an event to a session"),
+        _spec("episodic.recent", EpisodicRecent, "episodic", False, "last n events, oldest first"),
+        _spec("episodic.search", EpisodicSearch, "episodic", False, "events whose content has the keyword"),
+        _spec("session.close", SessionClose, "episodic", False, "write the session's events to runs/, free it"),
+        _spec("persistent.remember", PersistentRemember, "persistent", True, "store a record under a key"),
+        _spec("persistent.recall", PersistentKey, "persistent", False, "the record, or null"),
+        _spec("persistent.by_tag", PersistentByTag, "persistent", False, "records carrying a tag"),
+        _spec("persistent.forget", PersistentKey, "persistent", True, "delete a key"),
+        _spec("persistent.keys", PersistentKeys, "persistent", False, "keys starting with a prefix, sorted"),
+        _spec("graph.add_theorem", GraphAddTheorem, "graph", True, "add a theorem node"),
+        _spec("graph.link", GraphLink, "graph", True, "add a directed relation between two nodes"),
+        _spec("graph.get", GraphNodeRef, "graph", False, "one node"),
+        _spec("graph.related", GraphRelated, "graph", False, "nodes within depth hops, either direction"),
+        _spec("graph.search", GraphSearch, "graph", False, "nodes by text, domain, tag"),
+        _spec("graph.stats", Empty, "graph", False, "node, edge and relation counts"),
+        _spec("graph.export", GraphExport, "graph", False, "node-link JSON or GraphML"),
+    ]
+)

@@ -1,0 +1,71 @@
+"""Records as they travel on the wire and sit in the snapshots, with EurekaClaw's field names.
+
+Timestamps are RFC 3339 strings (CONTRACT.md §3), not datetime objects: they are stored, journaled
+and sent exactly as written, in both framings, and parsed only by those who need a datetime.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from typing import Any
+
+import msgspec
+
+
+class EpisodicEntry(msgspec.Struct, kw_only=True):
+    entry_id: str
+    session_id: str
+    agent_role: str
+    content: str
+    metadata: dict[str, Any] = {}
+    timestamp: str
+
+
+class CrossRunRecord(msgspec.Struct, kw_only=True):
+    record_id: str
+    key: str
+    value: Any
+    tags: list[str] = []
+    source_session: str = ""
+    created_at: str
+    updated_at: str
+
+
+class KnowledgeNode(msgspec.Struct, kw_only=True):
+    node_id: str
+    theorem_name: str
+    formal_statement: str
+    domain: str = ""
+    session_id: str = ""
+    related_to: list[str] = []
+    tags: list[str] = []
+    created_at: str
+
+
+class Edge(msgspec.Struct, kw_only=True):
+    from_id: str
+    to_id: str
+    relation: str
+
+
+def now_rfc3339() -> str:
+    """The current time as an RFC 3339 string in UTC with microseconds."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat()
+
+
+def normalize_timestamp(value: Any) -> str:
+    """Read a timestamp leniently (naive means UTC, offsets kept, 'Z' accepted) as RFC 3339.
+
+    Raises ValueError when the value is not a timestamp at all.
+    """
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return _dt.datetime.fromtimestamp(float(value), _dt.timezone.utc).isoformat()
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"not a timestamp: {value!r}")
+    text = value.strip()
+    if text.endswith(("Z", "z")):
+        text = text[:-1] + "+00:00"
+    parsed = _dt.datetime.fromisoformat(text)
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=_dt.timezone.utc)
+    return parsed.isoformat()
