@@ -1,0 +1,137 @@
+"""Tier actors: one trio task per tier owns that tier's state; requests reach it on a channel.
+
+Rule kept here: an actor takes everything waiting on its channel as one batch, runs the handlers
+(which validate, then apply), sends the batch's mutations to the journal actor in one submit, and
+answers nobody in the batch before that submit returned. While it waits nobody else can read its
+state, so no client ever sees a write that is not durable; if the journal fails, the batch is
+rolled back and its writes answer `read_only`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any, Callable, Protocol
+
+import trio
+
+from eurekamem.protocol import Call, ProtocolError
+
+from ._journal_actor import JournalActor, JournalUnavailable
+from ._state import RTYPE_MUTATION, TierState, mutation_encoder
+from ._sync import Waiter
+
+log = logging.getLogger("eurekamem.actor")
+
+MAX_BATCH = 4096
+
+
+class Reply(Protocol):
+    def deliver(self, call: Call, result: Any, started_ns: int) -> None:
+        """Hand a result (or a ProtocolError) for `call` back to whoever asked."""
+
+
+class Work:
+    __slots__ = ("call", "reply", "started_ns")
+
+    def __init__(self, call: Call, reply: Reply, started_ns: int) -> None:
+        self.call = call
+        self.reply = reply
+        self.started_ns = started_ns
+
+
+class Internal:
+    """A function to run against the state between batches (snapshots, statistics)."""
+
+    __slots__ = ("fn", "waiter")
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn = fn
+        self.waiter = Waiter()
+
+
+class TierActor:
+    def __init__(self, state: TierState, journal: JournalActor | None) -> None:
+        self.state = state
+        self.journal = journal
+        self._send, self._recv = trio.open_memory_channel[Any](math.inf)
+        self.batches = 0
+        self.requests = 0
+
+    @property
+    def name(self) -> str:
+        return self.state.name
+
+    def submit(self, work: Work) -> None:
+        self._send.send_nowait(work)
+
+    async def run_internal(self, fn: Callable[[Any], Any]) -> Any:
+        item = Internal(fn)
+        self._send.send_nowait(item)
+        return await item.waiter.wait()
+
+    def close(self) -> None:
+        self._send.close()
+
+    def queue_length(self) -> int:
+        return self._recv.statistics().current_buffer_used
+
+    async def run(self) -> None:
+        recv = self._recv
+        async for first in recv:
+            batch = [first]
+            while len(batch) < MAX_BATCH:
+                try:
+                    batch.append(recv.receive_nowait())
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+            start = 0
+            for index, item in enumerate(batch):
+                if isinstance(item, Internal):
+                    await self._run_batch(batch[start:index])
+                    try:
+                        item.waiter.set(item.fn(self.state))
+                    except Exception as exc:
+                        item.waiter.fail(exc)
+                    start = index + 1
+            await self._run_batch(batch[start:])
+
+    async def _run_batch(self, batch: list[Work]) -> None:
+        if not batch:
+            return
+        self.batches += 1
+        self.requests += len(batch)
+        state = self.state
+        results: list[Any] = []
+        first_write = len(batch)
+        for index, work in enumerate(batch):
+            results.append(await self.handle(work.call))
+            if state.pending and first_write == len(batch):
+                first_write = index
+        mutations = state.take_pending()
+        if mutations:
+            try:
+                await self.journal.submit([(RTYPE_MUTATION, mutation_encoder.encode(m)) for m in mutations])
+            except JournalUnavailable as exc:
+                state.rollback()
+                error = ProtocolError("read_only", f"read-only: {exc}")
+                results[first_write:] = [error] * (len(batch) - first_write)
+            else:
+                state.forget_undo()
+        for work, result in zip(batch, results):
+            work.reply.deliver(work.call, result, work.started_ns)
+
+    async def handle(self, call: Call) -> Any:
+        """Run one call against the state; a ProtocolError is a result too."""
+        try:
+            return self.state.handle(call.spec.name, call.params)
+        except ProtocolError as exc:
+            return exc
+        except Exception as exc:  # a bug: answer `internal`, keep serving, keep the state as it was
+            log.exception("internal error in %s", call.spec.name)
+            return ProtocolError("internal", f"internal error in {call.spec.name}: {type(exc).__name__}: {exc}")
+
+
+def monotonic_ns() -> int:
+    return time.perf_counter_ns()

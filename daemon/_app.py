@@ -1,0 +1,500 @@
+"""The daemon: recovery, the actors, the listener, snapshots and an orderly shutdown.
+
+Rule kept here: the daemon answers nothing until recovery is complete (newest snapshot, then the
+journal replayed past the snapshot's checkpoint); a snapshot is written only from copies the tier
+actors hand over between batches, after the journal has rotated, and journal segments are dropped
+only after the snapshot files and the checkpoint that covers them are durable. On shutdown it stops
+accepting, answers what it has received, writes a final snapshot and closes the journal.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import socket as stdlib_socket
+import stat
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import trio
+
+from eurekamem.protocol import (
+    METHODS,
+    PROTOCOL_VERSION,
+    Call,
+    ProtocolError,
+    now_rfc3339,
+)
+from eurekamem.protocol import _methods as limits_module
+
+from . import _eurekaclaw as eurekaclaw
+from ._actors import TierActor, Work
+from ._files import RealFiles, atomic_write
+from ._journal import Journal
+from ._journal_actor import FSYNC_POLICIES, JournalActor
+from ._server import Connection, Limits
+from ._state import (
+    MUTATION_TIER,
+    RTYPE_MUTATION,
+    EpisodicState,
+    GraphState,
+    PersistentState,
+    mutation_decoder,
+)
+from ._stats import RequestStats
+
+log = logging.getLogger("eurekamem")
+
+try:
+    from importlib.metadata import version as _dist_version
+
+    VERSION = _dist_version("eurekamem")
+except Exception:  # not installed as a distribution (running from a source tree)
+    VERSION = "0.0.0+source"
+
+
+class StartupError(Exception):
+    """The daemon cannot start; the message says why and what to do."""
+
+
+class Config(msgspec.Struct, kw_only=True):
+    data_dir: Path
+    socket_path: Path
+    fsync: str = "always"
+    batch_interval: float = 1.0  # seconds between fsyncs under --fsync batch
+    max_frame_bytes: int = 16 * 1024 * 1024
+    max_inflight: int = 1024
+    snapshot_quiet: float = 5.0  # snapshot after this many seconds without writes
+    snapshot_max_delay: float = 60.0  # ... or this long after the first unsnapshotted write
+    shutdown_grace: float = 10.0  # seconds to finish in-flight answers at shutdown
+
+    def __post_init__(self) -> None:
+        if self.fsync not in FSYNC_POLICIES:
+            raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, not {self.fsync!r}")
+
+
+class Paths:
+    def __init__(self, data_dir: Path) -> None:
+        self.root = data_dir
+        self.memory = data_dir / "memory"
+        self.persistent = self.memory / "persistent.json"
+        self.graph = self.memory / "knowledge_graph.json"
+        self.journal = self.memory / "journal"
+        self.checkpoint = self.journal / "checkpoint.json"
+        self.lock = self.journal / "LOCK"
+        self.runs = data_dir / "runs"
+
+
+# --- recovery ------------------------------------------------------------------------------------
+
+
+class Recovered:
+    def __init__(self) -> None:
+        self.journal: Journal | None = None
+        self.persistent = PersistentState()
+        self.graph = GraphState()
+        self.checkpoint_seq = 0
+        self.replayed = 0
+        self.imported: dict[str, int] = {}
+
+
+def _read_snapshot(path: Path, reader: Any, has_checkpoint: bool) -> Any:
+    if not path.exists():
+        return None
+    try:
+        return reader(path.read_bytes(), path.name)
+    except eurekaclaw.SnapshotReadError as exc:
+        if has_checkpoint:
+            raise StartupError(f"{exc}; the daemon wrote this file itself, so it refuses to guess") from None
+        aside = path.with_name(f"{path.name}.unreadable-{now_rfc3339().replace(':', '')}")
+        os.replace(path, aside)
+        log.error("%s; kept it as %s and started without it", exc, aside)
+        return None
+
+
+def recover(paths: Paths, fs: Any = None) -> Recovered:
+    """Load the snapshots (EurekaClaw's files on a first start), then replay the journal past them."""
+    fs = fs or RealFiles()
+    out = Recovered()
+    has_checkpoint = paths.checkpoint.exists()
+    if has_checkpoint:
+        out.checkpoint_seq = int(json.loads(paths.checkpoint.read_bytes())["seq"])
+    records = _read_snapshot(paths.persistent, eurekaclaw.read_persistent, has_checkpoint)
+    if records:
+        for record in records.values():
+            out.persistent.apply(eurekaclaw_put(record))
+    graph = _read_snapshot(paths.graph, eurekaclaw.read_graph, has_checkpoint)
+    if graph:
+        nodes, edges = graph
+        out.graph.nodes.update(nodes)
+        for edge in edges:
+            out.graph.apply(_edge(*edge))
+    if not has_checkpoint:
+        out.imported = {"records": len(records or {}), "nodes": len(out.graph.nodes), "edges": len(out.graph.edges)}
+    journal, entries = Journal.open(paths.journal, fs=fs, first_seq=out.checkpoint_seq + 1)
+    out.journal = journal
+    if journal.next_seq <= out.checkpoint_seq:
+        journal.close()
+        raise StartupError(
+            f"the journal in {paths.journal} ends at seq {journal.last_seq}, before the checkpoint's "
+            f"seq {out.checkpoint_seq}: journal segments were removed by hand; refusing to reuse their numbers"
+        )
+    states = {"persistent": out.persistent, "graph": out.graph}
+    for seq, rtype, payload in entries:
+        if seq <= out.checkpoint_seq or rtype != RTYPE_MUTATION:
+            continue
+        mutation = mutation_decoder.decode(payload)
+        states[MUTATION_TIER[type(mutation)]].apply(mutation)
+        out.replayed += 1
+    return out
+
+
+def eurekaclaw_put(record: Any) -> Any:
+    from ._state import PutRecord
+
+    return PutRecord(record)
+
+
+def _edge(from_id: str, to_id: str, relation: str) -> Any:
+    from ._state import PutEdge
+
+    return PutEdge(from_id, to_id, relation)
+
+
+# --- the lock and the socket ----------------------------------------------------------------------
+
+
+def acquire_lock(paths: Paths) -> int:
+    paths.journal.mkdir(parents=True, exist_ok=True)
+    fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise StartupError(
+                f"another eurekamem daemon (pid {holder}) is using the data root {paths.root}; "
+                "stop it first, or give this one another --data-dir"
+            ) from None
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def socket_is_live(path: Path) -> bool:
+    probe = stdlib_socket.socket(stdlib_socket.AF_UNIX, stdlib_socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+async def open_listener(path: Path) -> trio.socket.SocketType:
+    """A listening Unix socket at path, mode 0600; a stale socket file is removed, a live one refused."""
+    parent = path.parent
+    if not parent.exists():
+        parent.mkdir(parents=True, mode=0o700)
+        os.chmod(parent, 0o700)
+    if os.path.lexists(path):
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise StartupError(f"{path} exists and is not a socket; refusing to replace it")
+        if socket_is_live(path):
+            raise StartupError(f"a daemon is already answering on {path}")
+        os.unlink(path)
+        log.info("removed the stale socket %s", path)
+    sock = trio.socket.socket(stdlib_socket.AF_UNIX, stdlib_socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    try:
+        await sock.bind(str(path))
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, 0o600)
+    sock.listen(1024)
+    return sock
+
+
+# --- the daemon ------------------------------------------------------------------------------------
+
+
+class Daemon:
+    def __init__(self, config: Config, fs: Any = None) -> None:
+        self.config = config
+        self.fs = fs  # the journal's file layer (tests pass a fake one); None means the real files
+        self.paths = Paths(config.data_dir)
+        self.limits = Limits(max_frame_bytes=config.max_frame_bytes, max_inflight=config.max_inflight)
+        self.stats = RequestStats()
+        self.started_at = now_rfc3339()
+        self._shutdown = trio.Event()
+        self._connections: set[Connection] = set()
+        self._snapshot_lock = trio.Lock()
+        self._snapshot_seq = -1
+        self.actors: dict[str, TierActor] = {}
+        self.journal_actor: JournalActor | None = None
+        self.recovery: dict[str, Any] = {}
+
+    def request_shutdown(self) -> None:
+        self._shutdown.set()
+
+    async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        lock_fd = acquire_lock(self.paths)
+        try:
+            await self._serve_locked(task_status)
+        finally:
+            os.close(lock_fd)
+
+    async def _serve_locked(self, task_status: Any) -> None:
+        started = trio.current_time()
+        recovered = await trio.to_thread.run_sync(recover, self.paths, self.fs)
+        self.recovery = {
+            "checkpoint_seq": recovered.checkpoint_seq,
+            "replayed": recovered.replayed,
+            "imported": recovered.imported,
+            "seconds": round(trio.current_time() - started, 3),
+        }
+        log.info("recovered: %s", self.recovery)
+        journal = recovered.journal
+        self.journal_actor = JournalActor(journal, self.config.fsync, self.config.batch_interval)
+        self.actors = {
+            "episodic": EpisodicActor(EpisodicState(), None, self.paths),
+            "persistent": TierActor(recovered.persistent, self.journal_actor),
+            "graph": TierActor(recovered.graph, self.journal_actor),
+        }
+        if recovered.replayed == 0 and not recovered.imported:
+            self._snapshot_seq = self.journal_actor.acked_seq  # the files on disk are current
+        listener = await open_listener(self.config.socket_path)
+        listener_stat = os.stat(self.config.socket_path)
+        try:
+            async with trio.open_nursery() as system:
+                system.start_soon(self.journal_actor.run)
+                for actor in self.actors.values():
+                    system.start_soon(actor.run)
+                scheduler_scope = trio.CancelScope()
+                system.start_soon(self._snapshot_scheduler, scheduler_scope)
+                self._system = system
+                async with trio.open_nursery() as connections:
+                    accept_scope = trio.CancelScope()
+                    connections.start_soon(self._accept_loop, listener, connections, accept_scope)
+                    log.info("serving on %s (data root %s, fsync %s)", self.config.socket_path, self.paths.root, self.config.fsync)
+                    task_status.started(self.config.socket_path)
+                    await self._shutdown.wait()
+                    log.info("shutting down: no new connections, finishing answers")
+                    accept_scope.cancel()
+                    listener.close()
+                    for conn in list(self._connections):
+                        conn.read_scope.cancel()
+                    with trio.move_on_after(self.config.shutdown_grace) as grace:
+                        while self._connections:
+                            await trio.sleep(0.01)
+                    if grace.cancelled_caught:
+                        log.warning("gave up waiting for %d connections", len(self._connections))
+                        connections.cancel_scope.cancel()
+                scheduler_scope.cancel()
+                with trio.CancelScope(shield=True):
+                    try:
+                        await self.snapshot(force=True)
+                    except Exception:
+                        log.exception("final snapshot failed; the journal still holds everything")
+                    for actor in self.actors.values():
+                        actor.close()
+                    self.journal_actor.close()
+                    system.cancel_scope.deadline = trio.current_time() + self.config.shutdown_grace
+        finally:
+            listener.close()
+            try:
+                if os.stat(self.config.socket_path).st_ino == listener_stat.st_ino:
+                    os.unlink(self.config.socket_path)
+            except FileNotFoundError:
+                pass
+            await trio.to_thread.run_sync(journal.close)
+            log.info("stopped")
+
+    async def _accept_loop(self, listener: Any, nursery: trio.Nursery, scope: trio.CancelScope) -> None:
+        with scope:
+            while True:
+                try:
+                    sock, _ = await listener.accept()
+                except OSError as exc:
+                    if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                        log.error("accept failed (%s); pausing", exc)
+                        await trio.sleep(0.1)
+                        continue
+                    raise
+                nursery.start_soon(self._serve_connection, trio.SocketStream(sock))
+
+    async def _serve_connection(self, stream: trio.SocketStream) -> None:
+        conn = Connection(stream, self.limits, self.dispatch, self.stats)
+        self._connections.add(conn)
+        self.stats.connections_total += 1
+        self.stats.connections_open += 1
+        try:
+            async with stream:
+                await conn.serve()
+        except Exception:
+            log.exception("connection failed")
+        finally:
+            self._connections.discard(conn)
+            self.stats.connections_open -= 1
+
+    # --- routing ------------------------------------------------------------------------------------
+
+    def dispatch(self, call: Call, reply: Any, started_ns: int) -> None:
+        tier = call.spec.tier
+        if tier != "sys":
+            self.actors[tier].submit(Work(call, reply, started_ns))
+            return
+        name = call.spec.name
+        if name == "sys.ping":
+            reply.deliver(call, {"pong": True}, started_ns)
+        elif name == "sys.hello":
+            reply.deliver(call, self.hello(), started_ns)
+        elif name == "sys.stats":
+            reply.deliver(call, self.statistics(), started_ns)
+        elif name == "sys.snapshot":
+            self._system.start_soon(self._answer_snapshot, call, reply, started_ns)
+        else:  # pragma: no cover - METHODS and this table are kept together
+            reply.deliver(call, ProtocolError("method_not_found", f"method not found: {name!r}"), started_ns)
+
+    async def _answer_snapshot(self, call: Call, reply: Any, started_ns: int) -> None:
+        try:
+            seq = await self.snapshot(force=True)
+            result: Any = {"seq": seq}
+        except Exception as exc:
+            log.exception("snapshot failed")
+            result = ProtocolError("internal", f"snapshot failed: {exc}")
+        reply.deliver(call, result, started_ns)
+
+    def hello(self) -> dict[str, Any]:
+        return {
+            "server": "eurekamem",
+            "version": VERSION,
+            "protocol": PROTOCOL_VERSION,
+            "methods": sorted(METHODS),
+            "limits": {
+                "max_frame_bytes": self.limits.max_frame_bytes,
+                "max_inflight": self.limits.max_inflight,
+                "max_id_chars": limits_module.MAX_ID,
+                "max_key_chars": limits_module.MAX_KEY,
+                "max_text_chars": limits_module.MAX_TEXT,
+                "max_tags": limits_module.MAX_TAGS,
+            },
+        }
+
+    def statistics(self) -> dict[str, Any]:
+        tiers = {name: {**actor.state.counts(), "queue": actor.queue_length()} for name, actor in self.actors.items()}
+        return {
+            "version": VERSION,
+            "pid": os.getpid(),
+            "started_at": self.started_at,
+            "data_dir": str(self.paths.root),
+            "socket": str(self.config.socket_path),
+            "read_only": bool(self.journal_actor.failed),
+            "tiers": tiers,
+            "journal": self.journal_actor.statistics(),
+            "snapshot": {"seq": self._snapshot_seq},
+            "recovery": self.recovery,
+            "requests": self.stats.summary(),
+        }
+
+    # --- snapshots ----------------------------------------------------------------------------------
+
+    async def snapshot(self, force: bool = False) -> int:
+        """Write persistent.json, knowledge_graph.json and the checkpoint; returns the covered seq."""
+        async with self._snapshot_lock:
+            journal_actor = self.journal_actor
+            if not force and journal_actor.acked_seq == self._snapshot_seq:
+                return self._snapshot_seq
+            rotated = not journal_actor.failed
+            if rotated:
+                start = await journal_actor.run_exclusive(lambda journal: journal.rotate())
+            else:
+                start = journal_actor.acked_seq + 1
+            covered = start - 1
+            records = await self.actors["persistent"].run_internal(lambda s: dict(s.records))
+            nodes, edges = await self.actors["graph"].run_internal(lambda s: (dict(s.nodes), dict(s.edges)))
+            await trio.to_thread.run_sync(self._write_snapshot, records, nodes, edges, covered if rotated else None)
+            if rotated:
+                dropped = await journal_actor.run_exclusive(lambda journal: journal.drop_before(start))
+                if dropped:
+                    log.debug("dropped journal segments %s", dropped)
+            self._snapshot_seq = covered
+            return covered
+
+    def _write_snapshot(self, records: dict, nodes: dict, edges: dict, covered: int | None) -> None:
+        fs = RealFiles()
+        self.paths.memory.mkdir(parents=True, exist_ok=True)
+        atomic_write(fs, str(self.paths.persistent), eurekaclaw.write_persistent(records))
+        atomic_write(fs, str(self.paths.graph), eurekaclaw.write_graph(nodes, edges))
+        if covered is not None:
+            doc = {"seq": covered, "written_at": now_rfc3339(), "files": ["persistent.json", "knowledge_graph.json"]}
+            atomic_write(fs, str(self.paths.checkpoint), json.dumps(doc).encode())
+
+    async def _snapshot_scheduler(self, scope: trio.CancelScope) -> None:
+        """Snapshot after a quiet period without writes, or after snapshot_max_delay of steady writing."""
+        with scope:
+            await self._snapshot_loop()
+
+    async def _snapshot_loop(self) -> None:
+        poll = min(1.0, self.config.snapshot_quiet)
+        last_seen = self.journal_actor.acked_seq
+        quiet_for = 0.0
+        dirty_for = 0.0
+        while True:
+            await trio.sleep(poll)
+            seq = self.journal_actor.acked_seq
+            if seq == self._snapshot_seq:
+                quiet_for = dirty_for = 0.0
+                last_seen = seq
+                continue
+            dirty_for += poll
+            quiet_for = quiet_for + poll if seq == last_seen else 0.0
+            last_seen = seq
+            if quiet_for >= self.config.snapshot_quiet or dirty_for >= self.config.snapshot_max_delay:
+                try:
+                    await self.snapshot()
+                except Exception:
+                    log.exception("scheduled snapshot failed; will try again")
+                quiet_for = dirty_for = 0.0
+
+
+class EpisodicActor(TierActor):
+    """Tier 1: RAM only; session.close writes the session's events to runs/<session_id>/episodic.json."""
+
+    def __init__(self, state: EpisodicState, journal: None, paths: Paths) -> None:
+        super().__init__(state, journal)
+        self.paths = paths
+
+    async def handle(self, call: Call) -> Any:
+        if call.spec.name != "session.close":
+            return await super().handle(call)
+        session_id = call.params.session_id
+        if session_id in (".", "..") or "/" in session_id or "\x00" in session_id:
+            return ProtocolError(
+                "invalid_params", f"invalid params: session_id {session_id!r} cannot name a folder", field="session_id"
+            )
+        events = self.state.sessions.get(session_id)
+        if not events:
+            self.state.close_session(session_id)
+            return {"job_id": None, "events_written": 0, "path": None}
+        path = self.paths.runs / session_id / "episodic.json"
+        data = msgspec.json.format(msgspec.json.encode(list(events)), indent=2)
+        try:
+            await trio.to_thread.run_sync(_write_run_file, path, data)
+        except OSError as exc:
+            return ProtocolError("internal", f"could not write {path}: {exc}")
+        self.state.close_session(session_id)
+        return {"job_id": None, "events_written": len(events), "path": str(path)}
+
+
+def _write_run_file(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(RealFiles(), str(path), data)

@@ -1,0 +1,120 @@
+"""EurekaClaw's snapshot files: persistent.json and knowledge_graph.json, read leniently, written exactly.
+
+Rule kept here: reading never loses what a file holds — naive, offset and 'Z' timestamps are
+normalised to RFC 3339, missing ids and timestamps are filled in, duplicate edges collapse to one,
+edges to unknown nodes are kept — and a file that cannot be read at all raises ImportError_ naming
+the file, instead of starting with an empty tier. Writing produces the shapes EurekaClaw's own code
+writes (`json.dumps(indent=2)` of its pydantic models).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from typing import Any
+
+import msgspec
+
+from eurekamem.protocol import CrossRunRecord, KnowledgeNode, normalize_timestamp, now_rfc3339
+
+log = logging.getLogger("eurekamem.import")
+
+
+class SnapshotReadError(Exception):
+    """A snapshot file exists but is not readable as EurekaClaw's format."""
+
+
+def _timestamp(value: Any, fallback: str) -> str:
+    try:
+        return normalize_timestamp(value)
+    except (ValueError, TypeError):
+        return fallback
+
+
+def _str_list(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [str(v) for v in value if v is not None]
+    return []
+
+
+def read_persistent(data: bytes, name: str = "persistent.json") -> dict[str, CrossRunRecord]:
+    try:
+        raw = json.loads(data) if data.strip() else {}
+    except ValueError as exc:
+        raise SnapshotReadError(f"{name}: not JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise SnapshotReadError(f"{name}: expected an object of key -> record, got {type(raw).__name__}")
+    now = now_rfc3339()
+    out: dict[str, CrossRunRecord] = {}
+    for key, item in raw.items():
+        if not isinstance(item, dict):
+            item = {"value": item}  # a bare value under a key: keep it
+        created = _timestamp(item.get("created_at"), now)
+        out[key] = CrossRunRecord(
+            record_id=str(item.get("record_id") or uuid.uuid4()),
+            key=str(item.get("key") or key),
+            value=item.get("value"),
+            tags=_str_list(item.get("tags")),
+            source_session=str(item.get("source_session") or ""),
+            created_at=created,
+            updated_at=_timestamp(item.get("updated_at"), created),
+        )
+    return out
+
+
+def read_graph(
+    data: bytes, name: str = "knowledge_graph.json"
+) -> tuple[dict[str, KnowledgeNode], dict[tuple[str, str, str], None]]:
+    try:
+        raw = json.loads(data) if data.strip() else {}
+    except ValueError as exc:
+        raise SnapshotReadError(f"{name}: not JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise SnapshotReadError(f"{name}: expected an object with nodes and edges")
+    now = now_rfc3339()
+    nodes: dict[str, KnowledgeNode] = {}
+    raw_nodes = raw.get("nodes") or {}
+    if isinstance(raw_nodes, list):  # tolerate a list of node objects
+        raw_nodes = {str(n.get("node_id") or uuid.uuid4()): n for n in raw_nodes if isinstance(n, dict)}
+    for node_id, item in raw_nodes.items():
+        if not isinstance(item, dict):
+            continue
+        node_id = str(item.get("node_id") or node_id)
+        nodes[node_id] = KnowledgeNode(
+            node_id=node_id,
+            theorem_name=str(item.get("theorem_name") or ""),
+            formal_statement=str(item.get("formal_statement") or ""),
+            domain=str(item.get("domain") or ""),
+            session_id=str(item.get("session_id") or ""),
+            related_to=_str_list(item.get("related_to")),
+            tags=_str_list(item.get("tags")),
+            created_at=_timestamp(item.get("created_at"), now),
+        )
+    edges: dict[tuple[str, str, str], None] = {}
+    dropped = 0
+    for item in raw.get("edges") or []:
+        if isinstance(item, dict):
+            item = [item.get("from_id", item.get("source")), item.get("to_id", item.get("target")), item.get("relation")]
+        if not isinstance(item, (list, tuple)) or len(item) < 2 or item[0] is None or item[1] is None:
+            dropped += 1
+            continue
+        relation = str(item[2]) if len(item) > 2 and item[2] else "uses"
+        edges[(str(item[0]), str(item[1]), relation)] = None
+    if dropped:
+        log.warning("%s: %d edge entries were not [from, to, relation] and were skipped", name, dropped)
+    return nodes, edges
+
+
+_pretty = msgspec.json.Encoder()
+
+
+def write_persistent(records: dict[str, CrossRunRecord]) -> bytes:
+    return msgspec.json.format(_pretty.encode(records), indent=2)
+
+
+def write_graph(nodes: dict[str, KnowledgeNode], edges: dict[tuple[str, str, str], None]) -> bytes:
+    doc = {"nodes": nodes, "edges": [list(e) for e in edges]}
+    return msgspec.json.format(_pretty.encode(doc), indent=2)

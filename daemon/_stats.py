@@ -1,0 +1,48 @@
+"""Request counters and latency histograms per method, read by sys.stats."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eurekamem.protocol import Call, ProtocolError
+
+from ._actors import monotonic_ns
+from ._sync import Histogram
+
+
+class MethodStats:
+    __slots__ = ("latency", "errors")
+
+    def __init__(self) -> None:
+        self.latency = Histogram()
+        self.errors: dict[str, int] = {}
+
+
+class RequestStats:
+    def __init__(self) -> None:
+        self.methods: dict[str, MethodStats] = {}
+        self.connections_total = 0
+        self.connections_open = 0
+
+    def record(self, call: Any, result: Any, started_ns: int) -> None:
+        name = call.spec.name if isinstance(call, Call) else "(rejected)"
+        entry = self.methods.get(name)
+        if entry is None:
+            entry = self.methods[name] = MethodStats()
+        entry.latency.add((monotonic_ns() - started_ns) / 1000)
+        if isinstance(result, ProtocolError):
+            entry.errors[result.kind] = entry.errors.get(result.kind, 0) + 1
+
+    def summary(self) -> dict[str, Any]:
+        methods = {}
+        total = 0
+        for name in sorted(self.methods):
+            entry = self.methods[name]
+            total += entry.latency.total
+            methods[name] = {**entry.latency.summary(), "errors": dict(entry.errors)}
+        return {
+            "total": total,
+            "connections_open": self.connections_open,
+            "connections_total": self.connections_total,
+            "methods": methods,
+        }

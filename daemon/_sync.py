@@ -1,0 +1,73 @@
+"""Small trio helpers shared by the actors: a one-shot result slot and a latency histogram."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import trio
+
+
+class Waiter:
+    """A one-shot slot: one side sets a value or an error, the other awaits it."""
+
+    __slots__ = ("_event", "_value", "_error")
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def set(self, value: Any) -> None:
+        self._value = value
+        self._event.set()
+
+    def fail(self, error: BaseException) -> None:
+        self._error = error
+        self._event.set()
+
+    async def wait(self) -> Any:
+        await self._event.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class Histogram:
+    """Latencies in microseconds, in buckets a quarter of a power of two wide (about 19 % apart)."""
+
+    __slots__ = ("counts", "total", "max_us")
+
+    BUCKETS = 4 * 40
+
+    def __init__(self) -> None:
+        self.counts = [0] * self.BUCKETS
+        self.total = 0
+        self.max_us = 0.0
+
+    def add(self, micros: float) -> None:
+        index = 0 if micros <= 1.0 else min(self.BUCKETS - 1, int(4 * math.log2(micros)) + 1)
+        self.counts[index] += 1
+        self.total += 1
+        if micros > self.max_us:
+            self.max_us = micros
+
+    def percentile(self, fraction: float) -> float:
+        """The upper bound of the bucket holding that fraction of samples (0.0 when empty)."""
+        if not self.total:
+            return 0.0
+        rank = max(1, math.ceil(fraction * self.total))
+        seen = 0
+        for index, count in enumerate(self.counts):
+            seen += count
+            if seen >= rank:
+                return min(self.max_us, 2 ** (index / 4)) if index else 1.0
+        return self.max_us
+
+    def summary(self) -> dict[str, float]:
+        return {
+            "count": self.total,
+            "p50_us": round(self.percentile(0.50), 1),
+            "p99_us": round(self.percentile(0.99), 1),
+            "max_us": round(self.max_us, 1),
+        }

@@ -1,0 +1,100 @@
+"""Shared fixtures: short temporary socket paths, an in-process daemon, a raw NDJSON connection."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import pytest
+import trio
+
+from eurekamem.daemon import Config, Daemon
+
+IO_TIMEOUT = 20  # seconds; every I/O test runs under trio.fail_after(IO_TIMEOUT)
+
+
+@pytest.fixture
+def sock_dir() -> Any:
+    """A short folder for sockets (AF_UNIX paths must stay under 108 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="em-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    root = tmp_path / "root"
+    root.mkdir()
+    return root
+
+
+@asynccontextmanager
+async def running_daemon(data_dir: Path, socket_path: Path, **options: Any) -> AsyncIterator[Daemon]:
+    options.setdefault("snapshot_quiet", 3600.0)  # tests snapshot explicitly
+    options.setdefault("snapshot_max_delay", 3600.0)
+    daemon = Daemon(Config(data_dir=data_dir, socket_path=socket_path, **options))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(daemon.serve)
+        try:
+            yield daemon
+        finally:
+            daemon.request_shutdown()
+
+
+class RawConnection:
+    """NDJSON over a real Unix socket, for tests that speak the wire protocol by hand."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self._buf = bytearray()
+
+    @classmethod
+    async def open(cls, path: Path) -> "RawConnection":
+        return cls(await trio.open_unix_socket(str(path)))
+
+    async def send_line(self, line: bytes | str) -> None:
+        if isinstance(line, str):
+            line = line.encode()
+        await self.stream.send_all(line if line.endswith(b"\n") else line + b"\n")
+
+    async def send(self, obj: Any) -> None:
+        await self.send_line(json.dumps(obj))
+
+    async def read_line(self) -> bytes | None:
+        while b"\n" not in self._buf:
+            data = await self.stream.receive_some(65536)
+            if not data:
+                return None
+            self._buf += data
+        line, _, rest = bytes(self._buf).partition(b"\n")
+        self._buf = bytearray(rest)
+        return line
+
+    async def read(self) -> Any:
+        line = await self.read_line()
+        assert line is not None, "connection closed before an answer came"
+        return json.loads(line)
+
+    async def call(self, method: str, params: dict | None = None, request_id: Any = 1) -> Any:
+        message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
+        if params is not None:
+            message["params"] = params
+        await self.send(message)
+        return await self.read()
+
+    async def result(self, method: str, params: dict | None = None) -> Any:
+        answer = await self.call(method, params)
+        assert "result" in answer, answer
+        return answer["result"]
+
+    async def error_kind(self, method: str, params: dict | None = None) -> str:
+        answer = await self.call(method, params)
+        assert "error" in answer, answer
+        return answer["error"]["data"]["kind"]
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
