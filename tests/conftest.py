@@ -34,9 +34,10 @@ def data_dir(tmp_path: Path) -> Path:
 
 @asynccontextmanager
 async def running_daemon(data_dir: Path, socket_path: Path, **options: Any) -> AsyncIterator[Daemon]:
+    fs = options.pop("fs", None)
     options.setdefault("snapshot_quiet", 3600.0)  # tests snapshot explicitly
     options.setdefault("snapshot_max_delay", 3600.0)
-    daemon = Daemon(Config(data_dir=data_dir, socket_path=socket_path, **options))
+    daemon = Daemon(Config(data_dir=data_dir, socket_path=socket_path, **options), fs=fs)
     async with trio.open_nursery() as nursery:
         await nursery.start(daemon.serve)
         try:
