@@ -7,6 +7,7 @@ here does I/O or touches state, so a bad request can never change anything.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Union
 
 import msgspec
@@ -72,9 +73,16 @@ def failure(request_id: RequestId, error: ProtocolError) -> Failure:
     return Failure("2.0", request_id, error.to_wire())
 
 
+# msgspec's wording for a max_length bound; anchored so that a client's own text (an unknown field
+# name, a bad enum value) can never make an error look like too_large.
+_TOO_LONG = re.compile(r"Expected `[a-z]+` of length <= [0-9]+")
+
+_TOO_DEEP = "nesting too deep"
+
+
 def _params_error(exc: Exception) -> ProtocolError:
     text = str(exc)
-    kind = "too_large" if "length <=" in text else "invalid_params"
+    kind = "too_large" if _TOO_LONG.match(text) else "invalid_params"
     return ProtocolError(kind, f"invalid params: {text}")
 
 
@@ -101,10 +109,12 @@ class Codec:
         """A frame's requests, and whether it was a batch (a batch is answered with one array)."""
         try:
             envelope = self._envelope.decode(frame)
-        except msgspec.ValidationError:
-            return [self._reject_invalid(frame)], False
+        except msgspec.ValidationError as exc:
+            return [self._reject_invalid(frame, exc)], False
         except msgspec.DecodeError as exc:
             return [Rejected(None, ProtocolError("parse_error", f"parse error: {exc}"))], False
+        except RecursionError:
+            return [Rejected(None, ProtocolError("too_large", f"too large: {_TOO_DEEP}"))], False
         if isinstance(envelope, Request):
             return [self._to_call(envelope)], False
         if not envelope:
@@ -113,12 +123,21 @@ class Codec:
         for raw in envelope:
             try:
                 out.append(self._to_call(self._request.decode(raw)))
-            except msgspec.ValidationError:
-                out.append(self._reject_invalid(raw))
+            except msgspec.ValidationError as exc:
+                out.append(self._reject_invalid(raw, exc))
+            except RecursionError:
+                out.append(Rejected(None, ProtocolError("too_large", f"too large: {_TOO_DEEP}")))
         return out, True
 
-    def _reject_invalid(self, raw: bytes) -> Rejected:
-        obj = self._any.decode(raw)
+    def _reject_invalid(self, raw: bytes, exc: Exception) -> Rejected:
+        # msgspec validates while it parses, so a frame rejected by validation may still be
+        # malformed further on: then it is a parse error, and no id can be trusted.
+        try:
+            obj = self._any.decode(raw)
+        except msgspec.DecodeError as parse_exc:
+            return Rejected(None, ProtocolError("parse_error", f"parse error: {parse_exc}"))
+        except RecursionError:
+            return Rejected(None, ProtocolError("too_large", f"too large: {_TOO_DEEP}"))
         request_id: Any = None
         if isinstance(obj, dict):
             candidate = obj.get("id", UNSET)
@@ -131,7 +150,7 @@ class Codec:
             elif "params" in obj and not isinstance(obj["params"], dict):
                 problem = "`params` must be an object"
             else:
-                problem = "bad envelope (id must be a string, an integer or null)"
+                problem = str(exc)  # msgspec names the field: `$.id`, `$.jsonrpc`, ...
             if request_id is UNSET:
                 request_id = None  # an invalid request is answered even without an id
         else:
@@ -140,7 +159,9 @@ class Codec:
 
     def _to_call(self, request: Request) -> Incoming:
         if request.jsonrpc != "2.0":
-            return Rejected(request.id, ProtocolError("invalid_request", 'invalid request: "jsonrpc" must be "2.0"'))
+            # not a request object, so not a notification either: answered, with id null if absent
+            request_id = None if request.id is UNSET else request.id
+            return Rejected(request_id, ProtocolError("invalid_request", 'invalid request: "jsonrpc" must be "2.0"'))
         spec = METHODS.get(request.method)
         if spec is None:
             return Rejected(
@@ -164,6 +185,8 @@ class Codec:
             raise _params_error(exc) from None
         except msgspec.DecodeError as exc:
             raise ProtocolError("invalid_params", f"invalid params: {exc}") from None
+        except RecursionError:
+            raise ProtocolError("too_large", f"too large: {_TOO_DEEP} in params") from None
 
     # --- encoding -------------------------------------------------------------------------------
 
