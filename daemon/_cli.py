@@ -63,13 +63,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     try:
         trio.run(main)
-    except StartupError as exc:
-        print(f"eurekamem: {exc}", file=sys.stderr)
-        return 1
-    except JournalCorrupt as exc:
-        print(f"eurekamem: {exc}", file=sys.stderr)
-        return 2
+    except BaseException as exc:  # trio wraps task errors in exception groups; look inside
+        leaf = _single_leaf(exc)
+        if isinstance(leaf, StartupError):
+            print(f"eurekamem: {leaf}", file=sys.stderr)
+            return 1
+        if isinstance(leaf, JournalCorrupt):
+            print(f"eurekamem: {leaf}", file=sys.stderr)
+            return 2
+        raise
     return 0
+
+
+def _single_leaf(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
 
 
 def _client(args: argparse.Namespace) -> Any:

@@ -1,0 +1,73 @@
+"""The real daemon as a subprocess, for integration tests: started, waited for, stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+START_TIMEOUT = 30.0
+
+
+class DaemonProcess:
+    def __init__(self, data_dir: Path, socket_path: Path, *extra: str) -> None:
+        self.data_dir = data_dir
+        self.socket_path = socket_path
+        self.extra = list(extra)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log: list[str] = []
+        self._ready = threading.Event()
+        self._ended = threading.Event()
+
+    def argv(self) -> list[str]:
+        return [
+            sys.executable, "-m", "eurekamem.daemon", "serve",
+            "--data-dir", str(self.data_dir), "--socket", str(self.socket_path), *self.extra,
+        ]
+
+    def start(self, expect_ready: bool = True) -> "DaemonProcess":
+        env = {k: v for k, v in os.environ.items() if k not in ("EUREKAMEM_SOCKET", "EUREKACLAW_DIR")}
+        self._ready.clear()
+        self._ended.clear()
+        self.log = []
+        self.proc = subprocess.Popen(self.argv(), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env)
+        threading.Thread(target=self._drain, args=(self.proc,), daemon=True).start()
+        if expect_ready:
+            self._ready.wait(START_TIMEOUT)
+            if not self._ready.is_set():
+                self.kill()
+                raise RuntimeError("daemon did not get ready:\n" + "".join(self.log))
+        return self
+
+    def _drain(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stderr is not None
+        for raw in proc.stderr:
+            line = raw.decode(errors="replace")
+            self.log.append(line)
+            if "serving on" in line:
+                self._ready.set()
+        self._ended.set()
+
+    def wait_exit(self, timeout: float = START_TIMEOUT) -> int:
+        assert self.proc is not None
+        code = self.proc.wait(timeout)
+        self._ended.wait(timeout)
+        return code
+
+    def terminate(self, timeout: float = START_TIMEOUT) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.wait_exit(timeout)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(START_TIMEOUT)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.log)
