@@ -1,0 +1,62 @@
+"""eurekamem's thin clients: a blocking `Client`, an `AsyncClient` (asyncio and trio) and
+`MemoryManager`, a drop-in for EurekaClaw's class of that name.
+
+Only the standard library, msgspec and eurekamem.protocol are imported: neither trio nor the daemon.
+
+    from eurekamem.client import Client
+    with Client() as c:                       # socket: default_socket_path()
+        c.remember("lemma:7", {"status": "proved"}, tags=["lemma"])
+        c.recall("lemma:7").value
+
+Errors are raised as one exception class per contract kind (NotFound, InvalidParams, ...), all
+subclasses of EurekamemError; ConnectionLost when the socket breaks or cannot be reached.
+"""
+
+from eurekamem.protocol import CrossRunRecord, EpisodicEntry, KnowledgeNode
+
+from ._async import AsyncClient, current_async_library
+from ._errors import (
+    ConnectionLost,
+    EurekamemError,
+    InternalError,
+    InvalidParams,
+    InvalidRequest,
+    MethodNotFound,
+    NotFound,
+    Overloaded,
+    ParseError,
+    ReadOnly,
+    Timeout,
+    TooLarge,
+    Unavailable,
+    error_from_wire,
+)
+from ._manager import MemoryManager
+from ._paths import data_root, default_socket_path
+from ._sync import Client
+
+__all__ = [
+    "AsyncClient",
+    "Client",
+    "ConnectionLost",
+    "CrossRunRecord",
+    "EpisodicEntry",
+    "EurekamemError",
+    "InternalError",
+    "InvalidParams",
+    "InvalidRequest",
+    "KnowledgeNode",
+    "MemoryManager",
+    "MethodNotFound",
+    "NotFound",
+    "Overloaded",
+    "ParseError",
+    "ReadOnly",
+    "Timeout",
+    "TooLarge",
+    "Unavailable",
+    "current_async_library",
+    "data_root",
+    "default_socket_path",
+    "error_from_wire",
+]

@@ -1,0 +1,281 @@
+"""What the sync and async clients share: encoding requests, decoding replies, the typed results.
+
+Only the standard library, msgspec and eurekamem.protocol; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, NamedTuple, Optional
+
+import msgspec
+
+from eurekamem.protocol import DEFAULT_MAX_FRAME_BYTES, CrossRunRecord, EpisodicEntry, KnowledgeNode
+
+from ._errors import ConnectionLost, EurekamemError, TooLarge, error_from_wire
+
+# The largest request payload we send: frames are smaller than 16 MiB, so that a binary connection
+# always starts with 0x00 (CONTRACT.md §3). Larger requests fail here, without touching the socket.
+MAX_REQUEST_BYTES = DEFAULT_MAX_FRAME_BYTES - 1
+# Replies may be bigger than requests (graph.export, say); this only guards against nonsense.
+MAX_REPLY_BYTES = 1 << 30
+RECV_BYTES = 256 * 1024
+
+_MISSING = msgspec.Raw(b"")
+
+
+class Reply(msgspec.Struct):
+    """One JSON-RPC answer; `result` stays raw MessagePack until the caller decodes it."""
+
+    id: Any = None
+    result: msgspec.Raw = _MISSING
+    error: Any = None
+
+
+_reply_decoder = msgspec.msgpack.Decoder(Reply)
+
+
+def decode_reply(frame: bytes) -> Reply:
+    try:
+        reply = _reply_decoder.decode(frame)
+    except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
+        raise ConnectionLost(f"malformed reply from server: {exc}") from None
+    if reply.error is None and reply.result is _MISSING:
+        # A `result` of nil arrives as Raw(b"\xc0"); only a reply with neither member lands here.
+        raise ConnectionLost(f"malformed reply from server (neither result nor error), id={reply.id!r}")
+    return reply
+
+
+def _enc_hook(obj: Any) -> Any:
+    dump = getattr(obj, "model_dump", None)  # pydantic models, EurekaClaw's TheoryState among them
+    if callable(dump):
+        return dump(mode="json")
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    raise TypeError(f"cannot send an object of type {type(obj).__name__}")
+
+
+def to_wire(params: Any) -> Any:
+    """Params as plain JSON-like data, so both framings carry the same values.
+
+    datetimes become RFC 3339 strings, bytes base64 strings, Structs/dataclasses/pydantic models
+    dicts, tuples and sets lists (msgspec.to_builtins).
+    """
+    return msgspec.to_builtins(params, enc_hook=_enc_hook, str_keys=True)
+
+
+class RequestEncoder:
+    """Encodes requests as binary frames (4-byte big-endian length + MessagePack). Not thread-safe."""
+
+    def __init__(self) -> None:
+        self._encoder = msgspec.msgpack.Encoder()
+
+    def frame(self, request_id: int | None, method: str, params: Any) -> bytearray:
+        message: dict[str, Any] = {"jsonrpc": "2.0", "method": method, "params": params}
+        if request_id is not None:
+            message["id"] = request_id
+        buf = bytearray(4)
+        self._encoder.encode_into(message, buf, 4)
+        size = len(buf) - 4
+        if size > MAX_REQUEST_BYTES:
+            raise TooLarge(
+                f"request for {method} is {size} bytes; frames must stay under {MAX_REQUEST_BYTES + 1} bytes"
+            )
+        buf[:4] = size.to_bytes(4, "big")
+        return buf
+
+
+def make_params(params: Any, kw: dict[str, Any]) -> Any:
+    if params is None:
+        params = {}
+    if kw:
+        if not isinstance(params, dict):
+            raise TypeError("keyword params need `params` to be a dict or None")
+        params = {**params, **kw}
+    return to_wire(params)
+
+
+_decoders: dict[Any, msgspec.msgpack.Decoder] = {}
+
+
+def decode_result(raw: msgspec.Raw, result_type: Any = Any) -> Any:
+    decoder = _decoders.get(result_type)
+    if decoder is None:
+        decoder = _decoders[result_type] = msgspec.msgpack.Decoder(result_type)
+    try:
+        return decoder.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise EurekamemError(
+            f"unexpected result shape from server ({exc})", kind="bad_result"
+        ) from None
+
+
+def outcome(reply: Reply, result_type: Any = Any, post: Callable[[Any], Any] | None = None) -> Any:
+    """The reply's value, or raise its typed error."""
+    if reply.error is not None:
+        raise error_from_wire(reply.error)
+    value = decode_result(reply.result, result_type)
+    return post(value) if post is not None else value
+
+
+# --- the convenience methods, described once for both clients ---------------------------------
+
+
+class Op(NamedTuple):
+    method: str
+    params: dict[str, Any]
+    result_type: Any = Any
+    post: Optional[Callable[[Any], Any]] = None
+    extra_wait: float = 0.0  # seconds the server may legitimately take beyond the usual
+
+
+def _drop_none(**params: Any) -> dict[str, Any]:
+    """Params without the ones left as None, so the server's defaults apply."""
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def _theory_state(state: Any) -> Any:
+    if state is None or isinstance(state, dict):
+        return state
+    dump = getattr(state, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json")
+    return msgspec.to_builtins(state, enc_hook=_enc_hook)
+
+
+def op_ping() -> Op:
+    return Op("sys.ping", {}, post=lambda r: bool(r.get("pong")) if isinstance(r, dict) else bool(r))
+
+
+def op_hello() -> Op:
+    return Op("sys.hello", {})
+
+
+def op_stats() -> Op:
+    return Op("sys.stats", {})
+
+
+def op_snapshot() -> Op:
+    return Op("sys.snapshot", {})
+
+
+def op_log_event(session_id: str, agent_role: str, content: str, metadata: dict[str, Any] | None) -> Op:
+    params = {"session_id": session_id, "agent_role": agent_role, "content": content}
+    if metadata:
+        params["metadata"] = metadata
+    return Op("episodic.log", params, EpisodicEntry)
+
+
+def op_recent(session_id: str, n: int, agent_role: str | None) -> Op:
+    return Op("episodic.recent", _drop_none(session_id=session_id, n=n, agent_role=agent_role), list[EpisodicEntry])
+
+
+def op_search_events(session_id: str, query: str, n: int) -> Op:
+    return Op("episodic.search", {"session_id": session_id, "query": query, "n": n}, list[EpisodicEntry])
+
+
+def op_close_session(session_id: str, domain: str | None, theory_state: Any, extract: bool) -> Op:
+    params = _drop_none(session_id=session_id, domain=domain, theory_state=_theory_state(theory_state))
+    params["extract"] = extract
+    return Op("session.close", params, post=lambda r: r.get("job_id") if isinstance(r, dict) else r)
+
+
+def op_remember(key: str, value: Any, tags: list[str] | None, source_session: str) -> Op:
+    params: dict[str, Any] = {"key": key, "value": value}
+    if tags:
+        params["tags"] = list(tags)
+    if source_session:
+        params["source_session"] = source_session
+    return Op("persistent.remember", params, CrossRunRecord)
+
+
+def op_recall(key: str) -> Op:
+    return Op("persistent.recall", {"key": key}, Optional[CrossRunRecord])
+
+
+def op_by_tag(tag: str) -> Op:
+    return Op("persistent.by_tag", {"tag": tag}, list[CrossRunRecord])
+
+
+def op_forget(key: str) -> Op:
+    return Op("persistent.forget", {"key": key}, post=lambda r: bool(r.get("deleted")) if isinstance(r, dict) else bool(r))
+
+
+def _keys_list(result: Any) -> Any:
+    return result.get("keys", []) if isinstance(result, dict) else result  # the daemon answers {"keys": [...]}
+
+
+def op_keys(prefix: str, limit: int | None) -> Op:
+    return Op("persistent.keys", _drop_none(prefix=prefix, limit=limit), post=_keys_list)
+
+
+def op_add_theorem(
+    theorem_name: str, formal_statement: str, domain: str, session_id: str, tags: list[str] | None
+) -> Op:
+    params: dict[str, Any] = {"theorem_name": theorem_name, "formal_statement": formal_statement}
+    if domain:
+        params["domain"] = domain
+    if session_id:
+        params["session_id"] = session_id
+    if tags:
+        params["tags"] = list(tags)
+    return Op("graph.add_theorem", params, KnowledgeNode)
+
+
+def op_link(from_id: str, to_id: str, relation: str) -> Op:
+    return Op("graph.link", {"from_id": from_id, "to_id": to_id, "relation": relation})
+
+
+def op_related(node_id: str, depth: int) -> Op:
+    return Op("graph.related", {"node_id": node_id, "depth": depth}, list[KnowledgeNode])
+
+
+def op_node(node_id: str) -> Op:
+    return Op("graph.get", {"node_id": node_id}, KnowledgeNode)
+
+
+def op_add_memory(
+    domain: str,
+    category: str,
+    title: str,
+    content: str,
+    confidence: float | None,
+    tags: list[str] | None,
+    source_session: str | None,
+    dedup: bool,
+) -> Op:
+    params = _drop_none(
+        domain=domain,
+        category=category,
+        title=title,
+        content=content,
+        confidence=confidence,
+        tags=list(tags) if tags else None,
+        source_session=source_session or None,
+    )
+    params["dedup"] = dedup
+    return Op("memory.add", params)
+
+
+def op_search_memories(query: str, domain: str | None, k: int, categories: list[str] | None) -> Op:
+    return Op("memory.search", _drop_none(query=query, domain=domain, k=k, categories=categories))
+
+
+def op_inject(domain: str, k: int, query: str | None, token_budget: int | None) -> Op:
+    return Op("memory.inject", _drop_none(domain=domain, k=k, query=query, token_budget=token_budget))
+
+
+def op_job(job_id: str) -> Op:
+    return Op("jobs.get", {"id": job_id})
+
+
+def op_wait_job(job_id: str, timeout: float | None) -> Op:
+    return Op("jobs.wait", _drop_none(id=job_id, timeout=timeout), extra_wait=timeout or 0.0)
+
+
+def op_append_conversation(group: str, messages: list[dict[str, Any]]) -> Op:
+    return Op("conversation.append", {"group": group, "messages": messages})
+
+
+def op_flush_conversation(group: str) -> Op:
+    return Op("conversation.flush", {"group": group}, post=lambda r: r.get("job_id") if isinstance(r, dict) else r)
