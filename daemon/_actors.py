@@ -90,12 +90,31 @@ class TierActor:
             for index, item in enumerate(batch):
                 if isinstance(item, Internal):
                     await self._run_batch(batch[start:index])
-                    try:
-                        item.waiter.set(item.fn(self.state))
-                    except Exception as exc:
-                        item.waiter.fail(exc)
+                    await self._run_internal_item(item)
                     start = index + 1
             await self._run_batch(batch[start:])
+
+    async def _run_internal_item(self, item: Internal) -> None:
+        """Run an internal function; if it changed durable state, journal that before answering."""
+        try:
+            result = await self._call_on_state(item.fn)
+        except Exception as exc:
+            item.waiter.fail(exc)
+            return
+        mutations = self.state.take_pending()
+        if mutations:
+            try:
+                await self.journal.submit([(RTYPE_MUTATION, mutation_encoder.encode(m)) for m in mutations])
+            except JournalUnavailable as exc:
+                await self._call_on_state(lambda state: state.rollback())
+                item.waiter.fail(exc)
+                return
+            self.state.forget_undo()
+        item.waiter.set(result)
+
+    async def _call_on_state(self, fn: Callable[[Any], Any]) -> Any:
+        """Run fn(state) as the state's owner (tiers with heavy work override: a worker thread)."""
+        return fn(self.state)
 
     async def _run_batch(self, batch: list[Work]) -> None:
         if not batch:
@@ -103,24 +122,24 @@ class TierActor:
         self.batches += 1
         self.requests += len(batch)
         state = self.state
-        results: list[Any] = []
-        first_write = len(batch)
-        for index, work in enumerate(batch):
-            results.append(await self.handle(work.call))
-            if state.pending and first_write == len(batch):
-                first_write = index
+        calls = [work.call for work in batch]
+        results = await self.handle_calls(calls)
         mutations = state.take_pending()
         if mutations:
             try:
                 await self.journal.submit([(RTYPE_MUTATION, mutation_encoder.encode(m)) for m in mutations])
             except JournalUnavailable as exc:
-                state.rollback()
+                await self._call_on_state(lambda s: s.rollback())
                 error = ProtocolError("read_only", f"read-only: {exc}")
+                first_write = next(i for i, call in enumerate(calls) if call.spec.writes)
                 results[first_write:] = [error] * (len(batch) - first_write)
             else:
                 state.forget_undo()
         for work, result in zip(batch, results):
             work.reply.deliver(work.call, result, work.started_ns)
+
+    async def handle_calls(self, calls: list[Call]) -> list[Any]:
+        return [await self.handle(call) for call in calls]
 
     async def handle(self, call: Call) -> Any:
         """Run one call against the state; a ProtocolError is a result too."""

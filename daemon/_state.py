@@ -48,12 +48,9 @@ class PutEdge(msgspec.Struct, tag="graph.edge"):
     relation: str
 
 
-Mutation = Union[PutRecord, DeleteKey, PutNode, PutEdge]
-MUTATION_TIER: dict[type, str] = {PutRecord: "persistent", DeleteKey: "persistent", PutNode: "graph", PutEdge: "graph"}
-RTYPE_MUTATION = 1  # journal record type of a msgpack-encoded Mutation
+RTYPE_MUTATION = 1  # journal record type of a msgpack-encoded mutation (the union is in _app.py)
 
 mutation_encoder = msgspec.msgpack.Encoder()
-mutation_decoder = msgspec.msgpack.Decoder(Mutation)
 
 
 class TierState:

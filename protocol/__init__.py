@@ -28,7 +28,16 @@ from ._framing import (
 )
 from ._methods import METHODS, RELATIONS, MethodSpec, TheoryState
 from ._methods import *  # noqa: F401,F403  (params Structs)
-from ._records import CrossRunRecord, Edge, EpisodicEntry, KnowledgeNode, normalize_timestamp, now_rfc3339
+from ._records import (
+    MEMORY_CATEGORIES,
+    CrossRunRecord,
+    Edge,
+    EpisodicEntry,
+    KnowledgeNode,
+    Memory,
+    normalize_timestamp,
+    now_rfc3339,
+)
 
 PROTOCOL_VERSION = 1
 
@@ -47,6 +56,8 @@ __all__ = [
     "KIND_BY_CODE",
     "KnowledgeNode",
     "METHODS",
+    "MEMORY_CATEGORIES",
+    "Memory",
     "MethodSpec",
     "NdjsonDecoder",
     "PROTOCOL_VERSION",

@@ -138,6 +138,87 @@ class GraphExport(Params):
     format: Literal["node_link", "graphml"] = "node_link"
 
 
+# --- tier 4: domain memories -------------------------------------------------------------------
+
+Category = Literal[
+    "domain_knowledge", "proof_strategy", "open_problems", "pitfalls", "fact", "preference", "skill", "goal", "context"
+]
+Scope = Literal["local", "global"]
+Confidence = Annotated[float, Meta(ge=0.0, le=1.0)]
+Domain = Annotated[str, Meta(max_length=MAX_KEY)]
+Title = Annotated[str, Meta(min_length=1, max_length=MAX_KEY)]
+Content = Annotated[str, Meta(min_length=1, max_length=MAX_TEXT)]
+MAX_K = 100
+MAX_BATCH_ITEMS = 10_000
+
+
+class MemoryAdd(Params):
+    domain: Domain
+    category: Category
+    title: Title
+    content: Content
+    confidence: Confidence = 0.8
+    tags: Tags = []
+    source_session: Annotated[str, Meta(max_length=MAX_ID)] = ""
+    scope: Scope = "local"
+    abstract: Annotated[str, Meta(max_length=MAX_KEY)] | None = None
+    overview: Annotated[str, Meta(max_length=MAX_TEXT)] | None = None
+    dedup: bool = True
+
+
+class MemoryAddMany(Params):
+    items: Annotated[list[MemoryAdd], Meta(min_length=1, max_length=MAX_BATCH_ITEMS)]
+
+
+class MemorySearch(Params):
+    query: Annotated[str, Meta(min_length=1, max_length=MAX_KEY * 4)]
+    domain: Domain | None = None
+    k: Annotated[int, Meta(ge=1, le=MAX_K)] = 10
+    categories: Annotated[list[Category], Meta(max_length=16)] | None = None
+    scope: Scope | None = None
+    status: Literal["active", "archived", "any"] = "active"
+    min_confidence: Confidence = 0.0
+    min_score: float | None = None  # a floor on the fused score
+    mode: Literal["hybrid", "dense", "lexical"] = "hybrid"
+    include_global: bool = True
+
+
+class MemoryInject(Params):
+    domain: Domain
+    k: Annotated[int, Meta(ge=1, le=MAX_K)] = 4
+    query: Annotated[str, Meta(min_length=1, max_length=MAX_KEY * 4)] | None = None
+    token_budget: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
+
+
+class MemoryRef(Params):
+    id: Ident
+
+
+class MemoryList(Params):
+    domain: Domain | None = None
+    category: Category | None = None
+    status: Literal["active", "archived", "any"] = "active"
+    limit: Annotated[int, Meta(ge=1, le=MAX_LIMIT)] = 50
+    offset: Annotated[int, Meta(ge=0)] = 0
+
+
+class MemoryUpdate(Params):
+    id: Ident
+    title: Title | None = None
+    content: Content | None = None
+    category: Category | None = None
+    confidence: Confidence | None = None
+    tags: Tags | None = None
+    scope: Scope | None = None
+    abstract: Annotated[str, Meta(max_length=MAX_KEY)] | None = None
+    overview: Annotated[str, Meta(max_length=MAX_TEXT)] | None = None
+
+
+class MemoryDelete(Params):
+    id: Ident
+    purge: bool = False
+
+
 # --- the table ----------------------------------------------------------------------------------
 
 
@@ -175,5 +256,13 @@ METHODS: dict[str, MethodSpec] = dict(
         _spec("graph.search", GraphSearch, "graph", False, "nodes by text, domain, tag"),
         _spec("graph.stats", Empty, "graph", False, "node, edge and relation counts"),
         _spec("graph.export", GraphExport, "graph", False, "node-link JSON or GraphML"),
+        _spec("memory.add", MemoryAdd, "memory", True, "add a memory: created, merged into a near duplicate, or skipped"),
+        _spec("memory.add_many", MemoryAddMany, "memory", True, "memory.add for many items in one journal write"),
+        _spec("memory.search", MemorySearch, "memory", False, "hybrid (dense + BM25) search, best first"),
+        _spec("memory.inject", MemoryInject, "memory", False, "EurekaClaw's <memories> block for a prompt"),
+        _spec("memory.get", MemoryRef, "memory", False, "one memory"),
+        _spec("memory.list", MemoryList, "memory", False, "memories newest first, paged"),
+        _spec("memory.update", MemoryUpdate, "memory", True, "change fields; re-fingerprints and re-embeds"),
+        _spec("memory.delete", MemoryDelete, "memory", True, "archive a memory, or purge it for good"),
     ]
 )

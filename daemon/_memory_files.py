@@ -1,0 +1,166 @@
+"""Tier 4 on disk in EurekaClaw's shapes: slugs, fingerprints, the .md files and _index.json.
+
+Rule kept here: the names and formats are exactly EurekaClaw's (domain slug
+`re.sub(r"[^\\w]", "_", domain.lower())[:30]` or "general"; file `YYYYMMDD_<slug>.md` with
+`_<fp[:4]>` on a clash; frontmatter `category, title, domain, confidence, created_at` first; body
+`# title`, blank line, content), values that need it are quoted so the frontmatter is valid YAML,
+and reading is lenient: unquoted values with colons, missing headings, missing fields.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any
+
+from eurekamem.protocol import Memory
+
+_NON_WORD = re.compile(r"[^\w]")
+_SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+|(?<=[。！？])")
+_WORD = re.compile(r"\S+")
+
+
+def domain_slug(domain: str) -> str:
+    return _NON_WORD.sub("_", domain.lower())[:30] if domain else "general"
+
+
+def title_slug(title: str) -> str:
+    return _NON_WORD.sub("_", title.lower())[:40]
+
+
+def fingerprint(title: str, content: str) -> str:
+    return hashlib.sha256((title + content).strip().lower().encode()).hexdigest()[:16]
+
+
+def keyword_overlap(existing: str, new: str) -> float:
+    """EurekaClaw's fast near-duplicate test: share of the new text's words found in the existing one."""
+    existing_words = set(existing.lower().split())
+    new_words = set(new.lower().split())
+    return len(existing_words & new_words) / max(len(new_words), 1)
+
+
+def derive_abstract(content: str, max_words: int = 20) -> str:
+    """L0 without an LLM: the first sentence, at most max_words words (whole words only)."""
+    text = " ".join(content.split())
+    first = _SENTENCE_END.split(text, maxsplit=1)[0] if text else ""
+    words = first.split()
+    if len(words) > max_words:
+        return " ".join(words[:max_words]) + " …"
+    if len(first) > 200 and len(words) <= 1:  # one long run without spaces (e.g. Chinese)
+        return first[:60] + "…"
+    return first
+
+
+def derive_overview(content: str, max_words: int = 80) -> str:
+    """L1 without an LLM: the first paragraph, at most max_words words."""
+    paragraph = content.strip().split("\n\n", 1)[0]
+    words = paragraph.split()
+    if len(words) > max_words:
+        return " ".join(words[:max_words]) + " …"
+    if len(paragraph) > 600 and len(words) <= 1:
+        return paragraph[:200] + "…"
+    return " ".join(words)
+
+
+def estimate_tokens(text: str) -> int:
+    """A cheap, stated estimate: 4 ASCII characters a token, 1 token for every other character."""
+    ascii_chars = sum(1 for ch in text if ord(ch) < 128)
+    return (ascii_chars + 3) // 4 + (len(text) - ascii_chars)
+
+
+# --- frontmatter -----------------------------------------------------------------------------------
+
+_PLAIN = re.compile(r"^[\w .,()/+\-–—'’]*$", re.UNICODE)
+
+
+def _yaml_scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    text = str(value)
+    if text and _PLAIN.match(text) and text.strip() == text and not text[0] in "-?!&*'\"" and text.lower() not in ("true", "false", "null", "yes", "no", "~"):
+        return text
+    return json.dumps(text, ensure_ascii=False)  # a JSON string is a valid YAML double-quoted scalar
+
+
+def render_markdown(memory: Memory) -> str:
+    lines = [
+        "---",
+        f"category: {_yaml_scalar(memory.category)}",
+        f"title: {_yaml_scalar(memory.title)}",
+        f"domain: {_yaml_scalar(memory.domain or 'general')}",
+        f"confidence: {memory.confidence:.2f}",
+        f"created_at: {_yaml_scalar(memory.created_at)}",
+        f"id: {_yaml_scalar(memory.id)}",
+        f"updated_at: {_yaml_scalar(memory.updated_at)}",
+        f"scope: {memory.scope}",
+        f"status: {memory.status}",
+        f"fingerprint: {memory.fingerprint}",
+        f"abstract: {_yaml_scalar(memory.abstract)}",
+        f"tags: {json.dumps(memory.tags, ensure_ascii=False)}",
+    ]
+    if memory.source_session:
+        lines.append(f"source_session: {_yaml_scalar(memory.source_session)}")
+    lines += ["---", "", f"# {memory.title}", "", memory.content.rstrip("\n"), ""]
+    return "\n".join(lines)
+
+
+def parse_markdown(text: str) -> tuple[dict[str, Any], str, str | None]:
+    """(frontmatter fields, content, title from a '# ' heading or None), read leniently."""
+    fields: dict[str, Any] = {}
+    body = text
+    if text.startswith("---"):
+        parts = text.split("\n", 1)
+        rest = parts[1] if len(parts) > 1 else ""
+        end = rest.find("\n---")
+        if rest.startswith("---"):
+            end = -1
+            header, body = "", rest[3:]
+        elif end >= 0:
+            header, body = rest[:end], rest[end + 4 :]
+        else:
+            header, body = "", text
+        for line in header.splitlines():
+            if ":" not in line:
+                continue
+            key, _, value = line.partition(":")  # split at the first colon: values may hold colons
+            fields[key.strip()] = _unquote(value.strip())
+    body = body.lstrip("\n")
+    heading = None
+    if body.startswith("# "):
+        first, _, remainder = body.partition("\n")
+        heading = first[2:].strip()
+        body = remainder.lstrip("\n")
+    return fields, body.strip(), heading
+
+
+def _unquote(value: str) -> Any:
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value[1:-1]
+    if len(value) >= 2 and value[0] == value[-1] == "'":
+        return value[1:-1].replace("''", "'")
+    if value.startswith("[") and value.endswith("]"):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return [v.strip().strip("'\"") for v in value[1:-1].split(",") if v.strip()]
+    return value
+
+
+def index_entry(memory: Memory) -> dict[str, Any]:
+    """One _index.json entry: EurekaClaw's keys first (no embedding floats: vectors live elsewhere)."""
+    return {
+        "fingerprint": memory.fingerprint,
+        "created_at": memory.created_at,
+        "category": memory.category,
+        "id": memory.id,
+        "title": memory.title,
+        "confidence": memory.confidence,
+        "scope": memory.scope,
+        "updated_at": memory.updated_at,
+    }

