@@ -1,0 +1,65 @@
+"""Weighted reciprocal rank fusion of several rankings of the same labels.
+
+Rule kept here: the fused order depends only on ranks and weights, never on the raw scores of
+the lists (which are not comparable: cosine vs BM25), and it is fully deterministic:
+
+    fused(label) = sum over lists L containing label of  weights[L] / (k + rank_L(label))
+
+with 1-based ranks (a label's first occurrence in a list counts; later repeats are ignored) and
+k = 60 as in Cormack et al. (2009). Order: fused score descending, then the best (smallest)
+rank the label has in any list with a positive weight, then the label ascending. A list missing
+from `weights` weighs 1.0; a list of weight 0 still reports its ranks but adds nothing (labels
+only it contains are left out).
+
+The largest possible fused score is ``max_score(weights, names, k)`` (rank 1 everywhere), so a
+caller can map scores to [0, 1] and let users set a floor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Optional
+
+__all__ = ["fuse", "max_score"]
+
+
+def fuse(
+    rankings: Mapping[str, Sequence[int]],
+    weights: Optional[Mapping[str, float]] = None,
+    *,
+    k: int = 60,
+    limit: Optional[int] = None,
+) -> list[tuple[int, float, dict[str, Optional[int]]]]:
+    """[(label, fused_score, {list name: 1-based rank or None}), ...] best first, at most `limit`."""
+    if k < 0:
+        raise ValueError(f"k must be >= 0, not {k}")
+    weights = weights or {}
+    names = list(rankings)
+    ranks: dict[int, dict[str, Optional[int]]] = {}
+    scores: dict[int, float] = {}
+    best: dict[int, int] = {}
+    for name in names:
+        w = float(weights.get(name, 1.0))
+        if w < 0:
+            raise ValueError(f"weight of {name!r} must be >= 0, not {w}")
+        for rank, label in enumerate(rankings[name], start=1):
+            lab = int(label)
+            entry = ranks.get(lab)
+            if entry is None:
+                entry = ranks[lab] = dict.fromkeys(names)
+            if entry[name] is not None:
+                continue  # a repeat within one list
+            entry[name] = rank
+            if w > 0:
+                scores[lab] = scores.get(lab, 0.0) + w / (k + rank)
+                if rank < best.get(lab, rank + 1):
+                    best[lab] = rank
+    order = sorted(scores, key=lambda lab: (-scores[lab], best[lab], lab))
+    if limit is not None:
+        order = order[: max(0, limit)]
+    return [(lab, scores[lab], ranks[lab]) for lab in order]
+
+
+def max_score(weights: Mapping[str, float], names: Iterable[str], k: int = 60) -> float:
+    """The fused score of a label ranked first in every one of `names` (the upper bound)."""
+    return sum(float(weights.get(name, 1.0)) for name in names) / (k + 1)

@@ -1,0 +1,498 @@
+"""BM25 over memory texts, with tokens that work for English and Chinese alike.
+
+Rule kept here: a search sees exactly the documents added and not removed since, scored by plain
+Okapi BM25 over the tokens `tokenize` gives; removal and replacement never leave a stale posting
+that can score. Each `add` gives the text a fresh internal document id; postings refer to those
+ids, so a removed or replaced document's postings are dead the moment it goes (its id is marked
+dead) and are dropped lazily: a term's postings are compacted when more than half of them are
+dead, and the id space is renumbered when more than half of it is dead.
+
+Scoring, for the unique query tokens t present in the index:
+
+    score(d) = sum_t idf(t) * tf(t, d) * (k1 + 1) / (tf(t, d) + k1 * (1 - b + b * |d| / avgdl))
+    idf(t)   = ln(1 + (N - df(t) + 0.5) / (df(t) + 0.5))          (Lucene's, never negative)
+
+with N the number of live documents, df(t) the number of live documents containing t, |d| the
+token count of d and avgdl the mean over live documents; a token repeated in the query counts
+once. Results are the documents with a positive score, best first, ties broken by the smaller
+label.
+
+Evaluation is exact but not exhaustive: postings are numpy arrays (document ids ascending, term
+frequencies), scored term by term from the shortest into a dense float32 array; once the k-th
+best eligible score beats the most that the remaining (long, low-idf) terms could add, those terms
+are only looked up for the remaining candidates by binary search (MaxScore-style pruning). A
+query made only of very frequent terms still scans them all (about 5-20 ns a posting).
+
+Tokens (`tokenize`): the text is lower-cased and split into runs of letters and digits (Unicode
+\\w without the underscore, so ``failed_strategies`` gives two tokens); English stop words are
+dropped; a run of CJK ideographs or kana (no spaces between words) gives its character bigrams,
+or the character itself when the run is one character long, so "机器学习" matches
+"机器学习很有用" (bigrams 机器, 器学, 学习). No stemming.
+
+Labels are non-negative integers assigned by the caller (the same ones the VectorStore uses);
+storage is proportional to the largest label. Plain blocking Python + numpy, not thread-safe:
+the memory actor serialises calls.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable
+from typing import Optional, Union
+
+import numpy as np
+
+__all__ = ["LexicalIndex", "STOP_WORDS", "tokenize"]
+
+# Lucene's English stop set plus pronouns, auxiliaries and question words: frequent, carrying
+# little meaning, and BM25's idf would weigh them down anyway.
+STOP_WORDS = frozenset(
+    """
+    a an and are as at be but by for if in into is it no not of on or such that the their then
+    there these they this to was will with
+    i me my we our ours us you your yours he him his she her hers its itself them theirs
+    am been being were has have had having do does did doing
+    what which who whom whose when where why how
+    so than too very can could would should shall may might must just also
+    from about over under again further here all any both each few more most other some own same
+    only s t d ll m re ve o y
+    """.split()
+)
+
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f"
+_TOKEN_RE = re.compile(f"([{_CJK}]+)|([^\\W_{_CJK}]+)")
+# ASCII fast path (4x faster than the regex): letters and digits kept and lower-cased, every
+# other byte becomes a space; the same tokens as the regex gives for ASCII text.
+_ASCII_TABLE = bytes(
+    c + 32 if 65 <= c <= 90 else c if (48 <= c <= 57 or 97 <= c <= 122) else 32 for c in range(256)
+)
+
+_MAX_LABEL = 2**31 - 1
+_INITIAL_POSTINGS = 4
+_PRUNE_MIN_POSTINGS = 4096  # below this many postings left to scan, scanning beats checking
+
+
+def tokenize(text: str, stop_words: frozenset[str] = STOP_WORDS) -> list[str]:
+    """Lower-case word tokens without stop words; CJK runs as character bigrams (see module)."""
+    if text.isascii():
+        words = text.encode("ascii").translate(_ASCII_TABLE).decode("ascii").split()
+        return [w for w in words if w not in stop_words]
+    out: list[str] = []
+    for cjk, word in _TOKEN_RE.findall(text.lower()):
+        if word:
+            if word not in stop_words:
+                out.append(word)
+        elif len(cjk) == 1:
+            out.append(cjk)
+        else:
+            out.extend(cjk[i : i + 2] for i in range(len(cjk) - 1))
+    return out
+
+
+class _Postings:
+    """One term's postings: growable arrays of document ids (strictly ascending: ids are handed
+    out in increasing order and compaction keeps the order) and term frequencies, plus an upper
+    bound of the frequencies (for pruning)."""
+
+    __slots__ = ("docs", "tfs", "n", "dead", "max_tf")
+
+    def __init__(self, docs: np.ndarray, tfs: np.ndarray, n: int) -> None:
+        self.docs = docs
+        self.tfs = tfs
+        self.n = n
+        self.dead = 0
+        self.max_tf = float(tfs[:n].max()) if n else 0.0
+
+    def append(self, doc: int, tf: int) -> None:
+        if self.n == self.docs.shape[0]:
+            cap = max(_INITIAL_POSTINGS, 2 * self.n)
+            self.docs = _grown(self.docs[: self.n], cap, 0)
+            self.tfs = _grown(self.tfs[: self.n], cap, 0)
+        self.docs[self.n] = doc
+        self.tfs[self.n] = tf
+        self.n += 1
+        if tf > self.max_tf:
+            self.max_tf = float(tf)
+
+    def extend(self, docs: np.ndarray, tfs: np.ndarray) -> None:
+        self.docs = np.concatenate((self.docs[: self.n], docs))
+        self.tfs = np.concatenate((self.tfs[: self.n], tfs))
+        self.n = self.docs.shape[0]
+        if tfs.size:
+            self.max_tf = max(self.max_tf, float(tfs.max()))
+
+
+class LexicalIndex:
+    """BM25 (Okapi, Lucene's idf) over one text per label. See the module docstring."""
+
+    def __init__(self, k1: float = 1.2, b: float = 0.75, *, stop_words: Optional[Iterable[str]] = None) -> None:
+        self.k1 = float(k1)
+        self.b = float(b)
+        self.stop_words = STOP_WORDS if stop_words is None else frozenset(stop_words)
+        # per term id
+        self._vocab: dict[str, int] = {}
+        self._post: list[Optional[_Postings]] = []
+        self._df = np.zeros(1024, dtype=np.int64)  # live documents containing the term
+        # per internal document id
+        self._doc_label = np.zeros(1024, dtype=np.int64)
+        self._doc_len = np.zeros(1024, dtype=np.float32)
+        self._doc_live = np.zeros(1024, dtype=bool)
+        self._doc_terms: list[Optional[np.ndarray]] = []  # unique term ids of each document
+        self._n_docs = 0  # ids handed out
+        self._n_dead = 0
+        # per label
+        self._label_doc = np.full(1024, -1, dtype=np.int64)
+        self._hi = 0
+        self._count = 0
+        self._total_len = 0.0
+        self._norm: Optional[np.ndarray] = None  # k1 * (1 - b + b * len / avgdl) per document id
+        self._pruned = 0  # searches that skipped scanning some postings
+
+    # -- basics ---------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __contains__(self, label: object) -> bool:
+        try:
+            i = int(label)  # type: ignore[call-overload]
+        except (TypeError, ValueError):
+            return False
+        return 0 <= i < self._label_doc.shape[0] and self._label_doc[i] >= 0
+
+    def tokenize(self, text: str) -> list[str]:
+        return tokenize(text, self.stop_words)
+
+    def labels(self) -> np.ndarray:
+        """The live labels, ascending (int64)."""
+        return np.flatnonzero(self._label_doc[: self._hi] >= 0).astype(np.int64)
+
+    def stats(self) -> dict[str, int]:
+        posts = [p for p in self._post if p is not None]
+        return {
+            "documents": self._count,
+            "terms": int((self._df[: len(self._post)] > 0).sum()),
+            "postings": sum(p.n for p in posts),
+            "dead_postings": sum(p.dead for p in posts),
+            "pruned_searches": self._pruned,
+        }
+
+    # -- writes ---------------------------------------------------------------------------
+
+    def add(self, label: int, text: str) -> None:
+        """Index `text` under `label`, replacing what the label had."""
+        lab = self._check_label(label)
+        self.remove(lab)
+        tokens = self.tokenize(text)
+        counts = Counter(tokens)
+        tids = self._term_ids(list(counts))
+        doc = self._new_doc(lab, len(tokens), tids)
+        post = self._post
+        for tid, tf in zip(tids.tolist(), counts.values()):
+            p = post[tid]
+            if p is None:
+                post[tid] = p = _Postings(
+                    np.empty(_INITIAL_POSTINGS, dtype=np.int32), np.empty(_INITIAL_POSTINGS, dtype=np.float32), 0
+                )
+            p.append(doc, tf)
+        self._df[tids] += 1
+
+    def add_many(self, items: Iterable[tuple[int, str]]) -> None:
+        """`add` for many (label, text) pairs, building postings in bulk (start-up, imports).
+
+        A label given twice keeps its last text.
+        """
+        last: dict[int, str] = {}
+        for label, text in items:
+            last[self._check_label(label)] = text
+        if not last:
+            return
+        for lab in last:
+            self.remove(lab)
+        tokens: list[str] = []
+        lens: list[int] = []
+        tok = self.tokenize
+        for text in last.values():
+            t = tok(text)
+            tokens.extend(t)
+            lens.append(len(t))
+        n = len(last)
+        tids = self._term_ids(tokens).astype(np.int64)
+        local = np.repeat(np.arange(n, dtype=np.int64), lens)
+        # one (term, document) pair per distinct token of a document, with its count
+        keys = np.sort(tids * n + local)
+        firsts = np.flatnonzero(np.append(True, keys[1:] != keys[:-1])) if keys.size else keys
+        pairs = keys[firsts]
+        tf = np.diff(np.append(firsts, keys.size))
+        p_term, p_doc = pairs // n, pairs % n
+        first_doc = self._n_docs
+        # each document's distinct term ids, for removal
+        by_doc = np.argsort(p_doc, kind="stable")
+        doc_bounds = np.searchsorted(p_doc[by_doc], np.arange(1, n))
+        doc_terms = np.split(p_term[by_doc].astype(np.int32), doc_bounds)
+        for lab, length, terms in zip(last, lens, doc_terms):
+            self._new_doc(lab, length, terms)
+        if not pairs.size:
+            return
+        # postings, term by term (pairs are sorted by term, then document)
+        docs = (p_doc + first_doc).astype(np.int32)
+        tfs = tf.astype(np.float32)
+        bounds = np.flatnonzero(np.diff(p_term)) + 1
+        starts = np.concatenate(([0], bounds)).tolist()
+        ends = np.concatenate((bounds, [p_term.size])).tolist()
+        post = self._post
+        for start, end in zip(starts, ends):
+            tid = int(p_term[start])
+            p = post[tid]
+            if p is None:
+                post[tid] = _Postings(docs[start:end].copy(), tfs[start:end].copy(), end - start)
+            else:
+                p.extend(docs[start:end], tfs[start:end])
+        self._df[p_term[starts]] += np.asarray(ends) - np.asarray(starts)
+
+    def remove(self, label: int) -> bool:
+        """Forget `label`'s text. Idempotent; True if it was present."""
+        if label not in self:
+            return False
+        lab = int(label)
+        doc = int(self._label_doc[lab])
+        self._label_doc[lab] = -1
+        self._doc_live[doc] = False
+        self._count -= 1
+        self._total_len -= float(self._doc_len[doc])
+        self._n_dead += 1
+        self._norm = None
+        tids = self._doc_terms[doc]
+        self._doc_terms[doc] = None
+        if tids is not None and tids.size:
+            self._df[tids] -= 1
+            post = self._post
+            for tid in tids.tolist():
+                p = post[tid]
+                assert p is not None
+                p.dead += 1
+                if p.dead * 2 > p.n:
+                    if p.dead == p.n:
+                        post[tid] = None
+                    else:
+                        self._compact_term(p)
+        if self._n_dead * 2 > self._n_docs and self._n_dead > 1024:
+            self._renumber()
+        return True
+
+    # -- search ---------------------------------------------------------------------------
+
+    def search(
+        self, query: str, k: int, allowed: Optional[np.ndarray] = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The k best labels for `query` by BM25 and their scores (float32), best first.
+
+        Only documents with a positive score come back. `allowed`: labels that may be returned.
+
+        Exact, with MaxScore-style pruning: terms are scored from the shortest postings up; once
+        the k-th best eligible score so far beats the most the remaining (frequent, low-idf)
+        terms could still add, no unseen document can enter the top k, and the remaining terms
+        are looked up only for the candidates (binary search in their sorted postings) instead
+        of being scanned.
+        """
+        empty = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32))
+        if k <= 0 or self._count == 0:
+            return empty
+        n_live = self._count
+        k1, b = self.k1, self.b
+        vocab, post, dfs = self._vocab, self._post, self._df
+        terms: list[tuple[float, _Postings]] = []
+        for term in dict.fromkeys(self.tokenize(query)):
+            tid = vocab.get(term)
+            if tid is not None and dfs[tid] > 0:
+                df = int(dfs[tid])
+                p = post[tid]
+                assert p is not None
+                idf = math.log(1.0 + (n_live - df + 0.5) / (df + 0.5))
+                terms.append((idf * (k1 + 1.0), p))
+        if not terms:
+            return empty
+        ok_label: Optional[np.ndarray] = None
+        if allowed is not None:
+            a = np.asarray(allowed, dtype=np.int64).reshape(-1)
+            a = a[(a >= 0) & (a < self._hi)]
+            if a.size == 0:
+                return empty
+            ok_label = np.zeros(self._hi, dtype=bool)
+            ok_label[a] = True
+        norm = self._norms()
+        terms.sort(key=lambda t: t[1].n)
+        # the most a term can add to a score: tf / (tf + norm) grows with tf and norm >= k1 (1 - b)
+        bounds = [c * p.max_tf / (p.max_tf + k1 * (1.0 - b)) for c, p in terms]
+        remaining_bound = sum(bounds)
+        remaining_postings = sum(p.n for _, p in terms)
+        scores = np.zeros(self._n_docs, dtype=np.float32)
+        touched: list[np.ndarray] = []
+        touched_n = 0
+        cand: Optional[np.ndarray] = None
+        i = 0
+        while i < len(terms):
+            c, p = terms[i]
+            docs = p.docs[: p.n]
+            tfs = p.tfs[: p.n]
+            # a term lists each document id once, so the fancy-index add is exact
+            scores[docs] += np.float32(c) * tfs / (tfs + norm[docs])
+            touched.append(docs)
+            touched_n += p.n
+            remaining_bound -= bounds[i]
+            remaining_postings -= p.n
+            i += 1
+            if i == len(terms) or remaining_postings < max(_PRUNE_MIN_POSTINGS, 4 * touched_n):
+                continue  # scanning the rest costs little more than checking
+            cand = self._eligible(self._touched(touched, touched_n, scores), ok_label)
+            if cand.size >= k:
+                theta = float(np.partition(scores[cand], cand.size - k)[cand.size - k])
+                if remaining_bound * (1.0 + 1e-5) < theta:
+                    # unseen documents score at most remaining_bound < theta: candidates only
+                    cand = cand[scores[cand] + np.float32(remaining_bound * (1.0 + 1e-5)) >= theta]
+                    self._pruned += 1
+                    break
+            cand = None
+        if cand is not None:
+            for c, p in terms[i:]:
+                docs = p.docs[: p.n]
+                pos = np.searchsorted(docs, cand)
+                pos[pos == p.n] = 0
+                hit = docs[pos] == cand
+                d, tf = cand[hit], p.tfs[pos[hit]]
+                scores[d] += np.float32(c) * tf / (tf + norm[d])
+        else:
+            cand = self._eligible(self._touched(touched, touched_n, scores), ok_label)
+        return _top(self._doc_label[cand], scores[cand], k)
+
+    def _touched(self, touched: list[np.ndarray], touched_n: int, scores: np.ndarray) -> np.ndarray:
+        """The documents the scanned postings name, ascending (sorting a few beats a full scan)."""
+        if touched_n * 16 < self._n_docs:
+            return _unique(np.concatenate(touched))
+        return np.flatnonzero(scores)
+
+    def _eligible(self, docs: np.ndarray, ok_label: Optional[np.ndarray]) -> np.ndarray:
+        """The live documents among `docs` whose labels are allowed."""
+        docs = docs[self._doc_live[docs]]
+        if ok_label is not None:
+            docs = docs[ok_label[self._doc_label[docs]]]
+        return docs
+
+    # -- internals ------------------------------------------------------------------------
+
+    @staticmethod
+    def _check_label(label: int) -> int:
+        lab = int(label)
+        if not 0 <= lab <= _MAX_LABEL:
+            raise ValueError(f"labels must be in [0, {_MAX_LABEL}], not {label}")
+        return lab
+
+    def _term_ids(self, tokens: list[str]) -> np.ndarray:
+        """Term ids of `tokens` (int32), giving new terms the next ids."""
+        vocab = self._vocab
+        new = set(tokens).difference(vocab)
+        if new:
+            base = len(vocab)
+            for i, term in enumerate(sorted(new)):
+                vocab[term] = base + i
+            self._post.extend([None] * len(new))
+            if len(vocab) > self._df.shape[0]:
+                self._df = _grown(self._df, max(2 * self._df.shape[0], len(vocab)), 0)
+        return np.fromiter(map(vocab.__getitem__, tokens), dtype=np.int32, count=len(tokens))
+
+    def _new_doc(self, label: int, length: int, terms: np.ndarray) -> int:
+        doc = self._n_docs
+        if doc == self._doc_label.shape[0]:
+            cap = 2 * doc
+            self._doc_label = _grown(self._doc_label, cap, 0)
+            self._doc_len = _grown(self._doc_len, cap, 0)
+            self._doc_live = _grown(self._doc_live, cap, False)
+        if label >= self._label_doc.shape[0]:
+            self._label_doc = _grown(self._label_doc, max(2 * self._label_doc.shape[0], label + 1), -1)
+        self._n_docs += 1
+        self._doc_label[doc] = label
+        self._doc_len[doc] = length
+        self._doc_live[doc] = True
+        self._doc_terms.append(terms)
+        self._label_doc[label] = doc
+        self._hi = max(self._hi, label + 1)
+        self._count += 1
+        self._total_len += length
+        self._norm = None
+        return doc
+
+    def _norms(self) -> np.ndarray:
+        if self._norm is None:
+            avgdl = self._total_len / self._count if self._count else 1.0
+            lens = self._doc_len[: self._n_docs]
+            self._norm = (self.k1 * (1.0 - self.b + self.b * lens / max(avgdl, 1e-9))).astype(np.float32)
+        return self._norm
+
+    def _compact_term(self, p: _Postings) -> None:
+        docs, tfs = p.docs[: p.n], p.tfs[: p.n]
+        keep = self._doc_live[docs]
+        p.docs, p.tfs = docs[keep], tfs[keep]
+        p.n = p.docs.shape[0]
+        p.dead = 0
+        p.max_tf = float(p.tfs.max()) if p.n else 0.0
+
+    def _renumber(self) -> None:
+        """Give the live documents consecutive ids and drop every dead posting."""
+        n = self._n_docs
+        live = self._doc_live[:n]
+        m = int(live.sum())
+        remap = np.full(n, -1, dtype=np.int64)
+        remap[live] = np.arange(m)
+        for tid, p in enumerate(self._post):
+            if p is None:
+                continue
+            new = remap[p.docs[: p.n]]
+            keep = new >= 0
+            if not keep.any():
+                self._post[tid] = None
+                continue
+            p.docs = new[keep].astype(np.int32)
+            p.tfs = p.tfs[: p.n][keep]
+            p.n = p.docs.shape[0]
+            p.dead = 0
+        cap = max(1024, _next_pow2(m))
+        self._doc_label = _grown(self._doc_label[:n][live], cap, 0)
+        self._doc_len = _grown(self._doc_len[:n][live], cap, 0)
+        self._doc_live = _grown(np.ones(m, dtype=bool), cap, False)
+        self._doc_terms = [t for t, ok in zip(self._doc_terms, live.tolist()) if ok]
+        self._n_docs = m
+        self._n_dead = 0
+        labels = self._doc_label[:m]
+        self._label_doc[:] = -1
+        self._label_doc[labels] = np.arange(m)
+        self._norm = None
+
+
+def _unique(a: np.ndarray) -> np.ndarray:
+    """Sorted distinct values (np.unique is 15x slower in numpy 2.4: it hashes, then sorts)."""
+    a = np.sort(a)
+    if a.size > 1:
+        a = a[np.append(True, a[1:] != a[:-1])]
+    return a
+
+
+def _top(labels: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k best (score descending, then label ascending), exact also for ties at the cut."""
+    if k < labels.size:
+        kth = scores[np.argpartition(-scores, k - 1)[k - 1]]
+        sel = scores >= kth
+        labels, scores = labels[sel], scores[sel]
+    order = np.lexsort((labels, -scores))[:k]
+    return labels[order], scores[order]
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _grown(a: np.ndarray, cap: int, fill: Union[int, bool]) -> np.ndarray:
+    out = np.full(max(cap, a.shape[0]), fill, dtype=a.dtype)
+    out[: a.shape[0]] = a
+    return out

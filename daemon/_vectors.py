@@ -1,0 +1,618 @@
+"""Dense vectors of one embedding model: a label-indexed float32 matrix plus an hnswlib index.
+
+Rule kept here: the matrix is the truth and the hnswlib index is a cache of it. Every live vector
+is a row of the matrix (row number = label, normalised to unit length); the hnswlib index
+(space "cosine") holds the same live labels, and deleted ones only as tombstones. Anything the
+index cannot answer exactly (small filtered sets, a graph that cannot return k results) is
+answered from the matrix, and when the saved index file is missing, stale or damaged it is
+rebuilt from the saved vectors rather than trusted.
+
+Labels are non-negative integers assigned by the caller (the memory actor maps memory ids to
+them). Storage is proportional to the largest label ever used, so the caller should assign them
+densely (0, 1, 2, ..., reusing freed ones if it likes); labels at or above ``MAX_LABEL`` are
+refused.
+
+Search answers cosine similarity (1 - hnswlib's cosine distance, recomputed exactly from the
+matrix for the rows returned), best first, ties broken by the smaller label. ``allowed`` (an array
+of labels, e.g. the labels of one domain) restricts the answer. A small allowed set is searched
+exactly with numpy (perfect recall, cost linear in its size: about 0.2 us a row); a large one
+through hnswlib with its ``filter=`` callback (cost about inversely proportional to the allowed
+fraction: the graph walk must meet ef allowed nodes). The two costs cross near sqrt(1000 * n)
+allowed rows (bench/bench_vectors.py), so by default a set of at most max(1000, sqrt(1000 * n))
+live labels goes exact; ``filter_exact_max`` fixes the limit instead. Over-fetching unfiltered
+results and post-filtering measured slower than the callback in that regime (the fetch depth and
+ef must grow as 1 / selectivity to keep recall). An unfiltered search of a store with at most
+``exact_max`` vectors is exact too. Exact scoring works in slices of 512 rows: a single large
+matrix-vector product lets OpenBLAS start its threads, which on a busy machine costs 10x more.
+
+Files (``save`` / ``load``), all integers little-endian:
+
+    <stem>.hnsw     hnswlib's own ``save_index`` format (written to a temporary name, fsynced,
+                    renamed, folder fsynced)
+    <stem>.vectors  header  magic b"EUMVECS1" | version u32 | dim u32 | count u64 |
+                            fingerprint u64 | hnsw_size u64 | hnsw_crc u32 | body_crc u32 |
+                            model_len u16 | model (utf-8) | header_crc u32 (of all bytes before it)
+                    body    labels int64[count] (ascending) | rows float32[count, dim]
+                    body_crc = crc32 of the body; hnsw_crc/hnsw_size describe the .hnsw file
+                    saved together with it. Written like ``_files.atomic_write`` (temporary
+                    file, datasync, rename, folder fsync), streamed in slices.
+
+The fingerprint is an order-independent 64-bit digest of the live (label, vector) pairs (the sum
+of blake2b-64 of each pair), kept up to date on every add and remove, so ``fingerprint()`` is O(1)
+and it changes when a vector is replaced, not only when the label set changes. The caller stores
+it in its own snapshot and passes it back to ``load(expected_fingerprint=...)``: a .vectors file
+from another generation is then refused (None) instead of silently used. The .hnsw file is
+accepted only if its size and crc32 match the .vectors header; otherwise it is rebuilt.
+To survive a crash between writing these files and writing the snapshot that names them, give
+each snapshot generation its own stem and ``delete_files`` the previous one once the new
+snapshot is durable.
+
+Threads: every method is blocking and none is thread-safe. hnswlib's ``add_items`` and
+``knn_query`` release the GIL, so the owner must never search while another thread adds, removes
+or saves: the memory actor serialises all calls (one worker-thread call at a time).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import math
+import os
+import secrets
+import struct
+import zlib
+from collections.abc import Iterable, Iterator
+from typing import Optional, Union
+
+import hnswlib
+import numpy as np
+
+from ._files import RealFiles, StrPath
+
+__all__ = ["MAX_LABEL", "VectorStore", "VectorFileError"]
+
+log = logging.getLogger("eurekamem.vectors")
+
+MAX_LABEL = 2**31 - 1
+MAGIC = b"EUMVECS1"
+VERSION = 1
+_HEAD = struct.Struct("<8sIIQQQIIH")
+_U32 = struct.Struct("<I")
+_MASK64 = (1 << 64) - 1
+_SLICE = 512  # rows per matrix-vector product in exact search
+
+
+class VectorFileError(ValueError):
+    """A .vectors file that cannot be used (bad magic, version, checksum, dimension or model)."""
+
+
+def _item_hash(label: int, row: np.ndarray) -> int:
+    h = hashlib.blake2b(label.to_bytes(8, "little", signed=True), digest_size=8)
+    h.update(row.tobytes())
+    return int.from_bytes(h.digest(), "little")
+
+
+def _unique(a: np.ndarray) -> np.ndarray:
+    """Sorted distinct values (np.unique is 15x slower in numpy 2.4: it hashes, then sorts)."""
+    a = np.sort(a)
+    if a.size > 1:
+        a = a[np.append(True, a[1:] != a[:-1])]
+    return a
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _empty() -> tuple[np.ndarray, np.ndarray]:
+    return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
+
+
+class VectorStore:
+    """Vectors of one model, searchable by cosine similarity. See the module docstring."""
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        model: str,
+        M: int = 16,
+        ef_construction: int = 200,
+        ef_search: int = 64,
+        initial_capacity: int = 1024,
+        filter_exact_max: Optional[int] = None,
+        exact_max: int = 1_000,
+        num_threads: int = -1,
+    ) -> None:
+        if dim <= 0:
+            raise ValueError(f"dim must be positive, not {dim}")
+        self.dim = int(dim)
+        self.model = str(model)
+        self.M = int(M)
+        self.ef_construction = int(ef_construction)
+        self._ef_search = int(ef_search)
+        self.initial_capacity = max(1, int(initial_capacity))
+        self.filter_exact_max = filter_exact_max
+        self.exact_max = int(exact_max)
+        self.num_threads = int(num_threads)
+        cap = _next_pow2(self.initial_capacity)
+        self._vecs = np.zeros((cap, self.dim), dtype=np.float32)
+        self._live = np.zeros(cap, dtype=bool)
+        # labels the hnswlib index may still know (live, or a tombstone not yet reused)
+        self._known = np.zeros(cap, dtype=bool)
+        self._hi = 0  # 1 + the largest label ever stored
+        self._count = 0
+        self._hash = 0
+        self._index = self._new_index(cap)
+
+    # -- basics ---------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __contains__(self, label: object) -> bool:
+        try:
+            i = int(label)  # type: ignore[call-overload]
+        except (TypeError, ValueError):
+            return False
+        return 0 <= i < self._live.shape[0] and bool(self._live[i])
+
+    def __repr__(self) -> str:
+        return f"VectorStore(model={self.model!r}, dim={self.dim}, count={self._count})"
+
+    @property
+    def ef_search(self) -> int:
+        return self._ef_search
+
+    @ef_search.setter
+    def ef_search(self, value: int) -> None:
+        self._ef_search = int(value)
+        self._index.set_ef(self._ef_search)
+
+    def get(self, label: int) -> np.ndarray:
+        """A copy of the stored (unit-length) vector of `label`; KeyError if absent."""
+        if label not in self:
+            raise KeyError(label)
+        return self._vecs[int(label)].copy()
+
+    def labels(self) -> np.ndarray:
+        """The live labels, ascending (int64)."""
+        return np.flatnonzero(self._live[: self._hi]).astype(np.int64)
+
+    def fingerprint(self) -> str:
+        """Digest of the live (label, vector) pairs: ``"<count>:<16 hex digits>"``. O(1)."""
+        return f"{self._count}:{self._hash:016x}"
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "count": self._count,
+            "capacity": int(self._vecs.shape[0]),
+            "hnsw_elements": int(self._index.element_count),
+            "hnsw_max_elements": int(self._index.get_max_elements()),
+        }
+
+    # -- writes ---------------------------------------------------------------------------
+
+    def add(self, labels: Union[np.ndarray, list[int]], vectors: np.ndarray) -> None:
+        """Insert or replace vectors. `labels`: int64 (n,); `vectors`: (n, dim) or (dim,) for n=1.
+
+        Vectors are stored normalised; zero, NaN or infinite vectors are refused (ValueError,
+        nothing changed). A label given twice in one call keeps its last vector.
+        """
+        labs = np.asarray(labels, dtype=np.int64).reshape(-1)
+        vecs = np.asarray(vectors, dtype=np.float32)
+        if vecs.ndim == 1:
+            vecs = vecs.reshape(1, -1)
+        if vecs.ndim != 2 or vecs.shape[1] != self.dim:
+            raise ValueError(f"vectors must have shape (n, {self.dim}), not {np.shape(vectors)}")
+        if vecs.shape[0] != labs.shape[0]:
+            raise ValueError(f"{labs.shape[0]} labels for {vecs.shape[0]} vectors")
+        if labs.size == 0:
+            return
+        if labs.min() < 0 or labs.max() > MAX_LABEL:
+            raise ValueError(f"labels must be in [0, {MAX_LABEL}]")
+        if not np.isfinite(vecs).all():
+            raise ValueError("vectors must be finite")
+        norms = np.linalg.norm(vecs, axis=1)
+        if (norms == 0).any():
+            raise ValueError("zero vectors have no direction")
+        vecs = np.ascontiguousarray(vecs / norms[:, None], dtype=np.float32)
+        if labs.size > 1:  # keep the last occurrence of a repeated label
+            order = np.argsort(labs, kind="stable")
+            s = labs[order]
+            last = np.append(s[1:] != s[:-1], True)  # the last of each run of equal labels
+            if not last.all():
+                keep = np.sort(order[last])
+                labs, vecs = labs[keep], vecs[keep]
+        self._grow(int(labs.max()) + 1)
+
+        was_live = self._live[labs].copy()
+        # tombstones the index still holds: bring them back so add_items updates them in place
+        revived: list[int] = []
+        for lab in labs[~was_live & self._known[labs]].tolist():
+            try:
+                self._index.unmark_deleted(lab)
+                revived.append(lab)
+            except RuntimeError:  # its slot was reused by replace_deleted: the index forgot it
+                self._known[lab] = False
+        update = was_live | self._known[labs]
+        new = ~update
+        n_new = int(new.sum())
+        try:
+            need = self._index.element_count + n_new
+            if need > self._index.get_max_elements():
+                self._index.resize_index(max(need, 2 * self._index.get_max_elements()))
+            if update.any():
+                self._index.add_items(vecs[update], labs[update], num_threads=self.num_threads)
+            if n_new:
+                # a label unknown to the index may take a tombstone's slot
+                self._index.add_items(vecs[new], labs[new], num_threads=self.num_threads, replace_deleted=True)
+        except BaseException:
+            for lab in revived:
+                try:
+                    self._index.mark_deleted(lab)
+                except RuntimeError:  # pragma: no cover
+                    pass
+            raise
+        h = self._hash
+        for lab in labs[was_live].tolist():
+            h -= _item_hash(lab, self._vecs[lab])
+        self._vecs[labs] = vecs
+        for lab, row in zip(labs.tolist(), vecs):
+            h += _item_hash(lab, row)
+        self._hash = h & _MASK64
+        self._count += int((~was_live).sum())
+        self._live[labs] = True
+        self._known[labs] = True
+        self._hi = max(self._hi, int(labs.max()) + 1)
+
+    def remove(self, label: int) -> bool:
+        """Delete `label` (a tombstone in the index). Idempotent; True if it was present."""
+        if label not in self:
+            return False
+        lab = int(label)
+        self._index.mark_deleted(lab)
+        self._live[lab] = False
+        self._count -= 1
+        self._hash = (self._hash - _item_hash(lab, self._vecs[lab])) & _MASK64
+        self._vecs[lab] = 0.0
+        return True
+
+    def rebuild(self) -> None:
+        """Build a fresh hnswlib index from the matrix (drops all tombstones)."""
+        labs = self.labels()
+        index = self._new_index(max(_next_pow2(labs.size), self.initial_capacity))
+        if labs.size:
+            index.add_items(self._vecs[labs], labs, num_threads=self.num_threads)
+        self._index = index
+        self._known[:] = False
+        self._known[labs] = True
+
+    # -- search ---------------------------------------------------------------------------
+
+    def search(
+        self, query: np.ndarray, k: int, allowed: Optional[np.ndarray] = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The k labels nearest to `query` (cosine) and their similarities, best first.
+
+        `allowed`: labels that may be returned (others, and absent labels, are ignored).
+        """
+        q = self._query(query)
+        if k <= 0 or self._count == 0:
+            return _empty()
+        if allowed is None:
+            if self._count <= self.exact_max:
+                return self._exact(q, k, None)
+            return self._approx(q, k, None)
+        rows = self._allowed_rows(allowed)
+        if rows.size == 0:
+            return _empty()
+        limit = self.filter_exact_max
+        if limit is None:
+            limit = max(1000, int(math.sqrt(1000.0 * self._count)))
+        if rows.size <= limit or self._count <= self.exact_max:
+            return self._exact(q, k, rows)
+        return self._approx(q, k, rows)
+
+    def exact_search(
+        self, query: np.ndarray, k: int, allowed: Optional[np.ndarray] = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Brute-force search over the matrix (perfect recall; for checks and small sets)."""
+        q = self._query(query)
+        if k <= 0 or self._count == 0:
+            return _empty()
+        rows = None if allowed is None else self._allowed_rows(allowed)
+        if rows is not None and rows.size == 0:
+            return _empty()
+        return self._exact(q, k, rows)
+
+    def _query(self, query: np.ndarray) -> np.ndarray:
+        q = np.asarray(query, dtype=np.float32).reshape(-1)
+        if q.shape[0] != self.dim:
+            raise ValueError(f"query must have {self.dim} dimensions, not {q.shape[0]}")
+        norm = float(np.linalg.norm(q))
+        if not np.isfinite(norm) or norm == 0.0:
+            raise ValueError("query must be a finite, non-zero vector")
+        return q / np.float32(norm)
+
+    def _allowed_rows(self, allowed: np.ndarray) -> np.ndarray:
+        a = np.asarray(allowed, dtype=np.int64).reshape(-1)
+        a = a[(a >= 0) & (a < self._hi)]
+        return _unique(a[self._live[a]])
+
+    def _exact(self, q: np.ndarray, k: int, rows: Optional[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        if rows is None:
+            rows = np.flatnonzero(self._live[: self._hi])
+        rows = rows.astype(np.int64, copy=False)
+        scores = np.empty(rows.size, dtype=np.float32)
+        buf = np.empty((min(_SLICE, rows.size), self.dim), dtype=np.float32)
+        for i in range(0, rows.size, _SLICE):
+            part = rows[i : i + _SLICE]
+            block = buf[: part.size]
+            np.take(self._vecs, part, axis=0, out=block, mode="clip")  # "raise" would buffer twice
+            np.dot(block, q, out=scores[i : i + part.size])
+        return self._top(rows, scores, k)
+
+    @staticmethod
+    def _top(labels: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        if k < labels.size:  # keep every tie of the k-th score, so the label decides exactly
+            kth = scores[np.argpartition(-scores, k - 1)[k - 1]]
+            sel = scores >= kth
+            labels, scores = labels[sel], scores[sel]
+        order = np.lexsort((labels, -scores))[:k]
+        return labels[order], scores[order].astype(np.float32, copy=False)
+
+    def _approx(self, q: np.ndarray, k: int, rows: Optional[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        if rows is None:
+            want = min(k, self._count)
+            allowed_fn = None
+        else:
+            want = min(k, rows.size)
+            mask = np.zeros(self._hi, dtype=bool)
+            mask[rows] = True
+            allowed_fn = mask.__getitem__  # called by hnswlib for each node it considers
+        try:
+            found, _ = self._index.knn_query(q, k=want, num_threads=1, filter=allowed_fn)
+        except RuntimeError:  # the walk did not reach `want` (allowed) live elements
+            log.debug("hnswlib could not return %d results; exact search instead", want)
+            return self._exact(q, k, rows)
+        labs = found[0].astype(np.int64)
+        return self._top(labs, self._vecs[labs] @ q, want)
+
+    # -- persistence ----------------------------------------------------------------------
+
+    def save(self, directory: StrPath, stem: str) -> str:
+        """Write ``<stem>.hnsw`` then ``<stem>.vectors`` atomically; returns ``fingerprint()``."""
+        fs = RealFiles()
+        folder = os.fspath(directory)
+        fs.makedirs(folder)
+        hnsw_path = os.path.join(folder, stem + ".hnsw")
+        tmp = os.path.join(folder, f".{stem}.hnsw.{secrets.token_hex(6)}.tmp")
+        try:
+            self._index.save_index(tmp)
+            hnsw_size, hnsw_crc = _sync_and_crc(tmp)
+            fs.rename(tmp, hnsw_path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        fs.fsync_dir(folder)
+        labs = self.labels()
+
+        def body() -> Iterator[bytes]:  # in slices: no second full copy of the matrix in memory
+            yield labs.astype("<i8").tobytes()
+            for i in range(0, labs.size, 8192):
+                yield self._vecs[labs[i : i + 8192]].astype("<f4", copy=False).tobytes()
+
+        body_crc = 0
+        for chunk in body():
+            body_crc = zlib.crc32(chunk, body_crc)
+        model = self.model.encode("utf-8")
+        head = _HEAD.pack(
+            MAGIC, VERSION, self.dim, labs.size, self._hash, hnsw_size, hnsw_crc, body_crc, len(model)
+        ) + model
+        head += _U32.pack(zlib.crc32(head))
+        _atomic_write_chunks(fs, os.path.join(folder, stem + ".vectors"), itertools.chain([head], body()))
+        return self.fingerprint()
+
+    @staticmethod
+    def delete_files(directory: StrPath, stem: str) -> None:
+        """Remove ``<stem>.vectors`` and ``<stem>.hnsw`` if present (then fsync the folder)."""
+        folder = os.fspath(directory)
+        removed = False
+        for ext in (".vectors", ".hnsw"):
+            try:
+                os.unlink(os.path.join(folder, stem + ext))
+                removed = True
+            except FileNotFoundError:
+                pass
+        if removed:
+            RealFiles().fsync_dir(folder)
+
+    @classmethod
+    def load(
+        cls,
+        directory: StrPath,
+        stem: str,
+        *,
+        dim: int,
+        model: str,
+        expected_fingerprint: Optional[str] = None,
+        **params: int,
+    ) -> Optional["VectorStore"]:
+        """The store saved as `stem` in `directory`, or None (logged) when it cannot be trusted.
+
+        None when ``<stem>.vectors`` is missing, unreadable, damaged (magic, version, checksums,
+        size), of another dimension or model, or when `expected_fingerprint` is given and
+        differs. A missing, damaged or mismatched ``<stem>.hnsw`` is rebuilt from the vectors.
+        `params` are the constructor's keyword arguments (M, ef_search, ...).
+        """
+        folder = os.fspath(directory)
+        vpath = os.path.join(folder, stem + ".vectors")
+        try:
+            data = RealFiles().read_bytes(vpath)
+        except FileNotFoundError:
+            log.info("%s: missing", vpath)
+            return None
+        except OSError as e:
+            log.warning("%s: unreadable: %s", vpath, e)
+            return None
+        try:
+            head, labs, rows = _parse_vectors(data, dim=dim, model=model)
+        except VectorFileError as e:
+            log.warning("%s: %s", vpath, e)
+            return None
+        fp = f"{labs.size}:{head['fingerprint']:016x}"
+        if expected_fingerprint is not None and fp != expected_fingerprint:
+            log.warning("%s: fingerprint %s, expected %s: stale", vpath, fp, expected_fingerprint)
+            return None
+        if labs.size and (labs.min() < 0 or labs.max() > MAX_LABEL or (np.diff(labs) <= 0).any()):
+            log.warning("%s: labels out of range or not ascending", vpath)
+            return None
+        store = cls(dim, model=model, **params)
+        if labs.size:
+            store._grow(int(labs.max()) + 1)
+            store._vecs[labs] = rows
+            store._live[labs] = True
+            store._hi = int(labs.max()) + 1
+        store._count = int(labs.size)
+        store._hash = int(head["fingerprint"])
+        if not store._load_index(os.path.join(folder, stem + ".hnsw"), head):
+            store.rebuild()
+        return store
+
+    def _load_index(self, path: str, head: dict) -> bool:
+        try:
+            size, crc = _sync_and_crc(path, sync=False)
+        except FileNotFoundError:
+            log.info("%s: missing; rebuilding the index from the vectors", path)
+            return False
+        except OSError as e:
+            log.warning("%s: unreadable (%s); rebuilding the index from the vectors", path, e)
+            return False
+        if (size, crc) != (head["hnsw_size"], head["hnsw_crc"]):
+            log.warning("%s: does not match its .vectors file; rebuilding the index", path)
+            return False
+        index = hnswlib.Index(space="cosine", dim=self.dim)
+        try:
+            index.load_index(path, max_elements=0, allow_replace_deleted=True)
+        except (RuntimeError, ValueError, MemoryError) as e:
+            log.warning("%s: hnswlib cannot load it (%s); rebuilding the index", path, e)
+            return False
+        if index.dim != self.dim or index.space != "cosine" or index.element_count < self._count:
+            log.warning("%s: wrong shape; rebuilding the index", path)
+            return False
+        known = np.asarray(index.get_ids_list(), dtype=np.int64)
+        if known.size and (known.min() < 0 or known.max() > MAX_LABEL):
+            log.warning("%s: labels out of range; rebuilding the index", path)
+            return False
+        if known.size:
+            self._grow(int(known.max()) + 1)
+        self._known[:] = False
+        self._known[known] = True
+        if not self._known[self._live].all():
+            log.warning("%s: lacks some labels; rebuilding the index", path)
+            return False
+        index.set_ef(self._ef_search)
+        self._index = index
+        self.M = int(index.M)
+        self.ef_construction = int(index.ef_construction)
+        return True
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _new_index(self, capacity: int) -> hnswlib.Index:
+        index = hnswlib.Index(space="cosine", dim=self.dim)
+        index.init_index(
+            max_elements=max(1, capacity), M=self.M, ef_construction=self.ef_construction, allow_replace_deleted=True
+        )
+        index.set_ef(self._ef_search)
+        return index
+
+    def _grow(self, slots: int) -> None:
+        cap = self._vecs.shape[0]
+        if slots <= cap:
+            return
+        new_cap = max(2 * cap, _next_pow2(slots))
+        vecs = np.zeros((new_cap, self.dim), dtype=np.float32)
+        vecs[:cap] = self._vecs
+        self._vecs = vecs
+        for name in ("_live", "_known"):
+            old = getattr(self, name)
+            grown = np.zeros(new_cap, dtype=bool)
+            grown[:cap] = old
+            setattr(self, name, grown)
+
+
+def _atomic_write_chunks(fs: RealFiles, path: str, chunks: Iterable[bytes]) -> None:
+    """`atomic_write` for data given in pieces: temporary file, datasync, rename, folder fsync."""
+    folder, name = os.path.split(path)
+    tmp = os.path.join(folder, f".{name}.{secrets.token_hex(6)}.tmp")
+    f = fs.open_append(tmp)
+    try:
+        try:
+            for chunk in chunks:
+                f.write(chunk)
+            f.datasync()
+        finally:
+            f.close()
+        fs.rename(tmp, path)
+    except BaseException:
+        try:
+            fs.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fs.fsync_dir(folder or ".")
+
+
+def _sync_and_crc(path: str, *, sync: bool = True) -> tuple[int, int]:
+    """(size, crc32) of a file, read in chunks; fsync it first when `sync`."""
+    crc = 0
+    size = 0
+    with open(path, "rb") as f:
+        if sync:
+            os.fsync(f.fileno())
+        while True:
+            chunk = f.read(1 << 22)
+            if not chunk:
+                break
+            crc = zlib.crc32(chunk, crc)
+            size += len(chunk)
+    return size, crc
+
+
+def _parse_vectors(data: bytes, *, dim: int, model: str) -> tuple[dict, np.ndarray, np.ndarray]:
+    if len(data) < _HEAD.size + 4:
+        raise VectorFileError(f"too short ({len(data)} bytes)")
+    magic, version, fdim, count, fingerprint, hnsw_size, hnsw_crc, body_crc, model_len = _HEAD.unpack_from(data)
+    if magic != MAGIC:
+        raise VectorFileError("not a vectors file (bad magic)")
+    if version != VERSION:
+        raise VectorFileError(f"version {version}, expected {VERSION}")
+    head_end = _HEAD.size + model_len
+    if len(data) < head_end + 4:
+        raise VectorFileError("truncated header")
+    (head_crc,) = _U32.unpack_from(data, head_end)
+    if zlib.crc32(data[:head_end]) != head_crc:
+        raise VectorFileError("header checksum mismatch")
+    fmodel = data[_HEAD.size : head_end].decode("utf-8", errors="replace")
+    if fdim != dim:
+        raise VectorFileError(f"dimension {fdim}, expected {dim}")
+    if fmodel != model:
+        raise VectorFileError(f"model {fmodel!r}, expected {model!r}")
+    start = head_end + 4
+    expected_len = start + count * 8 + count * dim * 4
+    if len(data) != expected_len:
+        raise VectorFileError(f"{len(data)} bytes, expected {expected_len} for {count} vectors")
+    body = memoryview(data)[start:]
+    if zlib.crc32(body) != body_crc:
+        raise VectorFileError("body checksum mismatch")
+    labs = np.frombuffer(data, dtype="<i8", count=count, offset=start).astype(np.int64)
+    rows = np.frombuffer(data, dtype="<f4", count=count * dim, offset=start + count * 8)
+    rows = rows.astype(np.float32).reshape(count, dim)
+    head = {"fingerprint": fingerprint, "hnsw_size": hnsw_size, "hnsw_crc": hnsw_crc}
+    return head, labs, rows
