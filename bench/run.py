@@ -939,7 +939,8 @@ def render(report: dict[str, Any]) -> str:
         out.append("Notes:")
         out.extend(f"- {n}" for n in notes)
         out.append("")
-    out.append(f"Total bench time {report['seconds']:.0f} s.")
+    waited = (report.get("quiet") or {}).get("waited_s", 0)
+    out.append(f"Total bench time {report['seconds']:.0f} s (of which {waited:.0f} s waiting for a quiet machine).")
     return "\n".join(out) + "\n"
 
 
