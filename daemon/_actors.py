@@ -31,6 +31,9 @@ class Reply(Protocol):
     def deliver(self, call: Call, result: Any, started_ns: int) -> None:
         """Hand a result (or a ProtocolError) for `call` back to whoever asked."""
 
+    def flush(self) -> None:
+        """Send what deliver() buffered (called once after a batch of deliveries)."""
+
 
 class Work:
     __slots__ = ("call", "reply", "started_ns")
@@ -122,6 +125,7 @@ class TierActor:
         self.batches += 1
         self.requests += len(batch)
         state = self.state
+        state.begin_batch()
         calls = [work.call for work in batch]
         results = await self.handle_calls(calls)
         mutations = state.take_pending()
@@ -137,6 +141,11 @@ class TierActor:
                 state.forget_undo()
         for work, result in zip(batch, results):
             work.reply.deliver(work.call, result, work.started_ns)
+        flushed: set[int] = set()
+        for work in batch:  # one send per connection for the whole batch
+            if id(work.reply) not in flushed:
+                flushed.add(id(work.reply))
+                work.reply.flush()
 
     async def handle_calls(self, calls: list[Call]) -> list[Any]:
         return [await self.handle(call) for call in calls]

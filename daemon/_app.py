@@ -10,6 +10,7 @@ accepting, answers what it has received, writes a final snapshot and closes the 
 from __future__ import annotations
 
 import errno
+import gc
 import fcntl
 import json
 import logging
@@ -162,7 +163,7 @@ def recover(paths: Paths, fs: Any = None, embedder: Any = None) -> Recovered:
         imported_memories = 0
     else:
         imported_memories = import_eurekaclaw_memories(out.memory, paths.root)
-    if not has_checkpoint:
+    if not has_checkpoint and (records or out.graph.nodes or out.graph.edges):
         out.imported = {"records": len(records or {}), "nodes": len(out.graph.nodes), "edges": len(out.graph.edges)}
     if imported_memories:
         out.imported["memories"] = imported_memories
@@ -242,7 +243,7 @@ def socket_is_live(path: Path) -> bool:
         probe.close()
 
 
-async def open_listener(path: Path) -> trio.socket.SocketType:
+async def open_listener(path: Path) -> stdlib_socket.socket:
     """A listening Unix socket at path, mode 0600; a stale socket file is removed, a live one refused."""
     parent = path.parent
     if not parent.exists():
@@ -255,14 +256,15 @@ async def open_listener(path: Path) -> trio.socket.SocketType:
             raise StartupError(f"a daemon is already answering on {path}")
         os.unlink(path)
         log.info("removed the stale socket %s", path)
-    sock = trio.socket.socket(stdlib_socket.AF_UNIX, stdlib_socket.SOCK_STREAM)
+    sock = stdlib_socket.socket(stdlib_socket.AF_UNIX, stdlib_socket.SOCK_STREAM)
     old_umask = os.umask(0o177)
     try:
-        await sock.bind(str(path))
+        sock.bind(str(path))
     finally:
         os.umask(old_umask)
     os.chmod(path, 0o600)
     sock.listen(1024)
+    sock.setblocking(False)
     return sock
 
 
@@ -306,6 +308,9 @@ class Daemon:
             "seconds": round(trio.current_time() - started, 3),
         }
         log.info("recovered: %s", self.recovery)
+        gc.collect()
+        gc.freeze()  # what recovery loaded lives for the daemon's life: keep it out of every collection
+        gc.set_threshold(20_000, 20, 20)  # requests make many short-lived objects; collect less often
         journal = recovered.journal
         self.journal_actor = JournalActor(journal, self.config.fsync, self.config.batch_interval)
         self.actors = {
@@ -337,6 +342,7 @@ class Daemon:
                     await self._shutdown.wait()
                     log.info("shutting down: no new connections, finishing answers")
                     accept_scope.cancel()
+                    trio.lowlevel.notify_closing(listener)
                     listener.close()
                     for conn in list(self._connections):
                         conn.read_scope.cancel()
@@ -370,18 +376,23 @@ class Daemon:
     async def _accept_loop(self, listener: Any, nursery: trio.Nursery, scope: trio.CancelScope) -> None:
         with scope:
             while True:
+                await trio.lowlevel.wait_readable(listener)
                 try:
-                    sock, _ = await listener.accept()
+                    sock, _ = listener.accept()
+                except BlockingIOError:
+                    continue
                 except OSError as exc:
                     if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                         log.error("accept failed (%s); pausing", exc)
                         await trio.sleep(0.1)
                         continue
                     raise
-                nursery.start_soon(self._serve_connection, trio.SocketStream(sock))
+                sock.setblocking(False)
+                nursery.start_soon(self._serve_connection, sock)
 
-    async def _serve_connection(self, stream: trio.SocketStream) -> None:
-        conn = Connection(stream, self.limits, self.dispatch, self.stats)
+    async def _serve_connection(self, sock: stdlib_socket.socket) -> None:
+        stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+        conn = Connection(stream, sock, self.limits, self.dispatch, self.stats)
         self._connections.add(conn)
         self.stats.connections_total += 1
         self.stats.connections_open += 1
@@ -421,6 +432,7 @@ class Daemon:
             log.exception("snapshot failed")
             result = ProtocolError("internal", f"snapshot failed: {exc}")
         reply.deliver(call, result, started_ns)
+        reply.flush()
 
     def hello(self) -> dict[str, Any]:
         return {

@@ -1,18 +1,21 @@
-"""The socket server: one reader and one writer per connection, requests routed to the tier actors.
+"""The socket server: one reader per connection, answers written as soon as they exist.
 
 Rule kept here: the reader only decodes and dispatches; answers come back through `deliver` (from
-any actor, in any order) onto the connection's outbound queue, and only the writer task writes to
-the socket. A connection owes at most `max_inflight` answers: past that a request is answered
-`overloaded` at once, and past twice that the reader stops reading until the writer catches up, so
-a client that never reads cannot make the daemon buffer without bound. After the client
-half-closes (or at shutdown) every request already received is still answered, then the socket is
-closed. Only an unknown framing closes a connection on purpose.
+any actor, in any order) and are encoded into the connection's outbound buffer; whoever delivered
+then calls `flush`, which sends without blocking if the socket takes it, and otherwise hands the
+rest to the connection's writer task, the only one that ever waits to write. Bytes leave in the
+order they were delivered. A connection owes at most `max_inflight` answers: past that a request is
+answered `overloaded` at once, and past twice that (or with more than OUTBOUND_LIMIT bytes waiting)
+the reader stops reading until the client reads, so a client that never reads cannot make the
+daemon buffer without bound. After the client half-closes (or at shutdown) every request already
+received is still answered, then the socket is closed. Only an unknown framing closes a connection
+on purpose.
 """
 
 from __future__ import annotations
 
 import logging
-import math
+import socket
 from typing import Any, Callable
 
 import msgspec
@@ -60,7 +63,10 @@ class _BatchReply:
             self.answers.append(_answer(call.id, result))
         self.missing -= 1
         if self.missing == 0:
-            self.conn.send_message(self.answers if self.answers else None)
+            self.conn.answer(self.answers if self.answers else None)
+
+    def flush(self) -> None:
+        self.conn.flush()
 
 
 def _answer(request_id: Any, result: Any) -> Any:
@@ -69,39 +75,71 @@ def _answer(request_id: Any, result: Any) -> Any:
     return success(request_id, result)
 
 
+OUTBOUND_LIMIT = 4 * 1024 * 1024  # bytes of answers waiting for a slow reader before we stop reading
+
+
 class Connection:
     def __init__(
         self,
         stream: trio.SocketStream,
+        raw: socket.socket,
         limits: Limits,
         dispatch: Callable[[Call, Any, int], None],
         stats: RequestStats,
     ) -> None:
         self.stream = stream
+        self.raw = raw  # the same socket, non-blocking, for sends that need no waiting
         self.limits = limits
         self.dispatch = dispatch
         self.stats = stats
         self.codec: Codec | None = None
-        self.owed = 0  # answers (or batches) accepted and not yet written
-        self._out_send, self._out_recv = trio.open_memory_channel[Any](math.inf)
+        self.owed = 0  # requests (or batches) accepted and not yet answered
+        self._out = bytearray()
+        self._writer_busy = False
+        self._broken = False
+        self._closing = False
+        self._wake_writer = trio.Event()
         self._progress = trio.Event()
         self.read_scope = trio.CancelScope()
 
-    # --- called by actors (any task) ------------------------------------------------------------
+    # --- called by whoever has an answer (actors, the reader, background tasks) --------------------
 
     def deliver(self, call: Call | Rejected, result: Any, started_ns: int) -> None:
         self.stats.record(call, result, started_ns)
-        if call.wants_reply:
-            self.send_message(_answer(call.id, result))
-        else:
-            self.send_message(None)
+        self.answer(_answer(call.id, result) if call.wants_reply else None)
 
-    def send_message(self, message: Any) -> None:
-        """Queue one answer (None: nothing to write, but the debt is paid)."""
+    def answer(self, message: Any) -> None:
+        """Encode one answer (None: a notification's, nothing to write) into the outbound buffer."""
+        self.owed -= 1
+        if message is not None and not self._broken:
+            self._out += self._encode(self.codec, message)
+        if self.owed == 0:
+            self._progress.set()
+
+    def flush(self) -> None:
+        """Send what is buffered without blocking; the writer task takes over what does not fit."""
+        if not self._out or self._writer_busy or self._broken:
+            return
         try:
-            self._out_send.send_nowait(message)
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            pass  # the connection is gone; its answers have nobody to go to
+            sent = self.raw.send(self._out)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self._break()
+            return
+        if sent:
+            del self._out[:sent]
+        if self._out:
+            self._wake_writer.set()
+        else:
+            self._progress.set()
+
+    def _break(self) -> None:
+        self._broken = True
+        self._out.clear()
+        self.read_scope.cancel()
+        self._wake_writer.set()
+        self._progress.set()
 
     # --- the connection's own tasks -------------------------------------------------------------
 
@@ -125,16 +163,20 @@ class Connection:
             with self.read_scope:
                 await self._read_loop(decoder, first)
             # EOF, shutdown or a broken socket: answer what was received, then close
-            while self.owed:
+            while (self.owed or self._out or self._writer_busy) and not self._broken:
                 self._progress = trio.Event()
-                await self._progress.wait()
-            self._out_send.close()
+                self.flush()
+                if self.owed or self._out or self._writer_busy:
+                    await self._progress.wait()
+            self._closing = True
+            self._wake_writer.set()
 
     async def _read_loop(self, decoder: Any, data: bytes) -> None:
         while data:
             for event in decoder.feed(data):
                 self._on_frame(event)
-            while self.owed >= 2 * self.limits.max_inflight:
+            self.flush()
+            while (self.owed >= 2 * self.limits.max_inflight or len(self._out) > OUTBOUND_LIMIT) and not self._broken:
                 self._progress = trio.Event()
                 await self._progress.wait()
             try:
@@ -151,7 +193,7 @@ class Connection:
                 f"frame of {frame.size} bytes is over the limit of {self.limits.max_frame_bytes}",
                 limit=self.limits.max_frame_bytes,
             )
-            self.send_message(failure(None, error))
+            self.answer(failure(None, error))
             return
         incoming, is_batch = self.codec.decode(frame)
         reply: Any = _BatchReply(self, len(incoming)) if is_batch else self
@@ -168,25 +210,22 @@ class Connection:
                 self.dispatch(item, reply, started)
 
     async def _write_loop(self) -> None:
-        codec = self.codec
-        recv = self._out_recv
-        broken = False
-        async for first in recv:
-            messages = [first]
-            while True:
+        while True:
+            await self._wake_writer.wait()
+            self._wake_writer = trio.Event()
+            while self._out and not self._broken:
+                data = bytes(self._out)
+                self._out.clear()
+                self._writer_busy = True
                 try:
-                    messages.append(recv.receive_nowait())
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    break
-            chunks = [self._encode(codec, m) for m in messages if m is not None]
-            if chunks and not broken:
-                try:
-                    await self.stream.send_all(b"".join(chunks))
+                    await self.stream.send_all(data)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    broken = True  # keep draining so the reader's wait for `owed` ends
-                    self.read_scope.cancel()
-            self.owed -= len(messages)
-            self._progress.set()
+                    self._break()
+                finally:
+                    self._writer_busy = False
+                self._progress.set()
+            if self._closing or self._broken:
+                return
 
     @staticmethod
     def _encode(codec: Codec, message: Any) -> bytes:

@@ -9,7 +9,6 @@ Handlers validate first and raise ProtocolError before changing anything.
 
 from __future__ import annotations
 
-import uuid
 from collections import deque
 from typing import Any, Callable, Union
 
@@ -21,6 +20,7 @@ from eurekamem.protocol import (
     EpisodicEntry,
     KnowledgeNode,
     ProtocolError,
+    new_id,
     now_rfc3339,
 )
 from eurekamem.protocol import _methods as m
@@ -59,15 +59,25 @@ class TierState:
     name = "?"
 
     def __init__(self) -> None:
-        self.pending: list[Mutation] = []  # mutations of the batch in progress, in order
+        self.pending: list[Any] = []  # mutations of the batch in progress, in order
         self._undo: list[Undo] = []
+        self._now: str | None = None
 
-    def commit(self, mutation: Mutation) -> None:
+    def begin_batch(self) -> None:
+        self._now = None
+
+    def now(self) -> str:
+        """The time of the batch in progress: one timestamp for every record a batch writes."""
+        if self._now is None:
+            self._now = now_rfc3339()
+        return self._now
+
+    def commit(self, mutation: Any) -> None:
         """Apply a mutation now and remember it (and how to undo it) for the batch's journal write."""
         self._undo.append(self.apply(mutation))
         self.pending.append(mutation)
 
-    def take_pending(self) -> list[Mutation]:
+    def take_pending(self) -> list[Any]:
         out, self.pending = self.pending, []
         return out
 
@@ -104,12 +114,12 @@ class EpisodicState(TierState):
 
     def do_log(self, p: m.EpisodicLog) -> EpisodicEntry:
         entry = EpisodicEntry(
-            entry_id=str(uuid.uuid4()),
+            entry_id=new_id(),
             session_id=p.session_id,
             agent_role=p.agent_role,
             content=p.content,
             metadata=p.metadata,
-            timestamp=now_rfc3339(),
+            timestamp=self.now(),
         )
         ring = self.sessions.get(p.session_id)
         if ring is None:
@@ -157,10 +167,10 @@ class PersistentState(TierState):
 
     # handlers
     def do_remember(self, p: m.PersistentRemember) -> CrossRunRecord:
-        now = now_rfc3339()
+        now = self.now()
         old = self.records.get(p.key)
         record = CrossRunRecord(
-            record_id=old.record_id if old else str(uuid.uuid4()),
+            record_id=old.record_id if old else new_id(),
             key=p.key,
             value=p.value,
             tags=list(dict.fromkeys(p.tags)),
@@ -235,13 +245,13 @@ class GraphState(TierState):
 
     def do_add_theorem(self, p: m.GraphAddTheorem) -> KnowledgeNode:
         node = KnowledgeNode(
-            node_id=str(uuid.uuid4()),
+            node_id=new_id(),
             theorem_name=p.theorem_name,
             formal_statement=p.formal_statement,
             domain=p.domain,
             session_id=p.session_id,
             tags=list(dict.fromkeys(p.tags)),
-            created_at=now_rfc3339(),
+            created_at=self.now(),
         )
         self.commit(PutNode(node))
         return node

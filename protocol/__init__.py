@@ -35,6 +35,7 @@ from ._records import (
     EpisodicEntry,
     KnowledgeNode,
     Memory,
+    new_id,
     normalize_timestamp,
     now_rfc3339,
 )
@@ -72,6 +73,7 @@ __all__ = [
     "frame_binary",
     "frame_ndjson",
     "framing_error_line",
+    "new_id",
     "normalize_timestamp",
     "now_rfc3339",
     "success",

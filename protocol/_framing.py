@@ -10,7 +10,10 @@ The framing is fixed by the first byte a connection sends: '{', '[' or white spa
 
 from __future__ import annotations
 
+import struct
 from typing import Union
+
+_U32 = struct.Struct(">I")
 
 DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
 _NDJSON_FIRST = frozenset(b"{[ \t\r\n")
@@ -108,17 +111,21 @@ class BinaryDecoder:
 
     def feed(self, data: bytes) -> list[Event]:
         events: list[Event] = []
-        view = memoryview(data)
         if self._skip:
-            dropped = min(self._skip, len(view))
+            dropped = min(self._skip, len(data))
             self._skip -= dropped
-            view = view[dropped:]
-        buf = self._buf
-        buf += view
+            data = data[dropped:]
+        if self._buf:  # a frame was cut: join it with the new bytes (one copy)
+            self._buf += data
+            data = bytes(self._buf)
+            self._buf.clear()
+        elif not isinstance(data, bytes):  # frames must not alias a caller's reusable buffer
+            data = bytes(data)
         pos = 0
-        end = len(buf)
+        end = len(data)
+        unpack = _U32.unpack_from
         while end - pos >= 4:
-            size = int.from_bytes(buf[pos : pos + 4], "big")
+            size = unpack(data, pos)[0]
             if size > self.max_frame_bytes:
                 events.append(FrameTooLarge(size))
                 available = end - pos - 4
@@ -128,12 +135,13 @@ class BinaryDecoder:
                 self._skip = size - available
                 pos = end
                 break
-            if end - pos - 4 < size:
+            stop = pos + 4 + size
+            if stop > end:
                 break
-            events.append(bytes(buf[pos + 4 : pos + 4 + size]))
-            pos += 4 + size
-        if pos:
-            del buf[:pos]
+            events.append(data[pos + 4 : stop])
+            pos = stop
+        if pos < end:
+            self._buf += memoryview(data)[pos:]
         return events
 
     @property

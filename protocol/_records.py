@@ -7,6 +7,8 @@ and sent exactly as written, in both framings, and parsed only by those who need
 from __future__ import annotations
 
 import datetime as _dt
+import os
+import random
 from typing import Any
 
 import msgspec
@@ -46,6 +48,18 @@ class Edge(msgspec.Struct, kw_only=True):
     from_id: str
     to_id: str
     relation: str
+
+
+_ids = random.Random(int.from_bytes(os.urandom(32), "big"))
+
+
+def new_id() -> str:
+    """A random (version 4) UUID string, made cheaply: ids name records, they are not secrets."""
+    n = _ids.getrandbits(128)
+    n = (n & ~(0xF000 << 64)) | (0x4000 << 64)  # version 4
+    n = (n & ~(0xC000 << 48)) | (0x8000 << 48)  # RFC 4122 variant
+    h = "%032x" % n
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def now_rfc3339() -> str:

@@ -218,3 +218,14 @@ def test_framers():
     assert frame_ndjson(b"{}") == b"{}\n"
     assert frame_binary(b"\x80") == b"\x00\x00\x00\x01\x80"
     assert frame_binary(b"") == b"\x00\x00\x00\x00"
+
+
+def test_binary_frames_do_not_alias_a_reused_receive_buffer():
+    """Clients recv_into one buffer and feed views of it: frames must be copies, not views."""
+    from eurekamem.protocol import BinaryDecoder, frame_binary
+
+    buf = bytearray(frame_binary(b"first") + frame_binary(b"second"))
+    decoder = BinaryDecoder()
+    frames = decoder.feed(memoryview(buf))
+    buf[:] = b"\xff" * len(buf)
+    assert frames == [b"first", b"second"]
