@@ -577,15 +577,18 @@ class AsyncClient:
         tags: list[str] | None = None,
         source_session: str | None = None,
         dedup: bool = True,
+        **extra: Any,
     ) -> dict[str, Any]:
+        """memory.add; `extra` passes further params (scope, abstract, overview)."""
         return await self._run(
-            C.op_add_memory(domain, category, title, content, confidence, tags, source_session, dedup)
+            C.op_add_memory(domain, category, title, content, confidence, tags, source_session, dedup, **extra)
         )
 
     async def search_memories(
-        self, query: str, domain: str | None = None, k: int = 10, categories: list[str] | None = None
+        self, query: str, domain: str | None = None, k: int = 10, categories: list[str] | None = None, **extra: Any
     ) -> list[dict[str, Any]]:
-        return await self._run(C.op_search_memories(query, domain, k, categories))
+        """memory.search; `extra` passes further params (mode, scope, status, min_score, ...)."""
+        return await self._run(C.op_search_memories(query, domain, k, categories, **extra))
 
     async def inject(
         self, domain: str, k: int = 4, query: str | None = None, token_budget: int | None = None

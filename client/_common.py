@@ -243,6 +243,7 @@ def op_add_memory(
     tags: list[str] | None,
     source_session: str | None,
     dedup: bool,
+    **extra: Any,
 ) -> Op:
     params = _drop_none(
         domain=domain,
@@ -252,13 +253,14 @@ def op_add_memory(
         confidence=confidence,
         tags=list(tags) if tags else None,
         source_session=source_session or None,
+        **extra,
     )
     params["dedup"] = dedup
     return Op("memory.add", params)
 
 
-def op_search_memories(query: str, domain: str | None, k: int, categories: list[str] | None) -> Op:
-    return Op("memory.search", _drop_none(query=query, domain=domain, k=k, categories=categories))
+def op_search_memories(query: str, domain: str | None, k: int, categories: list[str] | None, **extra: Any) -> Op:
+    return Op("memory.search", _drop_none(query=query, domain=domain, k=k, categories=categories, **extra))
 
 
 def op_inject(domain: str, k: int, query: str | None, token_budget: int | None) -> Op:

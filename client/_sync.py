@@ -595,13 +595,16 @@ class Client:
         tags: list[str] | None = None,
         source_session: str | None = None,
         dedup: bool = True,
+        **extra: Any,
     ) -> dict[str, Any]:
-        return self._run(C.op_add_memory(domain, category, title, content, confidence, tags, source_session, dedup))
+        """memory.add; `extra` passes further params (scope, abstract, overview)."""
+        return self._run(C.op_add_memory(domain, category, title, content, confidence, tags, source_session, dedup, **extra))
 
     def search_memories(
-        self, query: str, domain: str | None = None, k: int = 10, categories: list[str] | None = None
+        self, query: str, domain: str | None = None, k: int = 10, categories: list[str] | None = None, **extra: Any
     ) -> list[dict[str, Any]]:
-        return self._run(C.op_search_memories(query, domain, k, categories))
+        """memory.search; `extra` passes further params (mode, scope, status, min_score, ...)."""
+        return self._run(C.op_search_memories(query, domain, k, categories, **extra))
 
     def inject(
         self, domain: str, k: int = 4, query: str | None = None, token_budget: int | None = None

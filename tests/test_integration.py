@@ -216,9 +216,11 @@ def test_memory_manager_load_for_injection(data_dir: Path, sock_dir: Path) -> No
             assert mm.load_for_injection("bandits") == ""
             mm.client.add_memory("bandits", "pitfalls", "Hoeffding is loose", "Use Bernstein when the variance is small.")
             mm.client.add_memory("bandits", "proof_strategy", "Peeling", "Peel the horizon into geometric epochs.")
+            mm.client.add_memory("other", "fact", "Global", "Seen from every domain.", scope="global")
+            assert mm.client.search_memories("seen from every domain", domain="bandits", mode="lexical")[0]["memory"]["scope"] == "global"
             block = mm.load_for_injection("bandits", k=1, query="variance concentration inequality")
             assert block == "<memories>\n\n# Hoeffding is loose\n\nUse Bernstein when the variance is small.\n\n</memories>"
             newest = mm.load_for_injection("bandits", k=4)
-            assert newest.index("# Peeling") < newest.index("# Hoeffding")
+            assert newest.index("# Global") < newest.index("# Peeling") < newest.index("# Hoeffding")
     finally:
         assert proc.terminate() == 0
