@@ -709,7 +709,7 @@ class MemoryState(TierState):
                 self._fingerprints[(slug, memory.fingerprint)] = memory.id
             has_vector = usable and label in self.vectors
             self.model_of[memory.id] = doc.models.get(memory.id, "") if has_vector else ""
-            self.lexical.add(label, memory_text(memory))
+        self.lexical.add_many((doc.labels[memory.id], memory_text(memory)) for memory in doc.memories)
         self._version += 1
 
     def import_file(self, relative: str, text: str, mtime: float) -> Memory | None:
