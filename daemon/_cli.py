@@ -176,6 +176,32 @@ def cmd_repair(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_install_service(args: argparse.Namespace) -> int:
+    """Write eurekamem.service and eurekamem.socket into the user's systemd folder; touch nothing else."""
+    from . import _systemd
+
+    folder = Path(args.unit_dir).expanduser() if args.unit_dir else _systemd.unit_dir()
+    units = _systemd.render_units(_systemd.exec_start(_systemd.daemon_argv()))
+    for name, text in units.items():
+        path = folder / name
+        if args.dry_run:
+            print(f"# would write {path}:\n{text}")
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        old = path.read_text() if path.exists() else None
+        if old == text:
+            print(f"unchanged {path}")
+            continue
+        tmp = path.with_name(f".{name}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+        print(f"{'replaced' if old is not None else 'wrote'} {path}")
+    print("then run:" if not args.dry_run else "# then run:")
+    for line in _systemd.install_commands():
+        print(f"  {line}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eurekamem", description="The memory service for AI agents.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -208,6 +234,11 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("repair", help="back up and truncate a journal the daemon refuses to open")
     rep.add_argument("--data-dir", help="data root (default $EUREKACLAW_DIR or ~/.eurekaclaw)")
     rep.set_defaults(func=cmd_repair)
+
+    install = sub.add_parser("install-service", help="write the systemd user units (eurekamem.service, eurekamem.socket)")
+    install.add_argument("--dry-run", action="store_true", help="print the units and where they would go; write nothing")
+    install.add_argument("--unit-dir", help="folder for the units (default $XDG_CONFIG_HOME/systemd/user or ~/.config/systemd/user)")
+    install.set_defaults(func=cmd_install_service)
 
     from ._admin import add_commands
 
