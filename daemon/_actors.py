@@ -61,6 +61,7 @@ class TierActor:
         self._send, self._recv = trio.open_memory_channel[Any](math.inf)
         self.batches = 0
         self.requests = 0
+        self.busy_since: float | None = None  # trio time at which the batch in progress started
 
     @property
     def name(self) -> str:
@@ -127,7 +128,11 @@ class TierActor:
         state = self.state
         state.begin_batch()
         calls = [work.call for work in batch]
-        results = await self.handle_calls(calls)
+        self.busy_since = trio.current_time()
+        try:
+            results = await self.handle_calls(calls)
+        finally:
+            self.busy_since = None
         mutations = state.take_pending()
         if mutations:
             try:

@@ -82,6 +82,9 @@ REFUSAL_LINGER = 1.0  # seconds a refused peer may still send (dropped) before t
 MAX_LINGERING = 32
 
 
+BUSY_LIMIT = 900.0  # seconds one batch may take before the watchdog calls its actor stuck
+
+
 class StartupError(Exception):
     """The daemon cannot start; the message says why and what to do."""
 
@@ -541,7 +544,14 @@ class Daemon:
             async with trio.open_nursery() as nursery:
                 for name, actor in self.actors.items():
                     nursery.start_soon(beat, name, actor)
-        return sorted(missing)
+        # an actor inside one long batch (a large memory.add_many embedding in its thread) is busy,
+        # not stuck, for up to BUSY_LIMIT seconds
+        now = trio.current_time()
+        return sorted(
+            name
+            for name in missing
+            if self.actors[name].busy_since is None or now - self.actors[name].busy_since > BUSY_LIMIT
+        )
 
     async def _serve_connection(self, sock: stdlib_socket.socket) -> None:
         stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
