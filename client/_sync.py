@@ -166,8 +166,8 @@ class Client:
         if conn is not None:
             try:
                 conn.sock.close()
-            except OSError:
-                pass
+            except OSError:  # closing an inherited descriptor in a forked child: nothing to recover
+                conn.dead = "closed after fork"
 
     def _connection_locked(self) -> _Conn:
         conn = self._conn

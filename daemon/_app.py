@@ -483,8 +483,8 @@ class Daemon:
                     if not data:
                         break
                     dropped += len(data)
-        except OSError:
-            pass
+        except OSError as exc:  # the refused peer went away first: nothing more to tell it
+            log.debug("refused peer closed early: %s", exc)
         finally:
             self._lingering -= 1
             sock.close()

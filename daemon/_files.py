@@ -12,6 +12,7 @@ All operations are blocking; trio code runs them in `trio.to_thread.run_sync`.
 from __future__ import annotations
 
 import abc
+import logging
 import errno as _errno
 import os
 import posixpath
@@ -30,6 +31,7 @@ __all__ = [
 ]
 
 StrPath = Union[str, "os.PathLike[str]"]
+_log = logging.getLogger("eurekamem.files")
 
 
 class AppendFile(abc.ABC):
@@ -532,7 +534,7 @@ def _survivor(inode: _Inode, rng: random.Random | None, zero_fill: bool) -> byte
 # --------------------------------------------------------------------------------------------
 
 
-def atomic_write(fs: FileLayer, path: StrPath, data: bytes) -> None:
+def atomic_write(fs: FileLayer, path: StrPath, data: bytes | Iterable[bytes]) -> None:
     """Replace `path` by `data` so that a crash leaves either the old or the new content.
 
     Writes a temporary file in the same folder, datasyncs it, renames it over `path` and fsyncs
@@ -544,7 +546,8 @@ def atomic_write(fs: FileLayer, path: StrPath, data: bytes) -> None:
     f = fs.open_append(tmp)
     try:
         try:
-            f.write(data)
+            for chunk in [data] if isinstance(data, (bytes, bytearray, memoryview)) else data:
+                f.write(chunk)
             f.datasync()
         finally:
             f.close()
@@ -552,7 +555,7 @@ def atomic_write(fs: FileLayer, path: StrPath, data: bytes) -> None:
     except BaseException:
         try:
             fs.unlink(tmp)
-        except OSError:
-            pass
+        except OSError as exc:  # the original error matters more; a stray temp file is harmless
+            _log.warning("could not remove the temporary file %s: %s", tmp, exc)
         raise
     fs.fsync_dir(folder or ".")

@@ -154,8 +154,8 @@ class Connection:
         if decoder is None:
             try:
                 await self.stream.send_all(framing_error_line(first[0]))
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                log.debug("peer with an unknown framing left before its error line: %s", exc)
             return
         self.codec = Codec(decoder.framing)
         async with trio.open_nursery() as nursery:

@@ -72,7 +72,7 @@ from typing import Optional, Union
 import hnswlib
 import numpy as np
 
-from ._files import RealFiles, StrPath
+from ._files import RealFiles, StrPath, atomic_write
 
 __all__ = ["MAX_LABEL", "VectorStore", "VectorFileError"]
 
@@ -423,8 +423,8 @@ class VectorStore:
         except BaseException:
             try:
                 os.unlink(tmp)
-            except OSError:
-                pass
+            except OSError as exc:  # the original error matters more; a stray temp file is harmless
+                log.warning("could not remove the temporary file %s: %s", tmp, exc)
             raise
         fs.fsync_dir(folder)
         labs = self.labels()
@@ -442,7 +442,7 @@ class VectorStore:
             MAGIC, VERSION, self.dim, labs.size, self._hash, hnsw_size, hnsw_crc, body_crc, len(model)
         ) + model
         head += _U32.pack(zlib.crc32(head))
-        _atomic_write_chunks(fs, os.path.join(folder, stem + ".vectors"), itertools.chain([head], body()))
+        atomic_write(fs, os.path.join(folder, stem + ".vectors"), itertools.chain([head], body()))
         return self.fingerprint()
 
     @staticmethod
@@ -589,28 +589,6 @@ def _remove_temporaries(folder: str, stem: str) -> bool:
             except FileNotFoundError:
                 pass
     return found
-
-
-def _atomic_write_chunks(fs: RealFiles, path: str, chunks: Iterable[bytes]) -> None:
-    """`atomic_write` for data given in pieces: temporary file, datasync, rename, folder fsync."""
-    folder, name = os.path.split(path)
-    tmp = os.path.join(folder, f".{name}.{secrets.token_hex(6)}.tmp")
-    f = fs.open_append(tmp)
-    try:
-        try:
-            for chunk in chunks:
-                f.write(chunk)
-            f.datasync()
-        finally:
-            f.close()
-        fs.rename(tmp, path)
-    except BaseException:
-        try:
-            fs.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    fs.fsync_dir(folder or ".")
 
 
 def _sync_and_crc(path: str, *, sync: bool = True) -> tuple[int, int]:
