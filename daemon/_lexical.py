@@ -47,7 +47,7 @@ import numpy as np
 __all__ = ["LexicalIndex", "STOP_WORDS", "tokenize"]
 
 # Lucene's English stop set plus pronouns, auxiliaries and question words: frequent, carrying
-# little meaning, and BM25's idf would weigh them down anyway.
+# little meaning, and BM25's idf would weigh them down anyway. Not "may": it is also a month.
 STOP_WORDS = frozenset(
     """
     a an and are as at be but by for if in into is it no not of on or such that the their then
@@ -55,7 +55,7 @@ STOP_WORDS = frozenset(
     i me my we our ours us you your yours he him his she her hers its itself them theirs
     am been being were has have had having do does did doing
     what which who whom whose when where why how
-    so than too very can could would should shall may might must just also
+    so than too very can could would should shall might must just also
     from about over under again further here all any both each few more most other some own same
     only s t d ll m re ve o y
     """.split()

@@ -315,3 +315,26 @@ async def test_change_of_model_keeps_search_answering_until_reembedded(data_dir:
             await conn.result("sys.snapshot", {})
             assert not (data_dir / "memory" / "vectors" / "usem3.vectors").exists()  # the old index is retired
             await conn.aclose()
+
+
+async def test_embedder_failure_degrades_hybrid_to_lexical(data_dir: Path, sock_dir: Path) -> None:
+    with trio.fail_after(IO_TIMEOUT):
+        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST) as daemon:
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            await add(conn, **UCB)
+            embedder = daemon.actors["memory"].state.embedder
+
+            def broken(texts):  # type: ignore[no-untyped-def]
+                raise RuntimeError("model server is down")
+
+            embedder.embed_queries = broken  # an instance attribute shadows the method
+            try:
+                hits = await conn.result("memory.search", {"query": "peeling argument"})
+                assert hits[0]["memory"]["title"] == UCB["title"]
+                assert "model server is down" in hits[0]["why"]["dense_error"] and hits[0]["why"]["dense_rank"] is None
+                assert await conn.error_kind("memory.search", {"query": "peeling argument", "mode": "dense"}) == "unavailable"
+                assert (await conn.result("memory.search", {"query": "peeling argument", "mode": "lexical"}))[0]["why"].get("dense_error") is None
+            finally:
+                del embedder.embed_queries
+            assert "dense_error" not in (await conn.result("memory.search", {"query": "peeling argument"}))[0]["why"]
+            await conn.aclose()
