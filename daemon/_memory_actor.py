@@ -36,6 +36,9 @@ class MemoryActor(TierActor):
         self.files_written = 0
         self.projection_errors = 0
         self.reembedded = 0
+        # one projection at a time, from taking the changes to writing them: two interleaved ones
+        # could write an older version of a file after a newer one (or after its removal)
+        self._projection_lock = trio.Lock()
 
     async def handle_calls(self, calls: list[Call]) -> list[Any]:
         return await trio.to_thread.run_sync(self._process, calls)
@@ -67,6 +70,10 @@ class MemoryActor(TierActor):
 
     async def project_files(self) -> int:
         """Write the .md files and _index.json that changed; returns the number of files written."""
+        async with self._projection_lock:
+            return await self._project_files()
+
+    async def _project_files(self) -> int:
         changed, removed, indexes = await self.run_internal(lambda state: state.take_projection())
         if not (changed or removed or indexes):
             return 0
@@ -104,7 +111,7 @@ class MemoryActor(TierActor):
         return done
 
     def save_snapshot(self, state: MemoryState, snapshot_path: Path, vectors_dir: Path) -> None:
-        """Runs in the actor's thread: the vectors, then memories.snapshot, then the file projection."""
+        """Runs in the actor's thread: the vectors, then memories.snapshot (the caller then projects)."""
         vectors_dir.mkdir(parents=True, exist_ok=True)
         state.vectors.save(str(vectors_dir), state.model)
         for model in state.retired:
@@ -112,8 +119,6 @@ class MemoryActor(TierActor):
         state.retired.clear()
         doc = state.snapshot_document()
         atomic_write(RealFiles(), str(snapshot_path), msgspec.msgpack.encode(doc))
-        changed, removed, indexes = state.take_projection()
-        self.files_written += write_projection(self.root, changed, removed, indexes)
 
     def statistics(self) -> dict[str, Any]:
         return {

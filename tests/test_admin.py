@@ -207,7 +207,8 @@ def test_backup_of_a_running_daemon_restores_into_an_empty_root(tmp_path: Path, 
     (target / "stray").unlink()
     done = cli("restore", str(tmp_path / "b.tar.gz"), "--data-dir", str(target))
     assert done.returncode == 0, done.stderr
-    assert (cli("verify", "--data-dir", str(target))).returncode == 0
+    verified = cli("verify", "--data-dir", str(target))
+    assert verified.returncode == 0, verified.stdout + verified.stderr
 
     restored = start(target, sock_dir / "b.sock")
     try:
