@@ -104,6 +104,7 @@ class MemoryState(TierState):
         self.thresholds = embedder.thresholds
         self.memories: dict[str, Memory] = {}
         self.model_of: dict[str, str] = {}  # memory id -> model of its vector ("" when none yet)
+        self._unembedded: dict[str, None] = {}  # ids whose vector is not of the current model
         self._label: dict[str, int] = {}
         self._id_of: dict[int, str] = {}
         self._next_label = 0
@@ -386,7 +387,7 @@ class MemoryState(TierState):
         key = ("unembedded", self._version)
         waiting = self._allowed_cache.get(key)
         if waiting is None:
-            waiting = np.asarray([self._label[i] for i, mdl in self.model_of.items() if mdl != self.model], dtype=np.int64)
+            waiting = np.asarray([self._label[i] for i in self._unembedded], dtype=np.int64)
             self._allowed_cache[key] = waiting
         if allowed is not None:
             waiting = np.intersect1d(waiting, allowed)
@@ -583,14 +584,21 @@ class MemoryState(TierState):
             self._fingerprints[(slug, memory.fingerprint)] = memory.id
         if vector and model == self.model:
             self.vectors.add(np.asarray([label], dtype=np.int64), np.frombuffer(vector, dtype=np.float32)[None, :])
-            self.model_of[memory.id] = model
+            self._set_model(memory.id, model)
         elif label in self.vectors:
             self.vectors.remove(label)
-            self.model_of[memory.id] = ""
+            self._set_model(memory.id, "")
         else:
-            self.model_of[memory.id] = model if vector else ""
+            self._set_model(memory.id, model if vector else "")
         self.lexical.add(label, memory_text(memory))
         self._changed(memory)
+
+    def _set_model(self, memory_id: str, model: str) -> None:
+        self.model_of[memory_id] = model
+        if model == self.model:
+            self._unembedded.pop(memory_id, None)
+        else:
+            self._unembedded[memory_id] = None
 
     def _purge(self, memory_id: str) -> None:
         old = self.memories.pop(memory_id, None)
@@ -599,6 +607,7 @@ class MemoryState(TierState):
         self._unindex(old)
         self.removed_files[old.file] = None
         self.model_of.pop(memory_id, None)
+        self._unembedded.pop(memory_id, None)
         label = self._label.pop(memory_id)
         del self._id_of[label]
         if label in self.vectors:
@@ -634,17 +643,16 @@ class MemoryState(TierState):
             "active": active,
             "domains": len(self._domains),
             "vectors": len(self.vectors),
-            "unembedded": sum(1 for model in self.model_of.values() if model != self.model),
+            "unembedded": len(self._unembedded),
         }
 
     def missing_vectors(self, limit: int) -> list[str]:
         """Ids of memories without a vector of the current model (imported, or a changed model)."""
         out: list[str] = []
-        for memory_id, model in self.model_of.items():
-            if model != self.model:
-                out.append(memory_id)
-                if len(out) >= limit:
-                    break
+        for memory_id in self._unembedded:  # kept up to date by _set_model: no scan of every memory
+            out.append(memory_id)
+            if len(out) >= limit:
+                break
         if not out and self.previous is not None:
             log.info("tier 4: every memory has a %s vector; the %s index is retired", self.model, self.previous[0])
             self.retired.append(self.previous[0])
@@ -721,7 +729,7 @@ class MemoryState(TierState):
             if memory.status == "active":
                 self._fingerprints[(slug, memory.fingerprint)] = memory.id
             has_vector = usable and label in self.vectors
-            self.model_of[memory.id] = doc.models.get(memory.id, "") if has_vector else ""
+            self._set_model(memory.id, doc.models.get(memory.id, "") if has_vector else "")
         self.lexical.add_many((doc.labels[memory.id], memory_text(memory)) for memory in doc.memories)
         self._version += 1
 
