@@ -22,7 +22,7 @@ from eurekamem.protocol._records import MEMORY_CATEGORIES
 from eurekamem.protocol import _methods as m
 
 from ._fusion import fuse
-from ._lexical import LexicalIndex
+from ._lexical import LexicalDump, LexicalIndex
 from ._memory_files import (
     derive_abstract,
     derive_overview,
@@ -116,6 +116,7 @@ class MemoryState(TierState):
         self._allowed_cache: dict[Any, np.ndarray] = {}
         self.vectors = VectorStore(embedder.dim, model=self.model)
         self.lexical = LexicalIndex()
+        self.lexical_from = "new"  # or "snapshot" / "rebuilt" (from the texts) after load_snapshot
         self.files_root = files_root
         self.dirty: dict[str, None] = {}  # ids whose file must be (re)written
         self.removed_files: dict[str, None] = {}  # files to delete or move
@@ -698,6 +699,7 @@ class MemoryState(TierState):
             vectors_fingerprint=self.vectors.fingerprint(),
             previous_model=self.previous[0] if self.previous else "",
             previous_fingerprint=self.previous[1].fingerprint() if self.previous else "",
+            lexical=self.lexical.dump(),
         )
 
     def load_snapshot(
@@ -716,12 +718,15 @@ class MemoryState(TierState):
         elif doc.memories:
             log.warning("tier 4: no usable vector file for model %s; memories will be re-embedded", self.model)
         self._next_label = doc.next_label
+        slugs: dict[str, str] = {}  # a few domains, 100,000 memories: slug each domain once
         for memory in doc.memories:
             label = doc.labels[memory.id]
             self._label[memory.id] = label
             self._id_of[label] = memory.id
             self.memories[memory.id] = memory
-            slug = domain_slug(memory.domain)
+            slug = slugs.get(memory.domain)
+            if slug is None:
+                slug = slugs[memory.domain] = domain_slug(memory.domain)
             self._domains.setdefault(slug, {})[memory.id] = None
             if memory.scope == "global":
                 self._global[memory.id] = None
@@ -730,8 +735,25 @@ class MemoryState(TierState):
                 self._fingerprints[(slug, memory.fingerprint)] = memory.id
             has_vector = usable and label in self.vectors
             self._set_model(memory.id, doc.models.get(memory.id, "") if has_vector else "")
-        self.lexical.add_many((doc.labels[memory.id], memory_text(memory)) for memory in doc.memories)
+        self.lexical, self.lexical_from = self._restored_lexical(doc)
         self._version += 1
+
+    def _restored_lexical(self, doc: "MemorySnapshot") -> tuple[LexicalIndex, str]:
+        """The snapshot's lexical index if it is there and holds exactly its memories, else one
+        built from the texts (an older snapshot, another tokenizer)."""
+        if doc.lexical is not None:
+            try:
+                index = LexicalIndex.restore(doc.lexical)
+            except ValueError as exc:
+                log.warning("tier 4: rebuilding the lexical index: %s", exc)
+            else:
+                expected = np.sort(np.fromiter(doc.labels.values(), dtype=np.int64, count=len(doc.labels)))
+                if np.array_equal(index.labels(), expected):
+                    return index, "snapshot"
+                log.warning("tier 4: rebuilding the lexical index: the saved one does not hold the snapshot's memories")
+        index = LexicalIndex()
+        index.add_many((doc.labels[memory.id], memory_text(memory)) for memory in doc.memories)
+        return index, "rebuilt"
 
     def import_file(self, relative: str, text: str, mtime: float) -> Memory | None:
         """One EurekaClaw .md file as a memory (no vector yet); None when it holds no text."""
@@ -788,6 +810,7 @@ class MemorySnapshot(msgspec.Struct, kw_only=True):
     vectors_fingerprint: Any
     previous_model: str = ""  # during a change of model: the old one, whose vectors still serve search
     previous_fingerprint: Any = ""
+    lexical: LexicalDump | None = None  # the BM25 index as saved (absent in older snapshots: rebuilt)
 
 
 def _timestamp_or(value: Any, fallback: str) -> str:

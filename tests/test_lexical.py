@@ -6,6 +6,7 @@ import math
 import random
 from collections import Counter
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -189,6 +190,72 @@ def test_renumbering_after_mass_removal(pruning: str) -> None:
     ix.add(5, "w1 w1 w2")
     ref.add(5, "w1 w1 w2")
     _check_against(ix, ref, queries)
+
+
+# --- dump and restore (the snapshot's copy of the index) ---------------------------------------
+
+
+def _round_trip(ix: LexicalIndex) -> LexicalIndex:
+    raw = msgspec.msgpack.encode(ix.dump())
+    return LexicalIndex.restore(msgspec.msgpack.decode(raw, type=_lexical.LexicalDump))
+
+
+def test_restored_index_answers_and_changes_like_the_original(pruning: str) -> None:
+    """Removed documents, dead postings and compacted terms survive a dump exactly, and the
+    restored index keeps working through further churn (its postings start as views of one array)."""
+    rng = random.Random(7)
+    texts = _random_corpus(rng, 1500, VOCAB)
+    ix, ref = LexicalIndex(), NaiveBM25()
+    ix.add_many(enumerate(texts))
+    for i, t in enumerate(texts):
+        ref.add(i, t)
+    for lab in rng.sample(range(1500), 500):  # dead documents and postings, some compacted terms
+        ix.remove(lab)
+        ref.remove(lab)
+    ix.add(2000, "")  # a document with no tokens
+    ref.add(2000, "")
+    queries = [" ".join(rng.choices(VOCAB, k=rng.randrange(1, 6))) for _ in range(40)]
+    back = _round_trip(ix)
+    assert back.stats() == {**ix.stats(), "pruned_searches": 0}
+    assert back.labels().tolist() == ix.labels().tolist() and len(back) == len(ix)
+    for q in queries:
+        a, b = ix.search(q, 10), back.search(q, 10)
+        assert a[0].tolist() == b[0].tolist() and np.allclose(a[1], b[1])
+    _check_against(back, ref, queries)
+    renumbered = False
+    for _ in range(4000):  # enough removals to renumber the restored index's ids
+        before = back._n_docs
+        lab = rng.randrange(2100)
+        if rng.random() < 0.6:
+            back.remove(lab)
+            ref.remove(lab)
+        else:
+            t = _random_corpus(rng, 1, VOCAB)[0]
+            back.add(lab, t)
+            ref.add(lab, t)
+        renumbered |= back._n_docs < before
+    assert renumbered
+    _check_against(back, ref, queries)
+    _check_against(_round_trip(back), ref, queries)
+
+
+def test_an_empty_index_round_trips() -> None:
+    back = _round_trip(LexicalIndex())
+    assert len(back) == 0 and back.search("anything", 5)[0].size == 0
+    back.add(3, "now something")
+    assert back.search("something", 5)[0].tolist() == [3]
+
+
+def test_a_dump_from_another_tokenizer_or_torn_is_refused() -> None:
+    ix = LexicalIndex()
+    ix.add_many(enumerate(["alpha beta", "beta gamma", "gamma delta"]))
+    dump = ix.dump()
+    with pytest.raises(ValueError, match="tokenizer version"):
+        LexicalIndex.restore(msgspec.structs.replace(dump, tokenizer=dump.tokenizer + 1))
+    with pytest.raises(ValueError, match="do not fit"):
+        LexicalIndex.restore(msgspec.structs.replace(dump, post_docs=dump.post_docs[:-4]))
+    with pytest.raises(ValueError, match="do not fit"):
+        LexicalIndex.restore(msgspec.structs.replace(dump, vocab=dump.vocab[:-1]))
 
 
 # --- ranking sanity ---------------------------------------------------------------------------

