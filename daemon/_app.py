@@ -18,6 +18,7 @@ import os
 import socket as stdlib_socket
 import stat
 import struct
+import threading
 from pathlib import Path
 from typing import Any, Callable, Union
 
@@ -43,7 +44,7 @@ from ._files import RealFiles, atomic_write
 from ._journal import Journal
 from ._journal_actor import FSYNC_POLICIES, JournalActor
 from ._server import Connection, Limits
-from ._embed import make_embedder
+from ._embed import EmbedderError, make_embedder
 from ._memories import MemoryState, PurgeMemory, PutMemory
 from ._memory_actor import MemoryActor, import_eurekaclaw_memories, load_vectors, read_memory_snapshot
 from ._state import (
@@ -233,6 +234,15 @@ def _edge(from_id: str, to_id: str, relation: str) -> Any:
 _embedders: dict[str, Any] = {}
 
 
+def preload_embedder(embedder: Any) -> None:
+    """Load the model now rather than at the first request that needs it; a failure is logged
+    (the requests that need the model then answer `unavailable`, and each one tries again)."""
+    try:
+        embedder.load()
+    except EmbedderError as exc:
+        log.error("the embedder could not be loaded (tier 4 answers `unavailable` where it needs it): %s", exc)
+
+
 def shared_embedder(name: str, options: dict[str, Any]) -> Any:
     """One embedder per model and options in a process (models are large and slow to load)."""
     key = name + repr(sorted(options.items()))
@@ -340,7 +350,14 @@ class Daemon:
             embedder = shared_embedder(self.config.embedder, self.config.embedder_options)
         except (ValueError, TypeError) as exc:
             raise StartupError(f"embedder {self.config.embedder!r}: {exc}") from None
-        recovered = await self._recover(embedder)
+        # the model loads in a thread of its own while recovery reads the snapshots (2 cores: the
+        # first search after a restart need not wait for both one after the other)
+        threading.Thread(target=preload_embedder, args=(embedder,), name="embedder-load", daemon=True).start()
+        gc.disable()  # recovery allocates millions of objects that all live on: collecting them is waste
+        try:
+            recovered = await self._recover(embedder)
+        finally:
+            gc.enable()
         self.recovery = {
             "checkpoint_seq": recovered.checkpoint_seq,
             "replayed": recovered.replayed,
@@ -372,7 +389,6 @@ class Daemon:
                 system.start_soon(self._snapshot_scheduler, scheduler_scope)
                 background_scope = trio.CancelScope()
                 system.start_soon(self._memory_background, background_scope)
-                system.start_soon(trio.to_thread.run_sync, embedder.load)  # loads while we serve
                 watchdog_scope = trio.CancelScope()
                 system.start_soon(self._feed_watchdog, watchdog_scope)
                 self._system = system
