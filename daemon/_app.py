@@ -96,6 +96,8 @@ class Config(msgspec.Struct, kw_only=True):
     batch_interval: float = 1.0  # seconds between fsyncs under --fsync batch
     max_frame_bytes: int = 16 * 1024 * 1024
     max_inflight: int = 1024
+    max_requests_per_second: float = 0.0  # per connection, 0 = unlimited (see README: operations)
+    request_burst: int = 0  # 0 = one second's worth of max_requests_per_second
     snapshot_quiet: float = 5.0  # snapshot after this many seconds without writes
     snapshot_max_delay: float = 60.0  # ... or this long after the first unsnapshotted write
     shutdown_grace: float = 10.0  # seconds to finish in-flight answers at shutdown
@@ -313,7 +315,12 @@ class Daemon:
         self.refused_peers = 0  # connections refused by the SO_PEERCRED check
         self._lingering = 0
         self.paths = Paths(config.data_dir)
-        self.limits = Limits(max_frame_bytes=config.max_frame_bytes, max_inflight=config.max_inflight)
+        self.limits = Limits(
+            max_frame_bytes=config.max_frame_bytes,
+            max_inflight=config.max_inflight,
+            max_requests_per_second=config.max_requests_per_second,
+            request_burst=config.request_burst,
+        )
         self.stats = RequestStats()
         self.started_at = now_rfc3339()
         self._shutdown = trio.Event()
@@ -642,6 +649,8 @@ class Daemon:
             "limits": {
                 "max_frame_bytes": self.limits.max_frame_bytes,
                 "max_inflight": self.limits.max_inflight,
+                "max_requests_per_second": self.limits.max_requests_per_second,
+                "request_burst": self.limits.burst if self.limits.max_requests_per_second > 0 else 0,
                 "max_id_chars": limits_module.MAX_ID,
                 "max_key_chars": limits_module.MAX_KEY,
                 "max_text_chars": limits_module.MAX_TEXT,
