@@ -57,6 +57,7 @@ CALL_TIMEOUT = 60.0  # seconds; a call slower than this is an error (Timeout)
 START_TIMEOUT = 120.0
 
 KEYS_PER_CLIENT = 64
+SESSION_EVENTS = 50  # a session is closed after this many events: episodic state stays bounded early on
 NODES_PER_CLIENT = 24
 TAGS = ["alpha", "beta", "gamma", "delta"]
 DOMAINS = ["soak-algebra", "soak-analysis", "soak-topology"]
@@ -214,7 +215,7 @@ class Worker:
 
     def _log(self) -> tuple[str, dict[str, Any]]:
         self.events += 1
-        if self.events % 400 == 0:  # close the session (frees its ring) and start another
+        if self.events % SESSION_EVENTS == 0:  # close the session (frees its events) and start another
             closing, self.sessions = self.session, self.sessions + 1
             self.session = f"soak-{self.index}-{self.sessions}"
             return "session.close", {"session_id": closing, "extract": False}

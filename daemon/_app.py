@@ -612,6 +612,9 @@ class Daemon:
             result: Any = await self.resume()
         except JournalUnavailable as exc:
             result = ProtocolError("read_only", str(exc))
+        except Exception as exc:
+            log.exception("sys.resume failed")
+            result = ProtocolError("internal", f"sys.resume failed: {exc}")
         reply.deliver(call, result, started_ns)
         reply.flush()
 

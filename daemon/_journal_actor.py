@@ -95,6 +95,8 @@ class JournalActor:
         refuses; the journal then stays failed."""
         try:
             cut = await self.run_exclusive(lambda journal: journal.resume())
+        except trio.ClosedResourceError:
+            raise JournalUnavailable("still read-only: the journal is closed (shutting down)") from None
         except (JournalWriteError, OSError) as exc:
             cause = exc.error if isinstance(exc, JournalWriteError) else exc
             self.failed = f"journal write failed: {cause} (sys.resume tried again at {now_rfc3339()})"
