@@ -506,6 +506,10 @@ class AsyncClient:
     async def snapshot(self) -> dict[str, Any]:
         return await self._run(C.op_snapshot())
 
+    async def resume(self) -> dict[str, Any]:
+        """sys.resume: leave read-only mode after a journal failure; ReadOnly if the disk still refuses."""
+        return await self._run(C.op_resume())
+
     # --- tier 1: episodic -----------------------------------------------------------------------
 
     async def log_event(

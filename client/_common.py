@@ -159,6 +159,10 @@ def op_snapshot() -> Op:
     return Op("sys.snapshot", {})
 
 
+def op_resume() -> Op:
+    return Op("sys.resume", {})
+
+
 def op_log_event(session_id: str, agent_role: str, content: str, metadata: dict[str, Any] | None) -> Op:
     params = {"session_id": session_id, "agent_role": agent_role, "content": content}
     if metadata:

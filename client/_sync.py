@@ -523,6 +523,10 @@ class Client:
     def snapshot(self) -> dict[str, Any]:
         return self._run(C.op_snapshot())
 
+    def resume(self) -> dict[str, Any]:
+        """sys.resume: leave read-only mode after a journal failure; ReadOnly if the disk still refuses."""
+        return self._run(C.op_resume())
+
     # --- tier 1: episodic -----------------------------------------------------------------------
 
     def log_event(

@@ -234,6 +234,7 @@ def render_metrics(stats: dict[str, Any]) -> str:
     m.sample("eurekamem_journal_batches_total", "counter", "Journal group-commit batches written.", journal.get("batches"))
     m.sample("eurekamem_journal_records_total", "counter", "Journal records written.", journal.get("records"))
     m.sample("eurekamem_journal_failed", "gauge", "1 when the journal stopped after a write error.", bool(journal.get("failed")))
+    m.sample("eurekamem_journal_resumes_total", "counter", "Times sys.resume made the journal writable again.", journal.get("resumes"))
     if isinstance(journal.get("fsync_latency"), dict):
         m.summary_us("eurekamem_journal_fsync_seconds", "Latency of the journal's fsync calls.", journal["fsync_latency"], {"policy": journal.get("fsync", "")})
 

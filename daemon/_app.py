@@ -42,7 +42,7 @@ from . import _systemd as systemd
 from ._actors import TierActor, Work
 from ._files import RealFiles, atomic_write
 from ._journal import Journal
-from ._journal_actor import FSYNC_POLICIES, JournalActor
+from ._journal_actor import FSYNC_POLICIES, JournalActor, JournalUnavailable
 from ._server import Connection, Limits
 from ._embed import EmbedderError, make_embedder
 from ._memories import MemoryState, PurgeMemory, PutMemory
@@ -97,6 +97,8 @@ class Config(msgspec.Struct, kw_only=True):
     batch_interval: float = 1.0  # seconds between fsyncs under --fsync batch
     max_frame_bytes: int = 16 * 1024 * 1024
     max_inflight: int = 1024
+    max_requests_per_second: float = 0.0  # per connection, 0 = unlimited (see README: operations)
+    request_burst: int = 0  # 0 = one second's worth of max_requests_per_second
     snapshot_quiet: float = 5.0  # snapshot after this many seconds without writes
     snapshot_max_delay: float = 60.0  # ... or this long after the first unsnapshotted write
     shutdown_grace: float = 10.0  # seconds to finish in-flight answers at shutdown
@@ -323,12 +325,18 @@ class Daemon:
         self.refused_peers = 0  # connections refused by the SO_PEERCRED check
         self._lingering = 0
         self.paths = Paths(config.data_dir)
-        self.limits = Limits(max_frame_bytes=config.max_frame_bytes, max_inflight=config.max_inflight)
+        self.limits = Limits(
+            max_frame_bytes=config.max_frame_bytes,
+            max_inflight=config.max_inflight,
+            max_requests_per_second=config.max_requests_per_second,
+            request_burst=config.request_burst,
+        )
         self.stats = RequestStats()
         self.started_at = now_rfc3339()
         self._shutdown = trio.Event()
         self._connections: set[Connection] = set()
         self._snapshot_lock = trio.Lock()
+        self._resume_lock = trio.Lock()
         self._snapshot_seq = -1
         self.actors: dict[str, TierActor] = {}
         self.journal_actor: JournalActor | None = None
@@ -600,6 +608,8 @@ class Daemon:
             reply.deliver(call, self.statistics(), started_ns)
         elif name == "sys.snapshot":
             self._system.start_soon(self._answer_snapshot, call, reply, started_ns)
+        elif name == "sys.resume":
+            self._system.start_soon(self._answer_resume, call, reply, started_ns)
         else:  # pragma: no cover - METHODS and this table are kept together
             reply.deliver(call, ProtocolError("method_not_found", f"method not found: {name!r}"), started_ns)
 
@@ -613,6 +623,42 @@ class Daemon:
         reply.deliver(call, result, started_ns)
         reply.flush()
 
+    async def _answer_resume(self, call: Call, reply: Any, started_ns: int) -> None:
+        try:
+            result: Any = await self.resume()
+        except JournalUnavailable as exc:
+            result = ProtocolError("read_only", str(exc))
+        except Exception as exc:
+            log.exception("sys.resume failed")
+            result = ProtocolError("internal", f"sys.resume failed: {exc}")
+        reply.deliver(call, result, started_ns)
+        reply.flush()
+
+    async def resume(self) -> dict[str, Any]:
+        """sys.resume: leave read-only mode if the journal can be written again (JournalUnavailable if not).
+
+        Under fsync=batch/off, records acknowledged before the failure but cut from the journal
+        (written after its last sync) are made durable by a snapshot before any write is let in."""
+        async with self._resume_lock:
+            journal_actor = self.journal_actor
+            if not journal_actor.failed:
+                return {"resumed": False, "read_only": False}
+            was, since = journal_actor.failed, journal_actor.failed_at
+            cut = await journal_actor.resume_journal()
+            unsynced_acked = journal_actor.acked_seq - journal_actor.journal.last_seq
+            note: dict[str, Any] = {"cut_records": cut, "segment": journal_actor.journal.segment_names[-1]}
+            if unsynced_acked > 0:
+                try:
+                    note["snapshot_seq"] = await self.snapshot(force=True)
+                except Exception as exc:
+                    log.exception("sys.resume: the snapshot covering %d acknowledged records failed", unsynced_acked)
+                    raise JournalUnavailable(
+                        f"still read-only: the journal is writable again, but the snapshot that must first cover "
+                        f"{unsynced_acked} records acknowledged before its last sync (fsync={journal_actor.fsync}) failed: {exc}"
+                    ) from exc
+            journal_actor.clear_failure(note)
+            return {"resumed": True, "read_only": False, "was": was, "failed_at": since, **note}
+
     def hello(self) -> dict[str, Any]:
         return {
             "server": "eurekamem",
@@ -622,6 +668,8 @@ class Daemon:
             "limits": {
                 "max_frame_bytes": self.limits.max_frame_bytes,
                 "max_inflight": self.limits.max_inflight,
+                "max_requests_per_second": self.limits.max_requests_per_second,
+                "request_burst": self.limits.burst if self.limits.max_requests_per_second > 0 else 0,
                 "max_id_chars": limits_module.MAX_ID,
                 "max_key_chars": limits_module.MAX_KEY,
                 "max_text_chars": limits_module.MAX_TEXT,
@@ -655,7 +703,7 @@ class Daemon:
             journal_actor = self.journal_actor
             if not force and journal_actor.acked_seq == self._snapshot_seq:
                 return self._snapshot_seq
-            rotated = not journal_actor.failed
+            rotated = not journal_actor.journal.failed  # the journal file takes writes (again, during sys.resume)
             if rotated:
                 start = await journal_actor.run_exclusive(lambda journal: journal.rotate())
             else:

@@ -110,9 +110,21 @@ def client_socket(args: argparse.Namespace) -> str:
         raise SystemExit(1) from None
 
 
-def cmd_call(args: argparse.Namespace) -> int:
+def _call_reporting(args: argparse.Namespace, method: str, params: dict[str, Any]) -> tuple[bool, Any]:
+    """(True, result), or (False, None) after printing the error the daemon answered or why it is unreachable."""
     from eurekamem.client import ConnectionLost, EurekamemError
 
+    try:
+        with _client(args) as client:
+            return True, client.call(method, params)
+    except EurekamemError as exc:
+        print(f"eurekamem: {exc.kind}: {exc.message}", file=sys.stderr)
+    except (ConnectionLost, OSError) as exc:
+        print(f"eurekamem: cannot reach the daemon: {exc}", file=sys.stderr)
+    return False, None
+
+
+def cmd_call(args: argparse.Namespace) -> int:
     try:
         params = json.loads(args.params) if args.params else {}
     except ValueError as exc:
@@ -121,14 +133,8 @@ def cmd_call(args: argparse.Namespace) -> int:
     if not isinstance(params, dict):
         print("eurekamem: params must be a JSON object", file=sys.stderr)
         return 1
-    try:
-        with _client(args) as client:
-            result = client.call(args.method, params)
-    except EurekamemError as exc:
-        print(f"eurekamem: {exc.kind}: {exc.message}", file=sys.stderr)
-        return 1
-    except (ConnectionLost, OSError) as exc:
-        print(f"eurekamem: cannot reach the daemon: {exc}", file=sys.stderr)
+    ok, result = _call_reporting(args, args.method, params)
+    if not ok:
         return 1
     print(json.dumps(result, indent=2 if args.pretty else None, ensure_ascii=False))
     return 0
@@ -155,6 +161,19 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"  requests {requests['total']} on {requests['connections_total']} connections ({requests['connections_open']} open)")
     for name, m in requests["methods"].items():
         print(f"    {name:<22} {m['count']:>9}  p50 {m['p50_us']:>8} us  p99 {m['p99_us']:>8} us  errors {sum(m['errors'].values())}")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    """sys.resume: after the journal failed (disk full, I/O error) and space was freed, accept writes again."""
+    ok, result = _call_reporting(args, "sys.resume", {})
+    if not ok:
+        return 1
+    if result.get("resumed"):
+        print(f"resumed: writable again (was read-only since {result.get('failed_at')}: {result.get('was')}); "
+              f"cut {result.get('cut_records', 0)} unacknowledged records, now writing {result.get('segment')}")
+    else:
+        print("not read-only: nothing to resume")
     return 0
 
 
@@ -230,6 +249,11 @@ def build_parser() -> argparse.ArgumentParser:
     common(status)
     status.add_argument("--timeout", type=float, default=5.0)
     status.set_defaults(func=cmd_status)
+
+    resume = sub.add_parser("resume", help="after a disk-full or I/O error made the daemon read-only: write again")
+    common(resume)
+    resume.add_argument("--timeout", type=float, default=60.0)
+    resume.set_defaults(func=cmd_resume)
 
     rep = sub.add_parser("repair", help="back up and truncate a journal the daemon refuses to open")
     rep.add_argument("--data-dir", help="data root (default $EUREKACLAW_DIR or ~/.eurekaclaw)")

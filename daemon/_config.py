@@ -90,6 +90,11 @@ _BASE: list[Setting] = [
     Setting("batch_interval", Seconds, 1.0, "seconds between fsyncs under fsync=batch"),
     Setting("max_frame_bytes", Annotated[int, Meta(ge=1024)], 16 * 1024 * 1024, "largest request frame, in bytes"),
     Setting("max_inflight", PositiveInt, 1024, "requests in flight per connection"),
+    Setting(
+        "max_requests_per_second", Annotated[float, Meta(ge=0)], 0.0,
+        "request rate limit per connection (token bucket); 0 = unlimited",
+    ),
+    Setting("request_burst", Annotated[int, Meta(ge=0)], 0, "requests a connection may send at once under the rate limit; 0 = one second's worth"),
     Setting("snapshot_quiet", Seconds, 5.0, "snapshot after this many seconds without writes"),
     Setting("snapshot_max_delay", Seconds, 60.0, "... or this long after the first unsnapshotted write"),
     Setting("shutdown_grace", NonNegativeSeconds, 10.0, "seconds to finish answers at shutdown"),

@@ -319,6 +319,10 @@ class Journal:
         self._next_seq = 1
         self._error: BaseException | None = None
         self._closed = False
+        # what the last successful sync (or segment creation) made durable, in the last segment:
+        # `resume` cuts back to it, so bytes written after it (acknowledged or not) never count
+        self._synced_end = 0
+        self._synced_seq = 0
 
     # -- opening ----------------------------------------------------------------------------
 
@@ -393,6 +397,7 @@ class Journal:
         try:
             if self._segments:
                 cur = self._segments[-1]
+                self._synced_end, self._synced_seq = cur.size, self._next_seq - 1
                 self._handle = fs.open_append(os.path.join(d, cur.name))
                 if self._handle.size != cur.size:  # pragma: no cover - someone else writes
                     raise JournalCorrupt(os.path.join(d, cur.name), cur.size,
@@ -497,6 +502,7 @@ class Journal:
             self._handle.datasync()
         except OSError as e:
             raise self._fail(e) from e
+        self._synced_end, self._synced_seq = self._segments[-1].size, self.last_seq
 
     def rotate(self) -> int:
         """Sync and close the current segment and start a new one; return its first seq
@@ -510,6 +516,7 @@ class Journal:
         assert self._handle is not None
         try:
             self._handle.datasync()
+            self._synced_end, self._synced_seq = self._segments[-1].size, self.last_seq
             self._handle.close()
             self._handle = None
             self._create_segment(self._next_seq)
@@ -533,6 +540,56 @@ class Journal:
         self._handle = handle
         self._salt = salt
         self._segments.append(_Segment(name, first_seq, FILE_HEADER_SIZE, 0))
+        self._synced_end, self._synced_seq = FILE_HEADER_SIZE, first_seq - 1
+
+    def resume(self) -> int:
+        """Make a failed journal writable again, safely; returns how many records were cut.
+
+        The bytes after the last successful sync may be anything (a short write on a full disk, or
+        records whose sync failed and that the kernel may have dropped): the current segment is cut
+        back to that point (a durable truncate), then a new segment is started, which is also the
+        test that the disk takes a write, a datasync and a folder fsync again. Records after the
+        cut were never acknowledged under fsync=always; under batch/off the caller must make them
+        durable another way (a snapshot). On any error the journal stays failed (with the new
+        error) and JournalWriteError is raised; calling `resume` again later is safe. A no-op
+        returning 0 when the journal has not failed.
+        """
+        if self._closed:
+            raise ValueError("journal is closed")
+        if self._error is None:
+            return 0
+        cur = self._segments[-1]
+        path = os.path.join(self._dir, cur.name)
+        cut = self._next_seq - 1 - self._synced_seq
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            handle.close()  # the failed descriptor is never written again
+        try:
+            self._fs.truncate(path, self._synced_end)
+            cur.size = self._synced_end
+            cur.records = self._synced_seq + 1 - cur.first_seq
+            self._next_seq = self._synced_seq + 1
+            stray = os.path.join(self._dir, segment_name(self._next_seq))
+            if cur.records == 0:
+                # nothing in the segment: replace it by a fresh empty one (durably, in one rename)
+                salt = secrets.randbits(32)
+                atomic_write(self._fs, path, encode_file_header(salt, cur.first_seq))
+                self._salt = salt
+                self._handle = self._fs.open_append(path)
+                self._synced_end, self._synced_seq = FILE_HEADER_SIZE, cur.first_seq - 1
+            else:
+                if self._fs.exists(stray):  # left by a roll that failed half-way: it holds no record
+                    self._fs.unlink(stray)
+                    self._fs.fsync_dir(self._dir)
+                self._create_segment(self._next_seq)
+        except OSError as e:
+            self._error = e
+            logger.error("journal %s: resume failed, journal stays read-only: %s", self._dir, e)
+            raise JournalWriteError(e) from e
+        self._error = None
+        if cut:
+            logger.warning("journal %s: resumed; cut %d records written after the last sync", self._dir, cut)
+        return cut
 
     def drop_before(self, seq: int) -> list[str]:
         """Delete the segments all of whose records have seq < `seq` (never the current one),

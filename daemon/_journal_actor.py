@@ -3,8 +3,10 @@
 Rule kept here: everything waiting is written with one write and covered by one fsync, and no
 waiter is told "durable" before that fsync returned (policy `always`). Under `batch` the fsync runs
 at most `batch_interval` seconds after the write; under `off` never (until rotate or close). The
-first write or fsync error fails the journal for good (DESIGN.md rule 4): every later submit raises
-JournalUnavailable and the daemon answers writes with `read_only`.
+first write or fsync error fails the journal (DESIGN.md rule 4): every later submit raises
+JournalUnavailable and the daemon answers writes with `read_only`, never retrying on its own. Only
+`resume` (sys.resume, after an operator freed space) clears that: it cuts the journal back to its
+last sync, starts a new segment (a real write + fsync) and only then lets writes in again.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from typing import Any, Callable
 
 import trio
 
-from ._journal import Journal
+from eurekamem.protocol import now_rfc3339
+
+from ._journal import Journal, JournalWriteError
 from ._sync import Histogram, Waiter
 
 log = logging.getLogger("eurekamem.journal")
@@ -46,6 +50,9 @@ class JournalActor:
         self.fsync = fsync
         self.batch_interval = batch_interval
         self.failed: str | None = None
+        self.failed_at: str | None = None
+        self.resumes = 0  # times sys.resume made the journal writable again
+        self.last_resume: dict[str, Any] | None = None
         self.acked_seq = journal.last_seq
         self._send, self._recv = trio.open_memory_channel[_Op](math.inf)
         self._unsynced = False
@@ -75,10 +82,44 @@ class JournalActor:
     def close(self) -> None:
         self._send.close()
 
+    def _set_failed(self, reason: str) -> None:
+        self.failed = reason
+        self.failed_at = now_rfc3339()
+        log.error("%s; the daemon is now read-only (sys.resume tries again after space is freed)", reason)
+
+    async def resume_journal(self) -> int:
+        """Make the failed journal writable again (writes stay refused until `clear_failure`).
+
+        Returns how many records were cut (written after the last sync; under fsync=always none of
+        them was ever acknowledged). Raises JournalUnavailable, with the reason, when the disk still
+        refuses; the journal then stays failed."""
+        try:
+            cut = await self.run_exclusive(lambda journal: journal.resume())
+        except trio.ClosedResourceError:
+            raise JournalUnavailable("still read-only: the journal is closed (shutting down)") from None
+        except (JournalWriteError, OSError) as exc:
+            cause = exc.error if isinstance(exc, JournalWriteError) else exc
+            self.failed = f"journal write failed: {cause} (sys.resume tried again at {now_rfc3339()})"
+            log.warning("sys.resume: the journal is still not writable: %s", cause)
+            raise JournalUnavailable(f"still read-only: the journal cannot be written: {cause}") from exc
+        self._unsynced = False
+        return cut
+
+    def clear_failure(self, note: dict[str, Any]) -> None:
+        """Let writes in again, once the journal was resumed (and anything cut made durable)."""
+        self.last_resume = {"at": now_rfc3339(), "was": self.failed, "failed_at": self.failed_at, **note}
+        self.acked_seq = self.journal.last_seq
+        self.failed = self.failed_at = None
+        self.resumes += 1
+        log.warning("journal resumed: writable again after %r (%s)", self.last_resume["was"], note)
+
     def statistics(self) -> dict[str, Any]:
         return {
             "fsync": self.fsync,
             "failed": self.failed,
+            "failed_at": self.failed_at,
+            "resumes": self.resumes,
+            "last_resume": self.last_resume,
             "last_seq": self.acked_seq,
             "bytes": self.journal.size_bytes,
             "segments": self.journal.segment_count,
@@ -115,9 +156,8 @@ class JournalActor:
                 try:
                     last = await trio.to_thread.run_sync(self._write, records)
                     error = None
-                except Exception as exc:  # the journal is failed for good; say why everywhere
-                    self.failed = f"journal write failed: {exc}"
-                    log.error("%s; the daemon is now read-only", self.failed)
+                except Exception as exc:  # the journal is failed until sys.resume; say why everywhere
+                    self._set_failed(f"journal write failed: {exc}")
                     error = JournalUnavailable(self.failed)
             if error is None:
                 self.acked_seq = last
@@ -158,5 +198,4 @@ class JournalActor:
                 try:
                     await self.run_exclusive(lambda journal: self._sync_now())
                 except Exception as exc:
-                    self.failed = f"journal fsync failed: {exc}"
-                    log.error("%s; the daemon is now read-only", self.failed)
+                    self._set_failed(f"journal fsync failed: {exc}")

@@ -7,7 +7,9 @@ rest to the connection's writer task, the only one that ever waits to write. Byt
 order they were delivered. A connection owes at most `max_inflight` answers: past that a request is
 answered `overloaded` at once, and past twice that (or with more than OUTBOUND_LIMIT bytes waiting)
 the reader stops reading until the client reads, so a client that never reads cannot make the
-daemon buffer without bound. After the client half-closes (or at shutdown) every request already
+daemon buffer without bound. With a request rate limit (`max_requests_per_second`, 0 = none), each
+connection has a token bucket on trio's clock holding up to `request_burst` requests: a request
+that finds it empty is answered `overloaded` at once and runs nothing. After the client half-closes (or at shutdown) every request already
 received is still answered, then the socket is closed. Only an unknown framing closes a connection
 on purpose.
 """
@@ -15,6 +17,7 @@ on purpose.
 from __future__ import annotations
 
 import logging
+import math
 import socket
 from typing import Any, Callable
 
@@ -45,6 +48,33 @@ READ_SIZE = 256 * 1024
 class Limits(msgspec.Struct, kw_only=True):
     max_frame_bytes: int = 16 * 1024 * 1024
     max_inflight: int = 1024
+    max_requests_per_second: float = 0.0  # per connection; 0 = unlimited
+    request_burst: int = 0  # requests a connection may send at once; 0 = one second's worth
+
+    @property
+    def burst(self) -> int:
+        return self.request_burst or max(1, math.ceil(self.max_requests_per_second))
+
+
+class RateLimiter:
+    """A token bucket: `rate` requests per second, up to `burst` at once, on trio's clock."""
+
+    __slots__ = ("rate", "burst", "tokens", "updated")
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.tokens = burst
+        self.updated = trio.current_time()
+
+    def take(self) -> bool:
+        now = trio.current_time()
+        self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate)
+        self.updated = now
+        if self.tokens >= 1.0 - 1e-9:  # float time: 0.1 s at 10/s must make a whole token
+            self.tokens = max(0.0, self.tokens - 1.0)
+            return True
+        return False
 
 
 class _BatchReply:
@@ -101,6 +131,8 @@ class Connection:
         self._wake_writer = trio.Event()
         self._progress = trio.Event()
         self.read_scope = trio.CancelScope()
+        rate = limits.max_requests_per_second
+        self.rate_limiter = RateLimiter(rate, limits.burst) if rate > 0 else None
 
     # --- called by whoever has an answer (actors, the reader, background tasks) --------------------
 
@@ -206,8 +238,21 @@ class Connection:
                     "overloaded", f"more than {self.limits.max_inflight} requests in flight on this connection"
                 )
                 reply.deliver(item, error, started)
+            elif self.rate_limiter is not None and not self.rate_limiter.take():
+                self.stats.rate_limited += 1
+                reply.deliver(item, self._rate_error(), started)
             else:
                 self.dispatch(item, reply, started)
+
+    def _rate_error(self) -> ProtocolError:
+        limits = self.limits
+        return ProtocolError(
+            "overloaded",
+            f"rate limit: {limits.max_requests_per_second:g} requests/s per connection "
+            f"(bursts of {limits.burst}); try again later",
+            limit=limits.max_requests_per_second,
+            burst=limits.burst,
+        )
 
     async def _write_loop(self) -> None:
         while True:

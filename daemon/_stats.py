@@ -26,6 +26,7 @@ class RequestStats:
         self.methods: dict[str, MethodStats] = {}
         self.connections_total = 0
         self.connections_open = 0
+        self.rate_limited = 0  # requests refused by the per-connection rate limit
 
     def record(self, call: Any, result: Any, started_ns: int) -> None:
         name = call.spec.name if isinstance(call, Call) else "(rejected)"
@@ -53,5 +54,6 @@ class RequestStats:
             "total": total,
             "connections_open": self.connections_open,
             "connections_total": self.connections_total,
+            "rate_limited": self.rate_limited,
             "methods": methods,
         }

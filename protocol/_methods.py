@@ -240,6 +240,7 @@ METHODS: dict[str, MethodSpec] = dict(
         _spec("sys.ping", Empty, "sys", False, '{"pong": true}'),
         _spec("sys.stats", Empty, "sys", False, "counts per tier, journal, requests, latencies"),
         _spec("sys.snapshot", Empty, "sys", False, "write every snapshot file now"),
+        _spec("sys.resume", Empty, "sys", False, "after a journal failure: try writing again, leave read-only mode"),
         _spec("episodic.log", EpisodicLog, "episodic", False, "append an event to a session"),
         _spec("episodic.recent", EpisodicRecent, "episodic", False, "last n events, oldest first"),
         _spec("episodic.search", EpisodicSearch, "episodic", False, "events whose content has the keyword"),
