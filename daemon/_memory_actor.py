@@ -1,14 +1,24 @@
 """The tier 4 actor and its background work: embedding, the file projection, re-embedding.
 
 Rule kept here: the memory state is touched only from inside this actor, and always in a worker
-thread (embedding, hnswlib and BM25 are heavy), one batch or one internal call at a time, so the
-event loop keeps serving every other tier meanwhile. The .md files and _index.json follow the
-journal: a projector writes what changed within about a second, and every snapshot flushes it.
+thread (embedding, hnswlib and BM25 are heavy), one batch or one internal call at a time (the
+state lock), so the event loop keeps serving every other tier meanwhile. The .md files and
+_index.json follow the journal: a projector writes what changed within about a second, and every
+snapshot flushes it.
+
+Writes go through a pipeline so that embedding them does not hold up reads: their passages are
+embedded without the state lock (the embedder touches no state), then they take the lock, apply
+and are journaled, in the order they arrived. Reads (search, get, list, inject) and internal work
+meanwhile run in arrival order. A read may so be answered before a write that was sent earlier but
+is not answered yet — the two overlap in time, so either order is a correct one (as in any
+database); a write answered before a read was sent is always seen by it, and writes never overtake
+each other.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -18,7 +28,7 @@ import trio
 
 from eurekamem.protocol import Call, ProtocolError
 
-from ._actors import TierActor
+from ._actors import MAX_BATCH, Internal, TierActor, Work
 from ._files import RealFiles, atomic_write
 from ._memories import MemorySnapshot, MemoryState, Prepared, PutMemory
 from ._memory_files import index_entry, render_markdown
@@ -39,22 +49,102 @@ class MemoryActor(TierActor):
         # one projection at a time, from taking the changes to writing them: two interleaved ones
         # could write an older version of a file after a newer one (or after its removal)
         self._projection_lock = trio.Lock()
+        self._state_lock = trio.StrictFIFOLock()  # one batch or internal call on the state at a time
+        self._embedded: tuple[Prepared, str | None] | None = None  # for the write batch about to run
+        self.writes_waiting = 0  # write requests in the pipeline, not yet applied
+
+    def queue_length(self) -> int:
+        return super().queue_length() + self.writes_waiting
+
+    async def run(self) -> None:
+        write_send, write_recv = trio.open_memory_channel[list[Work]](math.inf)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._write_pipeline, write_recv)
+            async with write_send:
+                async for first in self._recv:
+                    batch = [first]
+                    while len(batch) < MAX_BATCH:
+                        try:
+                            batch.append(self._recv.receive_nowait())
+                        except (trio.WouldBlock, trio.EndOfChannel):
+                            break
+                    reads: list[Work] = []
+                    writes: list[Work] = []
+                    for item in batch:
+                        if isinstance(item, Internal):
+                            await self._locked_batch(reads)
+                            reads = []
+                            async with self._state_lock:
+                                await self._run_internal_item(item)
+                        elif item.call.spec.writes:
+                            writes.append(item)
+                        else:
+                            reads.append(item)
+                    if writes:
+                        self.writes_waiting += len(writes)
+                        write_send.send_nowait(writes)
+                    await self._locked_batch(reads)
+
+    async def _locked_batch(self, batch: list[Work]) -> None:
+        if batch:
+            async with self._state_lock:
+                await self._run_batch(batch)
+
+    async def _write_pipeline(self, recv: Any) -> None:
+        """Writes in arrival order: embed what they need (no lock held), then apply and journal."""
+        async for first in recv:
+            batch = list(first)
+            while len(batch) < MAX_BATCH:
+                try:
+                    batch.extend(recv.receive_nowait())
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+            calls = [work.call for work in batch]
+            async with self._state_lock:
+                passages, queries = await self._call_on_state(lambda state: state.texts_to_embed(calls))
+            embedded = (
+                await trio.to_thread.run_sync(self._embed_texts, passages, queries) if passages or queries else (Prepared(), None)
+            )
+            async with self._state_lock:
+                self._embedded = embedded
+                try:
+                    await self._run_batch(batch)
+                finally:
+                    self._embedded = None
+                    self.writes_waiting -= len(batch)
+
+    def _embed_texts(self, passages: list[str], queries: list[str]) -> tuple[Prepared, str | None]:
+        """Runs in a worker thread without the state: the embedder is thread-safe."""
+        prepared = Prepared()
+        embedder = self.state.embedder
+        try:
+            if passages:
+                prepared.passages = dict(zip(passages, embedder.embed_passages(passages)))
+            if queries:
+                prepared.queries = dict(zip(queries, embedder.embed_queries(queries)))
+        except Exception as exc:  # the embedder failed: calls that need it answer `unavailable`
+            log.error("embedding failed: %s", exc)
+            return Prepared(), f"the embedder {self.state.model} failed: {exc}"
+        return prepared, None
 
     async def handle_calls(self, calls: list[Call]) -> list[Any]:
-        return await trio.to_thread.run_sync(self._process, calls)
+        return await trio.to_thread.run_sync(self._process, calls, self._embedded)
 
     async def _call_on_state(self, fn: Callable[[Any], Any]) -> Any:
         return await trio.to_thread.run_sync(fn, self.state)
 
-    def _process(self, calls: list[Call]) -> list[Any]:
+    def _process(self, calls: list[Call], embedded: tuple[Prepared, str | None] | None = None) -> list[Any]:
         state: MemoryState = self.state
-        try:
-            prepared = state.prepare(calls)
-            state.embed_error = None
-        except Exception as exc:  # the embedder failed: calls that need it answer `unavailable`
-            log.error("embedding failed: %s", exc)
-            prepared = Prepared()
-            state.embed_error = f"the embedder {state.model} failed: {exc}"
+        if embedded is None:
+            try:
+                prepared = state.prepare(calls)
+                state.embed_error = None
+            except Exception as exc:  # the embedder failed: calls that need it answer `unavailable`
+                log.error("embedding failed: %s", exc)
+                prepared = Prepared()
+                state.embed_error = f"the embedder {state.model} failed: {exc}"
+        else:
+            prepared, state.embed_error = embedded
         results: list[Any] = []
         for call in calls:
             try:

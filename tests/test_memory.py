@@ -12,6 +12,7 @@ from pathlib import Path
 
 import msgspec
 import trio
+import trio.testing
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
 
@@ -276,6 +277,50 @@ def _prepared_with(state, title: str, content: str):  # type: ignore[no-untyped-
     vector[hash(title) % state.embedder.dim] = 1.0
     prepared.passages[embed_text(title, content)] = vector
     return prepared
+
+
+async def test_reads_are_answered_while_writes_embed_and_writes_keep_their_order(data_dir: Path, sock_dir: Path) -> None:
+    """A big add_many embeds without holding the memory state: searches, gets and lists sent
+    meanwhile are answered from the state as it was; a delete sent after it waits its turn."""
+    import threading
+
+    with trio.fail_after(IO_TIMEOUT * 2):
+        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST) as daemon:
+            writer, deleter, reader = [await RawConnection.open(sock_dir / "s.sock") for _ in range(3)]
+            alpha = (await add(writer, **UCB))["memory"]
+            embedder = daemon.actors["memory"].state.embedder
+            entered, gate = threading.Event(), threading.Event()
+            original = embedder.embed_passages
+
+            def gated(texts):  # type: ignore[no-untyped-def]
+                entered.set()
+                assert gate.wait(IO_TIMEOUT), "the test never opened the gate"
+                return original(texts)
+
+            embedder.embed_passages = gated
+            try:
+                items = [{"domain": "conv", "category": "context", "title": f"late {i}", "content": f"Walrus sighting number {i}", "dedup": False} for i in range(20)]
+                await writer.send({"jsonrpc": "2.0", "id": 1, "method": "memory.add_many", "params": {"items": items}})
+                assert await trio.to_thread.run_sync(entered.wait, IO_TIMEOUT)
+                await deleter.send({"jsonrpc": "2.0", "id": 2, "method": "memory.delete", "params": {"id": alpha["id"]}})
+                await trio.testing.wait_all_tasks_blocked()
+                assert daemon.actors["memory"].writes_waiting == 2  # the add_many embedding, the delete behind it
+                # reads go ahead, and see neither write
+                hits = await reader.result("memory.search", {"query": "suboptimal pulls epochs", "mode": "lexical", "k": 3})
+                assert [h["memory"]["id"] for h in hits] == [alpha["id"]]
+                assert (await reader.result("memory.get", {"id": alpha["id"]}))["status"] == "active"
+                assert await reader.result("memory.search", {"query": "walrus", "mode": "lexical"}) == []
+                assert (await reader.result("memory.list", {}))["total"] == 1
+            finally:
+                gate.set()
+                embedder.embed_passages = original
+            added = await writer.read()
+            assert [r["decision"] for r in added["result"]] == ["created"] * 20
+            assert (await deleter.read())["result"]["status"] == "archived"
+            assert len(await reader.result("memory.search", {"query": "walrus", "mode": "lexical", "k": 50})) == 20
+            assert daemon.actors["memory"].writes_waiting == 0
+            for conn in (writer, deleter, reader):
+                await conn.aclose()
 
 
 async def _no_snapshot(force: bool = False) -> int:
