@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test bench clean schema
+.PHONY: run test bench bench-quick bench-full bench-foundation clean schema
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,7 +20,25 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-bench: $(STAMP)
+# The benchmark suite (bench/suite.py): report.md, report.json and PNG plots in bench/results/<timestamp>/.
+# matplotlib (the `bench` extra) is installed when it can be; without it the suite runs and says so.
+BENCH_STAMP := $(VENV)/.bench-stamp
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[test,bench]' || echo "bench: matplotlib not installed; no plots"
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(BIN)/python bench/suite.py $(ARGS)
+
+bench-quick: $(BENCH_STAMP)
+	$(BIN)/python bench/suite.py --quick $(ARGS)
+
+bench-full: $(BENCH_STAMP)
+	$(BIN)/python bench/suite.py --full $(ARGS)
+
+# The foundation's socket benchmark alone (round trip, pipelining, 32 durable clients, the disk).
+bench-foundation: $(STAMP)
 	$(BIN)/python bench/run.py $(ARGS)
 
 schema: $(STAMP)

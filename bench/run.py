@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import argparse
 import array
-import collections
 import contextlib
 import csv
 import io
 import json
 import multiprocessing as mp
 import os
-import platform
 import random
 import shutil
 import signal
@@ -31,16 +29,17 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import msgspec
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-PY = sys.executable
-CHILD_ENV: dict[str, str] = dict(os.environ)  # the daemon's environment (PYTHONPATH set by --tree)
-SEED = 20261129
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common  # noqa: E402
+from _common import (  # noqa: E402,F401  (profile_daemon.py and suite.py use some through this module)
+    HERE, PY, ROOT, SEED, CpuMeter, Daemon, Server, fmt_rate, fmt_us, log, machine, mark, pct,
+    proc_cpu_seconds, ratio, summarize_ns, wait_for_quiet,
+)
 
 TARGETS = {
     "rtt_p50_us": 100.0,  # unpipelined p50 below this
@@ -72,176 +71,10 @@ SESSION = "bench-session"
 CONTENT_BYTES = 120  # episodic.log content length
 
 
-def log(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-# --- statistics ---------------------------------------------------------------------------------
-
-
-def pct(sorted_values: Sequence[float], fraction: float) -> float:
-    """The nearest-rank percentile of already sorted values (0.0 when empty)."""
-    if not sorted_values:
-        return 0.0
-    rank = max(1, min(len(sorted_values), int(round(fraction * len(sorted_values) + 0.5))))
-    return float(sorted_values[rank - 1])
-
-
-def summarize_ns(samples: Sequence[int | float]) -> dict[str, float]:
-    values = sorted(samples)
-    n = len(values)
-    return {
-        "n": n,
-        "p50_us": round(pct(values, 0.50) / 1000, 1),
-        "p99_us": round(pct(values, 0.99) / 1000, 1),
-        "mean_us": round(sum(values) / n / 1000, 1) if n else 0.0,
-        "max_us": round(values[-1] / 1000, 1) if n else 0.0,
-    }
-
-
-def proc_cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (all its threads), in seconds; 0.0 if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-def machine_busy_seconds() -> float:
-    """CPU seconds all CPUs of the machine spent busy (not idle, not iowait) since boot."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return 0.0
-    user, nice, system, _idle, _iowait, irq, softirq, steal = fields + [0] * (8 - len(fields))
-    return (user + nice + system + irq + softirq + steal) / CLK_TCK
-
-
-def own_cpu_seconds() -> float:
-    """CPU of this process and of every child it has reaped (servers stopped, workers joined)."""
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
-
-
-class CpuMeter:
-    """Wall time and the CPU a set of processes used over a block (cores busy = cpu / wall).
-
-    cores["bench"] is this process (all threads) plus children reaped during the block (the
-    durable-write workers); cores["others"] is what the rest of the machine used meanwhile: other
-    people's processes on a shared machine, which make every figure of the block slower.
-    """
-
-    def __init__(self, pids: dict[str, int]) -> None:
-        self.pids = pids
-        self.wall = 0.0
-        self.cores: dict[str, float] = {}
-
-    def __enter__(self) -> "CpuMeter":
-        self._start = {name: proc_cpu_seconds(pid) for name, pid in self.pids.items()}
-        self._self_start = own_cpu_seconds()
-        self._machine_start = machine_busy_seconds()
-        self._t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.wall = time.perf_counter() - self._t0
-        end = {name: proc_cpu_seconds(pid) for name, pid in self.pids.items()}
-        me = own_cpu_seconds() - self._self_start
-        machine = machine_busy_seconds() - self._machine_start
-        wall = max(self.wall, 1e-9)
-        used = {name: end[name] - self._start[name] for name in self.pids}
-        self.cores = {name: round(cpu / wall, 2) for name, cpu in used.items()}
-        self.cores["bench"] = round(me / wall, 2)
-        self.cores["others"] = round(max(0.0, machine - me - sum(used.values())) / wall, 2)
-
-
-def wait_for_quiet(max_seconds: float, threshold: float = 0.25) -> dict[str, Any]:
-    """Wait (at most max_seconds) until the machine's other processes use < threshold cores."""
-    waited = 0.0
-    load = None
-    for _ in range(int(max_seconds) + 1):
-        with CpuMeter({}) as meter:
-            time.sleep(1.0 if max_seconds > 0 else 0.5)
-        load = meter.cores["others"]
-        if load < threshold or waited >= max_seconds:
-            break
-        log(f"other processes use {load} cores; waiting for a quieter machine ({waited:.0f}/{max_seconds:.0f} s)")
-        waited += meter.wall
-    return {"waited_s": round(waited, 1), "others_cores_at_start": load}
-
-
-# --- processes ----------------------------------------------------------------------------------
-
-
-class Server:
-    """A child process that is ready once `ready` appears in its output; stop() ends it."""
-
-    def __init__(self, name: str, argv: list[str], ready: str, cwd: Path | None = None) -> None:
-        self.name = name
-        self.argv = argv
-        self.ready_text = ready
-        self.cwd = cwd
-        self.lines: collections.deque[str] = collections.deque(maxlen=200)
-        self._ready = threading.Event()
-        self.proc: subprocess.Popen[str] | None = None
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def start(self, timeout: float = 30.0) -> "Server":
-        log(f"starting {self.name}: {' '.join(self.argv)}")
-        self.proc = subprocess.Popen(
-            self.argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            cwd=self.cwd,
-            env=CHILD_ENV,
-            start_new_session=True,  # a Ctrl-C of the bench does not reach it; we stop it ourselves
-        )
-        threading.Thread(target=self._drain, daemon=True, name=f"{self.name}-out").start()
-        deadline = time.monotonic() + timeout
-        for _ in range(int(timeout / 0.05) + 1):  # wait for the ready line; give up if it exits
-            if self._ready.wait(0.05) or self.proc.poll() is not None or time.monotonic() > deadline:
-                break
-        if not self._ready.is_set() or self.proc.poll() is not None:
-            time.sleep(0.1)  # let the drain thread collect the last lines
-            tail = "\n".join(self.lines)
-            self.stop()
-            raise RuntimeError(f"{self.name} did not become ready within {timeout}s:\n{tail}")
-        return self
-
-    def _drain(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        for line in self.proc.stdout:  # ends at EOF, when the process exits
-            self.lines.append(line.rstrip("\n"))
-            if self.ready_text.lower() in line.lower():
-                self._ready.set()
-
-    def stop(self, timeout: float = 20.0) -> int | None:
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return None if proc is None else proc.returncode
-        proc.send_signal(signal.SIGTERM)
-        try:
-            return proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            log(f"{self.name} ignored SIGTERM for {timeout}s; killing it")
-            proc.kill()
-            return proc.wait(10)
-
-
 def start_daemon(tmp: Path, name: str, fsync: str) -> tuple[Server, str]:
-    data = tmp / f"{name}-data"
     sock = str(tmp / f"{name}.sock")
-    argv = [PY, "-m", "eurekamem.daemon", "serve", "--data-dir", str(data), "--socket", sock, "--fsync", fsync]
-    return Server(f"eurekamem[{name}, fsync {fsync}]", argv, "serving on").start(), sock
+    daemon = Daemon(f"eurekamem[{name}, fsync {fsync}]", tmp / f"{name}-data", sock, fsync=fsync)
+    return daemon.start(), sock
 
 
 # --- clients ------------------------------------------------------------------------------------
@@ -253,11 +86,7 @@ def make_client(path: str) -> Any:
     A hung daemon cannot hang the bench for ever: main() arms a SIGALRM watchdog, and the
     durable-write processes are waited for with a timeout and then terminated.
     """
-    from eurekamem.client import Client
-
-    client = Client(path)
-    client.connect()
-    return client
+    return _common.client(path)
 
 
 class _Reply(msgspec.Struct):
@@ -303,8 +132,8 @@ PARAMS: dict[str, Callable[[int], dict[str, Any]]] = {
 }
 
 
-def rtt_client(path: str, method: str, n: int, warmup: int) -> dict[str, Any]:
-    """Unpipelined round trips with the real Client, one call at a time."""
+def rtt_client(path: str, method: str, n: int, warmup: int, keep: list[int] | None = None) -> dict[str, Any]:
+    """Unpipelined round trips with the real Client, one call at a time (`keep` gets the samples, ns)."""
     make = PARAMS[method]
     with contextlib.closing(make_client(path)) as client:
         call = client.call
@@ -317,6 +146,8 @@ def rtt_client(path: str, method: str, n: int, warmup: int) -> dict[str, Any]:
             t0 = clock()
             call(method, params)
             samples.append(clock() - t0)
+    if keep is not None:
+        keep.extend(samples)
     return summarize_ns(samples)
 
 
@@ -465,22 +296,71 @@ def pipelined_call_many(path: str, method: str, n: int, window: int = WINDOW) ->
 # --- durable writes: several processes of threads, each thread its own Client --------------------
 
 
-def durable_worker(
-    proc_index: int, threads: int, path: str, seconds: float, barrier: Any, results: Any, value: dict[str, Any]
-) -> None:
-    """One load-generating process: `threads` threads, each with its own Client and its own keys."""
-    from eurekamem.client import EurekamemError
+class _EurekamemWriter:
+    """persistent.remember through its own Client (own connection)."""
 
-    clients = [make_client(path) for _ in range(threads)]
-    for t, client in enumerate(clients):  # warm each connection (and the daemon's path)
-        for i in range(20):
-            client.call("persistent.remember", {"key": f"bench.warm.{proc_index}.{t}.{i}", "value": value})
+    def __init__(self, path: str) -> None:
+        from eurekamem.client import EurekamemError
+
+        self.errors = (EurekamemError,)
+        self.client = make_client(path)
+
+    def write(self, key: str, value: dict[str, Any]) -> None:
+        self.client.call("persistent.remember", {"key": key, "value": value})
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class _SqliteWriter:
+    """One row per transaction (autocommit INSERT OR REPLACE) on its own connection to a WAL database
+    with synchronous=FULL: each commit is fsynced before it returns. Writers wait on SQLite's
+    busy handler (timeout 60 s) for the single write lock."""
+
+    def __init__(self, path: str) -> None:
+        import sqlite3
+
+        self.errors = (sqlite3.Error,)
+        self.db = sqlite3.connect(path, timeout=60, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.encode = msgspec.json.encode
+
+    def write(self, key: str, value: dict[str, Any]) -> None:
+        self.db.execute("INSERT OR REPLACE INTO kv(key, value) VALUES (?, ?)", (key, self.encode(value)))
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def sqlite_prepare(path: str) -> None:
+    """A fresh WAL database with the kv table (journal_mode=WAL is persistent in the file)."""
+    import sqlite3
+
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("CREATE TABLE IF NOT EXISTS kv(key TEXT PRIMARY KEY, value BLOB)")
+    db.close()
+
+
+WRITERS = {"eurekamem": _EurekamemWriter, "sqlite": _SqliteWriter}
+
+
+def durable_worker(
+    proc_index: int, threads: int, path: str, seconds: float, barrier: Any, results: Any, value: dict[str, Any],
+    kind: str = "eurekamem", warm: int = 20,
+) -> None:
+    """One load-generating process: `threads` threads, each with its own connection and its own keys."""
+    writers = [WRITERS[kind](path) for _ in range(threads)]
+    for t, writer in enumerate(writers):  # warm each connection (and the server's path)
+        for i in range(warm):
+            writer.write(f"bench.warm.{proc_index}.{t}.{i}", value)
     per_thread: list[dict[str, Any]] = [{} for _ in range(threads)]
     go = threading.Barrier(threads + 1, timeout=60)
 
     def run(t: int) -> None:
-        client = clients[t]
-        call = client.call
+        writer = writers[t]
+        write = writer.write
+        failures = writer.errors
         samples = array.array("q")
         errors = 0
         clock = time.perf_counter_ns
@@ -491,11 +371,11 @@ def durable_worker(
         for i in range(max_ops):
             if time.monotonic() >= deadline:
                 break
-            params = {"key": f"bench.durable.{proc_index}.{t}.{i}", "value": value}
+            key = f"bench.durable.{proc_index}.{t}.{i}"
             t0 = clock()
             try:
-                call("persistent.remember", params)
-            except EurekamemError:
+                write(key, value)
+            except failures:
                 errors += 1
             samples.append(clock() - t0)
         last = time.monotonic()
@@ -510,8 +390,8 @@ def durable_worker(
     for w in workers:
         w.join(seconds + 120)
     cpu1 = os.times()
-    for client in clients:
-        client.close()
+    for writer in writers:
+        writer.close()
     results.put(
         {
             "proc": proc_index,
@@ -521,13 +401,16 @@ def durable_worker(
     )
 
 
-def durable_run(path: str, daemon_pid: int, seconds: float, procs: int = DURABLE_PROCS, threads: int = DURABLE_THREADS) -> dict[str, Any]:
+def durable_run(path: str, daemon_pid: int, seconds: float, procs: int = DURABLE_PROCS, threads: int = DURABLE_THREADS,
+                kind: str = "eurekamem", warm: int = 20) -> dict[str, Any]:
+    """`procs` processes x `threads` threads write for `seconds`; daemon_pid (0: none) is the server
+    whose cores are measured (the daemon; SQLite runs inside the writers)."""
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(procs + 1)
     results = ctx.Queue()
     value = {"why": "Hoeffding too loose", "attempts": 3, "tags_hint": "failed", "note": "x" * 40}
     workers = [
-        ctx.Process(target=durable_worker, args=(p, threads, path, seconds, barrier, results, value), name=f"durable-{p}")
+        ctx.Process(target=durable_worker, args=(p, threads, path, seconds, barrier, results, value, kind, warm), name=f"durable-{p}")
         for p in range(procs)
     ]
     for w in workers:
@@ -718,73 +601,7 @@ def redis_benchmark(server: Server, sock: str, tests: str, n: int, clients: int,
     return out
 
 
-# --- the machine --------------------------------------------------------------------------------
-
-
-def machine() -> dict[str, Any]:
-    model = "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        nproc = len(os.sched_getaffinity(0))
-    except AttributeError:
-        nproc = os.cpu_count() or 0
-    versions = {}
-    for mod in ("msgspec", "trio"):
-        try:
-            versions[mod] = __import__(mod).__version__
-        except Exception:  # noqa: BLE001
-            versions[mod] = "?"
-    commit = "?"
-    with contextlib.suppress(Exception):
-        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, timeout=10).stdout.strip() or "?"
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "daemon", "client", "protocol"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        if dirty:
-            commit += f" + uncommitted changes in {len(dirty.splitlines())} files of daemon/, client/, protocol/"
-    redis = "?"
-    if shutil.which("redis-server"):
-        with contextlib.suppress(Exception):
-            redis = subprocess.run(["redis-server", "--version"], capture_output=True, text=True, timeout=10).stdout.split()[2]
-    return {
-        "nproc": nproc,
-        "cpu": model,
-        "python": platform.python_version(),
-        "kernel": platform.release(),
-        "os": platform.platform(terse=True),
-        "msgspec": versions["msgspec"],
-        "trio": versions["trio"],
-        "redis": redis,
-        "commit": commit,
-    }
-
-
 # --- the report ---------------------------------------------------------------------------------
-
-
-def fmt_us(value: float | None) -> str:
-    return "–" if value is None else (f"{value:.0f} µs" if value >= 100 else f"{value:.1f} µs")
-
-
-def fmt_rate(value: float | None) -> str:
-    return "–" if value is None else f"{value:,.0f}/s"
-
-
-def ratio(ours: float | None, anchor: float | None) -> str:
-    if not ours or not anchor:
-        return "–"
-    return f"{ours / anchor:.2f}×"
-
-
-def mark(ok: bool | None) -> str:
-    return "" if ok is None else (" ✓" if ok else " ✗")
 
 
 def render(report: dict[str, Any]) -> str:
@@ -957,7 +774,7 @@ def use_tree(tree: Path) -> str:
     for name in ("protocol", "client", "daemon"):
         (package / name).symlink_to(tree / name, target_is_directory=True)
     sys.path.insert(0, str(shim))
-    CHILD_ENV["PYTHONPATH"] = os.pathsep.join(p for p in (str(shim), os.environ.get("PYTHONPATH", "")) if p)
+    _common.CHILD_ENV["PYTHONPATH"] = os.pathsep.join(p for p in (str(shim), os.environ.get("PYTHONPATH", "")) if p)
     import atexit
 
     atexit.register(shutil.rmtree, shim, True)

