@@ -465,15 +465,18 @@ class LexicalIndex:
             i += 1
             if i == len(terms) or remaining_postings < max(_PRUNE_MIN_POSTINGS, 4 * touched_n):
                 continue  # scanning the rest costs little more than checking
-            cand = self._eligible(self._touched(touched, touched_n, scores), ok_label)
-            if cand.size >= k:
-                theta = float(np.partition(scores[cand], cand.size - k)[cand.size - k])
+            # theta: the k-th best score so far among the documents of the term just scanned, a
+            # lower bound of the final k-th best (scores only grow) that costs O(its postings),
+            # not O(every document); the candidates are gathered only once it allows pruning
+            sample = self._eligible(docs, ok_label)
+            if sample.size >= k:
+                theta = float(np.partition(scores[sample], sample.size - k)[sample.size - k])
                 if remaining_bound * (1.0 + 1e-5) < theta:
                     # unseen documents score at most remaining_bound < theta: candidates only
+                    cand = self._eligible(self._touched(touched, touched_n, scores), ok_label)
                     cand = cand[scores[cand] + np.float32(remaining_bound * (1.0 + 1e-5)) >= theta]
                     self._pruned += 1
                     break
-            cand = None
         if cand is not None:
             for c, p in terms[i:]:
                 docs = p.docs[: p.n]
