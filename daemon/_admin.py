@@ -1081,7 +1081,7 @@ def verify_root(root: Path) -> Report:
 
 
 def _verify_vectors(folder: Path, doc: Any, report: Report, VectorStore: Any, head: Any, magic: bytes) -> None:
-    vpath = folder / f"{doc.model}.vectors"
+    vpath = folder / f"{doc.stem()}.vectors"
     embedded = sum(1 for model in doc.models.values() if model == doc.model)
     if not vpath.exists():
         if embedded:
@@ -1103,7 +1103,7 @@ def _verify_vectors(folder: Path, doc: Any, report: Report, VectorStore: Any, he
     vectors_log = logging.getLogger("eurekamem.vectors")
     vectors_log.addHandler(collect)
     try:
-        store = VectorStore.load(str(folder), doc.model, dim=dim, model=doc.model, expected_fingerprint=doc.vectors_fingerprint)
+        store = VectorStore.load(str(folder), doc.stem(), dim=dim, model=doc.model, expected_fingerprint=doc.vectors_fingerprint)
     finally:
         vectors_log.removeHandler(collect)
     if store is None:

@@ -181,18 +181,25 @@ def recover(
     progress("loading tier 4 and building its index")
     memory_doc = read_memory_snapshot(paths.memory_snapshot)
     if memory_doc is not None:
-        vectors = load_vectors(paths.vectors, out.memory.model, out.memory.embedder.dim)
-        old_model = memory_doc.model if memory_doc.model != out.memory.model else memory_doc.previous_model
+        model = out.memory.model
+        vectors = None
+        if memory_doc.model == model:
+            vectors = load_vectors(paths.vectors, memory_doc.stem(), model, out.memory.embedder.dim)
+        # after a change of model: the old model's vectors keep answering until every memory has a new one
+        if memory_doc.model != model:
+            old_model, old_stem = memory_doc.model, memory_doc.stem()
+        else:
+            old_model, old_stem = memory_doc.previous_model, memory_doc.stem_of_previous()
         previous = None
-        if old_model and old_model != out.memory.model:
+        if old_model and old_model != model:
             try:
                 old_embedder = make_embedder(old_model)
-                old_vectors = load_vectors(paths.vectors, old_model, old_embedder.dim)
+                old_vectors = load_vectors(paths.vectors, old_stem, old_model, old_embedder.dim)
                 if old_vectors is not None:
                     previous = (old_model, old_vectors, old_embedder)
             except (ValueError, TypeError) as exc:
                 log.warning("tier 4: the previous model %s cannot serve search meanwhile: %s", old_model, exc)
-        out.memory.load_snapshot(memory_doc, vectors, previous)
+        out.memory.load_snapshot(memory_doc, vectors, previous, old_stem)
         imported_memories = 0
     else:
         imported_memories = import_eurekaclaw_memories(out.memory, paths.root)

@@ -125,7 +125,12 @@ class MemoryState(TierState):
         # (model, VectorStore, Embedder) of the model used before a change of model, kept for
         # search until every memory has a vector of the new one
         self.previous: tuple[str, VectorStore, Any] | None = None
-        self.retired: list[str] = []  # old models whose vector files the next snapshot deletes
+        # the files (memory/vectors/<stem>.vectors and .hnsw) that hold the vectors as last saved:
+        # every snapshot that changed them writes a new stem, and the old files go only once the
+        # new memories.snapshot names the new stem (a crash in between keeps the old pair usable)
+        self.vectors_stem = ""
+        self.saved_fingerprint = ""  # of self.vectors when saved as vectors_stem
+        self.previous_stem = ""
         self._prepared = Prepared()
 
     # --- preparing a batch (embeddings) --------------------------------------------------------------
@@ -656,8 +661,8 @@ class MemoryState(TierState):
                 break
         if not out and self.previous is not None:
             log.info("tier 4: every memory has a %s vector; the %s index is retired", self.model, self.previous[0])
-            self.retired.append(self.previous[0])
             self.previous = None
+            self.previous_stem = ""  # the next snapshot deletes its files
         return out
 
     def take_projection(self) -> tuple[list[Memory], list[str], dict[str, list[Memory]]]:
@@ -700,10 +705,16 @@ class MemoryState(TierState):
             previous_model=self.previous[0] if self.previous else "",
             previous_fingerprint=self.previous[1].fingerprint() if self.previous else "",
             lexical=self.lexical.dump(),
+            vectors_stem=self.vectors_stem,
+            previous_stem=self.previous_stem if self.previous else "",
         )
 
     def load_snapshot(
-        self, doc: "MemorySnapshot", vectors: VectorStore | None, previous: tuple[str, VectorStore, Any] | None = None
+        self,
+        doc: "MemorySnapshot",
+        vectors: VectorStore | None,
+        previous: tuple[str, VectorStore, Any] | None = None,
+        previous_stem: str = "",
     ) -> None:
         """Rebuild from a snapshot; vectors of another model, or a stale vector file, are dropped
         (those memories are re-embedded in the background). `previous`, the old model's store and
@@ -713,8 +724,11 @@ class MemoryState(TierState):
             expected = doc.vectors_fingerprint if previous[0] == doc.model else doc.previous_fingerprint
             if previous[1].fingerprint() == expected:
                 self.previous = previous
+                self.previous_stem = previous_stem
         if usable:
             self.vectors = vectors
+            self.vectors_stem = doc.stem()
+            self.saved_fingerprint = doc.vectors_fingerprint
         elif doc.memories:
             log.warning("tier 4: no usable vector file for model %s; memories will be re-embedded", self.model)
         self._next_label = doc.next_label
@@ -811,6 +825,14 @@ class MemorySnapshot(msgspec.Struct, kw_only=True):
     previous_model: str = ""  # during a change of model: the old one, whose vectors still serve search
     previous_fingerprint: Any = ""
     lexical: LexicalDump | None = None  # the BM25 index as saved (absent in older snapshots: rebuilt)
+    vectors_stem: str = ""  # memory/vectors/<stem>.vectors holds `model`'s vectors ("": older snapshots, the model's name)
+    previous_stem: str = ""  # likewise for `previous_model`'s
+
+    def stem(self) -> str:
+        return self.vectors_stem or self.model
+
+    def stem_of_previous(self) -> str:
+        return self.previous_stem or self.previous_model
 
 
 def _timestamp_or(value: Any, fallback: str) -> str:

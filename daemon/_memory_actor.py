@@ -20,6 +20,8 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
+import secrets
 from pathlib import Path
 from typing import Any, Callable
 
@@ -201,14 +203,18 @@ class MemoryActor(TierActor):
         return done
 
     def save_snapshot(self, state: MemoryState, snapshot_path: Path, vectors_dir: Path) -> None:
-        """Runs in the actor's thread: the vectors, then memories.snapshot (the caller then projects)."""
+        """Runs in the actor's thread: the vectors when they changed (under a new stem), then
+        memories.snapshot naming them, then the files no snapshot names any more (the caller
+        then projects). A crash at any point leaves a snapshot whose vector files exist."""
         vectors_dir.mkdir(parents=True, exist_ok=True)
-        state.vectors.save(str(vectors_dir), state.model)
-        for model in state.retired:
-            VectorStore.delete_files(str(vectors_dir), model)
-        state.retired.clear()
+        fingerprint = state.vectors.fingerprint()
+        if not (state.vectors_stem and fingerprint == state.saved_fingerprint and (vectors_dir / f"{state.vectors_stem}.vectors").exists()):
+            stem = f"{re.sub(r'[^A-Za-z0-9_-]', '_', state.model)}.{secrets.token_hex(4)}"  # openai:org/model too
+            state.vectors.save(str(vectors_dir), stem)
+            state.vectors_stem, state.saved_fingerprint = stem, fingerprint
         doc = state.snapshot_document()
         atomic_write(RealFiles(), str(snapshot_path), msgspec.msgpack.encode(doc))
+        remove_unnamed_vector_files(vectors_dir, {doc.vectors_stem, doc.previous_stem} - {""})
 
     def statistics(self) -> dict[str, Any]:
         return {
@@ -246,10 +252,26 @@ def read_memory_snapshot(path: Path) -> MemorySnapshot | None:
     return msgspec.msgpack.decode(path.read_bytes(), type=MemorySnapshot)
 
 
-def load_vectors(vectors_dir: Path, model: str, dim: int) -> VectorStore | None:
+def load_vectors(vectors_dir: Path, stem: str, model: str, dim: int) -> VectorStore | None:
     if not vectors_dir.exists():
         return None
-    return VectorStore.load(str(vectors_dir), model, dim=dim, model=model)
+    return VectorStore.load(str(vectors_dir), stem, dim=dim, model=model)
+
+
+def remove_unnamed_vector_files(vectors_dir: Path, keep: set[str]) -> None:
+    """Delete the vector files and temporaries of every stem but `keep` (older generations, a
+    retired model, what a crash during a save left)."""
+    stems = set()
+    for path in vectors_dir.iterdir():
+        name = path.name
+        for ext in (".vectors", ".hnsw"):
+            if name.endswith(ext) and not name.startswith("."):
+                stems.add(name[: -len(ext)])
+        if name.startswith(".") and name.endswith(".tmp"):  # .<stem>.hnsw.<hex>.tmp
+            stems.add(name[1:].rsplit(".", 3)[0])
+    for stem in stems - keep:
+        log.info("tier 4: removing vector files %s.* (no snapshot names them)", stem)
+        VectorStore.delete_files(str(vectors_dir), stem)
 
 
 def import_eurekaclaw_memories(state: MemoryState, root: Path) -> int:

@@ -382,7 +382,7 @@ async def test_change_of_model_keeps_search_answering_until_reembedded(data_dir:
             ]:
                 await add(conn, domain="chat", category="preference", title=title, content=content)
             await conn.aclose()
-        assert (data_dir / "memory" / "vectors" / "usem3.vectors").exists()
+        assert list((data_dir / "memory" / "vectors").glob("usem3.*.vectors"))
         async with running_daemon(data_dir, sock, embedder="e5-small", **quiet) as daemon:
             conn = await RawConnection.open(sock)
             stats = await conn.result("sys.stats", {})
@@ -399,7 +399,58 @@ async def test_change_of_model_keeps_search_answering_until_reembedded(data_dir:
             hits = await conn.result("memory.search", {"query": "which colour theme does the user like", "mode": "dense", "k": 1})
             assert hits[0]["memory"]["title"] == "Dark mode"
             await conn.result("sys.snapshot", {})
-            assert not (data_dir / "memory" / "vectors" / "usem3.vectors").exists()  # the old index is retired
+            assert not list((data_dir / "memory" / "vectors").glob("usem3*"))  # the old index is retired
+            await conn.aclose()
+
+
+async def test_vector_files_get_a_new_generation_only_when_vectors_change(data_dir: Path, sock_dir: Path) -> None:
+    """Each snapshot that changed the vectors writes them under a new stem and removes the old
+    files only after memories.snapshot names the new ones; one that did not change them writes
+    nothing; files no snapshot names (a crash during a save) are removed; a snapshot of the older
+    layout (<model>.vectors, no stem) still loads."""
+    from eurekamem.daemon._memories import MemorySnapshot
+
+    sock = sock_dir / "s.sock"
+    folder = data_dir / "memory" / "vectors"
+
+    def generations() -> list[str]:
+        return sorted(p.name for p in folder.iterdir())
+
+    with trio.fail_after(IO_TIMEOUT * 3):
+        async with running_daemon(data_dir, sock, **FAST):
+            conn = await RawConnection.open(sock)
+            await add(conn, **UCB)
+            await conn.result("sys.snapshot", {})
+            first = generations()
+            assert len(first) == 2 and first[0].startswith("usem3.") and first[0].endswith(".hnsw")
+            inode = (folder / first[1]).stat().st_ino
+            await conn.result("persistent.remember", {"key": "k", "value": "v"})
+            await conn.result("sys.snapshot", {})
+            assert generations() == first and (folder / first[1]).stat().st_ino == inode  # not rewritten
+            (folder / "usem3.deadbeef.vectors").write_bytes(b"left by a crash before its snapshot")
+            (folder / ".usem3.deadbeef.hnsw.0123456789ab.tmp").write_bytes(b"half written")
+            await add(conn, domain="bandits", category="pitfalls", title="Variance", content="Hoeffding ignores the variance; Bernstein uses it.")
+            await conn.result("sys.snapshot", {})
+            second = generations()
+            assert len(second) == 2 and second != first and not set(second) & set(first)
+            await conn.aclose()
+        async with running_daemon(data_dir, sock, **FAST) as daemon:
+            state = daemon.actors["memory"].state
+            assert len(state.vectors) == 2 and not state.missing_vectors(10)
+            assert state.vectors_stem + ".vectors" in second
+        # the layout before generations: <model>.vectors and a snapshot without a stem
+        stem = second[1][: -len(".vectors")]
+        for ext in (".vectors", ".hnsw"):
+            (folder / f"{stem}{ext}").rename(folder / f"usem3{ext}")
+        path = data_dir / "memory" / "memories.snapshot"
+        doc = msgspec.msgpack.decode(path.read_bytes(), type=MemorySnapshot)
+        path.write_bytes(msgspec.msgpack.encode(msgspec.structs.replace(doc, vectors_stem="")))
+        async with running_daemon(data_dir, sock, **FAST) as daemon:
+            state = daemon.actors["memory"].state
+            assert len(state.vectors) == 2 and not state.missing_vectors(10) and state.vectors_stem == "usem3"
+            conn = await RawConnection.open(sock)
+            hits = await conn.result("memory.search", {"query": "variance of the bound", "mode": "dense", "k": 1})
+            assert hits[0]["memory"]["title"] == "Variance"
             await conn.aclose()
 
 
