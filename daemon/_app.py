@@ -720,7 +720,7 @@ class Daemon:
             await memory_actor.run_internal(
                 lambda s: memory_actor.save_snapshot(s, self.paths.memory_snapshot, self.paths.vectors)
             )
-            await memory_actor.project_files()  # the .md files and _index.json are current too
+            await memory_actor.project_files(durable=True)  # the .md files and _index.json are current and durable too
             records = await self.actors["persistent"].run_internal(lambda s: dict(s.records))
             nodes, edges = await self.actors["graph"].run_internal(lambda s: (dict(s.nodes), dict(s.edges)))
             await trio.to_thread.run_sync(self._write_snapshot, records, nodes, edges, covered if rotated else None)

@@ -534,11 +534,13 @@ def _survivor(inode: _Inode, rng: random.Random | None, zero_fill: bool) -> byte
 # --------------------------------------------------------------------------------------------
 
 
-def atomic_write(fs: FileLayer, path: StrPath, data: bytes | Iterable[bytes]) -> None:
+def atomic_write(fs: FileLayer, path: StrPath, data: bytes | Iterable[bytes], *, sync: bool = True) -> None:
     """Replace `path` by `data` so that a crash leaves either the old or the new content.
 
     Writes a temporary file in the same folder, datasyncs it, renames it over `path` and fsyncs
     the folder. On error the temporary file is removed (best effort) and the error re-raised.
+    With sync=False nothing is synced (readers still never see half a file): the caller makes it
+    durable later (sync_files), and until then a crash may leave the old content or an empty file.
     """
     p = os.fspath(path)
     folder, name = os.path.split(p)
@@ -548,7 +550,8 @@ def atomic_write(fs: FileLayer, path: StrPath, data: bytes | Iterable[bytes]) ->
         try:
             for chunk in [data] if isinstance(data, (bytes, bytearray, memoryview)) else data:
                 f.write(chunk)
-            f.datasync()
+            if sync:
+                f.datasync()
         finally:
             f.close()
         fs.rename(tmp, p)
@@ -558,4 +561,31 @@ def atomic_write(fs: FileLayer, path: StrPath, data: bytes | Iterable[bytes]) ->
         except OSError as exc:  # the original error matters more; a stray temp file is harmless
             _log.warning("could not remove the temporary file %s: %s", tmp, exc)
         raise
-    fs.fsync_dir(folder or ".")
+    if sync:
+        fs.fsync_dir(folder or ".")
+
+
+def sync_files(paths: Iterable[StrPath]) -> None:
+    """Make files written with atomic_write(sync=False), and removals, durable: fsync each file
+    that still exists, then each folder once. An OSError other than a missing file is raised."""
+    folders: set[str] = set()
+    for path in paths:
+        p = os.fspath(path)
+        folders.add(os.path.dirname(p) or ".")
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except FileNotFoundError:
+            continue  # removed or moved since: its folder's fsync below makes that durable
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    for folder in sorted(folders):
+        try:
+            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            continue
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

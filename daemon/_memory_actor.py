@@ -31,7 +31,7 @@ import trio
 from eurekamem.protocol import Call, ProtocolError
 
 from ._actors import MAX_BATCH, Internal, TierActor, Work
-from ._files import RealFiles, atomic_write
+from ._files import RealFiles, atomic_write, sync_files
 from ._memories import MemorySnapshot, MemoryState, Prepared, PutMemory
 from ._memory_files import index_entry, render_markdown
 from ._vectors import VectorStore
@@ -51,6 +51,7 @@ class MemoryActor(TierActor):
         # one projection at a time, from taking the changes to writing them: two interleaved ones
         # could write an older version of a file after a newer one (or after its removal)
         self._projection_lock = trio.Lock()
+        self._unsynced: set[Path] = set()  # files written (or removed) since the last durable projection
         self._state_lock = trio.StrictFIFOLock()  # one batch or internal call on the state at a time
         self._embedded: tuple[Prepared, str | None] | None = None  # for the write batch about to run
         self.writes_waiting = 0  # write requests in the pipeline, not yet applied
@@ -160,15 +161,32 @@ class MemoryActor(TierActor):
 
     # --- background work ---------------------------------------------------------------------------
 
-    async def project_files(self) -> int:
-        """Write the .md files and _index.json that changed; returns the number of files written."""
+    async def project_files(self, durable: bool = False) -> int:
+        """Write the .md files and _index.json that changed; returns the number of files written.
+
+        The files are renamed into place (a reader never sees half of one) but not fsynced: the
+        journal has every change they show. durable=True (a snapshot, before its checkpoint lets
+        the journal forget those changes) fsyncs everything written since the last durable call,
+        each file and folder once, however often it was rewritten meanwhile.
+        """
         async with self._projection_lock:
-            return await self._project_files()
+            written = await self._project_files()
+            if durable and self._unsynced:
+                paths, self._unsynced = self._unsynced, set()
+                try:
+                    await trio.to_thread.run_sync(sync_files, sorted(paths))
+                except BaseException:
+                    self._unsynced |= paths
+                    raise
+            return written
 
     async def _project_files(self) -> int:
         changed, removed, indexes = await self.run_internal(lambda state: state.take_projection())
         if not (changed or removed or indexes):
             return 0
+        touched = [self.root / m.file for m in changed] + [self.root / f for f in removed]
+        touched += [self.root / "memories" / slug / "_index.json" for slug in indexes]
+        self._unsynced.update(touched)  # before writing: a failure half-way still leaves them to sync
         try:
             written = await trio.to_thread.run_sync(write_projection, self.root, changed, removed, indexes)
         except OSError as exc:
@@ -231,7 +249,7 @@ def write_projection(root: Path, changed: list[Any], removed: list[str], indexes
     for memory in changed:
         path = root / memory.file
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(fs, str(path), render_markdown(memory).encode())
+        atomic_write(fs, str(path), render_markdown(memory).encode(), sync=False)
         written += 1
     for relative in removed:
         path = root / relative
@@ -241,7 +259,7 @@ def write_projection(root: Path, changed: list[Any], removed: list[str], indexes
         folder = root / "memories" / slug
         folder.mkdir(parents=True, exist_ok=True)
         entries = {memory.file.rsplit("/", 1)[-1]: index_entry(memory) for memory in memories if "/_archive/" not in memory.file}
-        atomic_write(fs, str(folder / "_index.json"), msgspec.json.format(msgspec.json.encode(entries), indent=2))
+        atomic_write(fs, str(folder / "_index.json"), msgspec.json.format(msgspec.json.encode(entries), indent=2), sync=False)
         written += 1
     return written
 

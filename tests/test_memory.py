@@ -454,6 +454,39 @@ async def test_vector_files_get_a_new_generation_only_when_vectors_change(data_d
             await conn.aclose()
 
 
+async def test_memory_files_are_fsynced_at_snapshots_not_at_every_projection(data_dir: Path, sock_dir: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The journal has every change the files show: the projector renames files into place
+    without fsync, and a snapshot (before its checkpoint) fsyncs each file and folder once."""
+    import os
+
+    synced: list[str] = []
+    real_fsync, real_fdatasync = os.fsync, os.fdatasync
+
+    def spy(real):  # type: ignore[no-untyped-def]
+        def call(fd: int) -> None:
+            synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+            real(fd)
+        return call
+
+    with trio.fail_after(IO_TIMEOUT):
+        async with running_daemon(data_dir, sock_dir / "s.sock", projection_interval=3600.0, **FAST) as daemon:
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            memory = (await add(conn, **UCB))["memory"]
+            actor = daemon.actors["memory"]
+            monkeypatch.setattr(os, "fsync", spy(real_fsync))
+            monkeypatch.setattr(os, "fdatasync", spy(real_fdatasync))
+            assert await actor.project_files() == 2  # the .md file and the domain's _index.json
+            path = data_dir / memory["file"]
+            assert path.read_text().endswith(UCB["content"] + "\n") and synced == []
+            await actor.project_files(durable=True)
+            assert set(synced) == {str(path), str(path.parent), str(path.parent / "_index.json")}
+            synced.clear()
+            await actor.project_files(durable=True)  # nothing new: nothing to sync
+            assert synced == []
+            monkeypatch.undo()
+            await conn.aclose()
+
+
 async def test_embedder_failure_degrades_hybrid_to_lexical(data_dir: Path, sock_dir: Path) -> None:
     with trio.fail_after(IO_TIMEOUT):
         async with running_daemon(data_dir, sock_dir / "s.sock", **FAST) as daemon:
