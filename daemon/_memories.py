@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
+import time
 import uuid
 from typing import Any, Callable
 
@@ -34,6 +35,7 @@ from ._memory_files import (
     title_slug,
 )
 from ._state import TierState, Undo
+from ._sync import Histogram
 from ._vectors import VectorStore
 
 log = logging.getLogger("eurekamem.memory")
@@ -132,6 +134,8 @@ class MemoryState(TierState):
         self.saved_fingerprint = ""  # of self.vectors when saved as vectors_stem
         self.previous_stem = ""
         self._prepared = Prepared()
+        self.search_time = Histogram()  # every search (memory.search, memory.inject with a query)
+        self.query_embedding_time = Histogram()
 
     # --- preparing a batch (embeddings) --------------------------------------------------------------
 
@@ -169,7 +173,11 @@ class MemoryState(TierState):
             rows = self.embedder.embed_passages(passages)
             prepared.passages = dict(zip(passages, rows))
         if queries:
+            started = time.perf_counter_ns()
             rows = self.embedder.embed_queries(queries)
+            each = (time.perf_counter_ns() - started) / 1000 / len(queries)
+            for _ in queries:
+                self.query_embedding_time.add(each)
             prepared.queries = dict(zip(queries, rows))
         return prepared
 
@@ -178,6 +186,11 @@ class MemoryState(TierState):
     def run(self, name: str, params: Any, prepared: Prepared) -> Any:
         self._prepared = prepared
         return getattr(self, "do_" + name.split(".", 1)[1])(params)
+
+    def timings(self) -> dict[str, Any]:
+        """memory.search's own time (index, BM25, fusion; the query's embedding is done before,
+        for the whole batch) and the query embedding's, per query, in microseconds."""
+        return {"search": self.search_time.summary(), "query_embedding": self.query_embedding_time.summary()}
 
     def do_add(self, p: m.MemoryAdd) -> dict[str, Any]:
         _validate_domain(p.domain)
@@ -330,6 +343,13 @@ class MemoryState(TierState):
     # --- search --------------------------------------------------------------------------------------
 
     def search(self, p: m.MemorySearch) -> list[dict[str, Any]]:
+        started = time.perf_counter_ns()
+        try:
+            return self._search(p)
+        finally:
+            self.search_time.add((time.perf_counter_ns() - started) / 1000)
+
+    def _search(self, p: m.MemorySearch) -> list[dict[str, Any]]:
         allowed = self._allowed(p)
         if allowed is not None and len(allowed) == 0:
             return []

@@ -240,6 +240,8 @@ class MemoryActor(TierActor):
             "projection_errors": self.projection_errors,
             "reembedded": self.reembedded,
             "model": self.state.model,
+            "writes_waiting": self.writes_waiting,
+            **self.state.timings(),
         }
 
 

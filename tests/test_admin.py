@@ -125,6 +125,7 @@ async def test_metrics_of_a_live_daemon_parse(data_dir: Path, sock_dir: Path) ->
             await conn.result("persistent.remember", {"key": "k", "value": 1})
             await conn.error_kind("graph.get", {"node_id": "missing"})
             await conn.error_kind("graph.get", {"node_id": "missing"})
+            await conn.result("memory.search", {"query": "anything", "mode": "lexical"})
             await conn.aclose()
             samples = parse_prometheus(render_metrics(daemon.statistics()))
     counts = {labels["method"]: value for labels, value in samples["eurekamem_requests_total"]}
@@ -137,6 +138,7 @@ async def test_metrics_of_a_live_daemon_parse(data_dir: Path, sock_dir: Path) ->
     assert ({"tier": "persistent", "kind": "records"}, 1.0) in samples["eurekamem_tier_items"]
     assert {labels["tier"] for labels, _ in samples["eurekamem_queue_length"]} == {"episodic", "persistent", "graph", "memory"}
     assert samples["eurekamem_connections_total"][0][1] >= 1
+    assert samples["eurekamem_memory_search_seconds_count"] == [({}, 1.0)]
 
 
 def test_progress_bar_draws_only_when_asked() -> None:

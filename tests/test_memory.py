@@ -236,6 +236,9 @@ async def test_add_many_is_one_journal_write_and_survives_restart(data_dir: Path
             assert hits[0]["memory"]["title"] == "D1:17"
             late = await conn.result("memory.search", {"query": "only in the journal", "domain": "conv", "k": 1})
             assert late[0]["memory"]["title"] == "late"
+            timing = (await conn.result("sys.stats", {}))["memory"]
+            assert timing["search"]["count"] == 2 and timing["query_embedding"]["count"] == 2  # split for sys.stats readers
+            assert 0 < timing["search"]["p50_us"] <= timing["search"]["max_us"]
             await conn.aclose()
 
 
