@@ -88,6 +88,17 @@ def embed_text(title: str, content: str) -> str:
     return f"{title}\n{content}" if title and title not in content else content
 
 
+def query_to_embed(call: Any) -> str | None:
+    """The text a read must have embedded before it runs (a search that is not lexical-only, an
+    injection with a query), or None. Looks at the request only, never at the state."""
+    name, p = call.spec.name, call.params
+    if name == "memory.search" and p.mode != "lexical":
+        return p.query
+    if name == "memory.inject" and p.query is not None:
+        return p.query
+    return None
+
+
 class Prepared:
     """Embeddings computed for a batch before its handlers run, keyed by text."""
 
@@ -153,10 +164,10 @@ class MemoryState(TierState):
                 old = self.memories.get(p.id)
                 if old is not None:
                     passages[embed_text(p.title or old.title, p.content or old.content)] = None
-            elif name == "memory.search" and p.mode != "lexical":
-                queries[p.query] = None
-            elif name == "memory.inject" and p.query is not None:
-                queries[p.query] = None
+            else:
+                query = query_to_embed(call)
+                if query is not None:
+                    queries[query] = None
         return list(passages), list(queries)
 
     def _want_passage(self, p: m.MemoryAdd, out: dict[str, None]) -> None:

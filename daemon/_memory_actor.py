@@ -6,13 +6,14 @@ state lock), so the event loop keeps serving every other tier meanwhile. The .md
 _index.json follow the journal: a projector writes what changed within about a second, and every
 snapshot flushes it.
 
-Writes go through a pipeline so that embedding them does not hold up reads: their passages are
-embedded without the state lock (the embedder touches no state), then they take the lock, apply
-and are journaled, in the order they arrived. Reads (search, get, list, inject) and internal work
-meanwhile run in arrival order. A read may so be answered before a write that was sent earlier but
-is not answered yet — the two overlap in time, so either order is a correct one (as in any
-database); a write answered before a read was sent is always seen by it, and writes never overtake
-each other.
+Nothing waits for an embedding while holding the state: writes go through a pipeline that embeds
+their passages without the state lock (the embedder touches no state), then takes the lock,
+applies and journals them, in the order they arrived; reads that need a query embedded (search,
+inject with a query) go through a second one that does the same. Other reads (get, list, lexical
+search) and internal work run at once, in arrival order. A read may so be answered before a write
+that was sent earlier but is not answered yet — the two overlap in time, so either order is a
+correct one (as in any database); a write answered before a read was sent is always seen by it, and
+writes never overtake each other.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import math
 import os
 import re
 import secrets
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,7 +34,7 @@ from eurekamem.protocol import Call, ProtocolError
 
 from ._actors import MAX_BATCH, Internal, TierActor, Work
 from ._files import RealFiles, atomic_write, sync_files
-from ._memories import MemorySnapshot, MemoryState, Prepared, PutMemory
+from ._memories import MemorySnapshot, MemoryState, Prepared, PutMemory, query_to_embed
 from ._memory_files import index_entry, render_markdown
 from ._vectors import VectorStore
 
@@ -61,9 +63,11 @@ class MemoryActor(TierActor):
 
     async def run(self) -> None:
         write_send, write_recv = trio.open_memory_channel[list[Work]](math.inf)
+        query_send, query_recv = trio.open_memory_channel[list[Work]](math.inf)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._write_pipeline, write_recv)
-            async with write_send:
+            nursery.start_soon(self._query_pipeline, query_recv)
+            async with write_send, query_send:
                 async for first in self._recv:
                     batch = [first]
                     while len(batch) < MAX_BATCH:
@@ -73,6 +77,7 @@ class MemoryActor(TierActor):
                             break
                     reads: list[Work] = []
                     writes: list[Work] = []
+                    queries: list[Work] = []
                     for item in batch:
                         if isinstance(item, Internal):
                             await self._locked_batch(reads)
@@ -81,11 +86,15 @@ class MemoryActor(TierActor):
                                 await self._run_internal_item(item)
                         elif item.call.spec.writes:
                             writes.append(item)
+                        elif query_to_embed(item.call) is not None:
+                            queries.append(item)
                         else:
                             reads.append(item)
                     if writes:
                         self.writes_waiting += len(writes)
                         write_send.send_nowait(writes)
+                    if queries:
+                        query_send.send_nowait(queries)
                     await self._locked_batch(reads)
 
     async def _locked_batch(self, batch: list[Work]) -> None:
@@ -116,6 +125,24 @@ class MemoryActor(TierActor):
                     self._embedded = None
                     self.writes_waiting -= len(batch)
 
+    async def _query_pipeline(self, recv: Any) -> None:
+        """Reads that need a query embedded: embed (no lock held), then run with the state."""
+        async for first in recv:
+            batch = list(first)
+            while len(batch) < MAX_BATCH:
+                try:
+                    batch.extend(recv.receive_nowait())
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+            queries = list(dict.fromkeys(query_to_embed(work.call) for work in batch))
+            embedded = await trio.to_thread.run_sync(self._embed_texts, [], queries)
+            async with self._state_lock:
+                self._embedded = embedded
+                try:
+                    await self._run_batch(batch)
+                finally:
+                    self._embedded = None
+
     def _embed_texts(self, passages: list[str], queries: list[str]) -> tuple[Prepared, str | None]:
         """Runs in a worker thread without the state: the embedder is thread-safe."""
         prepared = Prepared()
@@ -124,7 +151,11 @@ class MemoryActor(TierActor):
             if passages:
                 prepared.passages = dict(zip(passages, embedder.embed_passages(passages)))
             if queries:
+                started = time.perf_counter_ns()
                 prepared.queries = dict(zip(queries, embedder.embed_queries(queries)))
+                each = (time.perf_counter_ns() - started) / 1000 / len(queries)
+                for _ in queries:  # only this pipeline embeds queries: no other thread adds meanwhile
+                    self.state.query_embedding_time.add(each)
         except Exception as exc:  # the embedder failed: calls that need it answer `unavailable`
             log.error("embedding failed: %s", exc)
             return Prepared(), f"the embedder {self.state.model} failed: {exc}"

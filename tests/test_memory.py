@@ -326,6 +326,39 @@ async def test_reads_are_answered_while_writes_embed_and_writes_keep_their_order
                 await conn.aclose()
 
 
+async def test_reads_without_embedding_do_not_wait_for_a_query_embedding(data_dir: Path, sock_dir: Path) -> None:
+    import threading
+
+    with trio.fail_after(IO_TIMEOUT * 2):
+        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST) as daemon:
+            searcher, reader = [await RawConnection.open(sock_dir / "s.sock") for _ in range(2)]
+            alpha = (await add(searcher, **UCB))["memory"]
+            embedder = daemon.actors["memory"].state.embedder
+            entered, gate = threading.Event(), threading.Event()
+            original = embedder.embed_queries
+
+            def gated(texts):  # type: ignore[no-untyped-def]
+                entered.set()
+                assert gate.wait(IO_TIMEOUT), "the test never opened the gate"
+                return original(texts)
+
+            embedder.embed_queries = gated
+            try:
+                await searcher.send({"jsonrpc": "2.0", "id": 1, "method": "memory.search", "params": {"query": "regret of UCB"}})
+                assert await trio.to_thread.run_sync(entered.wait, IO_TIMEOUT)
+                assert (await reader.result("memory.get", {"id": alpha["id"]}))["id"] == alpha["id"]
+                assert (await reader.result("memory.list", {}))["total"] == 1
+                hits = await reader.result("memory.search", {"query": "suboptimal pulls", "mode": "lexical"})
+                assert [h["memory"]["id"] for h in hits] == [alpha["id"]]
+            finally:
+                gate.set()
+                embedder.embed_queries = original
+            found = await searcher.read()
+            assert found["result"][0]["memory"]["id"] == alpha["id"] and found["result"][0]["why"]["dense_rank"] == 1
+            for conn in (searcher, reader):
+                await conn.aclose()
+
+
 async def _no_snapshot(force: bool = False) -> int:
     return -1
 
