@@ -1057,8 +1057,9 @@ def render(report: dict[str, Any]) -> str:
     missing = [k for k in SECTIONS if k in report["errors"] or k in report["skipped"]]
     if missing:
         o.append("")
-        o.append("Not measured in this run: " + "; ".join(
-            f"{k}: {report['errors'].get(k) or report['skipped'].get(k)}".split("\n")[0] for k in missing))
+        why = {k: report["errors"][k].strip().splitlines()[-1] if k in report["errors"] else report["skipped"][k]
+               for k in missing}  # an error's last line: the exception
+        o.append("Not measured in this run: " + "; ".join(f"{k}: {why[k]}" for k in missing))
     o.append("")
     if report["plots"]:
         o.append("Plots: " + ", ".join(f"[{p}]({p})" for p in report["plots"]))
@@ -1246,7 +1247,8 @@ def main(argv: list[str] | None = None) -> int:
     report["notes"].append(f"BLAS/OpenMP threads for the daemons and the bench: {blas} (EUREKAMEM_BENCH_BLAS=0 keeps "
                            "the caller's environment); embeddings are slower per call with more cores free, far faster "
                            "on a shared machine")
-    redis_why = "--no-redis given" if args.no_redis else foundation.ensure_redis()
+    # --quick (CI) never installs Redis: apt-get update + install can take minutes of its 2-minute budget
+    redis_why = "--no-redis given" if args.no_redis else foundation.ensure_redis(install=not args.quick)
     if redis_why:
         report["notes"].append(f"Redis anchors skipped: {redis_why}")
         log(f"Redis skipped: {redis_why}")
