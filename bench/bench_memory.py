@@ -587,16 +587,14 @@ def in_process(data: Path, queries: list[str], recall_queries: list[str], daemon
     out: dict[str, Any] = {}
     vec_dir = data / "memory" / "vectors"
     snap_path = data / "memory" / "memories.snapshot"
-    files = sorted(vec_dir.glob("*.vectors"))
     out["files"] = {p.name: p.stat().st_size for p in sorted(vec_dir.iterdir())}
     out["files"][snap_path.name] = snap_path.stat().st_size
-    stem = files[0].name[: -len(".vectors")]
 
     # the parts of a restart, one by one
     t0 = time.perf_counter()
     doc = msgspec.msgpack.decode(snap_path.read_bytes(), type=MemorySnapshot)
     t1 = time.perf_counter()
-    store = VectorStore.load(str(vec_dir), stem, dim=emb.dim, model=emb.name)
+    store = VectorStore.load(str(vec_dir), doc.stem(), dim=emb.dim, model=emb.name)  # the snapshot names its vector files
     t2 = time.perf_counter()
     state = MemoryState(emb)
     state.load_snapshot(doc, store)
@@ -612,7 +610,7 @@ def in_process(data: Path, queries: list[str], recall_queries: list[str], daemon
     gc.collect()
     gc.freeze()  # as the daemon does after recovery: the loaded state stays out of every collection
     out["restart_parts_s"] = {"decode memories.snapshot": round(t1 - t0, 3), "VectorStore.load (.vectors + .hnsw)": round(t2 - t1, 3),
-                              "MemoryState.load_snapshot (lexical index, maps)": round(t3 - t2, 3),
+                              f"MemoryState.load_snapshot (maps; BM25 index from the {state.lexical_from})": round(t3 - t2, 3),
                               "for comparison: LexicalIndex.add_many of the same texts": round(t5 - t4, 3)}
     assert store is not None, "the daemon's vector file could not be loaded"
     labels_of = doc.labels  # memory id -> label

