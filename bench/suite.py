@@ -83,7 +83,7 @@ class Sizes(msgspec.Struct):
 SIZES = {
     "quick": Sizes(300, 50, 3_000, [1, 64], [1, 32], 0.5, [2_000], [2_000], [], [], 128, 300, 100, 20_000, 5_000,
                    {"usem3": ["conv-26"]}, {"usem3": 20}, {"usem3": 128}),
-    "default": Sizes(3_000, 300, 30_000, [1, 4, 16, 64], [1, 8, 32, 128], 2.0, [10_000, 100_000], [100_000], [], [], 128,
+    "default": Sizes(3_000, 300, 30_000, [1, 4, 16, 64], [1, 8, 32, 128], 2.0, [10_000, 100_000], [10_000], [], [], 128,
                      10_000, 500,
                      1_000_000, 50_000, {"usem3": [], "e5-small": ["conv-26"]}, {"usem3": 100, "e5-small": 30},
                      {"usem3": 1024, "e5-small": 128}),
@@ -522,6 +522,13 @@ def daemon_searches(d: Daemon, queries: list[str], modes: list[str], truth: list
                 s["recall"] = recall_at_k(found, truth)
             out[mode] = s
         stats = cl.call("sys.stats")
+    # the daemon's own time per search and mode (sys.stats memory.search: the handler, without the
+    # query's embedding, queueing or IPC; histogram buckets ~19 % wide), warm-up searches included
+    own = (stats.get("memory") or {}).get("search") or {}
+    for mode in modes:
+        if isinstance(own.get(mode), dict) and own[mode].get("count"):
+            out[mode]["daemon_own_p50_ms"] = round(own[mode]["p50_us"] / 1000, 3)
+            out[mode]["daemon_own_p99_ms"] = round(own[mode]["p99_us"] / 1000, 3)
     out["daemon_histogram"] = method_stats(stats, "memory.search")
     out["rss_bytes"] = proc_rss_bytes(d.pid)
     return out
@@ -898,7 +905,11 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     for n, e in (vec.get("structured") or {}).items():  # the target check: structured data (section 4 says why)
         goal = TARGETS["search_p99_ms"].get(int(n))
         if goal:
-            add(f"search p99 at {int(n):,} structured, daemon dense − query embedding p50 < {goal} ms",
+            for mode in ("hybrid", "dense"):
+                if e["daemon"].get(mode, {}).get("daemon_own_p99_ms") is not None:
+                    add(f"search p99 at {int(n):,} structured, daemon's own time without the embedding (sys.stats), "
+                        f"{mode} < {goal} ms", e["daemon"][mode]["daemon_own_p99_ms"], goal, False, " ms")
+            add(f"search p99 at {int(n):,} structured, daemon dense client-timed − query embedding p50 < {goal} ms",
                 e["daemon"]["dense"]["excl_embedding_p99_ms"], goal, False, " ms")
             add(f"search p99 at {int(n):,} structured, MemoryState.search dense in-process < {goal} ms",
                 e["memory_state"]["dense"]["p99_ms"], goal, False, " ms")
@@ -978,21 +989,23 @@ def render_vectors(vec: dict[str, Any]) -> list[str]:
     o.append("")
     o.append("**Dense search p50 / p99, from the index to the socket.** VectorStore k=10 and k=100 (the daemon asks for "
              "its top 100 and keeps 10, hence its higher recall); MemoryState.search = the daemon's search handler in "
-             "this process on the loaded snapshot, dense mode, the query vector prepared (no embedding, no IPC); daemon = "
-             "client-timed `memory.search` mode dense, and the same minus the p50 of the query's embedding timed in this "
-             f"process right before ({fmt_ms(e['p50_ms'])} at the start).")
+             "this process on the loaded snapshot, dense mode, the query vector prepared (no embedding, no IPC); daemon's "
+             "own = the search handler's time as the daemon measures it (sys.stats memory.search.dense: no embedding, "
+             "queueing or IPC; buckets ~19 % wide); daemon = client-timed `memory.search` mode dense, and the same minus "
+             f"the p50 of the query's embedding timed in this process right before ({fmt_ms(e['p50_ms'])} at the start).")
     o.append("")
     rows = []
     for name, en in colls:
         ip, dn = en["inproc"], en["daemon"]["dense"]
         rows.append([name, pp(ip["raw_hnswlib"]), pp(ip["store"]), pp(ip.get("store_fetch")),
-                     pp((en.get("memory_state") or {}).get("dense")), pp(dn, "excl_embedding_p50_ms", "excl_embedding_p99_ms"),
+                     pp((en.get("memory_state") or {}).get("dense")), pp(dn, "daemon_own_p50_ms", "daemon_own_p99_ms"),
+                     pp(dn, "excl_embedding_p50_ms", "excl_embedding_p99_ms"),
                      pp(dn), foundation.ratio(ip["store"]["p50_ms"], ip["raw_hnswlib"]["p50_ms"])])
     for name, ip in vec.get("inproc", {}).items():
         rows.append([f"{name} ({ip['dim']}-d, in-process only)", pp(ip["raw_hnswlib"]), pp(ip["store"]),
-                     pp(ip.get("store_fetch")), "–", "–", "–", foundation.ratio(ip["store"]["p50_ms"], ip["raw_hnswlib"]["p50_ms"])])
+                     pp(ip.get("store_fetch")), "–", "–", "–", "–", foundation.ratio(ip["store"]["p50_ms"], ip["raw_hnswlib"]["p50_ms"])])
     o += table(["collection", "raw hnswlib k=10", "VectorStore k=10", "VectorStore k=100", "MemoryState.search dense",
-                "daemon dense − embedding", "daemon dense (client)", "VectorStore ÷ raw (p50)"], rows)
+                "daemon's own (sys.stats)", "daemon dense − embedding", "daemon dense (client)", "VectorStore ÷ raw (p50)"], rows)
     o.append("")
     o.append("**Recall@10, build, memory.** RSS per memory: the daemon's RSS minus an empty daemon's "
              f"({vec['baseline_daemon_rss_bytes'] / 2**20:.0f} MiB, model loaded), ÷ N — it includes the texts, BM25 index "

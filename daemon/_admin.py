@@ -252,12 +252,11 @@ def render_metrics(stats: dict[str, Any]) -> str:
         ("reembedded", "Memories embedded again in the background."),
     ):
         m.sample(f"eurekamem_memory_{key}_total", "counter", help_text, memory.get(key))
-    for key, help_text in (
-        ("search", "memory.search's own time: index, BM25 and fusion, without the query's embedding."),
-        ("query_embedding", "Embedding one search query."),
-    ):
-        if isinstance(memory.get(key), dict):
-            m.summary_us(f"eurekamem_memory_{key}_seconds", help_text, memory[key])
+    for mode, summary in (memory.get("search") or {}).items():
+        if isinstance(summary, dict):
+            m.summary_us("eurekamem_memory_search_seconds", "memory.search's own time, by mode: index, BM25 and fusion, without the query's embedding.", summary, {"mode": mode})
+    if isinstance(memory.get("query_embedding"), dict):
+        m.summary_us("eurekamem_memory_query_embedding_seconds", "Embedding one search query.", memory["query_embedding"])
     if memory.get("model"):
         m.sample("eurekamem_memory_model_info", "gauge", "The embedding model of tier 4 (always 1).", 1, {"model": memory["model"]})
     m.sample("eurekamem_snapshot_seq", "gauge", "Journal sequence number covered by the last snapshot.", stats.get("snapshot", {}).get("seq"))

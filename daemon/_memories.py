@@ -228,7 +228,8 @@ class MemoryState(TierState):
         self.saved_fingerprint = ""  # of self.vectors when saved as vectors_stem
         self.previous_stem = ""
         self._prepared = Prepared()
-        self.search_time = Histogram()  # every search (memory.search, memory.inject with a query)
+        # every search's own time (memory.search, memory.inject with a query), by mode
+        self.search_time = {mode: Histogram() for mode in ("hybrid", "dense", "lexical")}
         self.query_embedding_time = Histogram()
 
     # --- preparing a batch (embeddings) --------------------------------------------------------------
@@ -284,7 +285,10 @@ class MemoryState(TierState):
     def timings(self) -> dict[str, Any]:
         """memory.search's own time (index, BM25, fusion; the query's embedding is done before,
         for the whole batch) and the query embedding's, per query, in microseconds."""
-        return {"search": self.search_time.summary(), "query_embedding": self.query_embedding_time.summary()}
+        return {
+            "search": {mode: histogram.summary() for mode, histogram in self.search_time.items()},
+            "query_embedding": self.query_embedding_time.summary(),
+        }
 
     def do_add(self, p: m.MemoryAdd) -> dict[str, Any]:
         _validate_domain(p.domain)
@@ -441,7 +445,7 @@ class MemoryState(TierState):
         try:
             return self._search(p)
         finally:
-            self.search_time.add((time.perf_counter_ns() - started) / 1000)
+            self.search_time[p.mode].add((time.perf_counter_ns() - started) / 1000)
 
     def _search(self, p: m.MemorySearch) -> list[dict[str, Any]]:
         allowed = self._allowed(p)

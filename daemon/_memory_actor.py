@@ -272,6 +272,7 @@ class MemoryActor(TierActor):
             "reembedded": self.reembedded,
             "model": self.state.model,
             "writes_waiting": self.writes_waiting,
+            "lexical_index_from": self.state.lexical_from,  # "snapshot", "rebuilt" (from the texts) or "new"
             **self.state.timings(),
         }
 

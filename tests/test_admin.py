@@ -138,7 +138,7 @@ async def test_metrics_of_a_live_daemon_parse(data_dir: Path, sock_dir: Path) ->
     assert ({"tier": "persistent", "kind": "records"}, 1.0) in samples["eurekamem_tier_items"]
     assert {labels["tier"] for labels, _ in samples["eurekamem_queue_length"]} == {"episodic", "persistent", "graph", "memory"}
     assert samples["eurekamem_connections_total"][0][1] >= 1
-    assert samples["eurekamem_memory_search_seconds_count"] == [({}, 1.0)]
+    assert ({"mode": "lexical"}, 1.0) in samples["eurekamem_memory_search_seconds_count"]
 
 
 def test_progress_bar_draws_only_when_asked() -> None:

@@ -237,8 +237,10 @@ async def test_add_many_is_one_journal_write_and_survives_restart(data_dir: Path
             late = await conn.result("memory.search", {"query": "only in the journal", "domain": "conv", "k": 1})
             assert late[0]["memory"]["title"] == "late"
             timing = (await conn.result("sys.stats", {}))["memory"]
-            assert timing["search"]["count"] == 2 and timing["query_embedding"]["count"] == 2  # split for sys.stats readers
-            assert 0 < timing["search"]["p50_us"] <= timing["search"]["max_us"]
+            hybrid = timing["search"]["hybrid"]
+            assert hybrid["count"] == 2 and timing["query_embedding"]["count"] == 2  # split for sys.stats readers
+            assert 0 < hybrid["p50_us"] <= hybrid["max_us"] and timing["search"]["lexical"]["count"] == 0
+            assert timing["lexical_index_from"] == "snapshot"
             await conn.aclose()
 
 
