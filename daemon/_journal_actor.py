@@ -64,14 +64,20 @@ class JournalActor:
 
     async def submit(self, payloads: list[tuple[int, bytes]]) -> int:
         """Journal (rtype, payload) records; returns the last seq once durable under the policy."""
-        if self.failed:
-            raise JournalUnavailable(self.failed)
+        return await self.submit_nowait(payloads).wait()
+
+    def submit_nowait(self, payloads: list[tuple[int, bytes]]) -> Waiter:
+        """Queue records for the next group commit; the waiter gives the last seq once durable
+        (or raises JournalUnavailable). Writes are made durable in the order they were queued."""
         waiter = Waiter()
+        if self.failed:
+            waiter.fail(JournalUnavailable(self.failed))
+            return waiter
         try:
             self._send.send_nowait(_Op("write", waiter, payloads))
         except trio.ClosedResourceError:
-            raise JournalUnavailable("the journal is closed (shutting down)") from None
-        return await waiter.wait()
+            waiter.fail(JournalUnavailable("the journal is closed (shutting down)"))
+        return waiter
 
     async def run_exclusive(self, fn: Callable[[Journal], Any]) -> Any:
         """Run fn(journal) in a worker thread between batches (rotate, drop_before, sync)."""

@@ -144,7 +144,10 @@ class Connection:
         """Encode one answer (None: a notification's, nothing to write) into the outbound buffer."""
         self.owed -= 1
         if message is not None and not self._broken:
-            self._out += self._encode(self.codec, message)
+            try:
+                self.codec.encode_into(message, self._out)
+            except (TypeError, ValueError, msgspec.EncodeError):
+                self._out += self._encode(self.codec, message)  # logs it and answers `internal` instead
         if self.owed == 0:
             self._progress.set()
 

@@ -126,3 +126,67 @@ async def test_errors_on_the_fast_path_reach_the_client(data_dir: Path, sock_dir
             assert await conn.result("persistent.recall", {"key": "sneaky"}) is None
             assert await conn.result("sys.ping") == {"pong": True}  # the connection lives on
             await conn.aclose()
+
+
+async def test_a_failed_write_undoes_the_batches_applied_behind_it(data_dir: Path, sock_dir: Path) -> None:
+    """Pipelined actor: batches applied while an earlier write waits for the journal are answered
+    only after it; when it fails, they are undone too and answered read_only."""
+    with trio.fail_after(IO_TIMEOUT):
+        async with running_daemon(data_dir, sock_dir / "s.sock") as daemon:
+            journal = daemon.journal_actor
+            write = journal._write
+            writing: list[bool] = []
+
+            def failing_write(records: Any) -> int:
+                writing.append(True)
+                time.sleep(0.3)
+                raise OSError(28, "No space left on device")
+
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            assert (await conn.result("persistent.remember", {"key": "kept", "value": 0}))["key"] == "kept"
+            journal._write = failing_write
+            first = await RawConnection.open(sock_dir / "s.sock")
+            await first.send({"jsonrpc": "2.0", "id": 1, "method": "persistent.remember", "params": {"key": "k", "value": 1}})
+            while not writing:
+                await trio.sleep(0.001)
+            behind = await RawConnection.open(sock_dir / "s.sock")
+            answers = await _pipelined(
+                behind,
+                [
+                    ("persistent.recall", {"key": "k"}),  # may see k=1, which is about to be lost
+                    ("persistent.remember", {"key": "k2", "value": 2}),
+                    ("persistent.recall", {"key": "kept"}),
+                ],
+            )
+            assert (await first.read())["error"]["data"]["kind"] == "read_only"
+            assert {answers[i]["error"]["data"]["kind"] for i in range(3)} == {"read_only"}
+            journal._write = write
+            assert await conn.result("persistent.recall", {"key": "k"}) is None
+            assert await conn.result("persistent.recall", {"key": "k2"}) is None
+            assert (await conn.result("persistent.recall", {"key": "kept"}))["value"] == 0
+            assert (await conn.result("sys.stats", {}))["read_only"] is True
+            for c in (conn, first, behind):
+                await c.aclose()
+
+
+async def test_many_pipelined_writers_are_all_answered_in_order_and_kept(data_dir: Path, sock_dir: Path) -> None:
+    with trio.fail_after(IO_TIMEOUT):
+        async with running_daemon(data_dir, sock_dir / "s.sock") as daemon:
+
+            async def writer(n: int) -> None:
+                conn = await RawConnection.open(sock_dir / "s.sock")
+                for i in range(20):
+                    calls = [("persistent.remember", {"key": f"w{n}.{i}", "value": i}), ("persistent.recall", {"key": f"w{n}.{i}"})]
+                    answers = await _pipelined(conn, calls)
+                    assert answers[1]["result"]["value"] == i
+                await conn.aclose()
+
+            async with trio.open_nursery() as nursery:
+                for n in range(8):
+                    nursery.start_soon(writer, n)
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            keys = (await conn.result("persistent.keys", {"prefix": "w"}))["keys"]
+            assert len(keys) == 160
+            actor = daemon.actors["persistent"]
+            assert actor._owed == 0 and not actor._inflight
+            await conn.aclose()
