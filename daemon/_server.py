@@ -138,7 +138,13 @@ class Connection:
 
     def deliver(self, call: Call | Rejected, result: Any, started_ns: int) -> None:
         self.stats.record(call, result, started_ns)
-        self.answer(_answer(call.id, result) if call.wants_reply else None)
+        request_id = call.id
+        if request_id is UNSET:  # a notification: nothing to write
+            self.answer(None)
+        elif type(result) is ProtocolError or isinstance(result, ProtocolError):
+            self.answer(failure(request_id, result))
+        else:
+            self.answer(success(request_id, result))
 
     def answer(self, message: Any) -> None:
         """Encode one answer (None: a notification's, nothing to write) into the outbound buffer."""
