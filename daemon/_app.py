@@ -380,8 +380,8 @@ class Daemon:
         self.journal_actor = JournalActor(journal, self.config.fsync, self.config.batch_interval)
         self.actors = {
             "episodic": EpisodicActor(EpisodicState(), None, self.paths),
-            "persistent": TierActor(recovered.persistent, self.journal_actor, inline=True, pipeline=True),
-            "graph": TierActor(recovered.graph, self.journal_actor, inline=True, pipeline=True),
+            "persistent": TierActor(recovered.persistent, self.journal_actor, inline=True),
+            "graph": TierActor(recovered.graph, self.journal_actor, inline=True),
             "memory": MemoryActor(recovered.memory, self.journal_actor, self.paths.root),
         }
         if recovered.replayed == 0 and not recovered.imported:

@@ -81,15 +81,8 @@ class TierState:
         out, self.pending = self.pending, []
         return out
 
-    def forget_undo(self, count: int | None = None) -> None:
-        """The batch is durable: drop its undo entries (all, or the oldest `count`: pipelined batches)."""
-        if count is None:
-            self._undo.clear()
-        else:
-            del self._undo[:count]
-
-    def undo_depth(self) -> int:
-        return len(self._undo)
+    def forget_undo(self) -> None:
+        self._undo.clear()
 
     def rollback(self) -> None:
         """Undo the batch in progress (its journal write failed)."""
