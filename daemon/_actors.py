@@ -5,6 +5,12 @@ Rule kept here: an actor takes everything waiting on its channel as one batch, r
 answers nobody in the batch before that submit returned. While it waits nobody else can read its
 state, so no client ever sees a write that is not durable; if the journal fails, the batch is
 rolled back and its writes answer `read_only`.
+
+Fast path (actors made with inline=True): a call that journals nothing (a read, or any tier-1 call
+but session.close) may be run by the connection's reader itself, synchronously, but only while the
+actor owes nothing: no item submitted and not yet answered (`_owed == 0`), so no batch is waiting
+on the journal (no write that is not durable is visible) and nothing sent before it is still queued
+(a pipelined read still sees the writes sent before it). Same handler, same errors as the actor.
 """
 
 from __future__ import annotations
@@ -55,13 +61,19 @@ class Internal:
 
 
 class TierActor:
-    def __init__(self, state: TierState, journal: JournalActor | None) -> None:
+    NOT_INLINE: frozenset[str] = frozenset()  # non-journaled methods that still need the actor (I/O)
+
+    def __init__(self, state: TierState, journal: JournalActor | None, *, inline: bool = False) -> None:
         self.state = state
         self.journal = journal
         self._send, self._recv = trio.open_memory_channel[Any](math.inf)
         self.batches = 0
         self.requests = 0
+        self.inline_requests = 0  # of `requests`, those the reader ran itself (fast path)
         self.busy_since: float | None = None  # trio time at which the batch in progress started
+        self.inline = inline
+        self._owed = 0  # items submitted and not yet finished by run() (journal wait and answers included)
+        self._inline_stamp = -1  # the read (its started_ns) whose calls share one batch timestamp
 
     @property
     def name(self) -> str:
@@ -69,11 +81,32 @@ class TierActor:
 
     def submit(self, work: Work) -> None:
         self._send.send_nowait(work)
+        self._owed += 1
 
     async def run_internal(self, fn: Callable[[Any], Any]) -> Any:
         item = Internal(fn)
         self._send.send_nowait(item)
+        self._owed += 1
         return await item.waiter.wait()
+
+    def can_inline(self, call: Call) -> bool:
+        """May the caller run `call` now, itself, with handle_inline (see the module's rule)?"""
+        return self.inline and self._owed == 0 and not call.spec.writes and call.spec.name not in self.NOT_INLINE
+
+    def handle_inline(self, call: Call, started_ns: int) -> Any:
+        """Run a call that can_inline allowed, now; calls of one read (same started_ns) share a timestamp."""
+        state = self.state
+        if started_ns != self._inline_stamp:
+            self._inline_stamp = started_ns
+            state.begin_batch()
+        self.requests += 1
+        self.inline_requests += 1
+        result = self._handle_now(call)
+        if state.pending:  # a bug: a call that journals nothing changed durable state; undo it
+            state.rollback()
+            log.error("%s changed durable state on the fast path; rolled back", call.spec.name)
+            return ProtocolError("internal", f"internal error in {call.spec.name}: changed state without the journal")
+        return result
 
     def close(self) -> None:
         self._send.close()
@@ -90,13 +123,16 @@ class TierActor:
                     batch.append(recv.receive_nowait())
                 except (trio.WouldBlock, trio.EndOfChannel):
                     break
-            start = 0
-            for index, item in enumerate(batch):
-                if isinstance(item, Internal):
-                    await self._run_batch(batch[start:index])
-                    await self._run_internal_item(item)
-                    start = index + 1
-            await self._run_batch(batch[start:])
+            try:
+                start = 0
+                for index, item in enumerate(batch):
+                    if isinstance(item, Internal):
+                        await self._run_batch(batch[start:index])
+                        await self._run_internal_item(item)
+                        start = index + 1
+                await self._run_batch(batch[start:])
+            finally:
+                self._owed -= len(batch)
 
     async def _run_internal_item(self, item: Internal) -> None:
         """Run an internal function; if it changed durable state, journal that before answering."""
@@ -157,6 +193,9 @@ class TierActor:
 
     async def handle(self, call: Call) -> Any:
         """Run one call against the state; a ProtocolError is a result too."""
+        return self._handle_now(call)
+
+    def _handle_now(self, call: Call) -> Any:
         try:
             return self.state.handle(call.spec.name, call.params)
         except ProtocolError as exc:

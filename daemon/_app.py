@@ -387,8 +387,8 @@ class Daemon:
         self.journal_actor = JournalActor(journal, self.config.fsync, self.config.batch_interval)
         self.actors = {
             "episodic": EpisodicActor(EpisodicState(), None, self.paths),
-            "persistent": TierActor(recovered.persistent, self.journal_actor),
-            "graph": TierActor(recovered.graph, self.journal_actor),
+            "persistent": TierActor(recovered.persistent, self.journal_actor, inline=True),
+            "graph": TierActor(recovered.graph, self.journal_actor, inline=True),
             "memory": MemoryActor(recovered.memory, self.journal_actor, self.paths.root),
         }
         if recovered.replayed == 0 and not recovered.imported:
@@ -604,7 +604,11 @@ class Daemon:
     def dispatch(self, call: Call, reply: Any, started_ns: int) -> None:
         tier = call.spec.tier
         if tier != "sys":
-            self.actors[tier].submit(Work(call, reply, started_ns))
+            actor = self.actors[tier]
+            if actor.can_inline(call):  # a read (or tier 1) while the actor owes nothing: answer it here
+                reply.deliver(call, actor.handle_inline(call, started_ns), started_ns)
+            else:
+                actor.submit(Work(call, reply, started_ns))
             return
         name = call.spec.name
         if name == "sys.ping":
@@ -784,8 +788,10 @@ class Daemon:
 class EpisodicActor(TierActor):
     """Tier 1: RAM only; session.close writes the session's events to runs/<session_id>/episodic.json."""
 
+    NOT_INLINE = frozenset({"session.close"})  # writes a file: only the actor may wait for that
+
     def __init__(self, state: EpisodicState, journal: None, paths: Paths) -> None:
-        super().__init__(state, journal)
+        super().__init__(state, journal, inline=True)
         self.paths = paths
 
     async def handle(self, call: Call) -> Any:

@@ -1,7 +1,10 @@
 """The journal actor: the only writer of the journal, with group commit.
 
 Rule kept here: everything waiting is written with one write and covered by one fsync, and no
-waiter is told "durable" before that fsync returned (policy `always`). Under `batch` the fsync runs
+waiter is told "durable" before that fsync returned (policy `always`). The file work runs in one
+long-lived writer thread that takes whatever was queued while its last fsync ran, in queue order
+(consecutive writes as one group; rotate/sync/resume calls alone, between groups), so the next
+group starts the moment an fsync returns; results come back to trio with run_sync_soon. Under `batch` the fsync runs
 at most `batch_interval` seconds after the write; under `off` never (until rotate or close). The
 first write or fsync error fails the journal (DESIGN.md rule 4): every later submit raises
 JournalUnavailable and the daemon answers writes with `read_only`, never retrying on its own. Only
@@ -12,7 +15,8 @@ last sync, starts a new segment (a real write + fsync) and only then lets writes
 from __future__ import annotations
 
 import logging
-import math
+import queue
+import threading
 import time
 from typing import Any, Callable
 
@@ -54,7 +58,11 @@ class JournalActor:
         self.resumes = 0  # times sys.resume made the journal writable again
         self.last_resume: dict[str, Any] | None = None
         self.acked_seq = journal.last_seq
-        self._send, self._recv = trio.open_memory_channel[_Op](math.inf)
+        self._queue: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()  # None: stop the writer thread
+        self._closed = False
+        self._close_requested = trio.Event()
+        self._thread_done = trio.Event()
+        self._token: trio.lowlevel.TrioToken | None = None
         self._unsynced = False
         self.fsync_latency = Histogram()
         self.batches = 0
@@ -64,23 +72,32 @@ class JournalActor:
 
     async def submit(self, payloads: list[tuple[int, bytes]]) -> int:
         """Journal (rtype, payload) records; returns the last seq once durable under the policy."""
-        if self.failed:
-            raise JournalUnavailable(self.failed)
+        return await self.submit_nowait(payloads).wait()
+
+    def submit_nowait(self, payloads: list[tuple[int, bytes]]) -> Waiter:
+        """Queue records for the next group commit; the waiter gives the last seq once durable
+        (or raises JournalUnavailable). Writes are made durable in the order they were queued."""
         waiter = Waiter()
-        try:
-            self._send.send_nowait(_Op("write", waiter, payloads))
-        except trio.ClosedResourceError:
-            raise JournalUnavailable("the journal is closed (shutting down)") from None
-        return await waiter.wait()
+        if self.failed:
+            waiter.fail(JournalUnavailable(self.failed))
+        elif self._closed:
+            waiter.fail(JournalUnavailable("the journal is closed (shutting down)"))
+        else:
+            self._queue.put(_Op("write", waiter, payloads))
+        return waiter
 
     async def run_exclusive(self, fn: Callable[[Journal], Any]) -> Any:
-        """Run fn(journal) in a worker thread between batches (rotate, drop_before, sync)."""
+        """Run fn(journal) in the writer thread between groups (rotate, drop_before, sync)."""
+        if self._closed:
+            raise trio.ClosedResourceError("the journal is closed (shutting down)")
         waiter = Waiter()
-        self._send.send_nowait(_Op("call", waiter, fn=fn))
+        self._queue.put(_Op("call", waiter, fn=fn))
         return await waiter.wait()
 
     def close(self) -> None:
-        self._send.close()
+        """No more submissions; run() finishes what is queued, syncs, stops the thread and returns."""
+        self._closed = True
+        self._close_requested.set()
 
     def _set_failed(self, reason: str) -> None:
         self.failed = reason
@@ -131,51 +148,98 @@ class JournalActor:
     # --- the actor ------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        async with trio.open_nursery() as nursery:
-            if self.fsync == "batch":
-                nursery.start_soon(self._sync_periodically)
-            async for first in self._recv:
-                ops = [first]
+        self._token = trio.lowlevel.current_trio_token()
+        thread = threading.Thread(target=self._writer_thread, name="journal-writer", daemon=True)
+        thread.start()
+        try:
+            async with trio.open_nursery() as nursery:
+                if self.fsync == "batch":
+                    nursery.start_soon(self._sync_periodically)
+                await self._close_requested.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            self._closed = True
+            self._queue.put(None)  # after everything already queued
+        with trio.CancelScope(shield=True):
+            await self._thread_done.wait()
+        thread.join()
+
+    # --- the writer thread: the only code that touches the journal's files --------------------------
+
+    def _writer_thread(self) -> None:
+        get = self._queue.get
+        get_nowait = self._queue.get_nowait
+        try:
+            while True:
+                ops = [get()]
                 while True:
                     try:
-                        ops.append(self._recv.receive_nowait())
-                    except (trio.WouldBlock, trio.EndOfChannel):
+                        ops.append(get_nowait())
+                    except queue.Empty:
                         break
-                await self._run_ops(ops)
-            nursery.cancel_scope.cancel()
-        if not self.failed and self._unsynced:
-            await trio.to_thread.run_sync(self._sync_now)
+                start = 0
+                for index, op in enumerate(ops):
+                    if op is None or op.kind == "call":
+                        self._write_group(ops[start:index])
+                        start = index + 1
+                        if op is None:
+                            self._final_sync()
+                            return
+                        self._run_call(op)
+                self._write_group(ops[start:])
+        except BaseException:
+            log.exception("the journal writer thread failed")
+            raise
+        finally:
+            self._report(self._thread_done.set)
 
-    async def _run_ops(self, ops: list[_Op]) -> None:
-        writes = [op for op in ops if op.kind == "write"]
-        if writes:
-            records = [rec for op in writes for rec in op.payloads]
-            if self.failed:
-                error: BaseException | None = JournalUnavailable(self.failed)
-            else:
-                try:
-                    last = await trio.to_thread.run_sync(self._write, records)
-                    error = None
-                except Exception as exc:  # the journal is failed until sys.resume; say why everywhere
-                    self._set_failed(f"journal write failed: {exc}")
-                    error = JournalUnavailable(self.failed)
-            if error is None:
-                self.acked_seq = last
-                self.batches += 1
-                self.records += len(records)
-                first_seq = last - len(records) + 1
-                for op in writes:
-                    first_seq += len(op.payloads)
-                    op.waiter.set(first_seq - 1)
-            else:
-                for op in writes:
-                    op.waiter.fail(error)
-        for op in ops:
-            if op.kind == "call":
-                try:
-                    op.waiter.set(await trio.to_thread.run_sync(op.fn, self.journal))
-                except Exception as exc:
-                    op.waiter.fail(exc)
+    def _report(self, fn: Callable[..., Any], *args: Any) -> None:
+        assert self._token is not None
+        self._token.run_sync_soon(fn, *args)
+
+    def _write_group(self, writes: list[_Op]) -> None:
+        if not writes:
+            return
+        records = [rec for op in writes for rec in op.payloads]
+        try:
+            last = self._write(records)
+        except Exception as exc:  # the journal is failed until sys.resume; trio says why everywhere
+            self._report(self._group_failed, writes, exc)
+        else:
+            self._report(self._group_written, writes, last, len(records))
+
+    def _run_call(self, op: _Op) -> None:
+        try:
+            result = op.fn(self.journal)
+        except Exception as exc:
+            self._report(op.waiter.fail, exc)
+        else:
+            self._report(op.waiter.set, result)
+
+    def _final_sync(self) -> None:
+        if self._unsynced and not self.journal.failed:
+            try:
+                self._sync_now()
+            except Exception:
+                log.exception("the final journal sync at shutdown failed")
+
+    # --- back in trio -------------------------------------------------------------------------------
+
+    def _group_written(self, writes: list[_Op], last: int, count: int) -> None:
+        self.acked_seq = last
+        self.batches += 1
+        self.records += count
+        first_seq = last - count + 1
+        for op in writes:
+            first_seq += len(op.payloads)
+            op.waiter.set(first_seq - 1)
+
+    def _group_failed(self, writes: list[_Op], exc: Exception) -> None:
+        if not self.failed:
+            self._set_failed(f"journal write failed: {exc}")
+        error = JournalUnavailable(self.failed)
+        for op in writes:
+            op.waiter.fail(error)
 
     def _write(self, records: list[tuple[int, bytes]]) -> int:
         last = self.journal.append(records)

@@ -94,8 +94,13 @@ class TierState:
         raise NotImplementedError
 
     def handle(self, method: str, params: Any) -> Any:
-        handler = getattr(self, "do_" + method.split(".", 1)[1])
-        return handler(params)
+        name = _HANDLER_NAMES.get(method)
+        if name is None:
+            name = _HANDLER_NAMES[method] = "do_" + method.split(".", 1)[1]
+        return getattr(self, name)(params)
+
+
+_HANDLER_NAMES: dict[str, str] = {}  # "persistent.recall" -> "do_recall" (the lookup stays per call: tests patch handlers)
 
 
 # --- tier 1: episodic ---------------------------------------------------------------------------

@@ -7,6 +7,8 @@ from typing import Any
 
 import trio
 
+_log2 = math.log2
+
 
 class Waiter:
     """A one-shot slot: one side sets a value or an error, the other awaits it."""
@@ -47,8 +49,11 @@ class Histogram:
         self.sum_us = 0.0
 
     def add(self, micros: float) -> None:
-        index = 0 if micros <= 1.0 else min(self.BUCKETS - 1, int(4 * math.log2(micros)) + 1)
-        self.counts[index] += 1
+        if micros <= 1.0:
+            self.counts[0] += 1
+        else:
+            index = int(4 * _log2(micros)) + 1
+            self.counts[index if index < 160 else 159] += 1  # 159 = BUCKETS - 1
         self.total += 1
         self.sum_us += micros
         if micros > self.max_us:

@@ -102,6 +102,7 @@ class Codec:
         self._empty_params = b"{}" if framing == "ndjson" else b"\x80"
         self._encoder = mod.Encoder()
         self._frame = frame_ndjson if framing == "ndjson" else frame_binary
+        self._binary = framing == "binary"
 
     # --- decoding -------------------------------------------------------------------------------
 
@@ -168,9 +169,8 @@ class Codec:
                 request.id,
                 ProtocolError("method_not_found", f"method not found: {request.method!r}", method=request.method),
             )
-        raw = bytes(request.params) or self._empty_params
-        try:
-            params = self.decode_params(spec.params, raw)
+        try:  # the params' Raw is a view of the (immutable) frame: decoded without a copy
+            params = self.decode_params(spec.params, request.params or self._empty_params)
         except ProtocolError as exc:
             return Rejected(request.id, exc)
         return Call(request.id, spec, params)
@@ -193,6 +193,21 @@ class Codec:
     def encode(self, message: Any) -> bytes:
         """A reply (Success, Failure or a list of them) as one framed message."""
         return self._frame(self._encoder.encode(message))
+
+    def encode_into(self, message: Any, out: bytearray) -> None:
+        """Append `message` framed to `out` (no intermediate bytes). On an encoding error `out` is
+        left as it was and the error raised."""
+        start = len(out)
+        try:
+            if self._binary:
+                self._encoder.encode_into(message, out, start + 4)
+                out[start : start + 4] = (len(out) - start - 4).to_bytes(4, "big")
+            else:
+                self._encoder.encode_into(message, out, start)
+                out += b"\n"
+        except BaseException:
+            del out[start:]
+            raise
 
     def encode_request(self, request_id: RequestId, method: str, params: Any) -> bytes:
         """A request as one framed message (for clients and tests)."""

@@ -492,3 +492,19 @@ def test_mangled_envelopes_never_raise(framing, message, cut, junk):
     check_total(codec, frame[:cut])
     check_total(codec, frame + junk)
     check_total(codec, frame[:cut] + junk + frame[cut:])
+
+
+@pytest.mark.parametrize("framing", ["ndjson", "binary"])
+def test_encode_into_appends_what_encode_returns_and_nothing_on_error(framing: str) -> None:
+    from eurekamem.protocol import Codec, success
+
+    codec = Codec(framing)
+    out = bytearray(b"earlier")
+    messages = [success(1, {"pong": True}), [success("a", [1, 2]), success(None, None)]]
+    for message in messages:
+        codec.encode_into(message, out)
+    assert bytes(out) == b"earlier" + b"".join(codec.encode(m) for m in messages)
+    before = bytes(out)
+    with pytest.raises(TypeError):
+        codec.encode_into(success(2, object()), out)
+    assert bytes(out) == before

@@ -1,0 +1,193 @@
+"""The readers' fast path (reads and tier-1 calls answered by the connection's reader while the
+tier's actor owes nothing): same answers and ordering as through the actor, never a write that is
+not durable yet, errors still reach the client."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from conftest import IO_TIMEOUT, RawConnection, running_daemon
+from eurekamem.protocol import ProtocolError
+
+
+async def _pipelined(conn: RawConnection, calls: list[tuple[str, dict[str, Any]]]) -> dict[int, Any]:
+    """Send every call in one write; answers by id."""
+    lines = [json.dumps({"jsonrpc": "2.0", "id": i, "method": m, "params": p}) for i, (m, p) in enumerate(calls)]
+    await conn.stream.send_all(("\n".join(lines) + "\n").encode())
+    answers = {}
+    for _ in calls:
+        answer = await conn.read()
+        answers[answer["id"]] = answer
+    return answers
+
+
+async def test_pipelined_reads_see_the_writes_sent_before_them(data_dir: Path, sock_dir: Path) -> None:
+    with trio.fail_after(IO_TIMEOUT):
+        async with running_daemon(data_dir, sock_dir / "s.sock") as daemon:
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            calls = [
+                ("persistent.recall", {"key": "k"}),
+                ("persistent.remember", {"key": "k", "value": 1}),
+                ("persistent.recall", {"key": "k"}),
+                ("persistent.remember", {"key": "k", "value": 2}),
+                ("persistent.recall", {"key": "k"}),
+                ("persistent.forget", {"key": "k"}),
+                ("persistent.recall", {"key": "k"}),
+                ("episodic.log", {"session_id": "s", "agent_role": "r", "content": "one"}),
+                ("episodic.recent", {"session_id": "s", "n": 10}),
+                ("session.close", {"session_id": "s"}),
+                ("episodic.recent", {"session_id": "s", "n": 10}),
+                ("episodic.log", {"session_id": "s", "agent_role": "r", "content": "two"}),
+                ("episodic.recent", {"session_id": "s", "n": 10}),
+            ]
+            answers = await _pipelined(conn, calls)
+            results = [answers[i]["result"] for i in range(len(calls))]
+            assert results[0] is None
+            assert results[2]["value"] == 1 and results[4]["value"] == 2 and results[6] is None
+            assert [e["content"] for e in results[8]] == ["one"]
+            assert results[9]["events_written"] == 1
+            assert results[10] == []
+            assert [e["content"] for e in results[12]] == ["two"]
+            # and the fast path did answer some of them (the first recall and the first log at least)
+            assert daemon.actors["persistent"].inline_requests >= 1
+            assert daemon.actors["episodic"].inline_requests >= 1
+            # with the actors idle, reads are answered on the fast path
+            before = daemon.actors["persistent"].inline_requests
+            assert await conn.result("persistent.recall", {"key": "absent"}) is None
+            assert daemon.actors["persistent"].inline_requests == before + 1
+            await conn.aclose()
+
+
+async def test_a_read_never_sees_a_write_still_waiting_for_the_journal(data_dir: Path, sock_dir: Path) -> None:
+    with trio.fail_after(IO_TIMEOUT):
+        async with running_daemon(data_dir, sock_dir / "s.sock") as daemon:
+            journal = daemon.journal_actor
+            write = journal._write
+            durable_at: list[float] = []
+            writing: list[bool] = []
+
+            def slow_write(records: Any) -> int:
+                writing.append(True)
+                time.sleep(0.3)  # the fsync takes a while: the batch holds the persistent state meanwhile
+                last = write(records)
+                durable_at.append(time.monotonic())
+                return last
+
+            journal._write = slow_write
+            writer = await RawConnection.open(sock_dir / "s.sock")
+            reader = await RawConnection.open(sock_dir / "s.sock")
+            await writer.send({"jsonrpc": "2.0", "id": 1, "method": "persistent.remember", "params": {"key": "k", "value": 1}})
+            while not writing:
+                await trio.sleep(0.001)  # the remember is in its batch, waiting for the journal
+            answer = await reader.call("persistent.recall", {"key": "k"})
+            answered_at = time.monotonic()
+            assert answer["result"]["value"] == 1  # it waited behind the write, and sees it
+            assert durable_at and answered_at >= durable_at[0]
+            assert (await writer.read())["result"]["key"] == "k"
+            await writer.aclose()
+            await reader.aclose()
+
+
+async def test_errors_on_the_fast_path_reach_the_client(data_dir: Path, sock_dir: Path, monkeypatch: Any) -> None:
+    with trio.fail_after(IO_TIMEOUT):
+        async with running_daemon(data_dir, sock_dir / "s.sock") as daemon:
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            state = daemon.actors["persistent"].state
+
+            def broken(params: Any) -> Any:
+                raise RuntimeError("boom")
+
+            monkeypatch.setattr(state, "do_recall", broken)
+            answer = await conn.call("persistent.recall", {"key": "k"})
+            assert answer["error"]["data"]["kind"] == "internal" and "boom" in answer["error"]["message"]
+
+            def not_found(params: Any) -> Any:
+                raise ProtocolError("not_found", "nothing here")
+
+            monkeypatch.setattr(state, "do_recall", not_found)
+            assert await conn.error_kind("persistent.recall", {"key": "k"}) == "not_found"
+
+            # a read that (by a bug) changes durable state is rolled back and answered `internal`
+            real_remember = state.do_remember
+
+            def sneaky(params: Any) -> Any:
+                from eurekamem.protocol._methods import PersistentRemember
+
+                return real_remember(PersistentRemember(key="sneaky", value=1))
+
+            monkeypatch.setattr(state, "do_recall", sneaky)
+            assert await conn.error_kind("persistent.recall", {"key": "k"}) == "internal"
+            monkeypatch.undo()
+            assert await conn.result("persistent.recall", {"key": "sneaky"}) is None
+            assert await conn.result("sys.ping") == {"pong": True}  # the connection lives on
+            await conn.aclose()
+
+
+async def test_requests_behind_a_failed_write_see_no_trace_of_it(data_dir: Path, sock_dir: Path) -> None:
+    """Requests that arrive while a write waits for the journal wait behind it (never the fast
+    path); when it fails it is rolled back first: they read the state without it, write read_only."""
+    with trio.fail_after(IO_TIMEOUT):
+        async with running_daemon(data_dir, sock_dir / "s.sock") as daemon:
+            journal = daemon.journal_actor
+            write = journal._write
+            writing: list[bool] = []
+
+            def failing_write(records: Any) -> int:
+                writing.append(True)
+                time.sleep(0.3)
+                raise OSError(28, "No space left on device")
+
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            assert (await conn.result("persistent.remember", {"key": "kept", "value": 0}))["key"] == "kept"
+            journal._write = failing_write
+            first = await RawConnection.open(sock_dir / "s.sock")
+            await first.send({"jsonrpc": "2.0", "id": 1, "method": "persistent.remember", "params": {"key": "k", "value": 1}})
+            while not writing:
+                await trio.sleep(0.001)
+            behind = await RawConnection.open(sock_dir / "s.sock")
+            answers = await _pipelined(
+                behind,
+                [
+                    ("persistent.recall", {"key": "k"}),  # must not see k=1, which is about to be lost
+                    ("persistent.remember", {"key": "k2", "value": 2}),
+                    ("persistent.recall", {"key": "kept"}),
+                ],
+            )
+            assert (await first.read())["error"]["data"]["kind"] == "read_only"
+            assert answers[0]["result"] is None  # not the lost k=1
+            # the batch's calls from its first write on answer read_only (the journal is failed)
+            assert answers[1]["error"]["data"]["kind"] == answers[2]["error"]["data"]["kind"] == "read_only"
+            journal._write = write
+            assert await conn.result("persistent.recall", {"key": "k"}) is None
+            assert await conn.result("persistent.recall", {"key": "k2"}) is None
+            assert (await conn.result("persistent.recall", {"key": "kept"}))["value"] == 0
+            assert (await conn.result("sys.stats", {}))["read_only"] is True
+            for c in (conn, first, behind):
+                await c.aclose()
+
+
+async def test_many_pipelining_writers_are_all_answered_and_kept(data_dir: Path, sock_dir: Path) -> None:
+    with trio.fail_after(IO_TIMEOUT):
+        async with running_daemon(data_dir, sock_dir / "s.sock") as daemon:
+
+            async def writer(n: int) -> None:
+                conn = await RawConnection.open(sock_dir / "s.sock")
+                for i in range(20):
+                    calls = [("persistent.remember", {"key": f"w{n}.{i}", "value": i}), ("persistent.recall", {"key": f"w{n}.{i}"})]
+                    answers = await _pipelined(conn, calls)
+                    assert answers[1]["result"]["value"] == i
+                await conn.aclose()
+
+            async with trio.open_nursery() as nursery:
+                for n in range(8):
+                    nursery.start_soon(writer, n)
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            keys = (await conn.result("persistent.keys", {"prefix": "w"}))["keys"]
+            assert len(keys) == 160
+            assert daemon.actors["persistent"]._owed == 0
+            await conn.aclose()

@@ -1,0 +1,87 @@
+"""The journal actor's writer thread: group commit in queue order, errors reach every waiter, a
+clean stop that writes and syncs everything queued before close()."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import trio
+
+from eurekamem.daemon._files import FakeFiles
+from eurekamem.daemon._journal import Journal
+from eurekamem.daemon._journal_actor import JournalActor, JournalUnavailable
+
+J = "/j"
+
+
+def _journal(fs: FakeFiles) -> Journal:
+    return Journal.open(J, fs=fs)[0]
+
+
+def _writer_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "journal-writer"]
+
+
+async def test_writes_are_durable_in_order_and_the_thread_stops_on_close() -> None:
+    fs = FakeFiles()
+    actor = JournalActor(_journal(fs), "always")
+    seqs: list[int] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(actor.run)
+
+        async def client(n: int) -> None:
+            for i in range(20):
+                seqs.append(await actor.submit([(1, f"{n}.{i}".encode())]))
+
+        async with trio.open_nursery() as clients:
+            for n in range(8):
+                clients.start_soon(client, n)
+        rotated = await actor.run_exclusive(lambda journal: journal.rotate())
+        assert rotated == 161
+        seqs.append(await actor.submit([(1, b"after"), (1, b"rotate")]))
+        assert actor.statistics()["records"] == 162
+        actor.close()
+    assert not _writer_threads()
+    assert sorted(seqs) == list(range(1, 161)) + [162]
+    assert actor.batches < 161 + 1  # grouped: fewer fsyncs than writes
+    with pytest.raises(JournalUnavailable, match="closed"):
+        await actor.submit([(1, b"late")])
+    with pytest.raises(trio.ClosedResourceError):
+        await actor.run_exclusive(lambda journal: None)
+    records = Journal.open(J, fs=fs.crash())[1]  # only what was made durable survives a crash
+    assert len(records) == 162 and records[-1][2] == b"rotate"
+
+
+async def test_a_failed_write_fails_its_group_and_every_later_write() -> None:
+    fs = FakeFiles()
+    actor = JournalActor(_journal(fs), "always")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(actor.run)
+        assert await actor.submit([(1, b"ok")]) == 1
+        fs.fail("sync")
+        with pytest.raises(JournalUnavailable, match="journal write failed"):
+            await actor.submit([(1, b"lost")])
+        assert actor.failed and actor.statistics()["failed"]
+        with pytest.raises(JournalUnavailable):
+            await actor.submit([(1, b"refused")])
+        failing = actor.submit_nowait([(1, b"refused too")])
+        with pytest.raises(JournalUnavailable):
+            await failing.wait()
+        with pytest.raises(Exception):  # a call that raises reaches its caller too
+            await actor.run_exclusive(lambda journal: 1 / 0)
+        actor.close()
+    assert not _writer_threads()
+    assert [r[2] for r in Journal.open(J, fs=fs.crash())[1]] == [b"ok"]
+
+
+async def test_batch_policy_syncs_at_close() -> None:
+    fs = FakeFiles()
+    actor = JournalActor(_journal(fs), "batch", batch_interval=3600)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(actor.run)
+        await actor.submit([(1, b"a")])
+        assert actor._unsynced
+        actor.close()
+    assert not actor._unsynced
+    assert [r[2] for r in Journal.open(J, fs=fs.crash())[1]] == [b"a"]
