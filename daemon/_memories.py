@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
+import math
 import time
 import uuid
 from typing import Any, Callable
@@ -168,6 +169,19 @@ class FilterColumns:
             in_domain = self.domain == self.domain_ids.get(slug, -1)
             mask &= (in_domain | self.is_global) if include_global else in_domain
         return np.flatnonzero(mask).astype(np.int64)
+
+
+def lexical_depth(k: int, w_lexical: float, w_others: float) -> int:
+    """How deep BM25's ranking must be read for the fused top k (at most FETCH). Exact, not a
+    heuristic: BM25's own top k each get at least w_lexical / (RRF_K + k) from it, so the k-th
+    fused score is at least that; a memory at BM25 rank r gets at most w_lexical / (RRF_K + r) plus
+    w_others / (RRF_K + 1) from the dense lists, so once that sum falls below the bound it cannot
+    enter the top k. With the usual weights (dense 0.25, lexical 1) that is rank 39 for k = 10:
+    BM25 prunes far more with 39 to find than with 100."""
+    gap = w_lexical / (RRF_K + k) - w_others / (RRF_K + 1)
+    if gap <= 0:
+        return FETCH
+    return max(1, min(FETCH, max(k, math.ceil(w_lexical / gap - RRF_K) + 1)))
 
 
 def query_to_embed(call: Any) -> str | None:
@@ -476,7 +490,9 @@ class MemoryState(TierState):
                 rankings["dense_prev"] = [label for label, _ in kept]
                 dense_scores.update(kept)
         if p.mode in ("hybrid", "lexical"):
-            labels, scores = self.lexical.search(p.query, FETCH, allowed)
+            table = fusion if p.mode == "hybrid" else {"dense": 1.0, "lexical": 1.0}
+            depth = lexical_depth(p.k, table["lexical"], sum(table["dense"] for _ in rankings))
+            labels, scores = self.lexical.search(p.query, depth, allowed)
             rankings["lexical"] = [int(label) for label in labels]
             lexical_scores = {int(label): float(score) for label, score in zip(labels, scores)}
         # one retriever alone is not weighed; fusion weighs them against each other

