@@ -109,12 +109,7 @@ class MemoryActor(TierActor):
     async def _write_pipeline(self, recv: Any) -> None:
         """Writes in arrival order: embed what they need (no lock held), then apply and journal."""
         async for first in recv:
-            batch = list(first)
-            while len(batch) < MAX_BATCH:
-                try:
-                    batch.extend(recv.receive_nowait())
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    break
+            batch = _with_waiting(first, recv)
             calls = [work.call for work in batch]
             items = sum(len(call.params.items) if call.spec.name == "memory.add_many" else 1 for call in calls)
             async with self._state_lock:
@@ -136,12 +131,7 @@ class MemoryActor(TierActor):
     async def _query_pipeline(self, recv: Any) -> None:
         """Reads that need a query embedded: embed (no lock held), then run with the state."""
         async for first in recv:
-            batch = list(first)
-            while len(batch) < MAX_BATCH:
-                try:
-                    batch.extend(recv.receive_nowait())
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    break
+            batch = _with_waiting(first, recv)
             queries = list(dict.fromkeys(query_to_embed(work.call) for work in batch))
             embedded = await trio.to_thread.run_sync(self._embed_texts, [], queries)
             async with self._state_lock:
@@ -283,6 +273,17 @@ class MemoryActor(TierActor):
             "lexical_index_from": self.state.lexical_from,  # "snapshot", "rebuilt" (from the texts) or "new"
             **self.state.timings(),
         }
+
+
+def _with_waiting(first: list[Work], recv: Any) -> list[Work]:
+    """`first` and the batches already waiting behind it on a pipeline, up to MAX_BATCH."""
+    batch = list(first)
+    while len(batch) < MAX_BATCH:
+        try:
+            batch.extend(recv.receive_nowait())
+        except (trio.WouldBlock, trio.EndOfChannel):
+            break
+    return batch
 
 
 def write_projection(root: Path, changed: list[Any], removed: list[str], indexes: dict[str, list[Any]]) -> int:
