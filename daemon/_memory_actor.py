@@ -120,13 +120,10 @@ class MemoryActor(TierActor):
             embedded = (
                 await trio.to_thread.run_sync(self._embed_texts, passages, queries) if passages or queries else (Prepared(), None)
             )
-            async with self._state_lock:
-                self._embedded = embedded
-                try:
-                    await self._run_batch(batch)
-                finally:
-                    self._embedded = None
-                    self.writes_waiting -= len(batch)
+            try:
+                await self._run_embedded(batch, embedded)
+            finally:
+                self.writes_waiting -= len(batch)
 
     async def _query_pipeline(self, recv: Any) -> None:
         """Reads that need a query embedded: embed (no lock held), then run with the state."""
@@ -134,12 +131,16 @@ class MemoryActor(TierActor):
             batch = _with_waiting(first, recv)
             queries = list(dict.fromkeys(query_to_embed(work.call) for work in batch))
             embedded = await trio.to_thread.run_sync(self._embed_texts, [], queries)
-            async with self._state_lock:
-                self._embedded = embedded
-                try:
-                    await self._run_batch(batch)
-                finally:
-                    self._embedded = None
+            await self._run_embedded(batch, embedded)
+
+    async def _run_embedded(self, batch: list[Work], embedded: tuple[Prepared, str | None]) -> None:
+        """Run a batch on the state with the embeddings a pipeline computed for it."""
+        async with self._state_lock:
+            self._embedded = embedded
+            try:
+                await self._run_batch(batch)
+            finally:
+                self._embedded = None
 
     def _embed_texts(self, passages: list[str], queries: list[str]) -> tuple[Prepared, str | None]:
         """Runs in a worker thread without the state: the embedder is thread-safe."""

@@ -6,8 +6,10 @@ and in bench/locomo.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import threading
 from pathlib import Path
 
 import msgspec
@@ -389,23 +391,11 @@ def _prepared_with(state, title: str, content: str):  # type: ignore[no-untyped-
 async def test_reads_are_answered_while_writes_embed_and_writes_keep_their_order(data_dir: Path, sock_dir: Path) -> None:
     """A big add_many embeds without holding the memory state: searches, gets and lists sent
     meanwhile are answered from the state as it was; a delete sent after it waits its turn."""
-    import threading
-
     with trio.fail_after(IO_TIMEOUT * 2):
         async with running_daemon(data_dir, sock_dir / "s.sock", **FAST) as daemon:
             writer, deleter, reader = [await RawConnection.open(sock_dir / "s.sock") for _ in range(3)]
             alpha = (await add(writer, **UCB))["memory"]
-            embedder = daemon.actors["memory"].state.embedder
-            entered, gate = threading.Event(), threading.Event()
-            original = embedder.embed_passages
-
-            def gated(texts):  # type: ignore[no-untyped-def]
-                entered.set()
-                assert gate.wait(IO_TIMEOUT), "the test never opened the gate"
-                return original(texts)
-
-            embedder.embed_passages = gated
-            try:
+            with gated(daemon.actors["memory"].state.embedder, "embed_passages") as entered:
                 items = [{"domain": "conv", "category": "context", "title": f"late {i}", "content": f"Walrus sighting number {i}", "dedup": False} for i in range(20)]
                 await writer.send({"jsonrpc": "2.0", "id": 1, "method": "memory.add_many", "params": {"items": items}})
                 assert await trio.to_thread.run_sync(entered.wait, IO_TIMEOUT)
@@ -418,9 +408,6 @@ async def test_reads_are_answered_while_writes_embed_and_writes_keep_their_order
                 assert (await reader.result("memory.get", {"id": alpha["id"]}))["status"] == "active"
                 assert await reader.result("memory.search", {"query": "walrus", "mode": "lexical"}) == []
                 assert (await reader.result("memory.list", {}))["total"] == 1
-            finally:
-                gate.set()
-                embedder.embed_passages = original
             added = await writer.read()
             assert [r["decision"] for r in added["result"]] == ["created"] * 20
             assert (await deleter.read())["result"]["status"] == "archived"
@@ -431,36 +418,40 @@ async def test_reads_are_answered_while_writes_embed_and_writes_keep_their_order
 
 
 async def test_reads_without_embedding_do_not_wait_for_a_query_embedding(data_dir: Path, sock_dir: Path) -> None:
-    import threading
-
     with trio.fail_after(IO_TIMEOUT * 2):
         async with running_daemon(data_dir, sock_dir / "s.sock", **FAST) as daemon:
             searcher, reader = [await RawConnection.open(sock_dir / "s.sock") for _ in range(2)]
             alpha = (await add(searcher, **UCB))["memory"]
-            embedder = daemon.actors["memory"].state.embedder
-            entered, gate = threading.Event(), threading.Event()
-            original = embedder.embed_queries
-
-            def gated(texts):  # type: ignore[no-untyped-def]
-                entered.set()
-                assert gate.wait(IO_TIMEOUT), "the test never opened the gate"
-                return original(texts)
-
-            embedder.embed_queries = gated
-            try:
+            with gated(daemon.actors["memory"].state.embedder, "embed_queries") as entered:
                 await searcher.send({"jsonrpc": "2.0", "id": 1, "method": "memory.search", "params": {"query": "regret of UCB"}})
                 assert await trio.to_thread.run_sync(entered.wait, IO_TIMEOUT)
                 assert (await reader.result("memory.get", {"id": alpha["id"]}))["id"] == alpha["id"]
                 assert (await reader.result("memory.list", {}))["total"] == 1
                 hits = await reader.result("memory.search", {"query": "suboptimal pulls", "mode": "lexical"})
                 assert [h["memory"]["id"] for h in hits] == [alpha["id"]]
-            finally:
-                gate.set()
-                embedder.embed_queries = original
             found = await searcher.read()
             assert found["result"][0]["memory"]["id"] == alpha["id"] and found["result"][0]["why"]["dense_rank"] == 1
             for conn in (searcher, reader):
                 await conn.aclose()
+
+
+@contextlib.contextmanager
+def gated(embedder, method: str):  # type: ignore[no-untyped-def]
+    """Make the embedder's `method` wait until the block ends; yields an Event set once a call is waiting."""
+    entered, gate = threading.Event(), threading.Event()
+    original = getattr(embedder, method)
+
+    def call(texts):  # type: ignore[no-untyped-def]
+        entered.set()
+        assert gate.wait(IO_TIMEOUT), "the test never opened the gate"
+        return original(texts)
+
+    setattr(embedder, method, call)
+    try:
+        yield entered
+    finally:
+        gate.set()
+        setattr(embedder, method, original)
 
 
 async def _no_snapshot(force: bool = False) -> int:
