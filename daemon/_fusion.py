@@ -35,21 +35,19 @@ def fuse(
         raise ValueError(f"k must be >= 0, not {k}")
     weights = weights or {}
     names = list(rankings)
-    ranks: dict[int, dict[str, Optional[int]]] = {}
+    first_ranks: dict[str, dict[int, int]] = {}  # per list: label -> its first rank there
     scores: dict[int, float] = {}
     best: dict[int, int] = {}
     for name in names:
         w = float(weights.get(name, 1.0))
         if w < 0:
             raise ValueError(f"weight of {name!r} must be >= 0, not {w}")
+        seen = first_ranks[name] = {}
         for rank, label in enumerate(rankings[name], start=1):
             lab = int(label)
-            entry = ranks.get(lab)
-            if entry is None:
-                entry = ranks[lab] = dict.fromkeys(names)
-            if entry[name] is not None:
+            if lab in seen:
                 continue  # a repeat within one list
-            entry[name] = rank
+            seen[lab] = rank
             if w > 0:
                 scores[lab] = scores.get(lab, 0.0) + w / (k + rank)
                 if rank < best.get(lab, rank + 1):
@@ -57,7 +55,8 @@ def fuse(
     order = sorted(scores, key=lambda lab: (-scores[lab], best[lab], lab))
     if limit is not None:
         order = order[: max(0, limit)]
-    return [(lab, scores[lab], ranks[lab]) for lab in order]
+    # the rank table only for the labels returned
+    return [(lab, scores[lab], {name: first_ranks[name].get(lab) for name in names}) for lab in order]
 
 
 def max_score(weights: Mapping[str, float], names: Iterable[str], k: int = 60) -> float:

@@ -20,8 +20,10 @@ label.
 Evaluation is exact but not exhaustive: postings are numpy arrays (document ids ascending, term
 frequencies), scored term by term from the shortest into a dense float32 array; once the k-th
 best eligible score beats the most that the remaining (long, low-idf) terms could add, those terms
-are only looked up for the remaining candidates by binary search (MaxScore-style pruning). A
-query made only of very frequent terms still scans them all (about 5-20 ns a posting).
+are only looked up for the remaining candidates by binary search (MaxScore-style pruning), and
+before each lookup the candidates that even all the terms still to come could not lift to the
+current k-th best are dropped. A query made only of very frequent terms still scans them all
+(about 4 ns a posting).
 
 Tokens (`tokenize`): the text is lower-cased and split into runs of letters and digits (Unicode
 \\w without the underscore, so ``failed_strategies`` gives two tokens); English stop words are
@@ -81,6 +83,9 @@ _ASCII_TABLE = bytes(
 _MAX_LABEL = 2**31 - 1
 _INITIAL_POSTINGS = 4
 _PRUNE_MIN_POSTINGS = 4096  # below this many postings left to scan, scanning beats checking
+# Postings hold document ids as int64 in memory (int32 in a dump): numpy converts any other index
+# type before fancy indexing, which made scoring a term ~2.7x slower (4 bytes more a posting).
+_DOC = np.int64
 
 
 def tokenize(text: str, stop_words: frozenset[str] = STOP_WORDS) -> list[str]:
@@ -252,7 +257,7 @@ class LexicalIndex:
         post_n = np.frombuffer(dump.post_n, dtype=np.int64)
         post_dead = np.frombuffer(dump.post_dead, dtype=np.int64)
         post_max_tf = np.frombuffer(dump.post_max_tf, dtype=np.float32)
-        docs = np.frombuffer(dump.post_docs, dtype=np.int32).copy()  # writable: postings grow in place
+        docs = np.frombuffer(dump.post_docs, dtype=np.int32).astype(np.int64)  # a writable copy: postings grow in place
         tfs = np.frombuffer(dump.post_tfs, dtype=np.float32).copy()
         df = np.frombuffer(dump.df, dtype=np.int64)
         doc_label = np.frombuffer(dump.doc_label, dtype=np.int64)
@@ -313,7 +318,7 @@ class LexicalIndex:
             p = post[tid]
             if p is None:
                 post[tid] = p = _Postings(
-                    np.empty(_INITIAL_POSTINGS, dtype=np.int32), np.empty(_INITIAL_POSTINGS, dtype=np.float32), 0
+                    np.empty(_INITIAL_POSTINGS, dtype=_DOC), np.empty(_INITIAL_POSTINGS, dtype=np.float32), 0
                 )
             p.append(doc, tf)
         self._df[tids] += 1
@@ -356,7 +361,7 @@ class LexicalIndex:
         if not pairs.size:
             return
         # postings, term by term (pairs are sorted by term, then document)
-        docs = (p_doc + first_doc).astype(np.int32)
+        docs = (p_doc + first_doc).astype(_DOC)
         tfs = tf.astype(np.float32)
         bounds = np.flatnonzero(np.diff(p_term)) + 1
         starts = np.concatenate(([0], bounds)).tolist()
@@ -463,8 +468,8 @@ class LexicalIndex:
             remaining_bound -= bounds[i]
             remaining_postings -= p.n
             i += 1
-            if i == len(terms) or remaining_postings < max(_PRUNE_MIN_POSTINGS, 4 * touched_n):
-                continue  # scanning the rest costs little more than checking
+            if i == len(terms) or remaining_postings < max(_PRUNE_MIN_POSTINGS, self._n_docs >> 3):
+                continue  # scanning the rest costs little more than gathering candidates would
             # theta: the k-th best score so far among the documents of the term just scanned, a
             # lower bound of the final k-th best (scores only grow) that costs O(its postings),
             # not O(every document); the candidates are gathered only once it allows pruning
@@ -472,19 +477,28 @@ class LexicalIndex:
             if sample.size >= k:
                 theta = float(np.partition(scores[sample], sample.size - k)[sample.size - k])
                 if remaining_bound * (1.0 + 1e-5) < theta:
-                    # unseen documents score at most remaining_bound < theta: candidates only
-                    cand = self._eligible(self._touched(touched, touched_n, scores), ok_label)
-                    cand = cand[scores[cand] + np.float32(remaining_bound * (1.0 + 1e-5)) >= theta]
+                    # unseen documents score at most remaining_bound < theta: candidates only (a
+                    # candidate scores > 0 already, as theta - remaining_bound > 0)
+                    cand = np.flatnonzero(scores >= np.float32(theta - remaining_bound * (1.0 + 1e-5)))
+                    cand = self._eligible(cand, ok_label)
                     self._pruned += 1
                     break
         if cand is not None:
-            for c, p in terms[i:]:
+            for j in range(i, len(terms)):
+                if cand.size > k:
+                    # the k-th best candidate score so far is a tighter theta (scores only grow):
+                    # drop the candidates that even every remaining term could not lift to it,
+                    # before looking them up in this (longer) term
+                    theta = float(np.partition(scores[cand], cand.size - k)[cand.size - k])
+                    cand = cand[scores[cand] + np.float32(remaining_bound * (1.0 + 1e-5)) >= theta]
+                c, p = terms[j]
                 docs = p.docs[: p.n]
                 pos = np.searchsorted(docs, cand)
                 pos[pos == p.n] = 0
                 hit = docs[pos] == cand
                 d, tf = cand[hit], p.tfs[pos[hit]]
                 scores[d] += np.float32(c) * tf / (tf + norm[d])
+                remaining_bound -= bounds[j]
         else:
             cand = self._eligible(self._touched(touched, touched_n, scores), ok_label)
         return _top(self._doc_label[cand], scores[cand], k)
@@ -493,7 +507,7 @@ class LexicalIndex:
         """The documents the scanned postings name, ascending (sorting a few beats a full scan)."""
         if touched_n * 16 < self._n_docs:
             return _unique(np.concatenate(touched))
-        return np.flatnonzero(scores)
+        return np.flatnonzero(scores > 0)  # 10x faster than on the floats themselves (numpy 2.4)
 
     def _eligible(self, docs: np.ndarray, ok_label: Optional[np.ndarray]) -> np.ndarray:
         """The live documents among `docs` whose labels are allowed."""
@@ -575,7 +589,7 @@ class LexicalIndex:
             if not keep.any():
                 self._post[tid] = None
                 continue
-            p.docs = new[keep].astype(np.int32)
+            p.docs = new[keep].astype(_DOC)
             p.tfs = p.tfs[: p.n][keep]
             p.n = p.docs.shape[0]
             p.dead = 0

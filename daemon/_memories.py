@@ -480,7 +480,7 @@ class MemoryState(TierState):
         if p.mode in ("hybrid", "dense") and len(self.vectors) and dense_error is None:
             labels, scores = self.vectors.search(query, FETCH, allowed)
             floor = self.thresholds.floor if p.mode == "hybrid" and fusion["floor"] else -1.0
-            kept = [(int(label), float(score)) for label, score in zip(labels, scores) if score >= floor]
+            kept = [(label, score) for label, score in zip(labels.tolist(), scores.tolist()) if score >= floor]
             rankings["dense"] = [label for label, _ in kept]
             dense_scores = dict(kept)
         if p.mode in ("hybrid", "dense") and self.previous is not None and dense_error is None:
@@ -493,8 +493,8 @@ class MemoryState(TierState):
             table = fusion if p.mode == "hybrid" else {"dense": 1.0, "lexical": 1.0}
             depth = lexical_depth(p.k, table["lexical"], sum(table["dense"] for _ in rankings))
             labels, scores = self.lexical.search(p.query, depth, allowed)
-            rankings["lexical"] = [int(label) for label in labels]
-            lexical_scores = {int(label): float(score) for label, score in zip(labels, scores)}
+            rankings["lexical"] = labels.tolist()
+            lexical_scores = dict(zip(rankings["lexical"], scores.tolist()))
         # one retriever alone is not weighed; fusion weighs them against each other
         table = fusion if p.mode == "hybrid" else {"dense": 1.0, "lexical": 1.0}
         weights = {name: table["dense" if name == "dense_prev" else name] for name in rankings}

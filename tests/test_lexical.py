@@ -144,9 +144,10 @@ def test_same_results_as_naive_bm25(bulk: bool, pruning: str) -> None:
     _check_against(ix, ref, queries[:20], allowed=allowed)
 
 
-@pytest.mark.parametrize("k", [1, 3, 10])
+@pytest.mark.parametrize("k", [1, 3, 10, 40])
 def test_pruned_search_is_exact(k: int, monkeypatch) -> None:
-    """Rare terms plus very common ones: the common terms are looked up, not scanned."""
+    """Rare terms plus very common ones: the common terms are looked up, not scanned, each for the
+    candidates that the ones looked up before it left (k=40: the depth hybrid search reads)."""
     monkeypatch.setattr(_lexical, "_PRUNE_MIN_POSTINGS", 0)
     rng = random.Random(5)
     common = [f"common{i}" for i in range(4)]
