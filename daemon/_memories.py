@@ -562,7 +562,7 @@ class MemoryState(TierState):
             self._version,
         )
         cached = self._allowed_cache.get(key)
-        if cached is not None and cached[0] is memory:
+        if cached is not None:
             return cached
         result = self.columns.labels(
             slug=key[0],
