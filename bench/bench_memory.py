@@ -376,7 +376,6 @@ def bench_add(tmp: Path, embedder_name: str, sizes: Sizes, corpus: Corpus, resul
     stopper(daemon)
     items = corpus.memories(sizes.add_warmup + sizes.adds, f"add:{embedder_name}", dedup=True)
     decisions: collections.Counter[str] = collections.Counter()
-    samples: list[float] = []
     with contextlib.closing(client(daemon.sock)) as c:
         t0 = time.perf_counter()
         c.call("memory.add", items[0])
@@ -385,14 +384,17 @@ def bench_add(tmp: Path, embedder_name: str, sizes: Sizes, corpus: Corpus, resul
             c.call("memory.add", item)
         log(f"memory.add x {sizes.adds} with {embedder_name} (first add, loading the model: {first:.2f} s)")
         with CpuMeter({"daemon": daemon.pid}) as meter:
-            for item in items[sizes.add_warmup :]:
-                t0 = time.perf_counter()
-                r = c.call("memory.add", item)
-                samples.append(time.perf_counter() - t0)
-                decisions[r["decision"]] += 1
+            samples = timed_adds(c, items[sizes.add_warmup :], decisions)
         stats = c.call("sys.stats")
+        # short memories too (a chat turn, a one-line fact): the embedding's cost grows with the text
+        short_items = [short_memory(item, i) for i, item in enumerate(items[sizes.add_warmup :])]
+        log(f"memory.add x {len(short_items)} short ({SHORT_WORDS} words) with {embedder_name}")
+        short_decisions: collections.Counter[str] = collections.Counter()
+        short_samples = timed_adds(c, short_items, short_decisions)
     out: dict[str, Any] = {"client": summarize_s(samples), "decisions": dict(decisions), "first_add_s": round(first, 3),
-                           "cores": meter.cores}
+                           "cores": meter.cores, "words_mean": words_mean(items[sizes.add_warmup :]),
+                           "short": {"client": summarize_s(short_samples), "words_mean": words_mean(short_items),
+                                     "decisions": dict(short_decisions)}}
     d = search_stats(stats, "memory.add")
     out["daemon"] = {"p50_ms": d.get("p50_us", 0) / 1e3, "p99_ms": d.get("p99_us", 0) / 1e3, "count": d.get("count"),
                      "note": f"histogram over all {d.get('count')} adds, {sizes.add_warmup} warm-ups included"}
@@ -402,20 +404,49 @@ def bench_add(tmp: Path, embedder_name: str, sizes: Sizes, corpus: Corpus, resul
     # the embedder alone, in this process, one text at a time: the share of an add that is embedding
     emb = make_embedder(embedder_name)
     emb.load()
-    texts = [embed_text_of(item) for item in items[sizes.add_warmup :]]
-    for t in texts[:3]:
-        emb.embed_passages([t])
-    one: list[float] = []
     with CpuMeter() as m2:
-        for t in texts:
-            t0 = time.perf_counter()
-            emb.embed_passages([t])
-            one.append(time.perf_counter() - t0)
-    out["embed_one_in_process"] = summarize_s(one)
+        out["embed_one_in_process"] = summarize_s(embed_one_by_one(emb, items[sizes.add_warmup :]))
     out["embed_one_cores"] = m2.cores
+    out["short"]["embed_one_in_process"] = summarize_s(embed_one_by_one(emb, short_items))
     results.setdefault("add", {})[embedder_name] = out
     results.setdefault("_embedders", {})[embedder_name] = emb
     return daemon
+
+
+SHORT_WORDS = 12
+
+
+def short_memory(item: dict[str, Any], i: int) -> dict[str, Any]:
+    """`item` cut to its first SHORT_WORDS words of content, under a title of its own."""
+    return {**item, "title": f"short {i}: {item['title']}", "content": " ".join(item["content"].split()[:SHORT_WORDS])}
+
+
+def words_mean(items: list[dict[str, Any]]) -> float:
+    return round(sum(len(embed_text_of(item).split()) for item in items) / max(1, len(items)), 1)
+
+
+def timed_adds(c: Any, items: list[dict[str, Any]], decisions: collections.Counter[str]) -> list[float]:
+    """memory.add each item in turn: the client-timed seconds of each."""
+    samples = []
+    for item in items:
+        t0 = time.perf_counter()
+        r = c.call("memory.add", item)
+        samples.append(time.perf_counter() - t0)
+        decisions[r["decision"]] += 1
+    return samples
+
+
+def embed_one_by_one(emb: Any, items: list[dict[str, Any]]) -> list[float]:
+    """The embedder alone, in this process, one text at a time (3 warm-ups): seconds each."""
+    texts = [embed_text_of(item) for item in items]
+    for t in texts[:3]:
+        emb.embed_passages([t])
+    one = []
+    for t in texts:
+        t0 = time.perf_counter()
+        emb.embed_passages([t])
+        one.append(time.perf_counter() - t0)
+    return one
 
 
 # --- 2. memory.add_many vs the embedder's batch speed --------------------------------------------

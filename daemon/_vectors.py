@@ -231,6 +231,14 @@ class VectorStore:
                 keep = np.sort(order[last])
                 labs, vecs = labs[keep], vecs[keep]
         self._grow(int(labs.max()) + 1)
+        # a live label given the vector it has (a merge that kept the text, an archive, a metadata
+        # update) is left alone: hnswlib's in-place update re-links the point's neighbourhood and
+        # costs several inserts (the tolerance absorbs re-normalising a stored vector)
+        unchanged = self._live[labs] & (np.abs(self._vecs[labs] - vecs).max(axis=1) <= 1e-6)
+        if unchanged.any():
+            labs, vecs = labs[~unchanged], vecs[~unchanged]
+            if labs.size == 0:
+                return
 
         was_live = self._live[labs].copy()
         # tombstones the index still holds: bring them back so add_items updates them in place

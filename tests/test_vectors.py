@@ -362,3 +362,33 @@ def test_bad_hnsw_file_is_rebuilt(tmp_path, damage: str, caplog) -> None:
     assert any("rebuild" in r.getMessage() for r in caplog.records)
     assert t.stats()["hnsw_elements"] == len(s)  # a fresh graph, without tombstones
     _same_answers(s, t, x)
+
+
+def test_re_adding_a_vector_unchanged_leaves_the_index_alone() -> None:
+    """A merge that keeps the text, an archive or a metadata update re-adds a memory's own vector:
+    hnswlib is not asked to update the point (it would re-link its neighbourhood), and the store
+    answers as before; a changed vector still goes through."""
+    rng = np.random.default_rng(3)
+    store = hnsw_only(32)
+    x = unit(rng, 50, 32)
+    store.add(np.arange(50), x)
+    fingerprint = store.fingerprint()
+    calls: list[int] = []
+    real = store._index
+
+    class Spy:
+        def __getattr__(self, name):  # type: ignore[no-untyped-def]
+            return getattr(real, name)
+
+        def add_items(self, vectors, labels, **kw):  # type: ignore[no-untyped-def]
+            calls.append(len(labels))
+            return real.add_items(vectors, labels, **kw)
+
+    store._index = Spy()
+    store.add([7], x[7] * 3.0)  # the same direction, stored normalised: unchanged
+    store.add([8, 9], x[8:10].copy())
+    assert calls == [] and store.fingerprint() == fingerprint and len(store) == 50
+    store.add([7, 8], np.stack([x[7], x[20]]))  # 8 changes, 7 does not
+    assert calls == [1]
+    labels, scores = store.search(x[20], 2)
+    assert set(labels.tolist()) == {8, 20} and scores[0] == pytest.approx(1.0, abs=1e-5)
