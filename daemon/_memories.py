@@ -14,6 +14,8 @@ import logging
 import math
 import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from typing import Any, Callable
 
 import msgspec
@@ -176,6 +178,19 @@ class FilterColumns:
             in_domain = self.domain == self.domain_ids.get(slug, -1)
             mask &= (in_domain | self.is_global) if include_global else in_domain
         return np.flatnonzero(mask).astype(np.int64)
+
+
+_DENSE_SEARCHER: ThreadPoolExecutor | None = None
+
+
+def _dense_searcher() -> ThreadPoolExecutor:
+    """One thread that runs a hybrid search's hnswlib query while the caller's thread runs BM25.
+    Safe because both run inside one batch of the memory actor: nothing adds to the VectorStore
+    meanwhile (hnswlib must not search while it adds)."""
+    global _DENSE_SEARCHER
+    if _DENSE_SEARCHER is None:
+        _DENSE_SEARCHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dense-search")
+    return _DENSE_SEARCHER
 
 
 def lexical_depth(k: int, w_lexical: float, w_others: float) -> int:
@@ -485,24 +500,35 @@ class MemoryState(TierState):
                 if p.mode == "dense":
                     raise
                 query, dense_error = None, exc.message  # hybrid degrades to lexical, and says so
+        dense: Any = None  # the dense side's (labels, scores), or a future of them
         if p.mode in ("hybrid", "dense") and len(self.vectors) and dense_error is None:
-            labels, scores = self.vectors.search(query, FETCH, allowed)
-            floor = self.thresholds.floor if p.mode == "hybrid" and fusion["floor"] else -1.0
-            kept = [(label, score) for label, score in zip(labels.tolist(), scores.tolist()) if score >= floor]
-            rankings["dense"] = [label for label, _ in kept]
-            dense_scores = dict(kept)
+            if p.mode == "hybrid":  # hnswlib runs without the GIL: beside BM25, on another core
+                dense = _dense_searcher().submit(self.vectors.search, query, FETCH, allowed)
+            else:
+                dense = self.vectors.search(query, FETCH, allowed)
+            rankings["dense"] = []  # filled below; the lists keep this order
         if p.mode in ("hybrid", "dense") and self.previous is not None and dense_error is None:
             # the model changed: memories not re-embedded yet answer from the old model's index
             kept = self._previous_dense(p.query, allowed, p.mode)
             if kept:
                 rankings["dense_prev"] = [label for label, _ in kept]
                 dense_scores.update(kept)
-        if p.mode in ("hybrid", "lexical"):
-            table = fusion if p.mode == "hybrid" else {"dense": 1.0, "lexical": 1.0}
-            depth = lexical_depth(p.k, table["lexical"], sum(table["dense"] for _ in rankings))
-            labels, scores = self.lexical.search(p.query, depth, allowed)
-            rankings["lexical"] = labels.tolist()
-            lexical_scores = dict(zip(rankings["lexical"], scores.tolist()))
+        try:
+            if p.mode in ("hybrid", "lexical"):
+                table = fusion if p.mode == "hybrid" else {"dense": 1.0, "lexical": 1.0}
+                depth = lexical_depth(p.k, table["lexical"], sum(table["dense"] for _ in rankings))
+                labels, scores = self.lexical.search(p.query, depth, allowed)
+                rankings["lexical"] = labels.tolist()
+                lexical_scores = dict(zip(rankings["lexical"], scores.tolist()))
+        finally:  # whatever happened, the hnswlib query is over before the state can change
+            if isinstance(dense, Future):
+                futures_wait([dense])
+        if dense is not None:
+            labels, scores = dense.result() if isinstance(dense, Future) else dense
+            floor = self.thresholds.floor if p.mode == "hybrid" and fusion["floor"] else -1.0
+            kept = [(label, score) for label, score in zip(labels.tolist(), scores.tolist()) if score >= floor]
+            rankings["dense"] = [label for label, _ in kept]
+            dense_scores.update(kept)  # the old model's labels (dense_prev) are others
         # one retriever alone is not weighed; fusion weighs them against each other
         table = fusion if p.mode == "hybrid" else {"dense": 1.0, "lexical": 1.0}
         weights = {name: table["dense" if name == "dense_prev" else name] for name in rankings}
