@@ -343,6 +343,7 @@ def sqlite_prepare(path: str) -> None:
 
 
 WRITERS = {"eurekamem": _EurekamemWriter, "sqlite": _SqliteWriter}
+DURABLE_VALUE = {"why": "Hoeffding too loose", "attempts": 3, "tags_hint": "failed", "note": "x" * 40}
 
 
 def durable_worker(
@@ -408,7 +409,7 @@ def durable_run(path: str, daemon_pid: int, seconds: float, procs: int = DURABLE
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(procs + 1)
     results = ctx.Queue()
-    value = {"why": "Hoeffding too loose", "attempts": 3, "tags_hint": "failed", "note": "x" * 40}
+    value = DURABLE_VALUE
     workers = [
         ctx.Process(target=durable_worker, args=(p, threads, path, seconds, barrier, results, value, kind, warm), name=f"durable-{p}")
         for p in range(procs)
@@ -457,6 +458,101 @@ def durable_run(path: str, daemon_pid: int, seconds: float, procs: int = DURABLE
         }
     )
     return out
+
+
+# --- the C load generator (bench/loadgen.c): as cheap as redis-benchmark ---------------------------
+
+LOADGEN_SOURCE = HERE / "loadgen.c"
+LOADGEN_ID = 2**64 - 1  # the template's id: loadgen.c writes each request's id over it (msgpack uint64)
+LOADGEN_COUNTER = "#" * 16  # loadgen.c writes each request's number, zero-padded, over every such run
+# The params field that loadgen.c makes distinct per request, where the Python generators vary it by i.
+LOADGEN_COUNTED = {"episodic.log": "content", "persistent.remember": "key"}
+_loadgen_built: dict[str, tuple[str | None, str]] = {}
+
+
+def loadgen_binary(tmp: Path) -> tuple[str | None, str]:
+    """loadgen.c compiled with `cc -O2` into `tmp` (once per folder): (its path, "") or (None, why not)."""
+    if str(tmp) not in _loadgen_built:
+        _loadgen_built[str(tmp)] = _compile_loadgen(tmp)
+    return _loadgen_built[str(tmp)]
+
+
+def _compile_loadgen(tmp: Path) -> tuple[str | None, str]:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not cc:
+        return None, "no C compiler on PATH (cc, gcc, clang; or set CC)"
+    binary = tmp / "loadgen"
+    argv = [cc, "-O2", "-std=c99", "-o", str(binary), str(LOADGEN_SOURCE)]
+    try:
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"`{' '.join(argv)}` failed: {exc}"
+    if proc.returncode != 0 or not binary.exists():
+        return None, f"`{' '.join(argv)}` failed: {proc.stderr.strip()[-300:]}"
+    log(f"compiled {LOADGEN_SOURCE.name}: {binary}")
+    return str(binary), ""
+
+
+def loadgen_params(method: str) -> dict[str, Any]:
+    """PARAMS[method]'s params as a template: the counted field (if any) ends in the counter."""
+    params = dict(PARAMS[method](0))
+    field = LOADGEN_COUNTED.get(method)
+    if field:
+        text = str(params[field])
+        params[field] = (text[: -len(LOADGEN_COUNTER)] if len(text) > 2 * len(LOADGEN_COUNTER) else text) + LOADGEN_COUNTER
+    return params
+
+
+def loadgen(binary: str, path: str, method: str, params: dict[str, Any], *, connections: int = 1, window: int = 1,
+            requests: int = 0, seconds: float = 0.0, warm: int = 0, idle_timeout: float = 60.0) -> dict[str, Any]:
+    """Run loadgen.c: `connections` connections keep `window` requests each in flight; `warm` answers,
+    then `requests` answers or `seconds` counted. Its JSON result (requests, ok, errors, first_error,
+    seconds, ops_per_s, p50_us, p99_us, mean_us, max_us, cpu_s), with the argv. Answers that were
+    errors are in "errors" (its exit status 3); a failure (connection lost, no answers) raises."""
+    body = _request_encoder.encode({"jsonrpc": "2.0", "id": LOADGEN_ID, "method": method, "params": params})
+    template = Path(binary).parent / f"loadgen-{os.getpid()}-{time.perf_counter_ns()}.msgpack"
+    template.write_bytes(body)
+    argv = [binary, path, str(template), "-c", str(connections), "-P", str(window), "-w", str(warm),
+            "-T", str(idle_timeout)]
+    argv += ["-n", str(requests)] if requests else ["-t", str(seconds)]
+    try:
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=idle_timeout + seconds + 120)
+    finally:
+        template.unlink(missing_ok=True)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode not in (0, 3) or not lines:
+        raise RuntimeError(f"loadgen {method} ({' '.join(argv[3:])}) exited with {proc.returncode}: "
+                           f"{(proc.stderr.strip() or proc.stdout.strip())[-300:]}")
+    result = json.loads(lines[-1])
+    result["argv"] = " ".join(argv[3:])
+    result["generator"] = "C loadgen"
+    return result
+
+
+def loadgen_pipelined(binary: str, path: str, method: str, n: int, window: int = WINDOW, warm: int = 2000,
+                      params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """pipelined_raw's run driven by loadgen.c: one connection, `window` in flight, `n` answers counted
+    after `warm`; params loadgen_params(method) unless given. Keys of pipelined_raw's result; ops_per_s
+    is None when some answers were errors."""
+    params = loadgen_params(method) if params is None else params
+    s = loadgen(binary, path, method, params, window=window, requests=n, warm=min(warm, n))
+    s.update({"ops": s["requests"], "ops_per_s": round(s["ops_per_s"]) if not s["errors"] else None,
+              "seconds": round(s["seconds"], 3)})
+    return s
+
+
+def loadgen_durable(binary: str, path: str, clients: int, seconds: float, warm: int = 3) -> dict[str, Any]:
+    """durable_run's writes driven by loadgen.c: `clients` connections, one persistent.remember in
+    flight each, distinct keys, for `seconds` after `warm` writes per client. Keys of durable_run's
+    result (cores: the load generator's only); writes_per_s is None when some answers were errors."""
+    params = {"key": f"bench.durable.c{clients}.{LOADGEN_COUNTER}", "value": DURABLE_VALUE}
+    s = loadgen(binary, path, "persistent.remember", params, connections=clients, window=1, seconds=seconds,
+                warm=warm * clients)
+    s.update({"clients": clients, "writes": s["requests"], "seconds": round(s["seconds"], 3),
+              "writes_per_s": round(s["ops_per_s"]) if not s["errors"] else None,
+              "cores": {"load_generator": round(s["cpu_s"] / max(s["seconds"], 1e-9), 2)}})
+    return s
 
 
 def journal_stats(path: str) -> dict[str, Any]:

