@@ -423,7 +423,7 @@ def in_process(x: np.ndarray, qv: np.ndarray, store: Any, build_s: float, rss_st
         raw.add_items(x, np.arange(len(x)))
         raw_build = round(time.perf_counter() - t0, 2)
         rss_raw = round((proc_rss_bytes() - rss0) / len(x), 1)
-    raw.set_ef(store.ef_search)
+    raw.set_ef(store.ef_for(len(x)))  # the ef the VectorStore searches this collection with
     raw.set_num_threads(1)
     timed = knn_times({"store": lambda q: store.search(q, K)[0],
                        "fetch": lambda q: store.search(q, FETCH)[0],  # the daemon asks for its top 100
@@ -431,7 +431,7 @@ def in_process(x: np.ndarray, qv: np.ndarray, store: Any, build_s: float, rss_st
     (t_store, f_store), (t_fetch, f_fetch), (t_raw, f_raw) = timed["store"], timed["fetch"], timed["raw"]
     del raw
     return {
-        "n": len(x), "dim": x.shape[1], "M": store.M, "ef_construction": store.ef_construction, "ef": store.ef_search,
+        "n": len(x), "dim": x.shape[1], "M": store.M, "ef_construction": store.ef_construction, "ef": store.ef_for(len(x)),
         "store": {**summarize_s(t_store), "recall": recall_at_k(f_store, truth), "build_s": round(build_s, 2),
                   "rss_bytes_per_vector": round(rss_store / len(x), 1)},
         "store_fetch": {**summarize_s(t_fetch), "k": FETCH, "recall": recall_at_k(f_fetch, truth)},
@@ -1028,11 +1028,11 @@ def render_vectors(vec: dict[str, Any]) -> list[str]:
              "**uniform random** unit vectors (numpy default_rng), kept as the worst case. In uniform 512-d data a point "
              "has no neighbourhood: its nearest point is barely nearer than the thousandth (cosines of ~0.1-0.2 against "
              "~0.7 between a real embedding and its nearest, see the table), so a graph index has nothing to follow and "
-             "any of them — raw hnswlib too — recalls ~0.1 at 100k at ef 64: that row measures the data, not the index. "
+             "any of them — raw hnswlib too — recalls ~0.1 at 100k: that row measures the data, not the index. "
              "Its latencies stay meaningful. The targets are checked on the structured rows.")
     o.append("")
     o.append("Each collection is built once with the daemon's VectorStore in this process (its defaults: M 16, "
-             "ef_construction 200, ef 64), saved as a daemon snapshot with the daemon's own classes (VectorStore.save "
+             "ef_construction 200, ef max(64, 100·√(n/100k)): 100 at 100k, 316 at 1M), saved as a daemon snapshot with the daemon's own classes (VectorStore.save "
              "under a generation stem, the BM25 index built by LexicalIndex.add_many and saved in the snapshot's "
              "`lexical` field, MemorySnapshot, a checkpoint), loaded back into the daemon's MemoryState in this process, "
              "then served by a real daemon. Recall@10 is against exact numpy search over the same vectors with the same "

@@ -26,7 +26,9 @@ labels came back; a smaller fraction uses hnswlib's ``filter=`` callback instead
 node the walk considers, so the walk keeps going until it met ef allowed nodes). Measured: from
 20 % on, over-fetching is 1.2-2.5x faster at the same recall; at 5-10 % the callback keeps recall
 near 0.995 where over-fetching drops to about 0.985. An unfiltered search of a store with at most
-``exact_max`` vectors is exact too. Exact scoring works in slices of 512 rows: a single large
+``exact_max`` vectors is exact too. hnswlib's ef grows with the collection, as
+max(ef_search, EF_AT_100K * sqrt(n / 100k)): 64 up to ~40k vectors, 100 at 100k, 316 at 1M, which
+keeps recall@10 at 0.95-0.97 on the benchmark's collections (see EF_AT_100K). Exact scoring works in slices of 512 rows: a single large
 matrix-vector product lets OpenBLAS start its threads, which on a busy machine costs 10x more.
 
 Files (``save`` / ``load``), all integers little-endian:
@@ -86,6 +88,11 @@ _U32 = struct.Struct("<I")
 _MASK64 = (1 << 64) - 1
 _SLICE = 512  # rows per matrix-vector product in exact search
 OVERFETCH_MIN_FRACTION = 0.2  # filtered hnswlib search: over-fetch from here, filter callback below
+# hnswlib's ef grows with the collection so that recall holds: at least EF_AT_100K * sqrt(n / 100k).
+# Measured on the benchmark's structured 512-d collections (bench/suite.py, M 16, ef_construction
+# 200), recall@10 of the top 10: 100k ef 64 0.941, ef 100 0.972; 1M ef 100 0.824, ef 200 0.921,
+# ef 300 0.956, ef 400 0.973 (p99 1.2 / 1.7 / 4.5 / 5.1 ms for the top 100, one thread).
+EF_AT_100K = 100
 
 
 class VectorFileError(ValueError):
@@ -174,6 +181,10 @@ class VectorStore:
     def ef_search(self, value: int) -> None:
         self._ef_search = int(value)
         self._index.set_ef(self._ef_search)
+
+    def ef_for(self, n: int) -> int:
+        """The ef a search of n live vectors uses (hnswlib also never goes below k)."""
+        return max(self._ef_search, int(EF_AT_100K * math.sqrt(n / 100_000)))
 
     def get(self, label: int) -> np.ndarray:
         """A copy of the stored (unit-length) vector of `label`; KeyError if absent."""
@@ -380,7 +391,8 @@ class VectorStore:
         n = self._count
         want = min(k, n if rows is None else rows.size)
         allowed_fn = None
-        fetch, ef = want, self._ef_search
+        fetch, ef = want, self.ef_for(n)
+        base = ef
         mask: Optional[np.ndarray] = None
         if rows is not None:
             mask = np.zeros(self._hi, dtype=bool)
@@ -389,7 +401,7 @@ class VectorStore:
             if rows.size >= OVERFETCH_MIN_FRACTION * n:
                 # over-fetch: 1.5 x that deep, as wide as an unfiltered query of that depth
                 fetch = min(n, max(4 * k, int(1.5 * depth) + k))
-                ef = min(n, max(self._ef_search, int(self._ef_search * depth / max(k, 1))))
+                ef = min(n, max(base, int(base * depth / max(k, 1))))
             else:
                 allowed_fn = mask.__getitem__  # hnswlib asks for every node it considers
         if ef != self._ef_search:

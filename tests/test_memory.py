@@ -281,18 +281,27 @@ def test_keyword_overlap_sees_a_memory_as_it_is_now() -> None:
     from eurekamem.daemon._memories import MemoryState
     from eurekamem.protocol import _methods as m
 
+    import numpy as np
+
+    from eurekamem.daemon._memories import Prepared, embed_text
+
     state = MemoryState(make_embedder("usem3"))  # never loaded: vectors come prepared
 
-    def add(title: str, content: str) -> dict:  # type: ignore[type-arg]
-        return state.run("memory.add", m.MemoryAdd(domain="d", category="fact", title=title, content=content),
-                         _prepared_with(state, title, content))
+    def prepared(title: str, content: str, axis: int) -> Prepared:  # orthogonal vectors: no cosine merge
+        out = Prepared()
+        out.passages[embed_text(title, content)] = np.eye(state.embedder.dim, dtype=np.float32)[axis]
+        return out
 
-    first = add("alpha", "red green blue yellow orange")["memory"]
-    assert add("x0", "zebra quokka")["decision"] == "created"  # compared with alpha: its words are kept
+    def add(title: str, content: str, axis: int) -> dict:  # type: ignore[type-arg]
+        return state.run("memory.add", m.MemoryAdd(domain="d", category="fact", title=title, content=content),
+                         prepared(title, content, axis))
+
+    first = add("alpha", "red green blue yellow orange", 0)["memory"]
+    assert add("x0", "zebra quokka", 1)["decision"] == "created"  # compared with alpha: its words are kept
     state.run("memory.update", m.MemoryUpdate(id=first.id, content="cats dogs birds fish mice"),
-              _prepared_with(state, "alpha", "cats dogs birds fish mice"))
-    assert add("beta", "red green blue yellow orange")["decision"] == "created"
-    again = add("gamma", "cats dogs birds fish mice")
+              prepared("alpha", "cats dogs birds fish mice", 2))
+    assert add("beta", "red green blue yellow orange", 3)["decision"] == "created"
+    again = add("gamma", "cats dogs birds fish mice", 4)
     assert again["decision"] == "merged" and again["memory"].id == first.id and "keyword overlap" in again["reason"]
 
 

@@ -392,3 +392,33 @@ def test_re_adding_a_vector_unchanged_leaves_the_index_alone() -> None:
     assert calls == [1]
     labels, scores = store.search(x[20], 2)
     assert set(labels.tolist()) == {8, 20} and scores[0] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_ef_grows_with_the_collection(monkeypatch) -> None:
+    """hnswlib searches with ef max(ef_search, EF_AT_100K * sqrt(n / 100k)), then goes back to
+    ef_search; a larger ef finds at least as much."""
+    from eurekamem.daemon import _vectors
+
+    assert VectorStore(8, model="t").ef_for(1_000) == 64
+    assert VectorStore(8, model="t").ef_for(100_000) == 100
+    assert 300 <= VectorStore(8, model="t").ef_for(1_000_000) <= 320
+    rng = np.random.default_rng(4)
+    store = hnsw_only(16)
+    x = unit(rng, 3000, 16)
+    store.add(np.arange(3000), x)
+    seen: list[int] = []
+    real = store._index
+
+    class Spy:
+        def __getattr__(self, name):  # type: ignore[no-untyped-def]
+            return getattr(real, name)
+
+        def knn_query(self, *a, **kw):  # type: ignore[no-untyped-def]
+            seen.append(real.ef)
+            return real.knn_query(*a, **kw)
+
+    store._index = Spy()
+    store.search(x[0], 5)
+    monkeypatch.setattr(_vectors, "EF_AT_100K", 2000)  # as if the store were large
+    store.search(x[0], 5)
+    assert seen == [store.ef_search, int(2000 * (3000 / 100_000) ** 0.5)] and real.ef == store.ef_search
