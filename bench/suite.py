@@ -423,11 +423,18 @@ def in_process(x: np.ndarray, qv: np.ndarray, store: Any, build_s: float, rss_st
         raw.add_items(x, np.arange(len(x)))
         raw_build = round(time.perf_counter() - t0, 2)
         rss_raw = round((proc_rss_bytes() - rss0) / len(x), 1)
-    raw.set_ef(store.ef_for(len(x)))  # the ef the VectorStore searches this collection with
+    ef = store.ef_for(len(x))  # the ef the VectorStore searches this collection with
+    raw.set_ef(ef)
     raw.set_num_threads(1)
+
+    def raw_search(q: np.ndarray) -> np.ndarray:
+        if raw_build is None:  # the store's own graph: its searches set the index's ef back to its base
+            raw.set_ef(ef)
+        return raw.knn_query(q, k=K)[0]
+
     timed = knn_times({"store": lambda q: store.search(q, K)[0],
                        "fetch": lambda q: store.search(q, FETCH)[0],  # the daemon asks for its top 100
-                       "raw": lambda q: raw.knn_query(q, k=K)[0]}, qv)
+                       "raw": raw_search}, qv)
     (t_store, f_store), (t_fetch, f_fetch), (t_raw, f_raw) = timed["store"], timed["fetch"], timed["raw"]
     del raw
     return {
