@@ -33,17 +33,14 @@ def fingerprint(title: str, content: str) -> str:
     return hashlib.sha256((title + content).strip().lower().encode()).hexdigest()[:16]
 
 
-def keyword_overlap(existing: str, new: str) -> float:
-    """EurekaClaw's fast near-duplicate test: share of the new text's words found in the existing one."""
-    return word_overlap(word_set(existing), word_set(new))
-
-
 def word_set(text: str) -> frozenset[str]:
+    """The words keyword overlap compares: lower-cased, split on white space."""
     return frozenset(text.lower().split())
 
 
 def word_overlap(existing_words: frozenset[str], new_words: frozenset[str]) -> float:
-    """keyword_overlap on word sets made once (an add compares one new text with up to 50 others)."""
+    """EurekaClaw's fast near-duplicate test: the share of the new text's words found in the
+    existing one (word sets made once: an add compares one new text with up to 50 others)."""
     return len(existing_words & new_words) / max(len(new_words), 1)
 
 
