@@ -3,9 +3,8 @@
 Rule kept here: the memory state is touched only from inside this actor, one batch or one
 internal call at a time (the state lock), and in a worker thread for anything heavier than a few
 lookups (embedding, hnswlib and BM25 are heavy), so the event loop keeps serving every other tier
-meanwhile. The .md files and
-_index.json follow the journal: a projector writes what changed within about a second, and every
-snapshot flushes it.
+meanwhile. The .md files and _index.json follow the journal: a projector writes what changed
+within about a second, and every snapshot flushes it.
 
 Nothing waits for an embedding while holding the state: writes go through a pipeline that embeds
 their passages without the state lock (the embedder touches no state), then takes the lock,

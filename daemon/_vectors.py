@@ -27,9 +27,10 @@ node the walk considers, so the walk keeps going until it met ef allowed nodes).
 20 % on, over-fetching is 1.2-2.5x faster at the same recall; at 5-10 % the callback keeps recall
 near 0.995 where over-fetching drops to about 0.985. An unfiltered search of a store with at most
 ``exact_max`` vectors is exact too. hnswlib's ef grows with the collection, as
-max(ef_search, EF_AT_100K * sqrt(n / 100k)): 64 up to ~40k vectors, 100 at 100k, 316 at 1M, which
-keeps recall@10 at 0.95-0.97 on the benchmark's collections (see EF_AT_100K). Exact scoring works in slices of 512 rows: a single large
-matrix-vector product lets OpenBLAS start its threads, which on a busy machine costs 10x more.
+max(ef_search, EF_AT_100K * sqrt(n / 100k)): 64 up to ~40k vectors, 100 at 100k, 316 at 1M,
+which keeps recall@10 at 0.95-0.97 on the benchmark's collections (see EF_AT_100K). Exact
+scoring works in slices of 512 rows: a single large matrix-vector product lets OpenBLAS start its
+threads, which on a busy machine costs 10x more.
 
 Files (``save`` / ``load``), all integers little-endian:
 
