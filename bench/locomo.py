@@ -338,7 +338,7 @@ def offline_fusion(dense_list: Sequence[tuple[str, float | None]], lexical_list:
 
     `labels`: dia_id -> the daemon's internal label of that memory (its insertion index: the
     daemon numbers memories 0, 1, 2 ... as they are added), which `fuse` uses to break ties."""
-    from eurekamem.daemon._fusion import fuse
+    from eurekamem.daemon.memory.fusion import fuse
 
     dense = [labels[t] for t, s in dense_list if floor is None or (s is not None and s >= floor)]
     lexical = [labels[t] for t, _ in lexical_list]
@@ -436,10 +436,10 @@ def ablations(embedder: str, convs: list[dict[str, Any]], questions: list[dict[s
     classes: is the dia_id title + derived abstract that the daemon adds to each document helping?"""
     import numpy as np
 
-    from eurekamem.daemon._embed import make_embedder
-    from eurekamem.daemon._lexical import LexicalIndex
-    from eurekamem.daemon._memories import embed_text, memory_text
-    from eurekamem.daemon._memory_files import derive_abstract
+    from eurekamem.daemon.memory.embed import make_embedder
+    from eurekamem.daemon.memory.lexical import LexicalIndex
+    from eurekamem.daemon.memory.state import embed_text, memory_text
+    from eurekamem.daemon.memory.format import derive_abstract
 
     t_start = time.perf_counter()
     docs: list[tuple[str, str, str]] = [(c["sample_id"], dia, text) for c in convs for dia, text in c["turns"]]
@@ -606,7 +606,7 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], baselines: Path)
             bc = r["modes"][mode]["by_category"]
             crow.append([mode, *[f"{f3(bc[str(c)]['any@10'])} / {f3(bc[str(c)]['MRR@20'])}" for c in CATEGORIES]])
         lines += table(["mode", *[f"{c} {n} ({r['modes']['hybrid']['by_category'][str(c)]['n']})" for c, n in CATEGORIES.items()]], crow) + [""]
-        lines.append(f"Fusion grid, offline: weighted RRF (k={RRF_K}, eurekamem.daemon._fusion.fuse) of the daemon's own dense and "
+        lines.append(f"Fusion grid, offline: weighted RRF (k={RRF_K}, eurekamem.daemon.memory.fusion.fuse) of the daemon's own dense and "
                      f"lexical top-{K_FETCH} lists per question; lexical weight 1.0; \"floor on\" keeps only dense hits with "
                      f"cosine ≥ {r['floor']} ({e}'s thresholds.floor), as the daemon's hybrid mode does. w 0 = BM25 alone.")
         lines.append("")
@@ -702,7 +702,8 @@ def main(argv: list[str] | None = None) -> int:
         f"evidence normalised {len(notes['normalised'])}, unknown ids dropped {len(notes['unknown_ids_dropped'])}, "
         f"questions without evidence {len(notes['questions_without_evidence'])}")
 
-    from eurekamem.daemon import _embed, _memories
+    from eurekamem.daemon.memory import embed as _embed
+    from eurekamem.daemon.memory import state as _memories
 
     rng = random.Random(args.seed)
     results = []

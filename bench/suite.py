@@ -95,7 +95,7 @@ SIZES = {
 SECTIONS = ["socket", "durable", "vectors", "recovery", "quality", "ingest"]
 WATCHDOG_SECONDS = {"quick": 600, "default": 2400, "full": 3 * 3600}
 K = 10
-FETCH = 100  # the daemon asks VectorStore for its top 100 (daemon/_memories.py FETCH) and keeps k
+FETCH = 100  # the daemon asks VectorStore for its top 100 (daemon/memory/state.py FETCH) and keeps k
 SOCKET_METHODS = ["sys.ping", "persistent.recall", "episodic.log", "persistent.remember", "graph.related", "memory.search"]
 POINT_OPS = ["sys.ping", "persistent.recall", "episodic.log"]  # the issue's "point operations"
 PIPE_METHODS = ["sys.ping", "persistent.recall", "episodic.log", "graph.related"]
@@ -178,7 +178,7 @@ def sec_socket(ctx: dict[str, Any]) -> dict[str, Any]:
     daemon.stop()
 
     echo_sock = str(tmp / "echo.sock")
-    echo = ctx["launch"](Server("trio echo server", [PY, str(HERE / "echo_server.py"), echo_sock], "serving on"))
+    echo = ctx["launch"](Server("trio echo server", [PY, str(HERE / "echodaemon/server.py"), echo_sock], "serving on"))
     log("echo floor: round trips and pipelined ping")
     keep = []
     out["echo_rtt"] = foundation.rtt_client(echo_sock, "sys.ping", sz.rtt_calls, sz.rtt_warmup, keep)
@@ -304,7 +304,7 @@ def label_of(mid: str) -> int:
 
 def build_store(vecs: np.ndarray, model: str) -> tuple[Any, float, int]:
     """The daemon's VectorStore (its defaults) over vecs with labels 0..n-1: (store, build s, RSS delta)."""
-    from eurekamem.daemon._vectors import VectorStore
+    from eurekamem.daemon.memory.vectors import VectorStore
 
     gc.collect()
     rss0 = proc_rss_bytes()
@@ -328,10 +328,10 @@ def write_memory_root(root: Path, items: list[dict[str, Any]], store: Any, model
     daemon's own kind of snapshot (a snapshot without `lexical` makes the daemon re-tokenise every
     memory at start), without ingesting through the embedder first. No .md projection is written
     (the daemon does not read it when a snapshot exists). Returns the seconds of each part."""
-    from eurekamem.daemon._files import RealFiles, atomic_write
-    from eurekamem.daemon._lexical import LexicalIndex
-    from eurekamem.daemon._memories import MemorySnapshot, memory_text
-    from eurekamem.daemon._memory_files import derive_abstract, derive_overview, domain_slug, fingerprint, title_slug
+    from eurekamem.daemon.storage.files import RealFiles, atomic_write
+    from eurekamem.daemon.memory.lexical import LexicalIndex
+    from eurekamem.daemon.memory.state import MemorySnapshot, memory_text
+    from eurekamem.daemon.memory.format import derive_abstract, derive_overview, domain_slug, fingerprint, title_slug
     from eurekamem.protocol import Memory
 
     t0 = time.perf_counter()
@@ -495,8 +495,8 @@ def memory_state_split(root: Path, queries: list[str], qv: np.ndarray, truth: li
     of its vectors_stem, MemoryState.load_snapshot; gc.freeze as after recovery), then
     MemoryState.search in dense mode with the query vectors prepared. Also checks that the BM25
     index came from the snapshot (lexical_from), not from re-tokenising."""
-    from eurekamem.daemon._memories import MemorySnapshot, MemoryState, Prepared
-    from eurekamem.daemon._vectors import VectorStore
+    from eurekamem.daemon.memory.state import MemorySnapshot, MemoryState, Prepared
+    from eurekamem.daemon.memory.vectors import VectorStore
     from eurekamem.protocol import _methods as m
 
     memory_dir = root / "memory"
@@ -631,8 +631,8 @@ def collection(ctx: dict[str, Any], kind: str, x: np.ndarray, items: list[dict[s
 
 
 def sec_vectors(ctx: dict[str, Any]) -> dict[str, Any]:
-    from eurekamem.daemon._embed import make_embedder
-    from eurekamem.daemon._memories import embed_text
+    from eurekamem.daemon.memory.embed import make_embedder
+    from eurekamem.daemon.memory.state import embed_text
 
     sz: Sizes = ctx["sizes"]
     out: dict[str, Any] = {"sigma": SIGMA, "structured": {}, "random": {}, "inproc": {}, "text": {}}
@@ -703,8 +703,9 @@ def sec_vectors(ctx: dict[str, Any]) -> dict[str, Any]:
 def write_journal(root: Path, records: int, keys: int) -> dict[str, Any]:
     """`records` persistent.put mutations over `keys` keys, written with the daemon's own Journal
     (segments of 64 MiB, CRCs, one sync at the end) and mutation encoder."""
-    from eurekamem.daemon._journal import Journal
-    from eurekamem.daemon._state import RTYPE_MUTATION, PutRecord, mutation_encoder
+    from eurekamem.daemon.storage.journal import Journal
+    from eurekamem.daemon.tier import RTYPE_MUTATION, mutation_encoder
+    from eurekamem.daemon.tiers.persistent import PutRecord
     from eurekamem.protocol import CrossRunRecord
 
     t0 = time.perf_counter()
@@ -777,8 +778,8 @@ def sec_recovery(ctx: dict[str, Any]) -> dict[str, Any]:
 
 
 def sec_quality(ctx: dict[str, Any]) -> dict[str, Any]:
-    from eurekamem.daemon import _memories
-    from eurekamem.daemon._embed import make_embedder
+    from eurekamem.daemon.memory import state as _memories
+    from eurekamem.daemon.memory.embed import make_embedder
 
     data = Path(ctx["args"].locomo_data)
     if not (data / "locomo-dev.json").exists():
@@ -1321,8 +1322,8 @@ def render(report: dict[str, Any]) -> str:
                    [[f"{j['records']:,} journal records (persistent.put over {j['keys']:,} keys; {j['bytes'] / 2**20:.0f} MiB "
                      f"in {j['segments']} segments), no snapshot", f"{j['write_s']:.1f} s", f"{r['serving_on_s']:.2f} s",
                      f"{r['ready_s']:.2f} s", f"{dr.get('seconds', '–')} s, {dr.get('replayed', '–')} replayed"]])
-        o += ["", "The journal is written with the daemon's own `Journal` and mutation encoder (daemon/_journal.py, "
-              "_state.py). The restart with a 100k-memory snapshot is in section 4 (restart table).", ""]
+        o += ["", "The journal is written with the daemon's own `Journal` and mutation encoder (daemon/storage/journal.py, "
+              "daemon/tier.py). The restart with a 100k-memory snapshot is in section 4 (restart table).", ""]
     qual = s.get("quality")
     if qual and qual.get("runs"):
         o += ["## 6. Memory quality: LoCoMo retrieval through memory.search", ""]

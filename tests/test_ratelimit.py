@@ -11,9 +11,9 @@ import pytest
 import trio
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
-from eurekamem.daemon._config import build_config, load
-from eurekamem.daemon._server import Connection, Limits
-from eurekamem.daemon._stats import RequestStats
+from eurekamem.daemon.config import build_config, load
+from eurekamem.daemon.server import Connection, Limits
+from eurekamem.daemon.stats import RequestStats
 
 
 def _pong(call: Any, reply: Any, started_ns: int) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import trio
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
-from eurekamem.daemon._files import FakeFiles
+from fakefiles import FakeFiles
 
 # Files as EurekaClaw's own code writes them (json.dumps(indent=2) of pydantic model_dump(mode="json")):
 # created_at naive UTC, updated_at local time with an offset, knowledge graph edges as lists,

@@ -15,8 +15,8 @@ import pytest
 import trio
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
-from eurekamem.daemon._files import FakeFiles
-from eurekamem.daemon._journal import Journal, JournalWriteError
+from fakefiles import FakeFiles
+from eurekamem.daemon.storage.journal import Journal, JournalWriteError
 
 J = "/j"
 
@@ -163,7 +163,7 @@ async def test_sys_resume_under_fsync_batch_snapshots_what_was_acknowledged(data
 
 
 async def test_eurekamem_resume_command(data_dir: Path, sock_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from eurekamem.daemon._cli import main
+    from eurekamem.cli.main import main
 
     fake = FakeFiles()
     sock = sock_dir / "s.sock"

@@ -23,8 +23,8 @@ import trio.testing
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from daemon_process import DaemonProcess
-from eurekamem.daemon import _systemd as sd
-from eurekamem.daemon._cli import main as cli_main
+from eurekamem.daemon import systemd as sd
+from eurekamem.cli.main import main as cli_main
 
 
 class NotifiedDaemon(DaemonProcess):

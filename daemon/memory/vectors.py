@@ -17,7 +17,7 @@ matrix for the rows returned), best first, ties broken by the smaller label. ``a
 of labels, e.g. the labels of one domain) restricts the answer. A small allowed set is searched
 exactly with numpy (perfect recall, cost linear in its size: about 0.2 us a row); a large one
 through hnswlib, whose cost grows as the allowed fraction shrinks. The two costs cross near
-sqrt(1000 * n) allowed rows (bench/bench_vectors.py), so by default a set of at most
+sqrt(1000 * n) allowed rows (bench/benchdaemon/memory/vectors.py), so by default a set of at most
 max(1000, sqrt(1000 * n)) live labels goes exact; ``filter_exact_max`` fixes the limit instead.
 Through hnswlib, a set of at least ``OVERFETCH_MIN_FRACTION`` (20 %) of the labels over-fetches:
 it asks for 1.5 k / fraction unfiltered results with ef scaled by 1 / fraction (the recall of an
@@ -69,26 +69,43 @@ import os
 import secrets
 import struct
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Optional, Union
 
 import hnswlib
 import numpy as np
-
-from ._files import RealFiles, StrPath, atomic_write
-
-__all__ = ["MAX_LABEL", "VectorStore", "VectorFileError"]
+from eurekamem.daemon.storage.files import RealFiles, StrPath, atomic_write
 
 log = logging.getLogger("eurekamem.vectors")
 
+
+__all__ = ["MAX_LABEL", "VectorStore", "VectorFileError"]
+
+
 MAX_LABEL = 2**31 - 1
+
+
 MAGIC = b"EUMVECS1"
+
+
 VERSION = 1
+
+
 _HEAD = struct.Struct("<8sIIQQQIIH")
+
+
 _U32 = struct.Struct("<I")
+
+
 _MASK64 = (1 << 64) - 1
+
+
 _SLICE = 512  # rows per matrix-vector product in exact search
+
+
 OVERFETCH_MIN_FRACTION = 0.2  # filtered hnswlib search: over-fetch from here, filter callback below
+
+
 # hnswlib's ef grows with the collection so that recall holds: at least EF_AT_100K * sqrt(n / 100k).
 # Measured on the benchmark's structured 512-d collections (bench/suite.py, M 16, ef_construction
 # 200), recall@10 of the top 10: 100k ef 64 0.941, ef 100 0.972; 1M ef 100 0.824, ef 200 0.921,
@@ -659,3 +676,5 @@ def _parse_vectors(data: bytes, *, dim: int, model: str) -> tuple[dict, np.ndarr
     rows = rows.astype(np.float32).reshape(count, dim)
     head = {"fingerprint": fingerprint, "hnsw_size": hnsw_size, "hnsw_crc": hnsw_crc}
     return head, labs, rows
+
+

@@ -1,197 +1,25 @@
-"""The file-system layer under the journal and the snapshots, with a fake that can crash.
+"""FakeFiles: an in-memory file layer that can crash, for the journal and snapshot tests.
 
-Rule kept here: nothing is durable until it was synced. Written bytes count only after the file's
-datasync; a created, renamed or unlinked name counts only after an fsync of its folder. RealFiles
-passes the operations to the OS; FakeFiles keeps both views in memory and `crash()` returns what a
-machine would find after losing power (the durable view, optionally plus a random prefix of what
-was still in flight), so tests can check the ordering of writes, syncs and renames.
-
-All operations are blocking; trio code runs them in `trio.to_thread.run_sync`.
+Rule kept here: nothing is durable until it was synced. FakeFiles keeps both views (what the
+process sees and what a disk would keep) and `crash()` returns what a machine would find after
+losing power (the durable view, optionally plus a random prefix of what was still in flight), so
+tests can check the ordering of writes, syncs and renames.
 """
 
 from __future__ import annotations
 
-import abc
-import logging
 import errno as _errno
+import logging
 import os
 import posixpath
 import random
-import secrets
 import threading
 from collections.abc import Iterable
-from typing import Literal, Union
+from typing import Literal
 
-__all__ = [
-    "AppendFile",
-    "FakeFiles",
-    "FileLayer",
-    "RealFiles",
-    "atomic_write",
-]
+from eurekamem.daemon.storage.files import AppendFile, FileLayer, StrPath
 
-StrPath = Union[str, "os.PathLike[str]"]
 _log = logging.getLogger("eurekamem.files")
-
-
-class AppendFile(abc.ABC):
-    """A file opened for appending. `write` writes everything or raises OSError."""
-
-    @property
-    @abc.abstractmethod
-    def size(self) -> int:
-        """Current size in bytes (durable or not)."""
-
-    @abc.abstractmethod
-    def write(self, data: bytes) -> None:
-        """Append all of `data` (one call; loops over short writes)."""
-
-    @abc.abstractmethod
-    def datasync(self) -> None:
-        """Make the written bytes durable (fdatasync)."""
-
-    @abc.abstractmethod
-    def close(self) -> None:
-        """Close the handle; idempotent. Does not sync."""
-
-    def __enter__(self) -> "AppendFile":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class FileLayer(abc.ABC):
-    """The operations the journal and the snapshots need. Paths are str or PathLike."""
-
-    @abc.abstractmethod
-    def open_append(self, path: StrPath) -> AppendFile:
-        """Open (creating if missing) a file for appending. A new name is durable only after
-        `fsync_dir` of its folder."""
-
-    @abc.abstractmethod
-    def read_bytes(self, path: StrPath) -> bytes:
-        """The whole content of a file as currently visible."""
-
-    @abc.abstractmethod
-    def truncate(self, path: StrPath, size: int) -> None:
-        """Cut a file to `size` bytes and make the new size durable (ftruncate + fsync)."""
-
-    @abc.abstractmethod
-    def rename(self, src: StrPath, dst: StrPath) -> None:
-        """Atomically replace `dst` by `src`; durable after `fsync_dir` of the folder(s)."""
-
-    @abc.abstractmethod
-    def unlink(self, path: StrPath) -> None:
-        """Remove a file; durable after `fsync_dir` of its folder."""
-
-    @abc.abstractmethod
-    def listdir(self, directory: StrPath) -> list[str]:
-        """Names in a folder, sorted."""
-
-    @abc.abstractmethod
-    def makedirs(self, directory: StrPath) -> None:
-        """Create a folder and its missing parents (no error if it exists)."""
-
-    @abc.abstractmethod
-    def fsync_dir(self, directory: StrPath) -> None:
-        """Make the folder's entries (creations, renames, unlinks) durable."""
-
-    @abc.abstractmethod
-    def exists(self, path: StrPath) -> bool:
-        """Whether a file or folder exists at `path`."""
-
-
-# --------------------------------------------------------------------------------------------
-# Real files
-
-
-class _RealAppendFile(AppendFile):
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._fd: int | None = os.open(path, os.O_APPEND | os.O_CREAT | os.O_WRONLY | _O_CLOEXEC, 0o644)
-        try:
-            self._size = os.fstat(self._fd).st_size
-        except BaseException:
-            os.close(self._fd)
-            raise
-
-    @property
-    def size(self) -> int:
-        return self._size
-
-    def _require_fd(self) -> int:
-        if self._fd is None:
-            raise ValueError(f"{self.path}: file is closed")
-        return self._fd
-
-    def write(self, data: bytes) -> None:
-        fd = self._require_fd()
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            if n <= 0:  # pragma: no cover - os.write raises instead on Linux
-                raise OSError(_errno.EIO, "short write of 0 bytes", self.path)
-            self._size += n
-            view = view[n:]
-
-    def datasync(self) -> None:
-        fd = self._require_fd()
-        _fdatasync(fd)
-
-    def close(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
-
-
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_fdatasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
-
-
-class RealFiles(FileLayer):
-    """The real file system through os.* calls."""
-
-    def open_append(self, path: StrPath) -> AppendFile:
-        return _RealAppendFile(os.fspath(path))
-
-    def read_bytes(self, path: StrPath) -> bytes:
-        with open(os.fspath(path), "rb") as f:
-            return f.read()
-
-    def truncate(self, path: StrPath, size: int) -> None:
-        fd = os.open(os.fspath(path), os.O_WRONLY | _O_CLOEXEC)
-        try:
-            os.ftruncate(fd, size)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-    def rename(self, src: StrPath, dst: StrPath) -> None:
-        os.replace(os.fspath(src), os.fspath(dst))
-
-    def unlink(self, path: StrPath) -> None:
-        os.unlink(os.fspath(path))
-
-    def listdir(self, directory: StrPath) -> list[str]:
-        return sorted(os.listdir(os.fspath(directory)))
-
-    def makedirs(self, directory: StrPath) -> None:
-        os.makedirs(os.fspath(directory), exist_ok=True)
-
-    def fsync_dir(self, directory: StrPath) -> None:
-        fd = os.open(os.fspath(directory) or ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-    def exists(self, path: StrPath) -> bool:
-        return os.path.exists(os.fspath(path))
-
-
-# --------------------------------------------------------------------------------------------
-# Fake files
 
 
 class _Inode:
@@ -531,61 +359,3 @@ def _survivor(inode: _Inode, rng: random.Random | None, zero_fill: bool) -> byte
     return kept + bytes(inode.data[inode.durable : inode.durable + n])
 
 
-# --------------------------------------------------------------------------------------------
-
-
-def atomic_write(fs: FileLayer, path: StrPath, data: bytes | Iterable[bytes], *, sync: bool = True) -> None:
-    """Replace `path` by `data` so that a crash leaves either the old or the new content.
-
-    Writes a temporary file in the same folder, datasyncs it, renames it over `path` and fsyncs
-    the folder. On error the temporary file is removed (best effort) and the error re-raised.
-    With sync=False nothing is synced (readers still never see half a file): the caller makes it
-    durable later (sync_files), and until then a crash may leave the old content or an empty file.
-    """
-    p = os.fspath(path)
-    folder, name = os.path.split(p)
-    tmp = os.path.join(folder, f".{name}.{secrets.token_hex(6)}.tmp")
-    f = fs.open_append(tmp)
-    try:
-        try:
-            for chunk in [data] if isinstance(data, (bytes, bytearray, memoryview)) else data:
-                f.write(chunk)
-            if sync:
-                f.datasync()
-        finally:
-            f.close()
-        fs.rename(tmp, p)
-    except BaseException:
-        try:
-            fs.unlink(tmp)
-        except OSError as exc:  # the original error matters more; a stray temp file is harmless
-            _log.warning("could not remove the temporary file %s: %s", tmp, exc)
-        raise
-    if sync:
-        fs.fsync_dir(folder or ".")
-
-
-def sync_files(paths: Iterable[StrPath]) -> None:
-    """Make files written with atomic_write(sync=False), and removals, durable: fsync each file
-    that still exists, then each folder once. An OSError other than a missing file is raised."""
-    folders: set[str] = set()
-    for path in paths:
-        p = os.fspath(path)
-        folders.add(os.path.dirname(p) or ".")
-        try:
-            fd = os.open(p, os.O_RDONLY)
-        except FileNotFoundError:
-            continue  # removed or moved since: its folder's fsync below makes that durable
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    for folder in sorted(folders):
-        try:
-            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-        except FileNotFoundError:
-            continue
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)

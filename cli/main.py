@@ -9,7 +9,16 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from eurekamem.cli.backup import cmd_backup, cmd_restore
+from eurekamem.cli.common import _err
+from eurekamem.cli.metrics import cmd_metrics, cmd_top
+from eurekamem.cli.transfer import cmd_export, cmd_import
+from eurekamem.cli.verify import cmd_verify
+
+log = logging.getLogger("eurekamem.admin")
+
 
 DEFAULT_FSYNC = "always"
 
@@ -29,25 +38,24 @@ def socket_path(arg: str | None, root: Path) -> Path:
 
 
 def _setup_logging(level: str, fmt: str = "auto") -> None:
-    from ._config import setup_logging
+    from eurekamem.daemon.config import setup_logging
 
     setup_logging(level, fmt)
 
 
 def _effective(args: argparse.Namespace) -> Any:
     """The effective configuration (flags > env > file > default); ConfigError says what is wrong."""
-    from . import _config
+    from eurekamem.daemon import config as _config
 
     return _config.load(_config.flags_from_args(None, args), getattr(args, "config", None))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     import trio
-
-    from ._app import Config, Daemon, StartupError
-    from ._journal import JournalCorrupt
-
-    from ._config import ConfigError, build_config
+    from eurekamem.daemon.app import Daemon
+    from eurekamem.daemon.config import Config, ConfigError, build_config
+    from eurekamem.daemon.errors import StartupError
+    from eurekamem.daemon.storage.journal import JournalCorrupt
 
     try:
         effective = _effective(args)
@@ -100,7 +108,7 @@ def _client(args: argparse.Namespace) -> Any:
 
 def client_socket(args: argparse.Namespace) -> str:
     """The daemon's socket as `serve` would pick it: --socket, env, config file, default."""
-    from ._config import ConfigError, load
+    from eurekamem.daemon.config import ConfigError, load
 
     flags = {"data_dir": getattr(args, "data_dir", None), "socket": getattr(args, "socket", None)}
     try:
@@ -178,8 +186,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_repair(args: argparse.Namespace) -> int:
-    from ._app import Paths, StartupError, acquire_lock
-    from ._journal import repair
+    from eurekamem.daemon.errors import StartupError
+    from eurekamem.daemon.paths import Paths, acquire_lock
+    from eurekamem.daemon.storage.journal import repair
 
     paths = Paths(data_root(args.data_dir))
     try:
@@ -197,7 +206,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
 
 def cmd_install_service(args: argparse.Namespace) -> int:
     """Write eurekamem.service and eurekamem.socket into the user's systemd folder; touch nothing else."""
-    from . import _systemd
+    from eurekamem.daemon import systemd as _systemd
 
     folder = Path(args.unit_dir).expanduser() if args.unit_dir else _systemd.unit_dir()
     units = _systemd.render_units(_systemd.exec_start(_systemd.daemon_argv()))
@@ -232,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the daemon in the foreground")
     common(serve)
-    from ._config import add_serve_flags
+    from eurekamem.daemon.config import add_serve_flags
 
     add_serve_flags(serve)  # a flag per setting (--fsync, --embedder, --log-level, ...): flag > env > file > default
     serve.set_defaults(func=cmd_serve)
@@ -264,7 +273,6 @@ def build_parser() -> argparse.ArgumentParser:
     install.add_argument("--unit-dir", help="folder for the units (default $XDG_CONFIG_HOME/systemd/user or ~/.config/systemd/user)")
     install.set_defaults(func=cmd_install_service)
 
-    from ._admin import add_commands
 
     add_commands(sub, common)  # config show, metrics, top, backup, restore, export, import, verify
     return parser
@@ -277,3 +285,81 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def cmd_config_show(args: argparse.Namespace) -> int:
+    from eurekamem.daemon import config as _config
+
+    try:
+        effective = _config.load(_config.flags_from_args(None, args), args.config)
+    except _config.ConfigError as exc:
+        return _err(str(exc))
+    if args.json:
+        doc = {
+            "config_file": str(effective.config_file) if effective.config_file else None,
+            "settings": {
+                name: {"value": value, "source": effective.sources[name], "origin": effective.origins[name]}
+                for name, value in effective.values.items()
+            },
+        }
+        print(json.dumps(doc, indent=2, default=str))
+    else:
+        print(_config.format_effective(effective))
+    return 0
+
+
+def add_commands(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Register config show, metrics, top, backup, restore, export, import and verify."""
+    from eurekamem.daemon.config import add_serve_flags
+
+    config = sub.add_parser("config", help="the effective configuration")
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    show = config_sub.add_parser("show", help="print every setting, its value and where it came from (default, file, env, flag)")
+    common(show)
+    add_serve_flags(show)
+    show.add_argument("--json", action="store_true", help="as JSON")
+    show.set_defaults(func=cmd_config_show)
+
+    metrics = sub.add_parser("metrics", help="sys.stats in Prometheus text format")
+    common(metrics)
+    metrics.add_argument("--timeout", type=float, default=5.0)
+    metrics.set_defaults(func=cmd_metrics)
+
+    top = sub.add_parser("top", help="a live status view, refreshed every second (q or Ctrl-C quits)")
+    common(top)
+    top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    top.add_argument("--iterations", type=int, default=0, help="stop after this many refreshes (0: until q)")
+    top.add_argument("--timeout", type=float, default=5.0)
+    top.set_defaults(func=cmd_top)
+
+    backup = sub.add_parser("backup", help="a consistent archive (.tar or .tar.gz) of the running daemon's data")
+    common(backup)
+    backup.add_argument("path", help="the archive to write: NAME.tar or NAME.tar.gz")
+    backup.add_argument("--timeout", type=float, default=600.0)
+    backup.set_defaults(func=cmd_backup)
+
+    restore = sub.add_parser("restore", help="unpack a backup into an empty data root")
+    restore.add_argument("path", help="the archive written by eurekamem backup")
+    restore.add_argument("--data-dir", help="the empty data root to fill (default $EUREKACLAW_DIR or ~/.eurekaclaw)")
+    restore.add_argument("--config", help="config file (for its data_dir)")
+    restore.set_defaults(func=cmd_restore)
+
+    export = sub.add_parser("export", help="every record as JSON lines, read through the daemon")
+    common(export)
+    export.add_argument("--format", choices=["jsonl"], default="jsonl")
+    export.add_argument("--out", help="write here instead of stdout")
+    export.add_argument("--timeout", type=float, default=600.0)
+    export.set_defaults(func=cmd_export)
+
+    imp = sub.add_parser("import", help="add a jsonl export, or a plain EurekaClaw data root, through the daemon")
+    common(imp)
+    imp.add_argument("source", help="a .jsonl file from eurekamem export, or an EurekaClaw data root folder")
+    imp.add_argument("--timeout", type=float, default=600.0)
+    imp.set_defaults(func=cmd_import)
+
+    verify = sub.add_parser("verify", help="check journal, snapshots, vectors and memory files against each other (daemon stopped)")
+    verify.add_argument("--data-dir", help="data root (default $EUREKACLAW_DIR or ~/.eurekaclaw)")
+    verify.add_argument("--config", help="config file (for its data_dir)")
+    verify.set_defaults(func=cmd_verify)
+
+

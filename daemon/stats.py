@@ -5,10 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from eurekamem.daemon.primitives import Histogram, monotonic_ns
 from eurekamem.protocol import Call, ProtocolError
-
-from ._actors import monotonic_ns
-from ._sync import Histogram
 
 log = logging.getLogger("eurekamem.requests")
 
@@ -57,3 +55,5 @@ class RequestStats:
             "rate_limited": self.rate_limited,
             "methods": methods,
         }
+
+

@@ -15,8 +15,12 @@ import uuid
 from typing import Any
 
 import msgspec
-
-from eurekamem.protocol import CrossRunRecord, KnowledgeNode, normalize_timestamp, now_rfc3339
+from eurekamem.protocol import (
+    CrossRunRecord,
+    KnowledgeNode,
+    normalize_timestamp,
+    now_rfc3339,
+)
 
 log = logging.getLogger("eurekamem.import")
 
@@ -118,3 +122,5 @@ def write_persistent(records: dict[str, CrossRunRecord]) -> bytes:
 def write_graph(nodes: dict[str, KnowledgeNode], edges: dict[tuple[str, str, str], None]) -> bytes:
     doc = {"nodes": nodes, "edges": [list(e) for e in edges]}
     return msgspec.json.format(_pretty.encode(doc), indent=2)
+
+

@@ -1,34 +1,42 @@
-"""Tier actors: one trio task per tier owns that tier's state; requests reach it on a channel.
+"""A tier: the state it owns (TierState) and the trio task that owns it (TierActor).
 
-Rule kept here: an actor takes everything waiting on its channel as one batch, runs the handlers
-(which validate, then apply), sends the batch's mutations to the journal actor in one submit, and
-answers nobody in the batch before that submit returned. While it waits nobody else can read its
-state, so no client ever sees a write that is not durable; if the journal fails, the batch is
-rolled back and its writes answer `read_only`.
-
-Fast path (actors made with inline=True): a call that journals nothing (a read, or any tier-1 call
-but session.close) may be run by the connection's reader itself, synchronously, but only while the
-actor owes nothing: no item submitted and not yet answered (`_owed == 0`), so no batch is waiting
-on the journal (no write that is not durable is visible) and nothing sent before it is still queued
-(a pipelined read still sees the writes sent before it). Same handler, same errors as the actor.
+Rules kept here:
+- Durable state changes only through `apply(mutation)`, the same function at run time and at
+  journal replay, and every mutation is state-based (it carries the whole resulting record), so
+  applying one twice, or re-applying those already folded into a snapshot, gives the same state.
+  `apply` returns an undo closure so that a batch whose journal write failed leaves no trace.
+  Handlers validate first and raise ProtocolError before changing anything.
+- An actor takes everything waiting on its channel as one batch, runs the handlers, sends the
+  batch's mutations to the journal actor in one submit, and answers nobody in the batch before that
+  submit returned. While it waits nobody else can read its state, so no client ever sees a write
+  that is not durable; if the journal fails, the batch is rolled back and its writes answer
+  `read_only`.
+- Fast path (actors made with inline=True): a call that journals nothing (a read, or any tier-1
+  call but session.close) may be run by the connection's reader itself, synchronously, but only
+  while the actor owes nothing: no item submitted and not yet answered (`_owed == 0`), so no batch
+  is waiting on the journal (no write that is not durable is visible) and nothing sent before it is
+  still queued (a pipelined read still sees the writes sent before it). Same handler, same errors
+  as the actor.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import time
 from typing import Any, Callable, Protocol
 
+import msgspec
 import trio
-
-from eurekamem.protocol import Call, ProtocolError
-
-from ._journal_actor import JournalActor, JournalUnavailable
-from ._state import RTYPE_MUTATION, TierState, mutation_encoder
-from ._sync import Waiter
+from eurekamem.daemon.primitives import Waiter
+from eurekamem.daemon.storage.journal_actor import JournalActor, JournalUnavailable
+from eurekamem.protocol import (
+    Call,
+    ProtocolError,
+    now_rfc3339,
+)
 
 log = logging.getLogger("eurekamem.actor")
+
 
 MAX_BATCH = 4096
 
@@ -205,5 +213,62 @@ class TierActor:
             return ProtocolError("internal", f"internal error in {call.spec.name}: {type(exc).__name__}: {exc}")
 
 
-def monotonic_ns() -> int:
-    return time.perf_counter_ns()
+Undo = Callable[[], None]
+
+
+RTYPE_MUTATION = 1  # journal record type of a msgpack-encoded mutation (the union is in daemon/app.py)
+
+
+mutation_encoder = msgspec.msgpack.Encoder()
+
+
+class TierState:
+    """Base: a tier's state plus the undo log of the batch in progress."""
+
+    name = "?"
+
+    def __init__(self) -> None:
+        self.pending: list[Any] = []  # mutations of the batch in progress, in order
+        self._undo: list[Undo] = []
+        self._now: str | None = None
+
+    def begin_batch(self) -> None:
+        self._now = None
+
+    def now(self) -> str:
+        """The time of the batch in progress: one timestamp for every record a batch writes."""
+        if self._now is None:
+            self._now = now_rfc3339()
+        return self._now
+
+    def commit(self, mutation: Any) -> None:
+        """Apply a mutation now and remember it (and how to undo it) for the batch's journal write."""
+        self._undo.append(self.apply(mutation))
+        self.pending.append(mutation)
+
+    def take_pending(self) -> list[Any]:
+        out, self.pending = self.pending, []
+        return out
+
+    def forget_undo(self) -> None:
+        self._undo.clear()
+
+    def rollback(self) -> None:
+        """Undo the batch in progress (its journal write failed)."""
+        while self._undo:
+            self._undo.pop()()
+        self.pending.clear()
+
+    def apply(self, mutation: Any) -> Undo:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def handle(self, method: str, params: Any) -> Any:
+        name = _HANDLER_NAMES.get(method)
+        if name is None:
+            name = _HANDLER_NAMES[method] = "do_" + method.split(".", 1)[1]
+        return getattr(self, name)(params)
+
+
+_HANDLER_NAMES: dict[str, str] = {}  # "persistent.recall" -> "do_recall" (the lookup stays per call: tests patch handlers)
+
+

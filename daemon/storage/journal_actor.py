@@ -21,13 +21,12 @@ import time
 from typing import Any, Callable
 
 import trio
-
+from eurekamem.daemon.primitives import Histogram, Waiter
+from eurekamem.daemon.storage.journal import Journal, JournalWriteError
 from eurekamem.protocol import now_rfc3339
 
-from ._journal import Journal, JournalWriteError
-from ._sync import Histogram, Waiter
-
 log = logging.getLogger("eurekamem.journal")
+
 
 FSYNC_POLICIES = ("always", "batch", "off")
 
@@ -263,3 +262,5 @@ class JournalActor:
                     await self.run_exclusive(lambda journal: self._sync_now())
                 except Exception as exc:
                     self._set_failed(f"journal fsync failed: {exc}")
+
+

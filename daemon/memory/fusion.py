@@ -62,3 +62,5 @@ def fuse(
 def max_score(weights: Mapping[str, float], names: Iterable[str], k: int = 60) -> float:
     """The fused score of a label ranked first in every one of `names` (the upper bound)."""
     return sum(float(weights.get(name, 1.0)) for name in names) / (k + 1)
+
+

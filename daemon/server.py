@@ -1,7 +1,7 @@
 """The socket server: one reader per connection, answers written as soon as they exist.
 
 Rule kept here: the reader decodes and dispatches (a dispatch may answer at once: sys.ping, or a
-tier's fast path, see _actors.py); answers come back through `deliver` (from any actor, in any order) and are encoded into the connection's outbound buffer; whoever delivered
+tier's fast path, see daemon/tier.py); answers come back through `deliver` (from any actor, in any order) and are encoded into the connection's outbound buffer; whoever delivered
 then calls `flush`, which sends without blocking if the socket takes it, and otherwise hands the
 rest to the connection's writer task, the only one that ever waits to write. Bytes leave in the
 order they were delivered. A connection owes at most `max_inflight` answers: past that a request is
@@ -23,8 +23,8 @@ from typing import Any, Callable
 
 import msgspec
 import trio
-from msgspec import UNSET
-
+from eurekamem.daemon.primitives import monotonic_ns
+from eurekamem.daemon.stats import RequestStats
 from eurekamem.protocol import (
     Call,
     Codec,
@@ -36,11 +36,10 @@ from eurekamem.protocol import (
     framing_error_line,
     success,
 )
-
-from ._actors import Work, monotonic_ns
-from ._stats import RequestStats
+from msgspec import UNSET
 
 log = logging.getLogger("eurekamem.server")
+
 
 READ_SIZE = 256 * 1024
 
@@ -303,3 +302,5 @@ class Connection:
             request_id = getattr(message, "id", None)
             log.exception("could not encode an answer")
             return codec.encode(failure(request_id, ProtocolError("internal", f"could not encode the answer: {exc}")))
+
+

@@ -1,11 +1,20 @@
-"""Small trio helpers shared by the actors: a one-shot result slot and a latency histogram."""
+"""Small helpers shared by the actors and the journal: a one-shot result slot, a latency histogram, a clock."""
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 from typing import Any
 
 import trio
+
+log = logging.getLogger("eurekamem.actor")
+
+
+def monotonic_ns() -> int:
+    return time.perf_counter_ns()
+
 
 _log2 = math.log2
 
@@ -81,3 +90,5 @@ class Histogram:
             "max_us": round(self.max_us, 1),
             "sum_us": round(self.sum_us, 1),
         }
+
+

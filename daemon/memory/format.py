@@ -17,7 +17,11 @@ from typing import Any
 from eurekamem.protocol import Memory
 
 _NON_WORD = re.compile(r"[^\w]")
+
+
 _SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+|(?<=[。！？])")
+
+
 _WORD = re.compile(r"\S+")
 
 
@@ -72,8 +76,6 @@ def estimate_tokens(text: str) -> int:
     ascii_chars = sum(1 for ch in text if ord(ch) < 128)
     return (ascii_chars + 3) // 4 + (len(text) - ascii_chars)
 
-
-# --- frontmatter -----------------------------------------------------------------------------------
 
 _PLAIN = re.compile(r"^[\w .,()/+\-–—'’]*$", re.UNICODE)
 
@@ -168,3 +170,5 @@ def index_entry(memory: Memory) -> dict[str, Any]:
         "scope": memory.scope,
         "updated_at": memory.updated_at,
     }
+
+

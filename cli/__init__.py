@@ -1,0 +1,1 @@
+"""The `eurekamem` command line: `eurekamem.cli.main:main` is the console script."""

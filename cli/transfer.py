@@ -1,0 +1,320 @@
+"""`eurekamem export` and `eurekamem import`: JSON Lines out of and into a running daemon, and EurekaClaw roots.
+
+Rule kept here: both go through the daemon's socket, a page at a time; an import of a record,
+node, edge or memory that is already there changes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, Iterator, TextIO
+
+from eurekamem.cli.backup import _segment_files
+from eurekamem.cli.common import _client, _err
+from eurekamem.cli.common import Progress
+
+log = logging.getLogger("eurekamem.admin")
+
+
+PAGE = 500  # items per pipelined batch of calls
+
+
+def _results(client: Any, calls: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+    out = []
+    for start in range(0, len(calls), PAGE):
+        for result in client.call_many(calls[start : start + PAGE]):
+            if isinstance(result, BaseException):
+                raise result
+            out.append(result)
+    return out
+
+
+def export_records(client: Any, progress_stream: TextIO | None = None) -> Iterator[dict[str, Any]]:
+    """Every persistent record, graph node and edge, and memory, as {"tier": ..., **record}."""
+    from eurekamem.protocol._methods import MAX_LIMIT
+
+    keys = client.call("persistent.keys", {"limit": MAX_LIMIT})["keys"]
+    if len(keys) >= MAX_LIMIT:
+        log.warning("persistent.keys answers at most %d keys; the export holds the first %d", MAX_LIMIT, MAX_LIMIT)
+    nodes_doc = client.call("graph.export", {"format": "node_link"})["data"]
+    node_ids = [node["id"] for node in nodes_doc.get("nodes", [])]
+    first = client.call("memory.list", {"status": "any", "limit": MAX_LIMIT, "offset": 0})
+    progress = Progress(len(keys) + len(node_ids) + first["total"], "export", progress_stream)
+    for start in range(0, len(keys), PAGE):
+        chunk = keys[start : start + PAGE]
+        for record in _results(client, [("persistent.recall", {"key": key}) for key in chunk]):
+            if record is not None:
+                yield {"tier": "persistent", **record}
+        progress.add(len(chunk))
+    for start in range(0, len(node_ids), PAGE):
+        chunk = node_ids[start : start + PAGE]
+        for node in _results(client, [("graph.get", {"node_id": node_id}) for node_id in chunk]):
+            yield {"tier": "graph_node", **node}
+        progress.add(len(chunk))
+    for edge in nodes_doc.get("edges", []):
+        yield {"tier": "graph_edge", "from_id": edge["source"], "to_id": edge["target"], "relation": edge.get("relation") or edge.get("key") or "uses"}
+    page = first
+    offset = 0
+    while True:
+        for memory in page["memories"]:
+            yield {"tier": "memory", **memory}
+        progress.add(len(page["memories"]))
+        offset += len(page["memories"])
+        if not page["memories"] or offset >= page["total"]:
+            break
+        page = client.call("memory.list", {"status": "any", "limit": MAX_LIMIT, "offset": offset})
+    progress.close()
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from eurekamem.client import ConnectionLost, EurekamemError
+
+    out: TextIO
+    counts: dict[str, int] = {}
+    target = Path(args.out).expanduser() if args.out else None
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp") if target else None
+    try:
+        with _client(args) as client:
+            out = open(tmp, "w", encoding="utf-8") if tmp else sys.stdout
+            try:
+                for item in export_records(client):
+                    out.write(json.dumps(item, ensure_ascii=False) + "\n")
+                    counts[item["tier"]] = counts.get(item["tier"], 0) + 1
+            finally:
+                if tmp:
+                    out.close()
+    except (EurekamemError, ConnectionLost, OSError) as exc:
+        if tmp:
+            tmp.unlink(missing_ok=True)
+        return _err(f"export failed: {exc}")
+    if tmp and target:
+        os.replace(tmp, target)
+    summary = ", ".join(f"{n} {tier}" for tier, n in counts.items()) or "nothing"
+    print(f"exported {summary}" + (f" to {target}" if target else ""), file=sys.stderr)
+    return 0
+
+
+_MEMORY_FIELDS = ("domain", "category", "title", "content", "confidence", "tags", "source_session", "scope", "abstract", "overview")
+
+
+class Importer:
+    """Adds exported or EurekaClaw records through the socket; node ids change, so it keeps a map."""
+
+    def __init__(self, client: Any, progress: Progress) -> None:
+        self.client = client
+        self.progress = progress
+        self.node_map: dict[str, str] = {}
+        self.counts: dict[str, int] = {"persistent": 0, "graph_node": 0, "graph_edge": 0, "memory": 0}
+        self.failed: list[str] = []
+
+    def _fail(self, what: str, exc: BaseException) -> None:
+        self.failed.append(f"{what}: {getattr(exc, 'message', exc)}")
+
+    def persistent(self, records: list[dict[str, Any]]) -> None:
+        calls = [("persistent.remember", {"key": r["key"], "value": r.get("value"), "tags": list(r.get("tags") or []),
+                                          "source_session": str(r.get("source_session") or "")}) for r in records]
+        for record, result in zip(records, self._call_all(calls)):
+            if isinstance(result, BaseException):
+                self._fail(f"persistent {record.get('key')!r}", result)
+            else:
+                self.counts["persistent"] += 1
+        self.progress.add(len(records))
+
+    def nodes(self, nodes: list[dict[str, Any]]) -> None:
+        calls = []
+        for n in nodes:
+            tags = n.get("tags") or []
+            calls.append(("graph.add_theorem", {
+                "theorem_name": n.get("theorem_name") or n.get("node_id") or "untitled",
+                "formal_statement": n.get("formal_statement") or "",
+                "domain": n.get("domain") or "", "session_id": n.get("session_id") or "",
+                "tags": tags.split(",") if isinstance(tags, str) else list(tags),
+            }))
+        for node, result in zip(nodes, self._call_all(calls)):
+            if isinstance(result, BaseException):
+                self._fail(f"graph node {node.get('node_id')!r}", result)
+            else:
+                self.node_map[str(node.get("node_id"))] = result["node_id"]
+                self.counts["graph_node"] += 1
+        self.progress.add(len(nodes))
+
+    def edges(self, edges: list[tuple[str, str, str]]) -> None:
+        calls = []
+        for from_id, to_id, relation in edges:
+            calls.append(("graph.link", {"from_id": self.node_map.get(from_id, from_id), "to_id": self.node_map.get(to_id, to_id),
+                                         "relation": relation if relation in ("uses", "generalizes", "specializes", "contradicts") else "uses"}))
+        for edge, result in zip(edges, self._call_all(calls)):
+            if isinstance(result, BaseException):
+                self._fail(f"graph edge {edge}", result)
+            else:
+                self.counts["graph_edge"] += 1
+        self.progress.add(len(edges))
+
+    def memories(self, memories: list[dict[str, Any]]) -> None:
+        """memory.add_many (dedup off) in batches; an archived memory is archived again after."""
+        for start in range(0, len(memories), PAGE):
+            chunk = memories[start : start + PAGE]
+            items = [self._memory_item(m) for m in chunk]
+            try:
+                results: list[Any] = self.client.call("memory.add_many", {"items": items})
+            except Exception:  # one bad item fails the batch: add them one by one to find it
+                results = self.client.call_many([("memory.add", item) for item in items])
+            archive = []
+            for memory, result in zip(chunk, results):
+                if isinstance(result, BaseException):
+                    self._fail(f"memory {memory.get('title')!r}", result)
+                    continue
+                self.counts["memory"] += 1
+                if memory.get("status") == "archived":
+                    archive.append(("memory.delete", {"id": result["memory"]["id"]}))
+            for result in self._call_all(archive):
+                if isinstance(result, BaseException):
+                    self._fail("archiving a memory", result)
+            self.progress.add(len(chunk))
+
+    @staticmethod
+    def _memory_item(memory: dict[str, Any]) -> dict[str, Any]:
+        item = {k: memory[k] for k in _MEMORY_FIELDS if memory.get(k) is not None}
+        item.setdefault("domain", "general")
+        if not item.get("abstract"):
+            item.pop("abstract", None)
+        if not item.get("overview"):
+            item.pop("overview", None)
+        item["dedup"] = False
+        return item
+
+    def _call_all(self, calls: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+        out: list[Any] = []
+        for start in range(0, len(calls), PAGE):
+            out.extend(self.client.call_many(calls[start : start + PAGE]))
+        return out
+
+
+def read_jsonl(path: Path) -> dict[str, list[Any]]:
+    groups: dict[str, list[Any]] = {"persistent": [], "graph_node": [], "graph_edge": [], "memory": []}
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except ValueError as exc:
+                raise ValueError(f"{path}:{number}: not JSON: {exc}") from None
+            tier = item.pop("tier", None) if isinstance(item, dict) else None
+            if tier not in groups:
+                raise ValueError(f"{path}:{number}: no known \"tier\" (persistent, graph_node, graph_edge, memory)")
+            if tier == "graph_edge":
+                item = (str(item["from_id"]), str(item["to_id"]), str(item.get("relation") or "uses"))
+            groups[tier].append(item)
+    return groups
+
+
+def read_eurekaclaw_root(root: Path) -> tuple[dict[str, list[Any]], list[str]]:
+    """A plain EurekaClaw data root: persistent.json, knowledge_graph.json, memories/*/*.md."""
+    from eurekamem.daemon.memory.format import parse_markdown
+    from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
+    from eurekamem.protocol._records import MEMORY_CATEGORIES
+
+    notes: list[str] = []
+    groups: dict[str, list[Any]] = {"persistent": [], "graph_node": [], "graph_edge": [], "memory": []}
+    persistent = root / "memory" / "persistent.json"
+    if persistent.is_file():
+        for record in eurekaclaw.read_persistent(persistent.read_bytes(), str(persistent)).values():
+            groups["persistent"].append({"key": record.key, "value": record.value, "tags": record.tags, "source_session": record.source_session})
+    graph = root / "memory" / "knowledge_graph.json"
+    if graph.is_file():
+        nodes, edges = eurekaclaw.read_graph(graph.read_bytes(), str(graph))
+        for node in nodes.values():
+            groups["graph_node"].append({"node_id": node.node_id, "theorem_name": node.theorem_name, "formal_statement": node.formal_statement,
+                                         "domain": node.domain, "session_id": node.session_id, "tags": node.tags})
+        groups["graph_edge"].extend(edges)
+    journal = root / "memory" / "journal"
+    if _segment_files(root) and any(p.stat().st_size > 26 for p in _segment_files(root)):
+        notes.append(f"{journal} holds journal records: if a daemon ran there, stop it cleanly first so its snapshots are current")
+    base = root / "memories"
+    paths = sorted(base.glob("*/*.md")) + sorted(base.glob("*/_archive/*.md")) if base.is_dir() else []
+    for path in paths:
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            notes.append(f"could not read {path}: {exc}")
+            continue
+        fields, content, heading = parse_markdown(text)
+        if not content.strip():
+            notes.append(f"{path}: no text, skipped")
+            continue
+        title = str(fields.get("title") or heading or path.stem[9:].replace("_", " ") or "untitled")
+        category = str(fields.get("category") or "domain_knowledge")
+        try:
+            confidence = min(1.0, max(0.0, float(fields.get("confidence", 0.8))))
+        except (TypeError, ValueError):
+            confidence = 0.8
+        if confidence != confidence:
+            confidence = 0.8
+        tags = fields.get("tags")
+        folder = (path.parent.parent if path.parent.name == "_archive" else path.parent).name
+        groups["memory"].append({
+            "domain": str(fields.get("domain") or folder),  # no domain field: the folder's slug
+            "category": category if category in MEMORY_CATEGORIES else "domain_knowledge",
+            "title": title[:1024],
+            "content": content,
+            "confidence": round(confidence, 4),
+            "tags": [str(t) for t in tags] if isinstance(tags, list) else [],
+            "source_session": str(fields.get("source_session") or "")[:256],
+            "scope": "global" if fields.get("scope") == "global" else "local",
+            "status": "archived" if path.parent.name == "_archive" else "active",
+        })
+    return groups, notes
+
+
+def import_groups(client: Any, groups: dict[str, list[Any]], progress_stream: TextIO | None = None) -> Importer:
+    total = sum(len(v) for v in groups.values())
+    progress = Progress(total, "import", progress_stream)
+    importer = Importer(client, progress)
+    importer.persistent(groups["persistent"])
+    importer.nodes(groups["graph_node"])
+    importer.edges(groups["graph_edge"])
+    memories = groups["memory"]
+    memories.sort(key=lambda m: str(m.get("created_at") or ""))  # oldest first, as they were written
+    importer.memories(memories)
+    progress.close()
+    return importer
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from eurekamem.client import ConnectionLost, EurekamemError
+    from eurekamem.daemon.storage.eurekaclaw import SnapshotReadError
+
+    source = Path(args.source).expanduser()
+    notes: list[str] = []
+    try:
+        if source.is_dir():
+            groups, notes = read_eurekaclaw_root(source)
+        elif source.is_file():
+            groups = read_jsonl(source)
+        else:
+            return _err(f"{source} does not exist")
+    except (ValueError, KeyError, OSError, SnapshotReadError) as exc:
+        return _err(f"cannot read {source}: {exc}")
+    for note in notes:
+        print(f"eurekamem: note: {note}", file=sys.stderr)
+    try:
+        with _client(args) as client:
+            importer = import_groups(client, groups)
+    except (EurekamemError, ConnectionLost, OSError) as exc:
+        return _err(f"import failed: {exc}")
+    summary = ", ".join(f"{n} {tier}" for tier, n in importer.counts.items())
+    print(f"imported {summary} from {source}")
+    for failure in importer.failed[:20]:
+        print(f"  failed: {failure}", file=sys.stderr)
+    if importer.failed:
+        print(f"eurekamem: {len(importer.failed)} items could not be imported", file=sys.stderr)
+        return 1
+    return 0
+
+

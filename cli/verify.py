@@ -1,0 +1,255 @@
+"""`eurekamem verify`: check a stopped daemon's data root (journal, snapshots, vectors, memory files).
+
+Rule kept here: verify holds the data root's LOCK, so the daemon cannot start meanwhile, and it only
+reads; it reports every problem it finds with the file that holds it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from eurekamem.cli.backup import _segment_files
+from eurekamem.cli.common import _effective, _err
+
+log = logging.getLogger("eurekamem.admin")
+
+
+class Report:
+    def __init__(self) -> None:
+        self.ok: list[str] = []
+        self.problems: list[str] = []
+        self.notes: list[str] = []
+
+    def render(self) -> str:
+        lines = [f"ok    {line}" for line in self.ok]
+        lines += [f"note  {line}" for line in self.notes]
+        lines += [f"DIFF  {line}" for line in self.problems]
+        verdict = "clean" if not self.problems else f"{len(self.problems)} difference(s)"
+        lines.append(f"verify: {verdict}")
+        return "\n".join(lines)
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def verify_root(root: Path) -> Report:
+    """Check the journal, the snapshots, the vectors and the memory files against each other.
+    The caller holds the LOCK (the daemon is not running)."""
+    import msgspec
+    from eurekamem.daemon.memory.format import fingerprint, parse_markdown
+    from eurekamem.daemon.memory.state import MemorySnapshot, PurgeMemory, PutMemory
+    from eurekamem.daemon.memory.vectors import _HEAD, MAGIC, VectorStore
+    from eurekamem.daemon.paths import Paths
+    from eurekamem.daemon.recovery import mutation_decoder
+    from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
+    from eurekamem.daemon.storage.journal import scan_segment
+    from eurekamem.daemon.tier import RTYPE_MUTATION
+
+    report = Report()
+    paths = Paths(root)
+
+    # the checkpoint
+    checkpoint = 0
+    if paths.checkpoint.exists():
+        try:
+            checkpoint = int(json.loads(paths.checkpoint.read_bytes())["seq"])
+            report.ok.append(f"checkpoint: seq {checkpoint}")
+        except (ValueError, KeyError, TypeError) as exc:
+            report.problems.append(f"{paths.checkpoint}: unreadable ({exc})")
+    else:
+        report.notes.append("no checkpoint: the daemon has not written a snapshot here yet")
+
+    # the journal
+    records: list[tuple[int, int, bytes]] = []
+    last_seq: int | None = None
+    expected: int | None = None
+    segments = _segment_files(root)
+    journal_ok = True
+    for index, path in enumerate(segments):
+        name_seq = int(path.name[:20])
+        if expected is not None and name_seq != expected:
+            report.problems.append(f"journal: {path.name} starts at seq {name_seq}, {expected} expected (a gap)")
+            journal_ok = False
+        scan = scan_segment(path.read_bytes())
+        if not scan.header_ok:
+            report.problems.append(f"journal: {path.name}: {scan.reason}")
+            journal_ok = False
+            break
+        if scan.first_seq != name_seq:
+            report.problems.append(f"journal: {path.name}: header says first seq {scan.first_seq}")
+            journal_ok = False
+        if scan.corrupt:
+            report.problems.append(f"journal: {path.name}: corrupt at offset {scan.valid_end}: {scan.reason} (eurekamem repair)")
+            journal_ok = False
+        elif scan.torn:
+            last = index == len(segments) - 1
+            where = "torn tail" if last else "torn record in a segment that is not the last"
+            report.problems.append(f"journal: {path.name}: {where} at offset {scan.valid_end}: {scan.reason}" +
+                                   (" (the daemon cuts it off at start)" if last else " (eurekamem repair)"))
+            journal_ok = journal_ok and last
+        records.extend(scan.records)
+        expected = name_seq + len(scan.records)
+        last_seq = expected - 1
+    if segments and journal_ok:
+        first = int(segments[0].name[:20])
+        span = f"seqs {first}..{last_seq}" if last_seq is not None and last_seq >= first else "no records"
+        report.ok.append(f"journal: {len(segments)} segments scan cleanly, {span}")
+    if segments and int(segments[0].name[:20]) > checkpoint + 1:
+        report.problems.append(f"journal: starts at seq {int(segments[0].name[:20])}, but the checkpoint covers only up to {checkpoint}: records are missing")
+    if last_seq is not None and last_seq < checkpoint:
+        report.problems.append(f"journal: ends at seq {last_seq}, before the checkpoint's seq {checkpoint}")
+    elif last_seq is not None:
+        report.ok.append(f"checkpoint seq {checkpoint} <= journal last seq {last_seq}")
+
+    # tiers 2 and 3
+    for path, reader, what in ((paths.persistent, eurekaclaw.read_persistent, "records"), (paths.graph, eurekaclaw.read_graph, "nodes")):
+        if not path.exists():
+            report.notes.append(f"{path.name}: absent")
+            continue
+        try:
+            value = reader(path.read_bytes(), path.name)
+            count = len(value) if what == "records" else len(value[0])
+            report.ok.append(f"{path.name}: parses ({count} {what})")
+        except eurekaclaw.SnapshotReadError as exc:
+            report.problems.append(f"{path.name}: {exc}")
+
+    # tier 4: the snapshot, its vectors, then the journal past the checkpoint
+    memories: dict[str, Any] = {}
+    if paths.memory_snapshot.exists():
+        try:
+            doc = msgspec.msgpack.decode(paths.memory_snapshot.read_bytes(), type=MemorySnapshot)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            report.problems.append(f"memories.snapshot: does not decode: {exc}")
+            doc = None
+        if doc is not None:
+            memories = {m.id: m for m in doc.memories}
+            report.ok.append(f"memories.snapshot: decodes ({len(memories)} memories, model {doc.model})")
+            _verify_vectors(paths.vectors, doc, report, VectorStore, _HEAD, MAGIC)
+    else:
+        report.notes.append("memories.snapshot: absent (tier 4 is imported from the .md files on start)")
+    touched: set[str] = set()
+    undecodable = 0
+    for seq, rtype, payload in records:
+        if seq <= checkpoint or rtype != RTYPE_MUTATION:
+            continue
+        try:
+            mutation = mutation_decoder.decode(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            undecodable += 1
+            continue
+        if isinstance(mutation, PutMemory):
+            memories[mutation.memory.id] = mutation.memory
+            touched.add(mutation.memory.id)
+        elif isinstance(mutation, PurgeMemory):
+            memories.pop(mutation.id, None)
+            touched.add(mutation.id)
+    if undecodable:
+        report.problems.append(f"journal: {undecodable} records past the checkpoint do not decode as mutations")
+
+    # the memory files against the memories
+    if paths.memory_snapshot.exists() or touched:
+        bad = 0
+        known_files = set()
+        for memory in memories.values():
+            known_files.add(memory.file)
+            path = root / memory.file
+            problem = None
+            if not path.is_file():
+                problem = f"{memory.file}: missing (memory {memory.id})"
+            else:
+                fields, content, heading = parse_markdown(path.read_text(encoding="utf-8", errors="replace"))
+                title = str(fields.get("title") or heading or "")
+                if fingerprint(title, content) != memory.fingerprint:
+                    problem = f"{memory.file}: its text does not match memory {memory.id} (fingerprint {fingerprint(title, content)}, expected {memory.fingerprint})"
+            if problem:
+                if memory.id in touched:
+                    report.notes.append(problem + "; changed in the journal, rewritten on the daemon's next start")
+                else:
+                    bad += 1
+                    report.problems.append(problem)
+        if not bad:
+            report.ok.append(f"memory files: {len(memories)} match their memories")
+        base = root / "memories"
+        if base.is_dir():
+            for path in sorted(base.glob("*/*.md")) + sorted(base.glob("*/_archive/*.md")):
+                relative = path.relative_to(root).as_posix()
+                if relative not in known_files:
+                    report.problems.append(f"{relative}: a memory file that no memory owns")
+            for index_path in sorted(base.glob("*/_index.json")):
+                try:
+                    if not isinstance(json.loads(index_path.read_bytes()), dict):
+                        raise ValueError("not an object")
+                except ValueError as exc:
+                    report.problems.append(f"{index_path.relative_to(root)}: unreadable ({exc})")
+    return report
+
+
+def _verify_vectors(folder: Path, doc: Any, report: Report, VectorStore: Any, head: Any, magic: bytes) -> None:
+    vpath = folder / f"{doc.stem()}.vectors"
+    embedded = sum(1 for model in doc.models.values() if model == doc.model)
+    if not vpath.exists():
+        if embedded:
+            report.problems.append(f"vectors/{vpath.name}: missing, but {embedded} memories have {doc.model} vectors (they would be re-embedded)")
+        else:
+            report.ok.append("vectors: none expected")
+        return
+    try:
+        with open(vpath, "rb") as f:
+            first = f.read(head.size)
+        fmagic, _version, dim = head.unpack_from(first)[:3]
+    except Exception as exc:  # OSError, or struct.error on a short file
+        report.problems.append(f"vectors/{vpath.name}: unreadable header ({exc})")
+        return
+    if fmagic != magic:
+        report.problems.append(f"vectors/{vpath.name}: not a vectors file")
+        return
+    collect = _Collect()
+    vectors_log = logging.getLogger("eurekamem.vectors")
+    vectors_log.addHandler(collect)
+    try:
+        store = VectorStore.load(str(folder), doc.stem(), dim=dim, model=doc.model, expected_fingerprint=doc.vectors_fingerprint)
+    finally:
+        vectors_log.removeHandler(collect)
+    if store is None:
+        why = "; ".join(collect.messages) or "refused"
+        report.problems.append(f"vectors/{vpath.name}: does not match memories.snapshot ({why})")
+    else:
+        report.ok.append(f"vectors/{vpath.name}: fingerprint {store.fingerprint()} matches ({len(store)} vectors)")
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from eurekamem.daemon.config import ConfigError
+    from eurekamem.daemon.errors import StartupError
+    from eurekamem.daemon.paths import Paths, acquire_lock
+
+    try:
+        root = Path(_effective(args, ("data_dir",))["data_dir"])
+    except ConfigError as exc:
+        return _err(str(exc))
+    if not (root / "memory").is_dir():
+        return _err(f"{root} holds no memory/ folder; nothing to verify")
+    paths = Paths(root)
+    try:
+        fd = acquire_lock(paths)
+    except StartupError as exc:
+        return _err(f"{exc} (verify reads the files while no daemon runs)")
+    try:
+        report = verify_root(root)
+    finally:
+        os.close(fd)
+    print(f"verify {root}")
+    print(report.render())
+    return 1 if report.problems else 0
+
+

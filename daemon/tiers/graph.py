@@ -1,0 +1,166 @@
+"""Tier 3: the knowledge graph of theorems and lemmas (networkx underneath) and its mutations.
+
+Rule kept here: an edge names two nodes that exist; every mutation carries a whole node or edge,
+so replay is idempotent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import networkx as nx
+from eurekamem.daemon.tier import TierState, Undo
+from eurekamem.protocol import (
+    KnowledgeNode,
+    ProtocolError,
+    new_id,
+)
+from eurekamem.protocol import _methods as m
+
+
+class PutNode(msgspec.Struct, tag="graph.node"):
+    node: KnowledgeNode
+
+
+class PutEdge(msgspec.Struct, tag="graph.edge"):
+    from_id: str
+    to_id: str
+    relation: str
+
+
+class GraphState(TierState):
+    """Theorem nodes and typed directed edges; BFS over the undirected view, as EurekaClaw does."""
+
+    name = "graph"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nodes: dict[str, KnowledgeNode] = {}
+        self.edges: dict[tuple[str, str, str], None] = {}  # ordered set of (from, to, relation)
+        self._adjacent = nx.Graph()  # undirected, edge attribute "n" counts the typed edges behind it
+
+    def do_add_theorem(self, p: m.GraphAddTheorem) -> KnowledgeNode:
+        node = KnowledgeNode(
+            node_id=new_id(),
+            theorem_name=p.theorem_name,
+            formal_statement=p.formal_statement,
+            domain=p.domain,
+            session_id=p.session_id,
+            tags=list(dict.fromkeys(p.tags)),
+            created_at=self.now(),
+        )
+        self.commit(PutNode(node))
+        return node
+
+    def do_link(self, p: m.GraphLink) -> dict[str, str]:
+        for field, node_id in (("from_id", p.from_id), ("to_id", p.to_id)):
+            if node_id not in self.nodes:
+                raise ProtocolError("not_found", f"{field}: no node with id {node_id!r}", field=field, id=node_id)
+        if (p.from_id, p.to_id, p.relation) not in self.edges:
+            self.commit(PutEdge(p.from_id, p.to_id, p.relation))
+        return {"from_id": p.from_id, "to_id": p.to_id, "relation": p.relation}
+
+    def do_get(self, p: m.GraphNodeRef) -> KnowledgeNode:
+        return self._node(p.node_id)
+
+    def do_related(self, p: m.GraphRelated) -> list[KnowledgeNode]:
+        self._node(p.node_id)
+        if p.node_id not in self._adjacent:
+            return []
+        reached = nx.single_source_shortest_path_length(self._adjacent, p.node_id, cutoff=p.depth)
+        return [self.nodes[n] for n in reached if n != p.node_id and n in self.nodes]
+
+    def do_search(self, p: m.GraphSearch) -> list[KnowledgeNode]:
+        query = p.query.lower()
+        domain = p.domain.lower() if p.domain is not None else None
+        out: list[KnowledgeNode] = []
+        for node in self.nodes.values():
+            if domain is not None and domain not in node.domain.lower():
+                continue
+            if p.tag is not None and p.tag not in node.tags:
+                continue
+            if query and query not in node.theorem_name.lower() and query not in node.formal_statement.lower():
+                continue
+            out.append(node)
+            if len(out) >= p.limit:
+                break
+        return out
+
+    def do_stats(self, p: m.Empty) -> dict[str, Any]:
+        relations: dict[str, int] = {r: 0 for r in m.RELATIONS}
+        for _, _, relation in self.edges:
+            relations[relation] = relations.get(relation, 0) + 1
+        return {"nodes": len(self.nodes), "edges": len(self.edges), "relations": relations}
+
+    def do_export(self, p: m.GraphExport) -> dict[str, Any]:
+        graph = self.to_networkx()
+        if p.format == "graphml":
+            return {"format": "graphml", "data": "\n".join(nx.generate_graphml(graph))}
+        return {"format": "node_link", "data": nx.node_link_data(graph, edges="edges")}
+
+    def to_networkx(self) -> nx.MultiDiGraph:
+        graph = nx.MultiDiGraph()
+        for node_id, node in self.nodes.items():
+            graph.add_node(
+                node_id,
+                theorem_name=node.theorem_name,
+                formal_statement=node.formal_statement,
+                domain=node.domain,
+                session_id=node.session_id,
+                tags=",".join(node.tags),
+                created_at=node.created_at,
+            )
+        for from_id, to_id, relation in self.edges:
+            graph.add_edge(from_id, to_id, key=relation, relation=relation)
+        return graph
+
+    def _node(self, node_id: str) -> KnowledgeNode:
+        node = self.nodes.get(node_id)
+        if node is None:
+            raise ProtocolError("not_found", f"no node with id {node_id!r}", id=node_id)
+        return node
+
+    # mutations
+    def apply(self, mutation: Any) -> Undo:
+        if isinstance(mutation, PutNode):
+            node_id = mutation.node.node_id
+            old = self.nodes.get(node_id)
+            self.nodes[node_id] = mutation.node
+
+            def undo_node() -> None:
+                if old is None:
+                    del self.nodes[node_id]
+                else:
+                    self.nodes[node_id] = old
+
+            return undo_node
+        if isinstance(mutation, PutEdge):
+            edge = (mutation.from_id, mutation.to_id, mutation.relation)
+            if edge in self.edges:
+                return lambda: None
+            self.edges[edge] = None
+            self._connect(edge[0], edge[1], +1)
+
+            def undo_edge() -> None:
+                del self.edges[edge]
+                self._connect(edge[0], edge[1], -1)
+
+            return undo_edge
+        raise TypeError(f"not a graph mutation: {mutation!r}")
+
+    def _connect(self, a: str, b: str, delta: int) -> None:
+        data = self._adjacent.get_edge_data(a, b)
+        count = (data["n"] if data else 0) + delta
+        if count > 0:
+            self._adjacent.add_edge(a, b, n=count)
+        elif data:
+            self._adjacent.remove_edge(a, b)
+            for end in (a, b):
+                if end in self._adjacent and self._adjacent.degree(end) == 0:
+                    self._adjacent.remove_node(end)
+
+    def counts(self) -> dict[str, int]:
+        return {"nodes": len(self.nodes), "edges": len(self.edges)}
+
+
