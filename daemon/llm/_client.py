@@ -1,0 +1,318 @@
+"""`LLM`: structured completions with retries, a budget, validation, accounting and no key leaks.
+
+Rules kept here:
+- Every request goes through the budget first (waiting, never refusing) and runs under the
+  configured timeout; 429, 5xx, connection errors and timeouts are retried up to `max_attempts`
+  requests per answer with jittered exponential back-off, never sooner than a Retry-After (one
+  longer than `max_retry_wait` is not waited out: the call ends with LLMUnavailable carrying it,
+  so the job queue backs off instead of holding a job slot).
+- An answer is validated on arrival with msgspec.convert (strict) against the output type. One
+  that does not validate is sent back once with the validation error; a second invalid answer
+  raises LLMFailed naming both problems. Nothing invalid is ever returned.
+- The API key's value is removed from every text that leaves: error reasons, log lines, the last
+  error in `statistics()`. Headers are never logged; provider exceptions are not chained.
+- Tokens are counted per call (in the result, and on the error of a failed call) and per provider.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, TypeVar
+
+import msgspec
+import trio
+
+from ._budget import Budget
+from ._config import ResolvedLLM
+from ._errors import LLMError, LLMFailed, LLMUnavailable, Usage
+from ._provider import Completion, CompletionRequest, Correction, Provider, UnavailableProvider
+from ._schema import tool_spec
+
+__all__ = ["LLM", "StructuredResult", "make_provider"]
+
+log = logging.getLogger("eurekamem.llm")
+
+T = TypeVar("T", bound=msgspec.Struct)
+
+CHARS_PER_TOKEN = 4  # for estimates only: the budget's reservation, usage a provider did not report
+REDACTED = "[redacted]"
+
+
+class StructuredResult(msgspec.Struct, Generic[T], frozen=True):
+    """A validated answer. `usage` sums every request of the call (an invalid first answer
+    included); `attempts` counts the requests sent (retries included)."""
+
+    value: T
+    usage: Usage
+    attempts: int
+    provider: str
+    model: str
+
+
+def make_provider(resolved: ResolvedLLM) -> Provider:
+    """The provider `resolved` names, or one that raises LLMUnavailable when none can be used."""
+    if not resolved.available:
+        return UnavailableProvider(
+            resolved.provider, resolved.model, resolved.unavailable_kind, resolved.unavailable_reason
+        )
+    if resolved.provider == "anthropic":
+        from ._anthropic import AnthropicProvider  # the SDK is imported only when it is used
+
+        return AnthropicProvider(
+            model=resolved.model, api_key=resolved.api_key, base_url=resolved.base_url, timeout=resolved.timeout
+        )
+    from ._openai import OpenAIProvider
+
+    return OpenAIProvider(
+        model=resolved.model, api_key=resolved.api_key, base_url=resolved.base_url, timeout=resolved.timeout
+    )
+
+
+class _Counters:
+    """What statistics() reports for the provider."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.succeeded = 0
+        self.requests = 0
+        self.failures: Counter[str] = Counter()  # calls that ended in an error, by kind
+        self.retried: Counter[str] = Counter()  # requests retried, by the kind of their error
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.last_error = ""
+        self.last_error_kind = ""
+        self.last_error_at = 0.0  # Unix time (0: never)
+
+
+class LLM:
+    """One configured provider with its budget and counters; the job queue's way to an LLM.
+
+    `sleep` is awaited for back-off delays and `rng` draws their jitter (inject both in tests);
+    the budget waits on `budget_sleep` (trio.sleep: a MockClock drives it). `provider` replaces the
+    one `resolved` names (a fake in tests). Use as `async with LLM(...) as llm:` or call aclose().
+    """
+
+    def __init__(
+        self,
+        resolved: ResolvedLLM,
+        *,
+        provider: Provider | None = None,
+        sleep: Callable[[float], Awaitable[Any]] = trio.sleep,
+        rng: random.Random | None = None,
+        backoff_base: float = 1.0,
+        backoff_max: float = 30.0,
+        max_retry_wait: float = 120.0,
+        budget_clock: Callable[[], float] = trio.current_time,
+        budget_sleep: Callable[[float], Awaitable[Any]] = trio.sleep,
+    ) -> None:
+        self.resolved = resolved
+        self.provider = provider if provider is not None else make_provider(resolved)
+        self.budget = Budget(
+            resolved.requests_per_minute, resolved.tokens_per_minute, clock=budget_clock, sleep=budget_sleep
+        )
+        self._sleep = sleep
+        self._rng = rng if rng is not None else random.Random()
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self.max_retry_wait = max_retry_wait
+        self._counters = _Counters()
+        self._key = resolved.api_key.reveal()
+
+    async def __aenter__(self) -> LLM:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self.provider.aclose()
+
+    def __repr__(self) -> str:
+        return f"LLM({self.resolved.provider!r}, {self.resolved.model!r}, {self.redact(self.resolved.base_url)!r})"
+
+    @property
+    def available(self) -> bool:
+        """False when no call can succeed until the configuration changes (see `unavailable_reason`)."""
+        return self.resolved.available
+
+    @property
+    def unavailable_reason(self) -> str:
+        return self.resolved.unavailable_reason
+
+    def redact(self, text: str) -> str:
+        """`text` without the API key's value."""
+        return text.replace(self._key, REDACTED) if self._key else text
+
+    # ---- the call ---------------------------------------------------------------------------------
+
+    async def complete_structured(
+        self,
+        system: str,
+        prompt: str,
+        output_type: type[T],
+        *,
+        name: str,
+        description: str = "",
+    ) -> StructuredResult[T]:
+        """Ask for one `output_type` value; `name` names the tool / schema (letters, digits, _ and -).
+
+        Raises LLMUnavailable (try later: the job stays queued) or LLMFailed (the answer was unusable:
+        the job fails with the reason). Both carry the tokens spent in `usage`."""
+        tool = tool_spec(output_type, name, description)
+        self._counters.calls += 1
+        spent = Usage()
+        attempts = 0
+        problems: list[str] = []
+        corrections: tuple[Correction, ...] = ()
+        try:
+            while True:
+                request = CompletionRequest(system, prompt, tool, self.resolved.max_output_tokens, corrections)
+                completion, sent, request_usage = await self._answer(request)
+                attempts += sent
+                spent += request_usage
+                problem = completion.decode_error
+                if not problem:
+                    try:
+                        value = msgspec.convert(completion.data, output_type, strict=True)
+                    except msgspec.ValidationError as e:
+                        problem = str(e)
+                    else:
+                        break
+                problems.append(problem)
+                if corrections:
+                    raise LLMFailed(
+                        "invalid_answer",
+                        f"the answer did not validate twice: first {problems[0]}; then {problems[1]}",
+                    )
+                self._counters.retried["invalid_answer"] += 1
+                log.info(
+                    "llm %s: the %s answer did not validate, asking again: %s",
+                    self.provider.name,
+                    name,
+                    self.redact(problem),
+                )
+                corrections = (Correction(completion, problem),)
+        except LLMError as error:
+            error.usage = spent + error.usage
+            self._fail(error)
+            raise
+        self._counters.succeeded += 1
+        return StructuredResult(value, spent, attempts, self.provider.name, self.provider.model)
+
+    async def _answer(self, request: CompletionRequest) -> tuple[Completion, int, Usage]:
+        """One answer: requests until one succeeds, with budget, timeout and back-off. Returns the
+        answer, the requests sent, and the tokens used (failed requests' included)."""
+        estimate = _estimate_input(request)
+        spent = Usage()
+        error: LLMError | None = None
+        if isinstance(self.provider, UnavailableProvider):
+            await self.provider.complete(request)  # raises at once: no budget spent, nothing retried
+        for attempt in range(1, self.resolved.max_attempts + 1):
+            reservation = estimate + request.max_output_tokens
+            await self.budget.acquire(reservation)
+            self._counters.requests += 1
+            used = 0
+            try:
+                with trio.move_on_after(self.resolved.timeout) as deadline:
+                    completion = await self.provider.complete(request)
+                if deadline.cancelled_caught:
+                    raise LLMUnavailable("timeout", f"no answer within {self.resolved.timeout:g} s")
+                if completion.usage.estimated:
+                    completion = msgspec.structs.replace(
+                        completion, usage=Usage(estimate, len(completion.text) // CHARS_PER_TOKEN + 1, estimated=True)
+                    )
+                used = completion.usage.total_tokens
+                self._count_tokens(completion.usage)
+                return completion, attempt, spent + completion.usage
+            except LLMError as e:
+                used = e.usage.total_tokens
+                self._count_tokens(e.usage)
+                spent += e.usage
+                e.usage = spent
+                error = e
+            finally:
+                self.budget.settle(reservation, used)
+            if not (isinstance(error, LLMUnavailable) and error.transient) or attempt == self.resolved.max_attempts:
+                break
+            retry_after = error.retry_after
+            if retry_after is not None and retry_after > self.max_retry_wait:
+                error.reason += f" (Retry-After {retry_after:g} s is longer than this call waits)"
+                break
+            delay = self._backoff(attempt, retry_after)
+            self._counters.retried[error.kind] += 1
+            log.warning(
+                "llm %s: %s; retrying in %.2f s (attempt %d of %d)",
+                self.provider.name,
+                self.redact(str(error.reason)),
+                delay,
+                attempt + 1,
+                self.resolved.max_attempts,
+            )
+            await self._sleep(delay)
+        assert error is not None
+        if isinstance(error, LLMUnavailable) and error.transient:
+            error.reason += f" (after {attempt} attempt{'s' if attempt > 1 else ''})"
+        raise error
+
+    def _backoff(self, attempt: int, retry_after: float | None) -> float:
+        """Jittered exponential back-off after failed attempt `attempt` (1-based), at least Retry-After."""
+        ceiling = min(self.backoff_max, self.backoff_base * 2.0 ** (attempt - 1))
+        delay = ceiling / 2 + self._rng.uniform(0, ceiling / 2)
+        return max(delay, retry_after) if retry_after is not None else delay
+
+    def _count_tokens(self, usage: Usage) -> None:
+        self._counters.input_tokens += usage.input_tokens
+        self._counters.output_tokens += usage.output_tokens
+
+    def _fail(self, error: LLMError) -> None:
+        error.provider = self.provider.name
+        error.model = self.provider.model
+        error.scrub(self.redact)
+        counters = self._counters
+        counters.failures[error.kind] += 1
+        counters.last_error = str(error)
+        counters.last_error_kind = error.kind
+        counters.last_error_at = time.time()
+        level = logging.INFO if error.kind == "not_configured" else logging.WARNING
+        log.log(level, "llm call failed: %s", counters.last_error)
+
+    # ---- accounting -------------------------------------------------------------------------------
+
+    def statistics(self) -> dict[str, dict[str, Any]]:
+        """Per provider (one here, keyed by its name): calls, requests, failures by kind, tokens,
+        the last error (scrubbed) and the budget's state. Plain builtins, ready for sys.stats."""
+        counters = self._counters
+        resolved = self.resolved
+        entry = {
+            "provider": resolved.provider,
+            "model": resolved.model,
+            "base_url": self.redact(resolved.base_url),
+            "available": resolved.available,
+            "unavailable_reason": resolved.unavailable_reason,
+            "calls": counters.calls,
+            "succeeded": counters.succeeded,
+            "requests": counters.requests,
+            "failures": dict(counters.failures),
+            "retried": dict(counters.retried),
+            "input_tokens": counters.input_tokens,
+            "output_tokens": counters.output_tokens,
+            "last_error": counters.last_error,
+            "last_error_kind": counters.last_error_kind,
+            "last_error_at": counters.last_error_at,
+            "budget": self.budget.state(),
+        }
+        return {resolved.provider: entry}
+
+
+def _estimate_input(request: CompletionRequest) -> int:
+    """Input tokens `request` will cost, roughly (characters / 4), for the budget's reservation."""
+    characters = len(request.system) + len(request.prompt) + len(msgspec.json.encode(request.tool.schema))
+    for correction in request.corrections:
+        characters += (
+            len(correction.answer.text) + len(msgspec.json.encode(correction.answer.data)) + len(correction.problem)
+        )
+    return characters // CHARS_PER_TOKEN + 16
