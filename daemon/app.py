@@ -132,7 +132,7 @@ class Daemon:
         journal = recovered.journal
         self.journal_actor = JournalActor(journal, self.config.fsync, self.config.batch_interval)
         self.actors = {
-            "episodic": EpisodicActor(EpisodicState(), None, self.paths),
+            "episodic": EpisodicActor(EpisodicState(), None, self.paths, self.config),
             "persistent": TierActor(recovered.persistent, self.journal_actor, inline=True),
             "graph": TierActor(recovered.graph, self.journal_actor, inline=True),
             "memory": MemoryActor(recovered.memory, self.journal_actor, self.paths.root),

@@ -117,6 +117,11 @@ _BASE: list[Setting] = [
     Setting("embed_url", str, "", "with openai:<model>: the endpoint's base URL", config_field=None),
     Setting("embed_dim", Annotated[int, Meta(ge=0)], 0, "with openai:<model>: the vector dimension", config_field=None),
     Setting("projection_interval", Seconds, 1.0, "seconds between writes of changed memory files"),
+    Setting(
+        "session_idle_close", NonNegativeSeconds, 3600.0,
+        "close an episodic session after this many seconds without an event (written to runs/); 0 = never",
+    ),
+    Setting("max_open_sessions", PositiveInt, 256, "episodic sessions held in RAM at most; past it the longest idle one is closed"),
     Setting("log_level", Literal["debug", "info", "warning", "error"], "info", "log level: debug, info, warning, error", config_field=None),
     Setting("log_format", Literal["auto", "json", "text"], "auto", "log lines: json, text, or auto (json unless stderr is a terminal)", config_field=None),
 ]
@@ -481,6 +486,8 @@ class Config(msgspec.Struct, kw_only=True):
     embedder_options: dict[str, Any] = {}
     projection_interval: float = 1.0  # seconds between writes of changed memory files
     allowed_uids: list[int] = []  # peers' uids let in besides the daemon's own (a shared service account)
+    session_idle_close: float = 3600.0  # seconds without an event before an episodic session is closed; 0 = never
+    max_open_sessions: int = 256  # episodic sessions in RAM at most (each keeps its last 500 events)
 
     def __post_init__(self) -> None:
         if self.fsync not in FSYNC_POLICIES:

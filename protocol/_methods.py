@@ -46,6 +46,10 @@ class EpisodicLog(Params):
     agent_role: Ident
     content: Text
     metadata: dict[str, Any] = {}
+    # A client that buffered the event while the daemon was away names it and says when it happened;
+    # logging an entry_id the session already holds answers that entry again (a retry adds nothing).
+    entry_id: Ident | None = None
+    timestamp: Annotated[str, Meta(min_length=1, max_length=64)] | None = None
 
 
 class EpisodicRecent(Params):

@@ -1,13 +1,25 @@
 """Tier 1: per-session ring buffers of the last 500 events, in RAM only, and the actor that owns them.
 
-Rule kept here: episodic events are never journaled (as in EurekaClaw); `session.close` writes the
-session's events to runs/<session_id>/episodic.json, atomically, from the actor itself.
+Rules kept here:
+- Episodic events are never journaled (as in EurekaClaw). A session ends by `session.close`, by
+  being idle (no event for `idle_close` seconds), by the bound on open sessions (a new session past
+  `max_sessions` closes the one idle longest), or at shutdown; every end writes the session's events
+  to runs/<session_id>/episodic.json, atomically, from the actor itself, merged with what an earlier
+  end of the same session wrote there (a session that logs again after it ended appends; it never
+  overwrites).
+- Only the actor's own run loop touches the state: the idle sweeper decides nothing itself, it
+  queues an internal item that re-checks idleness when the actor runs it. A session evicted by the
+  bound leaves the state at once (the bound is strict) and waits in `evicted` until the actor writes it.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
+import inspect
 import logging
-from collections import deque
+import math
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,40 +40,71 @@ from eurekamem.protocol import _methods as m
 
 log = logging.getLogger("eurekamem")
 
+DEFAULT_IDLE_CLOSE = 3600.0  # seconds without an event before a session is closed (0: never)
+DEFAULT_MAX_SESSIONS = 256  # open sessions held in RAM at most (each up to RING events)
+WRITE_RETRY = 30.0  # seconds before writing runs/ again after it failed
+
 
 class EpisodicState(TierState):
-    """Per-session ring buffers in RAM (never journaled, as in EurekaClaw)."""
+    """Per-session ring buffers in RAM (never journaled, as in EurekaClaw), least recently active first."""
 
     name = "episodic"
     RING = 500
 
-    def __init__(self) -> None:
+    def __init__(self, max_sessions: int = DEFAULT_MAX_SESSIONS, clock: Callable[[], float] | None = None) -> None:
         super().__init__()
-        self.sessions: dict[str, deque[EpisodicEntry]] = {}
+        if max_sessions < 1:
+            raise ValueError("max_sessions must be at least 1")
+        self.max_sessions = max_sessions
+        self.clock = clock if clock is not None else trio.current_time
+        self.sessions: OrderedDict[str, deque[EpisodicEntry]] = OrderedDict()
+        self.last_event: dict[str, float] = {}  # session -> clock() of its last event
+        self.evicted: list[tuple[str, list[EpisodicEntry]]] = []  # closed by the bound, not yet written
         self.logged = 0
+        self.closed_idle = 0
+        self.closed_evicted = 0
+        self.changed = trio.Event()  # set when a session opens or is evicted: the sweeper looks again
 
     def do_log(self, p: m.EpisodicLog) -> EpisodicEntry:
+        timestamp = _utc_timestamp(p.timestamp) if p.timestamp is not None else self.now()
+        ring = self.sessions.get(p.session_id)
+        if ring is not None and p.entry_id is not None:
+            for old in reversed(ring):
+                if old.entry_id == p.entry_id:
+                    return old  # a retried delivery: the session has it already
+        if ring is None:
+            while len(self.sessions) >= self.max_sessions:
+                self._evict_oldest()
+            ring = self.sessions[p.session_id] = deque(maxlen=self.RING)
+            self.changed.set()
+        else:
+            self.sessions.move_to_end(p.session_id)
         entry = EpisodicEntry(
-            entry_id=new_id(),
+            entry_id=p.entry_id if p.entry_id is not None else new_id(),
             session_id=p.session_id,
             agent_role=p.agent_role,
             content=p.content,
             metadata=p.metadata,
-            timestamp=self.now(),
+            timestamp=timestamp,
         )
-        ring = self.sessions.get(p.session_id)
-        if ring is None:
-            ring = self.sessions[p.session_id] = deque(maxlen=self.RING)
         ring.append(entry)
+        self.last_event[p.session_id] = self.clock()
         self.logged += 1
         return entry
 
+    def _evict_oldest(self) -> None:
+        session_id, ring = self.sessions.popitem(last=False)
+        self.last_event.pop(session_id, None)
+        self.evicted.append((session_id, list(ring)))
+        self.closed_evicted += 1
+        self.changed.set()
+
     def do_recent(self, p: m.EpisodicRecent) -> list[EpisodicEntry]:
-        entries = self.sessions.get(p.session_id, ())
+        ring = self.sessions.get(p.session_id, ())
         if p.agent_role is not None:
-            entries = [e for e in entries if e.agent_role == p.agent_role]
+            entries = [e for e in ring if e.agent_role == p.agent_role]
         else:
-            entries = list(entries)
+            entries = list(ring)
         return entries[-p.n :]
 
     def do_search(self, p: m.EpisodicSearch) -> list[EpisodicEntry]:
@@ -71,48 +114,223 @@ class EpisodicState(TierState):
 
     def close_session(self, session_id: str) -> list[EpisodicEntry]:
         """Drop a session's buffer and return its events (the caller writes them to runs/)."""
+        self.last_event.pop(session_id, None)
         return list(self.sessions.pop(session_id, ()))
+
+    def oldest_idle_deadline(self, idle: float) -> float | None:
+        """When the least recently active session turns idle (clock time), or None without sessions."""
+        for session_id in self.sessions:
+            return self.last_event.get(session_id, -math.inf) + idle
+        return None
+
+    def idle_sessions(self, idle: float) -> list[str]:
+        """Sessions without an event for `idle` seconds, least recently active first."""
+        now = self.clock()
+        out = []
+        for session_id in self.sessions:
+            if self.last_event.get(session_id, -math.inf) + idle > now:
+                break  # ordered by activity: every later one is younger
+            out.append(session_id)
+        return out
+
+    def take_evicted(self) -> list[tuple[str, list[EpisodicEntry]]]:
+        out, self.evicted = self.evicted, []
+        return out
 
     def apply(self, mutation: Any) -> Undo:  # pragma: no cover - episodic is never journaled
         raise TypeError("episodic state is not journaled")
 
     def counts(self) -> dict[str, int]:
-        return {"sessions": len(self.sessions), "events": sum(len(r) for r in self.sessions.values())}
+        return {
+            "sessions": len(self.sessions),
+            "events": sum(len(r) for r in self.sessions.values()),
+            "closed_idle": self.closed_idle,
+            "closed_evicted": self.closed_evicted,
+        }
+
+
+def _utc_timestamp(value: str) -> str:
+    """A client's RFC 3339 timestamp in UTC (naive means UTC); invalid_params when it is not one."""
+    text = value.strip()
+    if text.endswith(("Z", "z")):
+        text = text[:-1] + "+00:00"
+    try:
+        parsed = _dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ProtocolError(
+            "invalid_params", f"invalid params: timestamp {value!r} is not RFC 3339", field="timestamp"
+        ) from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=_dt.timezone.utc)
+    return parsed.astimezone(_dt.timezone.utc).isoformat()
 
 
 class EpisodicActor(TierActor):
-    """Tier 1: RAM only; session.close writes the session's events to runs/<session_id>/episodic.json."""
+    """Tier 1: RAM only; every end of a session writes its events to runs/<session_id>/episodic.json.
+
+    idle_close: seconds without an event after which a session is closed (0 or less: never).
+    """
 
     NOT_INLINE = frozenset({"session.close"})  # writes a file: only the actor may wait for that
 
-    def __init__(self, state: EpisodicState, journal: None, paths: Paths) -> None:
+    def __init__(
+        self,
+        state: EpisodicState,
+        journal: None,
+        paths: Paths,
+        config: Any = None,
+        *,
+        idle_close: float | None = None,
+        run_io: Callable[..., Awaitable[Any]] = trio.to_thread.run_sync,
+    ) -> None:
         super().__init__(state, journal, inline=True)
         self.paths = paths
+        self.run_io = run_io  # how file writes run: a worker thread (tests pass one that runs them inline)
+        if config is not None:
+            state.max_sessions = getattr(config, "max_open_sessions", state.max_sessions)
+            if idle_close is None:
+                idle_close = getattr(config, "session_idle_close", None)
+        self.idle_close = DEFAULT_IDLE_CLOSE if idle_close is None else idle_close
+        self.write_errors = 0
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._sweep)
+            await super().run()
+            nursery.cancel_scope.cancel()
+        # The channel is closed (shutdown): write every session still open, as session.close would.
+        await self._write_evicted()
+        for session_id in list(self.state.sessions):
+            await self._end(session_id, "shutdown")
+
+    async def _call_on_state(self, fn: Callable[[Any], Any]) -> Any:
+        result = fn(self.state)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    async def _sweep(self) -> None:
+        """Queue the writing of evicted sessions and the closing of idle ones; the actor does the work.
+
+        After a failed write (a full disk, say) the next attempt waits WRITE_RETRY seconds.
+        """
+        state: EpisodicState = self.state
+        retry_at = -math.inf
+        while True:
+            state.changed = trio.Event()
+            if state.evicted:
+                due = trio.current_time()
+            else:
+                deadline = state.oldest_idle_deadline(self.idle_close) if self.idle_close > 0 else None
+                due = math.inf if deadline is None else deadline
+            due = max(due, retry_at)
+            if due <= trio.current_time():
+                try:
+                    all_written = await self.run_internal(lambda _state: self._maintain())
+                except trio.ClosedResourceError:
+                    return  # shutting down: run() writes what is left
+                retry_at = -math.inf if all_written else trio.current_time() + WRITE_RETRY
+                continue
+            with trio.move_on_at(due):
+                await state.changed.wait()
+
+    async def _maintain(self) -> bool:
+        """Write the evicted sessions, close the idle ones; False if a write failed."""
+        ok = await self._write_evicted()
+        if self.idle_close > 0:
+            for session_id in self.state.idle_sessions(self.idle_close):
+                if await self._end(session_id, "idle"):
+                    self.state.closed_idle += 1
+                else:
+                    ok = False
+        return ok
+
+    async def _write_evicted(self) -> bool:
+        state: EpisodicState = self.state
+        failed = []
+        for session_id, events in state.take_evicted():
+            if not await self._write(session_id, events, "too many open sessions"):
+                failed.append((session_id, events))
+        if failed:
+            state.evicted[:0] = failed  # retried first, in order
+            while len(state.evicted) > state.max_sessions:  # still bounded while the disk refuses
+                session_id, events = state.evicted.pop(0)
+                log.error("session %s: %d events dropped, runs/ cannot be written", session_id, len(events))
+        return not failed
+
+    async def _end(self, session_id: str, why: str) -> bool:
+        events = list(self.state.sessions.get(session_id, ()))
+        written = await self._write(session_id, events, why) if events else True
+        if written:
+            self.state.close_session(session_id)
+        return written
+
+    async def _write(self, session_id: str, events: list[EpisodicEntry], why: str) -> bool:
+        if not _folder_name_ok(session_id):
+            log.warning(
+                "session %r ended (%s): its name cannot be a folder; %d events dropped", session_id, why, len(events)
+            )
+            return True
+        path = self.paths.runs / session_id / "episodic.json"
+        try:
+            await self.run_io(_write_run_file, path, events)
+        except (OSError, ValueError) as exc:
+            self.write_errors += 1
+            log.error("could not write %s (session ended: %s): %s; the events stay in RAM", path, why, exc)
+            return False
+        log.info("session %s ended (%s): %d events written to %s", session_id, why, len(events), path)
+        return True
 
     async def handle(self, call: Call) -> Any:
         if call.spec.name != "session.close":
             return await super().handle(call)
         session_id = call.params.session_id
-        if session_id in (".", "..") or "/" in session_id or "\x00" in session_id:
+        if not _folder_name_ok(session_id):
             return ProtocolError(
                 "invalid_params", f"invalid params: session_id {session_id!r} cannot name a folder", field="session_id"
             )
+        await self._write_evicted()  # an evicted part of this session goes first, in order
         events = self.state.sessions.get(session_id)
         if not events:
             self.state.close_session(session_id)
             return {"job_id": None, "events_written": 0, "path": None}
         path = self.paths.runs / session_id / "episodic.json"
-        data = msgspec.json.format(msgspec.json.encode(list(events)), indent=2)
         try:
-            await trio.to_thread.run_sync(_write_run_file, path, data)
-        except OSError as exc:
+            await self.run_io(_write_run_file, path, list(events))
+        except (OSError, ValueError) as exc:
             return ProtocolError("internal", f"could not write {path}: {exc}")
         self.state.close_session(session_id)
         return {"job_id": None, "events_written": len(events), "path": str(path)}
 
 
-def _write_run_file(path: Path, data: bytes) -> None:
+def _folder_name_ok(session_id: str) -> bool:
+    return session_id not in (".", "..") and "/" not in session_id and "\x00" not in session_id
+
+
+_entries = msgspec.json.Decoder(list[EpisodicEntry])
+
+
+def _write_run_file(path: Path, events: list[EpisodicEntry]) -> None:
+    """Write events to path, after the entries an earlier end of the session left there (by entry_id)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    merged = events
+    try:
+        previous = _entries.decode(path.read_bytes())
+    except FileNotFoundError:
+        previous = []
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"{path} exists and is not a list of episodic entries ({exc}); not overwritten") from None
+    if previous:
+        ours = {e.entry_id for e in events}
+        merged = [e for e in previous if e.entry_id not in ours] + events
+        merged.sort(key=_entry_time)  # stable: equal times keep their order
+    data = msgspec.json.format(msgspec.json.encode(merged), indent=2)
     atomic_write(RealFiles(), str(path), data)
 
 
+def _entry_time(entry: EpisodicEntry) -> _dt.datetime:
+    try:
+        parsed = _dt.datetime.fromisoformat(entry.timestamp.replace("Z", "+00:00"))
+    except ValueError:
+        return _dt.datetime.min.replace(tzinfo=_dt.timezone.utc)
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=_dt.timezone.utc)
