@@ -11,15 +11,18 @@ waiting for that id, until its own reply is there, then wakes one waiting task t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Sequence
 
 from eurekamem.protocol import BinaryDecoder, CrossRunRecord, EpisodicEntry, FrameTooLarge, KnowledgeNode
 
 from . import _common as C
-from ._errors import ConnectionLost, EurekamemError, error_from_wire
-from ._paths import default_socket_path
+from ._autostart import Starter
+from ._errors import ConnectionLost, EurekamemError, Timeout, error_from_wire
+from ._paths import data_root, default_socket_path
 
 __all__ = ["AsyncClient", "current_async_library"]
 
@@ -113,6 +116,23 @@ class _AsyncioBackend:
     def send_errors() -> tuple[type[BaseException], ...]:
         return (OSError,)
 
+    @staticmethod
+    @contextlib.asynccontextmanager
+    async def deadline(seconds: float, what: Callable[[], str]) -> AsyncIterator[None]:
+        import asyncio
+
+        try:
+            async with asyncio.timeout(seconds):
+                yield
+        except TimeoutError:
+            raise Timeout(what()) from None
+
+    @staticmethod
+    async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+        import asyncio
+
+        return await asyncio.to_thread(fn, *args)
+
 
 class _TrioStream:
     atomic_writes = False
@@ -176,6 +196,23 @@ class _TrioBackend:
 
         return (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
 
+    @staticmethod
+    @contextlib.asynccontextmanager
+    async def deadline(seconds: float, what: Callable[[], str]) -> AsyncIterator[None]:
+        import trio
+
+        try:
+            with trio.fail_after(seconds):
+                yield
+        except trio.TooSlowError:
+            raise Timeout(what()) from None
+
+    @staticmethod
+    async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+        import trio
+
+        return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+
 
 _BACKENDS = {"asyncio": _AsyncioBackend, "trio": _TrioBackend}
 
@@ -216,13 +253,25 @@ class _Conn:
 class AsyncClient:
     """The async eurekamem client, for asyncio and trio: the Client's calls, as coroutines.
 
-    Concurrent tasks share one connection and pipeline their requests. There is no timeout of
-    its own: use the event loop's (asyncio.timeout, trio.fail_after); a cancelled call leaves the
-    connection usable (under trio, a call cancelled in the middle of sending drops the connection).
+    Concurrent tasks share one connection and pipeline their requests. timeout: seconds a call may
+    take (connecting, sending, waiting for its answer), None for C.DEFAULT_TIMEOUT (60 s); a call
+    that runs out raises Timeout. A call that runs out or is cancelled leaves the connection usable
+    (under trio, one cancelled in the middle of sending drops the connection). autostart and
+    data_dir: as for Client (the start runs in a worker thread; its wait does not count against
+    `timeout`).
     """
 
-    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
-        self.path = os.fspath(path) if path is not None else default_socket_path()
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        timeout: float | None = None,
+        *,
+        autostart: bool = False,
+        data_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.path = os.fspath(path) if path is not None else default_socket_path(data_dir)
+        self.timeout = C.bounded_timeout(timeout)
+        self.starter = Starter(data_root(data_dir)) if autostart else None
         self._conn: _Conn | None = None
         self._connect_lock: Any = None
         self._connect_lock_token: Any = None
@@ -279,7 +328,7 @@ class AsyncClient:
             if conn is not None and conn.dead is None:
                 return conn
             try:
-                stream = await backend.connect(self.path)
+                stream = await self._connect_or_start(backend)
             except OSError as exc:
                 hint = " (is the daemon running? `eurekamem serve`)" if isinstance(
                     exc, (FileNotFoundError, ConnectionRefusedError)
@@ -392,7 +441,36 @@ class AsyncClient:
             raise ConnectionLost(slot.error)
         return slot.reply  # type: ignore[return-value]
 
-    async def _request(self, method: str, params: Any) -> C.Reply:
+    async def _connect_or_start(self, backend: Any) -> Any:
+        """Connect; when nothing listens and autostart is on, start the daemon (in a thread), then connect."""
+        def what() -> str:
+            return f"timed out after {self.timeout}s connecting to {self.path}"
+
+        try:
+            async with backend.deadline(self.timeout, what):
+                return await backend.connect(self.path)
+        except (FileNotFoundError, ConnectionRefusedError):
+            if self.starter is None or not await backend.in_thread(self.starter.start, self.path):
+                raise
+        async with backend.deadline(self.timeout, what):
+            return await backend.connect(self.path)
+
+    @contextlib.asynccontextmanager
+    async def _bounded(self, extra_wait: float = 0.0) -> AsyncIterator[None]:
+        """The call's deadline, counted once connected (an on-demand start has its own wait)."""
+        await self._connection()
+        backend = _BACKENDS[current_async_library()]
+        def what() -> str:
+            return f"no answer from {self.path} within {self.timeout}s"
+
+        async with backend.deadline(self.timeout + extra_wait, what):
+            yield
+
+    async def _request(self, method: str, params: Any, extra_wait: float = 0.0) -> C.Reply:
+        async with self._bounded(extra_wait):
+            return await self._request_now(method, params)
+
+    async def _request_now(self, method: str, params: Any) -> C.Reply:
         for attempt in (0, 1):
             conn = await self._connection()
             rid = self._next_id
@@ -415,7 +493,7 @@ class AsyncClient:
         raise AssertionError("unreachable")
 
     async def _run(self, op: C.Op) -> Any:
-        reply = await self._request(op.method, C.to_wire(op.params))
+        reply = await self._request(op.method, C.to_wire(op.params), op.extra_wait)
         return C.outcome(reply, op.result_type, op.post)
 
     # --- generic calls --------------------------------------------------------------------------
@@ -427,9 +505,13 @@ class AsyncClient:
     async def call_many(self, calls: Sequence[tuple[str, dict[str, Any] | None]]) -> list[Any]:
         """Send every call at once (pipelined), then collect: results or exception instances."""
         calls = list(calls)
-        results: list[Any] = [None] * len(calls)
         if not calls:
-            return results
+            return []
+        async with self._bounded():
+            return await self._call_many_now(calls)
+
+    async def _call_many_now(self, calls: list[tuple[str, dict[str, Any] | None]]) -> list[Any]:
+        results: list[Any] = [None] * len(calls)
         conn = await self._connection()
         waiting: list[tuple[int, int, _Slot]] = []
         chunks = []
@@ -482,6 +564,10 @@ class AsyncClient:
     async def notify(self, method: str, params: dict[str, Any] | None = None, **kw: Any) -> None:
         """Send a notification (no id, no answer)."""
         payload = C.make_params(params, kw)
+        async with self._bounded():
+            await self._notify_now(method, payload)
+
+    async def _notify_now(self, method: str, payload: Any) -> None:
         for attempt in (0, 1):
             conn = await self._connection()
             try:

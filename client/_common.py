@@ -20,6 +20,18 @@ MAX_REQUEST_BYTES = DEFAULT_MAX_FRAME_BYTES - 1
 # Replies may be bigger than requests (graph.export, say); this only guards against nonsense.
 MAX_REPLY_BYTES = 1 << 30
 RECV_BYTES = 256 * 1024
+# Seconds a call may take when the caller names no timeout: no call of either client waits for ever.
+DEFAULT_TIMEOUT = 60.0
+
+
+def bounded_timeout(timeout: float | None) -> float:
+    """A call's timeout: `timeout` seconds (finite, > 0), or DEFAULT_TIMEOUT for None."""
+    if timeout is None:
+        return DEFAULT_TIMEOUT
+    value = float(timeout)
+    if not (0 < value < float("inf")):
+        raise ValueError(f"timeout must be a finite number of seconds above 0, not {timeout!r}")
+    return value
 
 _MISSING = msgspec.Raw(b"")
 

@@ -1,4 +1,4 @@
-"""Where eurekamem lives on disk and where its socket is (CONTRACT.md §1).
+"""Where eurekamem lives on disk and where its socket is (the contract, §1).
 
 The daemon imports these too, so that both sides agree without talking. Only the standard library.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["data_root", "default_socket_path"]
+__all__ = ["data_root", "default_socket_path", "eurekaclaw_dir", "root_socket_path"]
 
 SOCKET_NAME = "eurekamem.sock"
 
@@ -43,3 +43,50 @@ def default_socket_path(data_dir: str | os.PathLike[str] | None = None) -> str:
     if runtime is not None and os.path.isabs(runtime):
         return os.path.join(runtime, "eurekamem", SOCKET_NAME)
     return str(data_root(data_dir) / "run" / SOCKET_NAME)
+
+
+def _read_dotenv(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines as python-dotenv reads them (what EurekaClaw's pydantic-settings uses):
+    `export ` prefixes, single or double quotes, `#` comments after unquoted values."""
+    out: dict[str, str] = {}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return out
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("export "):
+            line = line[len("export ") :].lstrip()
+        name, sep, value = line.partition("=")
+        if not sep:
+            continue
+        value = value.strip()
+        if value[:1] in ("'", '"') and value.find(value[0], 1) > 0:
+            value = value[1 : value.find(value[0], 1)]  # quoted: what follows the closing quote is a comment
+        else:
+            hash_at = value.find(" #")
+            if hash_at >= 0:
+                value = value[:hash_at].rstrip()
+        out[name.strip()] = value
+    return out
+
+
+def eurekaclaw_dir(cwd: str | os.PathLike[str] | None = None) -> Path:
+    """EurekaClaw's data root as its own settings find it: EUREKACLAW_DIR from the environment, else
+    from the `.env` file in the working directory, else ~/.eurekaclaw (names case-insensitive, as
+    pydantic-settings matches them; `~` expanded)."""
+    for name, value in os.environ.items():
+        if name.upper() == "EUREKACLAW_DIR" and value:
+            return Path(value).expanduser()
+    dotenv = _read_dotenv(Path(cwd if cwd is not None else os.getcwd()) / ".env")
+    for name, value in dotenv.items():
+        if name.upper() == "EUREKACLAW_DIR" and value:
+            return Path(value).expanduser()
+    return Path.home() / ".eurekaclaw"
+
+
+def root_socket_path(root: str | os.PathLike[str]) -> str:
+    """The socket a daemon started on demand for `root` listens on: <root>/run/eurekamem.sock."""
+    return str(Path(root) / "run" / SOCKET_NAME)

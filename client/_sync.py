@@ -25,8 +25,9 @@ from typing import Any, Iterable, Sequence
 from eurekamem.protocol import BinaryDecoder, CrossRunRecord, EpisodicEntry, FrameTooLarge, KnowledgeNode
 
 from . import _common as C
+from ._autostart import Starter
 from ._errors import ConnectionLost, EurekamemError, Timeout, error_from_wire
-from ._paths import default_socket_path
+from ._paths import data_root, default_socket_path
 
 __all__ = ["Client"]
 
@@ -116,18 +117,30 @@ class Client:
     """A blocking, thread-safe eurekamem client.
 
     path: the daemon's socket; default_socket_path() when None.
-    timeout: seconds a call may take (connecting, sending, waiting for its answer); None waits
-        for ever. A call that runs out raises Timeout; the connection stays usable and a late
-        answer is dropped.
+    timeout: seconds a call may take (connecting, sending, waiting for its answer); None means
+        C.DEFAULT_TIMEOUT (60 s): no call waits for ever. A call that runs out raises Timeout; the
+        connection stays usable and a late answer is dropped. Calls that wait on the server's side
+        (jobs.wait) get their own wait on top.
+    autostart: when nothing listens on `path`, start `eurekamem serve` for `data_dir` (default
+        data_root()) on it and wait for it, as gpg-agent's clients do (see _autostart; off when
+        $EUREKAMEM_NO_AUTOSTART=1). The wait for a start does not count against `timeout`.
 
     The connection opens on first use and reopens on the next call after it broke or was closed.
     A request that could not be sent at all on a stale connection is retried once on a fresh one;
     a request that was sent when the connection broke raises ConnectionLost (it may have run).
     """
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, timeout: float | None = None) -> None:
-        self.path = os.fspath(path) if path is not None else default_socket_path()
-        self.timeout = timeout
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        timeout: float | None = None,
+        *,
+        autostart: bool = False,
+        data_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.path = os.fspath(path) if path is not None else default_socket_path(data_dir)
+        self.timeout = C.bounded_timeout(timeout)
+        self.starter = Starter(data_root(data_dir)) if autostart else None
         self._lock = threading.Lock()
         self._conn: _Conn | None = None
         self._next_id = 1
@@ -173,20 +186,37 @@ class Client:
         conn = self._conn
         if conn is not None and conn.dead is None and conn.pid == os.getpid():
             return conn
+        try:
+            sock = self._connect_socket()
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            if self.starter is None or not self.starter.start(self.path):
+                raise self._connect_error(exc) from exc
+            try:
+                sock = self._connect_socket()
+            except OSError as again:
+                raise self._connect_error(again) from again
+        except OSError as exc:
+            raise self._connect_error(exc) from exc
+        conn = self._conn = _Conn(sock)
+        return conn
+
+    def _connect_socket(self) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(self.timeout)
             sock.connect(self.path)
             sock.settimeout(None)  # blocking; our own deadlines go through poll
-        except OSError as exc:
+        except BaseException:
             sock.close()
-            hint = " (is the daemon running? `eurekamem serve`)" if isinstance(
-                exc, (FileNotFoundError, ConnectionRefusedError)
-            ) else ""
-            reason = "timed out" if isinstance(exc, socket.timeout) else (exc.strerror or str(exc))
-            raise ConnectionLost(f"cannot connect to eurekamem at {self.path}: {reason}{hint}") from exc
-        conn = self._conn = _Conn(sock)
-        return conn
+            raise
+        return sock
+
+    def _connect_error(self, exc: OSError) -> ConnectionLost:
+        hint = ""
+        if isinstance(exc, (FileNotFoundError, ConnectionRefusedError)):
+            hint = " (is the daemon running? `eurekamem serve`)"
+        reason = "timed out" if isinstance(exc, socket.timeout) else (exc.strerror or str(exc))
+        return ConnectionLost(f"cannot connect to eurekamem at {self.path}: {reason}{hint}")
 
     # --- killing a connection -------------------------------------------------------------------
 
@@ -219,8 +249,8 @@ class Client:
 
     # --- the core -------------------------------------------------------------------------------
 
-    def _deadline(self, extra: float = 0.0) -> float | None:
-        return None if self.timeout is None else time.monotonic() + self.timeout + extra
+    def _deadline(self, extra: float = 0.0) -> float:
+        return time.monotonic() + self.timeout + extra
 
     def _register_locked(self, conn: _Conn, count: int) -> list[tuple[int, _Slot]]:
         first = self._next_id
@@ -395,12 +425,13 @@ class Client:
         return slot.reply  # type: ignore[return-value]
 
     def _request(self, method: str, params: Any, extra_wait: float = 0.0) -> C.Reply:
-        deadline = self._deadline(extra_wait)
         for attempt in (0, 1):
             with self._lock:
                 conn = self._connection_locked()
                 ((rid, slot),) = self._register_locked(conn, 1)
                 conn.users += 1
+            if not attempt:
+                deadline = self._deadline(extra_wait)  # from here: an on-demand start has its own wait
             try:
                 frame = self._encoder.frame(rid, method, params)
                 self._send(conn, frame, deadline)
@@ -438,12 +469,13 @@ class Client:
         if not calls:
             return []
         results: list[Any] = [None] * len(calls)
-        deadline = self._deadline()
         for attempt in (0, 1):
             with self._lock:
                 conn = self._connection_locked()
                 slots = self._register_locked(conn, len(calls))
                 conn.users += 1
+            if not attempt:
+                deadline = self._deadline()
             try:
                 chunks = []
                 waiting: list[tuple[int, int, _Slot]] = []
@@ -494,11 +526,12 @@ class Client:
     def notify(self, method: str, params: dict[str, Any] | None = None, **kw: Any) -> None:
         """Send a notification: a request without id, which the server runs without answering."""
         payload = C.make_params(params, kw)
-        deadline = self._deadline()
         for attempt in (0, 1):
             with self._lock:
                 conn = self._connection_locked()
                 conn.users += 1
+            if not attempt:
+                deadline = self._deadline()
             try:
                 self._send(conn, self._encoder.frame(None, method, payload), deadline)
                 return

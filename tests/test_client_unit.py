@@ -42,7 +42,7 @@ from eurekamem.client import (
     default_socket_path,
     error_from_wire,
 )
-from eurekamem.client import _manager
+from eurekamem.client import _models
 from eurekamem.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     ERROR_CODES,
@@ -250,12 +250,12 @@ class FakeServer:
             return {"seq": 1}
         if method == "episodic.log":
             entry = EpisodicEntry(
-                entry_id=uuid.uuid4().hex,
+                entry_id=p.entry_id or uuid.uuid4().hex,
                 session_id=p.session_id,
                 agent_role=p.agent_role,
                 content=p.content,
                 metadata=p.metadata,
-                timestamp=now_rfc3339(),
+                timestamp=p.timestamp or now_rfc3339(),
             )
             self.events.setdefault(p.session_id, []).append(entry)
             return entry
@@ -639,11 +639,10 @@ def test_no_daemon_is_connection_lost(tmp_path: Path):
 # --- MemoryManager ------------------------------------------------------------------------------
 
 
-def test_memory_manager_with_structs(server: FakeServer, monkeypatch):
-    monkeypatch.setattr(_manager, "_eurekaclaw_models", lambda: None)
-    with MemoryManager("sess", socket_path=server.path) as mm:
+def test_memory_manager_with_structs(server: FakeServer):
+    with MemoryManager("sess", socket_path=server.path, autostart=False) as mm:
         entry = mm.log_event("prover", "started", {"k": 1})
-        assert isinstance(entry, EpisodicEntry) and entry.session_id == "sess"
+        assert isinstance(entry, _models.EpisodicEntry) and entry.session_id == "sess"
         mm.log_event("critic", "objection")
         assert [e.content for e in mm.recent_events()] == ["started", "objection"]
         assert [e.content for e in mm.recent_events(n=5, agent_role="critic")] == ["objection"]
@@ -655,33 +654,38 @@ def test_memory_manager_with_structs(server: FakeServer, monkeypatch):
 
         a = mm.add_theorem("A", "forall x, x = x", "logic", "sess", ["refl"])
         b = mm.add_theorem("B", "1 + 1 = 2")
-        assert isinstance(a, KnowledgeNode)
+        assert isinstance(a, _models.KnowledgeNode)
         assert mm.link_theorems(a.node_id, b.node_id, "generalizes") is None
         assert [n.theorem_name for n in mm.find_related_theorems(b.node_id, depth=1)] == ["A"]
         assert mm.load_for_injection("logic") == ""  # the fake has no memory.inject: "" as in EurekaClaw
 
 
-def test_memory_manager_returns_eurekaclaw_models(server: FakeServer, monkeypatch):
+def test_memory_manager_records_validate_as_eurekaclaws_models(server: FakeServer):
+    """EurekaClaw's pydantic models (its types/memory.py, copied field by field) read our records'
+    model_dump() back into equal values, naive and aware timestamps as EurekaClaw makes them."""
     import datetime as dt
 
     import pydantic
+
+    def utcnow() -> dt.datetime:
+        return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
 
     class EpisodicEntryModel(pydantic.BaseModel):
         entry_id: str
         session_id: str
         agent_role: str
         content: str
-        metadata: dict[str, Any] = {}
-        timestamp: dt.datetime
+        metadata: dict[str, Any] = pydantic.Field(default_factory=dict)
+        timestamp: dt.datetime = pydantic.Field(default_factory=utcnow)
 
     class CrossRunRecordModel(pydantic.BaseModel):
         record_id: str
         key: str
         value: Any
-        tags: list[str] = []
+        tags: list[str] = pydantic.Field(default_factory=list)
         source_session: str = ""
-        created_at: dt.datetime
-        updated_at: dt.datetime
+        created_at: dt.datetime = pydantic.Field(default_factory=utcnow)
+        updated_at: dt.datetime = pydantic.Field(default_factory=utcnow)
 
     class KnowledgeNodeModel(pydantic.BaseModel):
         node_id: str
@@ -689,40 +693,27 @@ def test_memory_manager_returns_eurekaclaw_models(server: FakeServer, monkeypatc
         formal_statement: str
         domain: str = ""
         session_id: str = ""
-        related_to: list[str] = []
-        tags: list[str] = []
-        created_at: dt.datetime
+        related_to: list[str] = pydantic.Field(default_factory=list)
+        tags: list[str] = pydantic.Field(default_factory=list)
+        created_at: dt.datetime = pydantic.Field(default_factory=utcnow)
 
-    memory = types.ModuleType("eurekaclaw.types.memory")
-    memory.EpisodicEntry = EpisodicEntryModel
-    memory.CrossRunRecord = CrossRunRecordModel
-    memory.KnowledgeNode = KnowledgeNodeModel
-    pkg = types.ModuleType("eurekaclaw")
-    pkg.__path__ = []
-    sub = types.ModuleType("eurekaclaw.types")
-    sub.__path__ = []
-    sub.memory = memory
-    pkg.types = sub
-    monkeypatch.setitem(sys.modules, "eurekaclaw", pkg)
-    monkeypatch.setitem(sys.modules, "eurekaclaw.types", sub)
-    monkeypatch.setitem(sys.modules, "eurekaclaw.types.memory", memory)
-    _manager._eurekaclaw_models.cache_clear()
-    try:
-        client = Client(server.path, timeout=IO_TIMEOUT)
-        mm = MemoryManager("s", client=client)
-        entry = mm.log_event("agent", "hi")
-        assert isinstance(entry, EpisodicEntryModel) and entry.timestamp.tzinfo is not None
-        assert all(isinstance(e, EpisodicEntryModel) for e in mm.recent_events())
-        mm.remember("k", [1, 2], tags=["t"])
-        assert mm.recall("k") == [1, 2]
-        assert isinstance(mm.recall_by_tag("t")[0], CrossRunRecordModel)
-        node = mm.add_theorem("T", "p -> p")
-        assert isinstance(node, KnowledgeNodeModel)
-        mm.close()  # a shared client stays open
-        assert client.ping() is True
-        client.close()
-    finally:
-        _manager._eurekaclaw_models.cache_clear()
+    client = Client(server.path, timeout=IO_TIMEOUT)
+    mm = MemoryManager("s", client=client)
+    mm.remember("k", [1, 2], tags=["t"])
+    records = [mm.log_event("agent", "hi", {"a": 1}), *mm.recent_events(), mm.recall_by_tag("t")[0],
+               mm.add_theorem("T", "p -> p", tags=["x"])]
+    models = [EpisodicEntryModel, EpisodicEntryModel, CrossRunRecordModel, KnowledgeNodeModel]
+    for ours, model in zip(records, models):
+        theirs = model.model_validate(ours.model_dump())
+        assert theirs.model_dump() == ours.model_dump()
+        assert model.model_validate_json(ours.model_dump_json()).model_dump() == ours.model_dump()
+        assert type(ours).__name__ == model.__name__.removesuffix("Model")
+    assert records[0].timestamp.tzinfo is None and records[3].created_at.tzinfo is None
+    assert records[2].created_at.tzinfo is None and records[2].updated_at.tzinfo is not None
+    assert records[2].model_copy(update={"value": 3}).value == 3 and records[2].value == [1, 2]
+    mm.close()  # a shared client stays open
+    assert client.ping() is True
+    client.close()
 
 
 def test_memory_manager_finds_socket_from_memory_dir(monkeypatch, tmp_path):

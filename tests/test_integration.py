@@ -219,7 +219,9 @@ def test_memory_manager_load_for_injection(data_dir: Path, sock_dir: Path) -> No
             assert mm.client.search_memories("seen from every domain", domain="bandits", mode="lexical")[0]["memory"]["scope"] == "global"
             block = mm.load_for_injection("bandits", k=1, query="variance concentration inequality")
             assert block == "<memories>\n\n# Hoeffding is loose\n\nUse Bernstein when the variance is small.\n\n</memories>"
-            newest = mm.load_for_injection("bandits", k=4)
-            assert newest.index("# Global") < newest.index("# Peeling") < newest.index("# Hoeffding")
+            newest = mm.load_for_injection("bandits", k=4)  # EurekaClaw's: the domain's folder, newest first
+            assert "# Global" not in newest and newest.index("# Peeling") < newest.index("# Hoeffding")
+            budgeted = mm.load_for_injection("bandits", k=4, token_budget=1000)  # the daemon's: global ones too
+            assert budgeted.index("# Global") < budgeted.index("# Peeling") < budgeted.index("# Hoeffding")
     finally:
         assert proc.terminate() == 0

@@ -1,0 +1,186 @@
+"""A model of EurekaClaw's MemoryManager (v0.2.0, commit 39ee390), written from reading its code.
+
+Not EurekaClaw's code: our own small re-implementation of what its manager observably does, so
+that tests can run the same calls against it and against eurekamem's drop-in. What it models:
+
+- records (eurekaclaw/types/memory.py): EpisodicEntry.timestamp, CrossRunRecord.created_at and
+  KnowledgeNode.created_at are naive UTC (utcnow); CrossRunRecord.updated_at is aware local
+  (now().astimezone()); lists default to [] (tags kept as given, duplicates too);
+- episodic (memory/episodic.py): a ring of 500 per manager; get_recent filters by role only when
+  the role is truthy, then returns entries[-n:];
+- persistent (memory/persistent.py): put makes a new record every time (new id, new created_at),
+  the dict keeps a key's first position; get returns the value; get_by_tag in dict order; the
+  store is a JSON file, so values come back as their JSON form after a reload;
+- graph (memory/knowledge_graph.py): add_edge only when both ids exist, any relation string,
+  duplicates kept; find_related is BFS for `depth` rounds over both directions (a set: no order);
+- retrieve_relevant_theorems (memory/manager.py): its lexical scoring and sort;
+- load_for_injection: reads memories/<slug>/_index.json and the files it names, newest first by
+  the index's created_at (the embedding path needs vectors in the index, which the daemon does not
+  write, so with or without a query it is the newest k), strips the frontmatter with
+  re.sub(r"^---\\n.*?---\\n", "", text, flags=re.DOTALL), .strip(), [:400], joined by blank lines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import re
+import uuid
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+@dataclasses.dataclass
+class RefEntry:
+    entry_id: str
+    session_id: str
+    agent_role: str
+    content: str
+    metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+    timestamp: dt.datetime = dataclasses.field(default_factory=utcnow)
+
+
+@dataclasses.dataclass
+class RefRecord:
+    record_id: str
+    key: str
+    value: Any
+    tags: list[str] = dataclasses.field(default_factory=list)
+    source_session: str = ""
+    created_at: dt.datetime = dataclasses.field(default_factory=utcnow)
+    updated_at: dt.datetime = dataclasses.field(default_factory=utcnow)
+
+
+@dataclasses.dataclass
+class RefNode:
+    node_id: str
+    theorem_name: str
+    formal_statement: str
+    domain: str = ""
+    session_id: str = ""
+    related_to: list[str] = dataclasses.field(default_factory=list)
+    tags: list[str] = dataclasses.field(default_factory=list)
+    created_at: dt.datetime = dataclasses.field(default_factory=utcnow)
+
+
+def _json_form(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+class ReferenceManager:
+    def __init__(self, session_id: str, data_root: Path) -> None:
+        self.session_id = session_id
+        self.root = data_root
+        self._ring: deque[RefEntry] = deque(maxlen=500)
+        self._data: dict[str, RefRecord] = {}
+        self._nodes: dict[str, RefNode] = {}
+        self._edges: list[tuple[str, str, str]] = []
+
+    def reload(self) -> None:
+        """What a restart of EurekaClaw does to tier 2: values through JSON."""
+        for record in self._data.values():
+            record.value = _json_form(record.value)
+
+    # tier 1
+    def log_event(self, agent_role: str, content: str, metadata: dict[str, Any] | None = None) -> RefEntry:
+        entry = RefEntry(str(uuid.uuid4()), self.session_id, agent_role, content, dict(metadata or {}))
+        self._ring.append(entry)
+        return entry
+
+    def recent_events(self, n: int = 20, agent_role: str | None = None) -> list[RefEntry]:
+        entries = list(self._ring)
+        if agent_role:
+            entries = [e for e in entries if e.agent_role == agent_role]
+        return entries[-n:]
+
+    # tier 2
+    def remember(self, key: str, value: Any, tags: list[str] | None = None, source_session: str = "") -> None:
+        self._data[key] = RefRecord(
+            str(uuid.uuid4()), key, value, list(tags or []), source_session,
+            updated_at=dt.datetime.now().astimezone(),
+        )
+
+    def recall(self, key: str) -> Any | None:
+        record = self._data.get(key)
+        return record.value if record else None
+
+    def recall_by_tag(self, tag: str) -> list[RefRecord]:
+        return [r for r in self._data.values() if tag in r.tags]
+
+    # tier 3
+    def add_theorem(
+        self, theorem_name: str, formal_statement: str, domain: str = "", session_id: str = "",
+        tags: list[str] | None = None,
+    ) -> RefNode:
+        node = RefNode(str(uuid.uuid4()), theorem_name, formal_statement, domain, session_id, tags=list(tags or []))
+        self._nodes[node.node_id] = node
+        return node
+
+    def link_theorems(self, from_id: str, to_id: str, relation: str = "uses") -> None:
+        if from_id in self._nodes and to_id in self._nodes:
+            self._edges.append((from_id, to_id, relation))
+
+    def find_related_theorems(self, node_id: str, depth: int = 2) -> list[RefNode]:
+        visited = {node_id}
+        frontier = {node_id}
+        for _ in range(depth):
+            step: set[str] = set()
+            for nid in frontier:
+                step |= {e[1] for e in self._edges if e[0] == nid} | {e[0] for e in self._edges if e[1] == nid}
+            step -= visited
+            visited |= step
+            frontier = step
+        visited.discard(node_id)
+        return [self._nodes[n] for n in visited if n in self._nodes]
+
+    def retrieve_relevant_theorems(self, query: str, domain: str = "", limit: int = 5) -> list[RefNode]:
+        stop = {"theorem", "lemma", "proof", "result", "using", "show", "bound"}
+
+        def tokens(text: str) -> set[str]:
+            return {t for t in re.findall(r"[A-Za-z][A-Za-z0-9_]{2,}", text.lower()) if t not in stop}
+
+        wanted = tokens(query)
+        if not wanted and not domain:
+            return []
+        pool = [n for n in self._nodes.values() if domain.lower() in n.domain.lower()] if domain else []
+        if not pool:
+            pool = list(self._nodes.values())
+        scored = []
+        for node in pool:
+            score = len(wanted & tokens(f"{node.theorem_name}\n{node.formal_statement}"))
+            if domain and domain.lower() in node.domain.lower():
+                score += 2
+            if score > 0:
+                scored.append((score, node))
+        scored.sort(key=lambda item: (-item[0], item[1].created_at))
+        return [node for _s, node in scored[:limit]]
+
+    # tier 4
+    def load_for_injection(self, domain: str, k: int = 4, query: str | None = None) -> str:
+        slug = re.sub(r"[^\w]", "_", domain.lower())[:30] if domain else "general"
+        folder = self.root / "memories" / slug
+        if not folder.exists():
+            return ""
+        index_path = folder / "_index.json"
+        try:
+            index = json.loads(index_path.read_text()) if index_path.exists() else {}
+        except ValueError:
+            index = {}
+        found = [
+            {"path": folder / name, "created_at": data.get("created_at", dt.datetime.min.isoformat())}
+            for name, data in index.items()
+            if (folder / name).exists()
+        ]
+        found.sort(key=lambda item: item["created_at"], reverse=True)
+        parts = ["<memories>"]
+        for item in found[:k]:
+            text = item["path"].read_text(encoding="utf-8")
+            parts.append(re.sub(r"^---\n.*?---\n", "", text, flags=re.DOTALL).strip()[:400])
+        parts.append("</memories>")
+        return "\n\n".join(parts)
