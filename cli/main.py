@@ -275,6 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
     add_commands(sub, common)  # config show, metrics, top, backup, restore, export, import, verify
+    from eurekamem.cli.mcp_server import add_mcp_command
+
+    add_mcp_command(sub, common)  # mcp: the stdio MCP server
     return parser
 
 
@@ -282,9 +285,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return args.func(args)
 
-
-if __name__ == "__main__":
-    sys.exit(main())
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
@@ -363,3 +363,5 @@ def add_commands(sub: Any, common: Callable[[argparse.ArgumentParser], None]) ->
     verify.set_defaults(func=cmd_verify)
 
 
+if __name__ == "__main__":  # last: `python -m eurekamem.cli.main` needs every function above defined
+    sys.exit(main())

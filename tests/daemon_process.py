@@ -71,3 +71,18 @@ class DaemonProcess:
     @property
     def output(self) -> str:
         return "".join(self.log)
+
+
+def wait_gone(pid: int, timeout: float = START_TIMEOUT) -> None:
+    """Wait for any process (a child or not: a daemon started detached) to exit, by its pidfd."""
+    import select
+
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        if not select.select([fd], [], [], timeout)[0]:
+            raise TimeoutError(f"process {pid} still running after {timeout} s")
+    finally:
+        os.close(fd)

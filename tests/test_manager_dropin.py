@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 import pytest
 import trio
 
-from daemon_process import DaemonProcess
+from daemon_process import DaemonProcess, wait_gone
 from eurekaclaw_reference import ReferenceManager
 from eurekamem.client import AsyncClient, Client, MemoryManager, Timeout
 from eurekamem.client._autostart import daemon_answers
@@ -520,7 +519,7 @@ def test_autostart_starts_one_daemon_for_two_agents_and_the_next_agent_reuses_it
     finally:
         if pid is not None:
             os.kill(pid, signal.SIGTERM)
-            _wait_gone(root / "run" / "eurekamem.sock")
+            wait_gone(pid)
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -537,12 +536,3 @@ def test_no_autostart_when_the_environment_says_no() -> None:
         assert not (root / "run" / "eurekamem.log").exists()
     finally:
         shutil.rmtree(root, ignore_errors=True)
-
-
-def _wait_gone(sock: Path) -> None:
-    done = threading.Event()
-    for _ in range(400):
-        if not daemon_answers(str(sock)):
-            return
-        done.wait(0.05)
-    raise AssertionError(f"the daemon on {sock} did not stop")

@@ -1,0 +1,362 @@
+"""`eurekamem mcp`: a stdio MCP server (the official `mcp` SDK) that proxies to the daemon's socket.
+
+Rules kept here: stdout is the protocol and nothing else (logs go to stderr; the SDK also points
+fd 1 at stderr while it serves); the server holds no memory of its own: every tool call and
+resource read is one or two daemon calls through eurekamem.client.AsyncClient, which starts the
+daemon on demand for the data root when nothing listens (EUREKAMEM_NO_AUTOSTART=1 turns that off);
+a daemon error becomes a tool result with isError, never a crash of the server.
+
+It runs under trio: the SDK is written against anyio, whose trio backend it supports, and trio is
+what the rest of eurekamem runs on (AsyncClient detects it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+from urllib.parse import quote, unquote
+
+log = logging.getLogger("eurekamem.mcp")
+
+URI_PREFIX = "eurekamem://domain/"
+CATEGORIES = [
+    "fact", "preference", "skill", "goal", "context",
+    "domain_knowledge", "proof_strategy", "open_problems", "pitfalls",
+]
+_LIST_ALL = 10_000
+
+
+def _domain_property(default: str | None) -> dict[str, Any]:
+    said = f' Default: "{default}" (this server\'s project).' if default else " Default: every domain."
+    return {
+        "type": "string",
+        "maxLength": 1024,
+        "description": "The project or group of the memory (a research field, a repository, a chat group)." + said,
+    }
+
+
+def tool_specs(default_domain: str | None) -> list[dict[str, Any]]:
+    """Each tool: name, description and JSON Schema of its arguments."""
+    domain = _domain_property(default_domain)
+    return [
+        {
+            "name": "memory_add",
+            "description": (
+                "Store one memory: a fact, preference, decision or insight worth keeping across sessions. "
+                "One idea per memory, in a sentence or a short paragraph. A near duplicate in the same domain "
+                "and category is merged into the existing memory instead of stored twice. Returns the decision "
+                "(created, merged, skipped) and the memory with its id."
+            ),
+            "input_schema": {
+                "type": "object",
+                "properties": {
+                    "content": {"type": "string", "minLength": 1, "description": "The memory's full text."},
+                    "title": {"type": "string", "maxLength": 1024,
+                              "description": "A short title; the first line of content when left out."},
+                    "category": {"type": "string", "enum": CATEGORIES, "default": "fact",
+                                 "description": "What kind of memory this is."},
+                    "domain": domain,
+                    "tags": {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 256},
+                    "confidence": {"type": "number", "minimum": 0, "maximum": 1, "default": 0.8,
+                                   "description": "How sure this is; below 0.5 the memory is not stored."},
+                    "scope": {"type": "string", "enum": ["local", "global"], "default": "local",
+                              "description": "global: seen from every domain (e.g. the user's general preferences)."},
+                },
+                "required": ["content"],
+                "additionalProperties": False,
+            },
+        },
+        {
+            "name": "memory_search",
+            "description": (
+                "Find memories relevant to a question or a task (hybrid search: meaning and keywords), best first. "
+                "Use before answering anything that earlier sessions may have settled."
+            ),
+            "input_schema": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string", "minLength": 1, "maxLength": 4096},
+                    "domain": domain,
+                    "k": {"type": "integer", "minimum": 1, "maximum": 100, "default": 5,
+                          "description": "How many memories at most."},
+                    "categories": {"type": "array", "items": {"type": "string", "enum": CATEGORIES}},
+                },
+                "required": ["query"],
+                "additionalProperties": False,
+            },
+        },
+        {
+            "name": "memory_get",
+            "description": "One memory by its id, with its full text and every field.",
+            "input_schema": {
+                "type": "object",
+                "properties": {"id": {"type": "string", "minLength": 1, "description": "The memory's id."}},
+                "required": ["id"],
+                "additionalProperties": False,
+            },
+        },
+        {
+            "name": "memory_list",
+            "description": "The memories of a domain, newest first, one line each (title, category, abstract, id).",
+            "input_schema": {
+                "type": "object",
+                "properties": {
+                    "domain": domain,
+                    "category": {"type": "string", "enum": CATEGORIES},
+                    "limit": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 50},
+                    "offset": {"type": "integer", "minimum": 0, "default": 0},
+                },
+                "additionalProperties": False,
+            },
+        },
+        {
+            "name": "memory_forget",
+            "description": (
+                "Forget a memory that is wrong or no longer true: it is archived (kept on disk, no longer "
+                "found or injected), not destroyed."
+            ),
+            "input_schema": {
+                "type": "object",
+                "properties": {"id": {"type": "string", "minLength": 1, "description": "The memory's id."}},
+                "required": ["id"],
+                "additionalProperties": False,
+            },
+        },
+        {
+            "name": "memory_inject",
+            "description": (
+                "A <memories> block for a prompt: the memories most relevant to the query (else the newest), "
+                "shortened to fit the token budget."
+            ),
+            "input_schema": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string", "minLength": 1, "maxLength": 4096},
+                    "domain": domain,
+                    "k": {"type": "integer", "minimum": 1, "maximum": 100, "default": 4},
+                    "token_budget": {"type": "integer", "minimum": 1, "default": 1000},
+                },
+                "additionalProperties": False,
+            },
+        },
+    ]
+
+
+class ToolError(Exception):
+    """A tool call that cannot be done: answered with isError, the server goes on."""
+
+
+def _title_from(content: str) -> str:
+    first = content.strip().splitlines()[0].strip() if content.strip() else ""
+    return (first[:77] + "...") if len(first) > 80 else (first or "memory")
+
+
+def _summary(memory: dict[str, Any]) -> dict[str, Any]:
+    return {k: memory.get(k) for k in ("id", "title", "category", "domain", "abstract", "confidence", "tags", "scope")}
+
+
+class Proxy:
+    """The tools and resources, each a call or two to the daemon."""
+
+    def __init__(self, client: Any, default_domain: str | None) -> None:
+        self.client = client
+        self.default_domain = default_domain
+
+    def _domain(self, args: dict[str, Any]) -> str | None:
+        given = args.get("domain")
+        return given if isinstance(given, str) else self.default_domain
+
+    async def call(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        handler = getattr(self, "tool_" + name, None)
+        if handler is None:
+            raise ToolError(f"no tool named {name!r}")
+        return await handler(args)
+
+    async def tool_memory_add(self, args: dict[str, Any]) -> dict[str, Any]:
+        content = str(args.get("content", ""))
+        if not content.strip():
+            raise ToolError("content is empty")
+        params: dict[str, Any] = {
+            "domain": self._domain(args) or "",
+            "category": args.get("category") or "fact",
+            "title": args.get("title") or _title_from(content),
+            "content": content,
+        }
+        for name in ("tags", "confidence", "scope"):
+            if args.get(name) is not None:
+                params[name] = args[name]
+        result = await self.client.call("memory.add", params)
+        return {"decision": result.get("decision"), "memory": _summary(result.get("memory") or {}),
+                "reason": result.get("reason")}
+
+    async def tool_memory_search(self, args: dict[str, Any]) -> dict[str, Any]:
+        params: dict[str, Any] = {"query": args.get("query", ""), "k": args.get("k") or 5}
+        domain = self._domain(args)
+        if domain is not None:
+            params["domain"] = domain
+        if args.get("categories"):
+            params["categories"] = args["categories"]
+        hits = await self.client.call("memory.search", params)
+        return {"results": [
+            {"score": round(float(hit.get("score", 0.0)), 4), **_summary(hit["memory"]),
+             "content": hit["memory"]["content"]}
+            for hit in hits
+        ]}
+
+    async def tool_memory_get(self, args: dict[str, Any]) -> dict[str, Any]:
+        return {"memory": await self.client.call("memory.get", {"id": args.get("id", "")})}
+
+    async def tool_memory_list(self, args: dict[str, Any]) -> dict[str, Any]:
+        params: dict[str, Any] = {"limit": args.get("limit") or 50, "offset": args.get("offset") or 0}
+        domain = self._domain(args)
+        if domain is not None:
+            params["domain"] = domain
+        if args.get("category"):
+            params["category"] = args["category"]
+        page = await self.client.call("memory.list", params)
+        return {"total": page.get("total"), "memories": [_summary(m) for m in page.get("memories", [])]}
+
+    async def tool_memory_forget(self, args: dict[str, Any]) -> dict[str, Any]:
+        return await self.client.call("memory.delete", {"id": args.get("id", ""), "purge": False})
+
+    async def tool_memory_inject(self, args: dict[str, Any]) -> dict[str, Any]:
+        params: dict[str, Any] = {
+            "domain": self._domain(args) or "",
+            "k": args.get("k") or 4,
+            "token_budget": args.get("token_budget") or 1000,
+        }
+        if args.get("query"):
+            params["query"] = args["query"]
+        result = await self.client.call("memory.inject", params)
+        return {"text": result.get("text", ""), "ids": result.get("ids", []), "tokens": result.get("tokens", 0)}
+
+    # --- resources: each domain's listing -------------------------------------------------------
+
+    async def domains(self) -> list[str]:
+        if self.default_domain is not None:
+            return [self.default_domain]
+        page = await self.client.call("memory.list", {"limit": _LIST_ALL})
+        return sorted({m.get("domain", "") for m in page.get("memories", [])})
+
+    async def listing(self, domain: str) -> str:
+        page = await self.client.call("memory.list", {"domain": domain, "limit": _LIST_ALL})
+        memories = page.get("memories", [])
+        total = page.get("total", len(memories))
+        lines = [f"# Memories: {domain or 'general'}", "", f"{total} memories, newest first.", ""]
+        for m in memories:
+            title, category, abstract = m.get("title", ""), m.get("category", ""), m.get("abstract", "")
+            lines.append(f"- **{title}** ({category}): {abstract} `{m.get('id', '')}`")
+        return "\n".join(lines) + "\n"
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("eurekamem")
+    except PackageNotFoundError:  # a source tree that was not installed
+        return "0.0.0+source"
+
+
+def resource_uri(domain: str) -> str:
+    return URI_PREFIX + quote(domain, safe="")
+
+
+def domain_of(uri: str) -> str:
+    if not uri.startswith(URI_PREFIX):
+        raise ToolError(f"unknown resource {uri!r}")
+    return unquote(uri[len(URI_PREFIX) :])
+
+
+def build_server(proxy: Proxy) -> Any:
+    import mcp_types as types
+    from mcp.server.lowlevel import Server
+
+    from eurekamem.client import EurekamemError
+
+    def as_result(payload: dict[str, Any] | None, error: str | None = None) -> Any:
+        if error is not None:
+            return types.CallToolResult(content=[types.TextContent(type="text", text=error)], is_error=True)
+        text = json.dumps(payload, indent=2, ensure_ascii=False)
+        return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=payload)
+
+    async def list_tools(ctx: Any, params: Any) -> Any:
+        return types.ListToolsResult(tools=[types.Tool(**spec) for spec in tool_specs(proxy.default_domain)])
+
+    async def call_tool(ctx: Any, params: Any) -> Any:
+        try:
+            return as_result(await proxy.call(params.name, dict(params.arguments or {})))
+        except ToolError as exc:
+            return as_result(None, str(exc))
+        except EurekamemError as exc:
+            log.info("tool %s: %s: %s", params.name, exc.kind, exc)
+            return as_result(None, f"{exc.kind}: {exc}")
+
+    async def list_resources(ctx: Any, params: Any) -> Any:
+        resources = [
+            types.Resource(
+                uri=resource_uri(domain), name=domain or "general", mime_type="text/markdown",
+                description=f"The memories of {domain or 'general'}: title, category and abstract of each",
+            )
+            for domain in await proxy.domains()
+        ]
+        return types.ListResourcesResult(resources=resources)
+
+    async def read_resource(ctx: Any, params: Any) -> Any:
+        uri = str(params.uri)
+        text = await proxy.listing(domain_of(uri))
+        contents = [types.TextResourceContents(uri=uri, text=text, mime_type="text/markdown")]
+        return types.ReadResourceResult(contents=contents)
+
+    return Server(
+        "eurekamem",
+        version=_version(),
+        instructions=(
+            "Long-term memory shared across sessions. Search it (memory_search) before answering questions that "
+            "earlier sessions may have settled; store durable facts, preferences and decisions (memory_add); "
+            "forget what turned out wrong (memory_forget)."
+        ),
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+        on_list_resources=list_resources,
+        on_read_resource=read_resource,
+    )
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    import anyio
+    from mcp.server.stdio import stdio_server
+
+    from eurekamem.cli.main import client_socket, data_root
+    from eurekamem.client import AsyncClient
+    from eurekamem.daemon.config import setup_logging
+
+    setup_logging(args.log_level, "text", stream=sys.stderr)
+    root = data_root(args.data_dir)
+    socket_path = client_socket(args)
+    client = AsyncClient(socket_path, timeout=args.timeout, autostart=True, data_dir=root)
+    proxy = Proxy(client, args.domain)
+    server = build_server(proxy)
+    log.info("eurekamem mcp: daemon socket %s, data root %s, domain %s", socket_path, root, args.domain or "(any)")
+
+    async def main() -> None:
+        try:
+            async with stdio_server() as (read_stream, write_stream):
+                await server.run(read_stream, write_stream, server.create_initialization_options())
+        finally:
+            await client.aclose()
+
+    anyio.run(main, backend="trio")
+    return 0
+
+
+def add_mcp_command(sub: Any, common: Any) -> None:
+    mcp = sub.add_parser("mcp", help="an MCP server on stdio (for Claude Code, Claude Desktop, Cursor, ...)")
+    common(mcp)
+    mcp.add_argument("--domain", help="the project or group this server's memories belong to (default: any)")
+    mcp.add_argument("--timeout", type=float, default=30.0, help="seconds one daemon call may take")
+    mcp.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    mcp.set_defaults(func=cmd_mcp)
