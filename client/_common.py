@@ -15,7 +15,7 @@ from eurekamem.protocol import DEFAULT_MAX_FRAME_BYTES, CrossRunRecord, Episodic
 from ._errors import ConnectionLost, EurekamemError, TooLarge, error_from_wire
 
 # The largest request payload we send: frames are smaller than 16 MiB, so that a binary connection
-# always starts with 0x00 (CONTRACT.md §3). Larger requests fail here, without touching the socket.
+# always starts with 0x00 (PROTOCOL.md §2). Larger requests fail here, without touching the socket.
 MAX_REQUEST_BYTES = DEFAULT_MAX_FRAME_BYTES - 1
 # Replies may be bigger than requests (graph.export, say); this only guards against nonsense.
 MAX_REPLY_BYTES = 1 << 30
