@@ -308,7 +308,9 @@ def build_server(proxy: Proxy) -> Any:
     async def read_resource(ctx: Any, params: Any) -> Any:
         uri = str(params.uri)
         text = await proxy.listing(domain_of(uri))
-        contents = [types.TextResourceContents(uri=uri, text=text, mime_type="text/markdown")]
+        contents: list[types.TextResourceContents | types.BlobResourceContents] = [
+            types.TextResourceContents(uri=uri, text=text, mime_type="text/markdown")
+        ]
         return types.ReadResourceResult(contents=contents)
 
     return Server(
