@@ -12,7 +12,7 @@ Errors are raised as one exception class per contract kind (NotFound, InvalidPar
 subclasses of EurekamemError; ConnectionLost when the socket breaks or cannot be reached.
 """
 
-from eurekamem.protocol import CrossRunRecord, EpisodicEntry, KnowledgeNode
+from eurekamem.protocol import CrossRunRecord, EpisodicEntry, KnowledgeNode, Skill
 
 from ._async import AsyncClient, current_async_library
 from ._errors import (
@@ -52,6 +52,7 @@ __all__ = [
     "Overloaded",
     "ParseError",
     "ReadOnly",
+    "Skill",
     "Timeout",
     "TooLarge",
     "Unavailable",

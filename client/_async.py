@@ -17,7 +17,7 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Sequence
 
-from eurekamem.protocol import BinaryDecoder, CrossRunRecord, EpisodicEntry, FrameTooLarge, KnowledgeNode
+from eurekamem.protocol import BinaryDecoder, CrossRunRecord, EpisodicEntry, FrameTooLarge, KnowledgeNode, Skill
 
 from . import _common as C
 from ._autostart import Starter
@@ -696,3 +696,42 @@ class AsyncClient:
 
     async def wait_job(self, job_id: str, timeout: float | None = None) -> dict[str, Any]:
         return await self._run(C.op_wait_job(job_id, timeout))
+
+    # --- skills: EurekaClaw's skills/<name>/SKILL.md ---------------------------------------------
+
+    async def list_skills(
+        self, agent_role: str | None = None, tag: str | None = None, status: str | None = None
+    ) -> list[Skill]:
+        """skills.list: by name; `status` "active", "draft" or "any" (the server's default: any)."""
+        return await self._run(C.op_list_skills(agent_role, tag, status))
+
+    async def skill(self, name: str) -> Skill:
+        """skills.get; NotFound if there is no skill of that name."""
+        return await self._run(C.op_skill(name))
+
+    async def search_skills(self, query: str, k: int = 10, **extra: Any) -> list[dict[str, Any]]:
+        """skills.search: [{"skill", "score", "why"}] best first; `extra` passes status, mode."""
+        return await self._run(C.op_search_skills(query, k, **extra))
+
+    async def put_skill(self, name: str, body: str, **fields: Any) -> Skill:
+        """skills.put: create or change a skill; a Skill field left out keeps its current value."""
+        return await self._run(C.op_put_skill(name, body, **fields))
+
+    async def record_skill_use(self, name: str, success: bool) -> Skill:
+        """skills.record_use: one more use; success_rate moves as EurekaClaw's EMA (alpha 0.3)."""
+        return await self._run(C.op_record_skill_use(name, success))
+
+    async def confirm_skill(self, name: str) -> Skill:
+        """skills.confirm: a draft becomes active (and injectable)."""
+        return await self._run(C.op_confirm_skill(name))
+
+    async def inject_skills(
+        self,
+        agent_role: str,
+        pipeline_stage: str | None = None,
+        query: str | None = None,
+        k: int | None = None,
+        token_budget: int | None = None,
+    ) -> dict[str, Any]:
+        """skills.inject: {"text", "names", "tokens"}, the <skills> block of an agent's system prompt."""
+        return await self._run(C.op_inject_skills(agent_role, pipeline_stage, query, k, token_budget))

@@ -10,7 +10,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import msgspec
 
-from eurekamem.protocol import DEFAULT_MAX_FRAME_BYTES, CrossRunRecord, EpisodicEntry, KnowledgeNode
+from eurekamem.protocol import DEFAULT_MAX_FRAME_BYTES, CrossRunRecord, EpisodicEntry, KnowledgeNode, Skill
 
 from ._errors import ConnectionLost, EurekamemError, TooLarge, error_from_wire
 
@@ -297,3 +297,47 @@ def op_append_conversation(group: str, messages: list[dict[str, Any]]) -> Op:
 
 def op_flush_conversation(group: str) -> Op:
     return Op("conversation.flush", {"group": group}, post=lambda r: r.get("job_id") if isinstance(r, dict) else r)
+
+
+# --- skills ---------------------------------------------------------------------------------------
+
+SKILL_FIELDS = frozenset(
+    {
+        "version", "tags", "agent_roles", "pipeline_stages", "description", "source", "status", "created_at",
+        "usage_count", "success_rate",
+    }
+)
+
+
+def op_list_skills(agent_role: str | None, tag: str | None, status: str | None) -> Op:
+    return Op("skills.list", _drop_none(agent_role=agent_role, tag=tag, status=status), list[Skill])
+
+
+def op_skill(name: str) -> Op:
+    return Op("skills.get", {"name": name}, Skill)
+
+
+def op_search_skills(query: str, k: int, **extra: Any) -> Op:
+    return Op("skills.search", _drop_none(query=query, k=k, **extra))
+
+
+def op_put_skill(name: str, body: str, **fields: Any) -> Op:
+    unknown = set(fields) - SKILL_FIELDS
+    if unknown:
+        raise TypeError(f"put_skill() got unknown Skill fields: {', '.join(sorted(unknown))}")
+    return Op("skills.put", _drop_none(name=name, body=body, **fields), Skill)
+
+
+def op_record_skill_use(name: str, success: bool) -> Op:
+    return Op("skills.record_use", {"name": name, "success": bool(success)}, Skill)
+
+
+def op_confirm_skill(name: str) -> Op:
+    return Op("skills.confirm", {"name": name}, Skill)
+
+
+def op_inject_skills(
+    agent_role: str, pipeline_stage: str | None, query: str | None, k: int | None, token_budget: int | None
+) -> Op:
+    params = _drop_none(agent_role=agent_role, pipeline_stage=pipeline_stage, query=query, k=k)
+    return Op("skills.inject", {**params, **_drop_none(token_budget=token_budget)})

@@ -22,7 +22,7 @@ import time
 import weakref
 from typing import Any, Iterable, Sequence
 
-from eurekamem.protocol import BinaryDecoder, CrossRunRecord, EpisodicEntry, FrameTooLarge, KnowledgeNode
+from eurekamem.protocol import BinaryDecoder, CrossRunRecord, EpisodicEntry, FrameTooLarge, KnowledgeNode, Skill
 
 from . import _common as C
 from ._autostart import Starter
@@ -659,3 +659,42 @@ class Client:
 
     def wait_job(self, job_id: str, timeout: float | None = None) -> dict[str, Any]:
         return self._run(C.op_wait_job(job_id, timeout))
+
+    # --- skills: EurekaClaw's skills/<name>/SKILL.md ---------------------------------------------
+
+    def list_skills(
+        self, agent_role: str | None = None, tag: str | None = None, status: str | None = None
+    ) -> list[Skill]:
+        """skills.list: by name; `status` "active", "draft" or "any" (the server's default: any)."""
+        return self._run(C.op_list_skills(agent_role, tag, status))
+
+    def skill(self, name: str) -> Skill:
+        """skills.get; NotFound if there is no skill of that name."""
+        return self._run(C.op_skill(name))
+
+    def search_skills(self, query: str, k: int = 10, **extra: Any) -> list[dict[str, Any]]:
+        """skills.search: [{"skill", "score", "why"}] best first; `extra` passes status, mode."""
+        return self._run(C.op_search_skills(query, k, **extra))
+
+    def put_skill(self, name: str, body: str, **fields: Any) -> Skill:
+        """skills.put: create or change a skill; a Skill field left out keeps its current value."""
+        return self._run(C.op_put_skill(name, body, **fields))
+
+    def record_skill_use(self, name: str, success: bool) -> Skill:
+        """skills.record_use: one more use; success_rate moves as EurekaClaw's EMA (alpha 0.3)."""
+        return self._run(C.op_record_skill_use(name, success))
+
+    def confirm_skill(self, name: str) -> Skill:
+        """skills.confirm: a draft becomes active (and injectable)."""
+        return self._run(C.op_confirm_skill(name))
+
+    def inject_skills(
+        self,
+        agent_role: str,
+        pipeline_stage: str | None = None,
+        query: str | None = None,
+        k: int | None = None,
+        token_budget: int | None = None,
+    ) -> dict[str, Any]:
+        """skills.inject: {"text", "names", "tokens"}, the <skills> block of an agent's system prompt."""
+        return self._run(C.op_inject_skills(agent_role, pipeline_stage, query, k, token_budget))

@@ -32,6 +32,7 @@ from eurekamem.daemon.memory.embed import preload_embedder, shared_embedder
 from eurekamem.daemon.paths import Paths, acquire_lock
 from eurekamem.daemon.recovery import Recovered, recover
 from eurekamem.daemon.server import Connection, Limits
+from eurekamem.daemon.skills.actor import SkillsActor
 from eurekamem.daemon.stats import RequestStats
 from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
 from eurekamem.daemon.storage.files import RealFiles, atomic_write
@@ -136,6 +137,10 @@ class Daemon:
             "persistent": TierActor(recovered.persistent, self.journal_actor, inline=True),
             "graph": TierActor(recovered.graph, self.journal_actor, inline=True),
             "memory": MemoryActor(recovered.memory, self.journal_actor, self.paths.root),
+            "skills": SkillsActor(
+                recovered.skills, self.journal_actor, self.paths.root,
+                projection_interval=self.config.projection_interval,
+            ),
         }
         if recovered.replayed == 0 and not recovered.imported:
             self._snapshot_seq = self.journal_actor.acked_seq  # the files on disk are current
@@ -446,6 +451,7 @@ class Daemon:
             "tiers": tiers,
             "journal": self.journal_actor.statistics(),
             "memory": self.actors["memory"].statistics(),
+            "skills": self.actors["skills"].statistics(),
             "snapshot": {"seq": self._snapshot_seq},
             "recovery": self.recovery,
             "requests": self.stats.summary(),
@@ -471,6 +477,7 @@ class Daemon:
                 lambda s: memory_actor.save_snapshot(s, self.paths.memory_snapshot, self.paths.vectors)
             )
             await memory_actor.project_files(durable=True)  # the .md files and _index.json are current and durable too
+            await self.actors["skills"].project_files(durable=True)  # the SKILL.md files are the skills' snapshot
             records = await self.actors["persistent"].run_internal(lambda s: dict(s.records))
             nodes, edges = await self.actors["graph"].run_internal(lambda s: (dict(s.nodes), dict(s.edges)))
             await trio.to_thread.run_sync(self._write_snapshot, records, nodes, edges, covered if rotated else None)

@@ -1,4 +1,5 @@
-"""Small helpers shared by the actors and the journal: a one-shot result slot, a latency histogram, a clock."""
+"""Small helpers shared by the actors and the journal: a one-shot result slot, a latency histogram, a clock,
+the files a projection still has to make durable."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import time
 from typing import Any
 
 import trio
+from eurekamem.daemon.storage.files import sync_files
 
 log = logging.getLogger("eurekamem.actor")
 
@@ -17,6 +19,33 @@ def monotonic_ns() -> int:
 
 
 _log2 = math.log2
+
+
+class PendingSync:
+    """Files written without a sync (atomic_write(sync=False)) and removals, not yet durable.
+
+    `update` adds paths (before writing them: a failure half-way still leaves them to sync); `sync`
+    makes all of them durable in a worker thread, each file and folder once however often it was
+    rewritten meanwhile, and on failure keeps them for the next call."""
+
+    __slots__ = ("_paths",)
+
+    def __init__(self) -> None:
+        self._paths: set[Any] = set()
+
+    def update(self, paths: Any) -> None:
+        self._paths.update(paths)
+
+    def __bool__(self) -> bool:
+        return bool(self._paths)
+
+    async def sync(self) -> None:
+        paths, self._paths = self._paths, set()
+        try:
+            await trio.to_thread.run_sync(sync_files, sorted(paths))
+        except BaseException:
+            self._paths |= paths
+            raise
 
 
 class Waiter:

@@ -24,6 +24,8 @@ from eurekamem.daemon.memory.actor import (
 from eurekamem.daemon.memory.embed import make_embedder
 from eurekamem.daemon.memory.state import MemoryState, PurgeMemory, PutMemory
 from eurekamem.daemon.paths import Paths
+from eurekamem.daemon.skills.actor import load_skill_files
+from eurekamem.daemon.skills.state import PutSkill, SkillsState
 from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
 from eurekamem.daemon.storage.files import RealFiles
 from eurekamem.daemon.storage.journal import Journal
@@ -44,6 +46,7 @@ MUTATION_TIER: dict[type, str] = {
     PutEdge: "graph",
     PutMemory: "memory",
     PurgeMemory: "memory",
+    PutSkill: "skills",
 }
 
 
@@ -56,6 +59,7 @@ class Recovered:
         self.persistent = PersistentState()
         self.graph = GraphState()
         self.memory = MemoryState(embedder)
+        self.skills = SkillsState(embedder)
         self.checkpoint_seq = 0
         self.replayed = 0
         self.imported: dict[str, int] = {}
@@ -127,6 +131,10 @@ def recover(
         out.imported = {"records": len(records or {}), "nodes": len(out.graph.nodes), "edges": len(out.graph.edges)}
     if imported_memories:
         out.imported["memories"] = imported_memories
+    progress("loading the skills")
+    skills = load_skill_files(out.skills, paths.root)  # skills/<name>/SKILL.md: EurekaClaw's, or our own
+    if skills and not has_checkpoint:
+        out.imported["skills"] = skills
     journal, entries = Journal.open(paths.journal, fs=fs, first_seq=out.checkpoint_seq + 1)
     out.journal = journal
     if journal.next_seq <= out.checkpoint_seq:
@@ -135,7 +143,7 @@ def recover(
             f"the journal in {paths.journal} ends at seq {journal.last_seq}, before the checkpoint's "
             f"seq {out.checkpoint_seq}: journal segments were removed by hand; refusing to reuse their numbers"
         )
-    states = {"persistent": out.persistent, "graph": out.graph, "memory": out.memory}
+    states = {"persistent": out.persistent, "graph": out.graph, "memory": out.memory, "skills": out.skills}
     progress("replaying the journal")
     for seq, rtype, payload in entries:
         if seq <= out.checkpoint_seq or rtype != RTYPE_MUTATION:

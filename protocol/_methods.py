@@ -223,6 +223,67 @@ class MemoryDelete(Params):
     purge: bool = False
 
 
+# --- skills: EurekaClaw's skills/<name>/SKILL.md -----------------------------------------------
+
+# A skill's name is also its folder: the daemon refuses (invalid_params) any name that could leave
+# skills/ or hide there (see daemon/skills/format.py: name_problem); these bounds are the lengths.
+SkillName = Annotated[str, Meta(min_length=1, max_length=MAX_ID)]
+SkillBody = Annotated[str, Meta(min_length=1, max_length=MAX_TEXT)]
+MAX_SKILL_DESCRIPTION = 16 * MAX_KEY
+SkillDescription = Annotated[str, Meta(max_length=MAX_SKILL_DESCRIPTION)]
+SkillSource = Literal["seed", "distilled", "manual"]
+SkillStatus = Literal["draft", "active"]
+SkillStatusFilter = Literal["draft", "active", "any"]
+SKILLS_INJECT_K = 5  # EurekaClaw's BaseAgent.build_system_prompt injects at most 5 skills
+
+
+class SkillsList(Params):
+    agent_role: Ident | None = None
+    tag: Tag | None = None
+    status: SkillStatusFilter = "any"
+
+
+class SkillRef(Params):
+    name: SkillName
+
+
+class SkillsSearch(Params):
+    query: Annotated[str, Meta(min_length=1, max_length=MAX_KEY * 4)]
+    k: Annotated[int, Meta(ge=1, le=MAX_K)] = 10
+    status: SkillStatusFilter = "active"
+    mode: Literal["hybrid", "dense", "lexical"] = "hybrid"
+
+
+class SkillsPut(Params):
+    """A field left out (or null) keeps the skill's current value, or takes the default for a new skill."""
+
+    name: SkillName
+    body: SkillBody
+    version: Ident | None = None
+    tags: Tags | None = None
+    agent_roles: Tags | None = None
+    pipeline_stages: Tags | None = None
+    description: SkillDescription | None = None
+    source: SkillSource | None = None
+    status: SkillStatus | None = None
+    created_at: Annotated[str, Meta(min_length=1, max_length=MAX_ID)] | None = None
+    usage_count: Annotated[int, Meta(ge=0, le=2**53)] | None = None
+    success_rate: Confidence | None = None
+
+
+class SkillsRecordUse(Params):
+    name: SkillName
+    success: bool
+
+
+class SkillsInject(Params):
+    agent_role: Ident
+    pipeline_stage: Ident | None = None
+    query: Annotated[str, Meta(min_length=1, max_length=MAX_KEY * 4)] | None = None
+    k: Annotated[int, Meta(ge=1, le=MAX_K)] = SKILLS_INJECT_K
+    token_budget: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
+
+
 # --- the table ----------------------------------------------------------------------------------
 
 
@@ -269,5 +330,12 @@ METHODS: dict[str, MethodSpec] = dict(
         _spec("memory.list", MemoryList, "memory", False, "memories newest first, paged"),
         _spec("memory.update", MemoryUpdate, "memory", True, "change fields; re-fingerprints and re-embeds"),
         _spec("memory.delete", MemoryDelete, "memory", True, "archive a memory, or purge it for good"),
+        _spec("skills.list", SkillsList, "skills", False, "skills by agent role, tag and status, by name"),
+        _spec("skills.get", SkillRef, "skills", False, "one skill"),
+        _spec("skills.search", SkillsSearch, "skills", False, "hybrid (dense + BM25) search of the skills, best first"),
+        _spec("skills.put", SkillsPut, "skills", True, "create or change a skill (skills/<name>/SKILL.md)"),
+        _spec("skills.record_use", SkillsRecordUse, "skills", True, "count a use; success rate as EurekaClaw's EMA"),
+        _spec("skills.confirm", SkillRef, "skills", True, "make a draft skill active"),
+        _spec("skills.inject", SkillsInject, "skills", False, "EurekaClaw's <skills> block for an agent's prompt"),
     ]
 )

@@ -121,3 +121,28 @@ class Memory(msgspec.Struct, kw_only=True):
     last_accessed: str | None = None
     status: str = "active"  # active | archived
     file: str  # relative to the data root: memories/<domain_slug>/<YYYYMMDD>_<slug>.md
+
+
+SKILL_SOURCES: tuple[str, ...] = ("seed", "distilled", "manual")
+
+
+SKILL_STATUSES: tuple[str, ...] = ("draft", "active")
+
+
+class Skill(msgspec.Struct, kw_only=True):
+    """A skill: EurekaClaw's SkillMeta fields, then `status` and `body` (the Markdown after the frontmatter).
+
+    `name` is also its folder: skills/<name>/SKILL.md. `success_rate` is null until the first use."""
+
+    name: str
+    version: str = "1.0"
+    tags: list[str] = []
+    agent_roles: list[str] = []
+    pipeline_stages: list[str] = []
+    description: str = ""
+    source: str = "seed"  # seed | distilled | manual (EurekaClaw's default is seed)
+    created_at: str
+    usage_count: int = 0
+    success_rate: float | None = None
+    status: str = "active"  # draft | active: a draft is never injected until skills.confirm
+    body: str = ""

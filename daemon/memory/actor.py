@@ -38,7 +38,8 @@ from eurekamem.daemon.memory.state import (
     query_to_embed,
 )
 from eurekamem.daemon.memory.vectors import VectorStore
-from eurekamem.daemon.storage.files import RealFiles, atomic_write, sync_files
+from eurekamem.daemon.primitives import PendingSync
+from eurekamem.daemon.storage.files import RealFiles, atomic_write
 from eurekamem.daemon.tier import MAX_BATCH, Internal, TierActor, Work
 from eurekamem.protocol import Call, ProtocolError
 
@@ -63,7 +64,7 @@ class MemoryActor(TierActor):
         # one projection at a time, from taking the changes to writing them: two interleaved ones
         # could write an older version of a file after a newer one (or after its removal)
         self._projection_lock = trio.Lock()
-        self._unsynced: set[Path] = set()  # files written (or removed) since the last durable projection
+        self._unsynced = PendingSync()  # files written (or removed) since the last durable projection
         self._state_lock = trio.StrictFIFOLock()  # one batch or internal call on the state at a time
         self._embedded: tuple[Prepared, str | None] | None = None  # for the write batch about to run
         self.writes_waiting = 0  # write requests in the pipeline, not yet applied
@@ -208,12 +209,7 @@ class MemoryActor(TierActor):
         async with self._projection_lock:
             written = await self._project_files()
             if durable and self._unsynced:
-                paths, self._unsynced = self._unsynced, set()
-                try:
-                    await trio.to_thread.run_sync(sync_files, sorted(paths))
-                except BaseException:
-                    self._unsynced |= paths
-                    raise
+                await self._unsynced.sync()
             return written
 
     async def _project_files(self) -> int:

@@ -1,0 +1,291 @@
+"""The skills actor (batches, query embedding, skill vectors, the SKILL.md projection) and the reading
+of the skill files at start.
+
+Rules kept here:
+- The state is touched only by this actor, one batch or internal call at a time (TierActor's loop):
+  a batch whose searches need a query embedded runs in a worker thread, so the event loop keeps
+  serving the other tiers meanwhile; every other batch is lookups and runs on the event loop.
+- Skill vectors are computed in the background without the state (the embedder is thread-safe) and
+  stored only if the skill's text did not change meanwhile; an embedder that fails is retried with a
+  growing pause, and search meanwhile finds the skills by BM25.
+- The files follow the journal: shortly after a change the projector writes the SKILL.md files that
+  changed, each atomically (a reader never sees half of one); `project_files(durable=True)`, which
+  every snapshot calls before its checkpoint, makes everything written since durable (file and
+  folder fsync) or raises, so no checkpoint ever covers a change whose file is not on disk. A file
+  the daemon did not change is never rewritten, other files in a skill's folder are never touched,
+  and a file read with bytes that are not UTF-8 is kept aside as SKILL.md.orig before its first
+  rewrite. At start the files are the tier's snapshot (EurekaClaw's, on a first start): every folder
+  with a SKILL.md is read leniently; a folder whose name no skill may have is left alone, with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import msgspec
+import trio
+from eurekamem.daemon.skills.format import name_problem, parse_skill
+from eurekamem.daemon.skills.state import (
+    DRAFTS_FOLDER,
+    SEED_STATS_FILE,
+    SKILLS_FOLDER,
+    Projection,
+    SkillsState,
+    query_of,
+)
+from eurekamem.daemon.primitives import PendingSync
+from eurekamem.daemon.storage.files import RealFiles, atomic_write
+from eurekamem.daemon.tier import TierActor
+from eurekamem.protocol import Call
+
+log = logging.getLogger("eurekamem.skills")
+
+
+EMBED_BATCH = 64  # skills given a vector per background step
+
+
+MAX_EMBED_PAUSE = 60.0  # seconds between attempts while the embedder keeps failing
+
+
+class SkillsActor(TierActor):
+    def __init__(self, state: SkillsState, journal: Any, root: Path, *, projection_interval: float = 1.0) -> None:
+        super().__init__(state, journal)
+        self.state: SkillsState = state
+        self.root = root
+        self.projection_interval = projection_interval
+        self.files_written = 0
+        self.projection_errors = 0
+        self.embedded = 0
+        self.embed_failures = 0
+        self._work = trio.Event()  # set when files are owed or skills wait for a vector
+        self._projection_lock = trio.Lock()  # one projection at a time, from taking the changes to writing them
+        self._unsynced = PendingSync()  # written or removed since the last durable projection
+        self._note_work()
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._background)
+            try:
+                await super().run()
+            finally:
+                nursery.cancel_scope.cancel()
+
+    # --- batches ------------------------------------------------------------------------------------
+
+    async def handle_calls(self, calls: list[Call]) -> list[Any]:
+        if len(self.state.vectors) and any(query_of(call) is not None for call in calls):
+            results = await trio.to_thread.run_sync(self._process, calls)
+        else:
+            results = self._process(calls)
+        self._note_work()
+        return results
+
+    def _process(self, calls: list[Call]) -> list[Any]:
+        self.state.prepare(calls)
+        return [self._handle_now(call) for call in calls]
+
+    async def _call_on_state(self, fn: Callable[[Any], Any]) -> Any:
+        result = fn(self.state)
+        self._note_work()
+        return result
+
+    def _note_work(self) -> None:
+        """As the state's owner: wake the background task when files are owed or vectors missing."""
+        if self.state.owes_files() or self.state.missing_vectors(1):
+            self._work.set()
+
+    # --- background ---------------------------------------------------------------------------------
+
+    async def _background(self) -> None:
+        pause = 0.0
+        while True:
+            await self._work.wait()
+            self._work = trio.Event()
+            await trio.sleep(max(self.projection_interval, pause))  # one write for a burst of changes
+            await self.project_files()
+            try:
+                await self.embed_missing()
+            except Exception as exc:  # the embedder failed: BM25 still finds the skills; try again later
+                self.embed_failures += 1
+                pause = min(MAX_EMBED_PAUSE, max(1.0, 2 * pause))
+                log.error("skills: embedding failed (retrying in %.0f s): %s", pause, exc)
+                self._work.set()
+            else:
+                pause = 0.0
+
+    async def embed_missing(self) -> int:
+        """Give up to EMBED_BATCH skills without a vector one (the embedding runs without the state)."""
+        todo = await self.run_internal(lambda state: state.missing_vectors(EMBED_BATCH))
+        if not todo:
+            return 0
+        embedder = self.state.embedder  # fixed for the state's life; thread-safe
+        vectors = await trio.to_thread.run_sync(embedder.embed_passages, [text for _, text in todo])
+        done: int = await self.run_internal(lambda state: state.set_vectors(todo, vectors))
+        self.embedded += done
+        return done
+
+    async def project_files(self, durable: bool = False) -> int:
+        """Write the skill files that changed; durable=True also fsyncs all written since the last
+        durable call, and raises if anything could not be written (a snapshot must then fail)."""
+        async with self._projection_lock:
+            projection: Projection = await self.run_internal(lambda state: state.take_projection())
+            written = 0
+            if not projection.empty():
+                self._unsynced.update(touched_paths(self.root, projection))
+                try:
+                    written = await trio.to_thread.run_sync(write_projection, self.root, projection)
+                except OSError as exc:
+                    self.projection_errors += 1
+                    log.error("could not write skill files (the journal has them; will retry): %s", exc)
+                    await self.run_internal(lambda state: state.redirty(projection))
+                    if durable:
+                        raise
+                    return 0
+                self.files_written += written
+            if durable and self._unsynced:
+                await self._unsynced.sync()
+            return written
+
+    def statistics(self) -> dict[str, Any]:
+        return {
+            "files_written": self.files_written,
+            "projection_errors": self.projection_errors,
+            "embedded": self.embedded,
+            "embed_failures": self.embed_failures,
+            "model": self.state.model,
+            "search": self.state.search_time.summary(),
+        }
+
+
+# --- the files -------------------------------------------------------------------------------------------
+
+
+def touched_paths(root: Path, projection: Projection) -> list[Path]:
+    """The files and folders a projection changes (each folder's own entry is fsynced with its parent)."""
+    out: list[Path] = []
+    for _, relative, _ in projection.writes:
+        out += [root / relative, (root / relative).parent]
+    for relative in projection.removes:
+        out += [root / relative, (root / relative).parent]
+    if projection.seed_stats:
+        out.append(root / SEED_STATS_FILE)
+    return out
+
+
+def write_projection(root: Path, projection: Projection) -> int:
+    """Runs in a worker thread: write, remove and update what the projection says; returns files written."""
+    fs = RealFiles()
+    written = 0
+    keep = set(projection.keep_originals)
+    for _, relative, text in projection.writes:
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        original = path.with_name(path.name + ".orig")
+        if relative in keep and path.exists() and not original.exists():
+            os.link(path, original)  # the bytes another program wrote, as they were
+        atomic_write(fs, str(path), text.encode("utf-8"), sync=False)
+        written += 1
+    for relative in projection.removes:
+        path = root / relative
+        if path.is_file():
+            path.unlink()
+        folder = path.parent
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()  # an empty folder would stop EurekaClaw's loader (it expects a SKILL.md in each)
+    if projection.seed_stats:
+        written += _update_seed_stats(fs, root / SEED_STATS_FILE, projection.seed_stats)
+    return written
+
+
+def _update_seed_stats(fs: RealFiles, path: Path, stats: dict[str, dict[str, Any]]) -> int:
+    """EurekaClaw keeps seed skills' usage in seed_skill_stats.json too: update its entries."""
+    current: Any = {}
+    if path.exists():
+        try:
+            current = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            current = exc
+        if not isinstance(current, dict):
+            log.warning("%s is not a JSON object; left as it is (the skills' files have their statistics)", path)
+            return 0
+    current.update(stats)
+    atomic_write(fs, str(path), json.dumps(current, indent=2).encode("utf-8"), sync=False)
+    return 1
+
+
+def load_skill_files(state: SkillsState, root: Path) -> int:
+    """Read every skills/<name>/SKILL.md and memory/skill_drafts/<name>/SKILL.md into the state (at
+    start, before the journal is replayed); returns how many were read."""
+    count = 0
+    for folder, draft in ((SKILLS_FOLDER, False), (DRAFTS_FOLDER, True)):
+        base = root / folder
+        if not base.is_dir():
+            continue
+        for entry in sorted(os.scandir(base), key=lambda e: e.name):
+            name = entry.name
+            path = Path(entry.path) / "SKILL.md"
+            if not entry.is_dir() or not path.is_file():
+                continue
+            relative = f"{folder}/{name}/SKILL.md"
+            problem = name_problem(name)
+            if problem is not None:
+                log.warning("skills: left %s alone: the name %r %s", relative, name, problem)
+                continue
+            if name in state.skills:  # a confirmed draft whose old file was not removed before a crash
+                log.info("skills: %s is an older copy of %s; removing it", relative, state.files[name])
+                state.stale_files[relative] = None
+                continue
+            try:
+                data = path.read_bytes()
+                mtime = path.stat().st_mtime
+            except OSError as exc:
+                log.warning("skills: could not read %s: %s", relative, exc)
+                continue
+            try:
+                text, lossy = data.decode("utf-8"), False
+            except UnicodeDecodeError:
+                text, lossy = data.decode("utf-8", errors="replace"), True
+            skill, extra, problems = parse_skill(text, name, mtime=mtime, draft=draft)
+            for what in problems:
+                log.warning("skills: %s: %s", relative, what)
+            state.load(skill, extra, relative)
+            if lossy:
+                log.warning("skills: %s is not UTF-8: read with replacement characters (kept aside once)", relative)
+                state.keep_original[name] = None
+            count += 1
+    _overlay_seed_stats(state, root / SEED_STATS_FILE)
+    return count
+
+
+def _overlay_seed_stats(state: SkillsState, path: Path) -> None:
+    """EurekaClaw's update_stats writes a seed skill's usage to seed_skill_stats.json, not to its
+    SKILL.md: where that file counts more uses than the SKILL.md, its figures are the newer ones."""
+    if not path.is_file():
+        return
+    try:
+        stats = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        log.warning("skills: could not read %s: %s", path, exc)
+        return
+    if not isinstance(stats, dict):
+        return
+    for name, entry in stats.items():
+        skill = state.skills.get(name)
+        if skill is None or skill.source != "seed" or not isinstance(entry, dict):
+            continue
+        uses = entry.get("usage_count")
+        rate = entry.get("success_rate")
+        if not isinstance(uses, int) or isinstance(uses, bool) or uses <= skill.usage_count:
+            continue
+        if isinstance(rate, (int, float)) and not isinstance(rate, bool) and math.isfinite(rate) and 0 <= rate <= 1:
+            rate = float(rate)
+        else:
+            rate = skill.success_rate
+        newer = msgspec.structs.replace(skill, usage_count=uses, success_rate=rate)
+        state.load(newer, state.extra[name], state.files[name])
+        state.dirty[name] = None  # the SKILL.md gets the newer figures (EurekaClaw's loader reads them there)
