@@ -17,9 +17,6 @@ from typing import Any
 import msgspec
 import pytest
 import trio
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from daemon_process import DaemonProcess
 from eurekamem.client import AsyncClient, Client, InvalidParams, NotFound, Skill
@@ -33,6 +30,8 @@ from eurekamem.daemon.skills.format import (
 )
 from eurekamem.daemon.skills.state import PutSkill, SkillsState
 from eurekamem.protocol import METHODS, SKILL_SOURCES, Call, ProtocolError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 FAST = {"embedder": "usem3"}
 
@@ -85,8 +84,13 @@ def test_render_is_what_eurekaclaw_upsert_writes() -> None:
 
 def test_render_of_a_used_draft_with_odd_values() -> None:
     skill = make_skill(
-        status="draft", source="distilled", success_rate=0.6429999999999999, usage_count=4, tags=[],
-        description="Validate bounds empirically: check tightness", version="2",
+        status="draft",
+        source="distilled",
+        success_rate=0.6429999999999999,
+        usage_count=4,
+        tags=[],
+        description="Validate bounds empirically: check tightness",
+        version="2",
     )
     lines = render_skill(skill).split("\n")
     assert "status: draft" in lines and "source: distilled" in lines
@@ -97,7 +101,9 @@ def test_render_of_a_used_draft_with_odd_values() -> None:
     assert "status: draft" not in render_skill(make_skill()).split("\n")  # active skills: EurekaClaw's keys only
 
 
-names = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=40).filter(lambda n: name_problem(n) is None)
+names = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=40).filter(
+    lambda n: name_problem(n) is None
+)
 texts = st.text(st.characters(blacklist_categories=("Cs",)), max_size=60)
 idents = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=20)
 bodies = texts.map(lambda t: t.replace("\r", "\n").strip()).filter(bool)
@@ -106,21 +112,47 @@ times = st.datetimes(timezones=st.timezones()).map(lambda d: d.isoformat())
 
 @settings(max_examples=400, deadline=None, derandomize=True)
 @given(
-    name=names, version=idents, description=texts, body=bodies, created_at=times,
-    tags=st.lists(idents, unique=True, max_size=5), roles=st.lists(idents, unique=True, max_size=3),
-    stages=st.lists(idents, unique=True, max_size=3), source=st.sampled_from(SKILL_SOURCES),
-    status=st.sampled_from(["draft", "active"]), uses=st.integers(0, 2**40),
+    name=names,
+    version=idents,
+    description=texts,
+    body=bodies,
+    created_at=times,
+    tags=st.lists(idents, unique=True, max_size=5),
+    roles=st.lists(idents, unique=True, max_size=3),
+    stages=st.lists(idents, unique=True, max_size=3),
+    source=st.sampled_from(SKILL_SOURCES),
+    status=st.sampled_from(["draft", "active"]),
+    uses=st.integers(0, 2**40),
     rate=st.none() | st.floats(0.0, 1.0),
 )
 def test_parse_gives_back_what_render_wrote(
-    name: str, version: str, description: str, body: str, created_at: str, tags: list[str], roles: list[str],
-    stages: list[str], source: str, status: str, uses: int, rate: float | None,
+    name: str,
+    version: str,
+    description: str,
+    body: str,
+    created_at: str,
+    tags: list[str],
+    roles: list[str],
+    stages: list[str],
+    source: str,
+    status: str,
+    uses: int,
+    rate: float | None,
 ) -> None:
     from eurekamem.protocol import normalize_timestamp
 
     skill = Skill(
-        name=name, version=version, tags=tags, agent_roles=roles, pipeline_stages=stages, description=description,
-        source=source, created_at=normalize_timestamp(created_at), usage_count=uses, success_rate=rate, status=status,
+        name=name,
+        version=version,
+        tags=tags,
+        agent_roles=roles,
+        pipeline_stages=stages,
+        description=description,
+        source=source,
+        created_at=normalize_timestamp(created_at),
+        usage_count=uses,
+        success_rate=rate,
+        status=status,
         body=body,
     )
     extra = 'homepage: https://example.org/x\nmetadata: {"openclaw": {"emoji": "🧪"}}'
@@ -226,9 +258,21 @@ def test_reads_the_files_eurekaclaw_writes() -> None:
     assert problems == [] and extra == ""
     assert seed.description == "Generate research hypotheses: combine cross-domain insights and unexplored gaps."
     assert seed.created_at == "2026-03-20T03:24:14.077445+00:00"  # EurekaClaw's naive utcnow() is UTC
-    assert (seed.agent_roles, seed.pipeline_stages, seed.tags) == (["theory"], ["ideation", "proof_attempt"], ["ideation", "hypothesis"])
-    assert (seed.source, seed.usage_count, seed.success_rate, seed.version, seed.status) == ("seed", 3, 0.6366789999999999, "1.0", "active")
-    assert seed.body == "# Hypothesis Generation\n\n## When to apply\nWhen the survey found gaps."  # stripped, as python-frontmatter
+    assert (seed.agent_roles, seed.pipeline_stages, seed.tags) == (
+        ["theory"],
+        ["ideation", "proof_attempt"],
+        ["ideation", "hypothesis"],
+    )
+    assert (seed.source, seed.usage_count, seed.success_rate, seed.version, seed.status) == (
+        "seed",
+        3,
+        0.6366789999999999,
+        "1.0",
+        "active",
+    )
+    assert (
+        seed.body == "# Hypothesis Generation\n\n## When to apply\nWhen the survey found gaps."
+    )  # stripped, as python-frontmatter
 
     folded, _, _ = parse_skill(FOLDED_PLAIN, "regularized_rates", mtime=0.0)
     assert folded.description == (
@@ -253,7 +297,10 @@ def test_reads_the_files_eurekaclaw_writes() -> None:
     assert problems == []
     assert hub.description == "Interact with GitHub using the `gh` CLI: issues, PRs, CI runs."
     assert extra.split("\n") == [  # kept verbatim, sorted by key as a dump sorts them
-        "allowed-tools:", "  - Bash", "  - Read", "homepage: https://cli.github.com",
+        "allowed-tools:",
+        "  - Bash",
+        "  - Read",
+        "homepage: https://cli.github.com",
         'metadata: {"clawdbot":{"emoji":"🐙","requires":{"bins":["gh"]}}}',
     ]
     written = render_skill(hub, extra)
@@ -285,7 +332,11 @@ def test_reads_anything_leniently() -> None:
     assert (skill.usage_count, skill.success_rate, skill.source, skill.tags) == (0, 1.0, "manual", [])
     assert skill.created_at == "2023-11-14T22:13:20+00:00" and skill.status == "draft"
     assert skill.description == "folded text"
-    assert any("created_at" in p for p in problems) and any("source" in p for p in problems) and any("tags" in p for p in problems)
+    assert (
+        any("created_at" in p for p in problems)
+        and any("source" in p for p in problems)
+        and any("tags" in p for p in problems)
+    )
 
     assert parse_skill("---\nname: d\n---\nbody", "d", mtime=mtime, draft=True)[0].status == "draft"
     assert split_frontmatter("---\n---\nonly body") == ("", "only body")
@@ -305,8 +356,27 @@ def test_success_rate_is_eurekaclaws_ema_bit_for_bit() -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["", ".", "..", "../evil", "a/b", "/etc", "a\\b", "nul\x00", "new\nline", "esc\x1b", "\u202eabc", "bom\ufeff",
-     " lead", "trail ", ".hidden", 'quo"te', "<tag>", "a&b", "é" * 128],
+    [
+        "",
+        ".",
+        "..",
+        "../evil",
+        "a/b",
+        "/etc",
+        "a\\b",
+        "nul\x00",
+        "new\nline",
+        "esc\x1b",
+        "\u202eabc",
+        "bom\ufeff",
+        " lead",
+        "trail ",
+        ".hidden",
+        'quo"te',
+        "<tag>",
+        "a&b",
+        "é" * 128,
+    ],
 )
 def test_names_that_could_leave_their_folder_are_refused(name: str) -> None:
     assert name_problem(name) is not None
@@ -374,7 +444,13 @@ def test_put_get_list_and_defaults(state: SkillsState) -> None:
     skill, mutations = call(state, "skills.put", **{**UCB, "body": "\r\n  " + UCB["body"] + "\n\n"})
     assert isinstance(skill, Skill) and [type(m) for m in mutations] == [PutSkill]
     assert skill.body == UCB["body"]  # as it reads back from the file
-    assert (skill.source, skill.status, skill.version, skill.usage_count, skill.success_rate) == ("manual", "active", "1.0", 0, None)
+    assert (skill.source, skill.status, skill.version, skill.usage_count, skill.success_rate) == (
+        "manual",
+        "active",
+        "1.0",
+        0,
+        None,
+    )
     assert call(state, "skills.get", name="ucb_regret")[0] == skill
     assert call(state, "skills.put", **UCB)[1] == []  # the same skill again: nothing to journal
     call(state, "skills.put", **INDUCTION)
@@ -389,7 +465,10 @@ def test_put_get_list_and_defaults(state: SkillsState) -> None:
     assert missing.value.kind == "not_found"
     for bad in ("../evil", "a/b", ".hidden"):
         for method, params in (
-            ("skills.put", {"body": "x"}), ("skills.get", {}), ("skills.record_use", {"success": True}), ("skills.confirm", {}),
+            ("skills.put", {"body": "x"}),
+            ("skills.get", {}),
+            ("skills.record_use", {"success": True}),
+            ("skills.confirm", {}),
         ):
             with pytest.raises(ProtocolError) as refused:
                 call(state, method, name=bad, **params)
@@ -404,7 +483,9 @@ def test_put_keeps_what_it_does_not_set_and_never_demotes(state: SkillsState) ->
     call(state, "skills.put", **UCB, created_at="2026-01-01T00:00:00")
     call(state, "skills.record_use", name="ucb_regret", success=True)
     changed, _ = call(state, "skills.put", name="ucb_regret", body="# UCB\n\nNew text.")
-    assert changed.tags == UCB["tags"] and changed.agent_roles == ["theory"] and changed.description == UCB["description"]
+    assert (
+        changed.tags == UCB["tags"] and changed.agent_roles == ["theory"] and changed.description == UCB["description"]
+    )
     assert (changed.usage_count, changed.success_rate, changed.created_at) == (1, 1.0, "2026-01-01T00:00:00+00:00")
     with pytest.raises(ProtocolError) as demote:
         call(state, "skills.put", name="ucb_regret", body="x", status="draft")
@@ -416,7 +497,9 @@ def test_put_keeps_what_it_does_not_set_and_never_demotes(state: SkillsState) ->
 
 def test_record_use_and_confirm(state: SkillsState) -> None:
     call(state, "skills.put", **UCB)
-    rates = [call(state, "skills.record_use", name="ucb_regret", success=s)[0].success_rate for s in (False, True, True)]
+    rates = [
+        call(state, "skills.record_use", name="ucb_regret", success=s)[0].success_rate for s in (False, True, True)
+    ]
     assert rates == [0.0, 0.3, 0.51]
     assert state.skills["ucb_regret"].usage_count == 3
     call(state, "skills.put", **LATEX, status="draft", source="distilled")
@@ -425,15 +508,21 @@ def test_record_use_and_confirm(state: SkillsState) -> None:
     assert confirmed.status == "active" and len(mutations) == 1
     assert state.files["latex_syntax"] == "skills/latex_syntax/SKILL.md"
     assert call(state, "skills.confirm", name="latex_syntax")[1] == []  # already active: nothing to do
+    assert state.counts()["drafts"] == 0 and state.counts()["active"] == 2
     projection = state.take_projection()
     assert projection.removes == ["memory/skill_drafts/latex_syntax/SKILL.md"]
-    assert sorted(path for _, path, _ in projection.writes) == ["skills/latex_syntax/SKILL.md", "skills/ucb_regret/SKILL.md"]
+    assert sorted(path for _, path, _ in projection.writes) == [
+        "skills/latex_syntax/SKILL.md",
+        "skills/ucb_regret/SKILL.md",
+    ]
 
 
 def test_inject_best_for_role_and_stage_within_budget_and_never_drafts(state: SkillsState) -> None:
     for params in (UCB, INDUCTION, LATEX):
         call(state, "skills.put", **params)
-    call(state, "skills.put", name="draft_theory", body="# Draft\n\nUnreviewed.", agent_roles=["theory"], status="draft")
+    call(
+        state, "skills.put", name="draft_theory", body="# Draft\n\nUnreviewed.", agent_roles=["theory"], status="draft"
+    )
     for _ in range(3):
         call(state, "skills.record_use", name="induction_strategy", success=True)
     out, mutations = call(state, "skills.inject", agent_role="theory")
@@ -452,7 +541,11 @@ def test_inject_best_for_role_and_stage_within_budget_and_never_drafts(state: Sk
     assert call(state, "skills.inject", agent_role="theory", k=1)[0]["names"] == ["induction_strategy"]
     small = call(state, "skills.inject", agent_role="theory", token_budget=30)[0]
     assert small["names"] == ["induction_strategy"] and small["tokens"] <= 30  # ucb_regret did not fit
-    assert call(state, "skills.inject", agent_role="theory", token_budget=5)[0] == {"text": "", "names": [], "tokens": 0}
+    assert call(state, "skills.inject", agent_role="theory", token_budget=5)[0] == {
+        "text": "",
+        "names": [],
+        "tokens": 0,
+    }
     assert call(state, "skills.inject", agent_role="nobody")[0] == {"text": "", "names": [], "tokens": 0}
     call(state, "skills.confirm", name="draft_theory")
     assert "draft_theory" in call(state, "skills.inject", agent_role="theory")[0]["names"]
@@ -466,7 +559,8 @@ def test_search_is_lexical_until_embedded_then_hybrid(state: SkillsState) -> Non
     assert [h["skill"].name for h in hits] == ["ucb_regret"]  # drafts are left out by default
     assert hits[0]["why"]["dense_rank"] is None and hits[0]["why"]["lexical_rank"] == 1 and hits[0]["score"] == 1.0
     assert [h["skill"].name for h in call(state, "skills.search", query="Hoeffding", status="any")[0]] == [
-        "hoeffding_draft", "ucb_regret",
+        "hoeffding_draft",
+        "ucb_regret",
     ]
     embed_all(state)
     assert state.counts() == {"skills": 4, "active": 3, "drafts": 1, "vectors": 4, "unembedded": 0}
@@ -490,8 +584,11 @@ def test_search_is_lexical_until_embedded_then_hybrid(state: SkillsState) -> Non
 def test_replay_gives_the_state_run_time_made(state: SkillsState) -> None:
     journal: list[Any] = []
     for method, params in (
-        ("skills.put", UCB), ("skills.put", {**LATEX, "status": "draft"}), ("skills.record_use", {"name": "ucb_regret", "success": False}),
-        ("skills.confirm", {"name": "latex_syntax"}), ("skills.put", {"name": "ucb_regret", "body": "v2", "tags": ["x"]}),
+        ("skills.put", UCB),
+        ("skills.put", {**LATEX, "status": "draft"}),
+        ("skills.record_use", {"name": "ucb_regret", "success": False}),
+        ("skills.confirm", {"name": "latex_syntax"}),
+        ("skills.put", {"name": "ucb_regret", "body": "v2", "tags": ["x"]}),
     ):
         journal += call(state, method, **params)[1]
     state.begin_batch()
@@ -503,7 +600,10 @@ def test_replay_gives_the_state_run_time_made(state: SkillsState) -> None:
     for mutation in journal + journal:  # twice: state-based records make a replay idempotent
         replayed.apply(decoded(msgspec.msgpack.encode(mutation)))
     assert replayed.skills == state.skills and replayed.files == state.files and replayed.extra == state.extra
-    assert replayed.skills["distilled_peeling"].status == "draft" and replayed.skills["distilled_peeling"].source == "distilled"
+    assert (
+        replayed.skills["distilled_peeling"].status == "draft"
+        and replayed.skills["distilled_peeling"].source == "distilled"
+    )
 
 
 def test_a_failed_journal_write_leaves_no_trace(state: SkillsState) -> None:
@@ -512,7 +612,10 @@ def test_a_failed_journal_write_leaves_no_trace(state: SkillsState) -> None:
     before = (dict(state.skills), dict(state.files), state.counts())
     state.begin_batch()
     state.handle("skills.put", msgspec.convert(INDUCTION, METHODS["skills.put"].params))
-    state.handle("skills.record_use", msgspec.convert({"name": "ucb_regret", "success": True}, METHODS["skills.record_use"].params))
+    state.handle(
+        "skills.record_use",
+        msgspec.convert({"name": "ucb_regret", "success": True}, METHODS["skills.record_use"].params),
+    )
     state.rollback()  # what the actor does when the journal refuses the batch
     assert (dict(state.skills), dict(state.files), state.counts()) == before
     assert [name for name, _, _ in state.take_projection().writes] == ["ucb_regret"]  # rewritten as it was: harmless
@@ -522,8 +625,12 @@ def test_a_failed_journal_write_leaves_no_trace(state: SkillsState) -> None:
 def test_put_draft_for_the_extraction_job(state: SkillsState) -> None:
     call(state, "skills.put", **UCB)
     state.begin_batch()
-    first = state.put_draft("peeling", "# Peeling\n\nSplit pulls into epochs.", description="epochs", agent_roles=["theory"])
-    assert (first.status, first.source, first.name) == ("draft", "distilled", "peeling") and len(state.take_pending()) == 1
+    first = state.put_draft(
+        "peeling", "# Peeling\n\nSplit pulls into epochs.", description="epochs", agent_roles=["theory"]
+    )
+    assert (first.status, first.source, first.name) == ("draft", "distilled", "peeling") and len(
+        state.take_pending()
+    ) == 1
     again = state.put_draft("peeling", "# Peeling\n\nSplit pulls into epochs.")
     assert again == first and state.take_pending() == []  # a job run twice stores it once
     clash = state.put_draft("ucb_regret", "# Other\n\nA different text.")
@@ -584,6 +691,51 @@ async def test_a_snapshot_fails_while_a_skill_file_cannot_be_written(data_dir: P
             await conn.aclose()
 
 
+async def test_a_failing_embedder_is_tried_again_and_bm25_answers_meanwhile(
+    data_dir: Path, sock_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from eurekamem.daemon.skills import actor as skills_actor
+
+    monkeypatch.setattr(skills_actor, "MIN_EMBED_PAUSE", 0.01)
+    with trio.fail_after(IO_TIMEOUT):
+        async with running_daemon(data_dir, sock_dir / "s.sock", projection_interval=0.01, **FAST) as daemon:
+            actor = daemon.actors["skills"]
+            token = trio.lowlevel.current_trio_token()
+            recovered = trio.Event()
+            attempts: list[int] = []
+
+            class Flaky:
+                """The real embedder, down for its first two batches of passages."""
+
+                def __init__(self, real: Any) -> None:
+                    self.real = real
+
+                def __getattr__(self, name: str) -> Any:
+                    return getattr(self.real, name)
+
+                def embed_passages(self, texts: list[str]) -> Any:
+                    attempts.append(len(texts))
+                    if len(attempts) <= 2:
+                        raise RuntimeError("embedder down")
+                    vectors = self.real.embed_passages(texts)
+                    trio.from_thread.run_sync(recovered.set, trio_token=token)
+                    return vectors
+
+            await actor.run_internal(lambda state: setattr(state, "embedder", Flaky(state.embedder)))
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            await conn.result("skills.put", UCB)
+            hits = await conn.result("skills.search", {"query": "Hoeffding"})
+            assert hits[0]["skill"]["name"] == "ucb_regret" and hits[0]["why"]["dense_rank"] is None
+            await recovered.wait()
+            await actor.embed_missing()  # whichever of the two stores the vector, it is there after this
+            stats = await conn.result("sys.stats", {})
+            assert stats["skills"]["embed_failures"] == 2 and attempts[:3] == [1, 1, 1]
+            assert stats["tiers"]["skills"]["vectors"] == 1 and stats["tiers"]["skills"]["unembedded"] == 0
+            hits = await conn.result("skills.search", {"query": "Hoeffding"})
+            assert hits[0]["why"]["dense_rank"] == 1
+            await conn.aclose()
+
+
 async def test_async_client_skill_calls(data_dir: Path, sock_dir: Path) -> None:
     with trio.fail_after(IO_TIMEOUT):
         async with running_daemon(data_dir, sock_dir / "s.sock", **FAST):
@@ -612,7 +764,9 @@ async def test_async_client_skill_calls(data_dir: Path, sock_dir: Path) -> None:
 @pytest.fixture
 def daemon(data_dir: Path, sock_dir: Path):  # type: ignore[no-untyped-def]
     # snapshots only when a test asks (or at a clean stop): what a restart replays is then known
-    proc = DaemonProcess(data_dir, sock_dir / "s.sock", "--embedder", "usem3", "--snapshot-quiet", "3600", "--snapshot-max-delay", "3600")
+    proc = DaemonProcess(
+        data_dir, sock_dir / "s.sock", "--embedder", "usem3", "--snapshot-quiet", "3600", "--snapshot-max-delay", "3600"
+    )
     yield proc
     proc.kill()
 
@@ -661,7 +815,9 @@ def test_imports_the_skills_of_an_eurekaclaw_root(daemon: DaemonProcess, data_di
     latin1.write_bytes(b"---\nname: old_latin1\nagent_roles: [theory]\n---\n\nCaf\xe9 au lait lemma.")
     write(skills / ".git" / "SKILL.md", "not a skill")  # a hidden folder: left alone
     (skills / "empty_folder").mkdir()
-    (data_dir / "seed_skill_stats.json").write_text(json.dumps({"hypothesis_gen": {"usage_count": 9, "success_rate": 0.25}}))
+    (data_dir / "seed_skill_stats.json").write_text(
+        json.dumps({"hypothesis_gen": {"usage_count": 9, "success_rate": 0.25}})
+    )
     before = {p: p.read_bytes() for p in (docs, hub, plugin)}
     daemon.start()
     with Client(daemon.socket_path, timeout=TIMEOUT) as c:
@@ -673,7 +829,10 @@ def test_imports_the_skills_of_an_eurekaclaw_root(daemon: DaemonProcess, data_di
         assert c.skill("old_latin1").body == "Caf\ufffd au lait lemma."
         assert c.skill("github").description.startswith("Interact with GitHub")
         assert c.inject_skills("survey")["names"] == ["ucb_regret_analysis"]
-        assert c.search_skills("UCB1 regret concentration", k=2)[0]["skill"]["name"] in ("ucb_regret_analysis", "ucb_regret")
+        assert c.search_skills("UCB1 regret concentration", k=2)[0]["skill"]["name"] in (
+            "ucb_regret_analysis",
+            "ucb_regret",
+        )
         c.record_skill_use("github", True)
         c.record_skill_use("old_latin1", False)
         c.snapshot()
@@ -687,7 +846,9 @@ def test_imports_the_skills_of_an_eurekaclaw_root(daemon: DaemonProcess, data_di
     assert rewritten.endswith("# GitHub Skill\n\nUse `gh issue list`.")  # EurekaClaw's upsert: no final newline
     assert (skills / "github" / "scripts" / "run.sh").read_text() == "#!/bin/sh\n"
     assert "usage_count: 9" in seed.read_text()  # the newer figures, where EurekaClaw's loader reads them
-    assert (latin1.parent / "SKILL.md.orig").read_bytes().endswith(b"Caf\xe9 au lait lemma.")  # the original bytes, kept
+    assert (
+        (latin1.parent / "SKILL.md.orig").read_bytes().endswith(b"Caf\xe9 au lait lemma.")
+    )  # the original bytes, kept
     assert (skills / ".git" / "SKILL.md").read_text() == "not a skill" and (skills / "empty_folder").is_dir()
     daemon.kill()
     daemon.start()
@@ -697,7 +858,9 @@ def test_imports_the_skills_of_an_eurekaclaw_root(daemon: DaemonProcess, data_di
 
 
 def tree(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and p.name != "LOCK"}
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and p.name != "LOCK"
+    }
 
 
 def test_a_name_that_would_escape_its_folder_is_refused_and_nothing_is_written(
@@ -709,8 +872,18 @@ def test_a_name_that_would_escape_its_folder_is_refused_and_nothing_is_written(
         c.snapshot()
         files = tree(data_dir.parent)
         journal = c.stats()["journal"]
-        for name in ("../escaped", "../../escaped", "/tmp/escaped", "a/../../escaped", "..", ".", "x\x00y", "x\\..\\y",
-                     ".escaped", "line\nbreak"):
+        for name in (
+            "../escaped",
+            "../../escaped",
+            "/tmp/escaped",
+            "a/../../escaped",
+            "..",
+            ".",
+            "x\x00y",
+            "x\\..\\y",
+            ".escaped",
+            "line\nbreak",
+        ):
             with pytest.raises(InvalidParams) as refused:
                 c.put_skill(name, "# Evil\n\nbody")
             assert refused.value.data.get("field") == "name", name

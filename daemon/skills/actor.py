@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 import msgspec
 import trio
+from eurekamem.daemon.primitives import PendingSync
 from eurekamem.daemon.skills.format import name_problem, parse_skill
 from eurekamem.daemon.skills.state import (
     DRAFTS_FOLDER,
@@ -38,7 +39,6 @@ from eurekamem.daemon.skills.state import (
     SkillsState,
     query_of,
 )
-from eurekamem.daemon.primitives import PendingSync
 from eurekamem.daemon.storage.files import RealFiles, atomic_write
 from eurekamem.daemon.tier import TierActor
 from eurekamem.protocol import Call
@@ -49,7 +49,7 @@ log = logging.getLogger("eurekamem.skills")
 EMBED_BATCH = 64  # skills given a vector per background step
 
 
-MAX_EMBED_PAUSE = 60.0  # seconds between attempts while the embedder keeps failing
+MIN_EMBED_PAUSE, MAX_EMBED_PAUSE = 1.0, 60.0  # seconds between attempts while background work keeps failing
 
 
 class SkillsActor(TierActor):
@@ -102,18 +102,27 @@ class SkillsActor(TierActor):
     # --- background ---------------------------------------------------------------------------------
 
     async def _background(self) -> None:
+        """Project the files and embed the skills that wait for a vector, whenever there is work; a
+        failure is logged and tried again later (the journal has the data, BM25 finds the skills)."""
         pause = 0.0
         while True:
             await self._work.wait()
             self._work = trio.Event()
             await trio.sleep(max(self.projection_interval, pause))  # one write for a burst of changes
-            await self.project_files()
             try:
-                await self.embed_missing()
-            except Exception as exc:  # the embedder failed: BM25 still finds the skills; try again later
-                self.embed_failures += 1
-                pause = min(MAX_EMBED_PAUSE, max(1.0, 2 * pause))
-                log.error("skills: embedding failed (retrying in %.0f s): %s", pause, exc)
+                await self.project_files()
+                try:
+                    await self.embed_missing()
+                except trio.ClosedResourceError:
+                    raise
+                except Exception:
+                    self.embed_failures += 1
+                    raise
+            except trio.ClosedResourceError:  # the actor was closed: shutdown, after the final snapshot
+                return
+            except Exception as exc:
+                pause = min(MAX_EMBED_PAUSE, max(MIN_EMBED_PAUSE, 2 * pause))
+                log.error("skills: background work failed (trying again in %.0f s): %s", pause, exc)
                 self._work.set()
             else:
                 pause = 0.0

@@ -29,8 +29,6 @@ from typing import Any
 
 from eurekamem.protocol import SKILL_SOURCES, Skill, normalize_timestamp
 
-EMA_ALPHA = 0.3  # EurekaClaw's: recent outcomes matter more
-
 MAX_NAME_BYTES = 255  # a folder name (NAME_MAX)
 
 # control, format and surrogate characters, line and paragraph separators
@@ -40,8 +38,17 @@ _TAG_BREAKERS = frozenset('<>"&')
 
 _KNOWN = frozenset(
     {
-        "name", "version", "tags", "agent_roles", "pipeline_stages", "description", "source", "created_at",
-        "usage_count", "success_rate", "status",
+        "name",
+        "version",
+        "tags",
+        "agent_roles",
+        "pipeline_stages",
+        "description",
+        "source",
+        "created_at",
+        "usage_count",
+        "success_rate",
+        "status",
     }
 )
 
@@ -299,8 +306,24 @@ def _single_quoted(text: str) -> tuple[str, str] | None:
 
 
 _ESCAPES = {
-    "0": "\0", "a": "\a", "b": "\b", "t": "\t", "\t": "\t", "n": "\n", "v": "\v", "f": "\f", "r": "\r",
-    "e": "\x1b", " ": " ", '"': '"', "/": "/", "\\": "\\", "N": "\x85", "_": "\xa0", "L": "\u2028", "P": "\u2029",
+    "0": "\0",
+    "a": "\a",
+    "b": "\b",
+    "t": "\t",
+    "\t": "\t",
+    "n": "\n",
+    "v": "\v",
+    "f": "\f",
+    "r": "\r",
+    "e": "\x1b",
+    " ": " ",
+    '"': '"',
+    "/": "/",
+    "\\": "\\",
+    "N": "\x85",
+    "_": "\xa0",
+    "L": "\u2028",
+    "P": "\u2029",
 }
 
 _HEX_LENGTH = {"x": 2, "u": 4, "U": 8}

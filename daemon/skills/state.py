@@ -104,6 +104,7 @@ class SkillsState(TierState):
         self.lexical = LexicalIndex()
         self.vectors = VectorStore(embedder.dim, model=self.model)
         self._unembedded: dict[str, None] = {}  # names without a vector of their current text
+        self._drafts = 0  # kept up to date so that counts() (sys.stats, from the event loop) iterates nothing
         self.dirty: dict[str, None] = {}  # names whose file must be written
         self.stale_files: dict[str, None] = {}  # files a skill moved away from (a confirmed draft)
         self.seed_stats_dirty: dict[str, None] = {}  # seed skills whose usage changed
@@ -134,7 +135,8 @@ class SkillsState(TierState):
         old = self.skills.get(p.name)
         if old is not None and old.status == "active" and p.status == "draft":
             raise ProtocolError(
-                "invalid_params", f"invalid params: skill {p.name!r} is active; an active skill cannot become a draft",
+                "invalid_params",
+                f"invalid params: skill {p.name!r} is active; an active skill cannot become a draft",
                 field="status",
             )
         if p.created_at is not None:
@@ -210,7 +212,11 @@ class SkillsState(TierState):
         ordered = sorted(
             pool.values(),
             key=lambda s: (
-                -matches(s), relevance.get(s.name, len(relevance)), -s.usage_count, -(s.success_rate or 0.0), s.name
+                -matches(s),
+                relevance.get(s.name, len(relevance)),
+                -s.usage_count,
+                -(s.success_rate or 0.0),
+                s.name,
             ),
         )
         # whole skills only, in order, within the budget; the frame and the newlines are counted
@@ -400,6 +406,7 @@ class SkillsState(TierState):
             label = self._label[name] = self._next_label
             self._next_label += 1
             self._name_of[label] = name
+        self._drafts += (skill.status == "draft") - (old is not None and old.status == "draft")
         self.skills[name] = skill
         self.extra[name] = extra
         self.files[name] = path
@@ -420,7 +427,7 @@ class SkillsState(TierState):
         # undo of a new skill, in the batch that made it: nothing was written for it yet
         label = self._label.pop(name)
         del self._name_of[label]
-        self.skills.pop(name, None)
+        self._drafts -= self.skills.pop(name).status == "draft"
         self.extra.pop(name, None)
         self.files.pop(name, None)
         self.lexical.remove(label)
@@ -478,11 +485,11 @@ class SkillsState(TierState):
         return skill
 
     def counts(self) -> dict[str, int]:
-        drafts = sum(1 for skill in self.skills.values() if skill.status == "draft")
+        """Sizes only (no walk over the skills): sys.stats reads them while a batch may be running."""
         return {
             "skills": len(self.skills),
-            "active": len(self.skills) - drafts,
-            "drafts": drafts,
+            "active": len(self.skills) - self._drafts,
+            "drafts": self._drafts,
             "vectors": len(self.vectors),
             "unembedded": len(self._unembedded),
         }
