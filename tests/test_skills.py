@@ -674,6 +674,30 @@ async def test_files_follow_the_journal_and_a_confirm_moves_the_draft(data_dir: 
             await conn.aclose()
 
 
+async def test_the_extraction_job_stores_a_journaled_draft(data_dir: Path, sock_dir: Path) -> None:
+    with trio.fail_after(IO_TIMEOUT):
+        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST) as daemon:
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            before = (await conn.result("sys.stats", {}))["journal"]["last_seq"]
+            draft = await daemon.actors["skills"].put_draft(
+                "peeling_epochs", "# Peeling\n\nSplit the pulls into geometric epochs.", agent_roles=["theory"]
+            )
+            assert (draft.status, draft.source) == ("draft", "distilled")
+            assert (await conn.result("sys.stats", {}))["journal"]["last_seq"] == before + 1  # journaled first
+            again = await daemon.actors["skills"].put_draft(
+                "peeling_epochs", "# Peeling\n\nSplit the pulls into geometric epochs."
+            )
+            assert again == draft and (await conn.result("sys.stats", {}))["journal"]["last_seq"] == before + 1
+            assert (await conn.result("skills.inject", {"agent_role": "theory"}))["names"] == []
+            await conn.aclose()
+        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST):  # a second start reads it back
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            assert (await conn.result("skills.get", {"name": "peeling_epochs"}))["status"] == "draft"
+            await conn.result("skills.confirm", {"name": "peeling_epochs"})
+            assert (await conn.result("skills.inject", {"agent_role": "theory"}))["names"] == ["peeling_epochs"]
+            await conn.aclose()
+
+
 async def test_a_snapshot_fails_while_a_skill_file_cannot_be_written(data_dir: Path, sock_dir: Path) -> None:
     with trio.fail_after(IO_TIMEOUT):
         async with running_daemon(data_dir, sock_dir / "s.sock", **FAST):

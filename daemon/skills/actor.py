@@ -41,7 +41,7 @@ from eurekamem.daemon.skills.state import (
 )
 from eurekamem.daemon.storage.files import RealFiles, atomic_write
 from eurekamem.daemon.tier import TierActor
-from eurekamem.protocol import Call
+from eurekamem.protocol import Call, Skill
 
 log = logging.getLogger("eurekamem.skills")
 
@@ -126,6 +126,13 @@ class SkillsActor(TierActor):
                 self._work.set()
             else:
                 pause = 0.0
+
+    async def put_draft(self, name: str, body: str, **fields: Any) -> Skill:
+        """For the learning loop's extraction job: store a distilled skill as a draft (status draft,
+        source distilled), journaled before this returns; see SkillsState.draft_mutation for the
+        checks, the name taken when `name` is in use, and why a job run twice stores it once."""
+        skill: Skill = await self.run_internal(lambda state: state.put_draft(name, body, **fields))
+        return skill
 
     async def embed_missing(self) -> int:
         """Give up to EMBED_BATCH skills without a vector one (the embedding runs without the state)."""
