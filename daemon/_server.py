@@ -32,7 +32,15 @@ READ_SIZE = 256 * 1024
 
 Limits = ConnectionLimits  # the daemon's name for them (Config → Limits → sys.hello)
 
-__all__ = ["Connection", "Limits", "OUTBOUND_LIMIT", "READ_SIZE"]
+# Tiers whose actor runs one connection's requests in the order they are dispatched, each seeing
+# those before it: TierActor.run takes its one FIFO channel batch by batch, and its fast path runs a
+# call only while the actor owes nothing (_actors.py). So the connection need not hold their reads
+# behind their writes (mixed pipelines stay batched). Tier 4's MemoryActor runs reads beside its
+# writes' embedding: for it the connection holds (protocol/_connection.py). tests/test_ordering.py
+# checks this set against the actors.
+IN_ORDER_TIERS = frozenset({"episodic", "persistent", "graph"})
+
+__all__ = ["IN_ORDER_TIERS", "Connection", "Limits", "OUTBOUND_LIMIT", "READ_SIZE"]
 
 
 class Connection:
@@ -48,7 +56,12 @@ class Connection:
         self.raw = raw  # the same socket, non-blocking, for sends that need no waiting
         self.stats = stats
         self.protocol = ServerConnection(
-            limits, dispatch, now=trio.current_time(), record=stats.record, on_output=self.flush
+            limits,
+            dispatch,
+            now=trio.current_time(),
+            record=stats.record,
+            on_output=self.flush,
+            ordered_tiers=IN_ORDER_TIERS,
         )
         self._timed = self.protocol.rate_limiter is not None  # the rate limit needs the time of each read
         self._writer_busy = False

@@ -33,7 +33,8 @@ through `deliver` (from any task, in any order, possibly from inside `dispatch`)
   sys.hello none, and a tier with no method that writes (tier 1: RAM only,
   its actor runs everything in arrival order) is not ordered here: those are never held. The
   elements of a batch count as sent in array order. Held requests are dispatched oldest first as
-  the answers they wait for arrive (from inside `deliver`).
+  the answers they wait for arrive (from inside `deliver`). A tier that keeps the order itself
+  (`ordered_tiers`) needs no holding within the tier.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 import msgspec
 from msgspec import UNSET
@@ -134,7 +135,12 @@ class ServerConnection:
     it later calls `reply.deliver(call, result, stamp)` (a ProtocolError result is an error answer)
     and then `reply.flush()`, which calls `on_output`. `record(request, result, stamp)`, when
     given, hears every answer (errors answered at once included, oversized frames excepted).
-    `stamp` is the caller's, passed through untouched (the daemon's read time, for latencies)."""
+    `stamp` is the caller's, passed through untouched (the daemon's read time, for latencies).
+
+    `ordered_tiers`: tiers whose executor runs one connection's requests in the order they are
+    dispatched, each seeing those before it (one FIFO queue). Their requests are not held for the
+    earlier requests of their own tier once those are dispatched, only behind held ones and for
+    the requests spanning tiers: that keeps mixed pipelines of such a tier batched as before."""
 
     def __init__(
         self,
@@ -144,6 +150,7 @@ class ServerConnection:
         now: float = 0.0,
         record: Record | None = None,
         on_output: Callable[[], None] | None = None,
+        ordered_tiers: Iterable[str] = (),
     ) -> None:
         self.limits = limits
         self._dispatch = dispatch
@@ -171,6 +178,7 @@ class ServerConnection:
         self._held_writes_total = 0
         self._seq = 0
         self._releasing = False
+        self._ordered = frozenset(ordered_tiers)
 
     # --- input ----------------------------------------------------------------------------------
 
@@ -260,12 +268,14 @@ class ServerConnection:
                 key = keys[spec.name]
                 if key is not None:
                     if spec.writes:
-                        if self._reads_out[key] or self._reads_out[ALL_TIERS]:
+                        if (self._reads_out[key] and key not in self._ordered) or self._reads_out[ALL_TIERS]:
                             self._hold(item, reply, stamp, key, True)  # type: ignore[arg-type]
                             continue
                         self._writes_out[key] += 1
                         self._writes_total += 1
-                    elif self._writes_total and (key == ALL_TIERS or self._writes_out[key]):
+                    elif self._writes_total and (
+                        key == ALL_TIERS or (self._writes_out[key] and key not in self._ordered)
+                    ):
                         self._hold(item, reply, stamp, key, False)  # type: ignore[arg-type]
                         continue
                     else:
@@ -293,11 +303,12 @@ class ServerConnection:
             return
         if spec.writes:
             reads = self._reads_out
-            blocked = bool(reads[key] or reads[ALL_TIERS] or self._held[key] or self._held[ALL_TIERS])
+            mine = reads[key] and key not in self._ordered
+            blocked = bool(mine or reads[ALL_TIERS] or self._held[key] or self._held[ALL_TIERS])
         elif key == ALL_TIERS:
             blocked = bool(self._writes_total or self._held_writes_total)
         else:
-            blocked = bool(self._writes_out[key] or self._held_writes[key])
+            blocked = bool((self._writes_out[key] and key not in self._ordered) or self._held_writes[key])
         if blocked:
             self._hold(call, reply, stamp, key, spec.writes)
         else:
@@ -338,11 +349,11 @@ class ServerConnection:
                 return False
             return all(not seqs or seqs[0] > head.seq for seqs in self._held_writes.values())
         if head.writes:  # no earlier read of its tier unanswered, nor an earlier sys.stats-like held
-            if self._reads_out[key] or self._reads_out[ALL_TIERS]:
+            if (self._reads_out[key] and key not in self._ordered) or self._reads_out[ALL_TIERS]:
                 return False
             everything = self._held[ALL_TIERS]
             return not everything or everything[0].seq > head.seq
-        return not self._writes_out[key]
+        return key in self._ordered or not self._writes_out[key]
 
     def _release(self) -> None:
         """Dispatch the held requests that may run, oldest first (re-entered from a dispatch that

@@ -14,6 +14,8 @@ import trio
 import trio.testing
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
+from eurekamem.daemon._actors import TierActor
+from eurekamem.daemon._server import IN_ORDER_TIERS
 from test_memory import FAST, gated
 
 
@@ -143,11 +145,12 @@ async def test_a_held_search_does_not_see_a_write_sent_after_it(data_dir: Path, 
 
 
 async def test_a_recall_pipelined_behind_a_remember_sees_it(data_dir: Path, sock_dir: Path) -> None:
-    """The persistent and graph tiers, with the journal's write held open."""
+    """The persistent and graph tiers, with the journal's write held open: the connection holds
+    nothing back (IN_ORDER_TIERS), their actors' order is enough."""
     async with _serving(data_dir, sock_dir, IO_TIMEOUT) as (daemon, conn):
         with gated_journal(daemon.journal_actor) as entered:
             await _send_while_gated(
-                daemon, conn, entered, 4,  # both recalls, the second remember, the graph search
+                daemon, conn, entered, 0,  # none held: these tiers' actors run them in order
                 _frame(1, "persistent.remember", {"key": "k", "value": 1}),
                 _frame(2, "persistent.recall", {"key": "k"}),
                 _frame(3, "persistent.remember", {"key": "k", "value": 2}),
@@ -205,3 +208,11 @@ async def test_other_connections_and_other_tiers_are_not_held(data_dir: Path, so
         assert (await writer.read())["result"]["decision"] == "created"
         assert (await other.result("memory.list", {}))["total"] == 1
         await other.aclose()
+
+
+async def test_the_tiers_left_to_their_actors_order_are_those_that_keep_it(data_dir: Path, sock_dir: Path) -> None:
+    """IN_ORDER_TIERS names the tiers whose actor runs TierActor's FIFO loop (one channel, batch by
+    batch); tier 4's actor runs reads beside its writes, so the connection must hold for it."""
+    async with _serving(data_dir, sock_dir, IO_TIMEOUT, **FAST) as (daemon, conn):
+        assert IN_ORDER_TIERS == {name for name, actor in daemon.actors.items() if type(actor).run is TierActor.run}
+        assert "memory" not in IN_ORDER_TIERS
