@@ -70,6 +70,9 @@ class Internal:
 
 class TierActor:
     NOT_INLINE: frozenset[str] = frozenset()  # non-journaled methods that still need the actor (I/O)
+    # True when the actor answers its channel in arrival order, batch by batch (TierActor.run, or a run
+    # that wraps it): then a connection need not hold a request behind its own earlier ones for this tier.
+    ARRIVAL_ORDER = True
 
     def __init__(self, state: TierState, journal: JournalActor | None, *, inline: bool = False) -> None:
         self.state = state

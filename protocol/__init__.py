@@ -4,6 +4,15 @@ Both the daemon and the client import it; it does no I/O and imports no event lo
 See PROTOCOL.md beside this file for the description meant for other languages.
 """
 
+from ._connection import (
+    ALL_TIERS,
+    ORDERING_KEYS,
+    OUTBOUND_LIMIT,
+    ConnectionLimits,
+    RateLimiter,
+    ServerConnection,
+    ordering_key,
+)
 from ._envelope import (
     Call,
     Codec,
@@ -46,9 +55,11 @@ from ._records import (
 PROTOCOL_VERSION = 1
 
 __all__ = [
+    "ALL_TIERS",
     "BinaryDecoder",
     "Call",
     "Codec",
+    "ConnectionLimits",
     "CrossRunRecord",
     "DEFAULT_MAX_FRAME_BYTES",
     "ERROR_CODES",
@@ -64,14 +75,18 @@ __all__ = [
     "Memory",
     "MethodSpec",
     "NdjsonDecoder",
+    "ORDERING_KEYS",
+    "OUTBOUND_LIMIT",
     "PROTOCOL_VERSION",
     "ProtocolError",
     "RELATIONS",
+    "RateLimiter",
     "Rejected",
     "Request",
     "SKILL_SOURCES",
     "SKILL_STATUSES",
     "Skill",
+    "ServerConnection",
     "Success",
     "TheoryState",
     "decoder_for_first_byte",
@@ -82,5 +97,6 @@ __all__ = [
     "new_id",
     "normalize_timestamp",
     "now_rfc3339",
+    "ordering_key",
     "success",
 ]

@@ -89,7 +89,7 @@ async def test_without_a_limit_nothing_is_refused(autojump_clock: trio.abc.Clock
     stats = RequestStats()
     conn = Connection(trio.SocketStream(trio.socket.from_stdlib_socket(server_sock)), server_sock, Limits(), _pong, stats)
     client = trio.SocketStream(trio.socket.from_stdlib_socket(client_sock))
-    assert conn.rate_limiter is None
+    assert conn.protocol.rate_limiter is None
     buf = bytearray()
     with trio.fail_after(IO_TIMEOUT):
         async with trio.open_nursery() as nursery:

@@ -10,10 +10,12 @@ Nothing waits for an embedding while holding the state: writes go through a pipe
 their passages without the state lock (the embedder touches no state), then takes the lock,
 applies and journals them, in the order they arrived; reads that need a query embedded (search,
 inject with a query) go through a second one that does the same. Other reads (get, list, lexical
-search) and internal work run at once, in arrival order. A read may so be answered before a write
-that was sent earlier but is not answered yet — the two overlap in time, so either order is a
-correct one (as in any database); a write answered before a read was sent is always seen by it, and
-writes never overtake each other.
+search) and internal work run at once, in arrival order. Across connections a read may so be
+answered before a write sent earlier on another connection and not yet answered (the two overlap
+in time, so either order is a correct one, as in any database); on one connection the connection
+itself holds a tier-4 request until that connection's earlier writes (and, for a write, its earlier
+reads) are answered (protocol/_connection.py), so a client sees its own writes in order. Writes
+never overtake each other.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ INLINE_CHECK_ITEMS = 64
 
 
 class MemoryActor(TierActor):
+    ARRIVAL_ORDER = False  # reads run beside a write that is still embedding (see above)
     def __init__(self, state: MemoryState, journal: Any, root: Path) -> None:
         super().__init__(state, journal)
         self.root = root
