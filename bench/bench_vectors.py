@@ -42,9 +42,8 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-
-from eurekamem.daemon.memory.lexical import LexicalIndex
 from eurekamem.daemon.memory import vectors as _vectors
+from eurekamem.daemon.memory.lexical import LexicalIndex
 from eurekamem.daemon.memory.vectors import VectorStore
 
 DIM = 384
@@ -185,7 +184,7 @@ def bench_vectors(n: int, data: str, n_queries: int, seed: int, rows: list[dict]
                 store.filter_exact_max, _vectors.OVERFETCH_MIN_FRACTION = limit, frac
                 res = [store.search(q, 10, allowed=al)[0] for q in queries[:nq]]
                 it = iter(range(10**9))
-                entry[name] = (lat(timed(lambda: store.search(queries[next(it) % nq], 10, allowed=al), nq)), recall(res, tr))
+                entry[name] = (lat(timed(lambda it=it, al=al: store.search(queries[next(it) % nq], 10, allowed=al), nq)), recall(res, tr))
             store.filter_exact_max, _vectors.OVERFETCH_MIN_FRACTION = saved
             if size <= max(1000, int(np.sqrt(1000.0 * n))):
                 entry["auto"] = "exact"
@@ -199,7 +198,7 @@ def bench_vectors(n: int, data: str, n_queries: int, seed: int, rows: list[dict]
         t = time.perf_counter()
         fp = store.save(folder, "bench")
         save_s = time.perf_counter() - t
-        del index
+        index = None  # free the graph (closures above hold the name, so not `del`)
         gc.collect()
         t = time.perf_counter()
         loaded = VectorStore.load(folder, "bench", dim=DIM, model="bench", expected_fingerprint=fp)
@@ -211,7 +210,7 @@ def bench_vectors(n: int, data: str, n_queries: int, seed: int, rows: list[dict]
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     row["save_s"], row["load_s"], row["files_mb"] = save_s, load_s, size_mb
-    del store
+    store = None  # free it (closures above hold the name, so not `del`)
     gc.collect()
 
 

@@ -18,7 +18,7 @@ import os
 import signal
 import socket
 import sys
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 import trio
@@ -26,7 +26,7 @@ import trio
 
 class Request(msgspec.Struct):
     method: str
-    id: Union[int, str, None] = None
+    id: int | str | None = None
     jsonrpc: str = "2.0"
     params: msgspec.Raw = msgspec.Raw(b"")
 

@@ -8,8 +8,9 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from eurekamem.cli.backup import cmd_backup, cmd_restore
 from eurekamem.cli.common import _err

@@ -12,9 +12,8 @@ import os as _os
 # loaded yet, as in `eurekamem serve`; an OPENBLAS_NUM_THREADS already set is kept.
 _os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from eurekamem.daemon.app import VERSION
+from eurekamem.daemon.app import VERSION, Daemon
 from eurekamem.daemon.config import Config
-from eurekamem.daemon.app import Daemon
 from eurekamem.daemon.errors import StartupError
 from eurekamem.daemon.recovery import recover
 from eurekamem.daemon.storage.journal import JournalCorrupt

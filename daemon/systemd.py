@@ -23,8 +23,8 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
-from typing import Awaitable, Callable, MutableMapping
 
 log = logging.getLogger("eurekamem.systemd")
 

@@ -9,12 +9,18 @@ from pathlib import Path
 
 import pytest
 import trio
+from eurekamem.cli import main as _cli
+from eurekamem.daemon.config import (
+    Config,
+    ConfigError,
+    JsonFormatter,
+    build_config,
+    default_config_path,
+    load,
+    setup_logging,
+)
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
-from eurekamem.cli import main as _cli
-from eurekamem.daemon.config import Config
-from eurekamem.daemon.config import ConfigError, JsonFormatter, build_config, default_config_path, load, setup_logging
-
 
 HAS_ALLOWED_UIDS = "allowed_uids" in Config.__struct_fields__  # an option added to Config after the table
 
@@ -152,9 +158,9 @@ def test_config_show_prints_values_and_sources(env: dict[str, str], tmp_path: Pa
     assert settings["embedder"]["source"] == "default"
     assert _cli.main(["config", "show", "--config", str(path)]) == 0
     text = capsys.readouterr().out
-    line = next(l for l in text.splitlines() if l.startswith("fsync "))
+    line = next(x for x in text.splitlines() if x.startswith("fsync "))
     assert '"batch"' in line and f"file ({path})" in line
-    line = next(l for l in text.splitlines() if l.startswith("max_inflight "))
+    line = next(x for x in text.splitlines() if x.startswith("max_inflight "))
     assert "4" in line and "env (EUREKAMEM_MAX_INFLIGHT)" in line
     assert _cli.main(["config", "show", "--config", str(tmp_path / "nope.toml")]) == 1
     assert "does not exist" in capsys.readouterr().err

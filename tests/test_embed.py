@@ -12,14 +12,23 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
-
-from eurekamem.daemon.memory.embed import EMBEDDERS, E5SmallEmbedder, Embedder, EmbedderError, OpenAIEmbedder, Thresholds, Usem3Embedder, make_embedder
+from eurekamem.daemon.memory.embed import (
+    EMBEDDERS,
+    E5SmallEmbedder,
+    Embedder,
+    EmbedderError,
+    OpenAIEmbedder,
+    Thresholds,
+    Usem3Embedder,
+    make_embedder,
+)
 
 PAIRS = json.loads((Path(__file__).parent / "data" / "dedup_pairs.json").read_text("utf-8"))["pairs"]
 

@@ -11,12 +11,24 @@ import struct
 import zlib
 
 import pytest
+from eurekamem.daemon.storage.files import RealFiles
+from eurekamem.daemon.storage.journal import (
+    FILE_HEADER_SIZE,
+    MAGIC,
+    RECORD_HEADER_SIZE,
+    Journal,
+    JournalCorrupt,
+    JournalWriteError,
+    encode_file_header,
+    encode_record,
+    repair,
+    scan_segment,
+    segment_name,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fakefiles import FakeFiles
-from eurekamem.daemon.storage.files import RealFiles
-from eurekamem.daemon.storage.journal import FILE_HEADER_SIZE, MAGIC, RECORD_HEADER_SIZE, Journal, JournalCorrupt, JournalWriteError, encode_file_header, encode_record, repair, scan_segment, segment_name
 
 J = "/j"  # the journal folder on FakeFiles
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import trio
+from eurekamem.daemon.storage.journal import Journal, JournalWriteError
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from fakefiles import FakeFiles
-from eurekamem.daemon.storage.journal import Journal, JournalWriteError
 
 J = "/j"
 

@@ -18,18 +18,17 @@ caller can map scores to [0, 1] and let users set a floor.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Optional
 
 __all__ = ["fuse", "max_score"]
 
 
 def fuse(
     rankings: Mapping[str, Sequence[int]],
-    weights: Optional[Mapping[str, float]] = None,
+    weights: Mapping[str, float] | None = None,
     *,
     k: int = 60,
-    limit: Optional[int] = None,
-) -> list[tuple[int, float, dict[str, Optional[int]]]]:
+    limit: int | None = None,
+) -> list[tuple[int, float, dict[str, int | None]]]:
     """[(label, fused_score, {list name: 1-based rank or None}), ...] best first, at most `limit`."""
     if k < 0:
         raise ValueError(f"k must be >= 0, not {k}")

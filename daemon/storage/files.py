@@ -22,7 +22,6 @@ _log = logging.getLogger("eurekamem.files")
 
 __all__ = [
     "AppendFile",
-    "FakeFiles",
     "FileLayer",
     "RealFiles",
     "atomic_write",
@@ -52,7 +51,7 @@ class AppendFile(abc.ABC):
     def close(self) -> None:
         """Close the handle; idempotent. Does not sync."""
 
-    def __enter__(self) -> "AppendFile":
+    def __enter__(self) -> AppendFile:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -33,7 +33,6 @@ import secrets
 import struct
 import zlib
 from collections.abc import Sequence
-from typing import Union
 
 from eurekamem.daemon.storage.files import (
     AppendFile,
@@ -102,7 +101,7 @@ _SEGMENT_RE = re.compile(r"^(\d{20})\.log$")
 Record = tuple[int, int, bytes]  # (seq, rtype, payload)
 
 
-Buffer = Union[bytes, bytearray, memoryview]
+Buffer = bytes | bytearray | memoryview
 
 
 class JournalCorrupt(Exception):
@@ -352,7 +351,7 @@ class Journal:
         fs: FileLayer | None = None,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         first_seq: int = 1,
-    ) -> tuple["Journal", list[Record]]:
+    ) -> tuple[Journal, list[Record]]:
         """Open (creating if needed) the journal in `directory` and read it all.
 
         Returns the journal, positioned for appending, and every record (seq, rtype, payload)
@@ -473,7 +472,7 @@ class Journal:
         if self._closed:
             raise ValueError("journal is closed")
 
-    def _fail(self, exc: OSError) -> "JournalWriteError":
+    def _fail(self, exc: OSError) -> JournalWriteError:
         self._error = exc
         logger.error("journal %s: write failed, journal is now read-only: %s", self._dir, exc)
         return JournalWriteError(exc)
@@ -633,7 +632,7 @@ class Journal:
         if handle is not None:
             handle.close()
 
-    def __enter__(self) -> "Journal":
+    def __enter__(self) -> Journal:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -699,7 +698,7 @@ class RepairReport:
 
 
 def _utc_stamp() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
 def _backup_path(fs: FileLayer, path: str, stamp: str) -> str:
