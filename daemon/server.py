@@ -19,13 +19,15 @@ from __future__ import annotations
 import logging
 import math
 import socket
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 import trio
 from eurekamem.daemon.primitives import monotonic_ns
 from eurekamem.daemon.stats import RequestStats
 from eurekamem.protocol import (
+    DEFAULT_MAX_FRAME_BYTES,
     Call,
     Codec,
     FrameTooLarge,
@@ -45,7 +47,9 @@ READ_SIZE = 256 * 1024
 
 
 class Limits(msgspec.Struct, kw_only=True):
-    max_frame_bytes: int = 16 * 1024 * 1024
+    """A connection's limits; these defaults are the daemon's (daemon/config.py's Config reads them)."""
+
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     max_inflight: int = 1024
     max_requests_per_second: float = 0.0  # per connection; 0 = unlimited
     request_burst: int = 0  # requests a connection may send at once; 0 = one second's worth
@@ -81,7 +85,7 @@ class _BatchReply:
 
     __slots__ = ("conn", "answers", "missing")
 
-    def __init__(self, conn: "Connection", expected: int) -> None:
+    def __init__(self, conn: Connection, expected: int) -> None:
         self.conn = conn
         self.answers: list[Any] = []
         self.missing = expected

@@ -1,20 +1,51 @@
-"""Shared fixtures: short temporary socket paths, an in-process daemon, a raw NDJSON connection."""
+"""Shared fixtures: short temporary socket paths, an in-process daemon, a raw NDJSON connection;
+and the test layers (markers, see pyproject.toml): each test gets one of unit, trio, e2e, soak."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import tempfile
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import pytest
 import trio
-
 from eurekamem.daemon import Config, Daemon
+from eurekamem.daemon.memory.embed import Embedder, make_embedder
 
 IO_TIMEOUT = 20  # seconds; every I/O test runs under trio.fail_after(IO_TIMEOUT)
+
+
+# Modules whose tests start the daemon (or the eurekamem command, a load generator, `mount`) as a
+# subprocess: e2e. Every other test is `trio` if it is a coroutine (an in-process daemon or actor,
+# real sockets) and `unit` if not; a test marked by hand keeps its marker.
+LAYERS = {
+    "test_access": "e2e",
+    "test_admin": "e2e",
+    "test_faults": "e2e",
+    "test_integration": "e2e",
+    "test_loadgen": "e2e",
+    "test_systemd": "e2e",
+    "test_soak": "soak",
+}
+LAYER_NAMES = ("unit", "trio", "e2e", "soak")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    import inspect
+
+    for item in items:
+        if any(item.get_closest_marker(name) for name in LAYER_NAMES):
+            continue
+        module = item.module.__name__ if isinstance(item, pytest.Function) and item.module else ""
+        layer = LAYERS.get(module.rsplit(".", 1)[-1])
+        if layer is None:
+            function = getattr(item, "function", None)
+            layer = "trio" if function is not None and inspect.iscoroutinefunction(function) else "unit"
+        item.add_marker(layer)
 
 
 @pytest.fixture
@@ -32,12 +63,29 @@ def data_dir(tmp_path: Path) -> Path:
     return root
 
 
+_EMBEDDERS: dict[str, Embedder] = {}  # this test process's: a model loads once, however many daemons run
+
+
+def shared_embedder(name: str, options: dict[str, Any] | None = None) -> Embedder:
+    """One embedder per model and options for the whole test run (each Daemon would load its own)."""
+    options = options or {}
+    key = name + repr(sorted(options.items()))
+    embedder = _EMBEDDERS.get(key)
+    if embedder is None:
+        embedder = _EMBEDDERS[key] = make_embedder(name, **options)
+    return embedder
+
+
 @asynccontextmanager
 async def running_daemon(data_dir: Path, socket_path: Path, **options: Any) -> AsyncIterator[Daemon]:
     fs = options.pop("fs", None)
+    embedder = options.pop("embedder_instance", None)
     options.setdefault("snapshot_quiet", 3600.0)  # tests snapshot explicitly
     options.setdefault("snapshot_max_delay", 3600.0)
-    daemon = Daemon(Config(data_dir=data_dir, socket_path=socket_path, **options), fs=fs)
+    config = Config(data_dir=data_dir, socket_path=socket_path, **options)
+    if embedder is None:
+        embedder = shared_embedder(config.embedder, config.embedder_options)
+    daemon = Daemon(config, fs=fs, embedder=embedder)
     async with trio.open_nursery() as nursery:
         await nursery.start(daemon.serve)
         try:
@@ -54,7 +102,7 @@ class RawConnection:
         self._buf = bytearray()
 
     @classmethod
-    async def open(cls, path: Path) -> "RawConnection":
+    async def open(cls, path: Path) -> RawConnection:
         return cls(await trio.open_unix_socket(str(path)))
 
     async def send_line(self, line: bytes | str) -> None:

@@ -199,7 +199,8 @@ def atomic_write(fs: FileLayer, path: StrPath, data: bytes | Iterable[bytes], *,
     f = fs.open_append(tmp)
     try:
         try:
-            for chunk in [data] if isinstance(data, (bytes, bytearray, memoryview)) else data:
+            chunks: Iterable[bytes] = [data] if isinstance(data, bytes) else data
+            for chunk in chunks:
                 f.write(chunk)
             if sync:
                 f.datasync()
