@@ -1,6 +1,6 @@
 """Records as they travel on the wire and sit in the snapshots, with EurekaClaw's field names.
 
-Timestamps are RFC 3339 strings (CONTRACT.md §3), not datetime objects: they are stored, journaled
+Timestamps are RFC 3339 strings (PROTOCOL.md §6), not datetime objects: they are stored, journaled
 and sent exactly as written, in both framings, and parsed only by those who need a datetime.
 """
 

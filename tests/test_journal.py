@@ -1,5 +1,5 @@
 """The journal: round trips, torn tails at every byte, bit flips, simulated crashes, repair,
-and write failures (DESIGN.md "Durability rules")."""
+and write failures (PROTOCOL.md §8, "Durability")."""
 
 from __future__ import annotations
 

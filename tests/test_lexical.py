@@ -10,7 +10,7 @@ import msgspec
 import numpy as np
 import pytest
 from eurekamem.daemon.memory import lexical as _lexical
-from eurekamem.daemon.memory.fusion import fuse, max_score
+from eurekamem.daemon.memory.fusion import fuse
 from eurekamem.daemon.memory.lexical import STOP_WORDS, LexicalIndex, tokenize
 
 # --- tokenize ---------------------------------------------------------------------------------
@@ -394,7 +394,6 @@ def test_fuse_known_example() -> None:
     assert out[2][2] == {"dense": None, "lexical": 2}
     assert out[3][2] == {"dense": 3, "lexical": None}
     assert [lab for lab, _, _ in fuse(rankings, weights, limit=2)] == [20, 10]
-    assert max_score(weights, rankings) == pytest.approx(3 / 61)
 
 
 def test_fuse_ties_and_edge_cases() -> None:
