@@ -313,20 +313,20 @@ class MemoryManager:
         return text
 
     def _entry(self, wire: WireEntry) -> EpisodicEntry:
-        entry = from_wire(wire)
+        entry: EpisodicEntry = from_wire(wire)
         entry.session_id = self._names.back(entry.session_id)
         entry.agent_role = self._names.back(entry.agent_role)
         return entry
 
     def _record(self, wire: WireRecord) -> CrossRunRecord:
-        record = from_wire(wire)
+        record: CrossRunRecord = from_wire(wire)
         record.key = self._names.back(record.key)
         record.tags = [self._names.back(t) for t in record.tags]
         record.source_session = self._names.back(record.source_session)
         return record
 
     def _node(self, wire: WireNode) -> KnowledgeNode:
-        node = from_wire(wire)
+        node: KnowledgeNode = from_wire(wire)
         node.theorem_name = self._names.back(node.theorem_name)
         node.domain = self._names.back(node.domain)
         node.session_id = self._names.back(node.session_id)

@@ -46,6 +46,7 @@ async def test_stats_while_add_many_and_search_run(data_dir: Path, sock_dir: Pat
     rounds, per_round = 8, 25
     seen: list[int] = []
     errors: list[str] = []
+    ids: list[str] = []
     with trio.fail_after(IO_TIMEOUT * 3):
         async with running_daemon(data_dir, sock_dir / "s.sock", **FAST) as daemon:
             path = sock_dir / "s.sock"
@@ -76,6 +77,7 @@ async def test_stats_while_add_many_and_search_run(data_dir: Path, sock_dir: Pat
                     items = [_item(rng, r * per_round + i) for i in range(per_round)]
                     out = await conn.result("memory.add_many", {"items": items})
                     assert [o["decision"] for o in out] == ["created"] * per_round
+                    ids.extend(o["memory"]["id"] for o in out)
                 await conn.aclose()
                 done.set()
 
@@ -102,12 +104,19 @@ async def test_stats_while_add_many_and_search_run(data_dir: Path, sock_dir: Pat
                 nursery.start_soon(searcher)
                 nursery.start_soon(stats, "sys.stats")
                 nursery.start_soon(stats, "graph.stats")
-            final = (await (await RawConnection.open(path)).result("sys.stats"))["tiers"]["memory"]
+            conn = await RawConnection.open(path)
+            final = (await conn.result("sys.stats"))["tiers"]["memory"]
+            for memory_id in ids[:3]:  # archived: still memories, no longer active
+                await conn.result("memory.delete", {"id": memory_id})
+            await conn.result("memory.delete", {"id": ids[3], "purge": True})
+            after = (await conn.result("sys.stats"))["tiers"]["memory"]
+            await conn.aclose()
     assert not errors
     assert not calls_outside, calls_outside
     assert statistics_calls > rounds  # the stats really ran beside the writes
     assert seen == sorted(seen) and seen[-1] <= rounds * per_round
     assert final["memories"] == final["active"] == rounds * per_round
+    assert (after["memories"], after["active"]) == (rounds * per_round - 1, rounds * per_round - 4)
 
 
 def _inside_statistics() -> bool:
@@ -139,3 +148,26 @@ async def test_journal_statistics_read_no_journal_attribute(data_dir: Path, sock
             assert journal["last_seq"] == 1 and journal["bytes"] > 0 and journal["segments"] == 1
             assert journal["fsync_latency"]["count"] == 1  # measured in the writer thread, recorded in trio
             await conn.aclose()
+
+
+@pytest.mark.unit
+def test_tier_counts_kept_incrementally_equal_a_full_count() -> None:
+    """counts() is O(1) (kept by the changes), so it must equal what a scan of the state gives."""
+    from eurekamem.daemon.tiers.episodic import EpisodicState
+    from eurekamem.protocol import _methods as m
+
+    rng = random.Random(3)
+    state = EpisodicState(max_sessions=4, clock=lambda: 0.0)
+    state.RING = 5  # type: ignore[misc]  # small rings, so that full rings drop their oldest
+    for step in range(2_000):
+        session = f"s{rng.randrange(7)}"
+        if rng.random() < 0.1:
+            state.close_session(session)
+        else:
+            state.begin_batch()
+            state.do_log(m.EpisodicLog(session_id=session, agent_role="r", content=f"event {step}"))
+        if rng.random() < 0.05:
+            state.take_evicted()
+        counts = state.counts()
+        assert counts["events"] == sum(len(ring) for ring in state.sessions.values())
+        assert counts["sessions"] == len(state.sessions) <= 4

@@ -170,8 +170,8 @@ def _utc_timestamp(value: str) -> str:
             "invalid_params", f"invalid params: timestamp {value!r} is not RFC 3339", field="timestamp"
         ) from None
     if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=_dt.timezone.utc)
-    return parsed.astimezone(_dt.timezone.utc).isoformat()
+        parsed = parsed.replace(tzinfo=_dt.UTC)
+    return parsed.astimezone(_dt.UTC).isoformat()
 
 
 class EpisodicActor(TierActor):
@@ -340,5 +340,5 @@ def _entry_time(entry: EpisodicEntry) -> _dt.datetime:
     try:
         parsed = _dt.datetime.fromisoformat(entry.timestamp.replace("Z", "+00:00"))
     except ValueError:
-        return _dt.datetime.min.replace(tzinfo=_dt.timezone.utc)
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=_dt.timezone.utc)
+        return _dt.datetime.min.replace(tzinfo=_dt.UTC)
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=_dt.UTC)
