@@ -156,9 +156,6 @@ class ServiceManager:
     def status(self, text: str) -> None:
         self.notify(f"STATUS={text}")
 
-    def extend_timeout(self, usec: int = RECOVERY_EXTEND_USEC) -> None:
-        self.notify(f"EXTEND_TIMEOUT_USEC={usec}")
-
     def ready(self, status: str) -> None:
         self.notify("READY=1", f"STATUS={status}", f"MAINPID={os.getpid()}")
 

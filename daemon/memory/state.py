@@ -875,10 +875,6 @@ class MemoryState(TierState):
         for slug in domains:
             self.dirty_domains[slug] = None
 
-    def mark_all_dirty(self) -> None:
-        for memory in self.memories.values():
-            self._changed(memory)
-
     # --- the snapshot of tier 4 ------------------------------------------------------------------------
 
     def snapshot_document(self) -> MemorySnapshot:
