@@ -681,7 +681,8 @@ def in_process(data: Path, queries: list[str], recall_queries: list[str], daemon
         handler.append(time.perf_counter() - a)
     from eurekamem.daemon.memory import state as _memories
 
-    weights = getattr(_memories, "FUSION_WEIGHTS", {}).get(emb.name, {"dense": 1.0, "lexical": 1.0})
+    fusion = _memories.FUSION.get(emb.name, _memories.DEFAULT_FUSION)  # the daemon's own weights
+    weights = {"dense": fusion["dense"], "lexical": fusion["lexical"]}
     for i, q in enumerate(queries):
         a = time.perf_counter()
         labs, _ = store.search(qv[i], FETCH, None)

@@ -1,8 +1,8 @@
 """Dense and lexical search speed and recall: VectorStore against raw hnswlib, LexicalIndex.
 
-    python bench/benchdaemon/memory/vectors.py                 # 10k and 100k vectors, 100k documents
-    python bench/benchdaemon/memory/vectors.py --large         # adds 1M vectors (several GB of RAM, long build)
-    python bench/benchdaemon/memory/vectors.py --sizes 10000 --queries 200 --data clustered
+    python bench/bench_vectors.py                 # 10k and 100k vectors, 100k documents
+    python bench/bench_vectors.py --large         # adds 1M vectors (several GB of RAM, long build)
+    python bench/bench_vectors.py --sizes 10000 --queries 200 --data clustered
 
 For each size and data set: build time (VectorStore.add in batches of 10,000), p50 / p99 latency
 of one more single add, of VectorStore.search (k=10) and of hnswlib's knn_query on the very same

@@ -612,7 +612,7 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], baselines: Path)
         lines.append("")
         grow = []
         for g in r["grid"]:
-            mark = " ← daemon's FUSION_WEIGHTS" if g["floor"] and g["w_dense"] == dw else ""
+            mark = " ← daemon's FUSION" if g["floor"] and g["w_dense"] == dw else ""
             if g["w_dense"] == r["best"]["w_dense"] and g["floor"] == r["best"]["floor"]:
                 mark += " ← best any@10"
             grow.append([f"{g['w_dense']}", "on" if g["floor"] else "off", *[f3(g[m]) for m in METRICS], mark.strip()])

@@ -986,7 +986,7 @@ def main(argv: list[str] | None = None) -> int:
 
             # --- 4a. the echo floor
             echo, echo_sock = launched((
-                Server("trio echo server", [PY, str(HERE / "echodaemon/server.py"), str(tmp / "echo.sock")], "serving on").start(),
+                Server("trio echo server", [PY, str(HERE / "echo_server.py"), str(tmp / "echo.sock")], "serving on").start(),
                 str(tmp / "echo.sock"),
             ))
             log("echo floor: round trips and pipelined ping")

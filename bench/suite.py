@@ -197,7 +197,7 @@ def sec_socket(ctx: dict[str, Any]) -> dict[str, Any]:
     daemon.stop()
 
     echo_sock = str(tmp / "echo.sock")
-    echo = ctx["launch"](Server("trio echo server", [PY, str(HERE / "echodaemon/server.py"), echo_sock], "serving on"))
+    echo = ctx["launch"](Server("trio echo server", [PY, str(HERE / "echo_server.py"), echo_sock], "serving on"))
     log("echo floor: round trips and pipelined ping")
     keep = []
     out["echo_rtt"] = foundation.rtt_client(echo_sock, "sys.ping", sz.rtt_calls, sz.rtt_warmup, keep)

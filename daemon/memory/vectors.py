@@ -17,7 +17,7 @@ matrix for the rows returned), best first, ties broken by the smaller label. ``a
 of labels, e.g. the labels of one domain) restricts the answer. A small allowed set is searched
 exactly with numpy (perfect recall, cost linear in its size: about 0.2 us a row); a large one
 through hnswlib, whose cost grows as the allowed fraction shrinks. The two costs cross near
-sqrt(1000 * n) allowed rows (bench/benchdaemon/memory/vectors.py), so by default a set of at most
+sqrt(1000 * n) allowed rows (bench/bench_vectors.py), so by default a set of at most
 max(1000, sqrt(1000 * n)) live labels goes exact; ``filter_exact_max`` fixes the limit instead.
 Through hnswlib, a set of at least ``OVERFETCH_MIN_FRACTION`` (20 %) of the labels over-fetches:
 it asks for 1.5 k / fraction unfiltered results with ef scaled by 1 / fraction (the recall of an
