@@ -313,35 +313,35 @@ SKILL_FIELDS = frozenset(
 )
 
 
-def op_list_skills(agent_role: str | None, tag: str | None, status: str | None) -> Op:
+def op_list_skills(agent_role: str | None, tag: str | None, status: str | None) -> Op[list[Skill]]:
     return Op("skills.list", _drop_none(agent_role=agent_role, tag=tag, status=status), list[Skill])
 
 
-def op_skill(name: str) -> Op:
+def op_skill(name: str) -> Op[Skill]:
     return Op("skills.get", {"name": name}, Skill)
 
 
-def op_search_skills(query: str, k: int, **extra: Any) -> Op:
+def op_search_skills(query: str, k: int, **extra: Any) -> Op[list[dict[str, Any]]]:
     return Op("skills.search", _drop_none(query=query, k=k, **extra))
 
 
-def op_put_skill(name: str, body: str, **fields: Any) -> Op:
+def op_put_skill(name: str, body: str, **fields: Any) -> Op[Skill]:
     unknown = set(fields) - SKILL_FIELDS
     if unknown:
         raise TypeError(f"put_skill() got unknown Skill fields: {', '.join(sorted(unknown))}")
     return Op("skills.put", _drop_none(name=name, body=body, **fields), Skill)
 
 
-def op_record_skill_use(name: str, success: bool) -> Op:
+def op_record_skill_use(name: str, success: bool) -> Op[Skill]:
     return Op("skills.record_use", {"name": name, "success": bool(success)}, Skill)
 
 
-def op_confirm_skill(name: str) -> Op:
+def op_confirm_skill(name: str) -> Op[Skill]:
     return Op("skills.confirm", {"name": name}, Skill)
 
 
 def op_inject_skills(
     agent_role: str, pipeline_stage: str | None, query: str | None, k: int | None, token_budget: int | None
-) -> Op:
+) -> Op[dict[str, Any]]:
     params = _drop_none(agent_role=agent_role, pipeline_stage=pipeline_stage, query=query, k=k)
     return Op("skills.inject", {**params, **_drop_none(token_budget=token_budget)})
