@@ -19,32 +19,61 @@ from eurekamem.daemon.memory.embed import Embedder, make_embedder
 IO_TIMEOUT = 20  # seconds; every I/O test runs under trio.fail_after(IO_TIMEOUT)
 
 
-# Modules whose tests start the daemon (or the eurekamem command, a load generator, `mount`) as a
-# subprocess: e2e. Every other test is `trio` if it is a coroutine (an in-process daemon or actor,
-# real sockets) and `unit` if not; a test marked by hand keeps its marker.
-LAYERS = {
-    "test_access": "e2e",
-    "test_admin": "e2e",
-    "test_faults": "e2e",
-    "test_integration": "e2e",
-    "test_loadgen": "e2e",
-    "test_systemd": "e2e",
-    "test_soak": "soak",
-}
+# The layers. A test is `e2e` when it starts a subprocess (the daemon, the eurekamem command, a load
+# generator, `mount`): its own code, a fixture it takes or a helper it calls (in its module, or
+# one of the helpers named in SPAWNING) uses one of SPAWN_MARKS; whole modules in LAYERS are given
+# their layer. Any other test is `trio` if it is a coroutine (an in-process daemon or actor, real
+# sockets) and `unit` if not. A test marked by hand keeps its marker.
+LAYERS = {"test_soak": "soak", "test_faults": "e2e", "test_loadgen": "e2e"}
 LAYER_NAMES = ("unit", "trio", "e2e", "soak")
+SPAWN_MARKS = ("DaemonProcess", "subprocess", "run_process", "Popen", "sys.executable", "NotifiedDaemon")
+
+
+def _spawning_names(path: str) -> set[str]:
+    """The module's functions (tests, helpers, fixtures) that start a subprocess, directly or through
+    another such function of the module."""
+    import ast
+
+    tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    functions = {
+        node.name: node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
+    classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+    spawning = {name for name, node in classes.items() if any(mark in ast.unparse(node) for mark in SPAWN_MARKS)}
+    spawning |= set(SPAWN_MARKS)
+    changed = True
+    while changed:
+        changed = False
+        for name, node in functions.items():
+            if name in spawning:
+                continue
+            used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | {
+                n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
+            }
+            used |= {arg.arg for arg in node.args.args}  # fixtures, by parameter name
+            if used & spawning or any(mark in ast.unparse(node) for mark in SPAWN_MARKS):
+                spawning.add(name)
+                changed = True
+    return spawning
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     import inspect
 
+    spawning: dict[str, set[str]] = {}
     for item in items:
-        if any(item.get_closest_marker(name) for name in LAYER_NAMES):
+        if any(item.get_closest_marker(name) for name in LAYER_NAMES) or not isinstance(item, pytest.Function):
             continue
-        module = item.module.__name__ if isinstance(item, pytest.Function) and item.module else ""
-        layer = LAYERS.get(module.rsplit(".", 1)[-1])
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        layer = LAYERS.get(module)
         if layer is None:
-            function = getattr(item, "function", None)
-            layer = "trio" if function is not None and inspect.iscoroutinefunction(function) else "unit"
+            path = str(item.path)
+            if path not in spawning:
+                spawning[path] = _spawning_names(path)
+            if item.originalname in spawning[path] or set(item.fixturenames) & spawning[path]:
+                layer = "e2e"
+            else:
+                layer = "trio" if inspect.iscoroutinefunction(item.function) else "unit"
         item.add_marker(layer)
 
 
