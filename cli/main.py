@@ -255,7 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     resume.set_defaults(func=cmd_resume)
 
     rep = sub.add_parser("repair", help="back up and truncate a journal the daemon refuses to open")
-    rep.add_argument("--data-dir", help="data root (default $EUREKACLAW_DIR, the config file's data_dir, ~/.eurekaclaw)")
+    rep.add_argument(
+        "--data-dir", help="data root (default $EUREKACLAW_DIR, the config file's data_dir, ~/.eurekaclaw)"
+    )
     rep.add_argument("--config", help="config file (for its data_dir)")
     rep.set_defaults(func=cmd_repair)
 

@@ -84,9 +84,13 @@ def verify_root(root: Path) -> Report:
             report.problems.append(f"journal: {path.name}: damaged at offset {offset}: {reason} (eurekamem repair)")
             journal_ok = False
         elif verdict == "torn_tail":
-            report.problems.append(f"journal: {path.name}: torn tail at offset {offset}: {reason} (the daemon cuts it off at start)")
+            report.problems.append(
+                f"journal: {path.name}: torn tail at offset {offset}: {reason} (the daemon cuts it off at start)"
+            )
         elif verdict == "torn_header":
-            report.problems.append(f"journal: {path.name}: {reason} (an empty last segment: the daemon removes it at start)")
+            report.problems.append(
+                f"journal: {path.name}: {reason} (an empty last segment: the daemon removes it at start)"
+            )
         if not scan.header_ok:
             break  # nothing after a bad header can be vouched for
         records.extend(scan.records)

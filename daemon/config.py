@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
-from eurekamem.client._paths import default_socket_path
+from eurekamem.client._paths import data_root, default_socket_path
 from eurekamem.daemon import systemd as systemd
 from eurekamem.daemon.server import Limits
 from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
@@ -308,7 +308,8 @@ def load(
 
     # derived defaults
     if "data_dir" not in values:
-        values["data_dir"], sources["data_dir"], origins["data_dir"] = str(Path.home() / ".eurekaclaw"), "default", ""
+        root = str(data_root(None, environ=env))  # the client's rule: ~/.eurekaclaw here ($EUREKACLAW_DIR was unset)
+        values["data_dir"], sources["data_dir"], origins["data_dir"] = root, "default", ""
     values["data_dir"] = str(Path(values["data_dir"]).expanduser())
     if "socket" not in values:
         socket = default_socket_path(values["data_dir"], environ=env)  # the client's rule

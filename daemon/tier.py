@@ -56,8 +56,10 @@ HandlerKind = Literal["state", "actor", "sys"]
 
 
 class Handler(NamedTuple):
+    """state: fn(state, params); actor: async fn(actor, call); sys: fn(daemon, call, reply, started_ns)."""
+
     fn: Callable[..., Any]
-    kind: HandlerKind  # state: fn(state, params); actor: async fn(actor, call); sys: fn(daemon, call, reply, started_ns)
+    kind: HandlerKind
 
 
 HANDLERS: dict[str, Handler] = {}  # method name -> its handler; filled by @handles as the modules are imported
@@ -280,7 +282,7 @@ class TierState:
     """Base: a tier's state plus the undo log of the batch in progress."""
 
     name = "?"
-    changes_counts_inline = False  # True when a fast-path (inline) call can change counts(): the actor publishes after it
+    changes_counts_inline = False  # a fast-path call can change counts(): the actor publishes after it
 
     def __init__(self) -> None:
         self.pending: list[Any] = []  # mutations of the batch in progress, in order

@@ -316,7 +316,8 @@ def check_segment(name_seq: int, scan: SegmentScan, expected: int | None, last: 
             return "torn_header", 0, scan.reason
         return "damaged", 0, scan.reason if not scan.torn else f"{scan.reason} in a segment that is not the last"
     if scan.first_seq != name_seq:
-        return "damaged", 0, f"file header says first sequence number {scan.first_seq} but the file name says {name_seq}"
+        reason = f"file header says first sequence number {scan.first_seq} but the file name says {name_seq}"
+        return "damaged", 0, reason
     if scan.corrupt:
         return "damaged", scan.valid_end, scan.reason
     if scan.torn:

@@ -278,7 +278,9 @@ class JournalActor:
     def _publish(self, facts: JournalFacts) -> None:
         self.facts = facts
 
-    def _group_written(self, writes: list[_Op], last: int, count: int, fsync_us: float | None, facts: JournalFacts) -> None:
+    def _group_written(
+        self, writes: list[_Op], last: int, count: int, fsync_us: float | None, facts: JournalFacts
+    ) -> None:
         self.facts = facts
         if fsync_us is not None:
             self.fsync_latency.add(fsync_us)
