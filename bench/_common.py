@@ -20,8 +20,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -137,7 +138,7 @@ class CpuMeter:
         self.wall = 0.0
         self.cores: dict[str, float] = {}
 
-    def __enter__(self) -> "CpuMeter":
+    def __enter__(self) -> CpuMeter:
         self._start = {name: proc_cpu_seconds(pid) for name, pid in self.pids.items()}
         self._self = own_cpu_seconds()
         self._machine = machine_busy_seconds()
@@ -275,7 +276,7 @@ class Server:
     def warnings(self) -> list[str]:
         return list(self.notable)
 
-    def spawn(self) -> "Server":
+    def spawn(self) -> Server:
         log(f"starting {self.name}: {' '.join(self.argv)}")
         self._ready.clear()
         self.t_ready = None
@@ -312,7 +313,7 @@ class Server:
         assert self.t_ready is not None
         return self.t_ready - self.t_spawn
 
-    def start(self, timeout: float = 60.0) -> "Server":
+    def start(self, timeout: float = 60.0) -> Server:
         self.spawn()
         self.wait_ready(timeout)
         return self

@@ -27,8 +27,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -37,7 +38,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common  # noqa: E402
 from _common import (  # noqa: E402
-    HERE, SEED, CpuMeter, Daemon, log, machine, summarize_s, wait_for_quiet,
+    HERE,
+    SEED,
+    CpuMeter,
+    Daemon,
+    log,
+    machine,
+    summarize_s,
+    wait_for_quiet,
 )
 from _common import method_stats as search_stats  # noqa: E402
 
@@ -609,10 +617,9 @@ def in_process(data: Path, queries: list[str], recall_queries: list[str], daemon
     """The daemon's saved state loaded in this process: the search without IPC and without the
     query's embedding, its parts, the raw hnswlib anchor, exact search and recall."""
     import hnswlib
-
+    from eurekamem.daemon.memory.fusion import fuse
     from eurekamem.daemon.memory.state import MemorySnapshot, MemoryState, Prepared
     from eurekamem.daemon.memory.vectors import VectorStore, _parse_vectors
-    from eurekamem.daemon.memory.fusion import fuse
     from eurekamem.protocol import _methods as m
 
     out: dict[str, Any] = {}
@@ -625,7 +632,8 @@ def in_process(data: Path, queries: list[str], recall_queries: list[str], daemon
     t0 = time.perf_counter()
     doc = msgspec.msgpack.decode(snap_path.read_bytes(), type=MemorySnapshot)
     t1 = time.perf_counter()
-    store = VectorStore.load(str(vec_dir), doc.stem(), dim=emb.dim, model=emb.name)  # the snapshot names its vector files
+    stem = doc.stem()  # the snapshot names its vector files
+    store = VectorStore.load(str(vec_dir), stem, dim=emb.dim, model=emb.name)
     t2 = time.perf_counter()
     state = MemoryState(emb)
     state.load_snapshot(doc, store)
@@ -667,13 +675,14 @@ def in_process(data: Path, queries: list[str], recall_queries: list[str], daemon
     for p in params[: sizes.search_warmup]:
         state.search(p)
     handler, dense_t, lex_t, fuse_t = [], [], [], []
-    for i, p in enumerate(params):
+    for p in params:
         a = time.perf_counter()
         state.search(p)
         handler.append(time.perf_counter() - a)
     from eurekamem.daemon.memory import state as _memories
 
-    weights = getattr(_memories, "FUSION_WEIGHTS", {}).get(emb.name, {"dense": 1.0, "lexical": 1.0})
+    fusion = _memories.FUSION.get(emb.name, _memories.DEFAULT_FUSION)  # the daemon's own weights
+    weights = {"dense": fusion["dense"], "lexical": fusion["lexical"]}
     for i, q in enumerate(queries):
         a = time.perf_counter()
         labs, _ = store.search(qv[i], FETCH, None)
@@ -793,12 +802,12 @@ def in_process(data: Path, queries: list[str], recall_queries: list[str], daemon
         "daemon memory.search mode=dense k=10": round(recall(daemon_labels), 4),
         "in-process VectorStore.search k=10": round(recall(store_labels), 4),
         "in-process VectorStore.search k=100, first 10 (what the daemon does)": round(recall(store_labels100), 4),
-        "raw hnswlib k=10 (fresh build, ef=%d)" % store.ef_search: round(recall(anchor_labels), 4),
+        f"raw hnswlib k=10 (fresh build, ef={store.ef_search})": round(recall(anchor_labels), 4),
         "queries": len(recall_queries),
         "daemon ids not in the snapshot": unknown,
     }
     results["in_process"] = out
-    del anchor, saved, state, store, rows
+    anchor = saved = state = store = rows = None  # free them (closures above hold names, so not `del`)
 
 
 def bench_scale(tmp: Path, sizes: Sizes, corpus: Corpus, results: dict[str, Any], spy: Spy,

@@ -1,8 +1,8 @@
 """Dense and lexical search speed and recall: VectorStore against raw hnswlib, LexicalIndex.
 
-    python bench/benchdaemon/memory/vectors.py                 # 10k and 100k vectors, 100k documents
-    python bench/benchdaemon/memory/vectors.py --large         # adds 1M vectors (several GB of RAM, long build)
-    python bench/benchdaemon/memory/vectors.py --sizes 10000 --queries 200 --data clustered
+    python bench/bench_vectors.py                 # 10k and 100k vectors, 100k documents
+    python bench/bench_vectors.py --large         # adds 1M vectors (several GB of RAM, long build)
+    python bench/bench_vectors.py --sizes 10000 --queries 200 --data clustered
 
 For each size and data set: build time (VectorStore.add in batches of 10,000), p50 / p99 latency
 of one more single add, of VectorStore.search (k=10) and of hnswlib's knn_query on the very same
@@ -42,9 +42,8 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-
-from eurekamem.daemon.memory.lexical import LexicalIndex
 from eurekamem.daemon.memory import vectors as _vectors
+from eurekamem.daemon.memory.lexical import LexicalIndex
 from eurekamem.daemon.memory.vectors import VectorStore
 
 DIM = 384
@@ -185,7 +184,7 @@ def bench_vectors(n: int, data: str, n_queries: int, seed: int, rows: list[dict]
                 store.filter_exact_max, _vectors.OVERFETCH_MIN_FRACTION = limit, frac
                 res = [store.search(q, 10, allowed=al)[0] for q in queries[:nq]]
                 it = iter(range(10**9))
-                entry[name] = (lat(timed(lambda: store.search(queries[next(it) % nq], 10, allowed=al), nq)), recall(res, tr))
+                entry[name] = (lat(timed(lambda it=it, al=al: store.search(queries[next(it) % nq], 10, allowed=al), nq)), recall(res, tr))
             store.filter_exact_max, _vectors.OVERFETCH_MIN_FRACTION = saved
             if size <= max(1000, int(np.sqrt(1000.0 * n))):
                 entry["auto"] = "exact"
@@ -199,7 +198,7 @@ def bench_vectors(n: int, data: str, n_queries: int, seed: int, rows: list[dict]
         t = time.perf_counter()
         fp = store.save(folder, "bench")
         save_s = time.perf_counter() - t
-        del index
+        index = None  # free the graph (closures above hold the name, so not `del`)
         gc.collect()
         t = time.perf_counter()
         loaded = VectorStore.load(folder, "bench", dim=DIM, model="bench", expected_fingerprint=fp)
@@ -211,7 +210,7 @@ def bench_vectors(n: int, data: str, n_queries: int, seed: int, rows: list[dict]
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     row["save_s"], row["load_s"], row["files_mb"] = save_s, load_s, size_mb
-    del store
+    store = None  # free it (closures above hold the name, so not `del`)
     gc.collect()
 
 

@@ -6,7 +6,7 @@ one task per connection that reads, answers everything it read in one write, and
 actors, no queues, no validation of params, no statistics: whatever eurekamem costs beyond this is
 the price of its design, not of trio, msgspec or the socket.
 
-    python bench/echodaemon/server.py SOCKET_PATH
+    python bench/echo_server.py SOCKET_PATH
 
 Logs "serving on SOCKET_PATH" to stderr when ready; SIGTERM or SIGINT stops it.
 """
@@ -18,7 +18,7 @@ import os
 import signal
 import socket
 import sys
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 import trio
@@ -26,7 +26,7 @@ import trio
 
 class Request(msgspec.Struct):
     method: str
-    id: Union[int, str, None] = None
+    id: int | str | None = None
     jsonrpc: str = "2.0"
     params: msgspec.Raw = msgspec.Raw(b"")
 
@@ -98,5 +98,5 @@ async def main(path: str) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: echodaemon/server.py SOCKET_PATH")
+        sys.exit("usage: echo_server.py SOCKET_PATH")
     trio.run(main, sys.argv[1])

@@ -9,7 +9,7 @@
  * writes it with msgspec). Its id must be the uint64 0xffffffffffffffff (bytes cf ff ff ff ff ff ff
  * ff ff), which is overwritten with each request's id; every run of 16 '#' bytes in it is
  * overwritten with the request's number, zero-padded (so written keys are distinct in a run, like
- * redis-benchmark -r). Frames use the binary framing of CONTRACT.md section 3: a 4-byte big-endian
+ * redis-benchmark -r). Frames use the binary framing of protocol/PROTOCOL.md §2: a 4-byte big-endian
  * length, then the body. One thread, poll(2), non-blocking sockets. Each answer is parsed just
  * enough to read its id (answers may come in any order) and to see whether it is an error; error
  * answers are counted apart. The first -w answers warm up and are not counted; then the clock

@@ -39,9 +39,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -99,7 +100,7 @@ def load(path: Path, only: Sequence[str] | None = None) -> tuple[list[dict[str, 
         if only and sid not in only:
             continue
         conv = sample["conversation"]
-        sessions = sorted((int(k.split("_")[1]) for k in conv if re.fullmatch(r"session_\d+", k)))
+        sessions = sorted(int(k.split("_")[1]) for k in conv if re.fullmatch(r"session_\d+", k))
         turns: list[tuple[str, str]] = []
         for n in sessions:
             date = session_date(conv.get(f"session_{n}_date_time", ""))
@@ -391,7 +392,7 @@ def evaluate(out: dict[str, Any], questions: list[dict[str, Any]], floor: float,
     # the evidence's best dense rank is above / below the floor: what the floor throws away
     lost = 0
     for i, q in enumerate(questions):
-        for rank, (t, s) in enumerate(out["_full"]["dense"][i][:10]):
+        for t, s in out["_full"]["dense"][i][:10]:
             if t in q["evidence"]:
                 lost += int(s is None or s < floor)
                 break
@@ -435,11 +436,10 @@ def ablations(embedder: str, convs: list[dict[str, Any]], questions: list[dict[s
     """Offline variants of the documents, with the daemon's own LexicalIndex, tokenizer and embedder
     classes: is the dia_id title + derived abstract that the daemon adds to each document helping?"""
     import numpy as np
-
     from eurekamem.daemon.memory.embed import make_embedder
+    from eurekamem.daemon.memory.format import derive_abstract
     from eurekamem.daemon.memory.lexical import LexicalIndex
     from eurekamem.daemon.memory.state import embed_text, memory_text
-    from eurekamem.daemon.memory.format import derive_abstract
 
     t_start = time.perf_counter()
     docs: list[tuple[str, str, str]] = [(c["sample_id"], dia, text) for c in convs for dia, text in c["turns"]]
@@ -612,7 +612,7 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], baselines: Path)
         lines.append("")
         grow = []
         for g in r["grid"]:
-            mark = " ← daemon's FUSION_WEIGHTS" if g["floor"] and g["w_dense"] == dw else ""
+            mark = " ← daemon's FUSION" if g["floor"] and g["w_dense"] == dw else ""
             if g["w_dense"] == r["best"]["w_dense"] and g["floor"] == r["best"]["floor"]:
                 mark += " ← best any@10"
             grow.append([f"{g['w_dense']}", "on" if g["floor"] else "off", *[f3(g[m]) for m in METRICS], mark.strip()])

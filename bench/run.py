@@ -28,8 +28,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import msgspec
 
@@ -37,8 +38,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common  # noqa: E402
 from _common import (  # noqa: E402,F401  (profile_daemon.py and suite.py use some through this module)
-    HERE, PY, ROOT, SEED, CpuMeter, Daemon, Server, fmt_rate, fmt_us, log, machine, mark, pct,
-    proc_cpu_seconds, ratio, summarize_ns, wait_for_quiet,
+    HERE,
+    PY,
+    ROOT,
+    SEED,
+    CpuMeter,
+    Daemon,
+    Server,
+    fmt_rate,
+    fmt_us,
+    log,
+    machine,
+    mark,
+    pct,
+    proc_cpu_seconds,
+    ratio,
+    summarize_ns,
+    wait_for_quiet,
 )
 
 TARGETS = {
@@ -970,7 +986,7 @@ def main(argv: list[str] | None = None) -> int:
 
             # --- 4a. the echo floor
             echo, echo_sock = launched((
-                Server("trio echo server", [PY, str(HERE / "echodaemon/server.py"), str(tmp / "echo.sock")], "serving on").start(),
+                Server("trio echo server", [PY, str(HERE / "echo_server.py"), str(tmp / "echo.sock")], "serving on").start(),
                 str(tmp / "echo.sock"),
             ))
             log("echo floor: round trips and pipelined ping")

@@ -44,8 +44,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -165,7 +166,7 @@ def memory_item(index: int) -> dict[str, Any]:
 class Worker:
     """One client thread: its own connection, its own seeded mix, its own latency arrays."""
 
-    def __init__(self, index: int, sock: Path, shared: "Shared") -> None:
+    def __init__(self, index: int, sock: Path, shared: Shared) -> None:
         from eurekamem.client import Client
 
         self.index = index
@@ -362,7 +363,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         slack_bytes = (bound_kib - rss_start) * 1024
         journal = stats.get("journal", {})
         report = {
-            "when": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "when": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
             "config": {"clients": args.clients, "seconds": seconds, "warmup_seconds": warmup, "embedder": args.embedder,
                        "fsync": journal.get("fsync"), "rss_factor": args.rss_factor, "rss_slack_mib": args.rss_slack_mib},

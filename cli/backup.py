@@ -37,8 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from eurekamem.cli.common import _client, _effective, _err
-from eurekamem.cli.common import Progress
+from eurekamem.cli.common import Progress, _client, _effective, _err
 
 log = logging.getLogger("eurekamem.admin")
 

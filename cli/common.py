@@ -11,7 +11,8 @@ import argparse
 import logging
 import sys
 import time
-from typing import Any, Iterable, TextIO
+from collections.abc import Iterable
+from typing import Any, TextIO
 
 log = logging.getLogger("eurekamem.admin")
 

@@ -8,8 +8,9 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from eurekamem.cli.backup import cmd_backup, cmd_restore
 from eurekamem.cli.common import _err
@@ -18,23 +19,6 @@ from eurekamem.cli.transfer import cmd_export, cmd_import
 from eurekamem.cli.verify import cmd_verify
 
 log = logging.getLogger("eurekamem.admin")
-
-
-DEFAULT_FSYNC = "always"
-
-
-def data_root(arg: str | None) -> Path:
-    from eurekamem.client._paths import data_root as resolve
-
-    return resolve(arg)
-
-
-def socket_path(arg: str | None, root: Path) -> Path:
-    if arg:
-        return Path(arg).expanduser()
-    from eurekamem.client._paths import default_socket_path
-
-    return Path(default_socket_path(str(root)))
 
 
 def _setup_logging(level: str, fmt: str = "auto") -> None:
@@ -186,11 +170,17 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_repair(args: argparse.Namespace) -> int:
+    """The data root as `serve` and `verify` find it (--data-dir, $EUREKACLAW_DIR, config.toml, default)."""
+    from eurekamem.cli.common import _effective as effective_of
+    from eurekamem.daemon.config import ConfigError
     from eurekamem.daemon.errors import StartupError
     from eurekamem.daemon.paths import Paths, acquire_lock
     from eurekamem.daemon.storage.journal import repair
 
-    paths = Paths(data_root(args.data_dir))
+    try:
+        paths = Paths(Path(effective_of(args, ("data_dir",))["data_dir"]))
+    except ConfigError as exc:
+        return _err(str(exc))
     try:
         fd = acquire_lock(paths)
     except StartupError as exc:
@@ -265,7 +255,10 @@ def build_parser() -> argparse.ArgumentParser:
     resume.set_defaults(func=cmd_resume)
 
     rep = sub.add_parser("repair", help="back up and truncate a journal the daemon refuses to open")
-    rep.add_argument("--data-dir", help="data root (default $EUREKACLAW_DIR or ~/.eurekaclaw)")
+    rep.add_argument(
+        "--data-dir", help="data root (default $EUREKACLAW_DIR, the config file's data_dir, ~/.eurekaclaw)"
+    )
+    rep.add_argument("--config", help="config file (for its data_dir)")
     rep.set_defaults(func=cmd_repair)
 
     install = sub.add_parser("install-service", help="write the systemd user units (eurekamem.service, eurekamem.socket)")

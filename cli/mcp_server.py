@@ -273,9 +273,8 @@ def domain_of(uri: str) -> str:
 
 def build_server(proxy: Proxy) -> Any:
     import mcp_types as types
-    from mcp.server.lowlevel import Server
-
     from eurekamem.client import EurekamemError
+    from mcp.server.lowlevel import Server
 
     def as_result(payload: dict[str, Any] | None, error: str | None = None) -> Any:
         if error is not None:
@@ -330,11 +329,11 @@ def build_server(proxy: Proxy) -> Any:
 
 def cmd_mcp(args: argparse.Namespace) -> int:
     import anyio
-    from mcp.server.stdio import stdio_server
-
-    from eurekamem.cli.main import client_socket, data_root
+    from eurekamem.cli.main import client_socket
     from eurekamem.client import AsyncClient
+    from eurekamem.client._paths import data_root
     from eurekamem.daemon.config import setup_logging
+    from mcp.server.stdio import stdio_server
 
     setup_logging(args.log_level, "text", stream=sys.stderr)
     root = data_root(args.data_dir)

@@ -9,7 +9,8 @@ import re
 import select
 import sys
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from eurekamem.cli.common import _client, _err
 
@@ -218,7 +219,7 @@ class _Keys:
         self.fd: int | None = None
         self.saved: Any = None
 
-    def __enter__(self) -> "_Keys":
+    def __enter__(self) -> _Keys:
         try:
             if sys.stdin.isatty():
                 import termios

@@ -11,12 +11,12 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, TextIO
+from typing import Any, TextIO
 
 from eurekamem.cli.backup import _segment_files
-from eurekamem.cli.common import _client, _err
-from eurekamem.cli.common import Progress
+from eurekamem.cli.common import Progress, _client, _err
 
 log = logging.getLogger("eurekamem.admin")
 

@@ -53,7 +53,7 @@ def verify_root(root: Path) -> Report:
     from eurekamem.daemon.paths import Paths
     from eurekamem.daemon.recovery import mutation_decoder
     from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
-    from eurekamem.daemon.storage.journal import scan_segment
+    from eurekamem.daemon.storage.journal import check_segment, scan_segment
     from eurekamem.daemon.tier import RTYPE_MUTATION
 
     report = Report()
@@ -70,7 +70,7 @@ def verify_root(root: Path) -> Report:
     else:
         report.notes.append("no checkpoint: the daemon has not written a snapshot here yet")
 
-    # the journal
+    # the journal, by the rules Journal.open applies (check_segment), reporting every segment
     records: list[tuple[int, int, bytes]] = []
     last_seq: int | None = None
     expected: int | None = None
@@ -78,26 +78,21 @@ def verify_root(root: Path) -> Report:
     journal_ok = True
     for index, path in enumerate(segments):
         name_seq = int(path.name[:20])
-        if expected is not None and name_seq != expected:
-            report.problems.append(f"journal: {path.name} starts at seq {name_seq}, {expected} expected (a gap)")
-            journal_ok = False
         scan = scan_segment(path.read_bytes())
+        verdict, offset, reason = check_segment(name_seq, scan, expected, index == len(segments) - 1)
+        if verdict == "damaged":
+            report.problems.append(f"journal: {path.name}: damaged at offset {offset}: {reason} (eurekamem repair)")
+            journal_ok = False
+        elif verdict == "torn_tail":
+            report.problems.append(
+                f"journal: {path.name}: torn tail at offset {offset}: {reason} (the daemon cuts it off at start)"
+            )
+        elif verdict == "torn_header":
+            report.problems.append(
+                f"journal: {path.name}: {reason} (an empty last segment: the daemon removes it at start)"
+            )
         if not scan.header_ok:
-            report.problems.append(f"journal: {path.name}: {scan.reason}")
-            journal_ok = False
-            break
-        if scan.first_seq != name_seq:
-            report.problems.append(f"journal: {path.name}: header says first seq {scan.first_seq}")
-            journal_ok = False
-        if scan.corrupt:
-            report.problems.append(f"journal: {path.name}: corrupt at offset {scan.valid_end}: {scan.reason} (eurekamem repair)")
-            journal_ok = False
-        elif scan.torn:
-            last = index == len(segments) - 1
-            where = "torn tail" if last else "torn record in a segment that is not the last"
-            report.problems.append(f"journal: {path.name}: {where} at offset {scan.valid_end}: {scan.reason}" +
-                                   (" (the daemon cuts it off at start)" if last else " (eurekamem repair)"))
-            journal_ok = journal_ok and last
+            break  # nothing after a bad header can be vouched for
         records.extend(scan.records)
         expected = name_seq + len(scan.records)
         last_seq = expected - 1
@@ -113,13 +108,18 @@ def verify_root(root: Path) -> Report:
         report.ok.append(f"checkpoint seq {checkpoint} <= journal last seq {last_seq}")
 
     # tiers 2 and 3
-    for path, reader, what in ((paths.persistent, eurekaclaw.read_persistent, "records"), (paths.graph, eurekaclaw.read_graph, "nodes")):
+    def records_in(data: bytes, name: str) -> int:
+        return len(eurekaclaw.read_persistent(data, name))
+
+    def nodes_in(data: bytes, name: str) -> int:
+        return len(eurekaclaw.read_graph(data, name)[0])
+
+    for path, count_in, what in ((paths.persistent, records_in, "records"), (paths.graph, nodes_in, "nodes")):
         if not path.exists():
             report.notes.append(f"{path.name}: absent")
             continue
         try:
-            value = reader(path.read_bytes(), path.name)
-            count = len(value) if what == "records" else len(value[0])
+            count = count_in(path.read_bytes(), path.name)
             report.ok.append(f"{path.name}: parses ({count} {what})")
         except eurekaclaw.SnapshotReadError as exc:
             report.problems.append(f"{path.name}: {exc}")

@@ -14,8 +14,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import AsyncIterator, Callable
-from typing import Any, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from eurekamem.protocol import BinaryDecoder, CrossRunRecord, EpisodicEntry, FrameTooLarge, KnowledgeNode, Skill
 
@@ -23,6 +23,11 @@ from . import _common as C
 from ._autostart import Starter
 from ._errors import ConnectionLost, EurekamemError, Timeout, error_from_wire
 from ._paths import data_root, default_socket_path
+
+if TYPE_CHECKING:  # both are imported only by the event loop that runs the client
+    import asyncio
+
+    import trio
 
 __all__ = ["AsyncClient", "current_async_library"]
 
@@ -54,7 +59,7 @@ def current_async_library() -> str:
 class _AsyncioStream:
     atomic_writes = True  # StreamWriter.write() queues the whole frame at once
 
-    def __init__(self, reader: Any, writer: Any) -> None:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
 
@@ -137,7 +142,7 @@ class _AsyncioBackend:
 class _TrioStream:
     atomic_writes = False
 
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: trio.SocketStream) -> None:
         self.stream = stream
 
     def stale(self) -> bool:
@@ -214,7 +219,7 @@ class _TrioBackend:
         return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
 
 
-_BACKENDS = {"asyncio": _AsyncioBackend, "trio": _TrioBackend}
+_BACKENDS: dict[str, type[_AsyncioBackend] | type[_TrioBackend]] = {"asyncio": _AsyncioBackend, "trio": _TrioBackend}
 
 
 # --- connection state ---------------------------------------------------------------------------
@@ -284,7 +289,7 @@ class AsyncClient:
 
     # --- lifecycle ------------------------------------------------------------------------------
 
-    async def __aenter__(self) -> "AsyncClient":
+    async def __aenter__(self) -> AsyncClient:
         return self
 
     async def __aexit__(self, *exc_info: Any) -> None:
@@ -492,9 +497,9 @@ class AsyncClient:
                 conn.pending.pop(rid, None)
         raise AssertionError("unreachable")
 
-    async def _run(self, op: C.Op) -> Any:
+    async def _run(self, op: C.Op[C.T]) -> C.T:
         reply = await self._request(op.method, C.to_wire(op.params), op.extra_wait)
-        return C.outcome(reply, op.result_type, op.post)
+        return cast("C.T", C.outcome(reply, op.result_type, op.post))
 
     # --- generic calls --------------------------------------------------------------------------
 

@@ -6,10 +6,10 @@ Only the standard library, msgspec and eurekamem.protocol; nothing here does I/O
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import msgspec
-
 from eurekamem.protocol import DEFAULT_MAX_FRAME_BYTES, CrossRunRecord, EpisodicEntry, KnowledgeNode, Skill
 
 from ._errors import ConnectionLost, EurekamemError, TooLarge, error_from_wire
@@ -34,6 +34,8 @@ def bounded_timeout(timeout: float | None) -> float:
     return value
 
 _MISSING = msgspec.Raw(b"")
+
+T = TypeVar("T")
 
 
 class Reply(msgspec.Struct):
@@ -107,7 +109,7 @@ def make_params(params: Any, kw: dict[str, Any]) -> Any:
     return to_wire(params)
 
 
-_decoders: dict[Any, msgspec.msgpack.Decoder] = {}
+_decoders: dict[Any, msgspec.msgpack.Decoder[Any]] = {}
 
 
 def decode_result(raw: msgspec.Raw, result_type: Any = Any) -> Any:
@@ -133,11 +135,13 @@ def outcome(reply: Reply, result_type: Any = Any, post: Callable[[Any], Any] | N
 # --- the convenience methods, described once for both clients ---------------------------------
 
 
-class Op(NamedTuple):
+class Op(NamedTuple, Generic[T]):
+    """One convenience call: its method and params, and how its result is decoded (into a T)."""
+
     method: str
     params: dict[str, Any]
     result_type: Any = Any
-    post: Optional[Callable[[Any], Any]] = None
+    post: Callable[[Any], Any] | None = None
     extra_wait: float = 0.0  # seconds the server may legitimately take beyond the usual
 
 
@@ -155,48 +159,48 @@ def _theory_state(state: Any) -> Any:
     return msgspec.to_builtins(state, enc_hook=_enc_hook)
 
 
-def op_ping() -> Op:
+def op_ping() -> Op[bool]:
     return Op("sys.ping", {}, post=lambda r: bool(r.get("pong")) if isinstance(r, dict) else bool(r))
 
 
-def op_hello() -> Op:
+def op_hello() -> Op[dict[str, Any]]:
     return Op("sys.hello", {})
 
 
-def op_stats() -> Op:
+def op_stats() -> Op[dict[str, Any]]:
     return Op("sys.stats", {})
 
 
-def op_snapshot() -> Op:
+def op_snapshot() -> Op[dict[str, Any]]:
     return Op("sys.snapshot", {})
 
 
-def op_resume() -> Op:
+def op_resume() -> Op[dict[str, Any]]:
     return Op("sys.resume", {})
 
 
-def op_log_event(session_id: str, agent_role: str, content: str, metadata: dict[str, Any] | None) -> Op:
-    params = {"session_id": session_id, "agent_role": agent_role, "content": content}
+def op_log_event(session_id: str, agent_role: str, content: str, metadata: dict[str, Any] | None) -> Op[EpisodicEntry]:
+    params: dict[str, Any] = {"session_id": session_id, "agent_role": agent_role, "content": content}
     if metadata:
         params["metadata"] = metadata
     return Op("episodic.log", params, EpisodicEntry)
 
 
-def op_recent(session_id: str, n: int, agent_role: str | None) -> Op:
+def op_recent(session_id: str, n: int, agent_role: str | None) -> Op[list[EpisodicEntry]]:
     return Op("episodic.recent", _drop_none(session_id=session_id, n=n, agent_role=agent_role), list[EpisodicEntry])
 
 
-def op_search_events(session_id: str, query: str, n: int) -> Op:
+def op_search_events(session_id: str, query: str, n: int) -> Op[list[EpisodicEntry]]:
     return Op("episodic.search", {"session_id": session_id, "query": query, "n": n}, list[EpisodicEntry])
 
 
-def op_close_session(session_id: str, domain: str | None, theory_state: Any, extract: bool) -> Op:
+def op_close_session(session_id: str, domain: str | None, theory_state: Any, extract: bool) -> Op[str | None]:
     params = _drop_none(session_id=session_id, domain=domain, theory_state=_theory_state(theory_state))
     params["extract"] = extract
     return Op("session.close", params, post=lambda r: r.get("job_id") if isinstance(r, dict) else r)
 
 
-def op_remember(key: str, value: Any, tags: list[str] | None, source_session: str) -> Op:
+def op_remember(key: str, value: Any, tags: list[str] | None, source_session: str) -> Op[CrossRunRecord]:
     params: dict[str, Any] = {"key": key, "value": value}
     if tags:
         params["tags"] = list(tags)
@@ -205,15 +209,15 @@ def op_remember(key: str, value: Any, tags: list[str] | None, source_session: st
     return Op("persistent.remember", params, CrossRunRecord)
 
 
-def op_recall(key: str) -> Op:
-    return Op("persistent.recall", {"key": key}, Optional[CrossRunRecord])
+def op_recall(key: str) -> Op[CrossRunRecord | None]:
+    return Op("persistent.recall", {"key": key}, CrossRunRecord | None)
 
 
-def op_by_tag(tag: str) -> Op:
+def op_by_tag(tag: str) -> Op[list[CrossRunRecord]]:
     return Op("persistent.by_tag", {"tag": tag}, list[CrossRunRecord])
 
 
-def op_forget(key: str) -> Op:
+def op_forget(key: str) -> Op[bool]:
     return Op("persistent.forget", {"key": key}, post=lambda r: bool(r.get("deleted")) if isinstance(r, dict) else bool(r))
 
 
@@ -221,13 +225,13 @@ def _keys_list(result: Any) -> Any:
     return result.get("keys", []) if isinstance(result, dict) else result  # the daemon answers {"keys": [...]}
 
 
-def op_keys(prefix: str, limit: int | None) -> Op:
+def op_keys(prefix: str, limit: int | None) -> Op[list[str]]:
     return Op("persistent.keys", _drop_none(prefix=prefix, limit=limit), post=_keys_list)
 
 
 def op_add_theorem(
     theorem_name: str, formal_statement: str, domain: str, session_id: str, tags: list[str] | None
-) -> Op:
+) -> Op[KnowledgeNode]:
     params: dict[str, Any] = {"theorem_name": theorem_name, "formal_statement": formal_statement}
     if domain:
         params["domain"] = domain
@@ -238,15 +242,15 @@ def op_add_theorem(
     return Op("graph.add_theorem", params, KnowledgeNode)
 
 
-def op_link(from_id: str, to_id: str, relation: str) -> Op:
+def op_link(from_id: str, to_id: str, relation: str) -> Op[dict[str, Any]]:
     return Op("graph.link", {"from_id": from_id, "to_id": to_id, "relation": relation})
 
 
-def op_related(node_id: str, depth: int) -> Op:
+def op_related(node_id: str, depth: int) -> Op[list[KnowledgeNode]]:
     return Op("graph.related", {"node_id": node_id, "depth": depth}, list[KnowledgeNode])
 
 
-def op_node(node_id: str) -> Op:
+def op_node(node_id: str) -> Op[KnowledgeNode]:
     return Op("graph.get", {"node_id": node_id}, KnowledgeNode)
 
 
@@ -260,7 +264,7 @@ def op_add_memory(
     source_session: str | None,
     dedup: bool,
     **extra: Any,
-) -> Op:
+) -> Op[dict[str, Any]]:
     params = _drop_none(
         domain=domain,
         category=category,
@@ -275,27 +279,27 @@ def op_add_memory(
     return Op("memory.add", params)
 
 
-def op_search_memories(query: str, domain: str | None, k: int, categories: list[str] | None, **extra: Any) -> Op:
+def op_search_memories(query: str, domain: str | None, k: int, categories: list[str] | None, **extra: Any) -> Op[list[dict[str, Any]]]:
     return Op("memory.search", _drop_none(query=query, domain=domain, k=k, categories=categories, **extra))
 
 
-def op_inject(domain: str, k: int, query: str | None, token_budget: int | None) -> Op:
+def op_inject(domain: str, k: int, query: str | None, token_budget: int | None) -> Op[dict[str, Any]]:
     return Op("memory.inject", _drop_none(domain=domain, k=k, query=query, token_budget=token_budget))
 
 
-def op_job(job_id: str) -> Op:
+def op_job(job_id: str) -> Op[dict[str, Any]]:
     return Op("jobs.get", {"id": job_id})
 
 
-def op_wait_job(job_id: str, timeout: float | None) -> Op:
+def op_wait_job(job_id: str, timeout: float | None) -> Op[dict[str, Any]]:
     return Op("jobs.wait", _drop_none(id=job_id, timeout=timeout), extra_wait=timeout or 0.0)
 
 
-def op_append_conversation(group: str, messages: list[dict[str, Any]]) -> Op:
+def op_append_conversation(group: str, messages: list[dict[str, Any]]) -> Op[dict[str, Any]]:
     return Op("conversation.append", {"group": group, "messages": messages})
 
 
-def op_flush_conversation(group: str) -> Op:
+def op_flush_conversation(group: str) -> Op[str | None]:
     return Op("conversation.flush", {"group": group}, post=lambda r: r.get("job_id") if isinstance(r, dict) else r)
 
 
@@ -309,35 +313,35 @@ SKILL_FIELDS = frozenset(
 )
 
 
-def op_list_skills(agent_role: str | None, tag: str | None, status: str | None) -> Op:
+def op_list_skills(agent_role: str | None, tag: str | None, status: str | None) -> Op[list[Skill]]:
     return Op("skills.list", _drop_none(agent_role=agent_role, tag=tag, status=status), list[Skill])
 
 
-def op_skill(name: str) -> Op:
+def op_skill(name: str) -> Op[Skill]:
     return Op("skills.get", {"name": name}, Skill)
 
 
-def op_search_skills(query: str, k: int, **extra: Any) -> Op:
+def op_search_skills(query: str, k: int, **extra: Any) -> Op[list[dict[str, Any]]]:
     return Op("skills.search", _drop_none(query=query, k=k, **extra))
 
 
-def op_put_skill(name: str, body: str, **fields: Any) -> Op:
+def op_put_skill(name: str, body: str, **fields: Any) -> Op[Skill]:
     unknown = set(fields) - SKILL_FIELDS
     if unknown:
         raise TypeError(f"put_skill() got unknown Skill fields: {', '.join(sorted(unknown))}")
     return Op("skills.put", _drop_none(name=name, body=body, **fields), Skill)
 
 
-def op_record_skill_use(name: str, success: bool) -> Op:
+def op_record_skill_use(name: str, success: bool) -> Op[Skill]:
     return Op("skills.record_use", {"name": name, "success": bool(success)}, Skill)
 
 
-def op_confirm_skill(name: str) -> Op:
+def op_confirm_skill(name: str) -> Op[Skill]:
     return Op("skills.confirm", {"name": name}, Skill)
 
 
 def op_inject_skills(
     agent_role: str, pipeline_stage: str | None, query: str | None, k: int | None, token_budget: int | None
-) -> Op:
+) -> Op[dict[str, Any]]:
     params = _drop_none(agent_role=agent_role, pipeline_stage=pipeline_stage, query=query, k=k)
     return Op("skills.inject", {**params, **_drop_none(token_budget=token_budget)})

@@ -68,7 +68,7 @@ class EurekamemError(Exception):
         return (_rebuild, (type(self), self.message, self.kind, self.code, self.data))
 
 
-def _rebuild(cls: type, message: str, kind: str, code: int | None, data: dict[str, Any]) -> EurekamemError:
+def _rebuild(cls: type[EurekamemError], message: str, kind: str, code: int | None, data: dict[str, Any]) -> EurekamemError:
     if issubclass(cls, (ConnectionLost, Timeout)):
         return cls(message)
     return cls(message, kind=kind, code=code, data=data)

@@ -31,10 +31,9 @@ import uuid
 import weakref
 from collections import deque
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import msgspec
-
 from eurekamem.protocol import CrossRunRecord as WireRecord
 from eurekamem.protocol import EpisodicEntry as WireEntry
 from eurekamem.protocol import KnowledgeNode as WireNode
@@ -93,7 +92,7 @@ class _Names:
 
 
 def _utcnow_naive() -> _dt.datetime:
-    return _dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None)
+    return _dt.datetime.now(_dt.UTC).replace(tzinfo=None)
 
 
 def _lenient(value: Any) -> Any:
@@ -173,7 +172,7 @@ class MemoryManager:
             if self._owns_client and self._shared is not None:
                 self._shared.close()
 
-    def __enter__(self) -> "MemoryManager":
+    def __enter__(self) -> MemoryManager:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -314,20 +313,20 @@ class MemoryManager:
         return text
 
     def _entry(self, wire: WireEntry) -> EpisodicEntry:
-        entry = from_wire(wire)
+        entry: EpisodicEntry = from_wire(wire)
         entry.session_id = self._names.back(entry.session_id)
         entry.agent_role = self._names.back(entry.agent_role)
         return entry
 
     def _record(self, wire: WireRecord) -> CrossRunRecord:
-        record = from_wire(wire)
+        record: CrossRunRecord = from_wire(wire)
         record.key = self._names.back(record.key)
         record.tags = [self._names.back(t) for t in record.tags]
         record.source_session = self._names.back(record.source_session)
         return record
 
     def _node(self, wire: WireNode) -> KnowledgeNode:
-        node = from_wire(wire)
+        node: KnowledgeNode = from_wire(wire)
         node.theorem_name = self._names.back(node.theorem_name)
         node.domain = self._names.back(node.domain)
         node.session_id = self._names.back(node.session_id)
@@ -357,7 +356,7 @@ class MemoryManager:
             "content": self._text(content, "event content"),
             "metadata": _lenient(entry.metadata),
             "entry_id": entry.entry_id,
-            "timestamp": entry.timestamp.replace(tzinfo=_dt.timezone.utc).isoformat(),
+            "timestamp": entry.timestamp.replace(tzinfo=_dt.UTC).isoformat(),
         }
         with self._lock:
             self._ring.append(entry)
@@ -406,7 +405,7 @@ class MemoryManager:
         """The value stored under key, or None (also while the daemon is unreachable, unless this
         manager remembered the key meanwhile)."""
         fitted = self._key(key)
-        ok, record = self._call("persistent.recall", {"key": fitted}, Optional[WireRecord])
+        ok, record = self._call("persistent.recall", {"key": fitted}, WireRecord | None)
         if ok:
             return None if record is None else record.value
         with self._lock:
@@ -558,7 +557,7 @@ class MemoryManager:
 
 
 # Deliver what managers buffered when the interpreter exits (each within its own call timeout).
-_managers: "weakref.WeakSet[MemoryManager]" = weakref.WeakSet()
+_managers: weakref.WeakSet[MemoryManager] = weakref.WeakSet()
 
 
 def _flush_at_exit() -> None:

@@ -12,10 +12,9 @@ timestamp kinds, compare equal field by field, and offer the pydantic calls agen
 from __future__ import annotations
 
 import datetime as _dt
-from typing import Any
+from typing import Any, cast
 
 import msgspec
-
 from eurekamem.protocol import CrossRunRecord as WireRecord
 from eurekamem.protocol import EpisodicEntry as WireEntry
 from eurekamem.protocol import KnowledgeNode as WireNode
@@ -24,7 +23,7 @@ __all__ = ["CrossRunRecord", "EpisodicEntry", "KnowledgeNode", "from_wire", "nai
 
 
 def _utcnow() -> _dt.datetime:
-    return _dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None)
+    return _dt.datetime.now(_dt.UTC).replace(tzinfo=None)
 
 
 def _parse(value: str) -> _dt.datetime:
@@ -32,12 +31,12 @@ def _parse(value: str) -> _dt.datetime:
     if text.endswith(("Z", "z")):
         text = text[:-1] + "+00:00"
     parsed = _dt.datetime.fromisoformat(text)
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=_dt.timezone.utc)
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=_dt.UTC)
 
 
 def naive_utc(value: str) -> _dt.datetime:
     """An RFC 3339 string as EurekaClaw's utcnow() datetimes are: UTC, without tzinfo."""
-    return _parse(value).astimezone(_dt.timezone.utc).replace(tzinfo=None)
+    return _parse(value).astimezone(_dt.UTC).replace(tzinfo=None)
 
 
 def local_aware(value: str) -> _dt.datetime:
@@ -50,7 +49,7 @@ class _Model(msgspec.Struct, kw_only=True):
 
     def model_dump(self, *, mode: str = "python", **_ignored: Any) -> dict[str, Any]:
         if mode == "json":
-            return msgspec.to_builtins(self)  # datetimes as ISO 8601, as pydantic's mode="json"
+            return cast(dict[str, Any], msgspec.to_builtins(self))  # datetimes as ISO 8601, as pydantic's mode="json"
         return {f: _copy(getattr(self, f)) for f in self.__struct_fields__}
 
     def model_dump_json(self, *, indent: int | None = None, **_ignored: Any) -> str:

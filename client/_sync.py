@@ -20,7 +20,8 @@ import socket
 import threading
 import time
 import weakref
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any, cast
 
 from eurekamem.protocol import BinaryDecoder, CrossRunRecord, EpisodicEntry, FrameTooLarge, KnowledgeNode, Skill
 
@@ -101,7 +102,7 @@ class _Conn:
         self.closed = False
 
 
-_clients: "weakref.WeakSet[Client]" = weakref.WeakSet()
+_clients: weakref.WeakSet[Client] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
@@ -153,7 +154,7 @@ class Client:
 
     # --- lifecycle ------------------------------------------------------------------------------
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -444,9 +445,9 @@ class Client:
                 self._release(conn, (rid,))
         raise AssertionError("unreachable")
 
-    def _run(self, op: C.Op) -> Any:
+    def _run(self, op: C.Op[C.T]) -> C.T:
         reply = self._request(op.method, C.to_wire(op.params), op.extra_wait)
-        return C.outcome(reply, op.result_type, op.post)
+        return cast("C.T", C.outcome(reply, op.result_type, op.post))
 
     # --- generic calls --------------------------------------------------------------------------
 

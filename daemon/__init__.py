@@ -4,6 +4,7 @@
 """
 
 import os as _os
+from typing import Any
 
 # BLAS threads off: the daemon has its own parallelism (worker threads for the actors, a query
 # embedded beside a batch of passages), and OpenBLAS's threads on top of it spin on the other core:
@@ -12,9 +13,8 @@ import os as _os
 # loaded yet, as in `eurekamem serve`; an OPENBLAS_NUM_THREADS already set is kept.
 _os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from eurekamem.daemon.app import VERSION
+from eurekamem.daemon.app import VERSION, Daemon
 from eurekamem.daemon.config import Config
-from eurekamem.daemon.app import Daemon
 from eurekamem.daemon.errors import StartupError
 from eurekamem.daemon.recovery import recover
 from eurekamem.daemon.storage.journal import JournalCorrupt
@@ -22,7 +22,7 @@ from eurekamem.daemon.storage.journal import JournalCorrupt
 __all__ = ["Config", "Daemon", "JournalCorrupt", "StartupError", "VERSION", "recover", "serve_daemon"]
 
 
-async def serve_daemon(config: Config, *, task_status=None) -> None:  # type: ignore[no-untyped-def]
+async def serve_daemon(config: Config, *, task_status: Any = None) -> None:
     """Run the daemon until its shutdown is requested; `task_status.started(socket_path)` when ready."""
     import trio
 

@@ -5,10 +5,17 @@ journal replayed past the snapshot's checkpoint); a snapshot is written only fro
 actors hand over between batches, after the journal has rotated, and journal segments are dropped
 only after the snapshot files and the checkpoint that covers them are durable. On shutdown it stops
 accepting, answers what it has received, writes a final snapshot and closes the journal.
+
+Ownership: the Daemon reads no actor's state. sys.stats is built from what each actor publishes
+(`TierActor.stats()`, `MemoryActor.statistics()`, `JournalActor.statistics()` and `.facts`); a
+snapshot asks each actor for copies (`run_internal`). What is process-wide is owned here, per
+Daemon: the embedder (made here, or handed in by the caller), and the garbage collector's tuning
+for the daemon's life (`_gc_tuned`, undone when serve() returns).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
 import json
@@ -17,6 +24,7 @@ import os
 import socket as stdlib_socket
 import struct
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +36,7 @@ from eurekamem.daemon.config import Config
 from eurekamem.daemon.errors import StartupError
 from eurekamem.daemon.listener import open_listener
 from eurekamem.daemon.memory.actor import MemoryActor
-from eurekamem.daemon.memory.embed import preload_embedder, shared_embedder
+from eurekamem.daemon.memory.embed import Embedder, make_embedder, preload_embedder
 from eurekamem.daemon.paths import Paths, acquire_lock
 from eurekamem.daemon.recovery import Recovered, recover
 from eurekamem.daemon.server import Connection, Limits
@@ -37,7 +45,7 @@ from eurekamem.daemon.stats import RequestStats
 from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
 from eurekamem.daemon.storage.files import RealFiles, atomic_write
 from eurekamem.daemon.storage.journal_actor import JournalActor, JournalUnavailable
-from eurekamem.daemon.tier import TierActor, Work
+from eurekamem.daemon.tier import HANDLERS, TierActor, Work, handles
 from eurekamem.daemon.tiers.episodic import EpisodicActor, EpisodicState
 from eurekamem.protocol import (
     METHODS,
@@ -70,9 +78,39 @@ MAX_LINGERING = 32
 BUSY_LIMIT = 900.0  # seconds one batch may take before the watchdog calls its actor stuck
 
 
+@contextlib.contextmanager
+def _gc_tuned() -> Iterator[None]:
+    """The collector's tuning for a daemon's life, undone after (a test process runs many daemons).
+
+    What recovery loaded lives as long as the daemon: frozen out of every collection; requests make
+    many short-lived objects: collect less often."""
+    threshold = gc.get_threshold()
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*threshold)
+        gc.unfreeze()
+
+
 class Daemon:
-    def __init__(self, config: Config, fs: Any = None, service_manager: systemd.ServiceManager | None = None) -> None:
+    journal_actor: JournalActor  # set once recovery is done (serve)
+    memory_actor: MemoryActor
+    skills_actor: SkillsActor
+
+    def __init__(
+        self,
+        config: Config,
+        fs: Any = None,
+        service_manager: systemd.ServiceManager | None = None,
+        embedder: Embedder | None = None,
+    ) -> None:
         self.config = config
+        # tier 4's embedder: made from the config at serve(), or one the caller shares between
+        # daemons it runs one after another (the tests: a model loads once per test process)
+        self.embedder = embedder
         self.fs = fs  # the journal's file layer (tests pass a fake one); None means the real files
         # systemd's notify socket and watchdog, from the environment (a no-op when systemd did not start us)
         self.systemd = service_manager or systemd.ServiceManager()
@@ -93,7 +131,6 @@ class Daemon:
         self._resume_lock = trio.Lock()
         self._snapshot_seq = -1
         self.actors: dict[str, TierActor] = {}
-        self.journal_actor: JournalActor | None = None
         self.recovery: dict[str, Any] = {}
 
     def request_shutdown(self) -> None:
@@ -108,10 +145,12 @@ class Daemon:
 
     async def _serve_locked(self, task_status: Any) -> None:
         started = trio.current_time()
-        try:
-            embedder = shared_embedder(self.config.embedder, self.config.embedder_options)
-        except (ValueError, TypeError) as exc:
-            raise StartupError(f"embedder {self.config.embedder!r}: {exc}") from None
+        if self.embedder is None:
+            try:
+                self.embedder = make_embedder(self.config.embedder, **self.config.embedder_options)
+            except (ValueError, TypeError) as exc:
+                raise StartupError(f"embedder {self.config.embedder!r}: {exc}") from None
+        embedder = self.embedder
         # the model loads in a thread of its own while recovery reads the snapshots (2 cores: the
         # first search after a restart need not wait for both one after the other)
         threading.Thread(target=preload_embedder, args=(embedder,), name="embedder-load", daemon=True).start()
@@ -127,20 +166,24 @@ class Daemon:
             "seconds": round(trio.current_time() - started, 3),
         }
         log.info("recovered: %s", self.recovery)
-        gc.collect()
-        gc.freeze()  # what recovery loaded lives for the daemon's life: keep it out of every collection
-        gc.set_threshold(20_000, 20, 20)  # requests make many short-lived objects; collect less often
+        with _gc_tuned():
+            await self._serve_recovered(recovered, task_status)
+
+    async def _serve_recovered(self, recovered: Recovered, task_status: Any) -> None:
         journal = recovered.journal
+        assert journal is not None
+        # the Journal is handed to the journal actor here and comes back when its writer thread is done
         self.journal_actor = JournalActor(journal, self.config.fsync, self.config.batch_interval)
+        self.memory_actor = MemoryActor(recovered.memory, self.journal_actor, self.paths.root)
+        self.skills_actor = SkillsActor(
+            recovered.skills, self.journal_actor, self.paths.root, projection_interval=self.config.projection_interval
+        )
         self.actors = {
             "episodic": EpisodicActor(EpisodicState(), None, self.paths, self.config),
             "persistent": TierActor(recovered.persistent, self.journal_actor, inline=True),
             "graph": TierActor(recovered.graph, self.journal_actor, inline=True),
-            "memory": MemoryActor(recovered.memory, self.journal_actor, self.paths.root),
-            "skills": SkillsActor(
-                recovered.skills, self.journal_actor, self.paths.root,
-                projection_interval=self.config.projection_interval,
-            ),
+            "memory": self.memory_actor,
+            "skills": self.skills_actor,
         }
         if recovered.replayed == 0 and not recovered.imported:
             self._snapshot_seq = self.journal_actor.acked_seq  # the files on disk are current
@@ -200,7 +243,7 @@ class Daemon:
                     os.unlink(self.config.socket_path)
             except FileNotFoundError:
                 pass
-            await trio.to_thread.run_sync(journal.close)
+            await trio.to_thread.run_sync(journal.close)  # the journal actor's writer thread has ended
             log.info("stopped")
 
     async def _accept_loop(self, listener: Any, nursery: trio.Nursery, scope: trio.CancelScope) -> None:
@@ -329,11 +372,12 @@ class Daemon:
         # an actor inside one long batch (a large memory.add_many embedding in its thread) is busy,
         # not stuck, for up to BUSY_LIMIT seconds
         now = trio.current_time()
-        return sorted(
-            name
-            for name in missing
-            if self.actors[name].busy_since is None or now - self.actors[name].busy_since > BUSY_LIMIT
-        )
+        stuck = []
+        for name in missing:
+            busy_since = self.actors[name].busy_since
+            if busy_since is None or now - busy_since > BUSY_LIMIT:
+                stuck.append(name)
+        return sorted(stuck)
 
     async def _serve_connection(self, sock: stdlib_socket.socket) -> None:
         stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
@@ -361,19 +405,29 @@ class Daemon:
             else:
                 actor.submit(Work(call, reply, started_ns))
             return
-        name = call.spec.name
-        if name == "sys.ping":
-            reply.deliver(call, {"pong": True}, started_ns)
-        elif name == "sys.hello":
-            reply.deliver(call, self.hello(), started_ns)
-        elif name == "sys.stats":
-            reply.deliver(call, self.statistics(), started_ns)
-        elif name == "sys.snapshot":
-            self._system.start_soon(self._answer_snapshot, call, reply, started_ns)
-        elif name == "sys.resume":
-            self._system.start_soon(self._answer_resume, call, reply, started_ns)
-        else:  # pragma: no cover - METHODS and this table are kept together
-            reply.deliver(call, ProtocolError("method_not_found", f"method not found: {name!r}"), started_ns)
+        HANDLERS[call.spec.name].fn(self, call, reply, started_ns)
+
+    # --- sys.* (registered in daemon/tier.py's HANDLERS like every tier's handlers) -------------------
+
+    @handles("sys.ping", "sys")
+    def _sys_ping(self, call: Call, reply: Any, started_ns: int) -> None:
+        reply.deliver(call, {"pong": True}, started_ns)
+
+    @handles("sys.hello", "sys")
+    def _sys_hello(self, call: Call, reply: Any, started_ns: int) -> None:
+        reply.deliver(call, self.hello(), started_ns)
+
+    @handles("sys.stats", "sys")
+    def _sys_stats(self, call: Call, reply: Any, started_ns: int) -> None:
+        reply.deliver(call, self.statistics(), started_ns)
+
+    @handles("sys.snapshot", "sys")
+    def _sys_snapshot(self, call: Call, reply: Any, started_ns: int) -> None:
+        self._system.start_soon(self._answer_snapshot, call, reply, started_ns)
+
+    @handles("sys.resume", "sys")
+    def _sys_resume(self, call: Call, reply: Any, started_ns: int) -> None:
+        self._system.start_soon(self._answer_resume, call, reply, started_ns)
 
     async def _answer_snapshot(self, call: Call, reply: Any, started_ns: int) -> None:
         try:
@@ -407,8 +461,9 @@ class Daemon:
                 return {"resumed": False, "read_only": False}
             was, since = journal_actor.failed, journal_actor.failed_at
             cut = await journal_actor.resume_journal()
-            unsynced_acked = journal_actor.acked_seq - journal_actor.journal.last_seq
-            note: dict[str, Any] = {"cut_records": cut, "segment": journal_actor.journal.segment_names[-1]}
+            facts = journal_actor.facts  # as the writer thread published them after the resume
+            unsynced_acked = journal_actor.acked_seq - facts.last_seq
+            note: dict[str, Any] = {"cut_records": cut, "segment": facts.current_segment}
             if unsynced_acked > 0:
                 try:
                     note["snapshot_seq"] = await self.snapshot(force=True)
@@ -440,7 +495,9 @@ class Daemon:
         }
 
     def statistics(self) -> dict[str, Any]:
-        tiers = {name: {**actor.state.counts(), "queue": actor.queue_length()} for name, actor in self.actors.items()}
+        """sys.stats: only what the actors published (no actor's state is read here), so it is
+        cheap at any size and safe while their worker threads run."""
+        tiers = {name: actor.stats() for name, actor in self.actors.items()}
         return {
             "version": VERSION,
             "pid": os.getpid(),
@@ -450,8 +507,8 @@ class Daemon:
             "read_only": bool(self.journal_actor.failed),
             "tiers": tiers,
             "journal": self.journal_actor.statistics(),
-            "memory": self.actors["memory"].statistics(),
-            "skills": self.actors["skills"].statistics(),
+            "memory": self.memory_actor.statistics(),
+            "skills": self.skills_actor.statistics(),
             "snapshot": {"seq": self._snapshot_seq},
             "recovery": self.recovery,
             "requests": self.stats.summary(),
@@ -466,18 +523,18 @@ class Daemon:
             journal_actor = self.journal_actor
             if not force and journal_actor.acked_seq == self._snapshot_seq:
                 return self._snapshot_seq
-            rotated = not journal_actor.journal.failed  # the journal file takes writes (again, during sys.resume)
+            rotated = not journal_actor.facts.failed  # the journal file takes writes (again, during sys.resume)
             if rotated:
                 start = await journal_actor.run_exclusive(lambda journal: journal.rotate())
             else:
                 start = journal_actor.acked_seq + 1
             covered = start - 1
-            memory_actor = self.actors["memory"]
+            memory_actor = self.memory_actor
             await memory_actor.run_internal(
                 lambda s: memory_actor.save_snapshot(s, self.paths.memory_snapshot, self.paths.vectors)
             )
             await memory_actor.project_files(durable=True)  # the .md files and _index.json are current and durable too
-            await self.actors["skills"].project_files(durable=True)  # the SKILL.md files are the skills' snapshot
+            await self.skills_actor.project_files(durable=True)  # the SKILL.md files are the skills' snapshot
             records = await self.actors["persistent"].run_internal(lambda s: dict(s.records))
             nodes, edges = await self.actors["graph"].run_internal(lambda s: (dict(s.nodes), dict(s.edges)))
             await trio.to_thread.run_sync(self._write_snapshot, records, nodes, edges, covered if rotated else None)
@@ -488,7 +545,9 @@ class Daemon:
             self._snapshot_seq = covered
             return covered
 
-    def _write_snapshot(self, records: dict, nodes: dict, edges: dict, covered: int | None) -> None:
+    def _write_snapshot(
+        self, records: dict[str, Any], nodes: dict[str, Any], edges: dict[Any, Any], covered: int | None
+    ) -> None:
         fs = RealFiles()
         self.paths.memory.mkdir(parents=True, exist_ok=True)
         atomic_write(fs, str(self.paths.persistent), eurekaclaw.write_persistent(records))
@@ -500,7 +559,7 @@ class Daemon:
     async def _memory_background(self, scope: trio.CancelScope) -> None:
         """Write changed memory files about every second; embed memories that lack a vector."""
         with scope:
-            memory_actor = self.actors["memory"]
+            memory_actor = self.memory_actor
             while True:
                 await trio.sleep(self.config.projection_interval)
                 try:

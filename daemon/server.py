@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import logging
 import socket
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import trio
-
-from eurekamem.protocol import OUTBOUND_LIMIT, Call, ConnectionLimits, ServerConnection
-
 from eurekamem.daemon.primitives import monotonic_ns
 from eurekamem.daemon.stats import RequestStats
+from eurekamem.protocol import OUTBOUND_LIMIT, Call, ConnectionLimits, ServerConnection
 
 log = logging.getLogger("eurekamem.server")
 

@@ -23,8 +23,8 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
-from typing import Awaitable, Callable, MutableMapping
 
 log = logging.getLogger("eurekamem.systemd")
 
@@ -156,9 +156,6 @@ class ServiceManager:
     def status(self, text: str) -> None:
         self.notify(f"STATUS={text}")
 
-    def extend_timeout(self, usec: int = RECOVERY_EXTEND_USEC) -> None:
-        self.notify(f"EXTEND_TIMEOUT_USEC={usec}")
-
     def ready(self, status: str) -> None:
         self.notify("READY=1", f"STATUS={status}", f"MAINPID={os.getpid()}")
 
@@ -289,7 +286,7 @@ def render_units(exec_start: str = REPO_EXEC_START, data_dir: str = "%h/.eurekac
     """The two unit files, by file name, for a daemon started with the command line `exec_start`.
 
     The files under systemd/ in the source tree are render_units() with the defaults (a test keeps
-    them equal); the data root is CONTRACT §1's default, ~/.eurekaclaw."""
+    them equal); the data root is PROTOCOL.md §1's default, ~/.eurekaclaw."""
     return {
         "eurekamem.service": SERVICE_UNIT.format(exec_start=exec_start, data_dir=data_dir),
         "eurekamem.socket": SOCKET_UNIT,

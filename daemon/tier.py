@@ -17,19 +17,30 @@ Rules kept here:
   is waiting on the journal (no write that is not durable is visible) and nothing sent before it is
   still queued (a pipelined read still sees the writes sent before it). Same handler, same errors
   as the actor.
+- Ownership: nobody but the actor (its task, or the worker thread it hands a batch to) touches its
+  TierState. Others read `stats()`: counters the actor keeps itself plus the state's counts as the
+  actor last published them (`_publish`, after every batch, internal call and state-changing
+  inline call); a state's `counts()` is O(1) and is called by its owner only.
+- Handlers: HANDLERS is the one table from a method name to the function that answers it (tier
+  handlers `fn(state, params)`, actor handlers `async fn(actor, call)` for calls that wait on I/O,
+  sys handlers `fn(daemon, call, reply, started_ns)`); `@handles(method)` fills it at import, and a
+  test checks that it names exactly the methods of protocol METHODS.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Callable, Protocol
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any, Literal, NamedTuple, Protocol, TypeVar
 
 import msgspec
 import trio
 from eurekamem.daemon.primitives import Waiter
 from eurekamem.daemon.storage.journal_actor import JournalActor, JournalUnavailable
 from eurekamem.protocol import (
+    METHODS,
     Call,
     ProtocolError,
     now_rfc3339,
@@ -39,6 +50,35 @@ log = logging.getLogger("eurekamem.actor")
 
 
 MAX_BATCH = 4096
+
+
+HandlerKind = Literal["state", "actor", "sys"]
+
+
+class Handler(NamedTuple):
+    """state: fn(state, params); actor: async fn(actor, call); sys: fn(daemon, call, reply, started_ns)."""
+
+    fn: Callable[..., Any]
+    kind: HandlerKind
+
+
+HANDLERS: dict[str, Handler] = {}  # method name -> its handler; filled by @handles as the modules are imported
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def handles(method: str, kind: HandlerKind = "state") -> Callable[[F], F]:
+    """Register the decorated function as the one handler of `method` (a name in protocol METHODS)."""
+    if method not in METHODS:
+        raise KeyError(f"{method!r} is not a method of the protocol (protocol/_methods.py METHODS)")
+
+    def register(fn: F) -> F:
+        if method in HANDLERS:
+            raise ValueError(f"{method!r} has two handlers: {HANDLERS[method].fn.__qualname__} and {fn.__qualname__}")
+        HANDLERS[method] = Handler(fn, kind)
+        return fn
+
+    return register
 
 
 class Reply(Protocol):
@@ -69,7 +109,6 @@ class Internal:
 
 
 class TierActor:
-    NOT_INLINE: frozenset[str] = frozenset()  # non-journaled methods that still need the actor (I/O)
     # True when the actor answers its channel in arrival order, batch by batch (TierActor.run, or a run
     # that wraps it): then a connection need not hold a request behind its own earlier ones for this tier.
     ARRIVAL_ORDER = True
@@ -77,6 +116,7 @@ class TierActor:
     def __init__(self, state: TierState, journal: JournalActor | None, *, inline: bool = False) -> None:
         self.state = state
         self.journal = journal
+        self._counts: Mapping[str, int] = MappingProxyType(state.counts())  # published by the actor only
         self._send, self._recv = trio.open_memory_channel[Any](math.inf)
         self.batches = 0
         self.requests = 0
@@ -101,8 +141,9 @@ class TierActor:
         return await item.waiter.wait()
 
     def can_inline(self, call: Call) -> bool:
-        """May the caller run `call` now, itself, with handle_inline (see the module's rule)?"""
-        return self.inline and self._owed == 0 and not call.spec.writes and call.spec.name not in self.NOT_INLINE
+        """May the caller run `call` now, itself, with handle_inline (see the module's rule)?
+        Never a call whose handler waits on I/O (an actor handler: only the actor may wait)."""
+        return self.inline and self._owed == 0 and not call.spec.writes and HANDLERS[call.spec.name].kind == "state"
 
     def handle_inline(self, call: Call, started_ns: int) -> Any:
         """Run a call that can_inline allowed, now; calls of one read (same started_ns) share a timestamp."""
@@ -117,6 +158,8 @@ class TierActor:
             state.rollback()
             log.error("%s changed durable state on the fast path; rolled back", call.spec.name)
             return ProtocolError("internal", f"internal error in {call.spec.name}: changed state without the journal")
+        if state.changes_counts_inline:
+            self._publish()
         return result
 
     def close(self) -> None:
@@ -124,6 +167,14 @@ class TierActor:
 
     def queue_length(self) -> int:
         return self._recv.statistics().current_buffer_used
+
+    def _publish(self) -> None:
+        """Publish the state's counts (the actor, as the state's owner, between batches)."""
+        self._counts = MappingProxyType(self.state.counts())
+
+    def stats(self) -> dict[str, Any]:
+        """What sys.stats shows of this tier: the counts last published and the queue."""
+        return {**self._counts, "queue": self.queue_length()}
 
     async def run(self) -> None:
         recv = self._recv
@@ -144,6 +195,7 @@ class TierActor:
                 await self._run_batch(batch[start:])
             finally:
                 self._owed -= len(batch)
+                self._publish()
 
     async def _run_internal_item(self, item: Internal) -> None:
         """Run an internal function; if it changed durable state, journal that before answering."""
@@ -154,6 +206,7 @@ class TierActor:
             return
         mutations = self.state.take_pending()
         if mutations:
+            assert self.journal is not None, f"{self.name} is not journaled but changed durable state"
             try:
                 await self.journal.submit([(RTYPE_MUTATION, mutation_encoder.encode(m)) for m in mutations])
             except JournalUnavailable as exc:
@@ -161,6 +214,7 @@ class TierActor:
                 item.waiter.fail(exc)
                 return
             self.state.forget_undo()
+        self._publish()
         item.waiter.set(result)
 
     async def _call_on_state(self, fn: Callable[[Any], Any]) -> Any:
@@ -182,6 +236,7 @@ class TierActor:
             self.busy_since = None
         mutations = state.take_pending()
         if mutations:
+            assert self.journal is not None, f"{self.name} is not journaled but changed durable state"
             try:
                 await self.journal.submit([(RTYPE_MUTATION, mutation_encoder.encode(m)) for m in mutations])
             except JournalUnavailable as exc:
@@ -191,6 +246,7 @@ class TierActor:
                 results[first_write:] = [error] * (len(batch) - first_write)
             else:
                 state.forget_undo()
+        self._publish()  # before any answer: a request released by one of them sees this batch's counts
         for work, result in zip(batch, results):
             work.reply.deliver(work.call, result, work.started_ns)
         flushed: set[int] = set()
@@ -203,7 +259,10 @@ class TierActor:
         return [await self.handle(call) for call in calls]
 
     async def handle(self, call: Call) -> Any:
-        """Run one call against the state; a ProtocolError is a result too."""
+        """Run one call against the state (or, for an actor handler, as the actor); a ProtocolError is a result too."""
+        handler = HANDLERS[call.spec.name]
+        if handler.kind == "actor":
+            return await handler.fn(self, call)
         return self._handle_now(call)
 
     def _handle_now(self, call: Call) -> Any:
@@ -229,6 +288,7 @@ class TierState:
     """Base: a tier's state plus the undo log of the batch in progress."""
 
     name = "?"
+    changes_counts_inline = False  # a fast-path call can change counts(): the actor publishes after it
 
     def __init__(self) -> None:
         self.pending: list[Any] = []  # mutations of the batch in progress, in order
@@ -265,13 +325,11 @@ class TierState:
     def apply(self, mutation: Any) -> Undo:  # pragma: no cover - overridden
         raise NotImplementedError
 
+    def counts(self) -> dict[str, int]:  # pragma: no cover - overridden
+        """What sys.stats shows of the tier's size; O(1), called by the state's owner only."""
+        return {}
+
     def handle(self, method: str, params: Any) -> Any:
-        name = _HANDLER_NAMES.get(method)
-        if name is None:
-            name = _HANDLER_NAMES[method] = "do_" + method.split(".", 1)[1]
-        return getattr(self, name)(params)
-
-
-_HANDLER_NAMES: dict[str, str] = {}  # "persistent.recall" -> "do_recall" (the lookup stays per call: tests patch handlers)
+        return HANDLERS[method].fn(self, params)
 
 

@@ -35,8 +35,8 @@ from ._framing import (
     frame_binary,
     frame_ndjson,
 )
-from ._methods import METHODS, RELATIONS, MethodSpec, TheoryState
 from ._methods import *  # noqa: F401,F403  (params Structs)
+from ._methods import METHODS, RELATIONS, MethodSpec, TheoryState
 from ._records import (
     MEMORY_CATEGORIES,
     SKILL_SOURCES,

@@ -42,7 +42,8 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from typing import Any, Callable, Iterable, Protocol
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 import msgspec
 from msgspec import UNSET
@@ -248,7 +249,7 @@ class ServerConnection:
             self._write(failure(None, error))
             return
         self.owed += 1
-        incoming, is_batch = self._codec.decode(frame)  # type: ignore[union-attr]
+        incoming, is_batch = self._codec.decode(frame)  # type: ignore[union-attr,arg-type]  # a frame here is bytes (FrameTooLarge returned above)
         reply: ServerConnection | _Batch = _Batch(self, len(incoming)) if is_batch else self
         overloaded = self.owed > self._max_inflight
         limiter = self.rate_limiter
@@ -262,7 +263,7 @@ class ServerConnection:
                 self.rate_limited += 1
                 reply._answer_now(item, self._rate_error(), stamp)
             elif self._held_count:
-                self._admit(item, reply, stamp)
+                self._admit(item, reply, stamp)  # type: ignore[arg-type]  # not Rejected (answered above)
             else:  # nothing held: the checks of _admit on the counters alone, inline (the hot path)
                 spec = item.spec  # type: ignore[union-attr]
                 key = keys[spec.name]

@@ -8,7 +8,7 @@ here does I/O or touches state, so a bad request can never change anything.
 from __future__ import annotations
 
 import re
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -17,13 +17,13 @@ from ._errors import ProtocolError
 from ._framing import frame_binary, frame_ndjson
 from ._methods import METHODS, MethodSpec
 
-RequestId = Union[int, str, None]
+RequestId = int | str | None
 
 
 class Request(msgspec.Struct, kw_only=True):
     method: str
     params: msgspec.Raw = msgspec.Raw(b"")
-    id: Union[int, str, None, UnsetType] = UNSET
+    id: int | str | None | UnsetType = UNSET
     jsonrpc: str = "2.0"
 
 
@@ -42,7 +42,7 @@ class Failure(msgspec.Struct):
 class Call(msgspec.Struct):
     """A request that is ready to run. `id` is UNSET for a notification (no answer)."""
 
-    id: Union[int, str, None, UnsetType]
+    id: int | str | None | UnsetType
     spec: MethodSpec
     params: Any
 
@@ -54,7 +54,7 @@ class Call(msgspec.Struct):
 class Rejected(msgspec.Struct):
     """A request that cannot run; `error` is what to answer (unless it was a notification)."""
 
-    id: Union[int, str, None, UnsetType]
+    id: int | str | None | UnsetType
     error: ProtocolError
 
     @property
@@ -62,7 +62,7 @@ class Rejected(msgspec.Struct):
         return self.id is not UNSET
 
 
-Incoming = Union[Call, Rejected]
+Incoming = Call | Rejected
 
 
 def success(request_id: RequestId, result: Any) -> Success:
@@ -95,7 +95,7 @@ class Codec:
         self.framing = framing
         mod = msgspec.json if framing == "ndjson" else msgspec.msgpack
         self._mod = mod
-        self._envelope = mod.Decoder(Union[Request, list[msgspec.Raw]])
+        self._envelope = mod.Decoder(Request | list[msgspec.Raw])
         self._request = mod.Decoder(Request)
         self._any = mod.Decoder()
         self._params: dict[type, Any] = {}

@@ -1,4 +1,4 @@
-"""Error kinds of the public contract (CONTRACT.md §3) and the exception that carries one.
+"""Error kinds of the public contract (protocol/PROTOCOL.md §4) and the exception that carries one.
 
 Rule kept here: every error that leaves the daemon has exactly one kind from this table, and the
 kind fixes the JSON-RPC code. Nothing else invents codes.

@@ -11,7 +11,6 @@ The framing is fixed by the first byte a connection sends: '{', '[' or white spa
 from __future__ import annotations
 
 import struct
-from typing import Union
 
 _U32 = struct.Struct(">I")
 
@@ -31,7 +30,7 @@ class FrameTooLarge:
         return f"FrameTooLarge({self.size})"
 
 
-Event = Union[bytes, FrameTooLarge]
+Event = bytes | FrameTooLarge
 
 
 class NdjsonDecoder:
@@ -109,7 +108,7 @@ class BinaryDecoder:
         self._buf = bytearray()
         self._skip = 0  # bytes of an oversized frame still to drop
 
-    def feed(self, data: bytes) -> list[Event]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Event]:
         events: list[Event] = []
         if self._skip:
             dropped = min(self._skip, len(data))
@@ -149,7 +148,7 @@ class BinaryDecoder:
         return len(self._buf)
 
 
-Decoder = Union[NdjsonDecoder, BinaryDecoder]
+Decoder = NdjsonDecoder | BinaryDecoder
 
 
 def decoder_for_first_byte(first: int, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Decoder | None:

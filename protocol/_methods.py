@@ -65,7 +65,7 @@ class EpisodicSearch(Params):
 
 
 class TheoryState(msgspec.Struct, kw_only=True):
-    """EurekaClaw's TheoryState as JSON; unknown fields are ignored (CONTRACT.md §3)."""
+    """EurekaClaw's TheoryState as JSON; unknown fields are ignored (PROTOCOL.md, session.close)."""
 
     informal_statement: str = ""
     formal_statement: str = ""

@@ -1,6 +1,6 @@
 """Records as they travel on the wire and sit in the snapshots, with EurekaClaw's field names.
 
-Timestamps are RFC 3339 strings (CONTRACT.md §3), not datetime objects: they are stored, journaled
+Timestamps are RFC 3339 strings (PROTOCOL.md §6), not datetime objects: they are stored, journaled
 and sent exactly as written, in both framings, and parsed only by those who need a datetime.
 """
 
@@ -58,13 +58,13 @@ def new_id() -> str:
     n = _ids.getrandbits(128)
     n = (n & ~(0xF000 << 64)) | (0x4000 << 64)  # version 4
     n = (n & ~(0xC000 << 48)) | (0x8000 << 48)  # RFC 4122 variant
-    h = "%032x" % n
+    h = f"{n:032x}"
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def now_rfc3339() -> str:
     """The current time as an RFC 3339 string in UTC with microseconds."""
-    return _dt.datetime.now(_dt.timezone.utc).isoformat()
+    return _dt.datetime.now(_dt.UTC).isoformat()
 
 
 def normalize_timestamp(value: Any) -> str:
@@ -73,7 +73,7 @@ def normalize_timestamp(value: Any) -> str:
     Raises ValueError when the value is not a timestamp at all.
     """
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return _dt.datetime.fromtimestamp(float(value), _dt.timezone.utc).isoformat()
+        return _dt.datetime.fromtimestamp(float(value), _dt.UTC).isoformat()
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"not a timestamp: {value!r}")
     text = value.strip()
@@ -81,7 +81,7 @@ def normalize_timestamp(value: Any) -> str:
         text = text[:-1] + "+00:00"
     parsed = _dt.datetime.fromisoformat(text)
     if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=_dt.timezone.utc)
+        parsed = parsed.replace(tzinfo=_dt.UTC)
     return parsed.isoformat()
 
 

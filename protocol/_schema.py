@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
@@ -24,8 +24,8 @@ from ._framing import DEFAULT_MAX_FRAME_BYTES
 from ._methods import METHODS, TheoryState
 from ._records import CrossRunRecord, Edge, EpisodicEntry, KnowledgeNode, Skill
 
-RequestId = Union[int, str, None]
-ErrorKind = Literal[tuple(ERROR_CODES)]  # type: ignore[valid-type]
+RequestId = int | str | None
+ErrorKind: Any = Literal[tuple(ERROR_CODES)]  # built from the table at run time: Any to mypy
 
 
 # The envelope as it looks on the wire. _envelope.Request keeps `params` as msgspec.Raw (decoded
@@ -36,7 +36,7 @@ class Request(msgspec.Struct, kw_only=True):
     """A request; without `id` it is a notification and gets no answer."""
 
     jsonrpc: Literal["2.0"] = "2.0"
-    id: Union[RequestId, UnsetType] = UNSET
+    id: RequestId | UnsetType = UNSET
     method: str
     params: dict[str, Any] = {}
 
@@ -75,7 +75,7 @@ _REF = "#/$defs/{name}"
 def build_schema() -> dict[str, Any]:
     """The whole schema document as a JSON-ready dict (deterministic order)."""
     params_types = [spec.params for spec in METHODS.values()]
-    envelope_types: list[Any] = [Union[Request, Batch], Success, Failure, ErrorObject]
+    envelope_types: list[Any] = [Request | Batch, Success, Failure, ErrorObject]
     types: list[Any] = params_types + list(RECORDS) + envelope_types
     schemas, components = msgspec.json.schema_components(types, ref_template=_REF)
     n = len(params_types)

@@ -1,20 +1,80 @@
-"""Shared fixtures: short temporary socket paths, an in-process daemon, a raw NDJSON connection."""
+"""Shared fixtures: short temporary socket paths, an in-process daemon, a raw NDJSON connection;
+and the test layers (markers, see pyproject.toml): each test gets one of unit, trio, e2e, soak."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import tempfile
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import pytest
 import trio
-
 from eurekamem.daemon import Config, Daemon
+from eurekamem.daemon.memory.embed import Embedder, make_embedder
 
 IO_TIMEOUT = 20  # seconds; every I/O test runs under trio.fail_after(IO_TIMEOUT)
+
+
+# The layers. A test is `e2e` when it starts a subprocess (the daemon, the eurekamem command, a load
+# generator, `mount`): its own code, a fixture it takes or a helper it calls (in its module, or
+# one of the helpers named in SPAWNING) uses one of SPAWN_MARKS; whole modules in LAYERS are given
+# their layer. Any other test is `trio` if it is a coroutine (an in-process daemon or actor, real
+# sockets) and `unit` if not. A test marked by hand keeps its marker.
+LAYERS = {"test_soak": "soak", "test_faults": "e2e", "test_loadgen": "e2e"}
+LAYER_NAMES = ("unit", "trio", "e2e", "soak")
+SPAWN_MARKS = ("DaemonProcess", "subprocess", "run_process", "Popen", "sys.executable", "NotifiedDaemon")
+
+
+def _spawning_names(path: str) -> set[str]:
+    """The module's functions (tests, helpers, fixtures) that start a subprocess, directly or through
+    another such function of the module."""
+    import ast
+
+    tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    functions = {
+        node.name: node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
+    classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+    spawning = {name for name, node in classes.items() if any(mark in ast.unparse(node) for mark in SPAWN_MARKS)}
+    spawning |= set(SPAWN_MARKS)
+    changed = True
+    while changed:
+        changed = False
+        for name, node in functions.items():
+            if name in spawning:
+                continue
+            used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | {
+                n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
+            }
+            used |= {arg.arg for arg in node.args.args}  # fixtures, by parameter name
+            if used & spawning or any(mark in ast.unparse(node) for mark in SPAWN_MARKS):
+                spawning.add(name)
+                changed = True
+    return spawning
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    import inspect
+
+    spawning: dict[str, set[str]] = {}
+    for item in items:
+        if any(item.get_closest_marker(name) for name in LAYER_NAMES) or not isinstance(item, pytest.Function):
+            continue
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        layer = LAYERS.get(module)
+        if layer is None:
+            path = str(item.path)
+            if path not in spawning:
+                spawning[path] = _spawning_names(path)
+            if item.originalname in spawning[path] or set(item.fixturenames) & spawning[path]:
+                layer = "e2e"
+            else:
+                layer = "trio" if inspect.iscoroutinefunction(item.function) else "unit"
+        item.add_marker(layer)
 
 
 @pytest.fixture
@@ -32,12 +92,29 @@ def data_dir(tmp_path: Path) -> Path:
     return root
 
 
+_EMBEDDERS: dict[str, Embedder] = {}  # this test process's: a model loads once, however many daemons run
+
+
+def shared_embedder(name: str, options: dict[str, Any] | None = None) -> Embedder:
+    """One embedder per model and options for the whole test run (each Daemon would load its own)."""
+    options = options or {}
+    key = name + repr(sorted(options.items()))
+    embedder = _EMBEDDERS.get(key)
+    if embedder is None:
+        embedder = _EMBEDDERS[key] = make_embedder(name, **options)
+    return embedder
+
+
 @asynccontextmanager
 async def running_daemon(data_dir: Path, socket_path: Path, **options: Any) -> AsyncIterator[Daemon]:
     fs = options.pop("fs", None)
+    embedder = options.pop("embedder_instance", None)
     options.setdefault("snapshot_quiet", 3600.0)  # tests snapshot explicitly
     options.setdefault("snapshot_max_delay", 3600.0)
-    daemon = Daemon(Config(data_dir=data_dir, socket_path=socket_path, **options), fs=fs)
+    config = Config(data_dir=data_dir, socket_path=socket_path, **options)
+    if embedder is None:
+        embedder = shared_embedder(config.embedder, config.embedder_options)
+    daemon = Daemon(config, fs=fs, embedder=embedder)
     async with trio.open_nursery() as nursery:
         await nursery.start(daemon.serve)
         try:
@@ -54,7 +131,7 @@ class RawConnection:
         self._buf = bytearray()
 
     @classmethod
-    async def open(cls, path: Path) -> "RawConnection":
+    async def open(cls, path: Path) -> RawConnection:
         return cls(await trio.open_unix_socket(str(path)))
 
     async def send_line(self, line: bytes | str) -> None:

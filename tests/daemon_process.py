@@ -28,7 +28,7 @@ class DaemonProcess:
             "--data-dir", str(self.data_dir), "--socket", str(self.socket_path), *self.extra,
         ]
 
-    def start(self, expect_ready: bool = True) -> "DaemonProcess":
+    def start(self, expect_ready: bool = True) -> DaemonProcess:
         env = {k: v for k, v in os.environ.items() if k not in ("EUREKAMEM_SOCKET", "EUREKACLAW_DIR")}
         self._ready.clear()
         self._ended.clear()

@@ -40,10 +40,10 @@ class _Dir:
     def __init__(self) -> None:
         self.durable: dict[str, _Inode | _Dir] = {}
         # each change is applied atomically: ((name, node or None for removal), ...)
-        self.pending: list[tuple[tuple[str, "_Inode | _Dir | None"], ...]] = []
+        self.pending: list[tuple[tuple[str, _Inode | _Dir | None], ...]] = []
         self.current: dict[str, _Inode | _Dir] = {}
 
-    def change(self, *edits: tuple[str, "_Inode | _Dir | None"]) -> None:
+    def change(self, *edits: tuple[str, _Inode | _Dir | None]) -> None:
         self.pending.append(edits)
         _apply(self.current, edits)
 
@@ -52,7 +52,7 @@ class _Dir:
         self.pending.clear()
 
 
-def _apply(entries: dict[str, "_Inode | _Dir"], edits: Iterable[tuple[str, "_Inode | _Dir | None"]]) -> None:
+def _apply(entries: dict[str, _Inode | _Dir], edits: Iterable[tuple[str, _Inode | _Dir | None]]) -> None:
     for name, node in edits:
         if node is None:
             entries.pop(name, None)
@@ -68,7 +68,7 @@ FailOp = Literal["write", "sync", "fsync_dir"]
 
 
 class _FakeAppendFile(AppendFile):
-    def __init__(self, fs: "FakeFiles", path: str, inode: _Inode) -> None:
+    def __init__(self, fs: FakeFiles, path: str, inode: _Inode) -> None:
         self._fs = fs
         self.path = path
         self._inode = inode
@@ -313,7 +313,7 @@ class FakeFiles(FileLayer):
             inode = self._lookup_file(p)
             return bytes(inode.data[: inode.durable])
 
-    def crash(self, rng: random.Random | None = None, *, zero_fill: bool = False) -> "FakeFiles":
+    def crash(self, rng: random.Random | None = None, *, zero_fill: bool = False) -> FakeFiles:
         """What a machine finds after losing power now, as a new FakeFiles (this one is left as
         it was). Without `rng` exactly the durable state; with it, also a random prefix of each
         file's unsynced bytes (zeros instead when `zero_fill`) and of each folder's un-fsynced
@@ -343,7 +343,7 @@ class FakeFiles(FileLayer):
             return new
 
 
-def _apply_prefix(entries: dict[str, "_Inode | _Dir"], pending: list, n: int) -> None:
+def _apply_prefix(entries: dict[str, _Inode | _Dir], pending: list, n: int) -> None:
     for edits in pending[:n]:
         _apply(entries, edits)
 

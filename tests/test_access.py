@@ -12,6 +12,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
+
 import pytest
 import trio
 

@@ -14,15 +14,15 @@ from typing import Any
 
 import pytest
 import trio
+from eurekamem.cli import backup as _backup
+from eurekamem.cli import metrics as _metrics
+from eurekamem.cli.backup import write_backup
+from eurekamem.cli.common import Progress
+from eurekamem.cli.metrics import render_metrics
+from eurekamem.client import Client
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from daemon_process import DaemonProcess
-from eurekamem.client import Client
-from eurekamem.cli import backup as _backup
-from eurekamem.cli import metrics as _metrics
-from eurekamem.cli.common import Progress
-from eurekamem.cli.metrics import render_metrics
-from eurekamem.cli.backup import write_backup
 
 TIMEOUT = 60.0
 
@@ -267,7 +267,7 @@ def test_export_then_import_into_a_fresh_daemon(tmp_path: Path, sock_dir: Path) 
     tiers = [line["tier"] for line in lines]
     assert tiers.count("persistent") == 2 and tiers.count("graph_node") == 2 and tiers.count("graph_edge") == 1
     assert tiers.count("memory") == 3
-    assert {"tier", "key", "value", "tags", "record_id"} <= set(next(l for l in lines if l["tier"] == "persistent"))
+    assert {"tier", "key", "value", "tags", "record_id"} <= set(next(line for line in lines if line["tier"] == "persistent"))
 
     fresh = start(tmp_path / "b", sock_dir / "b.sock")
     try:

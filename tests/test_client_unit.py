@@ -12,14 +12,12 @@ import subprocess
 import sys
 import tempfile
 import threading
-import types
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-
 from eurekamem.client import (
     AsyncClient,
     Client,
@@ -37,12 +35,12 @@ from eurekamem.client import (
     Timeout,
     TooLarge,
     Unavailable,
+    _models,
     current_async_library,
     data_root,
     default_socket_path,
     error_from_wire,
 )
-from eurekamem.client import _models
 from eurekamem.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     ERROR_CODES,
@@ -473,7 +471,7 @@ def test_round_trip_and_records(client: Client, server: FakeServer):
 def test_params_as_keywords_and_wire_values(client: Client, server: FakeServer):
     import datetime as dt
 
-    when = dt.datetime(2024, 5, 1, 12, 0, tzinfo=dt.timezone.utc)
+    when = dt.datetime(2024, 5, 1, 12, 0, tzinfo=dt.UTC)
     record = client.remember("when", {"at": when, "pair": (1, 2)})
     assert record.value == {"at": "2024-05-01T12:00:00Z", "pair": [1, 2]}  # plain JSON values
     result = client.call("persistent.recall", {"key": "ignored"}, key="when")  # keywords win
@@ -668,7 +666,7 @@ def test_memory_manager_records_validate_as_eurekaclaws_models(server: FakeServe
     import pydantic
 
     def utcnow() -> dt.datetime:
-        return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+        return dt.datetime.now(dt.UTC).replace(tzinfo=None)
 
     class EpisodicEntryModel(pydantic.BaseModel):
         entry_id: str

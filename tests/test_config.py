@@ -9,12 +9,18 @@ from pathlib import Path
 
 import pytest
 import trio
+from eurekamem.cli import main as _cli
+from eurekamem.daemon.config import (
+    Config,
+    ConfigError,
+    JsonFormatter,
+    build_config,
+    default_config_path,
+    load,
+    setup_logging,
+)
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
-from eurekamem.cli import main as _cli
-from eurekamem.daemon.config import Config
-from eurekamem.daemon.config import ConfigError, JsonFormatter, build_config, default_config_path, load, setup_logging
-
 
 HAS_ALLOWED_UIDS = "allowed_uids" in Config.__struct_fields__  # an option added to Config after the table
 
@@ -152,9 +158,9 @@ def test_config_show_prints_values_and_sources(env: dict[str, str], tmp_path: Pa
     assert settings["embedder"]["source"] == "default"
     assert _cli.main(["config", "show", "--config", str(path)]) == 0
     text = capsys.readouterr().out
-    line = next(l for l in text.splitlines() if l.startswith("fsync "))
+    line = next(x for x in text.splitlines() if x.startswith("fsync "))
     assert '"batch"' in line and f"file ({path})" in line
-    line = next(l for l in text.splitlines() if l.startswith("max_inflight "))
+    line = next(x for x in text.splitlines() if x.startswith("max_inflight "))
     assert "4" in line and "env (EUREKAMEM_MAX_INFLIGHT)" in line
     assert _cli.main(["config", "show", "--config", str(tmp_path / "nope.toml")]) == 1
     assert "does not exist" in capsys.readouterr().err
@@ -209,3 +215,28 @@ async def test_a_failed_request_logs_its_id_and_method(data_dir: Path, sock_dir:
     failed = [r for r in caplog.records if r.name == "eurekamem.requests"]
     assert len(failed) == 1
     assert failed[0].request_id == "req-42" and failed[0].method == "graph.get" and failed[0].kind == "not_found"
+
+
+def test_repair_and_verify_find_the_data_root_in_the_config_file(
+    env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`repair` honours config.toml's data_dir as `serve` and `verify` do (the default file too)."""
+    root = tmp_path / "configured"
+    (root / "memory" / "journal").mkdir(parents=True)
+    config = Path(env["XDG_CONFIG_HOME"]) / "eurekamem" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text(f'data_dir = "{root}"\n')
+    assert _cli.main(["repair"]) == 0
+    assert f"journal {root / 'memory' / 'journal'}: nothing to repair" in capsys.readouterr().out
+    assert _cli.main(["repair", "--config", str(config)]) == 0
+    assert str(root) in capsys.readouterr().out
+    assert _cli.main(["verify"]) == 0
+    assert f"verify {root}" in capsys.readouterr().out
+
+
+def test_the_daemon_and_the_client_agree_on_the_default_socket(env: dict[str, str], tmp_path: Path) -> None:
+    from eurekamem.client._paths import default_socket_path
+
+    for environ in ({}, {"XDG_RUNTIME_DIR": str(tmp_path / "run")}, {"XDG_RUNTIME_DIR": "relative"}):
+        effective = load({"data_dir": str(tmp_path / "root")}, environ=environ)
+        assert effective["socket"] == default_socket_path(tmp_path / "root", environ=environ)

@@ -9,10 +9,6 @@ from typing import Any
 
 import msgspec
 import pytest
-from msgspec import UNSET
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from eurekamem.protocol import (
     ALL_TIERS,
     METHODS,
@@ -23,6 +19,9 @@ from eurekamem.protocol import (
     ProtocolError,
     ServerConnection,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from msgspec import UNSET
 
 # --- a harness: a connection whose dispatched calls wait for the test to answer them ----------------
 

@@ -12,14 +12,23 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
-
-from eurekamem.daemon.memory.embed import EMBEDDERS, E5SmallEmbedder, Embedder, EmbedderError, OpenAIEmbedder, Thresholds, Usem3Embedder, make_embedder
+from eurekamem.daemon.memory.embed import (
+    EMBEDDERS,
+    E5SmallEmbedder,
+    Embedder,
+    EmbedderError,
+    OpenAIEmbedder,
+    Thresholds,
+    Usem3Embedder,
+    make_embedder,
+)
 
 PAIRS = json.loads((Path(__file__).parent / "data" / "dedup_pairs.json").read_text("utf-8"))["pairs"]
 
@@ -204,13 +213,23 @@ class _CountingEmbedder(Embedder):
 
     name, dim, thresholds, batch = "counting", 4, Thresholds(0.9, 0.1), 3
 
-    def __init__(self) -> None:
+    def __init__(self, callers: int = 1) -> None:
         super().__init__()
         self.loads = 0
         self.batches: list[int] = []
+        self.callers = callers
+        self.arrived = 0
+        self._arrival = threading.Condition()
+
+    def load(self) -> None:
+        with self._arrival:
+            self.arrived += 1
+            self._arrival.notify_all()
+        super().load()
 
     def _load(self) -> None:
-        time.sleep(0.05)  # widen the race window
+        with self._arrival:  # hold the load until every caller is inside load(): the race at its widest
+            assert self._arrival.wait_for(lambda: self.arrived >= self.callers, timeout=10)
         self.loads += 1
 
     def _embed_batch(self, texts: list[str], role: str) -> np.ndarray:
@@ -219,7 +238,7 @@ class _CountingEmbedder(Embedder):
 
 
 def test_load_once_under_concurrency_and_batching() -> None:
-    e = _CountingEmbedder()
+    e = _CountingEmbedder(callers=8)
     threads = [threading.Thread(target=e.load) for _ in range(8)]
     for t in threads:
         t.start()
@@ -296,7 +315,8 @@ class FakeServer:
         self.dim = dim
         self.script: deque[Reply | Callable[[dict[str, Any]], Reply]] = deque()
         self.requests: list[tuple[str, dict[str, str], dict[str, Any]]] = []
-        self.delay = 0.0
+        self.hold = False  # True: requests wait for `release` (a server slower than the client's timeout)
+        self.release = threading.Event()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -310,8 +330,8 @@ class FakeServer:
                 raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 body = json.loads(raw)
                 server.requests.append((self.path, dict(self.headers.items()), body))
-                if server.delay:
-                    time.sleep(server.delay)
+                if server.hold:
+                    server.release.wait(10)
                 action = server.script.popleft() if server.script else server.ok
                 status, payload, headers = action(body) if callable(action) else action
                 data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
@@ -345,6 +365,7 @@ class FakeServer:
         return 200, {"object": "list", "data": items[::-1], "model": body["model"]}, {}
 
     def close(self) -> None:
+        self.release.set()
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -519,7 +540,7 @@ def test_openai_connection_refused(no_keys: None) -> None:
 
 
 def test_openai_timeout_is_retried(server: FakeServer, no_keys: None) -> None:
-    server.delay = 0.5
+    server.hold = True  # answers nothing until the test ends: the client's 0.1 s timeout fires
     sleeps = Sleeps()
     e = OpenAIEmbedder(server.url, "m", dim=8, timeout=0.1, max_retries=1, sleep=sleeps)
     with pytest.raises(EmbedderError, match="timed out") as info:

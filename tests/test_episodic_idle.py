@@ -7,14 +7,13 @@ thread), so the clock only moves when every task waits on it.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
-
 from eurekamem.daemon.config import ConfigError, build_config, load
 from eurekamem.daemon.paths import Paths
 from eurekamem.daemon.tier import Work

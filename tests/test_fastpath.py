@@ -5,14 +5,16 @@ not durable yet, errors still reach the client."""
 from __future__ import annotations
 
 import json
-import time
+import threading
 from pathlib import Path
 from typing import Any
 
 import trio
+import trio.testing
+from eurekamem.daemon.tier import HANDLERS, Handler
+from eurekamem.protocol import ProtocolError
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
-from eurekamem.protocol import ProtocolError
 
 
 async def _pipelined(conn: RawConnection, calls: list[tuple[str, dict[str, Any]]]) -> dict[int, Any]:
@@ -63,31 +65,55 @@ async def test_pipelined_reads_see_the_writes_sent_before_them(data_dir: Path, s
             await conn.aclose()
 
 
+class _Release:
+    """Set from trio; the journal's writer thread waits for it (a slow disk, held by the test)."""
+
+    def __init__(self) -> None:
+        self.entered = trio.Event()  # the writer thread is in the held write
+        self._go = threading.Event()
+
+    def set(self) -> None:
+        self._go.set()
+
+
+def _held_in_writer_thread() -> tuple[Any, _Release]:
+    """A function for the writer thread that tells trio it is there, then waits for the release."""
+    release = _Release()
+    token = trio.lowlevel.current_trio_token()
+
+    def writing() -> None:
+        trio.from_thread.run_sync(release.entered.set, trio_token=token)
+        assert release._go.wait(IO_TIMEOUT), "the test never released the journal write"
+
+    return writing, release
+
+
 async def test_a_read_never_sees_a_write_still_waiting_for_the_journal(data_dir: Path, sock_dir: Path) -> None:
     with trio.fail_after(IO_TIMEOUT):
         async with running_daemon(data_dir, sock_dir / "s.sock") as daemon:
             journal = daemon.journal_actor
             write = journal._write
-            durable_at: list[float] = []
-            writing: list[bool] = []
+            durable: list[bool] = []
+            writing, release = _held_in_writer_thread()
 
-            def slow_write(records: Any) -> int:
-                writing.append(True)
-                time.sleep(0.3)  # the fsync takes a while: the batch holds the persistent state meanwhile
+            def slow_write(records: Any) -> Any:
+                writing()  # the fsync takes a while: the batch holds the persistent state meanwhile
                 last = write(records)
-                durable_at.append(time.monotonic())
+                durable.append(True)
                 return last
 
             journal._write = slow_write
             writer = await RawConnection.open(sock_dir / "s.sock")
             reader = await RawConnection.open(sock_dir / "s.sock")
             await writer.send({"jsonrpc": "2.0", "id": 1, "method": "persistent.remember", "params": {"key": "k", "value": 1}})
-            while not writing:
-                await trio.sleep(0.001)  # the remember is in its batch, waiting for the journal
-            answer = await reader.call("persistent.recall", {"key": "k"})
-            answered_at = time.monotonic()
+            await release.entered.wait()  # the remember is in its batch, waiting for the journal
+            await reader.send({"jsonrpc": "2.0", "id": 2, "method": "persistent.recall", "params": {"key": "k"}})
+            await trio.testing.wait_all_tasks_blocked()
+            assert daemon.actors["persistent"].queue_length() == 1  # the read waits behind the write
+            release.set()
+            answer = await reader.read()
             assert answer["result"]["value"] == 1  # it waited behind the write, and sees it
-            assert durable_at and answered_at >= durable_at[0]
+            assert durable  # and was answered after the write was durable
             assert (await writer.read())["result"]["key"] == "k"
             await writer.aclose()
             await reader.aclose()
@@ -99,28 +125,29 @@ async def test_errors_on_the_fast_path_reach_the_client(data_dir: Path, sock_dir
             conn = await RawConnection.open(sock_dir / "s.sock")
             state = daemon.actors["persistent"].state
 
-            def broken(params: Any) -> Any:
+            def patch(fn: Any) -> None:  # the handler table is where the daemon finds persistent.recall
+                monkeypatch.setitem(HANDLERS, "persistent.recall", Handler(fn, "state"))
+
+            def broken(self: Any, params: Any) -> Any:
                 raise RuntimeError("boom")
 
-            monkeypatch.setattr(state, "do_recall", broken)
+            patch(broken)
             answer = await conn.call("persistent.recall", {"key": "k"})
             assert answer["error"]["data"]["kind"] == "internal" and "boom" in answer["error"]["message"]
 
-            def not_found(params: Any) -> Any:
+            def not_found(self: Any, params: Any) -> Any:
                 raise ProtocolError("not_found", "nothing here")
 
-            monkeypatch.setattr(state, "do_recall", not_found)
+            patch(not_found)
             assert await conn.error_kind("persistent.recall", {"key": "k"}) == "not_found"
 
             # a read that (by a bug) changes durable state is rolled back and answered `internal`
-            real_remember = state.do_remember
-
-            def sneaky(params: Any) -> Any:
+            def sneaky(self: Any, params: Any) -> Any:
                 from eurekamem.protocol._methods import PersistentRemember
 
-                return real_remember(PersistentRemember(key="sneaky", value=1))
+                return state.do_remember(PersistentRemember(key="sneaky", value=1))
 
-            monkeypatch.setattr(state, "do_recall", sneaky)
+            patch(sneaky)
             assert await conn.error_kind("persistent.recall", {"key": "k"}) == "internal"
             monkeypatch.undo()
             assert await conn.result("persistent.recall", {"key": "sneaky"}) is None
@@ -135,11 +162,10 @@ async def test_requests_behind_a_failed_write_see_no_trace_of_it(data_dir: Path,
         async with running_daemon(data_dir, sock_dir / "s.sock") as daemon:
             journal = daemon.journal_actor
             write = journal._write
-            writing: list[bool] = []
+            writing, release = _held_in_writer_thread()
 
-            def failing_write(records: Any) -> int:
-                writing.append(True)
-                time.sleep(0.3)
+            def failing_write(records: Any) -> Any:
+                writing()
                 raise OSError(28, "No space left on device")
 
             conn = await RawConnection.open(sock_dir / "s.sock")
@@ -147,17 +173,27 @@ async def test_requests_behind_a_failed_write_see_no_trace_of_it(data_dir: Path,
             journal._write = failing_write
             first = await RawConnection.open(sock_dir / "s.sock")
             await first.send({"jsonrpc": "2.0", "id": 1, "method": "persistent.remember", "params": {"key": "k", "value": 1}})
-            while not writing:
-                await trio.sleep(0.001)
+            await release.entered.wait()
             behind = await RawConnection.open(sock_dir / "s.sock")
-            answers = await _pipelined(
-                behind,
-                [
-                    ("persistent.recall", {"key": "k"}),  # must not see k=1, which is about to be lost
-                    ("persistent.remember", {"key": "k2", "value": 2}),
-                    ("persistent.recall", {"key": "kept"}),
-                ],
-            )
+            async with trio.open_nursery() as nursery:
+                answers: dict[int, Any] = {}
+
+                async def send_behind() -> None:
+                    answers.update(
+                        await _pipelined(
+                            behind,
+                            [
+                                ("persistent.recall", {"key": "k"}),  # must not see k=1, which is about to be lost
+                                ("persistent.remember", {"key": "k2", "value": 2}),
+                                ("persistent.recall", {"key": "kept"}),
+                            ],
+                        )
+                    )
+
+                nursery.start_soon(send_behind)
+                await trio.testing.wait_all_tasks_blocked()
+                assert daemon.actors["persistent"].queue_length() == 3  # all three wait behind the failing write
+                release.set()
             assert (await first.read())["error"]["data"]["kind"] == "read_only"
             assert answers[0]["result"] is None  # not the lost k=1
             # the batch's calls from its first write on answer read_only (the journal is failed)

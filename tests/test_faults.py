@@ -14,13 +14,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
+from eurekamem.client import Client, ReadOnly
 
 from daemon_process import DaemonProcess
-from eurekamem.client import Client, ReadOnly
 
 DISK_BYTES = 1024 * 1024
 FILLER_BYTES = 256 * 1024

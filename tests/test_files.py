@@ -7,9 +7,9 @@ import os
 import random
 
 import pytest
+from eurekamem.daemon.storage.files import FileLayer, RealFiles, atomic_write
 
 from fakefiles import FakeFiles
-from eurekamem.daemon.storage.files import FileLayer, RealFiles, atomic_write
 
 
 def _put(fs: FileLayer, path: str, data: bytes, *, sync: bool = True) -> None:

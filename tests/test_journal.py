@@ -1,5 +1,5 @@
 """The journal: round trips, torn tails at every byte, bit flips, simulated crashes, repair,
-and write failures (DESIGN.md "Durability rules")."""
+and write failures (PROTOCOL.md §8, "Durability")."""
 
 from __future__ import annotations
 
@@ -11,12 +11,24 @@ import struct
 import zlib
 
 import pytest
+from eurekamem.daemon.storage.files import RealFiles
+from eurekamem.daemon.storage.journal import (
+    FILE_HEADER_SIZE,
+    MAGIC,
+    RECORD_HEADER_SIZE,
+    Journal,
+    JournalCorrupt,
+    JournalWriteError,
+    encode_file_header,
+    encode_record,
+    repair,
+    scan_segment,
+    segment_name,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fakefiles import FakeFiles
-from eurekamem.daemon.storage.files import RealFiles
-from eurekamem.daemon.storage.journal import FILE_HEADER_SIZE, MAGIC, RECORD_HEADER_SIZE, Journal, JournalCorrupt, JournalWriteError, encode_file_header, encode_record, repair, scan_segment, segment_name
 
 J = "/j"  # the journal folder on FakeFiles
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -602,3 +614,46 @@ def test_repair_leaves_a_torn_tail_to_open() -> None:
     fs = fake_with({name: files[name][:-2]})
     assert not repair(J, fs).changed
     assert len(Journal.open(J, fs=fs)[1]) == 2
+
+
+# --- one rule for open, repair and verify ----------------------------------------------------------
+
+
+def _two_segments(tmp_path) -> tuple[str, list[str]]:  # type: ignore[no-untyped-def]
+    d = str(tmp_path / "memory" / "journal")
+    j, _ = Journal.open(d, segment_bytes=10**9)
+    j.append([(1, b"a"), (1, b"b")])
+    j.rotate()
+    j.append([(1, b"c")])
+    j.sync()
+    j.close()
+    return d, sorted(n for n in os.listdir(d) if n.endswith(".log"))
+
+
+def test_open_repair_and_verify_agree_on_a_torn_tail_and_on_damage(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from eurekamem.cli.verify import verify_root
+
+    d, names = _two_segments(tmp_path)
+    last = os.path.join(d, names[-1])
+    with open(last, "ab") as f:
+        f.write(b"\x00\x00\x00\x09torn")  # a crash in the middle of a record at the end of the last segment
+    problems = verify_root(tmp_path).problems
+    assert any("torn tail" in p and "cuts it off at start" in p for p in problems), problems
+    assert not repair(d).changed  # a torn tail is left to open, which cuts it
+    j, records = Journal.open(d)
+    assert [r[2] for r in records] == [b"a", b"b", b"c"]
+    j.close()
+
+    first = os.path.join(d, names[0])
+    data = bytearray(open(first, "rb").read())
+    data[FILE_HEADER_SIZE + RECORD_HEADER_SIZE] ^= 0xFF  # the first record's payload: a valid one follows
+    open(first, "wb").write(bytes(data))
+    problems = verify_root(tmp_path).problems
+    assert any(names[0] in p and "damaged at offset" in p and "eurekamem repair" in p for p in problems), problems
+    with pytest.raises(JournalCorrupt):
+        Journal.open(d)
+    assert repair(d).changed
+    j, records = Journal.open(d)  # the damage and everything after it moved away
+    assert records == []
+    j.close()
+    assert not any("damaged" in p for p in verify_root(tmp_path).problems)

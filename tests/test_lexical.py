@@ -9,9 +9,8 @@ from collections import Counter
 import msgspec
 import numpy as np
 import pytest
-
 from eurekamem.daemon.memory import lexical as _lexical
-from eurekamem.daemon.memory.fusion import fuse, max_score
+from eurekamem.daemon.memory.fusion import fuse
 from eurekamem.daemon.memory.lexical import STOP_WORDS, LexicalIndex, tokenize
 
 # --- tokenize ---------------------------------------------------------------------------------
@@ -389,13 +388,12 @@ def test_fuse_known_example() -> None:
         40: 2 / 62,
     }
     assert [lab for lab, _, _ in out] == [20, 10, 40, 30]
-    for lab, score, ranks in out:
+    for lab, score, _ranks in out:
         assert score == pytest.approx(expect[lab])
     assert out[0][2] == {"dense": 2, "lexical": 1}
     assert out[2][2] == {"dense": None, "lexical": 2}
     assert out[3][2] == {"dense": 3, "lexical": None}
     assert [lab for lab, _, _ in fuse(rankings, weights, limit=2)] == [20, 10]
-    assert max_score(weights, rankings) == pytest.approx(3 / 61)
 
 
 def test_fuse_ties_and_edge_cases() -> None:

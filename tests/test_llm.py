@@ -25,7 +25,6 @@ import msgspec
 import pytest
 import trio
 import trio.testing
-from conftest import IO_TIMEOUT
 from eurekamem.daemon.llm import (
     DEFAULT_ANTHROPIC_MODEL,
     LLM,
@@ -46,6 +45,8 @@ from eurekamem.daemon.llm._client import _estimate_input
 from eurekamem.daemon.llm._provider import parse_retry_after
 from eurekamem.daemon.llm._schema import strict_schema
 from msgspec import Meta
+
+from conftest import IO_TIMEOUT
 
 KEY = "sk-SENTINEL-9f3c2a7e-do-not-leak"
 SEED = 20261201

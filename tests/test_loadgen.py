@@ -10,13 +10,14 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
+from eurekamem.client import Client
 
 from daemon_process import DaemonProcess
-from eurekamem.client import Client
 
 ROOT = Path(__file__).resolve().parent.parent
 IDLE = 10.0  # seconds without an answer before loadgen gives up

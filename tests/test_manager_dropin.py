@@ -20,12 +20,12 @@ from typing import Any
 
 import pytest
 import trio
-
-from daemon_process import DaemonProcess, wait_gone
 from eurekaclaw_reference import ReferenceManager
 from eurekamem.client import AsyncClient, Client, MemoryManager, Timeout
 from eurekamem.client._autostart import daemon_answers
 from eurekamem.client._paths import eurekaclaw_dir
+
+from daemon_process import DaemonProcess, wait_gone
 
 TIMEOUT = 20.0
 
@@ -80,11 +80,11 @@ def shape(value: Any) -> Any:
             out[key] = "<id>"
         elif isinstance(item, dt.datetime):
             if item.tzinfo is None:
-                recent = abs(item - dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)) < dt.timedelta(minutes=5)
+                recent = abs(item - dt.datetime.now(dt.UTC).replace(tzinfo=None)) < dt.timedelta(minutes=5)
                 out[key] = ("naive UTC", recent)
             else:
                 local = item.utcoffset() == dt.datetime.now().astimezone().utcoffset()
-                recent = abs(item - dt.datetime.now(dt.timezone.utc)) < dt.timedelta(minutes=5)
+                recent = abs(item - dt.datetime.now(dt.UTC)) < dt.timedelta(minutes=5)
                 out[key] = ("aware local", local, recent)
         else:
             out[key] = item

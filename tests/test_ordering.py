@@ -7,16 +7,17 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterator
+from typing import Any
 
 import trio
 import trio.testing
+from eurekamem.daemon.server import IN_ORDER_TIERS
+from eurekamem.daemon.tier import TierActor
+from test_memory import FAST, gated
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
-from eurekamem.daemon.tier import TierActor
-from eurekamem.daemon.server import IN_ORDER_TIERS
-from test_memory import FAST, gated
 
 
 def _frame(request_id: int, method: str, params: dict[str, Any]) -> str:

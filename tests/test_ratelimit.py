@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 import trio
-
-from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from eurekamem.daemon.config import build_config, load
 from eurekamem.daemon.server import Connection, Limits
 from eurekamem.daemon.stats import RequestStats
+
+from conftest import IO_TIMEOUT, RawConnection, running_daemon
 
 
 def _pong(call: Any, reply: Any, started_ns: int) -> None:

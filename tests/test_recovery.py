@@ -160,7 +160,7 @@ async def test_disk_failure_turns_the_daemon_read_only(data_dir: Path, sock_dir:
             assert (await conn.result("graph.stats", {}))["nodes"] == 0
             stats = await conn.result("sys.stats", {})
             assert stats["read_only"] is True and "No space left" in stats["journal"]["failed"]
-            fake.heal()  # even with space again, no silent carrying on (DESIGN.md rule 4)
+            fake.heal()  # even with space again, no silent carrying on (the first failed write makes the journal read-only)
             assert await conn.error_kind("persistent.remember", {"key": "later", "value": 3}) == "read_only"
             assert await conn.result("episodic.log", {"session_id": "s", "agent_role": "r", "content": "RAM still works"})
             await conn.aclose()

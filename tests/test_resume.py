@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import trio
+from eurekamem.daemon.storage.journal import Journal, JournalWriteError
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from fakefiles import FakeFiles
-from eurekamem.daemon.storage.journal import Journal, JournalWriteError
 
 J = "/j"
 
@@ -140,18 +140,28 @@ async def test_sys_resume_under_fsync_batch_snapshots_what_was_acknowledged(data
     with trio.fail_after(IO_TIMEOUT):
         async with running_daemon(data_dir, sock, fs=fake, fsync="batch", batch_interval=0.02) as daemon:
             conn = await RawConnection.open(sock)
+            journal_actor = daemon.journal_actor
+            failed = trio.Event()
+            set_failed = journal_actor._set_failed
+
+            def failing(reason: str) -> None:
+                set_failed(reason)
+                failed.set()
+
+            journal_actor._set_failed = failing  # type: ignore[method-assign]
             fake.fail("sync", errno.EIO)
             await conn.result("persistent.remember", _remember("acked", 1))  # acknowledged, not yet synced
-            while not (await conn.result("sys.stats", {}))["read_only"]:  # the periodic fsync fails
-                await trio.sleep(0.01)
+            await failed.wait()  # the periodic fsync failed
+            assert (await conn.result("sys.stats", {}))["read_only"] is True
             assert await conn.error_kind("persistent.remember", _remember("lost", 2)) == "read_only"
             fake.heal()
             resumed = await conn.result("sys.resume", {})
             assert resumed["resumed"] is True and resumed["cut_records"] == 1 and "snapshot_seq" in resumed
             await conn.result("persistent.remember", _remember("later", 3))
-            await conn.result("sys.ping", {})
-            while fake.stats["datasync"] and daemon.journal_actor._unsynced:  # let the batch fsync run
-                await trio.sleep(0.01)
+            # the fsync that fsync=batch runs within batch_interval: run now in the writer thread
+            # unless the periodic one already did (either way "later" is on disk before the crash)
+            await journal_actor.run_exclusive(journal_actor._sync_if_unsynced)
+            assert fake.stats["datasync"]
             await conn.aclose()
             daemon.snapshot = _no_snapshot
         async with running_daemon(data_dir, sock, fs=fake.crash()):

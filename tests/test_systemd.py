@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from eurekamem.cli.main import main as cli_main
+from eurekamem.daemon import systemd as sd
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from daemon_process import DaemonProcess
-from eurekamem.daemon import systemd as sd
-from eurekamem.cli.main import main as cli_main
 
 
 class NotifiedDaemon(DaemonProcess):
@@ -53,7 +53,7 @@ class NotifiedDaemon(DaemonProcess):
         )
         return [sys.executable, "-c", wrapper, str(self.listen_fd), *argv]
 
-    def start(self, expect_ready: bool = False) -> "NotifiedDaemon":
+    def start(self, expect_ready: bool = False) -> NotifiedDaemon:
         env = {k: v for k, v in os.environ.items() if k not in ("EUREKAMEM_SOCKET", "EUREKACLAW_DIR", "NOTIFY_SOCKET")}
         env.update(self.extra_env)
         self.log = []
@@ -75,7 +75,7 @@ class NotifyListener:
         self.sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.messages: list[dict[str, str]] = []
 
-    async def bind(self) -> "NotifyListener":
+    async def bind(self) -> NotifyListener:
         await self.sock.bind(str(self.path))
         return self
 

@@ -8,7 +8,6 @@ import struct
 
 import numpy as np
 import pytest
-
 from eurekamem.daemon.memory.vectors import VectorStore
 
 

@@ -16,6 +16,11 @@ in time, so either order is a correct one, as in any database); on one connectio
 itself holds a tier-4 request until that connection's earlier writes (and, for a write, its earlier
 reads) are answered (protocol/_connection.py), so a client sees its own writes in order. Writes
 never overtake each other.
+
+Ownership: whoever holds the state lock owns the state (a trio task of this actor, or the worker
+thread it awaits meanwhile). The embedding threads never touch it: they get the texts and give
+back vectors and timings as the return value of `trio.to_thread.run_sync`. sys.stats reads what
+`_publish` copied under the lock after each batch and internal call, never the state itself.
 """
 
 from __future__ import annotations
@@ -26,8 +31,10 @@ import os
 import re
 import secrets
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import msgspec
 import trio
@@ -40,10 +47,10 @@ from eurekamem.daemon.memory.state import (
     query_to_embed,
 )
 from eurekamem.daemon.memory.vectors import VectorStore
-from eurekamem.daemon.primitives import PendingSync
+from eurekamem.daemon.primitives import Histogram, PendingSync
 from eurekamem.daemon.storage.files import RealFiles, atomic_write
 from eurekamem.daemon.tier import MAX_BATCH, Internal, TierActor, Work
-from eurekamem.protocol import Call, ProtocolError
+from eurekamem.protocol import Call, Memory, ProtocolError
 
 log = logging.getLogger("eurekamem.memory")
 
@@ -58,8 +65,17 @@ INLINE_CHECK_ITEMS = 64
 
 class MemoryActor(TierActor):
     ARRIVAL_ORDER = False  # reads run beside a write that is still embedding (see above)
+    state: MemoryState
+
     def __init__(self, state: MemoryState, journal: Any, root: Path) -> None:
         super().__init__(state, journal)
+        # fixed for the state's life, so the embedding threads need not read the state for them
+        self.embedder = state.embedder
+        self.model = state.model
+        self.query_embedding_time = Histogram()  # trio's: fed by what the query pipeline's thread returns
+        self._timings: dict[str, Histogram] = {}
+        self._lexical_from = state.lexical_from
+        self._publish()
         self.root = root
         self.files_written = 0
         self.projection_errors = 0
@@ -74,6 +90,12 @@ class MemoryActor(TierActor):
 
     def queue_length(self) -> int:
         return super().queue_length() + self.writes_waiting
+
+    def _publish(self) -> None:
+        """Copy what sys.stats shows of the state; called with the state lock held (or before run)."""
+        super()._publish()
+        self._timings = {mode: histogram.copy() for mode, histogram in self.state.search_time.items()}
+        self._lexical_from = self.state.lexical_from
 
     async def run(self) -> None:
         write_send, write_recv = trio.open_memory_channel[list[Work]](math.inf)
@@ -126,10 +148,8 @@ class MemoryActor(TierActor):
                 if items <= INLINE_CHECK_ITEMS:  # a few hashes and lookups: cheaper here than a thread hop
                     passages, queries = self.state.texts_to_embed(calls)
                 else:
-                    passages, queries = await self._call_on_state(lambda state: state.texts_to_embed(calls))
-            embedded = (
-                await trio.to_thread.run_sync(self._embed_texts, passages, queries) if passages or queries else (Prepared(), None)
-            )
+                    passages, queries = await self._call_on_state(partial(MemoryState.texts_to_embed, calls=calls))
+            embedded = await self._embedded_for(passages, queries)
             try:
                 await self._run_embedded(batch, embedded)
             finally:
@@ -139,9 +159,19 @@ class MemoryActor(TierActor):
         """Reads that need a query embedded: embed (no lock held), then run with the state."""
         async for first in recv:
             batch = _with_waiting(first, recv)
-            queries = list(dict.fromkeys(query_to_embed(work.call) for work in batch))
-            embedded = await trio.to_thread.run_sync(self._embed_texts, [], queries)
+            queries = [q for q in dict.fromkeys(query_to_embed(work.call) for work in batch) if q is not None]
+            embedded = await self._embedded_for([], queries)
             await self._run_embedded(batch, embedded)
+
+    async def _embedded_for(self, passages: list[str], queries: list[str]) -> tuple[Prepared, str | None]:
+        """Embed in a worker thread; the query timing it hands back is recorded here, in trio."""
+        if not (passages or queries):
+            return Prepared(), None
+        prepared, error, each_query_us = await trio.to_thread.run_sync(self._embed_texts, passages, queries)
+        if each_query_us is not None:
+            for _ in queries:
+                self.query_embedding_time.add(each_query_us)
+        return prepared, error
 
     async def _run_embedded(self, batch: list[Work], embedded: tuple[Prepared, str | None]) -> None:
         """Run a batch on the state with the embeddings a pipeline computed for it."""
@@ -152,10 +182,12 @@ class MemoryActor(TierActor):
             finally:
                 self._embedded = None
 
-    def _embed_texts(self, passages: list[str], queries: list[str]) -> tuple[Prepared, str | None]:
-        """Runs in a worker thread without the state: the embedder is thread-safe."""
+    def _embed_texts(self, passages: list[str], queries: list[str]) -> tuple[Prepared, str | None, float | None]:
+        """Runs in a worker thread and touches neither the state nor the actor: the embedder is
+        thread-safe; returns the vectors, an error, and each query's embedding time (us)."""
         prepared = Prepared()
-        embedder = self.state.embedder
+        embedder = self.embedder
+        each: float | None = None
         try:
             if passages:
                 prepared.passages = dict(zip(passages, embedder.embed_passages(passages)))
@@ -163,12 +195,10 @@ class MemoryActor(TierActor):
                 started = time.perf_counter_ns()
                 prepared.queries = dict(zip(queries, embedder.embed_queries(queries)))
                 each = (time.perf_counter_ns() - started) / 1000 / len(queries)
-                for _ in queries:  # only this pipeline embeds queries: no other thread adds meanwhile
-                    self.state.query_embedding_time.add(each)
         except Exception as exc:  # the embedder failed: calls that need it answer `unavailable`
             log.error("embedding failed: %s", exc)
-            return Prepared(), f"the embedder {self.state.model} failed: {exc}"
-        return prepared, None
+            return Prepared(), f"the embedder {self.model} failed: {exc}", None
+        return prepared, None, each
 
     async def handle_calls(self, calls: list[Call]) -> list[Any]:
         return await trio.to_thread.run_sync(self._process, calls, self._embedded)
@@ -177,7 +207,7 @@ class MemoryActor(TierActor):
         return await trio.to_thread.run_sync(fn, self.state)
 
     def _process(self, calls: list[Call], embedded: tuple[Prepared, str | None] | None = None) -> list[Any]:
-        state: MemoryState = self.state
+        state = self.state
         if embedded is None:
             try:
                 prepared = state.prepare(calls)
@@ -235,13 +265,12 @@ class MemoryActor(TierActor):
 
     async def reembed_some(self) -> int:
         """Embed up to REEMBED_BATCH memories that lack a vector of the current model."""
-        state: MemoryState = self.state
-        todo = await self.run_internal(lambda s: [s.memories[i] for i in s.missing_vectors(REEMBED_BATCH)])
+        todo: list[Memory] = await self.run_internal(lambda s: [s.memories[i] for i in s.missing_vectors(REEMBED_BATCH)])
         if not todo:
             return 0
         from eurekamem.daemon.memory.state import embed_text
 
-        vectors = await trio.to_thread.run_sync(state.embedder.embed_passages, [embed_text(m.title, m.content) for m in todo])
+        vectors = await trio.to_thread.run_sync(self.embedder.embed_passages, [embed_text(m.title, m.content) for m in todo])
 
         def commit(s: MemoryState) -> int:
             done = 0
@@ -270,14 +299,18 @@ class MemoryActor(TierActor):
         remove_unnamed_vector_files(vectors_dir, {doc.vectors_stem, doc.previous_stem} - {""})
 
     def statistics(self) -> dict[str, Any]:
+        """memory.* in sys.stats: the actor's counters and what _publish copied (never the state).
+        `search` is memory.search's own time (index, BM25, fusion), `query_embedding` the query's
+        embedding (per query, before the search runs), in microseconds."""
         return {
             "files_written": self.files_written,
             "projection_errors": self.projection_errors,
             "reembedded": self.reembedded,
-            "model": self.state.model,
+            "model": self.model,
             "writes_waiting": self.writes_waiting,
-            "lexical_index_from": self.state.lexical_from,  # "snapshot", "rebuilt" (from the texts) or "new"
-            **self.state.timings(),
+            "lexical_index_from": self._lexical_from,  # "snapshot", "rebuilt" (from the texts) or "new"
+            "search": {mode: histogram.summary() for mode, histogram in self._timings.items()},
+            "query_embedding": self.query_embedding_time.summary(),
         }
 
 

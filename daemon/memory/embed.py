@@ -31,7 +31,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Literal
 
 import msgspec
 import numpy as np
@@ -181,7 +181,7 @@ class Embedder(abc.ABC):
                 ) from e
             self._loaded = True
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a no-op by default: only network embedders hold something
         """Release what `load` acquired (network clients); a later call loads again."""
 
     @abc.abstractmethod
@@ -252,7 +252,7 @@ class Usem3Embedder(Embedder):
     thresholds = USEM3_THRESHOLDS
     batch = 64
 
-    def __init__(self, threads: Optional[int] = None, batch: int = 64) -> None:
+    def __init__(self, threads: int | None = None, batch: int = 64) -> None:
         super().__init__()
         self.threads = threads if threads else 1
         self.batch = batch
@@ -290,7 +290,7 @@ class E5SmallEmbedder(Embedder):
     batch = 16
 
     def __init__(
-        self, num_threads: Optional[int] = None, batch: int = 16, omp_wait_policy: Optional[str] = "PASSIVE"
+        self, num_threads: int | None = None, batch: int = 16, omp_wait_policy: str | None = "PASSIVE"
     ) -> None:
         super().__init__()
         self.num_threads = num_threads
@@ -336,19 +336,19 @@ class OpenAIEmbedder(Embedder):
         base_url: str,
         model: str,
         api_key_env: str = "EUREKAMEM_EMBED_API_KEY",
-        dim: Optional[int] = None,
+        dim: int | None = None,
         timeout: float = 30,
         max_retries: int = 4,
         batch: int = 64,
         *,
-        thresholds: Optional[Thresholds] = None,
+        thresholds: Thresholds | None = None,
         query_prefix: str = "",
         passage_prefix: str = "",
         backoff: float = 0.5,
         max_backoff: float = 30.0,
         sleep: Callable[[float], Any] = time.sleep,
-        seed: Optional[int] = None,
-        headers: Optional[Mapping[str, str]] = None,
+        seed: int | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
@@ -411,7 +411,7 @@ class OpenAIEmbedder(Embedder):
             texts = [prefix + t for t in texts]
         return self._post(self._client, texts)
 
-    def _delay(self, attempt: int, retry_after: Optional[float]) -> float:
+    def _delay(self, attempt: int, retry_after: float | None) -> float:
         ceiling = min(self.max_backoff, self.backoff * (2**attempt))
         with self._rng_lock:
             delay = ceiling / 2 + self._rng.uniform(0, ceiling / 2)
@@ -426,7 +426,7 @@ class OpenAIEmbedder(Embedder):
         attempts = self.max_retries + 1
         problem = ""
         for attempt in range(attempts):
-            retry_after: Optional[float] = None
+            retry_after: float | None = None
             try:
                 response = client.post(self.url, json=payload)
             except httpx.TimeoutException as e:
@@ -463,7 +463,7 @@ class OpenAIEmbedder(Embedder):
             raise EmbedderError(f"{where} has no 'data' list: {_snippet(response)}")
         if len(data) != count:
             raise EmbedderError(f"{where}: asked for {count} embeddings, got {len(data)}")
-        vectors: list[Optional[np.ndarray]] = [None] * count
+        vectors: list[np.ndarray | None] = [None] * count
         for pos, item in enumerate(data):
             if not isinstance(item, dict) or "embedding" not in item:
                 raise EmbedderError(f"{where}: item {pos} has no 'embedding'")
@@ -477,7 +477,7 @@ class OpenAIEmbedder(Embedder):
         if self.dim is None:
             with self._dim_lock:
                 if self.dim is None:
-                    self.dim = len(vectors[0])  # type: ignore[arg-type]
+                    self.dim = len(vectors[0])
         for i, v in enumerate(vectors):
             assert v is not None
             if len(v) != self.dim:
@@ -513,7 +513,7 @@ def _snippet(response: Any, limit: int = 200) -> str:
     return text[:limit] + ("…" if len(text) > limit else "") if text else "<empty body>"
 
 
-def _retry_after(response: Any) -> Optional[float]:
+def _retry_after(response: Any) -> float | None:
     value = response.headers.get("retry-after")
     if value is None:
         return None
@@ -541,9 +541,6 @@ def make_embedder(name: str, **options: Any) -> Embedder:
     raise ValueError(f"unknown embedder {name!r}; known: {', '.join(EMBEDDERS)}")
 
 
-_embedders: dict[str, Any] = {}
-
-
 def preload_embedder(embedder: Any) -> None:
     """Load the model now rather than at the first request that needs it; a failure is logged
     (the requests that need the model then answer `unavailable`, and each one tries again)."""
@@ -552,13 +549,5 @@ def preload_embedder(embedder: Any) -> None:
     except EmbedderError as exc:
         log.error("the embedder could not be loaded (tier 4 answers `unavailable` where it needs it): %s", exc)
 
-
-def shared_embedder(name: str, options: dict[str, Any]) -> Any:
-    """One embedder per model and options in a process (models are large and slow to load)."""
-    key = name + repr(sorted(options.items()))
-    embedder = _embedders.get(key)
-    if embedder is None:
-        embedder = _embedders[key] = make_embedder(name, **options)
-    return embedder
 
 

@@ -86,7 +86,7 @@ def _yaml_scalar(value: Any) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     text = str(value)
-    if text and _PLAIN.match(text) and text.strip() == text and not text[0] in "-?!&*'\"" and text.lower() not in ("true", "false", "null", "yes", "no", "~"):
+    if text and _PLAIN.match(text) and text.strip() == text and text[0] not in "-?!&*'\"" and text.lower() not in ("true", "false", "null", "yes", "no", "~"):
         return text
     return json.dumps(text, ensure_ascii=False)  # a JSON string is a valid YAML double-quoted scalar
 

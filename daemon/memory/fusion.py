@@ -10,26 +10,22 @@ k = 60 as in Cormack et al. (2009). Order: fused score descending, then the best
 rank the label has in any list with a positive weight, then the label ascending. A list missing
 from `weights` weighs 1.0; a list of weight 0 still reports its ranks but adds nothing (labels
 only it contains are left out).
-
-The largest possible fused score is ``max_score(weights, names, k)`` (rank 1 everywhere), so a
-caller can map scores to [0, 1] and let users set a floor.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Optional
+from collections.abc import Mapping, Sequence
 
-__all__ = ["fuse", "max_score"]
+__all__ = ["fuse"]
 
 
 def fuse(
     rankings: Mapping[str, Sequence[int]],
-    weights: Optional[Mapping[str, float]] = None,
+    weights: Mapping[str, float] | None = None,
     *,
     k: int = 60,
-    limit: Optional[int] = None,
-) -> list[tuple[int, float, dict[str, Optional[int]]]]:
+    limit: int | None = None,
+) -> list[tuple[int, float, dict[str, int | None]]]:
     """[(label, fused_score, {list name: 1-based rank or None}), ...] best first, at most `limit`."""
     if k < 0:
         raise ValueError(f"k must be >= 0, not {k}")
@@ -58,9 +54,5 @@ def fuse(
     # the rank table only for the labels returned
     return [(lab, scores[lab], {name: first_ranks[name].get(lab) for name in names}) for lab in order]
 
-
-def max_score(weights: Mapping[str, float], names: Iterable[str], k: int = 60) -> float:
-    """The fused score of a label ranked first in every one of `names` (the upper bound)."""
-    return sum(float(weights.get(name, 1.0)) for name in names) / (k + 1)
 
 

@@ -47,7 +47,6 @@ import math
 import re
 from collections import Counter
 from collections.abc import Iterable
-from typing import Optional, Union
 
 import msgspec
 import numpy as np
@@ -178,19 +177,19 @@ class _Postings:
 class LexicalIndex:
     """BM25 (Okapi, Lucene's idf) over one text per label. See the module docstring."""
 
-    def __init__(self, k1: float = 1.2, b: float = 0.75, *, stop_words: Optional[Iterable[str]] = None) -> None:
+    def __init__(self, k1: float = 1.2, b: float = 0.75, *, stop_words: Iterable[str] | None = None) -> None:
         self.k1 = float(k1)
         self.b = float(b)
         self.stop_words = STOP_WORDS if stop_words is None else frozenset(stop_words)
         # per term id
         self._vocab: dict[str, int] = {}
-        self._post: list[Optional[_Postings]] = []
+        self._post: list[_Postings | None] = []
         self._df = np.zeros(1024, dtype=np.int64)  # live documents containing the term
         # per internal document id
         self._doc_label = np.zeros(1024, dtype=np.int64)
         self._doc_len = np.zeros(1024, dtype=np.float32)
         self._doc_live = np.zeros(1024, dtype=bool)
-        self._doc_terms: list[Optional[np.ndarray]] = []  # unique term ids of each document
+        self._doc_terms: list[np.ndarray | None] = []  # unique term ids of each document
         self._n_docs = 0  # ids handed out
         self._n_dead = 0
         # per label
@@ -198,7 +197,7 @@ class LexicalIndex:
         self._hi = 0
         self._count = 0
         self._total_len = 0.0
-        self._norm: Optional[np.ndarray] = None  # k1 * (1 - b + b * len / avgdl) per document id
+        self._norm: np.ndarray | None = None  # k1 * (1 - b + b * len / avgdl) per document id
         self._pruned = 0  # searches that skipped scanning some postings
 
     # -- basics ---------------------------------------------------------------------------
@@ -261,7 +260,7 @@ class LexicalIndex:
         )
 
     @classmethod
-    def restore(cls, dump: LexicalDump) -> "LexicalIndex":
+    def restore(cls, dump: LexicalDump) -> LexicalIndex:
         """The index that `dump` was made of. ValueError when the dump is from another tokenizer
         or other BM25 parameters, or its arrays do not fit together."""
         if dump.tokenizer != TOKENIZER_VERSION:
@@ -292,7 +291,7 @@ class LexicalIndex:
         ix._vocab = {term: i for i, term in enumerate(dump.vocab)}
         ends = np.cumsum(post_n).tolist()
         starts = [0] + ends[:-1]
-        posts: list[Optional[_Postings]] = [None] * n_terms
+        posts: list[_Postings | None] = [None] * n_terms
         for tid, (start, end, dead, max_tf) in enumerate(zip(starts, ends, post_dead.tolist(), post_max_tf.tolist())):
             if end > start:
                 p = _Postings.__new__(_Postings)
@@ -423,7 +422,7 @@ class LexicalIndex:
     # -- search ---------------------------------------------------------------------------
 
     def search(
-        self, query: str, k: int, allowed: Optional[np.ndarray] = None
+        self, query: str, k: int, allowed: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """The k best labels for `query` by BM25 and their scores (float32), best first.
 
@@ -452,7 +451,7 @@ class LexicalIndex:
                 terms.append((idf * (k1 + 1.0), p))
         if not terms:
             return empty
-        ok_label: Optional[np.ndarray] = None
+        ok_label: np.ndarray | None = None
         if allowed is not None:
             a = np.asarray(allowed, dtype=np.int64).reshape(-1)
             a = a[(a >= 0) & (a < self._hi)]
@@ -469,7 +468,7 @@ class LexicalIndex:
         scores = np.zeros(self._n_docs, dtype=np.float32)
         touched: list[np.ndarray] = []
         touched_n = 0
-        cand: Optional[np.ndarray] = None
+        cand: np.ndarray | None = None
         i = 0
         while i < len(terms):
             c, p = terms[i]
@@ -523,7 +522,7 @@ class LexicalIndex:
             return _unique(np.concatenate(touched))
         return np.flatnonzero(scores > 0)  # 10x faster than on the floats themselves (numpy 2.4)
 
-    def _eligible(self, docs: np.ndarray, ok_label: Optional[np.ndarray]) -> np.ndarray:
+    def _eligible(self, docs: np.ndarray, ok_label: np.ndarray | None) -> np.ndarray:
         """The live documents among `docs` whose labels are allowed."""
         docs = docs[self._doc_live[docs]]
         if ok_label is not None:
@@ -646,7 +645,7 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-def _grown(a: np.ndarray, cap: int, fill: Union[int, bool]) -> np.ndarray:
+def _grown(a: np.ndarray, cap: int, fill: int | bool) -> np.ndarray:
     out = np.full(max(cap, a.shape[0]), fill, dtype=a.dtype)
     out[: a.shape[0]] = a
     return out

@@ -14,9 +14,11 @@ import logging
 import math
 import time
 import uuid
+import weakref
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
-from typing import Any, Callable
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -35,7 +37,7 @@ from eurekamem.daemon.memory.fusion import fuse
 from eurekamem.daemon.memory.lexical import LexicalDump, LexicalIndex
 from eurekamem.daemon.memory.vectors import VectorStore
 from eurekamem.daemon.primitives import Histogram
-from eurekamem.daemon.tier import TierState, Undo
+from eurekamem.daemon.tier import HANDLERS, TierState, Undo, handles
 from eurekamem.protocol import Memory, ProtocolError, normalize_timestamp, now_rfc3339
 from eurekamem.protocol import _methods as m
 from eurekamem.protocol._records import MEMORY_CATEGORIES
@@ -190,19 +192,6 @@ class FilterColumns:
         return np.flatnonzero(mask).astype(np.int64)
 
 
-_DENSE_SEARCHER: ThreadPoolExecutor | None = None
-
-
-def _dense_searcher() -> ThreadPoolExecutor:
-    """One thread that runs a hybrid search's hnswlib query while the caller's thread runs BM25.
-    Safe because both run inside one batch of the memory actor: nothing adds to the VectorStore
-    meanwhile (hnswlib must not search while it adds)."""
-    global _DENSE_SEARCHER
-    if _DENSE_SEARCHER is None:
-        _DENSE_SEARCHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dense-search")
-    return _DENSE_SEARCHER
-
-
 def lexical_depth(k: int, w_lexical: float, w_others: float) -> int:
     """How deep BM25's ranking must be read for the fused top k (at most FETCH). Exact, not a
     heuristic: BM25's own top k each get at least w_lexical / (RRF_K + k) from it, so the k-th
@@ -277,7 +266,23 @@ class MemoryState(TierState):
         self._prepared = Prepared()
         # every search's own time (memory.search, memory.inject with a query), by mode
         self.search_time = {mode: Histogram() for mode in ("hybrid", "dense", "lexical")}
-        self.query_embedding_time = Histogram()
+        self._active = 0  # memories whose status is active, kept by _put / _purge / load_snapshot
+        self._dense_pool: ThreadPoolExecutor | None = None  # see _dense_searcher
+
+    def _dense_searcher(self) -> ThreadPoolExecutor:
+        """This state's one thread that runs a hybrid search's hnswlib query while the caller's thread
+        runs BM25. Safe because both run inside one batch of the memory actor: nothing adds to the
+        VectorStore meanwhile (hnswlib must not search while it adds), and the batch waits for it."""
+        if self._dense_pool is None:
+            self._dense_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dense-search")
+            weakref.finalize(self, self._dense_pool.shutdown, wait=False)
+        return self._dense_pool
+
+    def close(self) -> None:
+        """Stop the dense-search thread (the actor, when it stops; a later search starts another)."""
+        pool, self._dense_pool = self._dense_pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     # --- preparing a batch (embeddings) --------------------------------------------------------------
 
@@ -315,28 +320,16 @@ class MemoryState(TierState):
             rows = self.embedder.embed_passages(passages)
             prepared.passages = dict(zip(passages, rows))
         if queries:
-            started = time.perf_counter_ns()
-            rows = self.embedder.embed_queries(queries)
-            each = (time.perf_counter_ns() - started) / 1000 / len(queries)
-            for _ in queries:
-                self.query_embedding_time.add(each)
-            prepared.queries = dict(zip(queries, rows))
+            prepared.queries = dict(zip(queries, self.embedder.embed_queries(queries)))
         return prepared
 
     # --- handlers ------------------------------------------------------------------------------------
 
     def run(self, name: str, params: Any, prepared: Prepared) -> Any:
         self._prepared = prepared
-        return getattr(self, "do_" + name.split(".", 1)[1])(params)
+        return HANDLERS[name].fn(self, params)
 
-    def timings(self) -> dict[str, Any]:
-        """memory.search's own time (index, BM25, fusion; the query's embedding is done before,
-        for the whole batch) and the query embedding's, per query, in microseconds."""
-        return {
-            "search": {mode: histogram.summary() for mode, histogram in self.search_time.items()},
-            "query_embedding": self.query_embedding_time.summary(),
-        }
-
+    @handles("memory.add")
     def do_add(self, p: m.MemoryAdd) -> dict[str, Any]:
         _validate_domain(p.domain)
         _check_text("title", p.title)
@@ -375,6 +368,7 @@ class MemoryState(TierState):
         self.commit(PutMemory(memory, self.model, vector.astype(np.float32).tobytes()))
         return {"decision": "created", "memory": memory}
 
+    @handles("memory.add_many")
     def do_add_many(self, p: m.MemoryAddMany) -> list[Any]:
         out: list[Any] = []
         for item in p.items:
@@ -384,9 +378,11 @@ class MemoryState(TierState):
                 out.append({"decision": "error", "memory": None, "reason": exc.message, "kind": exc.kind})
         return out
 
+    @handles("memory.get")
     def do_get(self, p: m.MemoryRef) -> Memory:
         return self._get(p.id)
 
+    @handles("memory.list")
     def do_list(self, p: m.MemoryList) -> dict[str, Any]:
         if p.domain is not None:
             ids = list(self._domains.get(domain_slug(p.domain), ()))
@@ -401,6 +397,7 @@ class MemoryState(TierState):
         chosen.sort(key=lambda mem: mem.created_at, reverse=True)
         return {"total": len(chosen), "memories": chosen[p.offset : p.offset + p.limit]}
 
+    @handles("memory.update")
     def do_update(self, p: m.MemoryUpdate) -> Memory:
         old = self._get(p.id)
         if p.title is not None:
@@ -430,6 +427,7 @@ class MemoryState(TierState):
             self.commit(PutMemory(memory, self.model_of.get(old.id, ""), self._vector_bytes(old.id)))
         return memory
 
+    @handles("memory.delete")
     def do_delete(self, p: m.MemoryDelete) -> dict[str, Any]:
         old = self._get(p.id)
         if p.purge:
@@ -444,9 +442,11 @@ class MemoryState(TierState):
             self.commit(PutMemory(archived, self.model_of.get(old.id, ""), self._vector_bytes(old.id)))
         return {"id": old.id, "status": "archived"}
 
+    @handles("memory.search")
     def do_search(self, p: m.MemorySearch) -> list[dict[str, Any]]:
         return self.search(p)
 
+    @handles("memory.inject")
     def do_inject(self, p: m.MemoryInject) -> dict[str, Any]:
         if p.query is not None:
             hits = self.search(m.MemorySearch(query=p.query, domain=p.domain, k=p.k))
@@ -503,6 +503,7 @@ class MemoryState(TierState):
         lexical_scores: dict[int, float] = {}
         fusion = FUSION.get(self.model, DEFAULT_FUSION)
         dense_error = None
+        query: np.ndarray | None = None
         if p.mode in ("hybrid", "dense") and len(self.vectors):
             try:
                 query = self._query_vector(p.query)
@@ -511,9 +512,9 @@ class MemoryState(TierState):
                     raise
                 query, dense_error = None, exc.message  # hybrid degrades to lexical, and says so
         dense: Any = None  # the dense side's (labels, scores), or a future of them
-        if p.mode in ("hybrid", "dense") and len(self.vectors) and dense_error is None:
+        if query is not None and dense_error is None:  # hybrid or dense, over a non-empty index
             if p.mode == "hybrid":  # hnswlib runs without the GIL: beside BM25, on another core
-                dense = _dense_searcher().submit(self.vectors.search, query, FETCH, allowed)
+                dense = self._dense_searcher().submit(self.vectors.search, query, FETCH, allowed)
             else:
                 dense = self.vectors.search(query, FETCH, allowed)
             rankings["dense"] = []  # filled below; the lists keep this order
@@ -567,6 +568,7 @@ class MemoryState(TierState):
         return out
 
     def _previous_dense(self, query: str, allowed: np.ndarray | None, mode: str) -> list[tuple[int, float]]:
+        assert self.previous is not None  # the caller checked
         model, store, embedder = self.previous
         key = ("unembedded", self._version)
         waiting = self._allowed_cache.get(key)
@@ -604,7 +606,7 @@ class MemoryState(TierState):
             slug=key[0],
             include_global=p.include_global,
             status=p.status,
-            categories=p.categories,
+            categories=list(p.categories) if p.categories is not None else None,
             scope=p.scope,
             min_confidence=p.min_confidence,
         )
@@ -762,6 +764,7 @@ class MemoryState(TierState):
             self._label[memory.id] = label
             self._id_of[label] = memory.id
         self.memories[memory.id] = memory
+        self._active += (memory.status == "active") - (old is not None and old.status == "active")
         self.columns.set(label, memory, slug)
         self._domains.setdefault(slug, {})[memory.id] = None
         if memory.scope == "global":
@@ -793,6 +796,7 @@ class MemoryState(TierState):
         old = self.memories.pop(memory_id, None)
         if old is None:
             return
+        self._active -= old.status == "active"
         self._unindex(old)
         self.removed_files[old.file] = None
         self.model_of.pop(memory_id, None)
@@ -827,10 +831,9 @@ class MemoryState(TierState):
     # --- snapshots and projection --------------------------------------------------------------------
 
     def counts(self) -> dict[str, int]:
-        active = sum(1 for mem in self.memories.values() if mem.status == "active")
         return {
             "memories": len(self.memories),
-            "active": active,
+            "active": self._active,
             "domains": len(self._domains),
             "vectors": len(self.vectors),
             "unembedded": len(self._unembedded),
@@ -872,13 +875,9 @@ class MemoryState(TierState):
         for slug in domains:
             self.dirty_domains[slug] = None
 
-    def mark_all_dirty(self) -> None:
-        for memory in self.memories.values():
-            self._changed(memory)
-
     # --- the snapshot of tier 4 ------------------------------------------------------------------------
 
-    def snapshot_document(self) -> "MemorySnapshot":
+    def snapshot_document(self) -> MemorySnapshot:
         return MemorySnapshot(
             model=self.model,
             memories=list(self.memories.values()),
@@ -895,7 +894,7 @@ class MemoryState(TierState):
 
     def load_snapshot(
         self,
-        doc: "MemorySnapshot",
+        doc: MemorySnapshot,
         vectors: VectorStore | None,
         previous: tuple[str, VectorStore, Any] | None = None,
         previous_stem: str = "",
@@ -909,7 +908,7 @@ class MemoryState(TierState):
             if previous[1].fingerprint() == expected:
                 self.previous = previous
                 self.previous_stem = previous_stem
-        if usable:
+        if usable and vectors is not None:
             self.vectors = vectors
             self.vectors_stem = doc.stem()
             self.saved_fingerprint = doc.vectors_fingerprint
@@ -935,13 +934,14 @@ class MemoryState(TierState):
             self._files[memory.file] = memory.id
             if memory.status == "active":
                 self._fingerprints[(slug, memory.fingerprint)] = memory.id
+                self._active += 1
             has_vector = usable and label in self.vectors
             self._set_model(memory.id, doc.models.get(memory.id, "") if has_vector else "")
         self.columns.set_many(column_labels, doc.memories, column_slugs)
         self.lexical, self.lexical_from = self._restored_lexical(doc)
         self._version += 1
 
-    def _restored_lexical(self, doc: "MemorySnapshot") -> tuple[LexicalIndex, str]:
+    def _restored_lexical(self, doc: MemorySnapshot) -> tuple[LexicalIndex, str]:
         """The snapshot's lexical index if it is there and holds exactly its memories, else one
         built from the texts (an older snapshot, another tokenizer)."""
         if doc.lexical is not None:
@@ -973,7 +973,7 @@ class MemoryState(TierState):
             confidence = 0.8
         if confidence != confidence:  # NaN
             confidence = 0.8
-        fallback = _dt.datetime.fromtimestamp(mtime, _dt.timezone.utc).isoformat()
+        fallback = _dt.datetime.fromtimestamp(mtime, _dt.UTC).isoformat()
         try:
             created = normalize_timestamp(fields.get("created_at"))
         except (TypeError, ValueError):

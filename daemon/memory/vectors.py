@@ -17,7 +17,7 @@ matrix for the rows returned), best first, ties broken by the smaller label. ``a
 of labels, e.g. the labels of one domain) restricts the answer. A small allowed set is searched
 exactly with numpy (perfect recall, cost linear in its size: about 0.2 us a row); a large one
 through hnswlib, whose cost grows as the allowed fraction shrinks. The two costs cross near
-sqrt(1000 * n) allowed rows (bench/benchdaemon/memory/vectors.py), so by default a set of at most
+sqrt(1000 * n) allowed rows (bench/bench_vectors.py), so by default a set of at most
 max(1000, sqrt(1000 * n)) live labels goes exact; ``filter_exact_max`` fixes the limit instead.
 Through hnswlib, a set of at least ``OVERFETCH_MIN_FRACTION`` (20 %) of the labels over-fetches:
 it asks for 1.5 k / fraction unfiltered results with ef scaled by 1 / fraction (the recall of an
@@ -70,7 +70,6 @@ import secrets
 import struct
 import zlib
 from collections.abc import Iterator
-from typing import Optional, Union
 
 import hnswlib
 import numpy as np
@@ -151,7 +150,7 @@ class VectorStore:
         ef_construction: int = 200,
         ef_search: int = 64,
         initial_capacity: int = 1024,
-        filter_exact_max: Optional[int] = None,
+        filter_exact_max: int | None = None,
         exact_max: int = 1_000,
         num_threads: int = -1,
     ) -> None:
@@ -228,7 +227,7 @@ class VectorStore:
 
     # -- writes ---------------------------------------------------------------------------
 
-    def add(self, labels: Union[np.ndarray, list[int]], vectors: np.ndarray) -> None:
+    def add(self, labels: np.ndarray | list[int], vectors: np.ndarray) -> None:
         """Insert or replace vectors. `labels`: int64 (n,); `vectors`: (n, dim) or (dim,) for n=1.
 
         Vectors are stored normalised; zero, NaN or infinite vectors are refused (ValueError,
@@ -334,7 +333,7 @@ class VectorStore:
     # -- search ---------------------------------------------------------------------------
 
     def search(
-        self, query: np.ndarray, k: int, allowed: Optional[np.ndarray] = None
+        self, query: np.ndarray, k: int, allowed: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """The k labels nearest to `query` (cosine) and their similarities, best first.
 
@@ -358,7 +357,7 @@ class VectorStore:
         return self._approx(q, k, rows)
 
     def exact_search(
-        self, query: np.ndarray, k: int, allowed: Optional[np.ndarray] = None
+        self, query: np.ndarray, k: int, allowed: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """Brute-force search over the matrix (perfect recall; for checks and small sets)."""
         q = self._query(query)
@@ -383,7 +382,7 @@ class VectorStore:
         a = a[(a >= 0) & (a < self._hi)]
         return _unique(a[self._live[a]])
 
-    def _exact(self, q: np.ndarray, k: int, rows: Optional[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    def _exact(self, q: np.ndarray, k: int, rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         if rows is None:
             rows = np.flatnonzero(self._live[: self._hi])
         rows = rows.astype(np.int64, copy=False)
@@ -405,13 +404,13 @@ class VectorStore:
         order = np.lexsort((labels, -scores))[:k]
         return labels[order], scores[order].astype(np.float32, copy=False)
 
-    def _approx(self, q: np.ndarray, k: int, rows: Optional[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    def _approx(self, q: np.ndarray, k: int, rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         n = self._count
         want = min(k, n if rows is None else rows.size)
         allowed_fn = None
         fetch, ef = want, self.ef_for(n)
         base = ef
-        mask: Optional[np.ndarray] = None
+        mask: np.ndarray | None = None
         if rows is not None:
             mask = np.zeros(self._hi, dtype=bool)
             mask[rows] = True
@@ -505,9 +504,9 @@ class VectorStore:
         *,
         dim: int,
         model: str,
-        expected_fingerprint: Optional[str] = None,
+        expected_fingerprint: str | None = None,
         **params: int,
-    ) -> Optional["VectorStore"]:
+    ) -> VectorStore | None:
         """The store saved as `stem` in `directory`, or None (logged) when it cannot be trusted.
 
         None when ``<stem>.vectors`` is missing, unreadable, damaged (magic, version, checksums,

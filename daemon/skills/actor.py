@@ -24,8 +24,9 @@ import json
 import logging
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import msgspec
 import trio
@@ -56,6 +57,10 @@ class SkillsActor(TierActor):
     def __init__(self, state: SkillsState, journal: Any, root: Path, *, projection_interval: float = 1.0) -> None:
         super().__init__(state, journal)
         self.state: SkillsState = state
+        # fixed for the state's life: the embedding thread and statistics need not read the state for them
+        self.embedder = state.embedder
+        self.model = state.model
+        self._search_time = state.search_time.copy()  # published by _publish, after each batch
         self.root = root
         self.projection_interval = projection_interval
         self.files_written = 0
@@ -93,6 +98,11 @@ class SkillsActor(TierActor):
         result = fn(self.state)
         self._note_work()
         return result
+
+    def _publish(self) -> None:
+        """As the state's owner, between batches: the counts and a copy of the search histogram."""
+        super()._publish()
+        self._search_time = self.state.search_time.copy()
 
     def _note_work(self) -> None:
         """As the state's owner: wake the background task when files are owed or vectors missing."""
@@ -139,8 +149,7 @@ class SkillsActor(TierActor):
         todo = await self.run_internal(lambda state: state.missing_vectors(EMBED_BATCH))
         if not todo:
             return 0
-        embedder = self.state.embedder  # fixed for the state's life; thread-safe
-        vectors = await trio.to_thread.run_sync(embedder.embed_passages, [text for _, text in todo])
+        vectors = await trio.to_thread.run_sync(self.embedder.embed_passages, [text for _, text in todo])
         done: int = await self.run_internal(lambda state: state.set_vectors(todo, vectors))
         self.embedded += done
         return done
@@ -173,8 +182,8 @@ class SkillsActor(TierActor):
             "projection_errors": self.projection_errors,
             "embedded": self.embedded,
             "embed_failures": self.embed_failures,
-            "model": self.state.model,
-            "search": self.state.search_time.summary(),
+            "model": self.model,
+            "search": self._search_time.summary(),
         }
 
 

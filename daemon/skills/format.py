@@ -523,7 +523,7 @@ def parse_skill(text: str, name: str, *, mtime: float, draft: bool = False) -> t
     except (TypeError, ValueError):
         if created is not None:
             problems.append(f"created_at: {created!r} is not a timestamp")
-        created_at = _dt.datetime.fromtimestamp(mtime, _dt.timezone.utc).isoformat()
+        created_at = _dt.datetime.fromtimestamp(mtime, _dt.UTC).isoformat()
     source = _text(fields.get("source"), "seed").strip()
     if source not in SKILL_SOURCES:
         problems.append(f"source: {source!r} is not one of {', '.join(SKILL_SOURCES)}; read as manual")

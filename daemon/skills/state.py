@@ -36,7 +36,7 @@ from eurekamem.daemon.skills.format import (
     skill_element,
     skills_block,
 )
-from eurekamem.daemon.tier import TierState, Undo
+from eurekamem.daemon.tier import TierState, Undo, handles
 from eurekamem.protocol import ProtocolError, Skill, normalize_timestamp
 from eurekamem.protocol import _methods as m
 
@@ -115,6 +115,7 @@ class SkillsState(TierState):
 
     # --- handlers ----------------------------------------------------------------------------------------
 
+    @handles("skills.list")
     def do_list(self, p: m.SkillsList) -> list[Skill]:
         return [
             skill
@@ -124,9 +125,11 @@ class SkillsState(TierState):
             and (p.status == "any" or skill.status == p.status)
         ]
 
+    @handles("skills.get")
     def do_get(self, p: m.SkillRef) -> Skill:
         return self._get(p.name)
 
+    @handles("skills.put")
     def do_put(self, p: m.SkillsPut) -> Skill:
         check_name(p.name)
         body = clean_body(p.body)
@@ -171,6 +174,7 @@ class SkillsState(TierState):
             self.commit(PutSkill(skill, self.extra.get(p.name, "")))
         return skill
 
+    @handles("skills.record_use")
     def do_record_use(self, p: m.SkillsRecordUse) -> Skill:
         old = self._get(p.name)
         skill = msgspec.structs.replace(
@@ -179,6 +183,7 @@ class SkillsState(TierState):
         self.commit(PutSkill(skill, self.extra.get(p.name, "")))
         return skill
 
+    @handles("skills.confirm")
     def do_confirm(self, p: m.SkillRef) -> Skill:
         old = self._get(p.name)
         if old.status == "active":
@@ -187,6 +192,7 @@ class SkillsState(TierState):
         self.commit(PutSkill(skill, self.extra.get(p.name, "")))
         return skill
 
+    @handles("skills.search")
     def do_search(self, p: m.SkillsSearch) -> list[dict[str, Any]]:
         started = time.perf_counter_ns()
         try:
@@ -198,6 +204,7 @@ class SkillsState(TierState):
         finally:
             self.search_time.add((time.perf_counter_ns() - started) / 1000)
 
+    @handles("skills.inject")
     def do_inject(self, p: m.SkillsInject) -> dict[str, Any]:
         role, stage = p.agent_role, p.pipeline_stage
 
@@ -485,7 +492,7 @@ class SkillsState(TierState):
         return skill
 
     def counts(self) -> dict[str, int]:
-        """Sizes only (no walk over the skills): sys.stats reads them while a batch may be running."""
+        """Sizes only (no walk over the skills): the actor publishes them after every batch."""
         return {
             "skills": len(self.skills),
             "active": len(self.skills) - self._drafts,

@@ -2,7 +2,7 @@
 
 Rule kept here: reading never loses what a file holds — naive, offset and 'Z' timestamps are
 normalised to RFC 3339, missing ids and timestamps are filled in, duplicate edges collapse to one,
-edges to unknown nodes are kept — and a file that cannot be read at all raises ImportError_ naming
+edges to unknown nodes are kept — and a file that cannot be read at all raises SnapshotReadError naming
 the file, instead of starting with an empty tier. Writing produces the shapes EurekaClaw's own code
 writes (`json.dumps(indent=2)` of its pydantic models).
 """

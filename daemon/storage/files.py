@@ -22,7 +22,6 @@ _log = logging.getLogger("eurekamem.files")
 
 __all__ = [
     "AppendFile",
-    "FakeFiles",
     "FileLayer",
     "RealFiles",
     "atomic_write",
@@ -52,7 +51,7 @@ class AppendFile(abc.ABC):
     def close(self) -> None:
         """Close the handle; idempotent. Does not sync."""
 
-    def __enter__(self) -> "AppendFile":
+    def __enter__(self) -> AppendFile:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -200,7 +199,8 @@ def atomic_write(fs: FileLayer, path: StrPath, data: bytes | Iterable[bytes], *,
     f = fs.open_append(tmp)
     try:
         try:
-            for chunk in [data] if isinstance(data, (bytes, bytearray, memoryview)) else data:
+            chunks: Iterable[bytes] = [data] if isinstance(data, bytes) else data
+            for chunk in chunks:
                 f.write(chunk)
             if sync:
                 f.datasync()

@@ -5,10 +5,12 @@ never silently skips over damage. A torn tail (an incomplete or bad record with 
 after it, at the end of the LAST segment: a crash during a write) is cut off and logged; any other
 damage (a bad record followed by a valid one, a torn non-last segment, a gap in the sequence
 numbers) is corruption: `Journal.open` refuses with JournalCorrupt naming the file and offset,
-and `repair` backs up, then truncates. Once a write or sync fails the journal refuses all further
-writes (it never retries and carries on). A new segment counts only after its folder is fsynced.
+and `repair` backs up, then truncates; `check_segment` states that rule once for the three that
+apply it (`Journal.open`, `repair`, `eurekamem verify`). Once a write or sync fails the journal
+refuses all further writes (it never retries and carries on). A new segment counts only after its
+folder is fsynced.
 
-Layout (all integers big-endian), see DESIGN.md "Durability rules":
+Layout (all integers big-endian):
 
     segment file  <first_seq:020d>.log
     file header   magic b"EUMJRNL1" | version u16 | salt u32 | first_seq u64 | crc32 u32 (of the 22
@@ -33,7 +35,7 @@ import secrets
 import struct
 import zlib
 from collections.abc import Sequence
-from typing import Union
+from typing import Literal
 
 from eurekamem.daemon.storage.files import (
     AppendFile,
@@ -55,6 +57,7 @@ __all__ = [
     "RepairReport",
     "SegmentScan",
     "VERSION",
+    "check_segment",
     "encode_file_header",
     "encode_record",
     "repair",
@@ -102,7 +105,7 @@ _SEGMENT_RE = re.compile(r"^(\d{20})\.log$")
 Record = tuple[int, int, bytes]  # (seq, rtype, payload)
 
 
-Buffer = Union[bytes, bytearray, memoryview]
+Buffer = bytes | bytearray | memoryview
 
 
 class JournalCorrupt(Exception):
@@ -289,6 +292,41 @@ def scan_segment(data: Buffer) -> SegmentScan:
                        reason=f"{why}, but a valid record (seq {fseq}) follows at offset {found}")
 
 
+Verdict = Literal["clean", "torn_tail", "torn_header", "damaged"]
+
+
+def check_segment(name_seq: int, scan: SegmentScan, expected: int | None, last: bool) -> tuple[Verdict, int, str]:
+    """What the journal's rules make of one segment in its place: (verdict, offset, reason).
+
+    `name_seq` is the seq its file name gives, `expected` the one the previous segment ends
+    before (None for the first), `last` whether no segment follows. Verdicts:
+    - clean;
+    - torn_tail: an incomplete record at the end of the last segment (a crash during a write):
+      `Journal.open` cuts the file at `offset`;
+    - torn_header: the last segment's header is incomplete and nothing follows (a crash while it
+      was created): `Journal.open` removes the file;
+    - damaged: anything else (a gap, a bad header, a header that disagrees with the name, damage
+      with valid data after it, a torn segment that is not the last): `Journal.open` refuses, and
+      `repair` truncates at `offset` (0: moves the whole file away).
+    """
+    if expected is not None and name_seq != expected:
+        return "damaged", 0, _gap_reason(expected, name_seq)
+    if not scan.header_ok:
+        if scan.torn and last:
+            return "torn_header", 0, scan.reason
+        return "damaged", 0, scan.reason if not scan.torn else f"{scan.reason} in a segment that is not the last"
+    if scan.first_seq != name_seq:
+        reason = f"file header says first sequence number {scan.first_seq} but the file name says {name_seq}"
+        return "damaged", 0, reason
+    if scan.corrupt:
+        return "damaged", scan.valid_end, scan.reason
+    if scan.torn:
+        if not last:
+            return "damaged", scan.valid_end, f"{scan.reason} in a segment that is not the last"
+        return "torn_tail", scan.valid_end, scan.reason
+    return "clean", scan.valid_end, ""
+
+
 @dataclasses.dataclass
 class _Segment:
     name: str
@@ -352,7 +390,7 @@ class Journal:
         fs: FileLayer | None = None,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         first_seq: int = 1,
-    ) -> tuple["Journal", list[Record]]:
+    ) -> tuple[Journal, list[Record]]:
         """Open (creating if needed) the journal in `directory` and read it all.
 
         Returns the journal, positioned for appending, and every record (seq, rtype, payload)
@@ -375,30 +413,19 @@ class Journal:
             path = os.path.join(d, name)
             last = i == len(names) - 1
             name_seq = int(name[:20])
-            if expected is not None and name_seq != expected:
-                raise JournalCorrupt(path, 0, _gap_reason(expected, name_seq))
             data = fs.read_bytes(path)
             scan = scan_segment(data)
-            if not scan.header_ok:
-                if scan.torn and last:
-                    # Crash while the segment was being created: it holds no record.
-                    logger.warning("journal %s: torn file header (%s); removing the empty segment",
-                                   path, scan.reason)
-                    fs.unlink(path)
-                    fs.fsync_dir(d)
-                    expected = name_seq
-                    break
-                raise JournalCorrupt(path, 0, scan.reason if not scan.torn else
-                                     f"{scan.reason} in a segment that is not the last")
-            if scan.first_seq != name_seq:
-                raise JournalCorrupt(path, 0, f"file header says first sequence number "
-                                              f"{scan.first_seq} but the file name says {name_seq}")
-            if scan.corrupt:
-                raise JournalCorrupt(path, scan.valid_end, scan.reason)
-            if scan.torn:
-                if not last:
-                    raise JournalCorrupt(path, scan.valid_end,
-                                         f"{scan.reason} in a segment that is not the last")
+            verdict, offset, reason = check_segment(name_seq, scan, expected, last)
+            if verdict == "torn_header":
+                # Crash while the segment was being created: it holds no record.
+                logger.warning("journal %s: torn file header (%s); removing the empty segment", path, reason)
+                fs.unlink(path)
+                fs.fsync_dir(d)
+                expected = name_seq
+                break
+            if verdict == "damaged":
+                raise JournalCorrupt(path, offset, reason)
+            if verdict == "torn_tail":
                 dropped = len(data) - scan.valid_end
                 logger.warning("journal %s: torn tail at offset %d (%s); truncating %d bytes, "
                                "keeping %d records", path, scan.valid_end, scan.reason, dropped,
@@ -473,7 +500,7 @@ class Journal:
         if self._closed:
             raise ValueError("journal is closed")
 
-    def _fail(self, exc: OSError) -> "JournalWriteError":
+    def _fail(self, exc: OSError) -> JournalWriteError:
         self._error = exc
         logger.error("journal %s: write failed, journal is now read-only: %s", self._dir, exc)
         return JournalWriteError(exc)
@@ -633,7 +660,7 @@ class Journal:
         if handle is not None:
             handle.close()
 
-    def __enter__(self) -> "Journal":
+    def __enter__(self) -> Journal:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -699,7 +726,7 @@ class RepairReport:
 
 
 def _utc_stamp() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
 def _backup_path(fs: FileLayer, path: str, stamp: str) -> str:
@@ -736,18 +763,10 @@ def repair(directory: StrPath, fs: FileLayer | None = None) -> RepairReport:
         name_seq = int(name[:20])
         data = fs.read_bytes(path)
         scan = scan_segment(data)
-        cut: int | None = None  # None: fine; 0: move away whole; >0: truncate there
-        if expected is not None and name_seq != expected:
-            cut, reason = 0, _gap_reason(expected, name_seq)
-        elif not scan.header_ok:
-            if scan.torn and last:
-                break  # open removes a torn, empty last segment by itself
-            cut, reason = 0, scan.reason
-        elif scan.first_seq != name_seq:
-            cut, reason = 0, f"file header says first sequence number {scan.first_seq}"
-        elif scan.corrupt or (scan.torn and not last):
-            cut, reason = scan.valid_end, scan.reason
-        if cut is None:
+        verdict, cut, reason = check_segment(name_seq, scan, expected, last)  # cut 0: move away whole
+        if verdict == "torn_header":
+            break  # open removes a torn, empty last segment by itself
+        if verdict != "damaged":  # clean, or a torn tail that open cuts by itself
             expected = name_seq + len(scan.records)
             continue
 

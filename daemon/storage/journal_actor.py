@@ -4,12 +4,18 @@ Rule kept here: everything waiting is written with one write and covered by one 
 waiter is told "durable" before that fsync returned (policy `always`). The file work runs in one
 long-lived writer thread that takes whatever was queued while its last fsync ran, in queue order
 (consecutive writes as one group; rotate/sync/resume calls alone, between groups), so the next
-group starts the moment an fsync returns; results come back to trio with run_sync_soon. Under `batch` the fsync runs
+group starts the moment an fsync returns. Under `batch` the fsync runs
 at most `batch_interval` seconds after the write; under `off` never (until rotate or close). The
-first write or fsync error fails the journal (DESIGN.md rule 4): every later submit raises
+first write or fsync error fails the journal: every later submit raises
 JournalUnavailable and the daemon answers writes with `read_only`, never retrying on its own. Only
 `resume` (sys.resume, after an operator freed space) clears that: it cuts the journal back to its
 last sync, starts a new segment (a real write + fsync) and only then lets writes in again.
+
+Ownership: after the writer thread starts, the Journal and `_unsynced` belong to it alone, and
+the attributes trio reads (acked_seq, failed, the histogram, `facts`) are written by trio alone.
+The one hand-off each way: trio -> thread through the queue (an _Op); thread -> trio through
+`run_sync_soon` (results, fsync latencies, and a JournalFacts snapshot after every group and call,
+queued before the waiters are woken, so a woken waiter already sees the facts of its own op).
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any, Literal, NamedTuple, get_args
 
 import trio
 from eurekamem.daemon.primitives import Histogram, Waiter
@@ -28,7 +35,23 @@ from eurekamem.protocol import now_rfc3339
 log = logging.getLogger("eurekamem.journal")
 
 
-FSYNC_POLICIES = ("always", "batch", "off")
+FsyncPolicy = Literal["always", "batch", "off"]
+FSYNC_POLICIES: tuple[str, ...] = get_args(FsyncPolicy)
+
+
+class JournalFacts(NamedTuple):
+    """What trio may know of the Journal: an immutable copy made by its owner (the writer thread)."""
+
+    last_seq: int  # of the last record written (synced or not)
+    size_bytes: int
+    segments: int
+    current_segment: str
+    failed: bool  # the Journal itself refuses writes (until resume)
+
+    @classmethod
+    def of(cls, journal: Journal) -> JournalFacts:
+        names = journal.segment_names
+        return cls(journal.last_seq, journal.size_bytes, len(names), names[-1] if names else "", journal.failed)
 
 
 class JournalUnavailable(Exception):
@@ -38,9 +61,11 @@ class JournalUnavailable(Exception):
 class _Op:
     __slots__ = ("kind", "payloads", "fn", "waiter")
 
-    def __init__(self, kind: str, waiter: Waiter, payloads: list[tuple[int, bytes]] = (), fn: Any = None) -> None:
+    def __init__(
+        self, kind: str, waiter: Waiter, payloads: list[tuple[int, bytes]] | None = None, fn: Any = None
+    ) -> None:
         self.kind = kind
-        self.payloads = payloads
+        self.payloads = payloads or []
         self.fn = fn
         self.waiter = waiter
 
@@ -56,13 +81,14 @@ class JournalActor:
         self.failed_at: str | None = None
         self.resumes = 0  # times sys.resume made the journal writable again
         self.last_resume: dict[str, Any] | None = None
-        self.acked_seq = journal.last_seq
+        self.facts = JournalFacts.of(journal)  # made before the writer thread exists; then only it sends new ones
+        self.acked_seq = self.facts.last_seq
         self._queue: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()  # None: stop the writer thread
         self._closed = False
         self._close_requested = trio.Event()
         self._thread_done = trio.Event()
         self._token: trio.lowlevel.TrioToken | None = None
-        self._unsynced = False
+        self._unsynced = False  # the writer thread's: records written since the last sync
         self.fsync_latency = Histogram()
         self.batches = 0
         self.records = 0
@@ -110,7 +136,7 @@ class JournalActor:
         them was ever acknowledged). Raises JournalUnavailable, with the reason, when the disk still
         refuses; the journal then stays failed."""
         try:
-            cut = await self.run_exclusive(lambda journal: journal.resume())
+            cut: int = await self.run_exclusive(self._resume_in_writer)
         except trio.ClosedResourceError:
             raise JournalUnavailable("still read-only: the journal is closed (shutting down)") from None
         except (JournalWriteError, OSError) as exc:
@@ -118,13 +144,17 @@ class JournalActor:
             self.failed = f"journal write failed: {cause} (sys.resume tried again at {now_rfc3339()})"
             log.warning("sys.resume: the journal is still not writable: %s", cause)
             raise JournalUnavailable(f"still read-only: the journal cannot be written: {cause}") from exc
-        self._unsynced = False
+        return cut
+
+    def _resume_in_writer(self, journal: Journal) -> int:
+        cut = journal.resume()
+        self._unsynced = False  # resume cut the journal back to its last sync
         return cut
 
     def clear_failure(self, note: dict[str, Any]) -> None:
         """Let writes in again, once the journal was resumed (and anything cut made durable)."""
         self.last_resume = {"at": now_rfc3339(), "was": self.failed, "failed_at": self.failed_at, **note}
-        self.acked_seq = self.journal.last_seq
+        self.acked_seq = self.facts.last_seq
         self.failed = self.failed_at = None
         self.resumes += 1
         log.warning("journal resumed: writable again after %r (%s)", self.last_resume["was"], note)
@@ -137,8 +167,8 @@ class JournalActor:
             "resumes": self.resumes,
             "last_resume": self.last_resume,
             "last_seq": self.acked_seq,
-            "bytes": self.journal.size_bytes,
-            "segments": self.journal.segment_count,
+            "bytes": self.facts.size_bytes,
+            "segments": self.facts.segments,
             "batches": self.batches,
             "records": self.records,
             "fsync_latency": self.fsync_latency.summary(),
@@ -179,7 +209,7 @@ class JournalActor:
                 start = 0
                 for index, op in enumerate(ops):
                     if op is None or op.kind == "call":
-                        self._write_group(ops[start:index])
+                        self._write_group(ops[start:index])  # only writes between start and index
                         start = index + 1
                         if op is None:
                             self._final_sync()
@@ -196,23 +226,26 @@ class JournalActor:
         assert self._token is not None
         self._token.run_sync_soon(fn, *args)
 
-    def _write_group(self, writes: list[_Op]) -> None:
+    def _write_group(self, writes: list[_Op | None]) -> None:
         if not writes:
             return
-        records = [rec for op in writes for rec in op.payloads]
+        ops = [op for op in writes if op is not None]
+        records = [rec for op in ops for rec in op.payloads]
         try:
-            last = self._write(records)
+            last, fsync_us = self._write(records)
         except Exception as exc:  # the journal is failed until sys.resume; trio says why everywhere
-            self._report(self._group_failed, writes, exc)
+            self._report(self._group_failed, ops, exc, JournalFacts.of(self.journal))
         else:
-            self._report(self._group_written, writes, last, len(records))
+            self._report(self._group_written, ops, last, len(records), fsync_us, JournalFacts.of(self.journal))
 
     def _run_call(self, op: _Op) -> None:
         try:
             result = op.fn(self.journal)
         except Exception as exc:
+            self._report(self._publish, JournalFacts.of(self.journal))
             self._report(op.waiter.fail, exc)
         else:
+            self._report(self._publish, JournalFacts.of(self.journal))
             self._report(op.waiter.set, result)
 
     def _final_sync(self) -> None:
@@ -222,9 +255,35 @@ class JournalActor:
             except Exception:
                 log.exception("the final journal sync at shutdown failed")
 
+    def _write(self, records: list[tuple[int, bytes]]) -> tuple[int, float | None]:
+        """Append (and under `always` sync); the last seq and the fsync's microseconds (None: no sync)."""
+        last = self.journal.append(records)
+        if self.fsync == "always":
+            return last, self._sync_now()
+        self._unsynced = True
+        return last, None
+
+    def _sync_now(self) -> float:
+        started = time.perf_counter()
+        self.journal.sync()
+        self._unsynced = False
+        return (time.perf_counter() - started) * 1e6
+
+    def _sync_if_unsynced(self, journal: Journal) -> float | None:
+        """fsync=batch's periodic call, in the writer thread: sync if anything was written since."""
+        return self._sync_now() if self._unsynced and not journal.failed else None
+
     # --- back in trio -------------------------------------------------------------------------------
 
-    def _group_written(self, writes: list[_Op], last: int, count: int) -> None:
+    def _publish(self, facts: JournalFacts) -> None:
+        self.facts = facts
+
+    def _group_written(
+        self, writes: list[_Op], last: int, count: int, fsync_us: float | None, facts: JournalFacts
+    ) -> None:
+        self.facts = facts
+        if fsync_us is not None:
+            self.fsync_latency.add(fsync_us)
         self.acked_seq = last
         self.batches += 1
         self.records += count
@@ -233,34 +292,24 @@ class JournalActor:
             first_seq += len(op.payloads)
             op.waiter.set(first_seq - 1)
 
-    def _group_failed(self, writes: list[_Op], exc: Exception) -> None:
+    def _group_failed(self, writes: list[_Op], exc: Exception, facts: JournalFacts) -> None:
+        self.facts = facts
         if not self.failed:
             self._set_failed(f"journal write failed: {exc}")
         error = JournalUnavailable(self.failed)
         for op in writes:
             op.waiter.fail(error)
 
-    def _write(self, records: list[tuple[int, bytes]]) -> int:
-        last = self.journal.append(records)
-        if self.fsync == "always":
-            self._sync_now()
-        else:
-            self._unsynced = True
-        return last
-
-    def _sync_now(self) -> None:
-        started = time.perf_counter()
-        self.journal.sync()
-        self.fsync_latency.add((time.perf_counter() - started) * 1e6)
-        self._unsynced = False
-
     async def _sync_periodically(self) -> None:
         while True:
             await trio.sleep(self.batch_interval)
-            if self._unsynced and not self.failed:
+            if not self.failed:
                 try:
-                    await self.run_exclusive(lambda journal: self._sync_now())
+                    fsync_us = await self.run_exclusive(self._sync_if_unsynced)
                 except Exception as exc:
                     self._set_failed(f"journal fsync failed: {exc}")
+                else:
+                    if fsync_us is not None:
+                        self.fsync_latency.add(fsync_us)
 
 

@@ -29,7 +29,7 @@ from eurekamem.daemon import systemd as systemd
 from eurekamem.daemon.paths import Paths
 from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
 from eurekamem.daemon.storage.files import RealFiles, atomic_write
-from eurekamem.daemon.tier import TierActor, TierState, Undo
+from eurekamem.daemon.tier import TierActor, TierState, Undo, handles
 from eurekamem.protocol import (
     Call,
     EpisodicEntry,
@@ -50,6 +50,7 @@ class EpisodicState(TierState):
 
     name = "episodic"
     RING = 500
+    changes_counts_inline = True  # episodic.log runs on the fast path: the actor publishes counts after it
 
     def __init__(self, max_sessions: int = DEFAULT_MAX_SESSIONS, clock: Callable[[], float] | None = None) -> None:
         super().__init__()
@@ -61,10 +62,12 @@ class EpisodicState(TierState):
         self.last_event: dict[str, float] = {}  # session -> clock() of its last event
         self.evicted: list[tuple[str, list[EpisodicEntry]]] = []  # closed by the bound, not yet written
         self.logged = 0
+        self._events = 0  # events held in all rings, so that counts() is O(1)
         self.closed_idle = 0
         self.closed_evicted = 0
         self.changed = trio.Event()  # set when a session opens or is evicted: the sweeper looks again
 
+    @handles("episodic.log")
     def do_log(self, p: m.EpisodicLog) -> EpisodicEntry:
         timestamp = _utc_timestamp(p.timestamp) if p.timestamp is not None else self.now()
         ring = self.sessions.get(p.session_id)
@@ -87,6 +90,7 @@ class EpisodicState(TierState):
             metadata=p.metadata,
             timestamp=timestamp,
         )
+        self._events += len(ring) < self.RING  # a full ring drops its oldest
         ring.append(entry)
         self.last_event[p.session_id] = self.clock()
         self.logged += 1
@@ -94,11 +98,13 @@ class EpisodicState(TierState):
 
     def _evict_oldest(self) -> None:
         session_id, ring = self.sessions.popitem(last=False)
+        self._events -= len(ring)
         self.last_event.pop(session_id, None)
         self.evicted.append((session_id, list(ring)))
         self.closed_evicted += 1
         self.changed.set()
 
+    @handles("episodic.recent")
     def do_recent(self, p: m.EpisodicRecent) -> list[EpisodicEntry]:
         ring = self.sessions.get(p.session_id, ())
         if p.agent_role is not None:
@@ -107,6 +113,7 @@ class EpisodicState(TierState):
             entries = list(ring)
         return entries[-p.n :]
 
+    @handles("episodic.search")
     def do_search(self, p: m.EpisodicSearch) -> list[EpisodicEntry]:
         needle = p.query.lower()
         hits = [e for e in self.sessions.get(p.session_id, ()) if needle in e.content.lower()]
@@ -115,7 +122,9 @@ class EpisodicState(TierState):
     def close_session(self, session_id: str) -> list[EpisodicEntry]:
         """Drop a session's buffer and return its events (the caller writes them to runs/)."""
         self.last_event.pop(session_id, None)
-        return list(self.sessions.pop(session_id, ()))
+        events = list(self.sessions.pop(session_id, ()))
+        self._events -= len(events)
+        return events
 
     def oldest_idle_deadline(self, idle: float) -> float | None:
         """When the least recently active session turns idle (clock time), or None without sessions."""
@@ -143,7 +152,7 @@ class EpisodicState(TierState):
     def counts(self) -> dict[str, int]:
         return {
             "sessions": len(self.sessions),
-            "events": sum(len(r) for r in self.sessions.values()),
+            "events": self._events,
             "closed_idle": self.closed_idle,
             "closed_evicted": self.closed_evicted,
         }
@@ -161,8 +170,8 @@ def _utc_timestamp(value: str) -> str:
             "invalid_params", f"invalid params: timestamp {value!r} is not RFC 3339", field="timestamp"
         ) from None
     if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=_dt.timezone.utc)
-    return parsed.astimezone(_dt.timezone.utc).isoformat()
+        parsed = parsed.replace(tzinfo=_dt.UTC)
+    return parsed.astimezone(_dt.UTC).isoformat()
 
 
 class EpisodicActor(TierActor):
@@ -171,7 +180,7 @@ class EpisodicActor(TierActor):
     idle_close: seconds without an event after which a session is closed (0 or less: never).
     """
 
-    NOT_INLINE = frozenset({"session.close"})  # writes a file: only the actor may wait for that
+    state: EpisodicState
 
     def __init__(
         self,
@@ -281,9 +290,8 @@ class EpisodicActor(TierActor):
         log.info("session %s ended (%s): %d events written to %s", session_id, why, len(events), path)
         return True
 
-    async def handle(self, call: Call) -> Any:
-        if call.spec.name != "session.close":
-            return await super().handle(call)
+    @handles("session.close", "actor")  # writes a file: only the actor may wait for that (never inline)
+    async def do_close(self, call: Call) -> Any:
         session_id = call.params.session_id
         if not _folder_name_ok(session_id):
             return ProtocolError(
@@ -332,5 +340,5 @@ def _entry_time(entry: EpisodicEntry) -> _dt.datetime:
     try:
         parsed = _dt.datetime.fromisoformat(entry.timestamp.replace("Z", "+00:00"))
     except ValueError:
-        return _dt.datetime.min.replace(tzinfo=_dt.timezone.utc)
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=_dt.timezone.utc)
+        return _dt.datetime.min.replace(tzinfo=_dt.UTC)
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=_dt.UTC)

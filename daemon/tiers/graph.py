@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 import networkx as nx
-from eurekamem.daemon.tier import TierState, Undo
+from eurekamem.daemon.tier import TierState, Undo, handles
 from eurekamem.protocol import (
     KnowledgeNode,
     ProtocolError,
@@ -40,6 +40,7 @@ class GraphState(TierState):
         self.edges: dict[tuple[str, str, str], None] = {}  # ordered set of (from, to, relation)
         self._adjacent = nx.Graph()  # undirected, edge attribute "n" counts the typed edges behind it
 
+    @handles("graph.add_theorem")
     def do_add_theorem(self, p: m.GraphAddTheorem) -> KnowledgeNode:
         node = KnowledgeNode(
             node_id=new_id(),
@@ -53,6 +54,7 @@ class GraphState(TierState):
         self.commit(PutNode(node))
         return node
 
+    @handles("graph.link")
     def do_link(self, p: m.GraphLink) -> dict[str, str]:
         for field, node_id in (("from_id", p.from_id), ("to_id", p.to_id)):
             if node_id not in self.nodes:
@@ -61,9 +63,11 @@ class GraphState(TierState):
             self.commit(PutEdge(p.from_id, p.to_id, p.relation))
         return {"from_id": p.from_id, "to_id": p.to_id, "relation": p.relation}
 
+    @handles("graph.get")
     def do_get(self, p: m.GraphNodeRef) -> KnowledgeNode:
         return self._node(p.node_id)
 
+    @handles("graph.related")
     def do_related(self, p: m.GraphRelated) -> list[KnowledgeNode]:
         self._node(p.node_id)
         if p.node_id not in self._adjacent:
@@ -71,6 +75,7 @@ class GraphState(TierState):
         reached = nx.single_source_shortest_path_length(self._adjacent, p.node_id, cutoff=p.depth)
         return [self.nodes[n] for n in reached if n != p.node_id and n in self.nodes]
 
+    @handles("graph.search")
     def do_search(self, p: m.GraphSearch) -> list[KnowledgeNode]:
         query = p.query.lower()
         domain = p.domain.lower() if p.domain is not None else None
@@ -87,12 +92,14 @@ class GraphState(TierState):
                 break
         return out
 
+    @handles("graph.stats")
     def do_stats(self, p: m.Empty) -> dict[str, Any]:
         relations: dict[str, int] = {r: 0 for r in m.RELATIONS}
         for _, _, relation in self.edges:
             relations[relation] = relations.get(relation, 0) + 1
         return {"nodes": len(self.nodes), "edges": len(self.edges), "relations": relations}
 
+    @handles("graph.export")
     def do_export(self, p: m.GraphExport) -> dict[str, Any]:
         graph = self.to_networkx()
         if p.format == "graphml":

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from eurekamem.daemon.tier import TierState, Undo
+from eurekamem.daemon.tier import TierState, Undo, handles
 from eurekamem.protocol import (
     CrossRunRecord,
     new_id,
@@ -36,6 +36,7 @@ class PersistentState(TierState):
         self._by_tag: dict[str, dict[str, None]] = {}
 
     # handlers
+    @handles("persistent.remember")
     def do_remember(self, p: m.PersistentRemember) -> CrossRunRecord:
         now = self.now()
         old = self.records.get(p.key)
@@ -51,18 +52,22 @@ class PersistentState(TierState):
         self.commit(PutRecord(record))
         return record
 
+    @handles("persistent.recall")
     def do_recall(self, p: m.PersistentKey) -> CrossRunRecord | None:
         return self.records.get(p.key)
 
+    @handles("persistent.by_tag")
     def do_by_tag(self, p: m.PersistentByTag) -> list[CrossRunRecord]:
         return [self.records[k] for k in self._by_tag.get(p.tag, ())]
 
+    @handles("persistent.forget")
     def do_forget(self, p: m.PersistentKey) -> dict[str, bool]:
         if p.key not in self.records:
             return {"deleted": False}
         self.commit(DeleteKey(p.key))
         return {"deleted": True}
 
+    @handles("persistent.keys")
     def do_keys(self, p: m.PersistentKeys) -> dict[str, list[str]]:
         keys = sorted(k for k in self.records if k.startswith(p.prefix))
         return {"keys": keys[: p.limit]}
