@@ -30,9 +30,11 @@ def _effective(args: argparse.Namespace, names: Iterable[str] = ("data_dir", "so
 
 
 def _client(args: argparse.Namespace) -> Any:
+    """A Client for the daemon's socket, found as `serve` finds it, without importing the daemon."""
+    from eurekamem.cli.main import client_socket
     from eurekamem.client import Client
 
-    return Client(_effective(args)["socket"], timeout=getattr(args, "timeout", 60.0))
+    return Client(client_socket(args), timeout=getattr(args, "timeout", 60.0))
 
 
 class Progress:

@@ -1,10 +1,18 @@
-"""The `eurekamem` command: serve, call, status, repair."""
+"""The `eurekamem` command: the parser, and the commands that run or touch the daemon's own files.
+
+Rule kept here: a command that only talks to a running daemon (call, status, socket, memories,
+resume, metrics, top, backup, export, import) imports the client and the protocol, never
+eurekamem.daemon (nor trio, numpy or a model), so that it answers in a few tens of milliseconds.
+This module imports only the standard library at the top; each command's module is imported when
+that command runs (COMMANDS names them as "module:function"), and the daemon's setting flags are
+added to the parser only for the commands that take them (serve, config show).
+tests/test_cli.py runs the client-side commands in a subprocess and checks what they imported.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
-import logging
+import importlib
 import os
 import signal
 import sys
@@ -12,19 +20,32 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from eurekamem.cli.backup import cmd_backup, cmd_restore
-from eurekamem.cli.common import _err
-from eurekamem.cli.metrics import cmd_metrics, cmd_top
-from eurekamem.cli.transfer import cmd_export, cmd_import
-from eurekamem.cli.verify import cmd_verify
+DAEMON_FLAG_COMMANDS = ("serve", "config")  # the commands that take every setting as a flag (daemon/config.py)
 
-log = logging.getLogger("eurekamem.admin")
+DATA_DIR_HELP = "data root (default: $EUREKACLAW_DIR, else the config file's data_dir, else ~/.eurekaclaw)"
+SOCKET_HELP = (
+    "the daemon's socket (default: $EUREKAMEM_SOCKET, else the config file's socket, else "
+    "$XDG_RUNTIME_DIR/eurekamem/eurekamem.sock, else <data root>/run/eurekamem.sock; `eurekamem socket` prints it)"
+)
+CONFIG_HELP = "config file (default: $XDG_CONFIG_HOME/eurekamem/config.toml, else ~/.config/eurekamem/config.toml)"
 
 
-def _setup_logging(level: str, fmt: str = "auto") -> None:
-    from eurekamem.daemon.config import setup_logging
+def timeout_help(default: float) -> str:
+    return f"seconds to wait for the daemon's answer (default: {default:g})"
 
-    setup_logging(level, fmt)
+
+def client_socket(args: argparse.Namespace) -> str:
+    """The daemon's socket as `serve` would pick it: --socket, env, config file, default (client/_paths.py)."""
+    from eurekamem.client._paths import ConfigFileError, resolve_locations
+
+    try:
+        return resolve_locations(getattr(args, "socket", None), getattr(args, "data_dir", None), getattr(args, "config", None))[1]
+    except ConfigFileError as exc:
+        print(f"eurekamem: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+# --- the commands that run the daemon or read its files (they import eurekamem.daemon) -----------
 
 
 def _effective(args: argparse.Namespace) -> Any:
@@ -35,9 +56,11 @@ def _effective(args: argparse.Namespace) -> Any:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    import logging
+
     import trio
     from eurekamem.daemon.app import Daemon
-    from eurekamem.daemon.config import Config, ConfigError, build_config
+    from eurekamem.daemon.config import Config, ConfigError, build_config, setup_logging
     from eurekamem.daemon.errors import StartupError
     from eurekamem.daemon.storage.journal import JournalCorrupt
 
@@ -47,7 +70,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"eurekamem: {exc}", file=sys.stderr)
         return 1
-    _setup_logging(effective["log_level"], effective["log_format"])
+    setup_logging(effective["log_level"], effective["log_format"])
     daemon = Daemon(config)
 
     async def main() -> None:
@@ -84,94 +107,10 @@ def _single_leaf(exc: BaseException) -> BaseException:
     return exc
 
 
-def _client(args: argparse.Namespace) -> Any:
-    from eurekamem.client import Client
-
-    return Client(client_socket(args), timeout=args.timeout)
-
-
-def client_socket(args: argparse.Namespace) -> str:
-    """The daemon's socket as `serve` would pick it: --socket, env, config file, default."""
-    from eurekamem.daemon.config import ConfigError, load
-
-    flags = {"data_dir": getattr(args, "data_dir", None), "socket": getattr(args, "socket", None)}
-    try:
-        return load(flags, getattr(args, "config", None))["socket"]
-    except ConfigError as exc:
-        print(f"eurekamem: {exc}", file=sys.stderr)
-        raise SystemExit(1) from None
-
-
-def _call_reporting(args: argparse.Namespace, method: str, params: dict[str, Any]) -> tuple[bool, Any]:
-    """(True, result), or (False, None) after printing the error the daemon answered or why it is unreachable."""
-    from eurekamem.client import ConnectionLost, EurekamemError
-
-    try:
-        with _client(args) as client:
-            return True, client.call(method, params)
-    except EurekamemError as exc:
-        print(f"eurekamem: {exc.kind}: {exc.message}", file=sys.stderr)
-    except (ConnectionLost, OSError) as exc:
-        print(f"eurekamem: cannot reach the daemon: {exc}", file=sys.stderr)
-    return False, None
-
-
-def cmd_call(args: argparse.Namespace) -> int:
-    try:
-        params = json.loads(args.params) if args.params else {}
-    except ValueError as exc:
-        print(f"eurekamem: params are not JSON: {exc}", file=sys.stderr)
-        return 1
-    if not isinstance(params, dict):
-        print("eurekamem: params must be a JSON object", file=sys.stderr)
-        return 1
-    ok, result = _call_reporting(args, args.method, params)
-    if not ok:
-        return 1
-    print(json.dumps(result, indent=2 if args.pretty else None, ensure_ascii=False))
-    return 0
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    from eurekamem.client import ConnectionLost, EurekamemError
-
-    try:
-        with _client(args) as client:
-            stats = client.call("sys.stats", {})
-    except (EurekamemError, ConnectionLost, OSError) as exc:
-        print(f"eurekamem: not running or not reachable: {exc}", file=sys.stderr)
-        return 1
-    journal = stats["journal"]
-    print(f"eurekamem {stats['version']}  pid {stats['pid']}  since {stats['started_at']}")
-    print(f"  data     {stats['data_dir']}")
-    print(f"  socket   {stats['socket']}")
-    state = "READ-ONLY: " + str(journal["failed"]) if stats["read_only"] else "writable"
-    print(f"  journal  {journal['bytes']} bytes in {journal['segments']} segments, seq {journal['last_seq']}, fsync {journal['fsync']}, {state}")
-    for tier, counts in stats["tiers"].items():
-        print(f"  {tier:<10} " + ", ".join(f"{k} {v}" for k, v in counts.items()))
-    requests = stats["requests"]
-    print(f"  requests {requests['total']} on {requests['connections_total']} connections ({requests['connections_open']} open)")
-    for name, m in requests["methods"].items():
-        print(f"    {name:<22} {m['count']:>9}  p50 {m['p50_us']:>8} us  p99 {m['p99_us']:>8} us  errors {sum(m['errors'].values())}")
-    return 0
-
-
-def cmd_resume(args: argparse.Namespace) -> int:
-    """sys.resume: after the journal failed (disk full, I/O error) and space was freed, accept writes again."""
-    ok, result = _call_reporting(args, "sys.resume", {})
-    if not ok:
-        return 1
-    if result.get("resumed"):
-        print(f"resumed: writable again (was read-only since {result.get('failed_at')}: {result.get('was')}); "
-              f"cut {result.get('cut_records', 0)} unacknowledged records, now writing {result.get('segment')}")
-    else:
-        print("not read-only: nothing to resume")
-    return 0
-
-
 def cmd_repair(args: argparse.Namespace) -> int:
     """The data root as `serve` and `verify` find it (--data-dir, $EUREKACLAW_DIR, config.toml, default)."""
     from eurekamem.cli.common import _effective as effective_of
+    from eurekamem.cli.common import _err
     from eurekamem.daemon.config import ConfigError
     from eurekamem.daemon.errors import StartupError
     from eurekamem.daemon.paths import Paths, acquire_lock
@@ -195,11 +134,40 @@ def cmd_repair(args: argparse.Namespace) -> int:
 
 
 def cmd_install_service(args: argparse.Namespace) -> int:
-    """Write eurekamem.service and eurekamem.socket into the user's systemd folder; touch nothing else."""
+    """Write eurekamem.service and eurekamem.socket into the user's systemd folder; touch nothing else.
+
+    Each choice is printed with its reason: the command (this environment's, unless --command), the
+    data root (--data-dir, else $EUREKACLAW_DIR, else ~/.eurekaclaw as systemd's %h/.eurekaclaw) and
+    the socket (--socket, else systemd's %t/eurekamem/eurekamem.sock)."""
     from eurekamem.daemon import systemd as _systemd
 
     folder = Path(args.unit_dir).expanduser() if args.unit_dir else _systemd.unit_dir()
-    units = _systemd.render_units(_systemd.exec_start(_systemd.daemon_argv()))
+    if args.command_line:
+        exec_start, why_exec = args.command_line, "from --command"
+    else:
+        argv = _systemd.daemon_argv()
+        exec_start = _systemd.exec_start(argv)
+        why_exec = (
+            f"the eurekamem command of this Python environment ({sys.prefix}): the service runs this environment's "
+            "code, so keep it (or run install-service again from another one, or pass --command)"
+        )
+    if args.data_dir:
+        data_dir, why_data = _systemd.unit_path(os.path.abspath(os.path.expanduser(args.data_dir))), "from --data-dir"
+    elif os.environ.get("EUREKACLAW_DIR"):
+        data_dir = _systemd.unit_path(os.path.abspath(os.path.expanduser(os.environ["EUREKACLAW_DIR"])))
+        why_data = "from $EUREKACLAW_DIR"
+    else:
+        data_dir, why_data = "%h/.eurekaclaw", "the default, ~/.eurekaclaw (neither --data-dir nor $EUREKACLAW_DIR given)"
+    if args.socket:
+        socket = _systemd.unit_path(os.path.abspath(os.path.expanduser(args.socket)))
+        why_socket = "from --socket (for clients to find it: EUREKAMEM_SOCKET or `socket =` in config.toml)"
+    else:
+        socket = _systemd.DEFAULT_LISTEN
+        why_socket = "the default, $XDG_RUNTIME_DIR/eurekamem/eurekamem.sock, where clients look first when $XDG_RUNTIME_DIR is set"
+    units = _systemd.render_units(exec_start, data_dir=data_dir, socket=socket)
+    print(f"# ExecStart={exec_start}\n#   {why_exec}")
+    print(f"# EUREKACLAW_DIR={data_dir}\n#   {why_data}")
+    print(f"# ListenStream={socket}\n#   {why_socket}")
     for name, text in units.items():
         path = folder / name
         if args.dry_run:
@@ -220,67 +188,10 @@ def cmd_install_service(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="eurekamem", description="The memory service for AI agents.")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--data-dir", help="data root (default $EUREKACLAW_DIR or ~/.eurekaclaw)")
-        p.add_argument("--socket", help="socket path (default $EUREKAMEM_SOCKET, $XDG_RUNTIME_DIR/eurekamem/eurekamem.sock, <data root>/run/eurekamem.sock)")
-        p.add_argument("--config", help="config file (default $XDG_CONFIG_HOME/eurekamem/config.toml)")
-
-    serve = sub.add_parser("serve", help="run the daemon in the foreground")
-    common(serve)
-    from eurekamem.daemon.config import add_serve_flags
-
-    add_serve_flags(serve)  # a flag per setting (--fsync, --embedder, --log-level, ...): flag > env > file > default
-    serve.set_defaults(func=cmd_serve)
-
-    call = sub.add_parser("call", help="call one method and print its JSON result")
-    common(call)
-    call.add_argument("method")
-    call.add_argument("params", nargs="?", help="JSON object of params")
-    call.add_argument("--pretty", action="store_true", help="indent the JSON output")
-    call.add_argument("--timeout", type=float, default=30.0)
-    call.set_defaults(func=cmd_call)
-
-    status = sub.add_parser("status", help="a short human summary of the running daemon")
-    common(status)
-    status.add_argument("--timeout", type=float, default=5.0)
-    status.set_defaults(func=cmd_status)
-
-    resume = sub.add_parser("resume", help="after a disk-full or I/O error made the daemon read-only: write again")
-    common(resume)
-    resume.add_argument("--timeout", type=float, default=60.0)
-    resume.set_defaults(func=cmd_resume)
-
-    rep = sub.add_parser("repair", help="back up and truncate a journal the daemon refuses to open")
-    rep.add_argument(
-        "--data-dir", help="data root (default $EUREKACLAW_DIR, the config file's data_dir, ~/.eurekaclaw)"
-    )
-    rep.add_argument("--config", help="config file (for its data_dir)")
-    rep.set_defaults(func=cmd_repair)
-
-    install = sub.add_parser("install-service", help="write the systemd user units (eurekamem.service, eurekamem.socket)")
-    install.add_argument("--dry-run", action="store_true", help="print the units and where they would go; write nothing")
-    install.add_argument("--unit-dir", help="folder for the units (default $XDG_CONFIG_HOME/systemd/user or ~/.config/systemd/user)")
-    install.set_defaults(func=cmd_install_service)
-
-
-    add_commands(sub, common)  # config show, metrics, top, backup, restore, export, import, verify
-    from eurekamem.cli.mcp_server import add_mcp_command
-
-    add_mcp_command(sub, common)  # mcp: the stdio MCP server
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.func(args)
-
-
-
 def cmd_config_show(args: argparse.Namespace) -> int:
+    import json
+
+    from eurekamem.cli.common import _err
     from eurekamem.daemon import config as _config
 
     try:
@@ -301,59 +212,149 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> None:
-    """Register config show, metrics, top, backup, restore, export, import and verify."""
-    from eurekamem.daemon.config import add_serve_flags
+# --- the parser ------------------------------------------------------------------------------------
 
+
+def _version() -> str:
+    import eurekamem
+
+    return f"eurekamem {eurekamem.__version__} (Python {sys.version.split()[0]}, {sys.prefix})"
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The subcommand named in argv (the first word that is not an option), None if none."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with `command`, only that command gets the daemon's setting flags (which
+    import eurekamem.daemon): the others need not pay for them."""
+    parser = argparse.ArgumentParser(
+        prog="eurekamem",
+        description="The memory service for AI agents: one daemon on a Unix socket, and the commands to use it.",
+        epilog="`eurekamem COMMAND --help` describes a command; `eurekamem call --help` lists the methods.",
+    )
+    parser.add_argument("--version", action="version", version=_version(), help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    daemon_flags = command is None or command in DAEMON_FLAG_COMMANDS
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--data-dir", help=DATA_DIR_HELP)
+        p.add_argument("--socket", help=SOCKET_HELP)
+        p.add_argument("--config", help=CONFIG_HELP)
+
+    def timeout(p: argparse.ArgumentParser, default: float) -> None:
+        p.add_argument("--timeout", type=float, default=default, metavar="SECONDS", help=timeout_help(default))
+
+    serve = sub.add_parser("serve", help="run the daemon in the foreground (Ctrl-C or SIGTERM stops it)")
+    common(serve)
+    if daemon_flags:
+        from eurekamem.daemon.config import add_serve_flags
+
+        add_serve_flags(serve)  # a flag per setting (--fsync, --embedder, --log-level, ...): flag > env > file > default
+    serve.set_defaults(func="eurekamem.cli.main:cmd_serve")
+
+    from eurekamem.cli import calls
+
+    calls.add_client_commands(sub, common, timeout, command)
+
+    rep = sub.add_parser("repair", help="back up and truncate a journal the daemon refuses to open (daemon stopped)")
+    rep.add_argument("--data-dir", help=DATA_DIR_HELP)
+    rep.add_argument("--config", help=CONFIG_HELP + " (for its data_dir)")
+    rep.set_defaults(func="eurekamem.cli.main:cmd_repair")
+
+    install = sub.add_parser(
+        "install-service", help="write the systemd user units (eurekamem.service, eurekamem.socket) and say what they run"
+    )
+    install.add_argument("--dry-run", action="store_true", help="print the units and where they would go; write nothing")
+    install.add_argument("--unit-dir", help="folder for the units (default: $XDG_CONFIG_HOME/systemd/user, else ~/.config/systemd/user)")
+    install.add_argument("--data-dir", help="the service's data root (default: $EUREKACLAW_DIR, else ~/.eurekaclaw)")
+    install.add_argument("--socket", help="the socket systemd listens on (default: $XDG_RUNTIME_DIR/eurekamem/eurekamem.sock)")
+    install.add_argument(
+        "--command", dest="command_line", metavar="COMMAND_LINE",
+        help="the service's ExecStart= (default: this environment's `eurekamem serve`, an absolute path)",
+    )
+    install.set_defaults(func="eurekamem.cli.main:cmd_install_service")
+
+    add_commands(sub, common, timeout, daemon_flags)
+    from eurekamem.cli.mcp_server import add_mcp_command
+
+    add_mcp_command(sub, common)  # mcp: the stdio MCP server
+    return parser
+
+
+def add_commands(
+    sub: Any, common: Callable[[argparse.ArgumentParser], None], timeout: Callable[[argparse.ArgumentParser, float], None],
+    daemon_flags: bool = True,
+) -> None:
+    """Register config show, metrics, top, backup, restore, export, import and verify."""
     config = sub.add_parser("config", help="the effective configuration")
-    config_sub = config.add_subparsers(dest="config_command", required=True)
+    config_sub = config.add_subparsers(dest="config_command", required=True, metavar="SUBCOMMAND")
     show = config_sub.add_parser("show", help="print every setting, its value and where it came from (default, file, env, flag)")
     common(show)
-    add_serve_flags(show)
+    if daemon_flags:
+        from eurekamem.daemon.config import add_serve_flags
+
+        add_serve_flags(show)
     show.add_argument("--json", action="store_true", help="as JSON")
-    show.set_defaults(func=cmd_config_show)
+    show.set_defaults(func="eurekamem.cli.main:cmd_config_show")
 
     metrics = sub.add_parser("metrics", help="sys.stats in Prometheus text format")
     common(metrics)
-    metrics.add_argument("--timeout", type=float, default=5.0)
-    metrics.set_defaults(func=cmd_metrics)
+    timeout(metrics, 5.0)
+    metrics.set_defaults(func="eurekamem.cli.metrics:cmd_metrics")
 
     top = sub.add_parser("top", help="a live status view, refreshed every second (q or Ctrl-C quits)")
     common(top)
-    top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
-    top.add_argument("--iterations", type=int, default=0, help="stop after this many refreshes (0: until q)")
-    top.add_argument("--timeout", type=float, default=5.0)
-    top.set_defaults(func=cmd_top)
+    top.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="seconds between refreshes (default: 1)")
+    top.add_argument("--iterations", type=int, default=0, metavar="N", help="stop after N refreshes (default: 0, until q)")
+    timeout(top, 5.0)
+    top.set_defaults(func="eurekamem.cli.metrics:cmd_top")
 
     backup = sub.add_parser("backup", help="a consistent archive (.tar or .tar.gz) of the running daemon's data")
     common(backup)
     backup.add_argument("path", help="the archive to write: NAME.tar or NAME.tar.gz")
-    backup.add_argument("--timeout", type=float, default=600.0)
-    backup.set_defaults(func=cmd_backup)
+    timeout(backup, 600.0)
+    backup.set_defaults(func="eurekamem.cli.backup:cmd_backup")
 
     restore = sub.add_parser("restore", help="unpack a backup into an empty data root")
     restore.add_argument("path", help="the archive written by eurekamem backup")
-    restore.add_argument("--data-dir", help="the empty data root to fill (default $EUREKACLAW_DIR or ~/.eurekaclaw)")
-    restore.add_argument("--config", help="config file (for its data_dir)")
-    restore.set_defaults(func=cmd_restore)
+    restore.add_argument("--data-dir", help="the empty data root to fill (default: $EUREKACLAW_DIR, else ~/.eurekaclaw)")
+    restore.add_argument("--config", help=CONFIG_HELP + " (for its data_dir)")
+    restore.set_defaults(func="eurekamem.cli.backup:cmd_restore")
 
     export = sub.add_parser("export", help="every record as JSON lines, read through the daemon")
     common(export)
-    export.add_argument("--format", choices=["jsonl"], default="jsonl")
-    export.add_argument("--out", help="write here instead of stdout")
-    export.add_argument("--timeout", type=float, default=600.0)
-    export.set_defaults(func=cmd_export)
+    export.add_argument("--format", choices=["jsonl"], default="jsonl", help="the output format (default: jsonl)")
+    export.add_argument("--out", metavar="PATH", help="write here instead of stdout")
+    timeout(export, 600.0)
+    export.set_defaults(func="eurekamem.cli.transfer:cmd_export")
 
-    imp = sub.add_parser("import", help="add a jsonl export, or a plain EurekaClaw data root, through the daemon")
+    imp = sub.add_parser(
+        "import", help="add a jsonl export, or a plain EurekaClaw data root, through the daemon (progress on stderr)"
+    )
     common(imp)
     imp.add_argument("source", help="a .jsonl file from eurekamem export, or an EurekaClaw data root folder")
-    imp.add_argument("--timeout", type=float, default=600.0)
-    imp.set_defaults(func=cmd_import)
+    timeout(imp, 600.0)
+    imp.set_defaults(func="eurekamem.cli.transfer:cmd_import")
 
     verify = sub.add_parser("verify", help="check journal, snapshots, vectors and memory files against each other (daemon stopped)")
-    verify.add_argument("--data-dir", help="data root (default $EUREKACLAW_DIR or ~/.eurekaclaw)")
-    verify.add_argument("--config", help="config file (for its data_dir)")
-    verify.set_defaults(func=cmd_verify)
+    verify.add_argument("--data-dir", help=DATA_DIR_HELP)
+    verify.add_argument("--config", help=CONFIG_HELP + " (for its data_dir)")
+    verify.set_defaults(func="eurekamem.cli.verify:cmd_verify")
+
+
+def _resolve(func: Any) -> Callable[[argparse.Namespace], int]:
+    if callable(func):
+        return func  # type: ignore[no-any-return]
+    module, _, name = func.partition(":")
+    return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(_command_of(argv)).parse_args(argv)
+    return _resolve(args.func)(args)
 
 
 if __name__ == "__main__":  # last: `python -m eurekamem.cli.main` needs every function above defined

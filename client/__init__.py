@@ -12,7 +12,23 @@ Errors are raised as one exception class per contract kind (NotFound, InvalidPar
 subclasses of EurekamemError; ConnectionLost when the socket breaks or cannot be reached.
 """
 
-from eurekamem.protocol import CrossRunRecord, EpisodicEntry, KnowledgeNode, Skill
+from eurekamem.protocol import (
+    CrossRunRecord,
+    EpisodicEntry,
+    GraphStats,
+    Injection,
+    KnowledgeNode,
+    Link,
+    Memory,
+    MemoryAddResult,
+    MemoryDeleted,
+    MemoryHit,
+    MemoryPage,
+    SearchWhy,
+    Skill,
+    SkillHit,
+    SkillsInjection,
+)
 
 from ._async import AsyncClient, current_async_library
 from ._errors import (
@@ -42,17 +58,28 @@ __all__ = [
     "CrossRunRecord",
     "EpisodicEntry",
     "EurekamemError",
+    "GraphStats",
+    "Injection",
     "InternalError",
     "InvalidParams",
     "InvalidRequest",
     "KnowledgeNode",
+    "Link",
+    "Memory",
+    "MemoryAddResult",
+    "MemoryDeleted",
+    "MemoryHit",
+    "MemoryPage",
     "MemoryManager",
     "MethodNotFound",
     "NotFound",
     "Overloaded",
     "ParseError",
     "ReadOnly",
+    "SearchWhy",
     "Skill",
+    "SkillHit",
+    "SkillsInjection",
     "Timeout",
     "TooLarge",
     "Unavailable",

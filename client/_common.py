@@ -10,7 +10,23 @@ from collections.abc import Callable
 from typing import Any, Generic, NamedTuple, TypeVar
 
 import msgspec
-from eurekamem.protocol import DEFAULT_MAX_FRAME_BYTES, CrossRunRecord, EpisodicEntry, KnowledgeNode, Skill
+from eurekamem.protocol import (
+    DEFAULT_MAX_FRAME_BYTES,
+    CrossRunRecord,
+    EpisodicEntry,
+    GraphStats,
+    Injection,
+    KnowledgeNode,
+    Link,
+    Memory,
+    MemoryAddResult,
+    MemoryDeleted,
+    MemoryHit,
+    MemoryPage,
+    Skill,
+    SkillHit,
+    SkillsInjection,
+)
 
 from ._errors import ConnectionLost, EurekamemError, TooLarge, error_from_wire
 
@@ -242,8 +258,20 @@ def op_add_theorem(
     return Op("graph.add_theorem", params, KnowledgeNode)
 
 
-def op_link(from_id: str, to_id: str, relation: str) -> Op[dict[str, Any]]:
-    return Op("graph.link", {"from_id": from_id, "to_id": to_id, "relation": relation})
+def op_link(from_id: str, to_id: str, relation: str) -> Op[Link]:
+    return Op("graph.link", {"from_id": from_id, "to_id": to_id, "relation": relation}, Link)
+
+
+def op_search_theorems(query: str, domain: str | None, tag: str | None, limit: int | None) -> Op[list[KnowledgeNode]]:
+    return Op("graph.search", _drop_none(query=query, domain=domain, tag=tag, limit=limit), list[KnowledgeNode])
+
+
+def op_graph_stats() -> Op[GraphStats]:
+    return Op("graph.stats", {}, GraphStats)
+
+
+def op_export_graph(fmt: str) -> Op[dict[str, Any]]:
+    return Op("graph.export", {"format": fmt})
 
 
 def op_related(node_id: str, depth: int) -> Op[list[KnowledgeNode]]:
@@ -276,15 +304,49 @@ def op_add_memory(
         **extra,
     )
     params["dedup"] = dedup
-    return Op("memory.add", params)
+    return Op("memory.add", params, MemoryAddResult)
 
 
-def op_search_memories(query: str, domain: str | None, k: int, categories: list[str] | None, **extra: Any) -> Op[list[dict[str, Any]]]:
-    return Op("memory.search", _drop_none(query=query, domain=domain, k=k, categories=categories, **extra))
+def op_add_memories(items: list[dict[str, Any]]) -> Op[list[MemoryAddResult]]:
+    return Op("memory.add_many", {"items": [to_wire(item) for item in items]}, list[MemoryAddResult])
 
 
-def op_inject(domain: str, k: int, query: str | None, token_budget: int | None) -> Op[dict[str, Any]]:
-    return Op("memory.inject", _drop_none(domain=domain, k=k, query=query, token_budget=token_budget))
+def op_search_memories(
+    query: str, domain: str | None, k: int, categories: list[str] | None, **extra: Any
+) -> Op[list[MemoryHit]]:
+    return Op("memory.search", _drop_none(query=query, domain=domain, k=k, categories=categories, **extra), list[MemoryHit])
+
+
+def op_inject(domain: str, k: int, query: str | None, token_budget: int | None) -> Op[Injection]:
+    return Op("memory.inject", _drop_none(domain=domain, k=k, query=query, token_budget=token_budget), Injection)
+
+
+def op_get_memory(memory_id: str) -> Op[Memory]:
+    return Op("memory.get", {"id": memory_id}, Memory)
+
+
+def op_list_memories(
+    domain: str | None, category: str | None, status: str | None, limit: int | None, offset: int | None
+) -> Op[MemoryPage]:
+    params = _drop_none(domain=domain, category=category, status=status, limit=limit, offset=offset)
+    return Op("memory.list", params, MemoryPage)
+
+
+MEMORY_UPDATE_FIELDS = frozenset({"title", "content", "category", "confidence", "tags", "scope", "abstract", "overview"})
+
+
+def op_update_memory(memory_id: str, **fields: Any) -> Op[Memory]:
+    unknown = set(fields) - MEMORY_UPDATE_FIELDS
+    if unknown:
+        raise TypeError(
+            f"update_memory() got unknown fields: {', '.join(sorted(unknown))}; "
+            f"it changes {', '.join(sorted(MEMORY_UPDATE_FIELDS))} (the domain cannot change)"
+        )
+    return Op("memory.update", {"id": memory_id, **_drop_none(**fields)}, Memory)
+
+
+def op_delete_memory(memory_id: str, purge: bool) -> Op[MemoryDeleted]:
+    return Op("memory.delete", {"id": memory_id, "purge": bool(purge)}, MemoryDeleted)
 
 
 def op_job(job_id: str) -> Op[dict[str, Any]]:
@@ -321,8 +383,8 @@ def op_skill(name: str) -> Op[Skill]:
     return Op("skills.get", {"name": name}, Skill)
 
 
-def op_search_skills(query: str, k: int, **extra: Any) -> Op[list[dict[str, Any]]]:
-    return Op("skills.search", _drop_none(query=query, k=k, **extra))
+def op_search_skills(query: str, k: int, **extra: Any) -> Op[list[SkillHit]]:
+    return Op("skills.search", _drop_none(query=query, k=k, **extra), list[SkillHit])
 
 
 def op_put_skill(name: str, body: str, **fields: Any) -> Op[Skill]:
@@ -342,6 +404,6 @@ def op_confirm_skill(name: str) -> Op[Skill]:
 
 def op_inject_skills(
     agent_role: str, pipeline_stage: str | None, query: str | None, k: int | None, token_budget: int | None
-) -> Op[dict[str, Any]]:
+) -> Op[SkillsInjection]:
     params = _drop_none(agent_role=agent_role, pipeline_stage=pipeline_stage, query=query, k=k)
-    return Op("skills.inject", {**params, **_drop_none(token_budget=token_budget)})
+    return Op("skills.inject", {**params, **_drop_none(token_budget=token_budget)}, SkillsInjection)

@@ -7,10 +7,19 @@ module imports only the standard library, never the daemon.
 from __future__ import annotations
 
 import os
+import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["data_root", "default_socket_path", "eurekaclaw_dir", "root_socket_path"]
+__all__ = [
+    "ConfigFileError",
+    "data_root",
+    "default_config_path",
+    "default_socket_path",
+    "eurekaclaw_dir",
+    "resolve_locations",
+    "root_socket_path",
+]
 
 SOCKET_NAME = "eurekamem.sock"
 
@@ -48,6 +57,74 @@ def default_socket_path(
     if runtime is not None and os.path.isabs(runtime):
         return os.path.join(runtime, "eurekamem", SOCKET_NAME)
     return str(data_root(data_dir, environ=environ) / "run" / SOCKET_NAME)
+
+
+class ConfigFileError(ValueError):
+    """The config file named by --config is missing, or a config file cannot be read as TOML."""
+
+
+def default_config_path(environ: Mapping[str, str] | None = None) -> Path:
+    """$XDG_CONFIG_HOME/eurekamem/config.toml (an absolute $XDG_CONFIG_HOME), else ~/.config/eurekamem/config.toml."""
+    base = _env("XDG_CONFIG_HOME", environ) or ""
+    folder = Path(base) if os.path.isabs(base) else Path.home() / ".config"
+    return folder / "eurekamem" / "config.toml"
+
+
+def _file_locations(config: str | os.PathLike[str] | None, environ: Mapping[str, str] | None) -> dict[str, str]:
+    """data_dir and socket from the config file (relative paths from the file's folder, `~` expanded)."""
+    if config is not None:
+        path = Path(config).expanduser()
+        if not path.is_file():
+            raise ConfigFileError(f"config file {path} (from --config) does not exist")
+    else:
+        path = default_config_path(environ)
+        if not path.is_file():
+            return {}
+    try:
+        doc = tomllib.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigFileError(f"config file {path}: cannot be read as TOML: {exc}") from None
+    out = {}
+    for key in ("data_dir", "socket"):
+        value = doc.get(key)
+        if isinstance(value, str) and value:
+            p = Path(value).expanduser()
+            out[key] = str(p if p.is_absolute() else path.parent / p)
+    return out
+
+
+def resolve_locations(
+    socket: str | os.PathLike[str] | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+    config: str | os.PathLike[str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[Path, str]:
+    """(data root, socket path) as `eurekamem serve` picks them, for the commands that only talk to it.
+
+    Each is the flag (`socket`, `data_dir`), else its variable ($EUREKAMEM_SOCKET, $EUREKACLAW_DIR),
+    else the config file's key (`config`, else the default file; see default_config_path), else the
+    default: ~/.eurekaclaw, and default_socket_path() of that data root. daemon/config.py applies the
+    same order to every setting; tests/test_cli.py checks that the two agree. Only the standard
+    library, so `eurekamem socket` and `eurekamem call` start in a few tens of milliseconds.
+    Raises ConfigFileError for a missing --config file or a file that is not TOML.
+    """
+    from_file = _file_locations(config, environ)
+    if data_dir is not None and os.fspath(data_dir):
+        root = Path(data_dir).expanduser()
+    elif _env("EUREKACLAW_DIR", environ) is not None:
+        root = data_root(None, environ=environ)
+    elif "data_dir" in from_file:
+        root = Path(from_file["data_dir"])
+    else:
+        root = Path.home() / ".eurekaclaw"
+    if socket is not None and os.fspath(socket):
+        path = os.path.expanduser(os.fspath(socket))
+    elif _env("EUREKAMEM_SOCKET", environ) is None and "socket" in from_file:
+        path = from_file["socket"]
+    else:
+        path = default_socket_path(root, environ=environ)
+    return root, path
 
 
 def _read_dotenv(path: Path) -> dict[str, str]:

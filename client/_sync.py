@@ -23,7 +23,24 @@ import weakref
 from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
-from eurekamem.protocol import BinaryDecoder, CrossRunRecord, EpisodicEntry, FrameTooLarge, KnowledgeNode, Skill
+from eurekamem.protocol import (
+    BinaryDecoder,
+    CrossRunRecord,
+    EpisodicEntry,
+    FrameTooLarge,
+    GraphStats,
+    Injection,
+    KnowledgeNode,
+    Link,
+    Memory,
+    MemoryAddResult,
+    MemoryDeleted,
+    MemoryHit,
+    MemoryPage,
+    Skill,
+    SkillHit,
+    SkillsInjection,
+)
 
 from . import _common as C
 from ._autostart import Starter
@@ -546,15 +563,19 @@ class Client:
     # --- sys ------------------------------------------------------------------------------------
 
     def ping(self) -> bool:
+        """sys.ping: True when the daemon answers."""
         return self._run(C.op_ping())
 
     def hello(self) -> dict[str, Any]:
+        """sys.hello: server name, version, protocol version, methods and limits."""
         return self._run(C.op_hello())
 
     def stats(self) -> dict[str, Any]:
+        """sys.stats: counts per tier, journal, background work, requests and latencies (members may grow)."""
         return self._run(C.op_stats())
 
     def snapshot(self) -> dict[str, Any]:
+        """sys.snapshot: write every snapshot file now; {"seq": the journal sequence it covers}."""
         return self._run(C.op_snapshot())
 
     def resume(self) -> dict[str, Any]:
@@ -566,18 +587,21 @@ class Client:
     def log_event(
         self, session_id: str, agent_role: str, content: str, metadata: dict[str, Any] | None = None
     ) -> EpisodicEntry:
+        """episodic.log: append an event to a session (created on first use); the entry as stored."""
         return self._run(C.op_log_event(session_id, agent_role, content, metadata))
 
     def recent(self, session_id: str, n: int = 20, agent_role: str | None = None) -> list[EpisodicEntry]:
+        """episodic.recent: the session's last `n` events (1 to 500; of `agent_role` only if given), oldest first."""
         return self._run(C.op_recent(session_id, n, agent_role))
 
     def search_events(self, session_id: str, query: str, n: int = 20) -> list[EpisodicEntry]:
+        """episodic.search: the last `n` events whose content contains `query` (case-insensitive)."""
         return self._run(C.op_search_events(session_id, query, n))
 
     def close_session(
         self, session_id: str, domain: str | None = None, theory_state: Any = None, extract: bool = True
     ) -> str | None:
-        """End a session; returns the extraction job's id, or None."""
+        """session.close: write the session's events to runs/<session_id>/episodic.json; the extraction job's id, or None."""
         return self._run(C.op_close_session(session_id, domain, theory_state, extract))
 
     # --- tier 2: persistent ---------------------------------------------------------------------
@@ -585,18 +609,23 @@ class Client:
     def remember(
         self, key: str, value: Any, tags: list[str] | None = None, source_session: str = ""
     ) -> CrossRunRecord:
+        """persistent.remember: store `value` (any JSON) under `key`; an existing key keeps its record_id."""
         return self._run(C.op_remember(key, value, tags, source_session))
 
     def recall(self, key: str) -> CrossRunRecord | None:
+        """persistent.recall: the record under `key`, or None."""
         return self._run(C.op_recall(key))
 
     def by_tag(self, tag: str) -> list[CrossRunRecord]:
+        """persistent.by_tag: the records carrying `tag`."""
         return self._run(C.op_by_tag(tag))
 
     def forget(self, key: str) -> bool:
+        """persistent.forget: delete `key`; False when it was absent."""
         return self._run(C.op_forget(key))
 
     def keys(self, prefix: str = "", limit: int | None = None) -> list[str]:
+        """persistent.keys: the keys starting with `prefix`, sorted (at most `limit`, default 1000)."""
         return self._run(C.op_keys(prefix, limit))
 
     # --- tier 3: knowledge graph ----------------------------------------------------------------
@@ -609,18 +638,36 @@ class Client:
         session_id: str = "",
         tags: list[str] | None = None,
     ) -> KnowledgeNode:
+        """graph.add_theorem: a new node (a new node_id every call)."""
         return self._run(C.op_add_theorem(theorem_name, formal_statement, domain, session_id, tags))
 
-    def link(self, from_id: str, to_id: str, relation: str = "uses") -> dict[str, Any]:
+    def link(self, from_id: str, to_id: str, relation: str = "uses") -> Link:
+        """graph.link: a directed relation: uses, generalizes, specializes or contradicts. NotFound for an unknown id."""
         return self._run(C.op_link(from_id, to_id, relation))
 
     def related(self, node_id: str, depth: int = 2) -> list[KnowledgeNode]:
+        """graph.related: nodes within `depth` hops (0 to 16), either direction, nearest first."""
         return self._run(C.op_related(node_id, depth))
 
     def node(self, node_id: str) -> KnowledgeNode:
+        """graph.get: one node; NotFound if absent."""
         return self._run(C.op_node(node_id))
 
-    # --- tier 4: domain memories, conversations, jobs -------------------------------------------
+    def search_theorems(
+        self, query: str = "", domain: str | None = None, tag: str | None = None, limit: int | None = None
+    ) -> list[KnowledgeNode]:
+        """graph.search: nodes whose name or statement contains `query` (and whose domain contains `domain`, tags hold `tag`)."""
+        return self._run(C.op_search_theorems(query, domain, tag, limit))
+
+    def graph_stats(self) -> GraphStats:
+        """graph.stats: node and edge counts, and the edges per relation."""
+        return self._run(C.op_graph_stats())
+
+    def export_graph(self, format: str = "node_link") -> dict[str, Any]:
+        """graph.export: {"format", "data"}: networkx node-link JSON ("node_link") or a GraphML string ("graphml")."""
+        return self._run(C.op_export_graph(format))
+
+    # --- tier 4: domain memories ----------------------------------------------------------------
 
     def add_memory(
         self,
@@ -634,31 +681,73 @@ class Client:
         source_session: str | None = None,
         dedup: bool = True,
         **extra: Any,
-    ) -> dict[str, Any]:
-        """memory.add; `extra` passes further params (scope, abstract, overview)."""
+    ) -> MemoryAddResult:
+        """memory.add: `decision` created, merged (into a near duplicate) or skipped, with the `memory`.
+
+        `category` is one of domain_knowledge, proof_strategy, open_problems, pitfalls, fact,
+        preference, skill, goal, context; `extra` passes scope ("local"/"global"), abstract, overview.
+        The result reads as a dict too: r["decision"], r["memory"]["file"]."""
         return self._run(C.op_add_memory(domain, category, title, content, confidence, tags, source_session, dedup, **extra))
+
+    def add_memories(self, items: list[dict[str, Any]]) -> list[MemoryAddResult]:
+        """memory.add_many: each item is memory.add's params (a dict); one result per item, in order
+        (an item that failed a check has decision "error" and `kind`)."""
+        return self._run(C.op_add_memories(items))
+
+    def get_memory(self, memory_id: str) -> Memory:
+        """memory.get: one memory (archived ones too); NotFound if absent."""
+        return self._run(C.op_get_memory(memory_id))
+
+    def list_memories(
+        self,
+        domain: str | None = None,
+        category: str | None = None,
+        status: str | None = None,
+        limit: int | None = None,
+        offset: int | None = None,
+    ) -> MemoryPage:
+        """memory.list: newest first, paged (`limit` default 50); `status` "active" (default), "archived" or "any".
+        `total` counts every match before paging."""
+        return self._run(C.op_list_memories(domain, category, status, limit, offset))
+
+    def update_memory(self, memory_id: str, **fields: Any) -> Memory:
+        """memory.update: change title, content, category, confidence, tags, scope, abstract or overview."""
+        return self._run(C.op_update_memory(memory_id, **fields))
+
+    def delete_memory(self, memory_id: str, purge: bool = False) -> MemoryDeleted:
+        """memory.delete: archive the memory (its file moves to _archive/), or erase it with purge=True."""
+        return self._run(C.op_delete_memory(memory_id, purge))
 
     def search_memories(
         self, query: str, domain: str | None = None, k: int = 10, categories: list[str] | None = None, **extra: Any
-    ) -> list[dict[str, Any]]:
-        """memory.search; `extra` passes further params (mode, scope, status, min_score, ...)."""
+    ) -> list[MemoryHit]:
+        """memory.search: hybrid (dense + BM25) search, best first. Each hit's `score` is calibrated
+        (0..1, comparable across queries and models: 0.5 is the relevance floor, PROTOCOL.md);
+        `extra` passes mode, scope, status, min_score, min_confidence, include_global."""
         return self._run(C.op_search_memories(query, domain, k, categories, **extra))
 
     def inject(
         self, domain: str, k: int = 4, query: str | None = None, token_budget: int | None = None
-    ) -> dict[str, Any]:
+    ) -> Injection:
+        """memory.inject: EurekaClaw's <memories> block (`text`), the `ids` in it and its estimated `tokens`."""
         return self._run(C.op_inject(domain, k, query, token_budget))
 
+    # --- conversations, jobs ----------------------------------------------------------------------
+
     def append_conversation(self, group: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        """conversation.append: add messages to a conversation group."""
         return self._run(C.op_append_conversation(group, messages))
 
     def flush_conversation(self, group: str) -> str | None:
+        """conversation.flush: the extraction job's id, or None."""
         return self._run(C.op_flush_conversation(group))
 
     def job(self, job_id: str) -> dict[str, Any]:
+        """jobs.get: one job."""
         return self._run(C.op_job(job_id))
 
     def wait_job(self, job_id: str, timeout: float | None = None) -> dict[str, Any]:
+        """jobs.wait: the job once it has finished, or as it is after `timeout` seconds."""
         return self._run(C.op_wait_job(job_id, timeout))
 
     # --- skills: EurekaClaw's skills/<name>/SKILL.md ---------------------------------------------
@@ -673,8 +762,8 @@ class Client:
         """skills.get; NotFound if there is no skill of that name."""
         return self._run(C.op_skill(name))
 
-    def search_skills(self, query: str, k: int = 10, **extra: Any) -> list[dict[str, Any]]:
-        """skills.search: [{"skill", "score", "why"}] best first; `extra` passes status, mode."""
+    def search_skills(self, query: str, k: int = 10, **extra: Any) -> list[SkillHit]:
+        """skills.search: hits (`skill`, `score`, `why`) best first; `extra` passes status, mode."""
         return self._run(C.op_search_skills(query, k, **extra))
 
     def put_skill(self, name: str, body: str, **fields: Any) -> Skill:
@@ -696,6 +785,6 @@ class Client:
         query: str | None = None,
         k: int | None = None,
         token_budget: int | None = None,
-    ) -> dict[str, Any]:
-        """skills.inject: {"text", "names", "tokens"}, the <skills> block of an agent's system prompt."""
+    ) -> SkillsInjection:
+        """skills.inject: the <skills> block of an agent's system prompt (`text`, `names`, `tokens`)."""
         return self._run(C.op_inject_skills(agent_role, pipeline_stage, query, k, token_budget))

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
-from eurekamem.client._paths import data_root, default_socket_path
+from eurekamem.client._paths import data_root, default_config_path, default_socket_path
 from eurekamem.daemon import systemd as systemd
 from eurekamem.daemon.server import Limits
 from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
@@ -211,13 +211,6 @@ class Effective:
         if not self.values["embed_url"] or not self.values["embed_dim"]:
             raise ConfigError("embedder openai:<model> needs embed_url and embed_dim (--embed-url, --embed-dim)")
         return {"base_url": self.values["embed_url"], "dim": self.values["embed_dim"]}
-
-
-def default_config_path(environ: typing.Mapping[str, str] | None = None) -> Path:
-    env = os.environ if environ is None else environ
-    base = env.get("XDG_CONFIG_HOME") or ""
-    folder = Path(base) if base and os.path.isabs(base) else Path.home() / ".config"
-    return folder / "eurekamem" / "config.toml"
 
 
 def _read_file(path: Path) -> dict[str, Any]:

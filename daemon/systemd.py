@@ -226,9 +226,9 @@ After=eurekamem.socket
 [Service]
 Type=notify
 NotifyAccess=main
-ExecStartPre=+mkdir -p {data_dir} %t/eurekamem
+ExecStartPre=+mkdir -p {data_dir} {socket_dir}
 ExecStart={exec_start}
-Environment=EUREKACLAW_DIR={data_dir}
+Environment={data_dir_env}
 Environment=PYTHONUNBUFFERED=1
 Restart=on-failure
 RestartSec=2
@@ -245,7 +245,7 @@ NoNewPrivileges=yes
 PrivateUsers=yes
 PrivateTmp=yes
 ProtectSystem=strict
-ReadWritePaths={data_dir} %t/eurekamem
+ReadWritePaths={data_dir} {socket_dir}
 LockPersonality=yes
 # AF_UNIX for the socket; AF_INET/AF_INET6 only for outgoing HTTPS to an LLM or an embedding endpoint
 # when one is configured (the daemon never listens on them: no TCP listener exists).
@@ -269,7 +269,7 @@ SOCKET_UNIT = """\
 Description=eurekamem memory daemon socket
 
 [Socket]
-ListenStream=%t/eurekamem/eurekamem.sock
+ListenStream={listen}
 SocketMode=0600
 DirectoryMode=0700
 RemoveOnStop=yes
@@ -279,17 +279,26 @@ WantedBy=sockets.target
 """
 
 
+DEFAULT_LISTEN = "%t/eurekamem/eurekamem.sock"  # $XDG_RUNTIME_DIR/eurekamem/eurekamem.sock, where clients look first
+
 REPO_EXEC_START = "%h/.local/bin/eurekamem serve"  # what systemd/eurekamem.service in the source tree says
 
 
-def render_units(exec_start: str = REPO_EXEC_START, data_dir: str = "%h/.eurekaclaw") -> dict[str, str]:
-    """The two unit files, by file name, for a daemon started with the command line `exec_start`.
+def render_units(
+    exec_start: str = REPO_EXEC_START, data_dir: str = "%h/.eurekaclaw", socket: str = DEFAULT_LISTEN
+) -> dict[str, str]:
+    """The two unit files, by file name, for a daemon started with the command line `exec_start`,
+    serving the data root `data_dir` on the socket `socket` (systemd specifiers such as %h, %t allowed).
 
     The files under systemd/ in the source tree are render_units() with the defaults (a test keeps
     them equal); the data root is PROTOCOL.md §1's default, ~/.eurekaclaw."""
+    socket_dir = socket.rsplit("/", 1)[0] or "/"
     return {
-        "eurekamem.service": SERVICE_UNIT.format(exec_start=exec_start, data_dir=data_dir),
-        "eurekamem.socket": SOCKET_UNIT,
+        "eurekamem.service": SERVICE_UNIT.format(
+            exec_start=exec_start, data_dir=_quote_spaces(data_dir), data_dir_env=_quote_spaces(f"EUREKACLAW_DIR={data_dir}"),
+            socket_dir=_quote_spaces(socket_dir),
+        ),
+        "eurekamem.socket": SOCKET_UNIT.format(listen=socket),
     }
 
 
@@ -306,6 +315,18 @@ def _quote(arg: str) -> str:
     if escaped and not any(c in escaped for c in " \t\"'\\;"):
         return escaped
     return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def unit_path(path: str) -> str:
+    """A plain path as a unit file value: `%` escaped, so systemd reads no specifier in it."""
+    return path.replace("%", "%%")
+
+
+def _quote_spaces(value: str) -> str:
+    """A value (specifiers kept) double-quoted when it holds white space or quotes."""
+    if not any(c in value for c in " \t\"'\\"):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def exec_start(argv: list[str]) -> str:

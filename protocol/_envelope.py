@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from ._describe import allowed_values_hint
 from ._errors import ProtocolError
 from ._framing import frame_binary, frame_ndjson
 from ._methods import METHODS, MethodSpec
@@ -80,10 +81,12 @@ _TOO_LONG = re.compile(r"Expected `[a-z]+` of length <= [0-9]+")
 _TOO_DEEP = "nesting too deep"
 
 
-def _params_error(exc: Exception) -> ProtocolError:
+def _params_error(exc: Exception, params_type: type) -> ProtocolError:
+    """invalid_params (or too_large for a length bound), naming what is allowed where it can
+    (the nine categories for an unknown one, the known fields for an unknown field)."""
     text = str(exc)
     kind = "too_large" if _TOO_LONG.match(text) else "invalid_params"
-    return ProtocolError(kind, f"invalid params: {text}")
+    return ProtocolError(kind, f"invalid params: {text}{allowed_values_hint(text, params_type)}")
 
 
 class Codec:
@@ -182,7 +185,7 @@ class Codec:
         try:
             return decoder.decode(raw)
         except msgspec.ValidationError as exc:
-            raise _params_error(exc) from None
+            raise _params_error(exc, params_type) from None
         except msgspec.DecodeError as exc:
             raise ProtocolError("invalid_params", f"invalid params: {exc}") from None
         except RecursionError:

@@ -14,7 +14,35 @@ from typing import Any
 import msgspec
 
 
-class EpisodicEntry(msgspec.Struct, kw_only=True):
+class Record(msgspec.Struct):
+    """The base of every record and result: typed fields, and dict-style reading for code written
+    against the plain JSON answers (`r["memory"]["file"]`, `r.get("reason")`, `dict(r)`).
+
+    `key in r` and `r.get(key)` treat a field that is None as absent, as the JSON answer leaves
+    optional members out; `r[key]` raises KeyError only for a name that is not a field."""
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self.__struct_fields__:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = getattr(self, key, None) if key in self.__struct_fields__ else None
+        return default if value is None else value
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.__struct_fields__ and getattr(self, str(key)) is not None
+
+    def keys(self) -> tuple[str, ...]:
+        return self.__struct_fields__
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as the plain JSON-like data the daemon sent (nested records too)."""
+        out: dict[str, Any] = msgspec.to_builtins(self)
+        return out
+
+
+class EpisodicEntry(Record, kw_only=True):
     entry_id: str
     session_id: str
     agent_role: str
@@ -23,7 +51,7 @@ class EpisodicEntry(msgspec.Struct, kw_only=True):
     timestamp: str
 
 
-class CrossRunRecord(msgspec.Struct, kw_only=True):
+class CrossRunRecord(Record, kw_only=True):
     record_id: str
     key: str
     value: Any
@@ -33,7 +61,7 @@ class CrossRunRecord(msgspec.Struct, kw_only=True):
     updated_at: str
 
 
-class KnowledgeNode(msgspec.Struct, kw_only=True):
+class KnowledgeNode(Record, kw_only=True):
     node_id: str
     theorem_name: str
     formal_statement: str
@@ -44,7 +72,7 @@ class KnowledgeNode(msgspec.Struct, kw_only=True):
     created_at: str
 
 
-class Edge(msgspec.Struct, kw_only=True):
+class Edge(Record, kw_only=True):
     from_id: str
     to_id: str
     relation: str
@@ -100,7 +128,7 @@ MEMORY_CATEGORIES: tuple[str, ...] = (
 )
 
 
-class Memory(msgspec.Struct, kw_only=True):
+class Memory(Record, kw_only=True):
     """Tier 4: one insight or memory; `content` is L2 (full), `overview` L1, `abstract` L0."""
 
     id: str
@@ -129,7 +157,7 @@ SKILL_SOURCES: tuple[str, ...] = ("seed", "distilled", "manual")
 SKILL_STATUSES: tuple[str, ...] = ("draft", "active")
 
 
-class Skill(msgspec.Struct, kw_only=True):
+class Skill(Record, kw_only=True):
     """A skill: EurekaClaw's SkillMeta fields, then `status` and `body` (the Markdown after the frontmatter).
 
     `name` is also its folder: skills/<name>/SKILL.md. `success_rate` is null until the first use."""
@@ -146,3 +174,79 @@ class Skill(msgspec.Struct, kw_only=True):
     success_rate: float | None = None
     status: str = "active"  # draft | active: a draft is never injected until skills.confirm
     body: str = ""
+
+
+# --- results: what the methods answer, typed for the clients (the daemon sends the same as JSON) ----
+
+
+class MemoryAddResult(Record, kw_only=True):
+    """memory.add (and each item of memory.add_many): `decision` is created, merged, skipped (or,
+    in add_many, error with `kind`); `memory` the stored, merged-into or existing memory."""
+
+    decision: str
+    memory: Memory | None = None
+    reason: str | None = None
+    kind: str | None = None
+
+
+class SearchWhy(Record, kw_only=True):
+    """Each retriever's 1-based rank and raw score (cosine, BM25); None where it did not return the hit."""
+
+    dense_rank: int | None = None
+    lexical_rank: int | None = None
+    dense_score: float | None = None
+    lexical_score: float | None = None
+
+
+class MemoryHit(Record, kw_only=True):
+    """One memory.search result; `score` is calibrated, 0..1 (PROTOCOL.md, "Hybrid search")."""
+
+    memory: Memory
+    score: float
+    why: SearchWhy = msgspec.field(default_factory=SearchWhy)
+
+
+class MemoryPage(Record, kw_only=True):
+    """memory.list: `total` matches before paging, `memories` this page, newest first."""
+
+    total: int
+    memories: list[Memory] = []
+
+
+class MemoryDeleted(Record, kw_only=True):
+    id: str
+    status: str  # archived | purged
+
+
+class Injection(Record, kw_only=True):
+    """memory.inject: EurekaClaw's <memories> block, the ids in it, its estimated tokens."""
+
+    text: str
+    ids: list[str] = []
+    tokens: int = 0
+
+
+class SkillHit(Record, kw_only=True):
+    skill: Skill
+    score: float
+    why: SearchWhy = msgspec.field(default_factory=SearchWhy)
+
+
+class SkillsInjection(Record, kw_only=True):
+    """skills.inject: the <skills> block of an agent's system prompt, the names in it, its tokens."""
+
+    text: str
+    names: list[str] = []
+    tokens: int = 0
+
+
+class Link(Record, kw_only=True):
+    from_id: str
+    to_id: str
+    relation: str
+
+
+class GraphStats(Record, kw_only=True):
+    nodes: int
+    edges: int
+    relations: dict[str, int] = {}

@@ -1,0 +1,460 @@
+"""The commands that only talk to a running daemon: call, status, socket, resume and memories.
+
+Rule kept here: nothing here imports eurekamem.daemon (nor trio or numpy): only the client, the
+protocol and the standard library, so each of these commands starts and answers in well under
+0.15 s (tests/test_cli.py checks the imports in a subprocess). The socket is found by
+client/_paths.py's resolve_locations, the same order `eurekamem serve` applies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from eurekamem.cli.main import client_socket, timeout_help
+
+# --- calling -----------------------------------------------------------------------------------------
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from eurekamem.client import Client
+
+    return Client(client_socket(args), timeout=args.timeout)
+
+
+def _err(message: str) -> int:
+    print(f"eurekamem: {message}", file=sys.stderr)
+    return 1
+
+
+def _call_reporting(args: argparse.Namespace, method: str, params: dict[str, Any]) -> tuple[bool, Any]:
+    """(True, result), or (False, None) after printing the error the daemon answered or why it is unreachable."""
+    from eurekamem.client import ConnectionLost, EurekamemError
+
+    try:
+        with _client(args) as client:
+            return True, client.call(method, params)
+    except (ConnectionLost, OSError) as exc:
+        print(f"eurekamem: cannot reach the daemon: {exc}", file=sys.stderr)
+    except EurekamemError as exc:
+        print(f"eurekamem: {exc.kind}: {exc.message}", file=sys.stderr)
+    return False, None
+
+
+def methods_listing() -> str:
+    from eurekamem.protocol import METHODS
+
+    width = max(len(name) for name in METHODS)
+    lines = ["methods (`eurekamem call METHOD --help` prints one's params):"]
+    for name, spec in METHODS.items():
+        lines.append(f"  {name:<{width}}  {spec.doc}{'  [writes]' if spec.writes else ''}")
+    return "\n".join(lines)
+
+
+def cmd_call(args: argparse.Namespace) -> int:
+    from eurekamem.protocol import METHODS
+
+    if args.help or not args.method:
+        args.parser.print_help()
+        print()
+        print(methods_listing())
+        return 0 if args.help else 2
+    if args.method not in METHODS:
+        import difflib
+
+        close = difflib.get_close_matches(args.method, list(METHODS), n=3)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        return _err(f"unknown method {args.method!r}{hint}; `eurekamem call --help` lists them")
+    spec = METHODS[args.method]
+    if args.method_help:
+        from eurekamem.protocol._describe import method_help
+
+        print(method_help(spec.name, spec.params, spec.doc, spec.writes))
+        return 0
+    text = sys.stdin.read() if args.params == "-" else args.params
+    try:
+        params = json.loads(text) if text else {}
+    except ValueError as exc:
+        return _err(f"params are not JSON: {exc}")
+    if not isinstance(params, dict):
+        return _err("params must be a JSON object")
+    ok, result = _call_reporting(args, args.method, params)
+    if not ok:
+        return 1
+    print(json.dumps(result, indent=2 if args.pretty else None, ensure_ascii=False))
+    return 0
+
+
+def cmd_socket(args: argparse.Namespace) -> int:
+    """Print the socket path the other commands connect to (and `eurekamem serve` listens on)."""
+    print(client_socket(args))
+    return 0
+
+
+# --- status ------------------------------------------------------------------------------------------
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+
+
+def embedding_line(stats: dict[str, Any]) -> str | None:
+    """The background embedding's progress from sys.stats (memory.embedding), None when idle."""
+    memory = stats.get("memory") or {}
+    progress = memory.get("embedding") or {}
+    pending = (stats.get("tiers", {}).get("memory") or {}).get("unembedded", 0)
+    if not pending:
+        return None
+    done = progress.get("done", 0)
+    total = done + pending
+    text = f"{memory.get('model', '?')}: {done:,} of {total:,} memories embedded in the background"
+    if progress.get("per_second"):
+        text += f", {progress['per_second']:.1f}/s"
+    if progress.get("eta_seconds") is not None:
+        text += f", about {_duration(progress['eta_seconds'])} left"
+    return text
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from eurekamem.client import ConnectionLost, EurekamemError
+
+    try:
+        with _client(args) as client:
+            stats = client.call("sys.stats", {})
+    except (EurekamemError, ConnectionLost, OSError) as exc:
+        return _err(f"not running or not reachable: {exc}")
+    journal = stats["journal"]
+    print(f"eurekamem {stats['version']}  pid {stats['pid']}  since {stats['started_at']}")
+    print(f"  data     {stats['data_dir']}")
+    print(f"  socket   {stats['socket']}")
+    model = (stats.get("memory") or {}).get("model")
+    if model:
+        print(f"  model    {model}")
+    state = "READ-ONLY: " + str(journal["failed"]) if stats["read_only"] else "writable"
+    print(
+        f"  journal  {journal['bytes']} bytes in {journal['segments']} segments, seq {journal['last_seq']}, "
+        f"fsync {journal['fsync']}, {state}"
+    )
+    for tier, counts in stats["tiers"].items():
+        print(f"  {tier:<10} " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    line = embedding_line(stats)
+    if line:
+        print(f"  embedding {line}")
+    requests = stats["requests"]
+    print(f"  requests {requests['total']} on {requests['connections_total']} connections ({requests['connections_open']} open)")
+    for name, m in requests["methods"].items():
+        print(
+            f"    {name:<22} {m['count']:>9}  p50 {m['p50_us']:>8} us  p99 {m['p99_us']:>8} us  "
+            f"errors {sum(m['errors'].values())}"
+        )
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    """sys.resume: after the journal failed (disk full, I/O error) and space was freed, accept writes again."""
+    ok, result = _call_reporting(args, "sys.resume", {})
+    if not ok:
+        return 1
+    if result.get("resumed"):
+        print(
+            f"resumed: writable again (was read-only since {result.get('failed_at')}: {result.get('was')}); "
+            f"cut {result.get('cut_records', 0)} unacknowledged records, now writing {result.get('segment')}"
+        )
+    else:
+        print("not read-only: nothing to resume")
+    return 0
+
+
+# --- memories: a person's view of what is stored ------------------------------------------------------
+
+
+def _width() -> int:
+    return max(60, shutil.get_terminal_size((100, 24)).columns)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], stretch: int = -1) -> str:
+    """Columns padded to their widest cell; column `stretch` (the last by default) is cut to fit the terminal."""
+    if not rows:
+        return ""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    stretch %= len(headers)
+    room = _width() - sum(w + 2 for i, w in enumerate(widths) if i != stretch)
+    widths[stretch] = max(10, min(widths[stretch], room))
+
+    def cut(text: str, width: int) -> str:
+        text = " ".join(text.split())
+        return text if len(text) <= width else text[: width - 1] + "…"
+
+    lines = ["  ".join(h.ljust(widths[i]) for i, h in enumerate(headers)).rstrip()]
+    for row in rows:
+        lines.append("  ".join(cut(cell, widths[i]).ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+    return "\n".join(lines)
+
+
+def _memory_row(memory: dict[str, Any]) -> list[str]:
+    return [
+        memory["id"][:8],
+        memory["category"],
+        memory["domain"] or "general",
+        f"{memory['confidence']:.2f}",
+        memory["updated_at"][:10],
+        memory["title"] + ("  (global)" if memory.get("scope") == "global" else "")
+        + ("  (archived)" if memory.get("status") == "archived" else ""),
+    ]
+
+
+MEMORY_HEADERS = ("ID", "CATEGORY", "DOMAIN", "CONF", "UPDATED", "TITLE")
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def _resolve_id(client: Any, wanted: str) -> str:
+    """A memory id from a whole id or the unique start of one (the 8 characters `memories list` shows)."""
+    from eurekamem.client import NotFound
+
+    if len(wanted) >= 36:
+        return wanted
+    found: list[str] = []
+    offset = 0
+    while True:
+        page = client.call("memory.list", {"status": "any", "limit": 10_000, "offset": offset})
+        found += [m["id"] for m in page["memories"] if m["id"].startswith(wanted)]
+        offset += len(page["memories"])
+        if not page["memories"] or offset >= page["total"]:
+            break
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise NotFound(f"no memory id starts with {wanted!r}")
+    raise NotFound(f"{len(found)} memory ids start with {wanted!r}: give more of it ({', '.join(f[:13] for f in found[:5])} ...)")
+
+
+def _run_memories(args: argparse.Namespace, body: Callable[[Any], int]) -> int:
+    from eurekamem.client import ConnectionLost, EurekamemError
+
+    try:
+        with _client(args) as client:
+            return body(client)
+    except (ConnectionLost, OSError) as exc:
+        return _err(f"cannot reach the daemon: {exc}")
+    except EurekamemError as exc:
+        return _err(f"{exc.kind}: {exc.message}")
+
+
+def cmd_memories_list(args: argparse.Namespace) -> int:
+    def body(client: Any) -> int:
+        params = {"status": args.status, "limit": args.limit, "offset": args.offset}
+        if args.domain is not None:
+            params["domain"] = args.domain
+        if args.category:
+            params["category"] = args.category
+        page = client.call("memory.list", params)
+        if args.json:
+            _print_json(page)
+        elif args.ids:
+            for memory in page["memories"]:
+                print(memory["id"])
+        elif not page["memories"]:
+            print("no memories" + (f" in {args.domain!r}" if args.domain is not None else ""), file=sys.stderr)
+        else:
+            print(table(MEMORY_HEADERS, [_memory_row(m) for m in page["memories"]]))
+            shown = len(page["memories"])
+            if shown < page["total"]:
+                print(f"({shown} of {page['total']}; --offset {args.offset + shown} for more)", file=sys.stderr)
+        return 0
+
+    return _run_memories(args, body)
+
+
+def cmd_memories_show(args: argparse.Namespace) -> int:
+    def body(client: Any) -> int:
+        memory = client.call("memory.get", {"id": _resolve_id(client, args.id)})
+        if args.json:
+            _print_json(memory)
+            return 0
+        print(f"# {memory['title']}\n")
+        for name in ("id", "domain", "category", "scope", "status", "confidence", "tags", "source_session",
+                     "created_at", "updated_at", "access_count", "file"):
+            value = memory.get(name)
+            if value in ("", [], None):
+                continue
+            print(f"{name + ':':<16}{', '.join(value) if isinstance(value, list) else value}")
+        print(f"{'abstract:':<16}{memory['abstract']}")
+        print()
+        print(memory["content"])
+        return 0
+
+    return _run_memories(args, body)
+
+
+def cmd_memories_search(args: argparse.Namespace) -> int:
+    def body(client: Any) -> int:
+        params: dict[str, Any] = {"query": args.query, "k": args.k, "mode": args.mode}
+        if args.domain is not None:
+            params["domain"] = args.domain
+        if args.category:
+            params["categories"] = args.category
+        if args.min_score is not None:
+            params["min_score"] = args.min_score
+        hits = client.call("memory.search", params)
+        if args.json:
+            _print_json(hits)
+        elif not hits:
+            print("nothing found", file=sys.stderr)
+        else:
+            rows = [[f"{hit['score']:.3f}", *_memory_row(hit["memory"])] for hit in hits]
+            print(table(("SCORE", *MEMORY_HEADERS), rows))
+        return 0
+
+    return _run_memories(args, body)
+
+
+def cmd_memories_add(args: argparse.Namespace) -> int:
+    content = sys.stdin.read() if args.content == "-" else args.content
+
+    def body(client: Any) -> int:
+        params: dict[str, Any] = {
+            "domain": args.domain, "category": args.category, "title": args.title, "content": content,
+            "confidence": args.confidence, "scope": args.scope, "dedup": not args.no_dedup,
+        }
+        if args.tags:
+            params["tags"] = [t.strip() for t in args.tags.split(",") if t.strip()]
+        result = client.call("memory.add", params)
+        if args.json:
+            _print_json(result)
+            return 0
+        memory = result.get("memory")
+        where = f" {memory['id']} ({memory['file']})" if memory else ""
+        reason = f": {result['reason']}" if result.get("reason") else ""
+        print(f"{result['decision']}{where}{reason}")
+        return 0
+
+    return _run_memories(args, body)
+
+
+def cmd_memories_forget(args: argparse.Namespace) -> int:
+    def body(client: Any) -> int:
+        result = client.call("memory.delete", {"id": _resolve_id(client, args.id), "purge": args.purge})
+        if args.json:
+            _print_json(result)
+        else:
+            print(f"{result['status']} {result['id']}" + ("" if args.purge else " (its file moved to _archive/; --purge erases it)"))
+        return 0
+
+    return _run_memories(args, body)
+
+
+# --- the parser ---------------------------------------------------------------------------------------
+
+
+def add_client_commands(
+    sub: Any,
+    common: Callable[[argparse.ArgumentParser], None],
+    timeout: Callable[[argparse.ArgumentParser, float], None],
+    command: str | None,
+) -> None:
+    """Register call, status, socket, resume and memories."""
+    call = sub.add_parser(
+        "call", add_help=False, help="call one method and print its JSON result (`call --help` lists the methods)",
+        usage="eurekamem call [options] METHOD [PARAMS]\n       eurekamem call METHOD --help",
+        description="Call one method of the daemon and print its JSON result; an error goes to stderr with exit status 1.",
+    )
+    call.add_argument("-h", "--help", action="store_true", help="show this help (with METHOD: that method's params) and exit")
+    common(call)
+    call.add_argument("method", nargs="?", metavar="METHOD", help="a method name, such as sys.ping or memory.search")
+    call.add_argument("params", nargs="?", metavar="PARAMS", help="the params as a JSON object ('-': read it from stdin)")
+    call.add_argument("--pretty", action="store_true", help="indent the JSON output")
+    timeout(call, 30.0)
+    call.set_defaults(func=_call_entry, parser=call, method_help=False)
+
+    status = sub.add_parser("status", help="a short human summary of the running daemon")
+    common(status)
+    timeout(status, 5.0)
+    status.set_defaults(func="eurekamem.cli.calls:cmd_status")
+
+    socket = sub.add_parser(
+        "socket", help="print the socket path the daemon listens on and the commands connect to",
+        description="Print the socket path, found as `eurekamem serve` finds it: for socat and other clients, "
+        "e.g. socat - UNIX-CONNECT:$(eurekamem socket)",
+    )
+    common(socket)
+    socket.set_defaults(func="eurekamem.cli.calls:cmd_socket")
+
+    resume = sub.add_parser("resume", help="after a disk-full or I/O error made the daemon read-only: write again")
+    common(resume)
+    timeout(resume, 60.0)
+    resume.set_defaults(func="eurekamem.cli.calls:cmd_resume")
+
+    memories = sub.add_parser("memories", help="what the agents know: list, show, search, add or forget domain memories")
+    msub = memories.add_subparsers(dest="memories_command", required=True, metavar="SUBCOMMAND")
+
+    def memory_common(p: argparse.ArgumentParser) -> None:
+        common(p)
+        p.add_argument("--json", action="store_true", help="print the daemon's JSON answer instead of a table")
+        p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help=timeout_help(60.0))
+
+    from eurekamem.protocol._records import MEMORY_CATEGORIES
+
+    listing = msub.add_parser("list", help="memories newest first, as a table")
+    memory_common(listing)
+    listing.add_argument("--domain", help="only this domain (default: every domain)")
+    listing.add_argument("--category", choices=MEMORY_CATEGORIES, help="only this category")
+    listing.add_argument("--status", choices=("active", "archived", "any"), default="active", help="(default: active)")
+    listing.add_argument("--limit", type=int, default=50, metavar="N", help="at most N memories (default: 50, at most 10000)")
+    listing.add_argument("--offset", type=int, default=0, metavar="N", help="skip the first N (default: 0)")
+    listing.add_argument("--ids", action="store_true", help="print only the ids, one a line (for scripts)")
+    listing.set_defaults(func="eurekamem.cli.calls:cmd_memories_list")
+
+    show = msub.add_parser("show", help="one memory in full")
+    memory_common(show)
+    show.add_argument("id", metavar="ID", help="a memory id, or its first characters (as `memories list` shows them)")
+    show.set_defaults(func="eurekamem.cli.calls:cmd_memories_show")
+
+    search = msub.add_parser("search", help="hybrid search (dense + BM25), best first, with scores")
+    memory_common(search)
+    search.add_argument("query", metavar="QUERY")
+    search.add_argument("--domain", help="this domain and every domain's global memories (default: every domain)")
+    search.add_argument("--category", action="append", choices=MEMORY_CATEGORIES, help="only this category (repeatable)")
+    search.add_argument("-k", type=int, default=10, metavar="N", help="at most N results (default: 10, at most 100)")
+    search.add_argument("--mode", choices=("hybrid", "dense", "lexical"), default="hybrid", help="(default: hybrid)")
+    search.add_argument(
+        "--min-score", type=float, metavar="SCORE",
+        help="drop results scoring below SCORE, 0 to 1 (calibrated: about 0.5 separates relevant from not; PROTOCOL.md)",
+    )
+    search.set_defaults(func="eurekamem.cli.calls:cmd_memories_search")
+
+    add = msub.add_parser("add", help="add a memory (deduplicated unless --no-dedup)")
+    memory_common(add)
+    add.add_argument("--domain", default="", help='the domain, such as "bandit theory" (default: "", i.e. general)')
+    add.add_argument("--category", required=True, choices=MEMORY_CATEGORIES, help="one of the nine categories")
+    add.add_argument("--title", required=True, help="a title of 1 to 1024 characters, on one line")
+    add.add_argument("--content", required=True, help="the text ('-': read it from stdin)")
+    add.add_argument("--confidence", type=float, default=0.8, help="0 to 1; below 0.5 the memory is skipped (default: 0.8)")
+    add.add_argument("--tags", help="comma-separated tags")
+    add.add_argument("--scope", choices=("local", "global"), default="local", help="global: seen from every domain (default: local)")
+    add.add_argument("--no-dedup", action="store_true", help="store as given: no duplicate or near-duplicate check")
+    add.set_defaults(func="eurekamem.cli.calls:cmd_memories_add")
+
+    forget = msub.add_parser("forget", help="archive a memory (its file moves to _archive/), or --purge it")
+    memory_common(forget)
+    forget.add_argument("id", metavar="ID", help="a memory id, or its first characters")
+    forget.add_argument("--purge", action="store_true", help="erase it for good: record, file and vector")
+    forget.set_defaults(func="eurekamem.cli.calls:cmd_memories_forget")
+
+
+def _call_entry(args: argparse.Namespace) -> int:
+    """`call METHOD --help` prints the method's params; argparse's own -h would print call's usage."""
+    if args.help and args.method:
+        args.help, args.method_help = False, True
+    return cmd_call(args)
