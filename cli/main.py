@@ -221,6 +221,17 @@ def _version() -> str:
     return f"eurekamem {eurekamem.__version__} (Python {sys.version.split()[0]}, {sys.prefix})"
 
 
+class _VersionAction(argparse.Action):
+    """--version on one line, unwrapped (argparse's own "version" action wraps it at 80 columns)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        print(_version())
+        parser.exit()
+
+
 def _command_of(argv: list[str]) -> str | None:
     """The subcommand named in argv (the first word that is not an option), None if none."""
     return next((word for word in argv if not word.startswith("-")), None)
@@ -237,7 +248,7 @@ def build_parser(command: str | None = ALL) -> argparse.ArgumentParser:
         description="The memory service for AI agents: one daemon on a Unix socket, and the commands to use it.",
         epilog="`eurekamem COMMAND --help` describes a command; `eurekamem call --help` lists the methods.",
     )
-    parser.add_argument("--version", action="version", version=_version(), help="print the version and exit")
+    parser.add_argument("--version", action=_VersionAction, help="print the version (and this environment) and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     daemon_flags = command == ALL or command in DAEMON_FLAG_COMMANDS
 

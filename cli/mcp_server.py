@@ -328,6 +328,11 @@ def build_server(proxy: Proxy) -> Any:
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    if importlib.util.find_spec("mcp") is None:
+        print("eurekamem: `eurekamem mcp` needs the MCP SDK: pip install 'eurekamem[mcp]'", file=sys.stderr)
+        return 1
     import anyio
     from eurekamem.cli.main import client_socket
     from eurekamem.client import AsyncClient

