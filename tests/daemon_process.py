@@ -21,6 +21,7 @@ class DaemonProcess:
         self.log: list[str] = []
         self._ready = threading.Event()
         self._ended = threading.Event()
+        self._lines = threading.Condition()
 
     def argv(self) -> list[str]:
         return [
@@ -46,10 +47,26 @@ class DaemonProcess:
         assert proc.stderr is not None
         for raw in proc.stderr:
             line = raw.decode(errors="replace")
-            self.log.append(line)
+            with self._lines:
+                self.log.append(line)
+                self._lines.notify_all()
             if "serving on" in line:
                 self._ready.set()
         self._ended.set()
+        with self._lines:
+            self._lines.notify_all()
+
+    def wait_for_line(self, text: str, timeout: float = START_TIMEOUT, start: int = 0) -> str:
+        """The first log line from index `start` on that contains `text`, waiting for it (woken by
+        each new line); AssertionError if the daemon ends or `timeout` passes first."""
+        with self._lines:
+            found = self._lines.wait_for(
+                lambda: next((x for x in self.log[start:] if text in x), None) or (self._ended.is_set() and "ended"),
+                timeout,
+            )
+        if not found or found == "ended":
+            raise AssertionError(f"no log line with {text!r} ({'daemon ended' if found else 'timed out'}):\n{self.output}")
+        return str(found)
 
     def wait_exit(self, timeout: float = START_TIMEOUT) -> int:
         assert self.proc is not None
