@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from eurekamem.cli.common import _duration
 from eurekamem.cli.main import client_socket, timeout_help
 
 # --- calling -----------------------------------------------------------------------------------------
@@ -96,15 +97,6 @@ def cmd_socket(args: argparse.Namespace) -> int:
 
 
 # --- status ------------------------------------------------------------------------------------------
-
-
-def _duration(seconds: float) -> str:
-    seconds = max(0, int(round(seconds)))
-    if seconds < 60:
-        return f"{seconds} s"
-    if seconds < 3600:
-        return f"{seconds // 60} min {seconds % 60} s"
-    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
 
 
 def embedding_line(stats: dict[str, Any]) -> str | None:

@@ -38,28 +38,61 @@ def _client(args: argparse.Namespace) -> Any:
 
 
 class Progress:
-    """A one-line text progress bar on stderr, drawn only when stderr is a terminal."""
+    """Progress on stderr: a one-line bar redrawn in place when stderr is a terminal (or `force`);
+    otherwise, with `lines`, a plain line every LINE_EVERY seconds and one at the end (for logs and
+    pipes). Both show the counts, the rate and the time left."""
 
-    def __init__(self, total: int, label: str, stream: TextIO | None = None, force: bool = False) -> None:
+    LINE_EVERY = 10.0
+
+    def __init__(
+        self, total: int, label: str, stream: TextIO | None = None, force: bool = False, lines: bool = False
+    ) -> None:
         self.stream = stream or sys.stderr
         try:
             tty = self.stream.isatty()
         except (AttributeError, ValueError):
             tty = False
         self.enabled = force or tty
+        self.lines = lines and not self.enabled
         self.total = max(total, 0)
         self.label = label
         self.done = 0
+        self.started = time.monotonic()
         self._last = -1.0
+        self._last_line = self.started
 
     def add(self, n: int = 1) -> None:
         self.done += n
         self.draw()
 
+    def eta(self, now: float) -> float | None:
+        """Seconds left at the rate so far (None before anything is done)."""
+        elapsed = now - self.started
+        if not self.done or elapsed <= 0:
+            return None
+        return max(0.0, (self.total - self.done) / (self.done / elapsed))
+
+    def figures(self, now: float) -> str:
+        fraction = min(1.0, self.done / self.total) if self.total else 1.0
+        text = f"{fraction * 100:5.1f}% ({self.done}/{self.total})"
+        elapsed = now - self.started
+        if self.done and elapsed > 0:
+            text += f", {self.done / elapsed:.1f}/s"
+        eta = self.eta(now)
+        if eta is not None and self.done < self.total:
+            text += f", about {_duration(eta)} left"
+        return text
+
     def draw(self, final: bool = False) -> None:
+        now = time.monotonic()
+        if self.lines:
+            if final or now - self._last_line >= self.LINE_EVERY:
+                self._last_line = now
+                self.stream.write(f"{self.label}: {self.figures(now).strip()}\n")
+                self.stream.flush()
+            return
         if not self.enabled:
             return
-        now = time.monotonic()
         if not final and now - self._last < 0.1:
             return
         self._last = now
@@ -67,13 +100,21 @@ class Progress:
         width = 30
         filled = int(fraction * width)
         bar = "#" * filled + "-" * (width - filled)
-        self.stream.write(f"\r{self.label} [{bar}] {fraction * 100:5.1f}% ({self.done}/{self.total})")
+        self.stream.write(f"\r{self.label} [{bar}] {self.figures(now)}\x1b[K")
         self.stream.flush()
 
     def close(self) -> None:
-        if self.enabled:
+        if self.enabled or self.lines:
             self.draw(final=True)
-            self.stream.write("\n")
+            if self.enabled:
+                self.stream.write("\n")
             self.stream.flush()
 
 
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"

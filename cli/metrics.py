@@ -198,6 +198,11 @@ def render_top(stats: dict[str, Any], previous: dict[str, Any] | None, elapsed: 
     )
     for tier, counts in stats["tiers"].items():
         lines.append(f"  {tier:<10} " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    from eurekamem.cli.calls import embedding_line
+
+    embedding = embedding_line(stats)
+    if embedding:
+        lines.append(f"  embedding {embedding}")
     lines.append(f"  connections {requests['connections_open']} open, {requests['connections_total']} total; {requests['total']:,} requests")
     lines.append(f"    {'method':<22} {'count':>9} {'rate/s':>8} {'p50 us':>10} {'p99 us':>10} {'max us':>10} {'errors':>7}")
     before = (previous or {}).get("requests", {}).get("methods", {})

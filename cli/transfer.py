@@ -22,6 +22,7 @@ log = logging.getLogger("eurekamem.admin")
 
 
 PAGE = 500  # items per pipelined batch of calls
+MEMORY_PAGE = 32  # memories per memory.add_many: each is embedded, so a batch takes seconds; progress shows per batch
 
 
 def _results(client: Any, calls: list[tuple[str, dict[str, Any]]]) -> list[Any]:
@@ -157,8 +158,8 @@ class Importer:
 
     def memories(self, memories: list[dict[str, Any]]) -> None:
         """memory.add_many (dedup off) in batches; an archived memory is archived again after."""
-        for start in range(0, len(memories), PAGE):
-            chunk = memories[start : start + PAGE]
+        for start in range(0, len(memories), MEMORY_PAGE):
+            chunk = memories[start : start + MEMORY_PAGE]
             items = [self._memory_item(m) for m in chunk]
             try:
                 results: list[Any] = self.client.call("memory.add_many", {"items": items})
@@ -274,7 +275,7 @@ def read_eurekaclaw_root(root: Path) -> tuple[dict[str, list[Any]], list[str]]:
 
 def import_groups(client: Any, groups: dict[str, list[Any]], progress_stream: TextIO | None = None) -> Importer:
     total = sum(len(v) for v in groups.values())
-    progress = Progress(total, "import", progress_stream)
+    progress = Progress(total, "import", progress_stream, lines=True)
     importer = Importer(client, progress)
     importer.persistent(groups["persistent"])
     importer.nodes(groups["graph_node"])

@@ -274,3 +274,36 @@ def test_install_service_honours_the_environment_and_the_flags_and_says_why(root
     assert 'Environment="EUREKACLAW_DIR=/srv/mem ory"' in service and 'ReadWritePaths="/srv/mem ory" /run/em' in service
     assert "ExecStart=/opt/em/bin/eurekamem serve --fsync batch" in service and "from --command" in out
     assert "ListenStream=/run/em/e.sock" in socket_unit and "from --socket" in out and "from --data-dir" in out
+
+
+# --- progress of long operations ----------------------------------------------------------------------
+
+
+def test_import_of_a_eurekaclaw_root_shows_progress_on_stderr(root: Path, daemon: DaemonProcess, tmp_path: Path) -> None:
+    from test_stop_while_embedding import eurekaclaw_root
+
+    eurekaclaw_root(tmp_path / "claw", 40)
+    done = run(root, "import", str(tmp_path / "claw"))
+    assert done.returncode == 0, done.stderr
+    assert "imported 0 persistent, 0 graph_node, 0 graph_edge, 40 memory" in done.stdout
+    assert done.stderr.splitlines()[-1].startswith("import: 100.0% (40/40), "), done.stderr  # not a terminal: plain lines
+    listed = json.loads(run(root, "memories", "list", "--domain", "domain_1", "--json").stdout)
+    assert listed["total"] == 13
+
+
+def test_progress_lines_carry_counts_rate_and_time_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from eurekamem.cli import common
+
+    clock = iter(float(t) for t in range(0, 1000, 4))  # each reading 4 s after the one before
+    monkeypatch.setattr(common.time, "monotonic", lambda: next(clock))
+    out = io.StringIO()
+    progress = common.Progress(600, "import", out, lines=True)
+    for _ in range(6):
+        progress.add(50)
+    progress.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "import: 25.0% (150/600), 12.5/s, about 36 s left"  # the first line after 10 s
+    assert lines[-1].startswith("import: 50.0% (300/600), ")
+    assert all("left" in line for line in lines)
