@@ -196,6 +196,9 @@ class SearchWhy(Record, kw_only=True):
     lexical_rank: int | None = None
     dense_score: float | None = None
     lexical_score: float | None = None
+    cosine: float | None = None  # the query's cosine with the memory's vector (what the score reads)
+    lexical_coverage: float | None = None  # BM25 / the most any document could score for the query
+    fused: float | None = None  # the reciprocal-rank fusion that orders the hits, / its maximum
 
 
 class MemoryHit(Record, kw_only=True):

@@ -389,6 +389,18 @@ class LexicalIndex:
                 p.extend(docs[start:end], tfs[start:end])
         self._df[p_term[starts]] += np.asarray(ends) - np.asarray(starts)
 
+    def ceiling(self, query: str) -> float:
+        """The most a document could score for `query`: each distinct query term's idf times
+        (k1 + 1), a term in no document counting with df 0. BM25 / ceiling is a document's share
+        of it, comparable across queries and collections (what search score calibration reads)."""
+        n_live = self._count
+        total = 0.0
+        for term in dict.fromkeys(self.tokenize(query)):
+            tid = self._vocab.get(term)
+            df = int(self._df[tid]) if tid is not None else 0
+            total += math.log(1.0 + (n_live - df + 0.5) / (df + 0.5)) * (self.k1 + 1.0)
+        return total
+
     def remove(self, label: int) -> bool:
         """Forget `label`'s text. Idempotent; True if it was present."""
         if label not in self:

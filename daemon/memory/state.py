@@ -33,6 +33,7 @@ from eurekamem.daemon.memory.format import (
     word_overlap,
     word_set,
 )
+from eurekamem.daemon.memory import calibration
 from eurekamem.daemon.memory.fusion import fuse
 from eurekamem.daemon.memory.lexical import LexicalDump, LexicalIndex
 from eurekamem.daemon.memory.vectors import VectorStore
@@ -546,21 +547,29 @@ class MemoryState(TierState):
         if not weights:
             return []
         best = sum(table[name] / (RRF_K + 1) for name in {"dense" if n == "dense_prev" else n for n in rankings})
+        # the order is the fusion's; the score is calibrated from each hit's own evidence (calibration.py)
+        score_model = calibration.score_model(self.model, self.thresholds.floor)
+        ceiling = self.lexical.ceiling(p.query)
         out = []
         for label, score, ranks in fuse(rankings, weights, k=RRF_K, limit=p.k):
-            normalised = score / best
-            if p.min_score is not None and normalised < p.min_score:
+            cosine = float(np.dot(self.vectors.get(label), query)) if query is not None and label in self.vectors else None
+            coverage = lexical_scores.get(label, 0.0) / ceiling if ceiling > 0 else 0.0
+            calibrated = calibration.calibrated_score(score_model, cosine, coverage)
+            if p.min_score is not None and calibrated < p.min_score:
                 continue
             memory = self.memories[self._id_of[label]]
             out.append(
                 {
                     "memory": memory,
-                    "score": round(normalised, 6),
+                    "score": round(calibrated, 6),
                     "why": {
                         "dense_rank": ranks.get("dense") or ranks.get("dense_prev"),
                         "lexical_rank": ranks.get("lexical"),
                         "dense_score": round(dense_scores[label], 6) if label in dense_scores else None,
                         "lexical_score": round(lexical_scores[label], 6) if label in lexical_scores else None,
+                        "cosine": round(cosine, 6) if cosine is not None else None,
+                        "lexical_coverage": round(coverage, 6),
+                        "fused": round(score / best, 6),
                         **({"dense_error": dense_error} if dense_error else {}),
                     },
                 }
