@@ -360,9 +360,9 @@ def add_commands(
 
 def _resolve(func: Any) -> Callable[[argparse.Namespace], int]:
     if callable(func):
-        return func  # type: ignore[no-any-return]
+        return func
     module, _, name = func.partition(":")
-    return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+    return getattr(importlib.import_module(module), name)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -292,7 +292,7 @@ def op_add_memory(
     source_session: str | None,
     dedup: bool,
     **extra: Any,
-) -> Op[dict[str, Any]]:
+) -> Op[MemoryAddResult]:
     params = _drop_none(
         domain=domain,
         category=category,

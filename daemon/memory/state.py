@@ -22,6 +22,7 @@ from typing import Any
 
 import msgspec
 import numpy as np
+from eurekamem.daemon.memory import calibration
 from eurekamem.daemon.memory.format import (
     derive_abstract,
     derive_overview,
@@ -33,7 +34,6 @@ from eurekamem.daemon.memory.format import (
     word_overlap,
     word_set,
 )
-from eurekamem.daemon.memory import calibration
 from eurekamem.daemon.memory.fusion import fuse
 from eurekamem.daemon.memory.lexical import LexicalDump, LexicalIndex
 from eurekamem.daemon.memory.vectors import VectorStore
