@@ -13,7 +13,8 @@ START_TIMEOUT = 30.0
 
 
 class DaemonProcess:
-    def __init__(self, data_dir: Path, socket_path: Path, *extra: str) -> None:
+    def __init__(self, data_dir: Path, socket_path: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+        self.env = env  # the daemon's environment (default: this process's)
         self.data_dir = data_dir
         self.socket_path = socket_path
         self.extra = list(extra)
@@ -30,7 +31,8 @@ class DaemonProcess:
         ]
 
     def start(self, expect_ready: bool = True) -> DaemonProcess:
-        env = {k: v for k, v in os.environ.items() if k not in ("EUREKAMEM_SOCKET", "EUREKACLAW_DIR")}
+        base = os.environ if self.env is None else self.env
+        env = {k: v for k, v in base.items() if k not in ("EUREKAMEM_SOCKET", "EUREKACLAW_DIR")}
         self._ready.clear()
         self._ended.clear()
         self.log = []
