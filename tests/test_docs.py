@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from daemon_process import DaemonProcess
 
 REPO = Path(__file__).resolve().parent.parent
