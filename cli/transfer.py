@@ -73,6 +73,7 @@ def export_records(client: Any, progress_stream: TextIO | None = None) -> Iterat
 
 def cmd_export(args: argparse.Namespace) -> int:
     from eurekamem.client import ConnectionLost, EurekamemError
+    from eurekamem.daemon.storage.files import open_private
 
     out: TextIO
     counts: dict[str, int] = {}
@@ -80,7 +81,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp") if target else None
     try:
         with _client(args) as client:
-            out = open(tmp, "w", encoding="utf-8") if tmp else sys.stdout
+            out = open_private(tmp, "w", encoding="utf-8") if tmp else sys.stdout  # 0600: it holds every memory
             try:
                 for item in export_records(client):
                     out.write(json.dumps(item, ensure_ascii=False) + "\n")

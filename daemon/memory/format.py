@@ -128,7 +128,7 @@ def parse_markdown(text: str) -> tuple[dict[str, Any], str, str | None]:
             header, body = rest[:end], rest[end + 4 :]
         else:
             header, body = "", text
-        for line in header.splitlines():
+        for line in header.split("\n"):  # not splitlines(): a quoted value may hold U+2028 and the like
             if ":" not in line:
                 continue
             key, _, value = line.partition(":")  # split at the first colon: values may hold colons
