@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import subprocess
 import tempfile
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Iterator
 
 import pytest
 import trio
@@ -30,6 +33,27 @@ def data_dir(tmp_path: Path) -> Path:
     root = tmp_path / "root"
     root.mkdir()
     return root
+
+
+@contextlib.contextmanager
+def tmpfs(tmp_path: Path, size: int) -> Iterator[Path]:
+    """A real small disk: a tmpfs of `size` bytes mounted at tmp_path/disk for the block (needs
+    root and mount; the test is skipped with the reason otherwise)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs (a real full disk)")
+    if shutil.which("mount") is None or shutil.which("umount") is None:
+        pytest.skip("no mount/umount command here")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(disk)],
+                          capture_output=True, text=True, timeout=10, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"mounting a tmpfs is not permitted here: {done.stderr.strip() or done.returncode}")
+    try:
+        yield disk
+    finally:
+        if subprocess.run(["umount", str(disk)], capture_output=True, timeout=10, check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(disk)], check=True, timeout=10)
 
 
 @asynccontextmanager

@@ -21,6 +21,7 @@ class DaemonProcess:
         self.log: list[str] = []
         self._ready = threading.Event()
         self._ended = threading.Event()
+        self._logged = threading.Condition()  # notified at every line of output
 
     def argv(self) -> list[str]:
         return [
@@ -46,10 +47,20 @@ class DaemonProcess:
         assert proc.stderr is not None
         for raw in proc.stderr:
             line = raw.decode(errors="replace")
-            self.log.append(line)
+            with self._logged:
+                self.log.append(line)
+                self._logged.notify_all()
             if "serving on" in line:
                 self._ready.set()
         self._ended.set()
+        with self._logged:
+            self._logged.notify_all()
+
+    def wait_for_output(self, text: str, timeout: float = START_TIMEOUT) -> bool:
+        """Wait until `text` is in the output (the daemon logged it), at most `timeout` seconds;
+        False if it never came (or the daemon's stderr ended without it)."""
+        with self._logged:
+            return self._logged.wait_for(lambda: text in self.output or self._ended.is_set(), timeout) and text in self.output
 
     def wait_exit(self, timeout: float = START_TIMEOUT) -> int:
         assert self.proc is not None

@@ -16,7 +16,6 @@ import errno
 import math
 import os
 import random
-import shutil
 import stat
 import subprocess
 import sys
@@ -30,7 +29,8 @@ import numpy as np
 import pytest
 import trio
 import trio.testing
-from conftest import IO_TIMEOUT, RawConnection, running_daemon
+
+from conftest import IO_TIMEOUT, RawConnection, running_daemon, tmpfs
 from daemon_process import DaemonProcess
 from eurekamem.client import Client, ReadOnly
 from eurekamem.daemon.memory.actor import read_memory_snapshot
@@ -536,21 +536,8 @@ async def test_a_snapshot_whose_index_file_comes_out_short_answers_read_only_and
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a tmpfs (the real full-disk snapshot test)")
-    if shutil.which("mount") is None or shutil.which("umount") is None:
-        pytest.skip("no mount/umount command here")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(disk)],
-                          capture_output=True, text=True, timeout=10, check=False)
-    if done.returncode != 0:
-        pytest.skip(f"mounting a tmpfs is not permitted here: {done.stderr.strip() or done.returncode}")
-    try:
+    with tmpfs(tmp_path, 4 << 20) as disk:
         yield disk
-    finally:
-        if subprocess.run(["umount", str(disk)], capture_output=True, timeout=10, check=False).returncode != 0:
-            subprocess.run(["umount", "-l", str(disk)], check=True, timeout=10)
 
 
 def test_a_snapshot_on_a_really_full_disk_answers_read_only_and_leaves_no_truncated_file(small_disk: Path, sock_dir: Path) -> None:
