@@ -50,7 +50,7 @@ def word_overlap(existing_words: frozenset[str], new_words: frozenset[str]) -> f
 
 def derive_abstract(content: str, max_words: int = 20) -> str:
     """L0 without an LLM: the first sentence, at most max_words words (whole words only)."""
-    text = " ".join(content.split())
+    text = " ".join(content.split(None, max_words + 1)[: max_words + 1])  # past word 21 nothing changes the answer
     first = _SENTENCE_END.split(text, maxsplit=1)[0] if text else ""
     words = first.split()
     if len(words) > max_words:

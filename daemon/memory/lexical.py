@@ -110,6 +110,8 @@ def tokenize(text: str, stop_words: frozenset[str] = STOP_WORDS) -> list[str]:
     if text.isascii():
         words = text.encode("ascii").translate(_ASCII_TABLE).decode("ascii").split()
         return [w for w in words if w not in stop_words]
+    if "\n" in text:  # no token spans a line: the ASCII lines (a long content, say) take the fast path
+        return [token for line in text.split("\n") for token in tokenize(line, stop_words)]
     out: list[str] = []
     for cjk, word in _TOKEN_RE.findall(text.lower()):
         if word:
