@@ -524,9 +524,16 @@ class Daemon:
             atomic_write(fs, str(self.paths.checkpoint), json.dumps(doc).encode())
 
     async def _memory_background(self, scope: trio.CancelScope) -> None:
-        """Write changed memory files about every second; embed memories that lack a vector."""
+        """Write changed memory files about every second; embed memories that lack a vector.
+        First, give memories that share a file (older archives could) files of their own."""
         with scope:
             memory_actor = self.actors["memory"]
+            try:
+                renamed = await memory_actor.run_internal(lambda state: state.separate_shared_files())
+                if renamed:
+                    log.warning("tier 4: %d memories shared a file with another; each has its own now", len(renamed))
+            except Exception:
+                log.exception("tier 4: could not separate memories that share a file; will try at the next start")
             while True:
                 await trio.sleep(self.config.projection_interval)
                 try:

@@ -259,6 +259,31 @@ async def test_two_archived_memories_with_one_title_keep_two_files(tmp_path: Pat
     assert report.problems == [], report.render()
 
 
+def test_memories_that_already_share_a_file_get_their_own_at_start() -> None:
+    """A data root written before the fix can hold two records naming one file: the daemon
+    renames the later one (journaled) and rewrites both files."""
+    from eurekamem.protocol import Memory
+
+    state = MemoryState(CountingEmbedder())
+    shared = "memories/arch/_archive/20261201_same_title.md"
+
+    def record(i: str, content: str, at: str) -> Memory:
+        return Memory(id=i, domain="arch", category="fact", title="Same title", content=content, abstract=content,
+                      overview=content, tags=[], source_session="", confidence=0.8, scope="local", status="archived",
+                      fingerprint=f"{i:0>16}", created_at=at, updated_at=at, file=shared)
+
+    state._put(record("a", "owls", "2026-12-01T00:00:00+00:00"), "", b"")
+    state._put(record("b", "herons", "2026-12-01T01:00:00+00:00"), "", b"")
+    state.take_projection()
+    assert state.separate_shared_files() == ["b"]
+    files = {i: state.memories[i].file for i in ("a", "b")}
+    assert files["a"] == shared and files["b"] == "memories/arch/_archive/20261201_same_title_0000.md"
+    assert [type(mutation).__name__ for mutation in state.take_pending()] == ["PutMemory"]
+    changed, removed, _ = state.take_projection()
+    assert sorted(mem.id for mem in changed) == ["a", "b"] and removed == []
+    assert state.separate_shared_files() == []
+
+
 # --- 3. purge erases -------------------------------------------------------------------------
 
 SENTINEL = "Zq7SentinelKey9x"

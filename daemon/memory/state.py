@@ -968,6 +968,25 @@ class MemoryState(TierState):
             "unembedded": len(self._unembedded),
         }
 
+    def separate_shared_files(self) -> list[str]:
+        """Give every memory that shares its file with another (archives before issue 16 could)
+        a name of its own, journaled like any change; the one keeping the name is rewritten too,
+        since the file may hold the other's text. Returns the ids renamed."""
+        owner: dict[str, Memory] = {}
+        renamed: list[str] = []
+        for memory in sorted(self.memories.values(), key=lambda mem: (mem.updated_at, mem.id)):
+            kept = owner.get(memory.file)
+            if kept is None:
+                owner[memory.file] = memory
+                continue
+            base = memory.file.removesuffix(".md")
+            moved = msgspec.structs.replace(memory, file=self._free_name(base, memory.fingerprint))
+            self.commit(PutMemory(moved, self.model_of.get(memory.id, ""), self._vector_bytes(memory.id)))
+            self._files[kept.file] = kept.id
+            self._changed(kept)
+            renamed.append(memory.id)
+        return renamed
+
     def missing_vectors(self, limit: int) -> list[str]:
         """Ids of memories without a vector of the current model (imported, or a changed model)."""
         out: list[str] = []
