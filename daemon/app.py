@@ -71,6 +71,11 @@ MAX_LINGERING = 32
 BUSY_LIMIT = 900.0  # seconds one batch may take before the watchdog calls its actor stuck
 
 
+# a snapshot that fails with one of these answers read_only (the disk is full or failing), with
+# any other OSError internal (an unexpected I/O error: a file where a folder should be, say)
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG})
+
+
 class Daemon:
     def __init__(self, config: Config, fs: Any = None, service_manager: systemd.ServiceManager | None = None) -> None:
         self.config = config
@@ -394,9 +399,13 @@ class Daemon:
         try:
             seq = await self.snapshot(force=True)
             result: Any = {"seq": seq}
-        except (OSError, JournalWriteError, JournalUnavailable) as exc:  # a full disk, an I/O error
-            log.error("snapshot failed (the journal still holds everything; the old snapshot files are intact): %s", exc)
-            result = ProtocolError("read_only", f"read-only: the snapshot could not be written: {exc}")
+        except (OSError, JournalWriteError, JournalUnavailable) as exc:
+            if isinstance(exc, OSError) and exc.errno not in DISK_ERRNOS:  # not the disk: a file in the way, say
+                log.exception("snapshot failed")
+                result = ProtocolError("internal", f"snapshot failed: {exc}")
+            else:  # the disk is full or failing: as for a journal write
+                log.error("snapshot failed (the journal still holds everything; the old snapshot files are intact): %s", exc)
+                result = ProtocolError("read_only", f"read-only: the snapshot could not be written: {exc}")
         except Exception as exc:
             log.exception("snapshot failed")
             result = ProtocolError("internal", f"snapshot failed: {exc}")
