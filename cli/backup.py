@@ -115,6 +115,7 @@ def _add_file(tar: tarfile.TarFile, root: Path, path: Path, progress: Progress) 
 
 def write_backup(root: Path, target: Path, progress_stream: TextIO | None = None) -> dict[str, Any]:
     """Write one tar (gzip when the name ends in .gz or .tgz) of the data root; see the module doc."""
+    from eurekamem.daemon.storage.files import open_private
     compress = target.name.endswith((".gz", ".tgz"))
     for attempt in range(1, BACKUP_ATTEMPTS + 1):
         snapshot_files = _snapshot_files(root)
@@ -126,7 +127,7 @@ def write_backup(root: Path, target: Path, progress_stream: TextIO | None = None
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         progress = Progress(total, "backup", progress_stream)
         try:
-            with tarfile.open(tmp, "w:gz" if compress else "w") as tar:
+            with open_private(tmp) as raw, tarfile.open(fileobj=raw, mode="w:gz" if compress else "w") as tar:  # 0600
                 manifest: dict[str, Any] = {"format": 1, "checkpoint_seq": checkpoint, "files": []}
                 for path in snapshot_files:
                     if _add_file(tar, root, path, progress) < 0 and before[path] is not None:
@@ -206,6 +207,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
 
 def restore_backup(archive: Path, target: Path, progress_stream: TextIO | None = None) -> dict[str, Any]:
     """Unpack a backup into `target`, which must be empty or absent. Returns the manifest."""
+    from eurekamem.daemon.storage.files import make_private
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise ValueError(f"{target} is not an empty folder; restore only into an empty data root")
     with tarfile.open(archive, "r:*") as tar:
@@ -232,6 +234,7 @@ def restore_backup(archive: Path, target: Path, progress_stream: TextIO | None =
             progress.add(member.size)
         progress.close()
     (target / "memory" / "journal").mkdir(parents=True, exist_ok=True)
+    make_private(target)  # as the daemon keeps its root: 0700 folders, 0600 files
     return manifest
 
 

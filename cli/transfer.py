@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
 from eurekamem.cli.backup import _segment_files
 from eurekamem.cli.common import Progress, _client, _err
@@ -74,14 +74,15 @@ def export_records(client: Any, progress_stream: TextIO | None = None) -> Iterat
 
 def cmd_export(args: argparse.Namespace) -> int:
     from eurekamem.client import ConnectionLost, EurekamemError
+    from eurekamem.daemon.storage.files import open_private
 
-    out: TextIO
+    out: IO[Any]
     counts: dict[str, int] = {}
     target = Path(args.out).expanduser() if args.out else None
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp") if target else None
     try:
         with _client(args) as client:
-            out = open(tmp, "w", encoding="utf-8") if tmp else sys.stdout
+            out = open_private(tmp, "w", encoding="utf-8") if tmp else sys.stdout  # 0600: it holds every memory
             try:
                 for item in export_records(client):
                     out.write(json.dumps(item, ensure_ascii=False) + "\n")

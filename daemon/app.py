@@ -43,7 +43,8 @@ from eurekamem.daemon.server import Connection, Limits
 from eurekamem.daemon.skills.actor import SkillsActor
 from eurekamem.daemon.stats import RequestStats
 from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
-from eurekamem.daemon.storage.files import RealFiles, atomic_write
+from eurekamem.daemon.storage.files import PRIVATE_UMASK, RealFiles, atomic_write, make_private
+from eurekamem.daemon.storage.journal import JournalWriteError
 from eurekamem.daemon.storage.journal_actor import JournalActor, JournalUnavailable
 from eurekamem.daemon.tier import HANDLERS, TierActor, Work, handles
 from eurekamem.daemon.tiers.episodic import EpisodicActor, EpisodicState
@@ -93,6 +94,9 @@ def _gc_tuned() -> Iterator[None]:
     finally:
         gc.set_threshold(*threshold)
         gc.unfreeze()
+# a snapshot that fails with one of these answers read_only (the disk is full or failing), with
+# any other OSError internal (an unexpected I/O error: a file where a folder should be, say)
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG})
 
 
 class Daemon:
@@ -130,6 +134,7 @@ class Daemon:
         self._snapshot_lock = trio.Lock()
         self._resume_lock = trio.Lock()
         self._snapshot_seq = -1
+        self._purged = trio.Event()  # a memory was purged: snapshot now (its text leaves the journal)
         self.actors: dict[str, TierActor] = {}
         self.recovery: dict[str, Any] = {}
         self._started_clock = 0.0  # trio.current_time() when serve() began
@@ -142,11 +147,23 @@ class Daemon:
 
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         self._started_clock = trio.current_time()
-        lock_fd = acquire_lock(self.paths)
+        # everything the daemon creates is its user's alone: folders 0700, files 0600 (the journal,
+        # the snapshots and the memory files hold every memory); restored when serve returns
+        umask = os.umask(PRIVATE_UMASK)
         try:
-            await self._serve_locked(task_status)
+            lock_fd = acquire_lock(self.paths)
+            try:
+                tightened = await trio.to_thread.run_sync(make_private, self.paths.root)
+                if tightened:
+                    log.warning(
+                        "data root %s: removed group and other permissions from %d files and folders "
+                        "(now 0700 folders, 0600 files: only this user may read the memories)", self.paths.root, tightened,
+                    )
+                await self._serve_locked(task_status)
+            finally:
+                os.close(lock_fd)
         finally:
-            os.close(lock_fd)
+            os.umask(umask)
 
     async def _serve_locked(self, task_status: Any) -> None:
         started = trio.current_time()
@@ -191,6 +208,7 @@ class Daemon:
             "memory": self.memory_actor,
             "skills": self.skills_actor,
         }
+        self.actors["memory"].on_purge = self._snapshot_after_purge  # type: ignore[attr-defined]
         if recovered.replayed == 0 and not recovered.imported:
             self._snapshot_seq = self.journal_actor.acked_seq  # the files on disk are current
         listener, activated = await self._listener()
@@ -440,6 +458,13 @@ class Daemon:
         try:
             seq = await self.snapshot(force=True)
             result: Any = {"seq": seq}
+        except (OSError, JournalWriteError, JournalUnavailable) as exc:
+            if isinstance(exc, OSError) and exc.errno not in DISK_ERRNOS:  # not the disk: a file in the way, say
+                log.exception("snapshot failed")
+                result = ProtocolError("internal", f"snapshot failed: {exc}")
+            else:  # the disk is full or failing: as for a journal write
+                log.error("snapshot failed (the journal still holds everything; the old snapshot files are intact): %s", exc)
+                result = ProtocolError("read_only", f"read-only: the snapshot could not be written: {exc}")
         except Exception as exc:
             log.exception("snapshot failed")
             result = ProtocolError("internal", f"snapshot failed: {exc}")
@@ -524,9 +549,17 @@ class Daemon:
 
     # --- snapshots ----------------------------------------------------------------------------------
 
+    def _snapshot_after_purge(self) -> None:
+        self._purged.set()
+
     async def snapshot(self, force: bool = False) -> int:
-        """Write persistent.json, knowledge_graph.json and the checkpoint; returns the covered seq."""
+        """Write persistent.json, knowledge_graph.json and the checkpoint; returns the covered seq.
+
+        Every file is written to a temporary name and renamed only once complete and synced (the
+        vector files too, see VectorStore.save), so a failure (a full disk) leaves the previous
+        snapshot's files as they were; the journal segments go only after everything is durable."""
         async with self._snapshot_lock:
+            self._purged = trio.Event()  # this snapshot covers every purge answered so far
             journal_actor = self.journal_actor
             if not force and journal_actor.acked_seq == self._snapshot_seq:
                 return self._snapshot_seq
@@ -573,6 +606,12 @@ class Daemon:
         with scope:
             memory_actor = self.memory_actor
             progress = self.embedding
+            try:
+                renamed = await memory_actor.run_internal(lambda state: state.separate_shared_files())
+                if renamed:
+                    log.warning("tier 4: %d memories shared a file with another; each has its own now", len(renamed))
+            except Exception:
+                log.exception("tier 4: could not separate memories that share a file; will try at the next start")
             while True:
                 await trio.sleep(self.config.projection_interval)
                 try:
@@ -603,12 +642,22 @@ class Daemon:
             await self._snapshot_loop()
 
     async def _snapshot_loop(self) -> None:
+        """Also snapshots at once after a purge: that drops the journal segments holding the text."""
         poll = min(1.0, self.config.snapshot_quiet)
         last_seen = self.journal_actor.acked_seq
         quiet_for = 0.0
         dirty_for = 0.0
         while True:
-            await trio.sleep(poll)
+            with trio.move_on_after(poll):
+                await self._purged.wait()
+            if self._purged.is_set():
+                try:
+                    await self.snapshot()
+                except Exception:
+                    log.exception("the snapshot after a purge failed; will try again")
+                    await trio.sleep(poll)
+                quiet_for = dirty_for = 0.0
+                continue
             seq = self.journal_actor.acked_seq
             if seq == self._snapshot_seq:
                 quiet_for = dirty_for = 0.0

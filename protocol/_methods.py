@@ -182,7 +182,7 @@ class MemorySearch(Params):
     scope: Scope | None = None
     status: Literal["active", "archived", "any"] = "active"
     min_confidence: Confidence = 0.0
-    min_score: float | None = None  # a floor on the fused score
+    min_score: Confidence | None = None  # a floor on the fused score (0..1, as the score; NaN refused)
     mode: Literal["hybrid", "dense", "lexical"] = "hybrid"
     include_global: bool = True
 

@@ -3,10 +3,13 @@ and the test layers (markers, see pyproject.toml): each test gets one of unit, t
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import subprocess
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -103,6 +106,27 @@ def shared_embedder(name: str, options: dict[str, Any] | None = None) -> Embedde
     if embedder is None:
         embedder = _EMBEDDERS[key] = make_embedder(name, **options)
     return embedder
+
+
+@contextlib.contextmanager
+def tmpfs(tmp_path: Path, size: int) -> Iterator[Path]:
+    """A real small disk: a tmpfs of `size` bytes mounted at tmp_path/disk for the block (needs
+    root and mount; the test is skipped with the reason otherwise)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs (a real full disk)")
+    if shutil.which("mount") is None or shutil.which("umount") is None:
+        pytest.skip("no mount/umount command here")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(disk)],
+                          capture_output=True, text=True, timeout=10, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"mounting a tmpfs is not permitted here: {done.stderr.strip() or done.returncode}")
+    try:
+        yield disk
+    finally:
+        if subprocess.run(["umount", str(disk)], capture_output=True, timeout=10, check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(disk)], check=True, timeout=10)
 
 
 @asynccontextmanager

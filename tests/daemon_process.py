@@ -70,6 +70,12 @@ class DaemonProcess:
             raise AssertionError(f"no log line with {text!r} ({'daemon ended' if found else 'timed out'}):\n{self.output}")
         return str(found)
 
+    def wait_for_output(self, text: str, timeout: float = START_TIMEOUT) -> bool:
+        """Wait until `text` is in the output (the daemon logged it), at most `timeout` seconds;
+        False if it never came (or the daemon's stderr ended without it)."""
+        with self._lines:
+            return self._lines.wait_for(lambda: text in self.output or self._ended.is_set(), timeout) and text in self.output
+
     def wait_exit(self, timeout: float = START_TIMEOUT) -> int:
         assert self.proc is not None
         code = self.proc.wait(timeout)

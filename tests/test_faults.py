@@ -12,14 +12,13 @@ needs, so its outcome there is not deterministic.)
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from eurekamem.client import Client, ReadOnly
 
+from conftest import tmpfs
 from daemon_process import DaemonProcess
 
 DISK_BYTES = 1024 * 1024
@@ -30,23 +29,8 @@ CALL_TIMEOUT = 20.0
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a 1 MiB tmpfs (the real full-disk test)")
-    if shutil.which("mount") is None or shutil.which("umount") is None:
-        pytest.skip("no mount/umount command here")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES},mode=0700", "tmpfs", str(disk)],
-        capture_output=True, text=True, timeout=10,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"mounting a tmpfs is not permitted here: {done.stderr.strip() or done.returncode}")
-    try:
+    with tmpfs(tmp_path, DISK_BYTES) as disk:
         yield disk
-    finally:
-        if subprocess.run(["umount", str(disk)], capture_output=True, timeout=10).returncode != 0:
-            subprocess.run(["umount", "-l", str(disk)], check=True, timeout=10)
 
 
 def _daemon(disk: Path, sock_dir: Path) -> DaemonProcess:
@@ -94,7 +78,8 @@ def test_a_full_disk_turns_read_only_and_sys_resume_recovers(small_disk: Path, s
             for i in range(3):
                 client.call("persistent.remember", key=f"after{i}", value={"n": i})
                 acked[f"after{i}"] = i
-        assert "read-only" in daemon.output and "journal resumed" in daemon.output
+        # stderr is read by a thread of the test: wait for the line rather than race it
+        assert daemon.wait_for_output("journal resumed", CALL_TIMEOUT) and "read-only" in daemon.output
 
         daemon.kill()  # kill -9: only the journal carries the writes
         daemon = _daemon(small_disk, sock_dir).start()

@@ -21,10 +21,22 @@ Ownership: whoever holds the state lock owns the state (a trio task of this acto
 thread it awaits meanwhile). The embedding threads never touch it: they get the texts and give
 back vectors and timings as the return value of `trio.to_thread.run_sync`. sys.stats reads what
 `_publish` copied under the lock after each batch and internal call, never the state itself.
+
+Writes take one of two lanes, so that no request holds up other clients' writes for long (each
+memory's embedded text is bounded too: state.passage_windows). The fast lane takes every write with at
+most FAST_LANE_CHARS characters to embed (by its params alone: state.write_cost), in arrival order,
+in batches. The bulk lane takes the larger ones and works through them a slice at a time (at most
+SLICE_ITEMS items and SLICE_CHARS characters of a memory.add_many, each slice embedded, applied and
+journaled on its own; the answer comes after the last), round robin between connections, while
+the fast lane goes on beside it. Writes of one connection keep their order: once a connection has
+a write in the bulk lane its later writes follow it there, and a bulk write waits for its
+connection's earlier fast-lane writes. Writes of different connections that overlap in time may be
+applied in either order.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import os
@@ -32,7 +44,6 @@ import re
 import secrets
 import time
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +55,18 @@ from eurekamem.daemon.memory.state import (
     MemoryState,
     Prepared,
     PutMemory,
+    add_cost,
+    own_abstract,
+    pooled,
     query_to_embed,
+    write_cost,
 )
 from eurekamem.daemon.memory.vectors import VectorStore
 from eurekamem.daemon.primitives import Histogram, PendingSync
 from eurekamem.daemon.storage.files import RealFiles, atomic_write
 from eurekamem.daemon.tier import MAX_BATCH, Internal, TierActor, Work
 from eurekamem.protocol import Call, Memory, ProtocolError
+from eurekamem.protocol import _methods as m
 
 log = logging.getLogger("eurekamem.memory")
 
@@ -61,6 +77,19 @@ REEMBED_BATCH = 64
 # write batches of at most this many memories find what to embed on the event loop (fingerprints
 # and dict lookups, ~2 us a memory), larger ones in a worker thread
 INLINE_CHECK_ITEMS = 64
+
+
+# a write with at most this many characters to embed goes the fast lane (a memory of a paragraph or
+# two: e5-small embeds it in ~0.1-0.3 s on the shared 2-core machine); a larger one the bulk lane
+FAST_LANE_CHARS = 1024
+
+
+# the bulk lane's slice: at most this many items and characters to embed (~2-4 s of e5-small there;
+# its apply holds the state for at most SLICE_ITEMS adds)
+SLICE_ITEMS = 64
+
+
+SLICE_CHARS = 8192
 
 
 class MemoryActor(TierActor):
@@ -87,6 +116,14 @@ class MemoryActor(TierActor):
         self._state_lock = trio.StrictFIFOLock()  # one batch or internal call on the state at a time
         self._embedded: tuple[Prepared, str | None] | None = None  # for the write batch about to run
         self.writes_waiting = 0  # write requests in the pipeline, not yet applied
+        # the lanes (see the module docstring); connections by _connection_of
+        self._fast_owed: dict[int, int] = {}  # connection -> its writes in the fast lane, not answered
+        self._fast_changed = trio.Event()  # set (and replaced) whenever fast-lane writes were answered
+        self._bulk: dict[int, collections.deque[_BulkJob]] = {}  # connection -> its bulk-lane writes, in order
+        self._bulk_turns: collections.deque[int] = collections.deque()  # connections with bulk work, round robin
+        self._bulk_wakeup = trio.Event()
+        self._closing = False
+        self.on_purge: Callable[[], None] | None = None  # called (on the event loop) after a batch purged a memory
 
     def queue_length(self) -> int:
         return super().queue_length() + self.writes_waiting
@@ -103,57 +140,125 @@ class MemoryActor(TierActor):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._write_pipeline, write_recv)
             nursery.start_soon(self._query_pipeline, query_recv)
-            async with write_send, query_send:
-                async for first in self._recv:
-                    batch = [first]
-                    while len(batch) < MAX_BATCH:
-                        try:
-                            batch.append(self._recv.receive_nowait())
-                        except (trio.WouldBlock, trio.EndOfChannel):
-                            break
-                    reads: list[Work] = []
-                    writes: list[Work] = []
-                    queries: list[Work] = []
-                    for item in batch:
-                        if isinstance(item, Internal):
-                            await self._locked_batch(reads)
-                            reads = []
-                            async with self._state_lock:
-                                await self._run_internal_item(item)
-                        elif item.call.spec.writes:
-                            writes.append(item)
-                        elif query_to_embed(item.call) is not None:
-                            queries.append(item)
-                        else:
-                            reads.append(item)
-                    if writes:
-                        self.writes_waiting += len(writes)
-                        write_send.send_nowait(writes)
-                    if queries:
-                        query_send.send_nowait(queries)
-                    await self._locked_batch(reads)
+            nursery.start_soon(self._bulk_lane)
+            try:
+                await self._dispatch(write_send, query_send)
+            finally:
+                self._closing = True  # the bulk lane finishes what it has, then ends
+                self._bulk_wakeup.set()
+
+    async def _dispatch(self, write_send: Any, query_send: Any) -> None:
+        """Take what is waiting; run reads and internal work at once, hand writes and queries to their lanes."""
+        async with write_send, query_send:
+            async for first in self._recv:
+                batch = [first]
+                while len(batch) < MAX_BATCH:
+                    try:
+                        batch.append(self._recv.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                reads: list[Work] = []
+                writes: list[Work] = []
+                queries: list[Work] = []
+                for item in batch:
+                    if isinstance(item, Internal):
+                        await self._locked_batch(reads)
+                        reads = []
+                        async with self._state_lock:
+                            await self._run_internal_item(item)
+                    elif item.call.spec.writes:
+                        writes.append(item)
+                    elif query_to_embed(item.call) is not None:
+                        queries.append(item)
+                    else:
+                        reads.append(item)
+                fast = [work for work in writes if not self._to_bulk(work)]
+                if fast:
+                    write_send.send_nowait(fast)
+                if queries:
+                    query_send.send_nowait(queries)
+                await self._locked_batch(reads)
 
     async def _locked_batch(self, batch: list[Work]) -> None:
         if batch:
             async with self._state_lock:
                 await self._run_batch(batch)
 
+    def _to_bulk(self, work: Work) -> bool:
+        """Route a write: True when it went to the bulk lane, False when it is for the fast lane."""
+        self.writes_waiting += 1
+        key = _connection_of(work)
+        queue = self._bulk.get(key)
+        if queue is None and write_cost(work.call, self.state.embed_chars) <= FAST_LANE_CHARS:
+            self._fast_owed[key] = self._fast_owed.get(key, 0) + 1
+            return False
+        if queue is None:
+            queue = self._bulk[key] = collections.deque()
+            self._bulk_turns.append(key)
+        queue.append(_BulkJob(work, self.state.embed_chars))
+        self._bulk_wakeup.set()
+        return True
+
     async def _write_pipeline(self, recv: Any) -> None:
-        """Writes in arrival order: embed what they need (no lock held), then apply and journal."""
+        """The fast lane: writes in arrival order, in batches: embed what they need (no lock held),
+        then apply and journal."""
         async for first in recv:
             batch = _with_waiting(first, recv)
-            calls = [work.call for work in batch]
-            items = sum(len(call.params.items) if call.spec.name == "memory.add_many" else 1 for call in calls)
-            async with self._state_lock:
-                if items <= INLINE_CHECK_ITEMS:  # a few hashes and lookups: cheaper here than a thread hop
-                    passages, queries = self.state.texts_to_embed(calls)
-                else:
-                    passages, queries = await self._call_on_state(partial(MemoryState.texts_to_embed, calls=calls))
-            embedded = await self._embedded_for(passages, queries)
+            embedded = await self._embed_writes(batch)
             try:
                 await self._run_embedded(batch, embedded)
             finally:
                 self.writes_waiting -= len(batch)
+                for work in batch:
+                    key = _connection_of(work)
+                    left = self._fast_owed[key] - 1
+                    if left:
+                        self._fast_owed[key] = left
+                    else:
+                        del self._fast_owed[key]
+                self._fast_changed.set()
+                self._fast_changed = trio.Event()
+
+    async def _embed_writes(self, batch: list[Work]) -> tuple[Prepared, str | None]:
+        """The passages a batch of writes needs, embedded (the state lock is held only to find them)."""
+        calls = [work.call for work in batch]
+        items = sum(len(call.params.items) if call.spec.name == "memory.add_many" else 1 for call in calls)
+        async with self._state_lock:
+            if items <= INLINE_CHECK_ITEMS:  # a few hashes and lookups: cheaper here than a thread hop
+                passages, queries = self.state.texts_to_embed(calls)
+            else:
+                passages, queries = await self._call_on_state(lambda state: state.texts_to_embed(calls))
+        if not (passages or queries):
+            return Prepared(), None
+        return await self._embedded_for(passages, queries)
+
+    async def _bulk_lane(self) -> None:
+        """Large writes, a slice at a time, round robin between connections (see the module docstring)."""
+        while True:
+            if not self._bulk_turns:
+                if self._closing:
+                    return
+                await self._bulk_wakeup.wait()
+                self._bulk_wakeup = trio.Event()
+                continue
+            key = self._bulk_turns.popleft()
+            queue = self._bulk[key]
+            while self._fast_owed.get(key):  # this connection's earlier writes in the fast lane go first
+                await self._fast_changed.wait()
+            job = queue[0]
+            try:
+                done = await job.step(self)
+            except BaseException:
+                self.writes_waiting -= len(queue)
+                del self._bulk[key]
+                raise
+            if done:
+                queue.popleft()
+                self.writes_waiting -= 1
+            if queue:
+                self._bulk_turns.append(key)
+            else:
+                del self._bulk[key]
 
     async def _query_pipeline(self, recv: Any) -> None:
         """Reads that need a query embedded: embed (no lock held), then run with the state."""
@@ -201,7 +306,13 @@ class MemoryActor(TierActor):
         return prepared, None, each
 
     async def handle_calls(self, calls: list[Call]) -> list[Any]:
-        return await trio.to_thread.run_sync(self._process, calls, self._embedded)
+        results = await trio.to_thread.run_sync(self._process, calls, self._embedded)
+        if self.on_purge is not None and any(
+            call.spec.name == "memory.delete" and call.params.purge and isinstance(result, dict)
+            for call, result in zip(calls, results)
+        ):
+            self.on_purge()  # the daemon snapshots soon: the journal segments with the text go
+        return results
 
     async def _call_on_state(self, fn: Callable[[Any], Any]) -> Any:
         return await trio.to_thread.run_sync(fn, self.state)
@@ -219,14 +330,17 @@ class MemoryActor(TierActor):
         else:
             prepared, state.embed_error = embedded
         results: list[Any] = []
-        for call in calls:
-            try:
-                results.append(state.run(call.spec.name, call.params, prepared))
-            except ProtocolError as exc:
-                results.append(exc)
-            except Exception as exc:
-                log.exception("internal error in %s", call.spec.name)
-                results.append(ProtocolError("internal", f"internal error in {call.spec.name}: {type(exc).__name__}: {exc}"))
+        try:
+            for call in calls:
+                try:
+                    results.append(state.run(call.spec.name, call.params, prepared))
+                except ProtocolError as exc:
+                    results.append(exc)
+                except Exception as exc:
+                    log.exception("internal error in %s", call.spec.name)
+                    results.append(ProtocolError("internal", f"internal error in {call.spec.name}: {type(exc).__name__}: {exc}"))
+        finally:
+            state.forget_prepared()  # the batch's texts and vectors are not kept (a purge erases them)
         return results
 
     # --- background work ---------------------------------------------------------------------------
@@ -265,16 +379,24 @@ class MemoryActor(TierActor):
 
     async def reembed_some(self, limit: int = REEMBED_BATCH) -> int:
         """Embed up to `limit` memories that lack a vector of the current model."""
-        todo: list[Memory] = await self.run_internal(lambda s: [s.memories[i] for i in s.missing_vectors(limit)])
+        def pick(s: MemoryState) -> tuple[list[Memory], list[list[str]]]:
+            todo = [s.memories[i] for i in s.missing_vectors(limit)]
+            return todo, [s.passage_texts(memory.title, memory.content, own_abstract(memory)) for memory in todo]
+
+        todo: list[Memory]
+        windows: list[list[str]]
+        todo, windows = await self.run_internal(pick)  # the texts are found by the state's owner
         if not todo:
             return 0
-        from eurekamem.daemon.memory.state import embed_text
-
         # abandoned when cancelled (a stop during the embedding): the thread's result is dropped, the
         # memories stay unembedded and are embedded again after the restart
-        vectors = await trio.to_thread.run_sync(
-            self.embedder.embed_passages, [embed_text(m.title, m.content) for m in todo], abandon_on_cancel=True
+        rows = await trio.to_thread.run_sync(
+            self.embedder.embed_passages, [text for texts in windows for text in texts], abandon_on_cancel=True
         )
+        vectors, at = [], 0
+        for texts in windows:
+            vectors.append(pooled(list(rows[at : at + len(texts)])))
+            at += len(texts)
 
         def commit(s: MemoryState) -> int:
             done = 0
@@ -295,9 +417,14 @@ class MemoryActor(TierActor):
         vectors_dir.mkdir(parents=True, exist_ok=True)
         fingerprint = state.vectors.fingerprint()
         if not (state.vectors_stem and fingerprint == state.saved_fingerprint and (vectors_dir / f"{state.vectors_stem}.vectors").exists()):
-            stem = f"{re.sub(r'[^A-Za-z0-9_-]', '_', state.model)}.{secrets.token_hex(4)}"  # openai:org/model too
+            stem = _new_stem(state.model)
             state.vectors.save(str(vectors_dir), stem)
             state.vectors_stem, state.saved_fingerprint = stem, fingerprint
+        if state.previous is not None and state.previous[1].fingerprint() != state.previous_saved_fingerprint:
+            # a purge erased a vector of the old model too: its files must not keep it
+            previous_fingerprint, stem = state.previous[1].fingerprint(), _new_stem(state.previous[0])
+            state.previous[1].save(str(vectors_dir), stem)
+            state.previous_stem, state.previous_saved_fingerprint = stem, previous_fingerprint
         doc = state.snapshot_document()
         atomic_write(RealFiles(), str(snapshot_path), msgspec.msgpack.encode(doc))
         remove_unnamed_vector_files(vectors_dir, {doc.vectors_stem, doc.previous_stem} - {""})
@@ -316,6 +443,88 @@ class MemoryActor(TierActor):
             "search": {mode: histogram.summary() for mode, histogram in self._timings.items()},
             "query_embedding": self.query_embedding_time.summary(),
         }
+
+
+def _new_stem(model: str) -> str:
+    """A new generation's file stem: the model's name made safe (openai:org/model too), a random suffix."""
+    return f"{re.sub(r'[^A-Za-z0-9_-]', '_', model)}.{secrets.token_hex(4)}"
+
+
+def _connection_of(work: Work) -> int:
+    """Which connection a request came from: its reply is the connection, or a JSON-RPC batch's
+    collector that names it (`conn`)."""
+    return id(getattr(work.reply, "conn", work.reply))
+
+
+class _Collected:
+    """The Reply of one bulk-lane slice: keeps the result for the job."""
+
+    __slots__ = ("result",)
+
+    def __init__(self) -> None:
+        self.result: Any = None
+
+    def deliver(self, call: Call, result: Any, started_ns: int) -> None:
+        self.result = result
+
+    def flush(self) -> None:
+        pass
+
+
+class _BulkJob:
+    """One write in the bulk lane: its slices (a memory.add_many's items cut into slices, any other
+    write whole), the results so far, and the answer once the last slice ran."""
+
+    def __init__(self, work: Work, limit: int) -> None:
+        self.work = work
+        call = work.call
+        self.slices: list[Call] = [call]
+        if call.spec.name == "memory.add_many":
+            self.slices = [Call(call.id, call.spec, m.MemoryAddMany(items=part)) for part in _slices(call.params.items, limit)]
+        self.done = 0
+        self.results: list[Any] = []
+
+    async def step(self, actor: MemoryActor) -> bool:
+        """Embed, apply and journal the next slice; True once the write is answered."""
+        call = self.slices[self.done]
+        collected = _Collected()
+        part = [Work(call, collected, self.work.started_ns)]
+        await actor._run_embedded(part, await actor._embed_writes(part))
+        self.done += 1
+        result = collected.result
+        if len(self.slices) == 1:
+            return self._answer(result)
+        if isinstance(result, ProtocolError):  # the journal failed (read_only), or a bug (internal)
+            if not self.results:
+                return self._answer(result)  # nothing was added: the request fails as a whole
+            missing = sum(len(c.params.items) for c in self.slices[self.done - 1 :])
+            error = {"decision": "error", "memory": None, "reason": result.message, "kind": result.kind}
+            return self._answer(self.results + [dict(error) for _ in range(missing)])
+        self.results.extend(result)
+        return self._answer(self.results) if self.done == len(self.slices) else False
+
+    def _answer(self, result: Any) -> bool:
+        self.work.reply.deliver(self.work.call, result, self.work.started_ns)
+        self.work.reply.flush()
+        return True
+
+
+def _slices(items: list[m.MemoryAdd], limit: int) -> list[list[m.MemoryAdd]]:
+    """Consecutive slices of at most SLICE_ITEMS items and SLICE_CHARS characters to embed (one
+    item at least)."""
+    out: list[list[m.MemoryAdd]] = []
+    part: list[m.MemoryAdd] = []
+    chars = 0
+    for item in items:
+        cost = add_cost(item, limit)
+        if part and (len(part) >= SLICE_ITEMS or chars + cost > SLICE_CHARS):
+            out.append(part)
+            part, chars = [], 0
+        part.append(item)
+        chars += cost
+    if part:
+        out.append(part)
+    return out
 
 
 def _with_waiting(first: list[Work], recv: Any) -> list[Work]:

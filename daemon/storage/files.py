@@ -3,6 +3,8 @@
 Rule kept here: nothing is durable until it was synced. Written bytes count only after the file's
 datasync; a created, renamed or unlinked name counts only after an fsync of its folder. RealFiles
 passes the operations to the OS; tests use a fake layer that can crash (tests/fakefiles.py).
+And nothing is for other users: files are created 0600 (folders 0700 under the daemon's umask,
+PRIVATE_UMASK); `make_private` takes group and other permissions off an existing tree.
 
 All operations are blocking; trio code runs them in `trio.to_thread.run_sync`.
 """
@@ -14,18 +16,26 @@ import errno as _errno
 import logging
 import os
 import secrets
+import stat
+import typing
 from collections.abc import Iterable
-from typing import Union
+from typing import Any, Union
 
 _log = logging.getLogger("eurekamem.files")
 
 
 __all__ = [
+    "PRIVATE_UMASK",
     "AppendFile",
     "FileLayer",
     "RealFiles",
     "atomic_write",
+    "make_private",
+    "open_private",
 ]
+
+
+PRIVATE_UMASK = 0o077  # the daemon's umask: what it creates is 0700 (folders) or 0600 (files)
 
 
 StrPath = Union[str, "os.PathLike[str]"]
@@ -102,7 +112,7 @@ class FileLayer(abc.ABC):
 class _RealAppendFile(AppendFile):
     def __init__(self, path: str) -> None:
         self.path = path
-        self._fd: int | None = os.open(path, os.O_APPEND | os.O_CREAT | os.O_WRONLY | _O_CLOEXEC, 0o644)
+        self._fd: int | None = os.open(path, os.O_APPEND | os.O_CREAT | os.O_WRONLY | _O_CLOEXEC, 0o600)
         try:
             self._size = os.fstat(self._fd).st_size
         except BaseException:
@@ -243,3 +253,39 @@ def sync_files(paths: Iterable[StrPath]) -> None:
             os.close(fd)
 
 
+
+
+def open_private(path: StrPath, mode: str = "wb", encoding: str | None = None) -> typing.IO[Any]:
+    """open(path, mode) for writing a new file that only its owner may read (0600 whatever the
+    umask): backups, exports. Truncates an existing file (and makes it 0600 too)."""
+    p = os.fspath(path)
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        return os.fdopen(fd, mode, encoding=encoding)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def make_private(root: StrPath) -> int:
+    """Take group and other permissions off `root` and everything under it (folders 0700 at most,
+    files 0600 at most; symbolic links are neither followed nor changed). Returns how many were
+    changed. A missing root is not an error (nothing to do)."""
+    changed = 0
+    top = os.fspath(root)
+    if not os.path.isdir(top):
+        return 0
+    for folder, dirs, files in os.walk(top):
+        for name in [None, *files]:
+            path = folder if name is None else os.path.join(folder, name)
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:  # removed meanwhile
+                continue
+            if stat.S_ISLNK(st.st_mode) or not st.st_mode & 0o077:
+                continue
+            os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o077)
+            changed += 1
+        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(folder, d))]
+    return changed
