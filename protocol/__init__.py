@@ -39,6 +39,7 @@ from ._methods import *  # noqa: F401,F403  (params Structs)
 from ._methods import METHODS, RELATIONS, MethodSpec, TheoryState
 from ._records import (
     MEMORY_CATEGORIES,
+    REVIEW_KINDS,
     SKILL_SOURCES,
     SKILL_STATUSES,
     CrossRunRecord,
@@ -55,6 +56,7 @@ from ._records import (
     MemoryPage,
     Record,
     SearchWhy,
+    ReviewItem,
     Skill,
     SkillHit,
     SkillsInjection,
@@ -102,8 +104,10 @@ __all__ = [
     "PROTOCOL_VERSION",
     "ProtocolError",
     "RELATIONS",
+    "REVIEW_KINDS",
     "RateLimiter",
     "Rejected",
+    "ReviewItem",
     "Request",
     "SKILL_SOURCES",
     "SKILL_STATUSES",

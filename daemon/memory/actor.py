@@ -87,6 +87,7 @@ class MemoryActor(TierActor):
         self._state_lock = trio.StrictFIFOLock()  # one batch or internal call on the state at a time
         self._embedded: tuple[Prepared, str | None] | None = None  # for the write batch about to run
         self.writes_waiting = 0  # write requests in the pipeline, not yet applied
+        self.redactor: Any = None  # the daemon's Redactor (daemon/redact.py), for text stored without a request
 
     def queue_length(self) -> int:
         return super().queue_length() + self.writes_waiting
@@ -228,6 +229,15 @@ class MemoryActor(TierActor):
                 log.exception("internal error in %s", call.spec.name)
                 results.append(ProtocolError("internal", f"internal error in {call.spec.name}: {type(exc).__name__}: {exc}"))
         return results
+
+    async def propose(self, memory_id: str, reason: str, by: str | None = None) -> dict[str, Any]:
+        """The learning loop's proposal that a memory it judged general be shared: a review request of
+        kind "proposal" under the domain's share policy and the automatic check (daemon/memory/review.py),
+        journaled before this returns. `reason` is redacted here. Raises ProtocolError for bad input."""
+        from eurekamem.daemon.memory.review import LEARNING_LOOP, propose
+
+        text = self.redactor.text(reason) if self.redactor is not None else reason
+        return await self.run_internal(lambda state: propose(state, memory_id, text, by or LEARNING_LOOP))
 
     # --- background work ---------------------------------------------------------------------------
 
