@@ -50,8 +50,24 @@ def _letters_and_digits(token: str) -> bool:
     return any(c.isdigit() for c in token) and any(c.isalpha() for c in token)
 
 
-def _phone_digits(token: str) -> bool:
-    return 8 <= sum(c.isdigit() for c in token) <= 15
+_PHONE_RUN = re.compile(r"[ .-]?\(?[0-9]+\)?")
+
+
+def _phone_length(token: str) -> int:
+    """How much of an international number to keep: its runs of digits while they hold at most 15
+    digits, up to a parenthesised group after a complete number ("+44 20 7946 0958 (415) 555-0132"
+    is two numbers); 0 when fewer than 8 digits remain."""
+    at = keep = digits = 0
+    while at < len(token):
+        run = _PHONE_RUN.match(token, 1 if at == 0 else at)  # the first run follows the "+"
+        if run is None:
+            break
+        count = sum(c.isdigit() for c in run.group())
+        if digits + count > 15 or (digits >= 8 and run.group().lstrip(" .-").startswith("(")):
+            break
+        digits += count
+        at = keep = run.end()
+    return keep if digits >= 8 else 0
 
 
 # the characters of a longer token (base64, base64url, hex, words): a key never continues one
@@ -71,6 +87,7 @@ class Detector:
     hints: tuple[str, ...]  # one of these must be in the lower-cased text for the pattern to run
     group: int = 0  # the part replaced (0: the whole match; a URL keeps its user, a header its name)
     check: Callable[[str], bool] | None = None  # the replaced part must pass it
+    trim: Callable[[str], int] | None = None  # how much of the match is the secret (0: none of it)
     left: frozenset[str] = frozenset()  # the character before the match must not be one of these
     fold: bool = False  # the pattern is lower case and runs on the lower-cased text (labels: Password, Bearer)
     local_part: bool = False  # an e-mail address: the match starts at "@", the span extends over the name before it
@@ -143,15 +160,16 @@ DETECTORS: tuple[Detector, ...] = (
         )
     ),
     _d(
-        "email", r"@(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,24}(?![a-z0-9-])", ("@",),
+        # not git@github.com:org/repo (an scp-style remote: a path follows the colon)
+        "email", r"@(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,24}(?![a-z0-9-])(?!:[\w/~.])", ("@",),
         fold=True, local_part=True, personal=True,
     ),
     _d(  # +<country code> and more digits in groups: 8 to 15 digits in all
-        "phone", r"\+[1-9][0-9]{0,2}(?:[ .-]?\(?[0-9]{1,4}\)?){2,6}(?![\w.-])", ("+",),
-        left=WORD | {"+"}, check=_phone_digits, personal=True,
+        "phone", r"\+[1-9][0-9]{0,2}(?:[ .-]?\(?[0-9]{1,4}\)?){2,6}(?![\w-]|\.[0-9])", ("+",),
+        left=WORD | {"+"}, trim=_phone_length, personal=True,
     ),
     _d(  # North American: (415) 555-0132, 415-555-0132, 415.555.0132
-        "phone", r"(?:\([2-9][0-9]{2}\) ?|[2-9][0-9]{2}[ .-])[0-9]{3}[ .-][0-9]{4}(?![\w.-])",
+        "phone", r"(?:\([2-9][0-9]{2}\) ?|[2-9][0-9]{2}[ .-])[0-9]{3}[ .-][0-9]{4}(?![\w-]|\.[0-9])",
         (DIGIT,), left=WORD | frozenset(".+-"), personal=True,
     ),
 )
@@ -167,8 +185,11 @@ PERSONAL_KINDS: frozenset[str] = frozenset(d.kind for d in DETECTORS if d.person
 ALL_KINDS: frozenset[str] = SECRET_KINDS | PERSONAL_KINDS
 
 
+PLACEHOLDER_START = "[redacted:"
+
+
 def placeholder(kind: str) -> str:
-    return f"[redacted:{kind}]"
+    return f"{PLACEHOLDER_START}{kind}]"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,6 +238,12 @@ def find(text: str, kinds: frozenset[str] = ALL_KINDS) -> list[Finding]:
             if detector.left and at > 0 and text[at - 1] in detector.left:
                 continue
             if detector.check is not None and not detector.check(text[start:end]):
+                continue
+            if detector.trim is not None:
+                end = start + detector.trim(text[start:end])
+                if end == start:
+                    continue
+            if text.startswith(PLACEHOLDER_START, start):  # redacted already (password = "[redacted:password]")
                 continue
             found.append(Finding(detector.kind, start, end))
     if "aws-secret" in kinds and any(f.kind == "aws-key" for f in found):
