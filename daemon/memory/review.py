@@ -99,9 +99,7 @@ def _shareable(state: Any, memory: Memory) -> None:
         raise _invalid(f"memory {memory.id!r} is global already", field="id")
 
 
-def request(
-    state: Any, memory_id: str, *, kind: str, reason: str, by: str, uid: int | None
-) -> dict[str, Any]:
+def request(state: Any, memory_id: str, *, kind: str, reason: str, by: str, uid: int | None) -> dict[str, Any]:
     """A promotion request for a local memory, decided at once where the policy or the check says so."""
     memory = state._get(memory_id)
     _shareable(state, memory)
@@ -116,8 +114,16 @@ def request(
         superseded = _decided(old, "refused", now, DAEMON, None, "the memory changed; superseded by a new request")
         state.commit(PutReview(superseded))
     item = ReviewItem(
-        id=new_id(), memory_id=memory.id, kind=kind, state="pending", domain=memory.domain,
-        fingerprint=memory.fingerprint, reason=reason, requested_at=now, requested_by=by, requested_uid=uid,
+        id=new_id(),
+        memory_id=memory.id,
+        kind=kind,
+        state="pending",
+        domain=memory.domain,
+        fingerprint=memory.fingerprint,
+        reason=reason,
+        requested_at=now,
+        requested_by=by,
+        requested_uid=uid,
     )
     policy = state.share_policy(memory.domain)
     found = [] if policy == "never" else check(memory)
