@@ -34,8 +34,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 from eurekamem.client._paths import data_root, default_config_path, default_socket_path
 from eurekamem.daemon import systemd as systemd
-from eurekamem.daemon.server import Limits
 from eurekamem.daemon.memory.format import domain_slug
+from eurekamem.daemon.server import Limits
 from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
 from eurekamem.daemon.storage.journal_actor import FSYNC_POLICIES, FsyncPolicy
 from msgspec import Meta

@@ -15,9 +15,9 @@ from pathlib import Path
 import msgspec
 import trio
 import trio.testing
+from eurekamem.protocol._blocks import MEMORIES_NOTE
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
-from eurekamem.protocol._blocks import MEMORIES_NOTE
 
 FAST = {"embedder": "usem3"}
 
