@@ -92,6 +92,7 @@ class Detector:
     fold: bool = False  # the pattern is lower case and runs on the lower-cased text (labels: Password, Bearer)
     local_part: bool = False  # an e-mail address: the match starts at "@", the span extends over the name before it
     personal: bool = False  # e-mail, phone: redacted only where a policy asks; always refused for promotion
+    gate: str = ""  # one of these characters must be in the text (checked before the hints: cheaper)
 
 
 def _d(kind: str, pattern: str, hints: tuple[str, ...], **options: Any) -> Detector:
@@ -106,28 +107,39 @@ _KEY_BLOCK = r"-----BEGIN[ A-Z0-9]{0,40}PRIVATE KEY(?: BLOCK)?-----"
 
 DETECTORS: tuple[Detector, ...] = (
     # private key blocks first: they are long and hold base64 that nothing else may split
-    _d("private-key", _KEY_BLOCK + r"[\s\S]{0,65536}?" + _KEY_BLOCK.replace("BEGIN", "END"), ("private key",)),
+    _d(
+        "private-key", _KEY_BLOCK + r"[\s\S]{0,65536}?" + _KEY_BLOCK.replace("BEGIN", "END"), ("private key",), gate="-"
+    ),
     _d(  # a block cut off before its END line (a pasted fragment): the header lines and the base64 lines
         "private-key",
         _KEY_BLOCK
         + r"(?:\s{0,2}(?:(?:Proc-Type|DEK-Info|Comment|Version):[^\r\n]{0,200}|[A-Za-z0-9+/=]{8,200})){0,2000}",
         ("private key",),
+        gate="-",
     ),
-    _d("anthropic-key", r"sk-ant-[A-Za-z0-9_-]{20,512}", ("sk-ant-",), left=TOKEN_CHARS),
+    _d("anthropic-key", r"sk-ant-[A-Za-z0-9_-]{20,512}", ("sk-ant-",), left=TOKEN_CHARS, gate="-"),
     _d(
         "openai-key",
         r"sk-(?!ant-)(?:proj-|svcacct-|admin-)?[A-Za-z0-9_-]{32,512}",
         ("sk-",),
         check=_random_looking,
         left=TOKEN_CHARS,
+        gate="-",
     ),
     _d(
         "github-token",
         r"gh[pousr]_[A-Za-z0-9]{36,255}(?![A-Za-z0-9_+/=-])",
         ("ghp_", "gho_", "ghu_", "ghs_", "ghr_"),
         left=TOKEN_CHARS,
+        gate="_",
     ),
-    _d("github-token", r"github_pat_[A-Za-z0-9_]{22,255}(?![A-Za-z0-9_+/=-])", ("github_pat_",), left=TOKEN_CHARS),
+    _d(
+        "github-token",
+        r"github_pat_[A-Za-z0-9_]{22,255}(?![A-Za-z0-9_+/=-])",
+        ("github_pat_",),
+        left=TOKEN_CHARS,
+        gate="_",
+    ),
     _d("aws-key", r"A(?:KIA|SIA|BIA|CCA)[A-Z0-9]{16}(?![A-Za-z0-9])", ("akia", "asia", "abia", "acca"), left=ALNUM),
     _d(  # the secret access key: 40 base64 characters after its label (aws_secret_access_key, SecretAccessKey)
         "aws-secret",
@@ -136,17 +148,19 @@ DETECTORS: tuple[Detector, ...] = (
         group=1,
         fold=True,
         check=_letters_and_digits,
+        gate=":=",
     ),
     _d("google-key", r"AIza[0-9A-Za-z_-]{35}(?![A-Za-z0-9_+/=-])", ("aiza",), left=TOKEN_CHARS),
-    _d("slack-token", r"xox[abprse]-[A-Za-z0-9-]{10,255}", ("xox",), left=TOKEN_CHARS),
-    _d("slack-webhook", r"https://hooks\.slack\.com/services/[A-Za-z0-9/_-]{20,255}", ("hooks.slack.com",)),
-    _d("stripe-key", r"sk_(?:live|test)_[A-Za-z0-9]{16,255}", ("sk_live_", "sk_test_"), left=WORD),
-    _d("stripe-key", r"rk_(?:live|test)_[A-Za-z0-9]{16,255}", ("rk_live_", "rk_test_"), left=WORD),
+    _d("slack-token", r"xox[abprse]-[A-Za-z0-9-]{10,255}", ("xox",), left=TOKEN_CHARS, gate="-"),
+    _d("slack-webhook", r"https://hooks\.slack\.com/services/[A-Za-z0-9/_-]{20,255}", ("hooks.slack.com",), gate="/"),
+    _d("stripe-key", r"sk_(?:live|test)_[A-Za-z0-9]{16,255}", ("sk_live_", "sk_test_"), left=WORD, gate="_"),
+    _d("stripe-key", r"rk_(?:live|test)_[A-Za-z0-9]{16,255}", ("rk_live_", "rk_test_"), left=WORD, gate="_"),
     _d(
         "jwt",
         r"eyJ[A-Za-z0-9_-]{10,4096}\.eyJ[A-Za-z0-9_-]{10,8192}\.[A-Za-z0-9_-]{10,4096}",
         ("eyj",),
         left=TOKEN_CHARS,
+        gate=".",
     ),
     _d(  # Authorization: Bearer / Basic / token <credential>
         "bearer-token",
@@ -154,6 +168,7 @@ DETECTORS: tuple[Detector, ...] = (
         ("authorization",),
         group=1,
         fold=True,
+        gate=":=",
     ),
     _d(  # a bare "Bearer <token>" (curl lines, logs), when the token looks generated
         "bearer-token",
@@ -169,13 +184,23 @@ DETECTORS: tuple[Detector, ...] = (
         r"://[^\s:/?#@\[\]]{1,256}:([^\s/?#]{1,256})@",
         ("://",),
         group=1,
+        gate="@",
     ),
     *(  # password = "..." / "password": "..." in code and config
-        _d("password", label + _QUOTED.format(6), (hint,), group=1, fold=True, left=WORD)
+        _d("password", label + _QUOTED.format(6), (hint,), group=1, fold=True, left=WORD, gate=":=")
         for label, hint in ((r"pass(?:word|wd|phrase)", "pass"), (r"pwd", "pwd"))
     ),
     *(  # api_key = "...", "client_secret": "...", ACCESS_TOKEN='...'
-        _d("secret", label + _QUOTED.format(12), (hint,), group=1, fold=True, left=WORD, check=_letters_and_digits)
+        _d(
+            "secret",
+            label + _QUOTED.format(12),
+            (hint,),
+            group=1,
+            fold=True,
+            left=WORD,
+            check=_letters_and_digits,
+            gate=":=",
+        )
         for label, hint in (
             (r"api[_-]?key", "api"),
             (r"secret[_-]?key", "secret"),
@@ -193,6 +218,7 @@ DETECTORS: tuple[Detector, ...] = (
         fold=True,
         local_part=True,
         personal=True,
+        gate="@",
     ),
     _d(  # +<country code> and more digits in groups: 8 to 15 digits in all
         "phone",
@@ -201,6 +227,7 @@ DETECTORS: tuple[Detector, ...] = (
         left=WORD | {"+"},
         trim=_phone_length,
         personal=True,
+        gate="+",
     ),
     _d(  # North American: (415) 555-0132, 415-555-0132, 415.555.0132
         "phone",
@@ -212,8 +239,6 @@ DETECTORS: tuple[Detector, ...] = (
 )
 
 
-_HINTS: tuple[str, ...] = tuple(sorted({hint for d in DETECTORS for hint in d.hints} - {DIGIT}))
-_ALL_HINTS: frozenset[str] = frozenset(_HINTS) | {DIGIT}
 _DIGIT = re.compile(r"[0-9]")
 HINTS_UP_TO = 16384  # characters
 
@@ -242,18 +267,17 @@ def find(text: str, kinds: frozenset[str] = ALL_KINDS) -> list[Finding]:
     lower = text.lower()
     # lower-casing keeps every index only when no character changes length (most texts; not "İ")
     aligned = len(lower) == len(text)
-    present: set[str] | frozenset[str]
+    plan = _plan(kinds)
     if len(text) <= HINTS_UP_TO:  # a few substring tests save most patterns from running at all
-        hinted = {hint for hint in _HINTS if hint in lower}
-        if _DIGIT.search(text) is not None:
-            hinted.add(DIGIT)
-        present = hinted
+        candidates, hints, digits = plan.candidates("".join([c for c in plan.gates if c in text]))
+        present = {hint for hint in hints if hint in lower}
+        if digits and _DIGIT.search(text) is not None:
+            present.add(DIGIT)
+        detectors: Iterable[Detector] = [d for d in candidates if not present.isdisjoint(d.hints)]
     else:  # past that the tests cost more than the patterns, which skip to their literal start at once
-        present = _ALL_HINTS
+        detectors = plan.detectors
     found: list[Finding] = []
-    for detector in DETECTORS:
-        if detector.kind not in kinds or present.isdisjoint(detector.hints):
-            continue
+    for detector in detectors:
         if detector.fold:
             matches = detector.pattern.finditer(lower) if aligned else _folded(detector).finditer(text)
         else:
@@ -300,6 +324,36 @@ def find(text: str, kinds: frozenset[str] = ALL_KINDS) -> list[Finding]:
             kept.append(finding)
     kept.sort(key=lambda f: f.start)
     return kept
+
+
+class _Plan:
+    """The detectors of a set of kinds, and what a text must hold for each to run: one of its gate
+    characters, then one of its hints. Made once per set of kinds (policies are few), and the
+    candidates once per set of gate characters present (at most 2^8)."""
+
+    def __init__(self, kinds: frozenset[str]) -> None:
+        self.detectors = tuple(d for d in DETECTORS if d.kind in kinds)
+        self.gates = "".join(sorted({c for d in self.detectors for c in d.gate}))
+        self._by_gates: dict[str, tuple[tuple[Detector, ...], tuple[str, ...], bool]] = {}
+
+    def candidates(self, gates: str) -> tuple[tuple[Detector, ...], tuple[str, ...], bool]:
+        """The detectors whose gate is open, their hints, and whether one needs a digit."""
+        found = self._by_gates.get(gates)
+        if found is None:
+            detectors = tuple(d for d in self.detectors if not d.gate or any(c in gates for c in d.gate))
+            hints = tuple(sorted({hint for d in detectors for hint in d.hints} - {DIGIT}))
+            found = self._by_gates[gates] = (detectors, hints, any(DIGIT in d.hints for d in detectors))
+        return found
+
+
+_PLANS: dict[frozenset[str], _Plan] = {}
+
+
+def _plan(kinds: frozenset[str]) -> _Plan:
+    plan = _PLANS.get(kinds)
+    if plan is None:
+        plan = _PLANS[kinds] = _Plan(kinds)
+    return plan
 
 
 _FOLDED: dict[str, re.Pattern[str]] = {}
