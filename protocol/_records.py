@@ -258,7 +258,7 @@ class GraphStats(Record, kw_only=True):
 REVIEW_KINDS: tuple[str, ...] = ("promote", "proposal")  # a client's memory.promote; the learning loop's
 
 
-class ReviewItem(msgspec.Struct, kw_only=True):
+class ReviewItem(Record, kw_only=True):
     """A request that a local memory become global, and what was decided.
 
     `state` is pending until review.approve (approved) or review.reject (refused); the automatic
@@ -281,3 +281,18 @@ class ReviewItem(msgspec.Struct, kw_only=True):
     decided_by: str = ""
     decided_uid: int | None = None
     decision_reason: str = ""  # why approved or refused (the automatic check, the policy, the reviewer)
+
+
+class ReviewView(ReviewItem, kw_only=True):
+    """A request as review.list, review.approve and review.reject answer it: the ReviewItem and its
+    memory as it is now (None once purged)."""
+
+    memory: Memory | None = None
+
+
+class Promotion(Record, kw_only=True):
+    """memory.promote: the request's id, its state, and why when the check or the policy decided at once."""
+
+    review_id: str
+    state: str  # pending | approved | refused
+    reason: str | None = None

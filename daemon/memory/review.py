@@ -36,7 +36,7 @@ from eurekamem.daemon.memory.format import domain_slug
 from eurekamem.daemon.memory.state import PutMemory
 from eurekamem.daemon.redact import detect
 from eurekamem.daemon.tier import handles
-from eurekamem.protocol import Memory, ProtocolError, ReviewItem, new_id
+from eurekamem.protocol import Memory, ProtocolError, ReviewItem, ReviewView, new_id
 from eurekamem.protocol import _methods as m
 
 DAEMON = "daemon"  # decided_by of what the automatic check or the share policy decided
@@ -92,7 +92,7 @@ def _invalid(message: str, **data: Any) -> ProtocolError:
     return ProtocolError("invalid_params", f"invalid params: {message}", **data)
 
 
-def _shareable(state: Any, memory: Memory) -> None:
+def _shareable(memory: Memory) -> None:
     if memory.status != "active":
         raise _invalid(f"memory {memory.id!r} is {memory.status}: only an active memory can become global", field="id")
     if memory.scope == "global":
@@ -102,7 +102,7 @@ def _shareable(state: Any, memory: Memory) -> None:
 def request(state: Any, memory_id: str, *, kind: str, reason: str, by: str, uid: int | None) -> dict[str, Any]:
     """A promotion request for a local memory, decided at once where the policy or the check says so."""
     memory = state._get(memory_id)
-    _shareable(state, memory)
+    _shareable(memory)
     queue: ReviewQueue = state.review
     now = state.now()
     waiting = queue.pending.get(memory.id)
@@ -126,11 +126,10 @@ def request(state: Any, memory_id: str, *, kind: str, reason: str, by: str, uid:
         requested_uid=uid,
     )
     policy = state.share_policy(memory.domain)
-    found = [] if policy == "never" else check(memory)
     if policy == "never":
         item = _decided(item, "refused", now, DAEMON, None, _never(memory.domain))
         state.commit(PutReview(item))
-    elif found:
+    elif found := check(memory):
         item = _decided(item, "refused", now, DAEMON, None, _found(found))
         state.commit(PutReview(item))
     elif policy == "auto":
@@ -168,9 +167,9 @@ def _made_global(state: Any, memory: Memory, now: str) -> PutMemory:
     return PutMemory(shared, state.model_of.get(memory.id, ""), state._vector_bytes(memory.id))
 
 
-def view(state: Any, item: ReviewItem) -> dict[str, Any]:
-    """A request as review.* answer it: its fields, and the memory as it is now (null once purged)."""
-    return {**msgspec.structs.asdict(item), "memory": state.memories.get(item.memory_id)}
+def view(state: Any, item: ReviewItem) -> ReviewView:
+    """A request as review.* answer it: its fields, and the memory as it is now (None once purged)."""
+    return ReviewView(**msgspec.structs.asdict(item), memory=state.memories.get(item.memory_id))
 
 
 # --- the methods --------------------------------------------------------------------------------------
@@ -182,7 +181,7 @@ def do_promote(state: Any, p: m.MemoryPromote) -> dict[str, Any]:
 
 
 @handles("review.list")
-def do_list(state: Any, p: m.ReviewList) -> list[dict[str, Any]]:
+def do_list(state: Any, p: m.ReviewList) -> list[ReviewView]:
     queue: ReviewQueue = state.review
     if p.state == "pending":
         items = [queue.items[i] for i in queue.pending.values()]
@@ -203,7 +202,7 @@ def _pending(state: Any, review_id: str) -> ReviewItem:
 
 
 @handles("review.approve")
-def do_approve(state: Any, p: m.ReviewDecide) -> dict[str, Any]:
+def do_approve(state: Any, p: m.ReviewDecide) -> ReviewView:
     item = _pending(state, p.id)
     memory = state.memories.get(item.memory_id)
     of = f"the memory of review request {p.id!r}"
@@ -226,7 +225,7 @@ def do_approve(state: Any, p: m.ReviewDecide) -> dict[str, Any]:
 
 
 @handles("review.reject")
-def do_reject(state: Any, p: m.ReviewReject) -> dict[str, Any]:
+def do_reject(state: Any, p: m.ReviewReject) -> ReviewView:
     item = _pending(state, p.id)
     decided = _decided(item, "refused", state.now(), p.by or "", p.peer_uid, p.reason or "")
     state.commit(PutReview(decided))
