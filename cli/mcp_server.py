@@ -6,6 +6,11 @@ resource read is one or two daemon calls through eurekamem.client.AsyncClient, w
 daemon on demand for the data root when nothing listens (EUREKAMEM_NO_AUTOSTART=1 turns that off);
 a daemon error becomes a tool result with isError, never a crash of the server.
 
+Scopes: a server started with --domain is that project's. Its reads (search, get, list, inject,
+resources) see the domain's own memories and every domain's global ones, never another domain's
+local memories: a read naming another domain is refused, and memory_get / memory_forget of another
+domain's local memory answer as for an unknown id. It may still add a memory to another domain.
+
 It runs under trio: the SDK is written against anyio, whose trio backend it supports, and trio is
 what the rest of eurekamem runs on (AsyncClient detects it).
 """
@@ -30,7 +35,10 @@ _LIST_ALL = 10_000
 
 
 def _domain_property(default: str | None) -> dict[str, Any]:
-    said = f' Default: "{default}" (this server\'s project).' if default else " Default: every domain."
+    said = (
+        f' Default: "{default}" (this server\'s project; it reads only that domain and global memories).'
+        if default else " Default: every domain."
+    )
     return {
         "type": "string",
         "maxLength": 1024,
@@ -169,6 +177,15 @@ class Proxy:
         given = args.get("domain")
         return given if isinstance(given, str) else self.default_domain
 
+    def _read_domain(self, args: dict[str, Any]) -> str | None:
+        """The domain a read runs in: this server's own when it has one (another is refused)."""
+        domain = self._domain(args)
+        if self.default_domain is not None and domain is not None and not same_domain(domain, self.default_domain):
+            raise ToolError(
+                f"this server reads the memories of {self.default_domain!r} (and global ones) only, not of {domain!r}"
+            )
+        return domain
+
     async def call(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
         handler = getattr(self, "tool_" + name, None)
         if handler is None:
@@ -194,7 +211,7 @@ class Proxy:
 
     async def tool_memory_search(self, args: dict[str, Any]) -> dict[str, Any]:
         params: dict[str, Any] = {"query": args.get("query", ""), "k": args.get("k") or 5}
-        domain = self._domain(args)
+        domain = self._read_domain(args)
         if domain is not None:
             params["domain"] = domain
         if args.get("categories"):
@@ -206,25 +223,35 @@ class Proxy:
             for hit in hits
         ]}
 
+    async def _get(self, memory_id: str) -> dict[str, Any]:
+        params: dict[str, Any] = {"id": memory_id}
+        if self.default_domain is not None:  # another domain's local memory is not_found from here
+            params["domain"] = self.default_domain
+        return await self.client.call("memory.get", params)
+
     async def tool_memory_get(self, args: dict[str, Any]) -> dict[str, Any]:
-        return {"memory": await self.client.call("memory.get", {"id": args.get("id", "")})}
+        return {"memory": await self._get(args.get("id", ""))}
 
     async def tool_memory_list(self, args: dict[str, Any]) -> dict[str, Any]:
         params: dict[str, Any] = {"limit": args.get("limit") or 50, "offset": args.get("offset") or 0}
-        domain = self._domain(args)
+        domain = self._read_domain(args)
         if domain is not None:
             params["domain"] = domain
+            params["include_global"] = self.default_domain is not None
         if args.get("category"):
             params["category"] = args["category"]
         page = await self.client.call("memory.list", params)
         return {"total": page.get("total"), "memories": [_summary(m) for m in page.get("memories", [])]}
 
     async def tool_memory_forget(self, args: dict[str, Any]) -> dict[str, Any]:
-        return await self.client.call("memory.delete", {"id": args.get("id", ""), "purge": False})
+        memory_id = args.get("id", "")
+        if self.default_domain is not None:
+            await self._get(memory_id)  # not_found for another domain's local memory
+        return await self.client.call("memory.delete", {"id": memory_id, "purge": False})
 
     async def tool_memory_inject(self, args: dict[str, Any]) -> dict[str, Any]:
         params: dict[str, Any] = {
-            "domain": self._domain(args) or "",
+            "domain": self._read_domain(args) or "",
             "k": args.get("k") or 4,
             "token_budget": args.get("token_budget") or 1000,
         }
@@ -250,6 +277,13 @@ class Proxy:
             title, category, abstract = m.get("title", ""), m.get("category", ""), m.get("abstract", "")
             lines.append(f"- **{title}** ({category}): {abstract} `{m.get('id', '')}`")
         return "\n".join(lines) + "\n"
+
+
+def same_domain(a: str, b: str) -> bool:
+    """The daemon's rule: domains are the same when their slugs are."""
+    from eurekamem.daemon.memory.format import domain_slug
+
+    return domain_slug(a) == domain_slug(b)
 
 
 def _version() -> str:

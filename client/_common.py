@@ -23,6 +23,8 @@ from eurekamem.protocol import (
     MemoryDeleted,
     MemoryHit,
     MemoryPage,
+    Promotion,
+    ReviewView,
     Skill,
     SkillHit,
     SkillsInjection,
@@ -407,3 +409,25 @@ def op_inject_skills(
 ) -> Op[SkillsInjection]:
     params = _drop_none(agent_role=agent_role, pipeline_stage=pipeline_stage, query=query, k=k)
     return Op("skills.inject", {**params, **_drop_none(token_budget=token_budget)}, SkillsInjection)
+
+
+
+# --- scopes and review: promotion of local memories to global ---------------------------------
+
+
+def op_promote(memory_id: str, reason: str | None, by: str | None) -> Op[Promotion]:
+    return Op("memory.promote", _drop_none(id=memory_id, reason=reason, by=by), Promotion)
+
+
+def op_reviews(
+    state: str | None, domain: str | None, limit: int | None, offset: int | None
+) -> Op[list[ReviewView]]:
+    return Op("review.list", _drop_none(state=state, domain=domain, limit=limit, offset=offset), list[ReviewView])
+
+
+def op_approve(review_id: str, by: str | None) -> Op[ReviewView]:
+    return Op("review.approve", _drop_none(id=review_id, by=by), ReviewView)
+
+
+def op_reject(review_id: str, reason: str | None, by: str | None) -> Op[ReviewView]:
+    return Op("review.reject", _drop_none(id=review_id, reason=reason, by=by), ReviewView)

@@ -37,6 +37,8 @@ from eurekamem.protocol import (
     MemoryDeleted,
     MemoryHit,
     MemoryPage,
+    Promotion,
+    ReviewView,
     Skill,
     SkillHit,
     SkillsInjection,
@@ -731,6 +733,25 @@ class Client:
     ) -> Injection:
         """memory.inject: EurekaClaw's <memories> block (`text`), the `ids` in it and its estimated `tokens`."""
         return self._run(C.op_inject(domain, k, query, token_budget))
+
+    def promote_memory(self, memory_id: str, reason: str | None = None, by: str | None = None) -> Promotion:
+        """memory.promote: ask for a local memory to become global: the request's `review_id`, its `state`
+        (pending, approved or refused) and, when decided at once, the `reason`."""
+        return self._run(C.op_promote(memory_id, reason, by))
+
+    def reviews(
+        self, state: str | None = None, domain: str | None = None, limit: int | None = None, offset: int | None = None
+    ) -> list[ReviewView]:
+        """review.list: promotion requests, oldest first; `state` pending (the default), approved, refused or any."""
+        return self._run(C.op_reviews(state, domain, limit, offset))
+
+    def approve_review(self, review_id: str, by: str | None = None) -> ReviewView:
+        """review.approve: the request's memory becomes global; the request as decided."""
+        return self._run(C.op_approve(review_id, by))
+
+    def reject_review(self, review_id: str, reason: str | None = None, by: str | None = None) -> ReviewView:
+        """review.reject: the request is refused; the request as decided."""
+        return self._run(C.op_reject(review_id, reason, by))
 
     # --- conversations, jobs ----------------------------------------------------------------------
 

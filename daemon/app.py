@@ -39,6 +39,7 @@ from eurekamem.daemon.memory.actor import MemoryActor
 from eurekamem.daemon.memory.embed import Embedder, make_embedder, preload_embedder
 from eurekamem.daemon.paths import Paths, acquire_lock
 from eurekamem.daemon.recovery import Recovered, recover
+from eurekamem.daemon.redact import Redactor
 from eurekamem.daemon.server import Connection, Limits
 from eurekamem.daemon.skills.actor import SkillsActor
 from eurekamem.daemon.stats import RequestStats
@@ -74,6 +75,9 @@ REFUSAL_LINGER = 1.0  # seconds a refused peer may still send (dropped) before t
 
 
 MAX_LINGERING = 32
+
+
+PEER_STAMPED = frozenset({"memory.promote", "review.approve", "review.reject"})  # params with peer_uid
 
 
 BUSY_LIMIT = 900.0  # seconds one batch may take before the watchdog calls its actor stuck
@@ -141,6 +145,8 @@ class Daemon:
         # tier 4's background embedding, as sys.stats → memory.embedding shows it; written only by
         # _memory_background, read by statistics(), both on the event loop
         self.embedding = EmbeddingProgress()
+        self.redactor = Redactor.from_config(config)  # every write's text passes it in dispatch
+        self._intercepted = frozenset(self.redactor.plan) | PEER_STAMPED
 
     def request_shutdown(self) -> None:
         self._shutdown.set()
@@ -195,9 +201,11 @@ class Daemon:
     async def _serve_recovered(self, recovered: Recovered, task_status: Any) -> None:
         journal = recovered.journal
         assert journal is not None
+        recovered.memory.share_policy = self.config.share_policy_for  # memory.promote's, per domain
         # the Journal is handed to the journal actor here and comes back when its writer thread is done
         self.journal_actor = JournalActor(journal, self.config.fsync, self.config.batch_interval)
         self.memory_actor = MemoryActor(recovered.memory, self.journal_actor, self.paths.root)
+        self.memory_actor.redactor = self.redactor  # for the learning loop's proposals (MemoryActor.propose)
         self.skills_actor = SkillsActor(
             recovered.skills, self.journal_actor, self.paths.root, projection_interval=self.config.projection_interval
         )
@@ -285,12 +293,13 @@ class Daemon:
                         await trio.sleep(0.1)
                         continue
                     raise
-                if not self._peer_allowed(sock, nursery):
+                uid = self._peer_allowed(sock, nursery)
+                if uid is None:
                     continue
                 sock.setblocking(False)
-                nursery.start_soon(self._serve_connection, sock)
+                nursery.start_soon(self._serve_connection, sock, uid)
 
-    def _peer_allowed(self, sock: stdlib_socket.socket, nursery: trio.Nursery) -> bool:
+    def _peer_allowed(self, sock: stdlib_socket.socket, nursery: trio.Nursery) -> int | None:
         """Let in the daemon's own uid and Config.allowed_uids; refuse anyone else (SO_PEERCRED).
 
         A refused peer gets one JSON error line and the connection closes. The contract has no
@@ -306,7 +315,7 @@ class Daemon:
             log.warning("refused a connection whose peer cannot be identified: %s", exc)
             uid = pid = -1
         if uid == os.getuid() or uid in self.config.allowed_uids:
-            return True
+            return uid
         self.refused_peers += 1
         log.warning("refused a connection from uid %d (pid %d): not this daemon's uid nor in allowed_uids", uid, pid)
         error = ProtocolError("invalid_request", f"uid {uid} is not allowed")
@@ -315,14 +324,14 @@ class Daemon:
             sock.shutdown(stdlib_socket.SHUT_WR)
         except OSError:
             sock.close()
-            return False
+            return None
         if self._lingering >= MAX_LINGERING:
             sock.close()
         else:
             sock.setblocking(False)
             self._lingering += 1
             nursery.start_soon(self._drop_and_close, trio.socket.from_stdlib_socket(sock))
-        return False
+        return None
 
     async def _drop_and_close(self, sock: Any) -> None:
         try:
@@ -404,9 +413,9 @@ class Daemon:
                 stuck.append(name)
         return sorted(stuck)
 
-    async def _serve_connection(self, sock: stdlib_socket.socket) -> None:
+    async def _serve_connection(self, sock: stdlib_socket.socket, uid: int | None = None) -> None:
         stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
-        conn = Connection(stream, sock, self.limits, self.dispatch, self.stats)
+        conn = Connection(stream, sock, self.limits, self.dispatch, self.stats, peer_uid=uid)
         self._connections.add(conn)
         self.stats.connections_total += 1
         self.stats.connections_open += 1
@@ -422,6 +431,8 @@ class Daemon:
     # --- routing ------------------------------------------------------------------------------------
 
     def dispatch(self, call: Call, reply: Any, started_ns: int) -> None:
+        if call.spec.name in self._intercepted:  # the one choke point: nothing below sees the text unredacted
+            self._intercept(call, reply)
         tier = call.spec.tier
         if tier != "sys":
             actor = self.actors[tier]
@@ -431,6 +442,13 @@ class Daemon:
                 actor.submit(Work(call, reply, started_ns))
             return
         HANDLERS[call.spec.name].fn(self, call, reply, started_ns)
+
+    def _intercept(self, call: Call, reply: Any) -> None:
+        """Before a write reaches its tier: its free text redacted (daemon/redact.py) and, for the
+        review methods, who asked stamped in as the kernel reports it (a peer_uid sent is replaced)."""
+        self.redactor.call(call)
+        if call.spec.name in PEER_STAMPED:
+            call.params = msgspec.structs.replace(call.params, peer_uid=getattr(reply, "peer_uid", None))
 
     # --- sys.* (registered in daemon/tier.py's HANDLERS like every tier's handlers) -------------------
 
@@ -545,6 +563,7 @@ class Daemon:
             "recovery": self.recovery,
             "requests": self.stats.summary(),
             "access": {"refused": self.refused_peers, "allowed_uids": list(self.config.allowed_uids)},
+            "redaction": self.redactor.statistics(),
         }
 
     # --- snapshots ----------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from eurekamem.client._paths import data_root, default_config_path, default_socket_path
 from eurekamem.daemon import systemd as systemd
+from eurekamem.daemon.memory.format import domain_slug
 from eurekamem.daemon.server import Limits
 from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
 from eurekamem.daemon.storage.journal_actor import FSYNC_POLICIES, FsyncPolicy
@@ -66,6 +67,20 @@ NonNegativeSeconds = Annotated[float, Meta(ge=0)]
 
 
 PositiveInt = Annotated[int, Meta(gt=0)]
+
+
+SHARE_POLICIES = ("auto", "review", "never")
+SharePolicy = Literal["auto", "review", "never"]
+
+
+class DomainPolicy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One domain's overrides (`[domains.<name>]`); a field left out takes the daemon-wide value.
+    Domains are matched by slug, as everywhere else ("Bandit Theory" is "bandit_theory")."""
+
+    redact: bool | None = None
+    redact_emails: bool | None = None
+    redact_phones: bool | None = None
+    share_policy: SharePolicy | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +134,18 @@ _BASE: list[Setting] = [
     ),
     Setting("max_open_sessions", "episodic sessions held in RAM at most; past it the longest idle one is closed"),
     Setting("allowed_uids", "uids (comma-separated) that may connect besides the daemon's own"),
+    Setting("redact", "replace secrets (API keys, tokens, private keys, passwords) in stored text by [redacted:<kind>]"),
+    Setting("redact_emails", "also replace e-mail addresses"),
+    Setting("redact_phones", "also replace phone numbers"),
+    Setting(
+        "share_policy",
+        "memory.promote: auto (approved at once when the automatic check passes), review (a person decides) or never",
+    ),
+    Setting(
+        "domains",
+        "per-domain overrides of redact, redact_emails, redact_phones and share_policy: a TOML table "
+        "[domains.<name>] (environment and flag: JSON)",
+    ),
     Setting("log_level", "log level: debug, info, warning, error", Literal["debug", "info", "warning", "error"], "info", config_field=None),
     Setting(
         "log_format", "log lines: json, text, or auto (json unless stderr is a terminal)",
@@ -184,8 +211,17 @@ def _is_list(tp: Any) -> bool:
     return origin in (list, tuple, set, frozenset) or tp in (list, tuple, set, frozenset)
 
 
+def _is_table(tp: Any) -> bool:
+    return typing.get_origin(tp) is dict or tp is dict
+
+
 def _convert_text(setting: Setting, text: str) -> Any:
-    """A value from the environment or a flag: a string read as the setting's type."""
+    """A value from the environment or a flag: a string read as the setting's type (a table as JSON)."""
+    if _is_table(setting.type):
+        try:
+            return msgspec.json.decode(text.encode(), type=setting.type, strict=True)
+        except msgspec.DecodeError as exc:  # not JSON at all: say so as a validation error does
+            raise msgspec.ValidationError(f"not a JSON object of that shape: {exc}") from None
     value: Any = text
     if _is_list(setting.type):
         value = [part.strip() for part in text.split(",") if part.strip()]
@@ -412,6 +448,10 @@ def _toml_value(value: Any) -> str:
         return repr(value)
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, msgspec.Struct):
+        value = {k: v for k, v in msgspec.structs.asdict(value).items() if v is not None}
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k), ensure_ascii=False)} = {_toml_value(v)}" for k, v in value.items()) + "}"
     return json.dumps(str(value), ensure_ascii=False)
 
 
@@ -495,9 +535,32 @@ class Config(msgspec.Struct, kw_only=True):
     allowed_uids: list[int] = []  # peers' uids let in besides the daemon's own (a shared service account)
     session_idle_close: NonNegativeSeconds = 3600.0  # seconds without an event before a session is closed; 0 = never
     max_open_sessions: PositiveInt = 256  # episodic sessions in RAM at most (each keeps its last 500 events)
+    redact: bool = True  # secrets in stored text become [redacted:<kind>] (daemon/redact.py)
+    redact_emails: bool = False
+    redact_phones: bool = False
+    share_policy: SharePolicy = "review"  # memory.promote: auto, review or never
+    domains: dict[str, DomainPolicy] = {}  # per-domain overrides of the four above
 
     def __post_init__(self) -> None:
         if self.fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, not {self.fsync!r}")
+        if self.share_policy not in SHARE_POLICIES:
+            raise ValueError(f"share_policy must be one of {', '.join(SHARE_POLICIES)}, not {self.share_policy!r}")
+        seen: dict[str, str] = {}
+        for name, policy in self.domains.items():
+            if policy.share_policy is not None and policy.share_policy not in SHARE_POLICIES:
+                raise ValueError(f"domains.{name}.share_policy must be one of {', '.join(SHARE_POLICIES)}")
+            slug = domain_slug(name)
+            if slug in seen:
+                raise ValueError(f"domains {seen[slug]!r} and {name!r} are the same domain (both {slug!r}); keep one")
+            seen[slug] = name
+
+    def share_policy_for(self, domain: str) -> str:
+        """auto, review or never: the domain's own, else the daemon-wide one."""
+        slug = domain_slug(domain)
+        for name, policy in self.domains.items():
+            if policy.share_policy is not None and domain_slug(name) == slug:
+                return policy.share_policy
+        return self.share_policy
 
 

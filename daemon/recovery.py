@@ -24,6 +24,7 @@ from eurekamem.daemon.memory.actor import (
     read_memory_snapshot,
 )
 from eurekamem.daemon.memory.embed import make_embedder
+from eurekamem.daemon.memory.review import PutReview
 from eurekamem.daemon.memory.state import MemoryState, PurgeMemory, PutMemory
 from eurekamem.daemon.paths import Paths
 from eurekamem.daemon.skills.actor import load_skill_files
@@ -48,6 +49,7 @@ MUTATION_TIER: dict[type, str] = {
     PutEdge: "graph",
     PutMemory: "memory",
     PurgeMemory: "memory",
+    PutReview: "memory",  # the review queue lives in the memory tier (daemon/memory/review.py)
     PutSkill: "skills",
 }
 

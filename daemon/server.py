@@ -50,6 +50,7 @@ class Connection:
         limits: ConnectionLimits,
         dispatch: Callable[[Call, Any, int], None],
         stats: RequestStats,
+        peer_uid: int | None = None,
     ) -> None:
         self.stream = stream
         self.raw = raw  # the same socket, non-blocking, for sends that need no waiting
@@ -61,6 +62,7 @@ class Connection:
             record=stats.record,
             on_output=self.flush,
             ordered_tiers=IN_ORDER_TIERS,
+            peer_uid=peer_uid,  # the peer's uid (SO_PEERCRED): review decisions record it
         )
         self._timed = self.protocol.rate_limiter is not None  # the rate limit needs the time of each read
         self._writer_busy = False

@@ -152,8 +152,10 @@ class ServerConnection:
         record: Record | None = None,
         on_output: Callable[[], None] | None = None,
         ordered_tiers: Iterable[str] = (),
+        peer_uid: int | None = None,
     ) -> None:
         self.limits = limits
+        self.peer_uid = peer_uid  # who is on the other side, as the caller knows it; dispatch reads reply.peer_uid
         self._dispatch = dispatch
         self._record = record
         self._on_output = on_output
@@ -474,3 +476,7 @@ class _Batch:
 
     def flush(self) -> None:
         self.conn.flush()
+
+    @property
+    def peer_uid(self) -> int | None:
+        return self.conn.peer_uid

@@ -198,12 +198,18 @@ class MemoryRef(Params):
     id: Ident
 
 
+class MemoryGet(MemoryRef):
+    # given: the memory as seen from that domain (a local memory of another domain is not_found)
+    domain: Domain | None = None
+
+
 class MemoryList(Params):
     domain: Domain | None = None
     category: Category | None = None
     status: Literal["active", "archived", "any"] = "active"
     limit: Annotated[int, Meta(ge=1, le=MAX_LIMIT)] = 50
     offset: Annotated[int, Meta(ge=0)] = 0
+    include_global: bool = False  # with a domain: every domain's global memories too
 
 
 class MemoryUpdate(Params):
@@ -284,6 +290,37 @@ class SkillsInject(Params):
     token_budget: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
 
 
+# --- scopes and review: promotion of local memories to global ----------------------------------
+
+ReviewState = Literal["pending", "approved", "refused"]
+By = Annotated[str, Meta(min_length=1, max_length=MAX_ID)]
+Reason = Annotated[str, Meta(max_length=MAX_KEY * 4)]
+
+
+class MemoryPromote(Params):
+    id: Ident
+    reason: Reason | None = None
+    by: By | None = None  # who asks, as the client names them
+    peer_uid: int | None = None  # set by the daemon from the connection (SO_PEERCRED); a value sent is replaced
+
+
+class ReviewList(Params):
+    state: Literal["pending", "approved", "refused", "any"] = "pending"
+    domain: Domain | None = None
+    limit: Annotated[int, Meta(ge=1, le=MAX_LIMIT)] = 100
+    offset: Annotated[int, Meta(ge=0)] = 0
+
+
+class ReviewDecide(Params):
+    id: Ident
+    by: By | None = None
+    peer_uid: int | None = None  # set by the daemon, as in MemoryPromote
+
+
+class ReviewReject(ReviewDecide):
+    reason: Reason | None = None
+
+
 # --- the table ----------------------------------------------------------------------------------
 
 
@@ -326,7 +363,7 @@ METHODS: dict[str, MethodSpec] = dict(
         _spec("memory.add_many", MemoryAddMany, "memory", True, "memory.add for many items in one journal write"),
         _spec("memory.search", MemorySearch, "memory", False, "hybrid (dense + BM25) search, best first"),
         _spec("memory.inject", MemoryInject, "memory", False, "EurekaClaw's <memories> block for a prompt"),
-        _spec("memory.get", MemoryRef, "memory", False, "one memory"),
+        _spec("memory.get", MemoryGet, "memory", False, "one memory"),
         _spec("memory.list", MemoryList, "memory", False, "memories newest first, paged"),
         _spec("memory.update", MemoryUpdate, "memory", True, "change fields; re-fingerprints and re-embeds"),
         _spec("memory.delete", MemoryDelete, "memory", True, "archive a memory, or purge it for good"),
@@ -337,5 +374,9 @@ METHODS: dict[str, MethodSpec] = dict(
         _spec("skills.record_use", SkillsRecordUse, "skills", True, "count a use; success rate as EurekaClaw's EMA"),
         _spec("skills.confirm", SkillRef, "skills", True, "make a draft skill active"),
         _spec("skills.inject", SkillsInject, "skills", False, "EurekaClaw's <skills> block for an agent's prompt"),
+        _spec("memory.promote", MemoryPromote, "memory", True, "ask for a local memory to become global (a review request)"),
+        _spec("review.list", ReviewList, "memory", False, "promotion requests by state, oldest first"),
+        _spec("review.approve", ReviewDecide, "memory", True, "approve a pending request: its memory becomes global"),
+        _spec("review.reject", ReviewReject, "memory", True, "refuse a pending request"),
     ]
 )

@@ -253,3 +253,46 @@ class GraphStats(Record, kw_only=True):
     nodes: int
     edges: int
     relations: dict[str, int] = {}
+
+
+REVIEW_KINDS: tuple[str, ...] = ("promote", "proposal")  # a client's memory.promote; the learning loop's
+
+
+class ReviewItem(Record, kw_only=True):
+    """A request that a local memory become global, and what was decided.
+
+    `state` is pending until review.approve (approved) or review.reject (refused); the automatic
+    check and the domain's share policy may decide at once. `*_by` are the names clients gave
+    (`by`; "daemon" for what the daemon decided itself), `*_uid` the peers' uids as the kernel
+    reported them (null for the daemon's own work). No text of the memory is kept here: a purge
+    erases it from the queue too."""
+
+    id: str
+    memory_id: str
+    kind: str  # promote | proposal
+    state: str  # pending | approved | refused
+    domain: str
+    fingerprint: str  # of the memory's text when asked: a later change makes the request stale
+    reason: str = ""  # why promote (the requester's words)
+    requested_at: str
+    requested_by: str = ""
+    requested_uid: int | None = None
+    decided_at: str | None = None
+    decided_by: str = ""
+    decided_uid: int | None = None
+    decision_reason: str = ""  # why approved or refused (the automatic check, the policy, the reviewer)
+
+
+class ReviewView(ReviewItem, kw_only=True):
+    """A request as review.list, review.approve and review.reject answer it: the ReviewItem and its
+    memory as it is now (None once purged)."""
+
+    memory: Memory | None = None
+
+
+class Promotion(Record, kw_only=True):
+    """memory.promote: the request's id, its state, and why when the check or the policy decided at once."""
+
+    review_id: str
+    state: str  # pending | approved | refused
+    reason: str | None = None

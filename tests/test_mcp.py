@@ -92,7 +92,10 @@ async def test_handshake_tools_calls_errors_and_resources(daemon: DaemonProcess,
             assert got["memory"]["title"] == "Peeling for anytime bounds" and got["memory"]["tags"] == ["concentration"]
             listed = payload(await s.call_tool("memory_list", {}))
             assert listed["total"] == 1 and listed["memories"][0]["id"] == memory_id
-            assert payload(await s.call_tool("memory_list", {"domain": "assistant"}))["total"] == 1
+            elsewhere = await s.call_tool("memory_list", {"domain": "assistant"})  # this server reads its domain only
+            assert elsewhere.is_error and "'bandit theory'" in elsewhere.content[0].text
+            hidden = await s.call_tool("memory_get", {"id": other["memory"]["id"]})  # another domain's local memory
+            assert hidden.is_error and "not_found" in hidden.content[0].text
             block = payload(await s.call_tool("memory_inject", {"query": "anytime", "token_budget": 200}))
             assert block["text"].startswith("<memories>") and block["ids"] == [memory_id] and block["tokens"] > 0
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import msgspec
 import trio
 import trio.testing
+from eurekamem.protocol._blocks import MEMORIES_NOTE
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
 
@@ -139,7 +140,8 @@ async def test_inject_block_budget_and_access_counts(data_dir: Path, sock_dir: P
             assert block["ids"] == ids[::-1][:4]  # newest first, k = 4
             parts = block["text"].split("\n\n")
             assert parts[0] == "<memories>" and parts[-1] == "</memories>"
-            assert parts[1] == "# Insight 5" and parts[2].startswith("Insight number 5.")
+            assert parts[1] == MEMORIES_NOTE  # the memories are marked as data, not instructions
+            assert parts[2] == "# Insight 5" and parts[3].startswith("Insight number 5.")
             tight = await conn.result("memory.inject", {"domain": "d", "k": 4, "token_budget": 120})
             assert tight["tokens"] <= 120 and tight["ids"]
             assert "Insight number" in tight["text"]

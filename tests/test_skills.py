@@ -27,6 +27,7 @@ from eurekamem.daemon.skills.format import (
 )
 from eurekamem.daemon.skills.state import PutSkill, SkillsState
 from eurekamem.protocol import METHODS, SKILL_SOURCES, Call, ProtocolError
+from eurekamem.protocol._blocks import SKILLS_NOTE
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -528,7 +529,7 @@ def test_inject_best_for_role_and_stage_within_budget_and_never_drafts(state: Sk
     out, mutations = call(state, "skills.inject", agent_role="theory")
     assert mutations == [] and out["names"] == ["induction_strategy", "ucb_regret"]  # most used first, as EurekaClaw
     assert out["text"] == (
-        '<skills>\n<skill name="induction_strategy">\n# Induction\n\nProve the base case, then the step.\n</skill>\n'
+        f'<skills>\n{SKILLS_NOTE}\n<skill name="induction_strategy">\n# Induction\n\nProve the base case, then the step.\n</skill>\n'
         f'<skill name="ucb_regret">\n{UCB["body"]}\n</skill>\n</skills>'
     )
     assert out["tokens"] == math.ceil(len(out["text"]) / 4)
@@ -539,8 +540,9 @@ def test_inject_best_for_role_and_stage_within_budget_and_never_drafts(state: Sk
     queried = call(state, "skills.inject", agent_role="theory", query="Hoeffding bad events")[0]
     assert queried["names"][0] == "ucb_regret"  # relevance before usage among equal matches
     assert call(state, "skills.inject", agent_role="theory", k=1)[0]["names"] == ["induction_strategy"]
-    small = call(state, "skills.inject", agent_role="theory", token_budget=30)[0]
-    assert small["names"] == ["induction_strategy"] and small["tokens"] <= 30  # ucb_regret did not fit
+    note = math.ceil(len(SKILLS_NOTE) / 4) + 1  # the note that marks the skills as reference material
+    small = call(state, "skills.inject", agent_role="theory", token_budget=30 + note)[0]
+    assert small["names"] == ["induction_strategy"] and small["tokens"] <= 30 + note  # ucb_regret did not fit
     assert call(state, "skills.inject", agent_role="theory", token_budget=5)[0] == {
         "text": "",
         "names": [],

@@ -124,6 +124,7 @@ class MemoryActor(TierActor):
         self._bulk_wakeup = trio.Event()
         self._closing = False
         self.on_purge: Callable[[], None] | None = None  # called (on the event loop) after a batch purged a memory
+        self.redactor: Any = None  # the daemon's Redactor (daemon/redact.py), for text stored without a request
 
     def queue_length(self) -> int:
         return super().queue_length() + self.writes_waiting
@@ -342,6 +343,15 @@ class MemoryActor(TierActor):
         finally:
             state.forget_prepared()  # the batch's texts and vectors are not kept (a purge erases them)
         return results
+
+    async def propose(self, memory_id: str, reason: str, by: str | None = None) -> dict[str, Any]:
+        """The learning loop's proposal that a memory it judged general be shared: a review request of
+        kind "proposal" under the domain's share policy and the automatic check (daemon/memory/review.py),
+        journaled before this returns. `reason` is redacted here. Raises ProtocolError for bad input."""
+        from eurekamem.daemon.memory.review import LEARNING_LOOP, propose
+
+        text = self.redactor.text(reason) if self.redactor is not None else reason
+        return await self.run_internal(lambda state: propose(state, memory_id, text, by or LEARNING_LOOP))
 
     # --- background work ---------------------------------------------------------------------------
 

@@ -41,8 +41,9 @@ from eurekamem.daemon.memory.lexical import LexicalDump, LexicalIndex
 from eurekamem.daemon.memory.vectors import VectorStore
 from eurekamem.daemon.primitives import Histogram
 from eurekamem.daemon.tier import HANDLERS, TierState, Undo, handles
-from eurekamem.protocol import Memory, ProtocolError, normalize_timestamp, now_rfc3339
+from eurekamem.protocol import Memory, ProtocolError, ReviewItem, normalize_timestamp, now_rfc3339
 from eurekamem.protocol import _methods as m
+from eurekamem.protocol._blocks import MEMORIES_NOTE, escape_block_tags
 from eurekamem.protocol._records import MEMORY_CATEGORIES
 
 log = logging.getLogger("eurekamem.memory")
@@ -85,6 +86,7 @@ class PutMemory(msgspec.Struct, tag="memory.put"):
 
 class PurgeMemory(msgspec.Struct, tag="memory.purge"):
     id: str
+
 
 
 def _validate_domain(domain: str) -> None:
@@ -372,6 +374,10 @@ class MemoryState(TierState):
         self.search_time = {mode: Histogram() for mode in ("hybrid", "dense", "lexical")}
         self._active = 0  # memories whose status is active, kept by _put / _purge / load_snapshot
         self._dense_pool: ThreadPoolExecutor | None = None  # see _dense_searcher
+        from eurekamem.daemon.memory.review import ReviewQueue  # review.py imports this module
+
+        self.review = ReviewQueue()  # promotion requests (daemon/memory/review.py)
+        self.share_policy: Callable[[str], str] = lambda domain: "review"  # the daemon sets its config's
 
     def _dense_searcher(self) -> ThreadPoolExecutor:
         """This state's one thread that runs a hybrid search's hnswlib query while the caller's thread
@@ -446,6 +452,8 @@ class MemoryState(TierState):
         _validate_domain(p.domain)
         _check_title(p.title)
         _check_text("content", p.content)
+        if p.scope == "global" and self.share_policy(p.domain or "general") == "never":
+            raise ProtocolError("invalid_params", f"invalid params: domain {p.domain!r} never shares its memories (share_policy never)", field="scope")
         slug = domain_slug(p.domain)
         fp = fingerprint(p.title, p.content)
         if p.dedup:
@@ -491,14 +499,19 @@ class MemoryState(TierState):
         return out
 
     @handles("memory.get")
-    def do_get(self, p: m.MemoryRef) -> Memory:
-        return self._get(p.id)
+    def do_get(self, p: m.MemoryGet) -> Memory:
+        memory = self._get(p.id)
+        if p.domain is not None and memory.scope != "global" and domain_slug(memory.domain) != domain_slug(p.domain):
+            raise ProtocolError("not_found", f"no memory with id {p.id!r} in domain {p.domain!r}", id=p.id)  # local elsewhere
+        return memory
 
     @handles("memory.list")
     def do_list(self, p: m.MemoryList) -> dict[str, Any]:
         if p.domain is not None:
             _validate_domain(p.domain)
             ids = list(self._domains.get(domain_slug(p.domain), ()))
+            if p.include_global:
+                ids += [i for i in self._global if domain_slug(self.memories[i].domain) != domain_slug(p.domain)]
         else:
             ids = list(self.memories)
         chosen = [
@@ -517,6 +530,10 @@ class MemoryState(TierState):
             _check_title(p.title)
         if p.content is not None:
             _check_text("content", p.content)
+        if p.scope == "global" and old.scope != "global":
+            raise ProtocolError(
+                "invalid_params", "invalid params: a local memory becomes global through memory.promote and its review", field="scope"
+            )
         title, content, _ = _updated_text(old, p)
         changed_text = title != old.title or content != old.content
         memory = msgspec.structs.replace(
@@ -579,18 +596,21 @@ class MemoryState(TierState):
             )
         if not parts:
             return {"text": "", "ids": [], "tokens": 0}
-        text = "\n\n".join(["<memories>", *parts, "</memories>"])
+        text = "\n\n".join(["<memories>", MEMORIES_NOTE, *parts, "</memories>"])
         return {"text": text, "ids": [mem.id for mem in used], "tokens": estimate_tokens(text)}
 
     def _fit(self, chosen: list[Memory], budget: int | None) -> tuple[list[str], list[Memory]]:
-        """Each memory's full text, else its overview, else its abstract, within the token budget."""
-        frame = estimate_tokens("<memories>\n\n\n\n</memories>")
+        """Each memory's full text, else its overview, else its abstract, within the token budget; stored
+        text is data: a tag that would close or forge the block is escaped (protocol/_blocks.py)."""
+        frame = estimate_tokens(f"<memories>\n\n{MEMORIES_NOTE}\n\n\n\n</memories>")
         spent = frame
         parts: list[str] = []
         used: list[Memory] = []
         for memory in chosen:
+            title = escape_block_tags(memory.title)
             for body in (memory.content, memory.overview, memory.abstract):
-                text = f"# {memory.title}\n\n{body}" if body else f"# {memory.title}"
+                body = escape_block_tags(body)
+                text = f"# {title}\n\n{body}" if body else f"# {title}"
                 cost = estimate_tokens(text) + 1
                 if budget is None or spent + cost <= budget:
                     parts.append(text)
@@ -867,6 +887,10 @@ class MemoryState(TierState):
             before = self._snapshot_one(mutation.id)
             self._purge(mutation.id)
             return lambda: self._restore(mutation.id, before)
+        from eurekamem.daemon.memory.review import PutReview, apply_review
+
+        if isinstance(mutation, PutReview):
+            return apply_review(self, mutation)
         raise TypeError(f"not a memory mutation: {mutation!r}")
 
     def _snapshot_one(self, memory_id: str) -> tuple[Memory, str, bytes] | None:
@@ -978,6 +1002,7 @@ class MemoryState(TierState):
             "domains": len(self._domains),
             "vectors": len(self.vectors),
             "unembedded": len(self._unembedded),
+            **self.review.counts(),
         }
 
     def separate_shared_files(self) -> list[str]:
@@ -1050,6 +1075,7 @@ class MemoryState(TierState):
             lexical=self.lexical.dump(),
             vectors_stem=self.vectors_stem,
             previous_stem=self.previous_stem if self.previous else "",
+            reviews=list(self.review.items.values()),
         )
 
     def load_snapshot(
@@ -1099,6 +1125,7 @@ class MemoryState(TierState):
             has_vector = usable and label in self.vectors
             self._set_model(memory.id, doc.models.get(memory.id, "") if has_vector else "")
         self.columns.set_many(column_labels, doc.memories, column_slugs)
+        self.review.load(doc.reviews)
         self.lexical, self.lexical_from = self._restored_lexical(doc)
         used = np.fromiter(doc.labels.values(), dtype=np.int64, count=len(doc.labels))
         free = np.ones(self._next_label, dtype=bool)
@@ -1184,6 +1211,7 @@ class MemorySnapshot(msgspec.Struct, kw_only=True):
     lexical: LexicalDump | None = None  # the BM25 index as saved (absent in older snapshots: rebuilt)
     vectors_stem: str = ""  # memory/vectors/<stem>.vectors holds `model`'s vectors ("": older snapshots, the model's name)
     previous_stem: str = ""  # likewise for `previous_model`'s
+    reviews: list[ReviewItem] = []  # the review queue (daemon/memory/review.py), oldest first
 
     def stem(self) -> str:
         return self.vectors_stem or self.model

@@ -28,6 +28,7 @@ import unicodedata
 from typing import Any
 
 from eurekamem.protocol import SKILL_SOURCES, Skill, normalize_timestamp
+from eurekamem.protocol._blocks import SKILLS_NOTE, escape_block_tags
 
 MAX_NAME_BYTES = 255  # a folder name (NAME_MAX)
 
@@ -89,13 +90,15 @@ def clean_body(text: str) -> str:
 
 
 def skill_element(name: str, body: str) -> str:
-    """One skill as EurekaClaw's SkillInjector.render_for_prompt writes it."""
-    return f'<skill name="{html.escape(name, quote=True)}">\n{body.strip()}\n</skill>'
+    """One skill as EurekaClaw's SkillInjector.render_for_prompt writes it; a tag in the body that
+    would close or forge the element or the block is escaped (protocol/_blocks.py)."""
+    return f'<skill name="{html.escape(name, quote=True)}">\n{escape_block_tags(body.strip())}\n</skill>'
 
 
 def skills_block(elements: list[str]) -> str:
-    """EurekaClaw's block: `<skills>`, each skill element, `</skills>`, joined by newlines."""
-    return "\n".join(["<skills>", *elements, "</skills>"])
+    """EurekaClaw's block: `<skills>`, the note that marks them as reference material, each skill
+    element, `</skills>`, joined by newlines."""
+    return "\n".join(["<skills>", SKILLS_NOTE, *elements, "</skills>"])
 
 
 # --- writing ------------------------------------------------------------------------------------------

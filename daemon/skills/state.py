@@ -227,7 +227,7 @@ class SkillsState(TierState):
             ),
         )
         # whole skills only, in order, within the budget; the frame and the newlines are counted
-        spent = estimate_tokens("<skills>\n</skills>")
+        spent = estimate_tokens(skills_block([]))  # the frame and its note
         elements: list[str] = []
         names: list[str] = []
         for skill in ordered:

@@ -1,0 +1,657 @@
+"""Redaction: secrets (and, when a policy asks, e-mail addresses and phone numbers) are replaced by
+`[redacted:<kind>]` before anything is stored.
+
+Rules kept here:
+- One choke point. Every request reaches its tier through Daemon.dispatch, and dispatch passes the
+  params of every method in the plan below through `Redactor.call` first, so the journal, the
+  snapshots, the .md files, runs/ and the logs only ever see redacted text. The plan is derived
+  from protocol/_methods.py: FREE_TEXT names the free-text fields of each params Struct, KEPT the
+  fields stored as sent (ids, keys, names, enums: what lookups match on), and tests/test_redact.py
+  fails when a method that stores anything has a text field in neither. Work that writes without
+  a request (the learning loop's jobs) calls `Redactor.value` on what it stores.
+- Redaction is idempotent: no placeholder matches a detector, so redacting twice equals redacting
+  once, and a replay or a retried job changes nothing more.
+- Detectors look for the shapes providers give their keys (a fixed prefix, a length, random
+  characters) and refuse text that only resembles one: a match must not sit inside a longer run of
+  token characters (base64, hex), and the looser shapes must also look random (upper and lower
+  case and digits). Hex digests, UUIDs, git SHAs and ordinary words are never touched.
+- A policy per domain (daemon/config.py: `redact`, `redact_emails`, `redact_phones`, and
+  overrides under `[domains.<name>]`): a write that names its domain gets that domain's policy;
+  one that does not (memory.update, persistent.*, episodic.log, skills.put...) gets every kind that
+  any policy redacts, so no override can let text through where its domain is not known.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import logging
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import msgspec
+from eurekamem.daemon.memory.format import domain_slug
+from eurekamem.protocol import METHODS, Call
+from eurekamem.protocol import _methods as m
+
+log = logging.getLogger("eurekamem.redact")
+
+
+# --- detectors ------------------------------------------------------------------------------------
+
+
+def _random_looking(token: str) -> bool:
+    """Upper case, lower case and digits all present: a generated key, not a word or a slug."""
+    return any(c.isdigit() for c in token) and any(c.islower() for c in token) and any(c.isupper() for c in token)
+
+
+def _letters_and_digits(token: str) -> bool:
+    return any(c.isdigit() for c in token) and any(c.isalpha() for c in token)
+
+
+_PHONE_RUN = re.compile(r"[ .-]?\(?[0-9]+\)?")
+
+
+def _phone_length(token: str) -> int:
+    """How much of an international number to keep: its runs of digits while they hold at most 15
+    digits, up to a parenthesised group after a complete number ("+44 20 7946 0958 (415) 555-0132"
+    is two numbers); 0 when fewer than 8 digits remain."""
+    at = keep = digits = 0
+    while at < len(token):
+        run = _PHONE_RUN.match(token, 1 if at == 0 else at)  # the first run follows the "+"
+        if run is None:
+            break
+        count = sum(c.isdigit() for c in run.group())
+        if digits + count > 15 or (digits >= 8 and run.group().lstrip(" .-").startswith("(")):
+            break
+        digits += count
+        at = keep = run.end()
+    return keep if digits >= 8 else 0
+
+
+# the characters of a longer token (base64, base64url, hex, words): a key never continues one
+TOKEN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_+/=-")
+ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+WORD = ALNUM | {"_"}
+EMAIL_LOCAL = ALNUM | frozenset("._%+-")
+
+
+@dataclasses.dataclass(frozen=True)
+class Detector:
+    """One shape of secret. Patterns start with a literal where they can (the regex engine then
+    skips through text fast); what must not come before a match is checked after it."""
+
+    kind: str  # the placeholder's name: [redacted:<kind>]
+    pattern: re.Pattern[str]
+    hints: tuple[str, ...]  # one of these must be in the lower-cased text for the pattern to run
+    group: int = 0  # the part replaced (0: the whole match; a URL keeps its user, a header its name)
+    check: Callable[[str], bool] | None = None  # the replaced part must pass it
+    trim: Callable[[str], int] | None = None  # how much of the match is the secret (0: none of it)
+    left: frozenset[str] = frozenset()  # the character before the match must not be one of these
+    fold: bool = False  # the pattern is lower case and runs on the lower-cased text (labels: Password, Bearer)
+    local_part: bool = False  # an e-mail address: the match starts at "@", the span extends over the name before it
+    personal: bool = False  # e-mail, phone: redacted only where a policy asks; always refused for promotion
+    gate: str = ""  # one of these characters must be in the text (checked before the hints: cheaper)
+
+
+def _d(kind: str, pattern: str, hints: tuple[str, ...], **options: Any) -> Detector:
+    return Detector(kind, re.compile(pattern), hints, **options)
+
+
+_QUOTED = r"[\"']?\s*[:=]\s*[\"']([^\"'\s]{{{0},512}})[\"']"  # the value of a quoted assignment, at least {0} long
+
+DIGIT = "<digit>"  # a hint: the text holds a digit
+
+_KEY_BLOCK = r"-----BEGIN[ A-Z0-9]{0,40}PRIVATE KEY(?: BLOCK)?-----"
+
+DETECTORS: tuple[Detector, ...] = (
+    # private key blocks first: they are long and hold base64 that nothing else may split
+    _d(
+        "private-key", _KEY_BLOCK + r"[\s\S]{0,65536}?" + _KEY_BLOCK.replace("BEGIN", "END"), ("private key",), gate="-"
+    ),
+    _d(  # a block cut off before its END line (a pasted fragment): the header lines and the base64 lines
+        "private-key",
+        _KEY_BLOCK
+        + r"(?:\s{0,2}(?:(?:Proc-Type|DEK-Info|Comment|Version):[^\r\n]{0,200}|[A-Za-z0-9+/=]{8,200})){0,2000}",
+        ("private key",),
+        gate="-",
+    ),
+    _d("anthropic-key", r"sk-ant-[A-Za-z0-9_-]{20,512}", ("sk-ant-",), left=TOKEN_CHARS, gate="-"),
+    _d(
+        "openai-key",
+        r"sk-(?!ant-)(?:proj-|svcacct-|admin-)?[A-Za-z0-9_-]{32,512}",
+        ("sk-",),
+        check=_random_looking,
+        left=TOKEN_CHARS,
+        gate="-",
+    ),
+    _d(
+        "github-token",
+        r"gh[pousr]_[A-Za-z0-9]{36,255}(?![A-Za-z0-9_+/=-])",
+        ("ghp_", "gho_", "ghu_", "ghs_", "ghr_"),
+        left=TOKEN_CHARS,
+        gate="_",
+    ),
+    _d(
+        "github-token",
+        r"github_pat_[A-Za-z0-9_]{22,255}(?![A-Za-z0-9_+/=-])",
+        ("github_pat_",),
+        left=TOKEN_CHARS,
+        gate="_",
+    ),
+    _d("aws-key", r"A(?:KIA|SIA|BIA|CCA)[A-Z0-9]{16}(?![A-Za-z0-9])", ("akia", "asia", "abia", "acca"), left=ALNUM),
+    _d(  # the secret access key: 40 base64 characters after its label (aws_secret_access_key, SecretAccessKey)
+        "aws-secret",
+        r"secret(?:[ _-]?access)?[ _-]?key[\"']?\s*[:=]\s*[\"']?([a-z0-9/+=]{40})(?![a-z0-9/+=])",
+        ("secret",),
+        group=1,
+        fold=True,
+        check=_letters_and_digits,
+        gate=":=",
+    ),
+    _d("google-key", r"AIza[0-9A-Za-z_-]{35}(?![A-Za-z0-9_+/=-])", ("aiza",), left=TOKEN_CHARS),
+    _d("slack-token", r"xox[abprse]-[A-Za-z0-9-]{10,255}", ("xox",), left=TOKEN_CHARS, gate="-"),
+    _d("slack-webhook", r"https://hooks\.slack\.com/services/[A-Za-z0-9/_-]{20,255}", ("hooks.slack.com",), gate="/"),
+    _d("stripe-key", r"sk_(?:live|test)_[A-Za-z0-9]{16,255}", ("sk_live_", "sk_test_"), left=WORD, gate="_"),
+    _d("stripe-key", r"rk_(?:live|test)_[A-Za-z0-9]{16,255}", ("rk_live_", "rk_test_"), left=WORD, gate="_"),
+    _d(
+        "jwt",
+        r"eyJ[A-Za-z0-9_-]{10,4096}\.eyJ[A-Za-z0-9_-]{10,8192}\.[A-Za-z0-9_-]{10,4096}",
+        ("eyj",),
+        left=TOKEN_CHARS,
+        gate=".",
+    ),
+    _d(  # Authorization: Bearer / Basic / token <credential>
+        "bearer-token",
+        r"authorization[\"']?\s*[:=]\s*[\"']?(?:bearer|basic|token)\s+([a-z0-9._~+/-]{8,4096}=*)",
+        ("authorization",),
+        group=1,
+        fold=True,
+        gate=":=",
+    ),
+    _d(  # a bare "Bearer <token>" (curl lines, logs), when the token looks generated
+        "bearer-token",
+        r"bearer\s+([a-z0-9._~+/-]{20,4096}=*)",
+        ("bearer",),
+        group=1,
+        fold=True,
+        left=ALNUM,
+        check=_random_looking,
+    ),
+    _d(  # scheme://user:password@host: the password goes, the user and the host stay
+        "url-password",
+        r"://[^\s:/?#@\[\]]{1,256}:([^\s/?#]{1,256})@",
+        ("://",),
+        group=1,
+        gate="@",
+    ),
+    *(  # password = "..." / "password": "..." in code and config
+        _d("password", label + _QUOTED.format(6), (hint,), group=1, fold=True, left=WORD, gate=":=")
+        for label, hint in ((r"pass(?:word|wd|phrase)", "pass"), (r"pwd", "pwd"))
+    ),
+    *(  # api_key = "...", "client_secret": "...", ACCESS_TOKEN='...'
+        _d(
+            "secret",
+            label + _QUOTED.format(12),
+            (hint,),
+            group=1,
+            fold=True,
+            left=WORD,
+            check=_letters_and_digits,
+            gate=":=",
+        )
+        for label, hint in (
+            (r"api[_-]?key", "api"),
+            (r"secret[_-]?key", "secret"),
+            (r"client[_-]?secret", "client"),
+            (r"access[_-]?token", "access"),
+            (r"auth[_-]?token", "auth"),
+            (r"private[_-]?token", "private"),
+        )
+    ),
+    _d(
+        # not git@github.com:org/repo (an scp-style remote: a path follows the colon)
+        "email",
+        r"@(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,24}(?![a-z0-9-])(?!:[\w/~.])",
+        ("@",),
+        fold=True,
+        local_part=True,
+        personal=True,
+        gate="@",
+    ),
+    _d(  # +<country code> and more digits in groups: 8 to 15 digits in all
+        "phone",
+        r"\+[1-9][0-9]{0,2}(?:[ .-]?\(?[0-9]{1,4}\)?){2,6}(?![\w-]|\.[0-9])",
+        ("+",),
+        left=WORD | {"+"},
+        trim=_phone_length,
+        personal=True,
+        gate="+",
+    ),
+    _d(  # North American: (415) 555-0132, 415-555-0132, 415.555.0132
+        "phone",
+        r"(?:\([2-9][0-9]{2}\) ?|[2-9][0-9]{2}[ .-])[0-9]{3}[ .-][0-9]{4}(?![\w-]|\.[0-9])",
+        (DIGIT,),
+        left=WORD | frozenset(".+-"),
+        personal=True,
+    ),
+)
+
+
+_DIGIT = re.compile(r"[0-9]")
+HINTS_UP_TO = 16384  # characters
+
+SECRET_KINDS: frozenset[str] = frozenset(d.kind for d in DETECTORS if not d.personal)
+PERSONAL_KINDS: frozenset[str] = frozenset(d.kind for d in DETECTORS if d.personal)
+ALL_KINDS: frozenset[str] = SECRET_KINDS | PERSONAL_KINDS
+
+
+PLACEHOLDER_START = "[redacted:"
+
+
+def placeholder(kind: str) -> str:
+    return f"{PLACEHOLDER_START}{kind}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    kind: str
+    start: int
+    end: int
+
+
+def find(text: str, kinds: frozenset[str] = ALL_KINDS) -> list[Finding]:
+    """The spans to replace in `text`, in order, none overlapping (secrets before personal data, then
+    the earlier, then the longer)."""
+    lower = text.lower()
+    # lower-casing keeps every index only when no character changes length (most texts; not "İ")
+    aligned = len(lower) == len(text)
+    plan = _plan(kinds)
+    if len(text) <= HINTS_UP_TO:  # a few substring tests save most patterns from running at all
+        candidates, hints, digits = plan.candidates("".join([c for c in plan.gates if c in text]))
+        present = {hint for hint in hints if hint in lower}
+        if digits and _DIGIT.search(text) is not None:
+            present.add(DIGIT)
+        detectors: Iterable[Detector] = [d for d in candidates if not present.isdisjoint(d.hints)]
+    else:  # past that the tests cost more than the patterns, which skip to their literal start at once
+        detectors = plan.detectors
+    found: list[Finding] = []
+    for detector in detectors:
+        if detector.fold:
+            matches = detector.pattern.finditer(lower) if aligned else _folded(detector).finditer(text)
+        else:
+            matches = detector.pattern.finditer(text)
+        for match in matches:
+            start, end = match.span(detector.group)
+            if start < 0 or start == end:
+                continue
+            at = match.start()
+            if detector.local_part:
+                name = at
+                while name > 0 and at - name < 64 and text[name - 1] in EMAIL_LOCAL:
+                    name -= 1
+                while name < at and text[name] not in ALNUM:  # a name starts with a letter or digit
+                    name += 1
+                if name == at:
+                    continue
+                start = at = name
+            if detector.left and at > 0 and text[at - 1] in detector.left:
+                continue
+            if detector.check is not None and not detector.check(text[start:end]):
+                continue
+            if detector.trim is not None:
+                end = start + detector.trim(text[start:end])
+                if end == start:
+                    continue
+            if text.startswith(PLACEHOLDER_START, start):  # redacted already (password = "[redacted:password]")
+                continue
+            found.append(Finding(detector.kind, start, end))
+    if "aws-secret" in kinds and any(f.kind == "aws-key" for f in found):
+        found.extend(_aws_secrets_near_keys(text, found))
+    if len(found) < 2:
+        return found
+    # secrets win over personal data (a URL's password is not an e-mail address), then the earlier, then the longer
+    secrets = _non_overlapping([f for f in found if f.kind not in PERSONAL_KINDS])
+    personal = _non_overlapping([f for f in found if f.kind in PERSONAL_KINDS])
+    if not (secrets and personal):
+        return secrets or personal
+    ends = [f.end for f in secrets]  # ascending, as the spans do not overlap
+    kept = list(secrets)
+    for finding in personal:
+        i = bisect.bisect_right(ends, finding.start)  # the first secret that ends after this starts
+        if i == len(secrets) or secrets[i].start >= finding.end:
+            kept.append(finding)
+    kept.sort(key=lambda f: f.start)
+    return kept
+
+
+class _Plan:
+    """The detectors of a set of kinds, and what a text must hold for each to run: one of its gate
+    characters, then one of its hints. Made once per set of kinds (policies are few), and the
+    candidates once per set of gate characters present (at most 2^8)."""
+
+    def __init__(self, kinds: frozenset[str]) -> None:
+        self.detectors = tuple(d for d in DETECTORS if d.kind in kinds)
+        self.gates = "".join(sorted({c for d in self.detectors for c in d.gate}))
+        self._by_gates: dict[str, tuple[tuple[Detector, ...], tuple[str, ...], bool]] = {}
+
+    def candidates(self, gates: str) -> tuple[tuple[Detector, ...], tuple[str, ...], bool]:
+        """The detectors whose gate is open, their hints, and whether one needs a digit."""
+        found = self._by_gates.get(gates)
+        if found is None:
+            detectors = tuple(d for d in self.detectors if not d.gate or any(c in gates for c in d.gate))
+            hints = tuple(sorted({hint for d in detectors for hint in d.hints} - {DIGIT}))
+            found = self._by_gates[gates] = (detectors, hints, any(DIGIT in d.hints for d in detectors))
+        return found
+
+
+_PLANS: dict[frozenset[str], _Plan] = {}
+
+
+def _plan(kinds: frozenset[str]) -> _Plan:
+    plan = _PLANS.get(kinds)
+    if plan is None:
+        plan = _PLANS[kinds] = _Plan(kinds)
+    return plan
+
+
+_FOLDED: dict[str, re.Pattern[str]] = {}
+
+
+def _folded(detector: Detector) -> re.Pattern[str]:
+    """A folding detector's pattern, case-insensitive, for the rare text whose lower case changes its length."""
+    pattern = _FOLDED.get(detector.pattern.pattern)
+    if pattern is None:
+        pattern = _FOLDED[detector.pattern.pattern] = re.compile(detector.pattern.pattern, re.IGNORECASE)
+    return pattern
+
+
+def _non_overlapping(found: list[Finding]) -> list[Finding]:
+    found.sort(key=lambda f: (f.start, -(f.end - f.start)))
+    kept: list[Finding] = []
+    for finding in found:
+        if not kept or finding.start >= kept[-1].end:
+            kept.append(finding)
+    return kept
+
+
+_AWS_SECRET_SHAPE = re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])")
+AWS_SECRET_WINDOW = 300  # characters after an access key id in which an unlabelled secret key is looked for
+
+
+def _aws_secrets_near_keys(text: str, found: list[Finding]) -> list[Finding]:
+    """A 40-character secret access key a little after an access key id, even without its label."""
+    out: list[Finding] = []
+    for key in [f for f in found if f.kind == "aws-key"]:
+        for match in _AWS_SECRET_SHAPE.finditer(text, key.end, min(len(text), key.end + AWS_SECRET_WINDOW)):
+            if _random_looking(match.group()):
+                out.append(Finding("aws-secret", match.start(), match.end()))
+    return out
+
+
+def redact_text(text: str, kinds: frozenset[str] = SECRET_KINDS) -> tuple[str, list[str]]:
+    """`text` with every finding of `kinds` replaced by its placeholder, and the kinds replaced."""
+    findings = find(text, kinds)
+    if not findings:
+        return text, []
+    parts: list[str] = []
+    at = 0
+    for finding in findings:
+        parts.append(text[at : finding.start])
+        parts.append(placeholder(finding.kind))
+        at = finding.end
+    parts.append(text[at:])
+    return "".join(parts), [f.kind for f in findings]
+
+
+def detect(texts: Iterable[str], kinds: frozenset[str] = ALL_KINDS) -> list[str]:
+    """The kinds found in any of `texts`, sorted (for promotion's automatic check: every kind)."""
+    seen: set[str] = set()
+    for text in texts:
+        if text:
+            seen.update(f.kind for f in find(text, kinds))
+    return sorted(seen)
+
+
+# --- which params fields are free text --------------------------------------------------------------
+
+# The free-text fields of each params Struct that a storing method takes. A field's value is
+# redacted wherever it holds a string: nested lists, dicts (keys and values) and Structs included.
+FREE_TEXT: dict[type, tuple[str, ...]] = {
+    m.EpisodicLog: ("content", "metadata"),
+    m.SessionClose: ("theory_state",),
+    m.PersistentRemember: ("value", "tags"),
+    m.GraphAddTheorem: ("theorem_name", "formal_statement", "tags"),
+    m.MemoryAdd: ("title", "content", "abstract", "overview", "tags"),
+    m.MemoryAddMany: ("items",),
+    m.MemoryUpdate: ("title", "content", "abstract", "overview", "tags"),
+    m.SkillsPut: ("body", "description", "tags"),
+    m.MemoryPromote: ("reason",),
+    m.ReviewReject: ("reason",),
+}
+
+_ID = "an identifier: lookups match it as sent"
+_ENUM = "one of a fixed set of values"
+_TIME = "a timestamp"
+_WHO = "who did it: kept as the record of who"
+
+# The string-holding fields of those Structs that are stored as sent, and why.
+KEPT: dict[type, dict[str, str]] = {
+    m.EpisodicLog: {"session_id": _ID, "agent_role": _ID, "entry_id": _ID, "timestamp": _TIME},
+    m.SessionClose: {"session_id": _ID, "domain": _ID},
+    m.PersistentRemember: {"key": _ID, "source_session": _ID},
+    m.PersistentKey: {"key": _ID},
+    m.GraphAddTheorem: {"domain": _ID, "session_id": _ID},
+    m.GraphLink: {"from_id": _ID, "to_id": _ID, "relation": _ENUM},
+    m.MemoryAdd: {"domain": _ID, "category": _ENUM, "source_session": _ID, "scope": _ENUM},
+    m.MemoryUpdate: {"id": _ID, "category": _ENUM, "scope": _ENUM},
+    m.MemoryDelete: {"id": _ID},
+    m.SkillsPut: {
+        "name": _ID,
+        "version": _ID,
+        "agent_roles": _ID,
+        "pipeline_stages": _ID,
+        "source": _ENUM,
+        "status": _ENUM,
+        "created_at": _TIME,
+    },
+    m.SkillsRecordUse: {"name": _ID},
+    m.SkillRef: {"name": _ID},
+    m.MemoryPromote: {"id": _ID, "by": _WHO},
+    m.ReviewDecide: {"id": _ID, "by": _WHO},
+    m.ReviewReject: {"id": _ID, "by": _WHO},
+}
+
+# Methods that store text without journaling it: tier 1 keeps events in RAM and writes them to
+# runs/<session>/episodic.json. Every other storing method is `writes` in METHODS.
+UNJOURNALED_STORES: frozenset[str] = frozenset({"episodic.log", "session.close"})
+
+
+def storing_methods() -> list[str]:
+    return sorted(name for name, spec in METHODS.items() if spec.writes or name in UNJOURNALED_STORES)
+
+
+def _holds_text(t: Any) -> bool:
+    """Can a value of this msgspec type (msgspec.inspect) hold a string anywhere?"""
+    mi = msgspec.inspect
+    if isinstance(t, (mi.StrType, mi.AnyType, mi.LiteralType)):
+        return True
+    if isinstance(t, mi.Metadata):
+        return _holds_text(t.type)
+    if isinstance(t, (mi.ListType, mi.SetType, mi.FrozenSetType, mi.VarTupleType)):
+        return _holds_text(t.item_type)
+    if isinstance(t, mi.TupleType):
+        return any(_holds_text(item) for item in t.item_types)
+    if isinstance(t, mi.DictType):
+        return _holds_text(t.key_type) or _holds_text(t.value_type)
+    if isinstance(t, mi.UnionType):
+        return any(_holds_text(member) for member in t.types)
+    if isinstance(t, mi.StructType):
+        return any(_holds_text(f.type) for f in t.fields)
+    return False
+
+
+def _params_structs(t: Any) -> list[type]:
+    """The params Structs nested in a field's type (memory.add_many's items are memory.add params)."""
+    mi = msgspec.inspect
+    if isinstance(t, mi.StructType):
+        return [t.cls] if issubclass(t.cls, m.Params) else []
+    inner = getattr(t, "item_type", None) or getattr(t, "type", None) or getattr(t, "value_type", None)
+    members = list(getattr(t, "types", ())) + ([inner] if inner is not None else [])
+    return [cls for member in members for cls in _params_structs(member)]
+
+
+def unclassified(params_type: type) -> list[str]:
+    """Fields of a storing method's params that can hold text and are in neither FREE_TEXT nor KEPT
+    (nested params Structs included, as `items[].title`): what tests/test_redact.py refuses."""
+    free = set(FREE_TEXT.get(params_type, ()))
+    kept = set(KEPT.get(params_type, {}))
+    out: list[str] = []
+    info = msgspec.inspect.type_info(params_type)
+    assert isinstance(info, msgspec.inspect.StructType), params_type
+    for field in info.fields:
+        if not _holds_text(field.type):
+            continue
+        if field.name not in free | kept:
+            out.append(field.name)
+        elif field.name in free:
+            out += [f"{field.name}[].{name}" for nested in _params_structs(field.type) for name in unclassified(nested)]
+    return out
+
+
+# --- policies ---------------------------------------------------------------------------------------
+
+
+class Policy(msgspec.Struct, frozen=True):
+    """What one domain redacts: secrets, and optionally e-mail addresses and phone numbers."""
+
+    secrets: bool = True
+    emails: bool = False
+    phones: bool = False
+
+    def kinds(self) -> frozenset[str]:
+        out: set[str] = set(SECRET_KINDS) if self.secrets else set()
+        if self.emails:
+            out.add("email")
+        if self.phones:
+            out.add("phone")
+        return frozenset(out)
+
+
+class Redactor:
+    """The daemon's redaction: a default policy, per-domain overrides, counts of what was replaced."""
+
+    def __init__(self, default: Policy | None = None, overrides: Mapping[str, Policy] | None = None) -> None:
+        self.default = default or Policy()
+        self.overrides = {domain_slug(name): policy for name, policy in (overrides or {}).items()}
+        everything = [self.default, *self.overrides.values()]
+        # a write that does not name its domain: what any policy would redact
+        self.unknown_domain = frozenset().union(*(p.kinds() for p in everything))
+        self._kinds: dict[str, frozenset[str]] = {slug: p.kinds() for slug, p in self.overrides.items()}
+        self._default_kinds = self.default.kinds()
+        self.by_kind: dict[str, int] = {}
+        self.requests = 0  # requests in which something was replaced
+        self.plan: dict[str, type] = {
+            name: METHODS[name].params for name in storing_methods() if METHODS[name].params in FREE_TEXT
+        }
+
+    @classmethod
+    def from_config(cls, config: Any) -> Redactor:
+        default = Policy(config.redact, config.redact_emails, config.redact_phones)
+        overrides = {
+            name: Policy(
+                default.secrets if o.redact is None else o.redact,
+                default.emails if o.redact_emails is None else o.redact_emails,
+                default.phones if o.redact_phones is None else o.redact_phones,
+            )
+            for name, o in config.domains.items()
+        }
+        return cls(default, overrides)
+
+    def kinds_for(self, domain: str | None) -> frozenset[str]:
+        if domain is None:
+            return self.unknown_domain
+        return self._kinds.get(domain_slug(domain), self._default_kinds)
+
+    # -- the choke point --
+
+    def call(self, call: Call) -> None:
+        """Redact a request's params in place (Daemon.dispatch calls this for every request)."""
+        if call.spec.name not in self.plan:
+            return
+        replaced: list[str] = []
+        params = self._struct(call.params, self.unknown_domain, replaced)
+        if replaced:
+            call.params = params
+            self._count(replaced)
+            log.debug("redacted %d item(s) (%s) in %s", len(replaced), ", ".join(sorted(set(replaced))), call.spec.name)
+
+    def value(self, value: Any, domain: str | None = None) -> Any:
+        """Any value (a string, JSON, a Struct) with every string in it redacted under `domain`'s policy;
+        for work that stores without a request (the learning loop's jobs)."""
+        replaced: list[str] = []
+        out = self._value(value, self.kinds_for(domain), replaced)
+        if replaced:
+            self._count(replaced)
+        return out
+
+    def text(self, text: str, domain: str | None = None) -> str:
+        return self.value(text, domain)
+
+    def statistics(self) -> dict[str, Any]:
+        return {
+            "secrets": self.default.secrets,
+            "emails": self.default.emails,
+            "phones": self.default.phones,
+            "domain_overrides": len(self.overrides),
+            "requests": self.requests,
+            "by_kind": dict(sorted(self.by_kind.items())),
+        }
+
+    def _count(self, replaced: list[str]) -> None:
+        self.requests += 1
+        for kind in replaced:
+            self.by_kind[kind] = self.by_kind.get(kind, 0) + 1
+
+    def _struct(self, struct: Any, kinds: frozenset[str], replaced: list[str]) -> Any:
+        domain = getattr(struct, "domain", None)
+        if isinstance(domain, str) and domain:  # "" (graph: no domain) is a domain not known
+            kinds = self.kinds_for(domain)
+        fields = FREE_TEXT.get(type(struct))
+        if fields is None:  # a nested record (TheoryState): every field is text
+            fields = tuple(f.name for f in msgspec.structs.fields(struct))
+        changes = {}
+        for name in fields:
+            old = getattr(struct, name)
+            new = self._value(old, kinds, replaced)
+            if new is not old:
+                changes[name] = new
+        return msgspec.structs.replace(struct, **changes) if changes else struct
+
+    def _value(self, value: Any, kinds: frozenset[str], replaced: list[str]) -> Any:
+        if isinstance(value, str):
+            if not kinds:
+                return value
+            text, hits = redact_text(value, kinds)
+            if hits:
+                replaced.extend(hits)
+                return text
+            return value
+        if isinstance(value, list):
+            items = [self._value(item, kinds, replaced) for item in value]
+            return items if any(a is not b for a, b in zip(items, value, strict=True)) else value
+        if isinstance(value, dict):
+            out: dict[Any, Any] = {}
+            changed = False
+            for key, item in value.items():
+                new_key = self._value(key, kinds, replaced) if isinstance(key, str) else key
+                new_item = self._value(item, kinds, replaced)
+                changed = changed or new_key is not key or new_item is not item
+                while new_key in out:  # two keys redacted alike: both kept
+                    new_key = f"{new_key}#"
+                out[new_key] = new_item
+            return out if changed else value
+        if isinstance(value, msgspec.Struct):
+            return self._struct(value, kinds, replaced)
+        return value
