@@ -495,6 +495,8 @@ class Config(msgspec.Struct, kw_only=True):
     allowed_uids: list[int] = []  # peers' uids let in besides the daemon's own (a shared service account)
     session_idle_close: NonNegativeSeconds = 3600.0  # seconds without an event before a session is closed; 0 = never
     max_open_sessions: PositiveInt = 256  # episodic sessions in RAM at most (each keeps its last 500 events)
+    conversation_session_gap: Seconds = 1800.0  # seconds of silence after which a message opens a new session
+    conversation_retention_days: Annotated[float, Meta(ge=0)] = 0.0  # drop messages this long after extraction; 0 keeps all
 
     def __post_init__(self) -> None:
         if self.fsync not in FSYNC_POLICIES:
