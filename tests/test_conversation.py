@@ -12,7 +12,6 @@ import errno
 import hashlib
 import os
 import signal
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import msgspec
 import numpy as np
 import pytest
 import trio
+import trio.testing
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from daemon_process import DaemonProcess
 from eurekamem.client import Client, InvalidParams
@@ -30,6 +30,7 @@ from eurekamem.daemon.recovery import MUTATION_TIER, mutation_decoder
 from eurekamem.daemon.tier import mutation_encoder
 from eurekamem.protocol import ProtocolError
 from eurekamem.protocol import _methods as m
+from test_memory import gated
 
 FAST = {"embedder": "usem3"}
 
@@ -678,16 +679,7 @@ async def test_search_answers_from_bm25_while_messages_wait_for_vectors(data_dir
         async with running_daemon(data_dir, sock_dir / "s.sock", **FAST) as daemon:
             actor = daemon.actors["conversation"]
             embedder = actor.state.embedder
-            entered, gate = threading.Event(), threading.Event()
-            original = embedder.embed_passages
-
-            def held(texts):  # type: ignore[no-untyped-def]
-                entered.set()
-                assert gate.wait(IO_TIMEOUT), "the test never opened the gate"
-                return original(texts)
-
-            embedder.embed_passages = held
-            try:
+            with gated(embedder, "embed_passages") as entered:
                 conn = await RawConnection.open(sock_dir / "s.sock")
                 await conn.result(
                     "conversation.append", {"group": "g", "messages": [msg("1", "the walrus sang", at=at(0))]}
@@ -696,9 +688,6 @@ async def test_search_answers_from_bm25_while_messages_wait_for_vectors(data_dir
                 hits = await conn.result("conversation.search", {"group": "g", "query": "walrus"})
                 assert [h["message"]["id"] for h in hits] == ["1"] and hits[0]["why"]["dense_rank"] is None
                 assert (await conn.result("sys.stats"))["tiers"]["conversation"]["unembedded"] == 1
-            finally:
-                gate.set()
-                embedder.embed_passages = original
             while await actor.embed_some():
                 pass
             hits = await conn.result("conversation.search", {"group": "g", "query": "walrus"})
@@ -713,4 +702,41 @@ async def test_search_answers_from_bm25_while_messages_wait_for_vectors(data_dir
             finally:
                 embedder.embed_queries = original_q
             assert hits[0]["why"]["dense_rank"] is None and "the model is gone" in hits[0]["why"]["dense_error"]
+            await conn.aclose()
+
+
+async def test_a_search_waiting_for_its_query_embedding_does_not_see_a_write_sent_after_it(
+    data_dir: Path, sock_dir: Path
+) -> None:
+    import json
+
+    with trio.fail_after(IO_TIMEOUT * 2):
+        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST) as daemon:
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            await conn.result("conversation.append", {"group": "g", "messages": [msg("1", "an otter swims", at=at(0))]})
+            actor = daemon.actors["conversation"]
+            while await actor.embed_some():  # the model is loaded: searches embed their query
+                pass
+            with gated(actor.state.embedder, "embed_queries") as entered:
+                frames = [
+                    {
+                        "jsonrpc": "2.0",
+                        "id": 1,
+                        "method": "conversation.search",
+                        "params": {"group": "g", "query": "otter"},
+                    },
+                    {
+                        "jsonrpc": "2.0",
+                        "id": 2,
+                        "method": "conversation.append",
+                        "params": {"group": "g", "messages": [msg("2", "a second otter", at=at(1))]},
+                    },
+                ]
+                await conn.stream.send_all(("\n".join(json.dumps(f) for f in frames) + "\n").encode())
+                assert await trio.to_thread.run_sync(entered.wait, IO_TIMEOUT)
+                await trio.testing.wait_all_tasks_blocked()
+                assert sum(c.protocol.held for c in daemon._connections) == 1  # the append waits for the search
+            answers = {a["id"]: a for a in [await conn.read(), await conn.read()]}
+            assert [h["message"]["id"] for h in answers[1]["result"]] == ["1"]
+            assert answers[2]["result"] == {"appended": 1, "ignored": 0}
             await conn.aclose()

@@ -54,6 +54,9 @@ SEARCH = "conversation.search"
 
 class ConversationActor(TierActor):
     NOT_INLINE = frozenset({SEARCH})  # embeds its query first
+    # a search enters the queue only once its query is embedded, so a write sent after it may run
+    # first: the connection keeps one connection's order for this tier (protocol/_connection.py)
+    ARRIVAL_ORDER = False
 
     def __init__(self, state: ConversationState, journal: Any, *, retention_days: float = 0.0) -> None:
         super().__init__(state, journal, inline=True)
