@@ -740,3 +740,27 @@ async def test_a_search_waiting_for_its_query_embedding_does_not_see_a_write_sen
             assert [h["message"]["id"] for h in answers[1]["result"]] == ["1"]
             assert answers[2]["result"] == {"appended": 1, "ignored": 0}
             await conn.aclose()
+
+
+async def test_the_async_client_speaks_the_conversation_methods(data_dir: Path, sock_dir: Path) -> None:
+    from eurekamem.client import AsyncClient
+
+    with trio.fail_after(IO_TIMEOUT * 2):
+        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST), AsyncClient(sock_dir / "s.sock") as c:
+            turns = [
+                msg("1", "We adopted a rescue dog", sender="Ann", at=at(0)),
+                msg("2", "What breed is it?", sender="Bo", at=at(1)),
+                msg("3", "A greyhound named Comet", sender="Ann", at=at(2)),
+            ]
+            assert await c.append_messages("family", turns) == {"appended": 3, "ignored": 0}
+            assert await c.append_conversation("family", turns[:1]) == {"appended": 0, "ignored": 1}
+            assert ids(await c.conversation_get("family", limit=2)) == ["2", "3"]
+            assert ids(await c.conversation_get("family", since=at(1))) == ["2", "3"]
+            hits = await c.conversation_search("family", "which dog breed did Ann adopt?", k=2)
+            assert len(hits) == 2 and all(h["message"]["group"] == "family" and h["context"] for h in hits)
+            assert await c.conversation_search("family", "dog", until=at(-1)) == []
+            groups = await c.conversation_groups()
+            assert groups[0]["group"] == "family" and groups[0]["sessions"] == 1
+            assert await c.summary("family") == {"summary": "", "intents": [], "updated_at": None}
+            with pytest.raises(InvalidParams):
+                await c.append_messages("family", [{"id": "x", "role": "robot", "text": "beep"}])
