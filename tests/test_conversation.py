@@ -407,6 +407,8 @@ def test_a_query_naming_a_participant_boosts_their_messages() -> None:
     assert boosted[0]["why"]["lexical_score"] == pytest.approx(1.3 * best_of_hers, abs=1e-5)
     assert boosted[1]["why"]["speaker_boost"] == 0.0
     assert state.named_speakers(query, state.groups["g"]) == ["Caroline"]
+    early = search(state, "g", query, dense=False, until=at(60))  # her only message is later: nothing to boost
+    assert ids(early) == ["2", "1"] and all(h["why"]["speaker_boost"] == 0.0 for h in early)
     assert state.named_speakers("what about the carolines?", state.groups["g"]) == []  # names match unstemmed, whole
 
 

@@ -537,11 +537,14 @@ class ConversationState(TierState):
         if allowed.size == 0:
             return []
         t = self.tuning
-        lex_labels, lex_scores, boosts = self.lexical_side(p.query, group, allowed)
+        whole = since is None and until is None  # every message of the group
+        lex_labels, lex_scores, boosts = self.lexical_side(p.query, group, allowed, whole)
         dense_labels: list[int] = []
         dense_scores: list[float] = []
         if query_vector is not None and len(self.vectors):
-            labels, scores = self.vectors.search(query_vector, t.fetch, allowed)
+            # the only group, unfiltered: no filter at all (hnswlib then searches without a mask)
+            everything = whole and allowed.size == len(self.messages)
+            labels, scores = self.vectors.search(query_vector, t.fetch, None if everything else allowed)
             dense_labels, dense_scores = labels.tolist(), scores.tolist()
         fused = fuse_scores(
             {"lexical": (lex_labels, lex_scores), "dense": (dense_labels, dense_scores)},
@@ -578,17 +581,21 @@ class ConversationState(TierState):
         return [s for s in group.senders if s and name_tokens(s) & words]
 
     def lexical_side(
-        self, query: str, group: Group, allowed: np.ndarray
+        self, query: str, group: Group, allowed: np.ndarray, whole: bool = False
     ) -> tuple[list[int], list[float], dict[int, float]]:
         """BM25's top `fetch`, with the speaker boost: when the query names a participant, each of
-        that participant's messages gains speaker_boost x the best BM25 score among them."""
+        that participant's messages gains speaker_boost x the best BM25 score among them.
+        `whole`: `allowed` is every message of the group (no since/until)."""
         t = self.tuning
-        labels, scores = self.lexical.search(query, t.fetch, allowed)
+        everything = whole and allowed.size == len(self.messages)  # the only group: no filter needed
+        labels, scores = self.lexical.search(query, t.fetch, None if everything else allowed)
         result = dict(zip(labels.tolist(), scores.tolist()))
         boosts: dict[int, float] = {}
         if t.speaker_boost > 0:
             for sender in self.named_speakers(query, group):
-                theirs = np.intersect1d(allowed, group.sender_labels(sender), assume_unique=True)
+                theirs = group.sender_labels(sender)
+                if not whole:
+                    theirs = np.intersect1d(allowed, theirs, assume_unique=True)
                 s_labels, s_scores = self.lexical.search(query, t.fetch, theirs)
                 if not s_scores.size:
                     continue
