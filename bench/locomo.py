@@ -816,7 +816,6 @@ def conversation_ablations(embedder_name: str, sessions: dict[str, list[list[dic
 
     import msgspec
     import numpy as np
-
     from eurekamem.daemon.conversation.state import ConversationState, Tuning
     from eurekamem.daemon.memory.embed import make_embedder
     from eurekamem.protocol import _methods as m

@@ -20,8 +20,6 @@ import numpy as np
 import pytest
 import trio
 import trio.testing
-from conftest import IO_TIMEOUT, RawConnection, running_daemon
-from daemon_process import DaemonProcess
 from eurekamem.client import Client, InvalidParams
 from eurekamem.daemon.conversation.fusion import fuse_scores
 from eurekamem.daemon.conversation.state import ConversationState, DropMessages, MoveMark, PutMessages, Tuning, line
@@ -31,6 +29,9 @@ from eurekamem.daemon.tier import mutation_encoder
 from eurekamem.protocol import ProtocolError
 from eurekamem.protocol import _methods as m
 from test_memory import gated
+
+from conftest import IO_TIMEOUT, RawConnection, running_daemon
+from daemon_process import DaemonProcess
 
 FAST = {"embedder": "usem3"}
 

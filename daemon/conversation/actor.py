@@ -34,7 +34,7 @@ from eurekamem.daemon.conversation.state import ConversationSnapshot, Conversati
 from eurekamem.daemon.memory.actor import remove_unnamed_vector_files
 from eurekamem.daemon.memory.vectors import VectorStore
 from eurekamem.daemon.storage.files import RealFiles, atomic_write
-from eurekamem.daemon.tier import MAX_BATCH, TierActor, Work
+from eurekamem.daemon.tier import MAX_BATCH, TierActor, Work, handles
 from eurekamem.protocol import Call, ProtocolError
 
 log = logging.getLogger("eurekamem.conversation")
@@ -53,12 +53,13 @@ SEARCH = "conversation.search"
 
 
 class ConversationActor(TierActor):
-    NOT_INLINE = frozenset({SEARCH})  # embeds its query first
+    state: ConversationState
     # a search enters the queue only once its query is embedded, so a write sent after it may run
     # first: the connection keeps one connection's order for this tier (protocol/_connection.py)
     ARRIVAL_ORDER = False
 
     def __init__(self, state: ConversationState, journal: Any, *, retention_days: float = 0.0) -> None:
+        self._work: dict[str, Any] = state.statistics()  # published by the actor only (_publish)
         super().__init__(state, journal, inline=True)
         self.retention_days = retention_days
         self._query_send, self._query_recv = trio.open_memory_channel[Work](math.inf)
@@ -127,22 +128,25 @@ class ConversationActor(TierActor):
         return results
 
     def _process(self, calls: list[Call], dense: dict[int, tuple[np.ndarray | None, str | None]]) -> list[Any]:
-        out: list[Any] = []
-        for call in calls:
-            if call.spec.name == SEARCH:
-                vector, error = dense[id(call)]
-                try:
-                    out.append(self.state.search(call.params, vector, error))
-                except ProtocolError as exc:
-                    out.append(exc)
-                except Exception as exc:
-                    log.exception("internal error in %s", call.spec.name)
-                    out.append(
-                        ProtocolError("internal", f"internal error in {call.spec.name}: {type(exc).__name__}: {exc}")
-                    )
-            else:
-                out.append(self._handle_now(call))
-        return out
+        return [
+            self._search_now(call, *dense[id(call)]) if call.spec.name == SEARCH else self._handle_now(call)
+            for call in calls
+        ]
+
+    def _search_now(self, call: Call, vector: np.ndarray | None, error: str | None) -> Any:
+        try:
+            return self.state.search(call.params, vector, error)
+        except ProtocolError as exc:
+            return exc
+        except Exception as exc:  # a bug: answer `internal`, keep serving
+            log.exception("internal error in %s", call.spec.name)
+            return ProtocolError("internal", f"internal error in {call.spec.name}: {type(exc).__name__}: {exc}")
+
+    @handles(SEARCH, "actor")  # an actor handler: never on the fast path (its query is embedded first)
+    async def _search(self, call: Call) -> Any:
+        """conversation.search outside a batch of handle_calls (which runs it in its thread with the rest)."""
+        vector, error = self._query_vectors.pop(id(call), (None, None))
+        return await trio.to_thread.run_sync(self._search_now, call, vector, error)
 
     async def _call_on_state(self, fn: Callable[[Any], Any]) -> Any:
         return await trio.to_thread.run_sync(fn, self.state)
@@ -215,9 +219,17 @@ class ConversationActor(TierActor):
     async def save_snapshot(self, snapshot_path: Path, vectors_dir: Path) -> None:
         await self.run_internal(lambda s: save_snapshot(s, snapshot_path, vectors_dir))
 
+    def _publish(self) -> None:
+        """Copy what sys.stats shows of the state (the actor, as the state's owner, between batches)."""
+        super()._publish()
+        self._work = self.state.statistics()
+
     def statistics(self) -> dict[str, Any]:
+        """conversation.* in sys.stats: the actor's counters and what _publish copied (never the state)."""
+        work = dict(self._work)
         return {
-            **self.state.statistics(),
+            **work,
+            "search": work["search"].summary(),
             "embed_errors": self.embed_errors,
             "dropped": self.dropped,
             "searches_waiting": self._query_recv.statistics().current_buffer_used,

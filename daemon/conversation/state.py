@@ -39,7 +39,7 @@ from eurekamem.daemon.memory.format import domain_slug, estimate_tokens
 from eurekamem.daemon.memory.lexical import TOKENIZER_VERSION, LexicalDump, tokenize
 from eurekamem.daemon.memory.vectors import VectorStore
 from eurekamem.daemon.primitives import Histogram
-from eurekamem.daemon.tier import TierState, Undo
+from eurekamem.daemon.tier import TierState, Undo, handles
 from eurekamem.protocol import ProtocolError, normalize_timestamp
 from eurekamem.protocol import _methods as m
 
@@ -405,6 +405,7 @@ class ConversationState(TierState):
 
     # --- handlers --------------------------------------------------------------------------------
 
+    @handles("conversation.append")
     def do_append(self, p: m.ConversationAppend) -> dict[str, int]:
         now = self.now()
         stamps: list[tuple[str, int]] = []
@@ -478,6 +479,7 @@ class ConversationState(TierState):
             return min(within)[2]
         return f"{AUTO_SESSION}{seq}"
 
+    @handles("conversation.get")
     def do_get(self, p: m.ConversationGet) -> list[Message]:
         group = self.groups.get(p.group)
         if group is None:
@@ -490,6 +492,7 @@ class ConversationState(TierState):
             chosen = keys[start : start + p.limit]
         return [self.messages[seq] for _, seq in chosen]
 
+    @handles("conversation.groups")
     def do_groups(self, p: m.Empty) -> list[dict[str, Any]]:
         return [self.group_info(self.groups[name]) for name in sorted(self.groups)]
 
@@ -509,6 +512,7 @@ class ConversationState(TierState):
             "last_at": last,
         }
 
+    @handles("conversation.summary")
     def do_summary(self, p: m.ConversationGroupRef) -> Summary:
         group = self.groups.get(p.group)
         return group.summary if group is not None else Summary()
@@ -723,12 +727,13 @@ class ConversationState(TierState):
         }
 
     def statistics(self) -> dict[str, Any]:
+        """What sys.stats shows of the tier's work; called by the owner only (the actor publishes a copy)."""
         return {
             "model": self.model,
             "embedded": self.embedded,
             "lexical_index_from": self.lexical_from,
             "searches": self.searches,
-            "search": self.search_time.summary(),
+            "search": self.search_time.copy(),
         }
 
     def snapshot_document(self) -> ConversationSnapshot:
@@ -782,6 +787,7 @@ class ConversationState(TierState):
         if doc.lexical is not None and doc.lexical_key == self.tuning.lexical_key():
             try:
                 index = StemmedIndex.restore(doc.lexical)
+                assert isinstance(index, StemmedIndex)  # restore builds the class it is called on
                 index.stem = self.tuning.stemming
                 if len(index) == len(self.messages):
                     return index, "snapshot"
