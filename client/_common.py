@@ -363,6 +363,24 @@ def op_append_conversation(group: str, messages: list[dict[str, Any]]) -> Op[dic
     return Op("conversation.append", {"group": group, "messages": messages})
 
 
+def op_conversation_get(group: str, since: str | None, limit: int | None) -> Op[list[dict[str, Any]]]:
+    return Op("conversation.get", _drop_none(group=group, since=since, limit=limit))
+
+
+def op_conversation_groups() -> Op[list[dict[str, Any]]]:
+    return Op("conversation.groups", {})
+
+
+def op_conversation_search(
+    group: str, query: str, k: int, since: str | None, until: str | None
+) -> Op[list[dict[str, Any]]]:
+    return Op("conversation.search", _drop_none(group=group, query=query, k=k, since=since, until=until))
+
+
+def op_summary(group: str) -> Op[dict[str, Any]]:
+    return Op("conversation.summary", {"group": group})
+
+
 def op_flush_conversation(group: str) -> Op[str | None]:
     return Op("conversation.flush", {"group": group}, post=lambda r: r.get("job_id") if isinstance(r, dict) else r)
 

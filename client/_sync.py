@@ -755,9 +755,32 @@ class Client:
 
     # --- conversations, jobs ----------------------------------------------------------------------
 
-    def append_conversation(self, group: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
-        """conversation.append: add messages to a conversation group."""
+    def append_messages(self, group: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        """conversation.append: each message {"id", "role", "text", "sender"?, "timestamp"?, "session"?};
+        ids already stored in the group are ignored (a resend is safe). {"appended": n, "ignored": n}."""
         return self._run(C.op_append_conversation(group, messages))
+
+    def append_conversation(self, group: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        """The earlier name of append_messages."""
+        return self._run(C.op_append_conversation(group, messages))
+
+    def conversation_get(self, group: str, since: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+        """conversation.get: the group's messages in conversation order (the last `limit`; with
+        `since`, the first `limit` at or after it)."""
+        return self._run(C.op_conversation_get(group, since, limit))
+
+    def conversation_groups(self) -> list[dict[str, Any]]:
+        return self._run(C.op_conversation_groups())
+
+    def conversation_search(
+        self, group: str, query: str, k: int = 10, since: str | None = None, until: str | None = None
+    ) -> list[dict[str, Any]]:
+        """conversation.search: [{"message", "score", "why", "context"}], best first."""
+        return self._run(C.op_conversation_search(group, query, k, since, until))
+
+    def summary(self, group: str) -> dict[str, Any]:
+        """conversation.summary: {"summary", "intents", "updated_at"} (empty until extraction has run)."""
+        return self._run(C.op_summary(group))
 
     def flush_conversation(self, group: str) -> str | None:
         """conversation.flush: the extraction job's id, or None."""

@@ -33,6 +33,7 @@ import outcome
 import trio
 from eurekamem.daemon import systemd as systemd
 from eurekamem.daemon.config import Config
+from eurekamem.daemon.conversation.actor import ConversationActor
 from eurekamem.daemon.errors import StartupError
 from eurekamem.daemon.listener import open_listener
 from eurekamem.daemon.memory.actor import MemoryActor
@@ -107,6 +108,7 @@ class Daemon:
     journal_actor: JournalActor  # set once recovery is done (serve)
     memory_actor: MemoryActor
     skills_actor: SkillsActor
+    conversation_actor: ConversationActor
 
     def __init__(
         self,
@@ -209,14 +211,19 @@ class Daemon:
         self.skills_actor = SkillsActor(
             recovered.skills, self.journal_actor, self.paths.root, projection_interval=self.config.projection_interval
         )
+        self.conversation_actor = ConversationActor(
+            recovered.conversation, self.journal_actor, retention_days=self.config.conversation_retention_days
+        )
         self.actors = {
             "episodic": EpisodicActor(EpisodicState(), None, self.paths, self.config),
             "persistent": TierActor(recovered.persistent, self.journal_actor, inline=True),
             "graph": TierActor(recovered.graph, self.journal_actor, inline=True),
             "memory": self.memory_actor,
             "skills": self.skills_actor,
+            "conversation": self.conversation_actor,
         }
         self.actors["memory"].on_purge = self._snapshot_after_purge  # type: ignore[attr-defined]
+        recovered.conversation.session_gap = self.config.conversation_session_gap
         if recovered.replayed == 0 and not recovered.imported:
             self._snapshot_seq = self.journal_actor.acked_seq  # the files on disk are current
         listener, activated = await self._listener()
@@ -559,6 +566,7 @@ class Daemon:
             "journal": self.journal_actor.statistics(),
             "memory": {**self.memory_actor.statistics(), "embedding": self.embedding.summary(trio.current_time())},
             "skills": self.skills_actor.statistics(),
+            "conversation": self.conversation_actor.statistics(),
             "snapshot": {"seq": self._snapshot_seq},
             "recovery": self.recovery,
             "requests": self.stats.summary(),
@@ -595,6 +603,7 @@ class Daemon:
             )
             await memory_actor.project_files(durable=True)  # the .md files and _index.json are current and durable too
             await self.skills_actor.project_files(durable=True)  # the SKILL.md files are the skills' snapshot
+            await self.conversation_actor.save_snapshot(self.paths.conversation_snapshot, self.paths.conversation_vectors)
             records = await self.actors["persistent"].run_internal(lambda s: dict(s.records))
             nodes, edges = await self.actors["graph"].run_internal(lambda s: (dict(s.nodes), dict(s.edges)))
             await trio.to_thread.run_sync(self._write_snapshot, records, nodes, edges, covered if rotated else None)

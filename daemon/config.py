@@ -540,6 +540,8 @@ class Config(msgspec.Struct, kw_only=True):
     redact_phones: bool = False
     share_policy: SharePolicy = "review"  # memory.promote: auto, review or never
     domains: dict[str, DomainPolicy] = {}  # per-domain overrides of the four above
+    conversation_session_gap: Seconds = 1800.0  # seconds of silence after which a message opens a new session
+    conversation_retention_days: Annotated[float, Meta(ge=0)] = 0.0  # drop messages this long after extraction; 0 keeps all
 
     def __post_init__(self) -> None:
         if self.fsync not in FSYNC_POLICIES:

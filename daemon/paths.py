@@ -28,6 +28,8 @@ class Paths:
         self.memories = data_dir / "memories"
         self.memory_snapshot = self.memory / "memories.snapshot"
         self.vectors = self.memory / "vectors"
+        self.conversation_snapshot = self.memory / "conversations.snapshot"
+        self.conversation_vectors = self.memory / "conversation"
 
 
 def acquire_lock(paths: Paths) -> int:

@@ -17,6 +17,8 @@ from typing import Any, Union
 import msgspec
 from eurekamem.daemon import systemd as systemd
 from eurekamem.daemon.config import config_default
+from eurekamem.daemon.conversation.actor import load_snapshot as load_conversations
+from eurekamem.daemon.conversation.state import ConversationState, DropMessages, MoveMark, PutMessages, PutSummary
 from eurekamem.daemon.errors import StartupError
 from eurekamem.daemon.memory.actor import (
     import_eurekaclaw_memories,
@@ -51,6 +53,10 @@ MUTATION_TIER: dict[type, str] = {
     PurgeMemory: "memory",
     PutReview: "memory",  # the review queue lives in the memory tier (daemon/memory/review.py)
     PutSkill: "skills",
+    PutMessages: "conversation",
+    DropMessages: "conversation",
+    MoveMark: "conversation",
+    PutSummary: "conversation",
 }
 
 
@@ -65,6 +71,7 @@ class Recovered:
         self.graph = GraphState()
         self.memory = MemoryState(embedder)
         self.skills = SkillsState(embedder)
+        self.conversation = ConversationState(embedder)  # the same embedder object: one model in memory
         self.checkpoint_seq = 0
         self.replayed = 0
         self.imported: dict[str, int] = {}
@@ -133,6 +140,8 @@ def recover(
         imported_memories = 0
     else:
         imported_memories = import_eurekaclaw_memories(out.memory, paths.root)
+    progress("loading the conversations and their index")
+    load_conversations(out.conversation, paths.conversation_snapshot, paths.conversation_vectors)
     if not has_checkpoint and (records or out.graph.nodes or out.graph.edges):
         out.imported = {"records": len(records or {}), "nodes": len(out.graph.nodes), "edges": len(out.graph.edges)}
     if imported_memories:
@@ -149,7 +158,8 @@ def recover(
             f"the journal in {paths.journal} ends at seq {journal.last_seq}, before the checkpoint's "
             f"seq {out.checkpoint_seq}: journal segments were removed by hand; refusing to reuse their numbers"
         )
-    states = {"persistent": out.persistent, "graph": out.graph, "memory": out.memory, "skills": out.skills}
+    states = {"persistent": out.persistent, "graph": out.graph, "memory": out.memory, "skills": out.skills,
+              "conversation": out.conversation}
     progress("replaying the journal")
     for seq, rtype, payload in entries:
         if seq <= out.checkpoint_seq or rtype != RTYPE_MUTATION:

@@ -429,6 +429,8 @@ FREE_TEXT: dict[type, tuple[str, ...]] = {
     m.SkillsPut: ("body", "description", "tags"),
     m.MemoryPromote: ("reason",),
     m.ReviewReject: ("reason",),
+    m.ConversationAppend: ("messages",),
+    m.ConversationMessage: ("text", "sender"),  # nested in ConversationAppend.messages
 }
 
 _ID = "an identifier: lookups match it as sent"
@@ -461,6 +463,8 @@ KEPT: dict[type, dict[str, str]] = {
     m.MemoryPromote: {"id": _ID, "by": _WHO},
     m.ReviewDecide: {"id": _ID, "by": _WHO},
     m.ReviewReject: {"id": _ID, "by": _WHO},
+    m.ConversationAppend: {"group": _ID},
+    m.ConversationMessage: {"id": _ID, "role": _ENUM, "timestamp": _TIME, "session": _ID},
 }
 
 # Methods that store text without journaling it: tier 1 keeps events in RAM and writes them to

@@ -288,6 +288,46 @@ class SkillsInject(Params):
     query: Annotated[str, Meta(min_length=1, max_length=MAX_KEY * 4)] | None = None
     k: Annotated[int, Meta(ge=1, le=MAX_K)] = SKILLS_INJECT_K
     token_budget: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
+# --- conversations -------------------------------------------------------------------------------
+
+Role = Literal["user", "assistant", "system", "tool"]
+ROLES: tuple[str, ...] = ("user", "assistant", "system", "tool")
+Group = Annotated[str, Meta(min_length=1, max_length=MAX_ID)]
+Timestamp = Annotated[str, Meta(max_length=64)]
+
+
+class ConversationMessage(Params):
+    """One message of conversation.append; `timestamp` is RFC 3339 (or seconds since the epoch)."""
+
+    id: Ident
+    role: Role
+    text: Text
+    sender: Annotated[str, Meta(max_length=MAX_ID)] | None = None
+    timestamp: Timestamp | float | None = None
+    session: Ident | None = None
+
+
+class ConversationAppend(Params):
+    group: Group
+    messages: Annotated[list[ConversationMessage], Meta(max_length=MAX_BATCH_ITEMS)]
+
+
+class ConversationGet(Params):
+    group: Group
+    since: Timestamp | None = None
+    limit: Annotated[int, Meta(ge=1, le=MAX_LIMIT)] = 1000
+
+
+class ConversationGroupRef(Params):
+    group: Group
+
+
+class ConversationSearch(Params):
+    group: Group
+    query: Annotated[str, Meta(min_length=1, max_length=MAX_KEY * 4)]
+    k: Annotated[int, Meta(ge=1, le=MAX_K)] = 10
+    since: Timestamp | None = None
+    until: Timestamp | None = None
 
 
 # --- scopes and review: promotion of local memories to global ----------------------------------
@@ -378,5 +418,10 @@ METHODS: dict[str, MethodSpec] = dict(
         _spec("review.list", ReviewList, "memory", False, "promotion requests by state, oldest first"),
         _spec("review.approve", ReviewDecide, "memory", True, "approve a pending request: its memory becomes global"),
         _spec("review.reject", ReviewReject, "memory", True, "refuse a pending request"),
+        _spec("conversation.append", ConversationAppend, "conversation", True, "store a group's messages (resent ids ignored)"),
+        _spec("conversation.get", ConversationGet, "conversation", False, "a group's messages in conversation order"),
+        _spec("conversation.groups", Empty, "conversation", False, "every group: counts, high-water mark, sessions, times"),
+        _spec("conversation.summary", ConversationGroupRef, "conversation", False, "a group's rolling summary and intents"),
+        _spec("conversation.search", ConversationSearch, "conversation", False, "a group's best messages for a query, with context"),
     ]
 )

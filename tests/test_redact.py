@@ -288,9 +288,11 @@ def _value_for(t: Any, text: str) -> Any:
         return {text: {"nested": [text]}}
     if isinstance(t, mi.StructType):
         if t.cls in FREE_TEXT:  # memory.add_many's items: their free-text fields
-            fixed = {"domain": "d", "category": "fact"}
+            fixed = {"domain": "d", "category": "fact", "role": "user"}
             return {
-                f.name: fixed.get(f.name, text) if f.name not in FREE_TEXT[t.cls] else _value_for(f.type, text)
+                f.name: fixed.get(f.name, "x" if f.name in KEPT.get(t.cls, {}) else text)
+                if f.name not in FREE_TEXT[t.cls]
+                else _value_for(f.type, text)
                 for f in t.fields
                 if f.required or f.name in FREE_TEXT[t.cls]
             }
