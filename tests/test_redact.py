@@ -617,6 +617,17 @@ def test_no_secret_reaches_any_file_or_log(data_dir: Path, sock_dir: Path) -> No
             call(c, "review.approve", {"id": again["review_id"], "by": "carol"})
             call(
                 c,
+                "conversation.append",
+                {
+                    "group": "d",
+                    "messages": [
+                        {"id": "m1", "role": "user", "sender": first_line[:256], "text": everything},
+                        {"id": "m2", "role": "assistant", "sender": "bot", "text": second_line},
+                    ],
+                },
+            )
+            call(
+                c,
                 "session.close",
                 {
                     "session_id": "s1",
