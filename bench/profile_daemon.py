@@ -187,11 +187,14 @@ def run_py_spy(py_spy: str, args: argparse.Namespace, tmp: Path, out_dir: Path, 
 # --- cProfile -----------------------------------------------------------------------------------
 
 
+REPO = str(Path(__file__).resolve().parent.parent)  # this checkout: paths in it are shown relative
+
+
 def short(func: tuple[str, int, str]) -> str:
     filename, line, name = func
     if filename == "~":
         return name
-    for marker in ("site-packages/", "/work/main/", "lib/python3"):
+    for marker in ("site-packages/", REPO + "/", "lib/python3"):
         if marker in filename:
             filename = filename.split(marker, 1)[1]
             break
