@@ -56,7 +56,7 @@ async def serve(listener: socket.socket) -> None:
         while True:
             await trio.lowlevel.wait_readable(epoll.fileno())
             events = epoll.poll(0, 1024)
-            while events:
+            if events:
                 for fd, mask in events:
                     if fd == lfd:
                         try:
@@ -92,8 +92,6 @@ async def serve(listener: socket.socket) -> None:
                                 epoll.modify(fd, _OUT)
                     except (OSError, msgspec.DecodeError):
                         close(fd)
-                await trio.lowlevel.checkpoint()
-                events = epoll.poll(0, 1024)
     finally:
         for fd in list(conns):
             close(fd)

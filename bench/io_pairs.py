@@ -5,7 +5,8 @@ runs PAIRS rounds; each round starts a fresh daemon of each design (order altern
 round) and measures the same rows on both, with the anchors measured in the same round:
 
 - durable: `persistent.remember`, 32 clients, one write in flight each, fsync always (C loadgen);
-  anchor Redis appendfsync always, `redis-benchmark -c 32 -P 1 SET` (when redis-server is there)
+  anchor Redis appendfsync always, `redis-benchmark -c 32 -P 1 SET` (when redis-server is there);
+  and the same with fsync off (no fdatasync to wait for: the daemon's CPU decides, its ceiling)
 - pipelined: 64 in flight on one connection, `persistent.recall` and `episodic.log` (C loadgen)
 - unpipelined: one call at a time, p50 of `sys.ping` and `persistent.recall` (C loadgen -P 1);
   anchors the per-connection echo server (echo_server.py) and the bulk-reading one (echo_bulk.py)
@@ -72,15 +73,29 @@ def measured(server: Server, run: Any) -> dict[str, Any]:
     return s
 
 
+def settled(server: Server) -> Server:
+    """Wait until the daemon's model is loaded (a dense search needs it): its loading thread burns CPU
+    that would otherwise be counted as the first row's."""
+    with contextlib.closing(foundation.make_client(server.sock)) as cl:  # type: ignore[attr-defined]
+        cl.call("memory.search", {"query": "warm up", "mode": "dense", "k": 1})
+    return server
+
+
 def one_design(d: Design, tmp: Path, binary: str, seconds: float, n_pipe: int, n_rtt: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    durable = d.daemon(tmp, f"{d.name}-dur", "always").start()
+    durable = settled(d.daemon(tmp, f"{d.name}-dur", "always").start())
     try:
         out["durable32"] = measured(durable, lambda: foundation.loadgen_durable(binary, durable.sock, 32, seconds))
         out["durable32"]["journal"] = foundation.journal_stats(durable.sock)
     finally:
         durable.stop()
-    server = d.daemon(tmp, f"{d.name}-pipe", "always").start()
+    # fsync off: the same writes with no fdatasync to wait for, so the daemon's CPU decides (the ceiling)
+    cpu_bound = settled(d.daemon(tmp, f"{d.name}-off", "off").start())
+    try:
+        out["durable32 fsync off"] = measured(cpu_bound, lambda: foundation.loadgen_durable(binary, cpu_bound.sock, 32, seconds))
+    finally:
+        cpu_bound.stop()
+    server = settled(d.daemon(tmp, f"{d.name}-pipe", "always").start())
     try:
         with contextlib.closing(foundation.make_client(server.sock)) as cl:
             cl.call("persistent.remember", {"key": foundation.RECALL_KEY, "value": foundation.RECALL_VALUE})
@@ -115,6 +130,15 @@ def anchors(tmp: Path, binary: str, n_pipe: int, n_rtt: int, redis: bool, second
                                            value_bytes=96, random_keys=True)["SET"]
             r["server_cpu_us_per_request"] = round((proc_cpu_seconds(server.pid) - before) / int(60_000 * seconds) * 1e6, 2)
             out["redis always 32"] = r
+            reply = foundation.redis_command(rsock, "CONFIG", "SET", "appendfsync", "no")
+            if not reply.startswith(b"+OK"):
+                raise RuntimeError(f"redis CONFIG SET appendfsync no: {reply!r}")
+            count = int(150_000 * seconds)
+            before = proc_cpu_seconds(server.pid)
+            r = foundation.redis_benchmark(server, rsock, "set", count, clients=32, pipeline=1, value_bytes=96,
+                                           random_keys=True)["SET"]
+            r["server_cpu_us_per_request"] = round((proc_cpu_seconds(server.pid) - before) / count * 1e6, 2)
+            out["redis appendfsync no 32"] = r
         finally:
             server.stop()
     return out
@@ -154,7 +178,12 @@ def summary(rounds: list[dict[str, Any]], names: list[str]) -> list[str]:
         lines.append(f"| {row} | {statistics.median([v for v in vals if v]):,.1f} | {cpu} |")
     lines.append("")
     for name in names:
+        per_sync = [r[name]["durable32"]["journal"]["records_per_fsync_batch"] for r in rounds]
+        lines.append(f"- {name}: durable32 records per fdatasync, per round: {per_sync}")
+    for name in names:
         for label, row, anchor in (("durable32 ÷ Redis always", "durable32", "redis always 32"),
+                                   ("durable32 fsync off ÷ Redis appendfsync no", "durable32 fsync off",
+                                    "redis appendfsync no 32"),
                                    ("rtt recall p50 ÷ echo tasks", "rtt persistent.recall", "echo tasks rtt"),
                                    ("rtt recall p50 ÷ echo bulk", "rtt persistent.recall", "echo bulk rtt"),
                                    ("rtt ping p50 ÷ echo tasks", "rtt sys.ping", "echo tasks rtt")):

@@ -145,14 +145,11 @@ class IOLayer:
         poll = epoll.poll
         try:
             while True:
+                # one trio wake-up per pass; meanwhile the actors run what the last pass dispatched
                 await trio.lowlevel.wait_readable(epoll.fileno())
                 events = poll(0, MAX_EVENTS)
-                while events:
+                if events:
                     self._pass(events)
-                    # let the actors run what this pass dispatched (and answer), then look again:
-                    # under load the next pass is ready, and this saves the wait's re-registration
-                    await trio.lowlevel.checkpoint()
-                    events = poll(0, MAX_EVENTS)
         finally:
             self.close_all()
 
