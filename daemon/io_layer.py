@@ -175,7 +175,7 @@ class IOLayer:
             try:
                 if mask & _OUT and conn.writing:
                     self._write(conn)
-                if conn.open and conn.reading and mask & (_IN | _GONE):
+                if conn.open and conn.mask & _IN and mask & (_IN | _GONE):
                     self._read(conn, stamp)
                 elif conn.open and mask & _GONE and not conn.writing:
                     # the peer is gone while we do not read (paused, or after EOF): nobody can read answers

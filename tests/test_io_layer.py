@@ -12,12 +12,13 @@ from typing import Any
 
 import pytest
 import trio
-from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from eurekamem.daemon.io_layer import BulkConnection, IOLayer
 from eurekamem.daemon.server import IN_ORDER_TIERS, Limits
 from eurekamem.daemon.stats import RequestStats
 from eurekamem.protocol import OUTBOUND_LIMIT
 from trio.testing import wait_all_tasks_blocked
+
+from conftest import IO_TIMEOUT, RawConnection, running_daemon
 
 BIG = "x" * 64 * 1024  # one answer of ~64 KiB
 
@@ -160,7 +161,7 @@ async def test_connections_that_close_mid_pass_leave_the_others_served() -> None
             nursery.cancel_scope.cancel()
 
 
-async def test_a_peer_reset_mid_pass_drops_its_held_requests() -> None:
+async def test_a_peer_gone_with_answers_owed_is_closed_and_they_go_nowhere() -> None:
     h = Harness()
     conn, client = h.pair()
     with trio.fail_after(IO_TIMEOUT):
