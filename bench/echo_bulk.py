@@ -57,7 +57,7 @@ async def serve(listener: socket.socket) -> None:
             await trio.lowlevel.wait_readable(epoll.fileno())
             events = epoll.poll(0, 1024)
             if events:
-                for fd, mask in events:
+                for fd, _mask in events:
                     if fd == lfd:
                         try:
                             sock, _ = listener.accept()

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import run as foundation
+
 from _common import PY, CpuMeter, Server, log, proc_cpu_seconds
 
 HERE = Path(__file__).resolve().parent
