@@ -106,9 +106,23 @@ def one_design(d: Design, tmp: Path, binary: str, seconds: float, n_pipe: int, n
         for method in ("sys.ping", "persistent.recall"):
             out[f"rtt {method}"] = measured(
                 server, lambda m=method: foundation.loadgen_pipelined(binary, server.sock, m, n_rtt, window=1, warm=500))
+        out["rtt Python client persistent.recall"] = measured(server, lambda: python_rtt(server.sock, n_rtt))
     finally:
         server.stop()
     return out
+
+
+def python_rtt(sock: str, n: int) -> dict[str, Any]:
+    """The suite's round trip: the real Client, one call at a time (its p50 in µs, as loadgen's)."""
+    r = foundation.rtt_client(sock, "persistent.recall", n, 300)
+    r["requests"] = n + 300
+    return r
+
+
+def python_echo_rtt(sock: str, n: int) -> dict[str, Any]:
+    r = foundation.rtt_client(sock, "sys.ping", n, 300)
+    r["requests"] = n + 300
+    return r
 
 
 def anchors(tmp: Path, binary: str, n_pipe: int, n_rtt: int, redis: bool, seconds: float) -> dict[str, Any]:
@@ -119,6 +133,7 @@ def anchors(tmp: Path, binary: str, n_pipe: int, n_rtt: int, redis: bool, second
         try:
             out[f"{name} rtt"] = measured(
                 server, lambda s=sock: foundation.loadgen_pipelined(binary, s, "sys.ping", n_rtt, window=1, warm=500))
+            out[f"{name} rtt Python client"] = measured(server, lambda s=sock: python_echo_rtt(s, n_rtt))
             out[f"{name} pipe64"] = measured(
                 server, lambda s=sock: foundation.loadgen_pipelined(binary, s, "sys.ping", n_pipe, window=64))
         finally:
@@ -146,7 +161,7 @@ def anchors(tmp: Path, binary: str, n_pipe: int, n_rtt: int, redis: bool, second
 
 
 def figure(row: str, s: dict[str, Any]) -> float | None:
-    if row.startswith("rtt") or row.endswith(" rtt"):
+    if row.startswith("rtt") or " rtt" in row:
         return s.get("p50_us")
     if row.startswith("redis"):
         return s.get("rps")
@@ -187,7 +202,11 @@ def summary(rounds: list[dict[str, Any]], names: list[str]) -> list[str]:
                                     "redis appendfsync no 32"),
                                    ("rtt recall p50 ÷ echo tasks", "rtt persistent.recall", "echo tasks rtt"),
                                    ("rtt recall p50 ÷ echo bulk", "rtt persistent.recall", "echo bulk rtt"),
-                                   ("rtt ping p50 ÷ echo tasks", "rtt sys.ping", "echo tasks rtt")):
+                                   ("rtt ping p50 ÷ echo tasks", "rtt sys.ping", "echo tasks rtt"),
+                                   ("Python client recall p50 ÷ echo tasks (Python client)",
+                                    "rtt Python client persistent.recall", "echo tasks rtt Python client"),
+                                   ("Python client recall p50 ÷ echo bulk (Python client)",
+                                    "rtt Python client persistent.recall", "echo bulk rtt Python client")):
             ratios = [figure(row, r[name][row]) / figure(anchor, r["anchors"][anchor])  # type: ignore[operator]
                       for r in rounds if anchor in r["anchors"] and figure(row, r[name][row])
                       and figure(anchor, r["anchors"][anchor])]
