@@ -56,7 +56,7 @@ async def serve(listener: socket.socket) -> None:
         while True:
             await trio.lowlevel.wait_readable(epoll.fileno())
             events = epoll.poll(0, 1024)
-            if events:
+            while events:
                 for fd, _mask in events:
                     if fd == lfd:
                         try:
@@ -92,6 +92,8 @@ async def serve(listener: socket.socket) -> None:
                                 epoll.modify(fd, _OUT)
                     except (OSError, msgspec.DecodeError):
                         close(fd)
+                await trio.lowlevel.checkpoint()  # as daemon/io_layer.py: yield, then look again before waiting
+                events = epoll.poll(0, 1024)
     finally:
         for fd in list(conns):
             close(fd)

