@@ -36,7 +36,10 @@ from eurekamem.daemon.config import Config
 from eurekamem.daemon.conversation.actor import ConversationActor
 from eurekamem.daemon.errors import StartupError
 from eurekamem.daemon.io_layer import BulkConnection, IOLayer
+from eurekamem.daemon.jobs import JobsActor, default_kinds
+from eurekamem.daemon.jobs.state import snapshot_of as jobs_snapshot_of
 from eurekamem.daemon.listener import open_listener
+from eurekamem.daemon.llm import LLM, LLMConfigError, resolve
 from eurekamem.daemon.memory.actor import MemoryActor
 from eurekamem.daemon.memory.embed import Embedder, make_embedder, preload_embedder
 from eurekamem.daemon.paths import Paths, acquire_lock
@@ -110,6 +113,7 @@ class Daemon:
     memory_actor: MemoryActor
     skills_actor: SkillsActor
     conversation_actor: ConversationActor
+    jobs_actor: JobsActor
 
     def __init__(
         self,
@@ -117,12 +121,20 @@ class Daemon:
         fs: Any = None,
         service_manager: systemd.ServiceManager | None = None,
         embedder: Embedder | None = None,
+        *,
+        environ: Any = None,
+        job_kinds: dict[str, Any] | None = None,
+        llm_factory: Any = None,
     ) -> None:
         self.config = config
         # tier 4's embedder: made from the config at serve(), or one the caller shares between
         # daemons it runs one after another (the tests: a model loads once per test process)
         self.embedder = embedder
         self.fs = fs  # the journal's file layer (tests pass a fake one); None means the real files
+        # where the LLM's key and settings are looked up (resolved at start and at sys.resume)
+        self.environ = os.environ if environ is None else environ
+        self.job_kinds = job_kinds  # None: the daemon's own (tests pass others)
+        self.llm_factory = llm_factory or self._make_llm  # tests pass a fake provider's
         # systemd's notify socket and watchdog, from the environment (a no-op when systemd did not start us)
         self.systemd = service_manager or systemd.ServiceManager()
         self.refused_peers = 0  # connections refused by the SO_PEERCRED check
@@ -176,9 +188,17 @@ class Daemon:
         finally:
             os.umask(umask)
 
+    def _make_llm(self) -> Any:
+        """The LLM client the configuration and the environment name (one that says why, when none)."""
+        return LLM(resolve(self.config.llm_config(), self.environ))
+
     async def _serve_locked(self, task_status: Any) -> None:
         started = trio.current_time()
         log.info("%s", startup_line(self.config))
+        try:
+            first_llm = self.llm_factory()
+        except LLMConfigError as exc:
+            raise StartupError(str(exc)) from None
         if self.embedder is None:
             try:
                 self.embedder = make_embedder(self.config.embedder, **self.config.embedder_options)
@@ -198,12 +218,13 @@ class Daemon:
             "replayed": recovered.replayed,
             "imported": recovered.imported,
             "seconds": round(trio.current_time() - started, 3),
+            "interrupted_jobs": recovered.interrupted_jobs,
         }
         log.info("%s", recovery_line(self.recovery))
         with _gc_tuned():
-            await self._serve_recovered(recovered, task_status)
+            await self._serve_recovered(recovered, task_status, first_llm)
 
-    async def _serve_recovered(self, recovered: Recovered, task_status: Any) -> None:
+    async def _serve_recovered(self, recovered: Recovered, task_status: Any, first_llm: Any) -> None:
         journal = recovered.journal
         assert journal is not None
         recovered.memory.share_policy = self.config.share_policy_for  # memory.promote's, per domain
@@ -227,6 +248,18 @@ class Daemon:
         }
         self.actors["memory"].on_purge = self._snapshot_after_purge  # type: ignore[attr-defined]
         recovered.conversation.session_gap = self.config.conversation_session_gap
+        self.jobs_actor = JobsActor(
+            recovered.jobs,
+            self.journal_actor,
+            tiers=dict(self.actors),
+            kinds=self.job_kinds if self.job_kinds is not None else default_kinds(),
+            llm=first_llm,
+            llm_factory=self.llm_factory,
+            embedder=recovered.memory.embedder,
+            concurrency=self.config.jobs_concurrency,
+            environ=self.environ,
+        )
+        self.actors["jobs"] = self.jobs_actor
         if recovered.replayed == 0 and not recovered.imported:
             self._snapshot_seq = self.journal_actor.acked_seq  # the files on disk are current
         listener, activated = await self._listener()
@@ -265,6 +298,7 @@ class Daemon:
                     accept_scope.cancel()
                     trio.lowlevel.notify_closing(listener)
                     listener.close()
+                    await self.jobs_actor.stop()  # running attempts stay queued in the journal; jobs.wait answers now
                     for conn in list(self._connections):
                         conn.stop_reading()
                     with trio.move_on_after(self.config.shutdown_grace) as grace:
@@ -539,7 +573,7 @@ class Daemon:
         async with self._resume_lock:
             journal_actor = self.journal_actor
             if not journal_actor.failed:
-                return {"resumed": False, "read_only": False}
+                return {"resumed": False, "read_only": False, "jobs": self._nudge_jobs()}
             was, since = journal_actor.failed, journal_actor.failed_at
             cut = await journal_actor.resume_journal()
             facts = journal_actor.facts  # as the writer thread published them after the resume
@@ -555,7 +589,20 @@ class Daemon:
                         f"{unsynced_acked} records acknowledged before its last sync (fsync={journal_actor.fsync}) failed: {exc}"
                     ) from exc
             journal_actor.clear_failure(note)
-            return {"resumed": True, "read_only": False, "was": was, "failed_at": since, **note}
+            jobs = self._nudge_jobs()
+            return {"resumed": True, "read_only": False, "was": was, "failed_at": since, **note, "jobs": jobs}
+
+    def _nudge_jobs(self) -> dict[str, Any]:
+        """sys.resume for the job queue: the LLM resolved again from the configuration and the
+        environment, back-offs forgotten, queued jobs started now if they can be."""
+        jobs = self.jobs_actor
+        try:
+            llm = self.llm_factory()
+        except LLMConfigError as exc:
+            log.error("sys.resume: the LLM configuration cannot be used (%s); keeping the current one", exc)
+            llm = None
+        jobs.nudge(llm)
+        return {"queued": jobs.stats()["queued"], "llm": jobs.llm_status()}
 
     def hello(self) -> dict[str, Any]:
         return {
@@ -591,6 +638,7 @@ class Daemon:
             "memory": {**self.memory_actor.statistics(), "embedding": self.embedding.summary(trio.current_time())},
             "skills": self.skills_actor.statistics(),
             "conversation": self.conversation_actor.statistics(),
+            "jobs": self.jobs_actor.statistics(),
             "snapshot": {"seq": self._snapshot_seq},
             "recovery": self.recovery,
             "requests": self.stats.summary(),
@@ -630,7 +678,9 @@ class Daemon:
             await self.conversation_actor.save_snapshot(self.paths.conversation_snapshot, self.paths.conversation_vectors)
             records = await self.actors["persistent"].run_internal(lambda s: dict(s.records))
             nodes, edges = await self.actors["graph"].run_internal(lambda s: (dict(s.nodes), dict(s.edges)))
-            await trio.to_thread.run_sync(self._write_snapshot, records, nodes, edges, covered if rotated else None)
+            jobs = await self.jobs_actor.run_internal(jobs_snapshot_of)
+            covers = covered if rotated else None
+            await trio.to_thread.run_sync(self._write_snapshot, records, nodes, edges, jobs, covers)
             if rotated:
                 dropped = await journal_actor.run_exclusive(lambda journal: journal.drop_before(start))
                 if dropped:
@@ -640,14 +690,16 @@ class Daemon:
             return covered
 
     def _write_snapshot(
-        self, records: dict[str, Any], nodes: dict[str, Any], edges: dict[Any, Any], covered: int | None
+        self, records: dict[str, Any], nodes: dict[str, Any], edges: dict[Any, Any], jobs: bytes, covered: int | None
     ) -> None:
         fs = RealFiles()
         self.paths.memory.mkdir(parents=True, exist_ok=True)
         atomic_write(fs, str(self.paths.persistent), eurekaclaw.write_persistent(records))
         atomic_write(fs, str(self.paths.graph), eurekaclaw.write_graph(nodes, edges))
+        atomic_write(fs, str(self.paths.jobs_snapshot), jobs)
         if covered is not None:
-            doc = {"seq": covered, "written_at": now_rfc3339(), "files": ["persistent.json", "knowledge_graph.json"]}
+            files = ["persistent.json", "knowledge_graph.json", "jobs.snapshot"]
+            doc = {"seq": covered, "written_at": now_rfc3339(), "files": files}
             atomic_write(fs, str(self.paths.checkpoint), json.dumps(doc).encode())
 
     async def _memory_background(self, scope: trio.CancelScope) -> None:
@@ -842,6 +894,8 @@ def recovery_line(recovery: dict[str, Any]) -> str:
     )
     if imported:
         text += "; imported from EurekaClaw's files: " + ", ".join(f"{n:,} {name}" for name, n in imported.items())
+    if recovery.get("interrupted_jobs"):
+        text += f"; {recovery['interrupted_jobs']:,} interrupted jobs queued again"
     return text
 
 

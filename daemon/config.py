@@ -34,6 +34,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from eurekamem.client._paths import data_root, default_config_path, default_socket_path
 from eurekamem.daemon import systemd as systemd
+from eurekamem.daemon.llm import LLMConfig
 from eurekamem.daemon.memory.format import domain_slug
 from eurekamem.daemon.server import Limits
 from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
@@ -152,6 +153,20 @@ _BASE: list[Setting] = [
         "log_format", "log lines: json, text, or auto (json unless stderr is a terminal)",
         Literal["auto", "json", "text"], "auto", config_field=None,
     ),
+    Setting("jobs_concurrency", "jobs (LLM extractions) running at once"),
+    Setting(
+        "llm_provider",
+        "LLM for jobs: anthropic, openai (any OpenAI-compatible server) or none; empty: anthropic when "
+        "ANTHROPIC_API_KEY is set",
+    ),
+    Setting("llm_model", "the LLM's model (default $EUREKACLAW_FAST_MODEL, else claude-haiku-4-5)"),
+    Setting("llm_base_url", "the LLM's API root (default $ANTHROPIC_BASE_URL / $OPENAI_BASE_URL)"),
+    Setting("llm_api_key_env", "the variable holding the LLM key (ANTHROPIC_API_KEY / OPENAI_API_KEY)"),
+    Setting("llm_timeout", "seconds an LLM request may take"),
+    Setting("llm_max_attempts", "requests per LLM answer, retries of 429 / 5xx / timeouts included"),
+    Setting("llm_requests_per_minute", "LLM requests per minute (a budget: calls over it wait)"),
+    Setting("llm_tokens_per_minute", "LLM tokens per minute (a budget: calls over it wait)"),
+    Setting("llm_max_output_tokens", "most tokens one LLM answer may have"),
 ]
 
 
@@ -515,6 +530,9 @@ def setup_logging(level: str = "info", fmt: str = "auto", stream: Any = None) ->
 _LIMITS = Limits()  # the connection's limits: their defaults are written once, in daemon/server.py
 
 
+_LLM = LLMConfig()  # the LLM's limits: their defaults are written once, in daemon/llm/_config.py
+
+
 class Config(msgspec.Struct, kw_only=True):
     """Every option of the daemon, with its type (what the file, environment and flags are
     checked against) and its default: the one place either is written."""
@@ -544,6 +562,17 @@ class Config(msgspec.Struct, kw_only=True):
     domains: dict[str, DomainPolicy] = {}  # per-domain overrides of the four above
     conversation_session_gap: Seconds = 1800.0  # seconds of silence after which a message opens a new session
     conversation_retention_days: Annotated[float, Meta(ge=0)] = 0.0  # drop messages this long after extraction; 0 keeps all
+    jobs_concurrency: PositiveInt = 2  # jobs running at once
+    # the LLM of jobs; "" provider: anthropic when ANTHROPIC_API_KEY is set, else none (daemon/llm resolve())
+    llm_provider: Literal["", "anthropic", "openai", "none"] = ""
+    llm_model: str = ""
+    llm_base_url: str = ""
+    llm_api_key_env: str = ""
+    llm_timeout: Seconds = _LLM.timeout
+    llm_max_attempts: PositiveInt = _LLM.max_attempts
+    llm_requests_per_minute: PositiveInt = _LLM.requests_per_minute
+    llm_tokens_per_minute: PositiveInt = _LLM.tokens_per_minute
+    llm_max_output_tokens: PositiveInt = _LLM.max_output_tokens
 
     def __post_init__(self) -> None:
         if self.fsync not in FSYNC_POLICIES:
@@ -560,6 +589,10 @@ class Config(msgspec.Struct, kw_only=True):
             if slug in seen:
                 raise ValueError(f"domains {seen[slug]!r} and {name!r} are the same domain (both {slug!r}); keep one")
             seen[slug] = name
+        if self.llm_provider not in ("", "anthropic", "openai", "none"):
+            raise ValueError(f"llm_provider must be anthropic, openai, none or empty, not {self.llm_provider!r}")
+        if self.jobs_concurrency < 1:
+            raise ValueError("jobs_concurrency must be at least 1")
 
     def share_policy_for(self, domain: str) -> str:
         """auto, review or never: the domain's own, else the daemon-wide one."""
@@ -568,5 +601,19 @@ class Config(msgspec.Struct, kw_only=True):
             if policy.share_policy is not None and domain_slug(name) == slug:
                 return policy.share_policy
         return self.share_policy
+
+    def llm_config(self) -> LLMConfig:
+        """The llm_* settings as daemon/llm's LLMConfig (resolved against the environment by the daemon)."""
+        return LLMConfig(
+            provider=self.llm_provider or None,
+            model=self.llm_model,
+            base_url=self.llm_base_url,
+            api_key_env=self.llm_api_key_env,
+            timeout=self.llm_timeout,
+            max_attempts=self.llm_max_attempts,
+            requests_per_minute=self.llm_requests_per_minute,
+            tokens_per_minute=self.llm_tokens_per_minute,
+            max_output_tokens=self.llm_max_output_tokens,
+        )
 
 

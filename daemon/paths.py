@@ -27,6 +27,7 @@ class Paths:
         self.runs = data_dir / "runs"
         self.memories = data_dir / "memories"
         self.memory_snapshot = self.memory / "memories.snapshot"
+        self.jobs_snapshot = self.memory / "jobs.snapshot"
         self.vectors = self.memory / "vectors"
         self.conversation_snapshot = self.memory / "conversations.snapshot"
         self.conversation_vectors = self.memory / "conversation"

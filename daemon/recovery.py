@@ -2,7 +2,10 @@
 
 Rule kept here: the daemon answers nothing until recovery is complete; every journaled mutation
 type is in MUTATION_TIER, which names the tier whose `apply` replays it, so replay and run time use
-the same function.
+the same function. A CommitJob (a job's result and its completion in one record) is the one
+record that spans tiers: each of its parts goes to the tier MUTATION_TIER names, then the job to
+the jobs tier, exactly as the tier actors applied them at run time. Jobs left `running` are
+queued again once the journal is replayed.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from eurekamem.daemon.config import config_default
 from eurekamem.daemon.conversation.actor import load_snapshot as load_conversations
 from eurekamem.daemon.conversation.state import ConversationState, DropMessages, MoveMark, PutMessages, PutSummary
 from eurekamem.daemon.errors import StartupError
+from eurekamem.daemon.jobs.state import AcceptJob, CommitJob, JobsState, PurgeJob, PutJob
+from eurekamem.daemon.jobs.state import load_snapshot as load_jobs_snapshot
 from eurekamem.daemon.memory.actor import (
     import_eurekaclaw_memories,
     load_vectors,
@@ -57,6 +62,10 @@ MUTATION_TIER: dict[type, str] = {
     DropMessages: "conversation",
     MoveMark: "conversation",
     PutSummary: "conversation",
+    AcceptJob: "jobs",
+    PutJob: "jobs",
+    PurgeJob: "jobs",
+    CommitJob: "jobs",  # and its parts to their own tiers (see the module's rule)
 }
 
 
@@ -72,9 +81,11 @@ class Recovered:
         self.memory = MemoryState(embedder)
         self.skills = SkillsState(embedder)
         self.conversation = ConversationState(embedder)  # the same embedder object: one model in memory
+        self.jobs = JobsState()
         self.checkpoint_seq = 0
         self.replayed = 0
         self.imported: dict[str, int] = {}
+        self.interrupted_jobs = 0
 
 
 def _read_snapshot(path: Path, reader: Any, has_checkpoint: bool) -> Any:
@@ -112,7 +123,7 @@ def recover(
     graph = _read_snapshot(paths.graph, eurekaclaw.read_graph, has_checkpoint)
     if graph:
         nodes, edges = graph
-        out.graph.nodes.update(nodes)
+        out.graph.load(nodes)
         for edge in edges:
             out.graph.apply(_edge(*edge))
     progress("loading tier 4 and building its index")
@@ -142,6 +153,13 @@ def recover(
         imported_memories = import_eurekaclaw_memories(out.memory, paths.root)
     progress("loading the conversations and their index")
     load_conversations(out.conversation, paths.conversation_snapshot, paths.conversation_vectors)
+    if paths.jobs_snapshot.exists():
+        try:
+            load_jobs_snapshot(out.jobs, paths.jobs_snapshot.read_bytes())
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise StartupError(
+                f"{paths.jobs_snapshot}: does not decode ({exc}); the daemon wrote it, so it refuses to guess"
+            ) from None
     if not has_checkpoint and (records or out.graph.nodes or out.graph.edges):
         out.imported = {"records": len(records or {}), "nodes": len(out.graph.nodes), "edges": len(out.graph.edges)}
     if imported_memories:
@@ -158,17 +176,23 @@ def recover(
             f"the journal in {paths.journal} ends at seq {journal.last_seq}, before the checkpoint's "
             f"seq {out.checkpoint_seq}: journal segments were removed by hand; refusing to reuse their numbers"
         )
-    states = {"persistent": out.persistent, "graph": out.graph, "memory": out.memory, "skills": out.skills,
-              "conversation": out.conversation}
+    states = {
+        "persistent": out.persistent, "graph": out.graph, "memory": out.memory, "skills": out.skills,
+        "conversation": out.conversation, "jobs": out.jobs,
+    }
     progress("replaying the journal")
     for seq, rtype, payload in entries:
         if seq <= out.checkpoint_seq or rtype != RTYPE_MUTATION:
             continue
         mutation = mutation_decoder.decode(payload)
+        if isinstance(mutation, CommitJob):
+            for part in mutation.parts:
+                states[MUTATION_TIER[type(part)]].apply(part)
         states[MUTATION_TIER[type(mutation)]].apply(mutation)
         out.replayed += 1
         if out.replayed % 10_000 == 0:
             progress(f"replaying the journal: {out.replayed} records, at seq {seq}")
+    out.interrupted_jobs = out.jobs.load_finished()
     return out
 
 

@@ -465,6 +465,7 @@ KEPT: dict[type, dict[str, str]] = {
     m.ReviewReject: {"id": _ID, "by": _WHO},
     m.ConversationAppend: {"group": _ID},
     m.ConversationMessage: {"id": _ID, "role": _ENUM, "timestamp": _TIME, "session": _ID},
+    m.JobRef: {"id": _ID},  # jobs.cancel and jobs.retry store nothing of the client's but the state
 }
 
 # Methods that store text without journaling it: tier 1 keeps events in RAM and writes them to

@@ -25,6 +25,11 @@ Rules kept here:
   handlers `fn(state, params)`, actor handlers `async fn(actor, call)` for calls that wait on I/O,
   sys handlers `fn(daemon, call, reply, started_ns)`); `@handles(method)` fills it at import, and a
   test checks that it names exactly the methods of protocol METHODS.
+- Staging (one journal record across tiers, for the job queue): `stage(fn)` runs fn against the
+  state between batches like an internal call, but hands the mutations it made to the caller
+  instead of journaling them, and then holds the actor (no batch, no read, no fast path: the item
+  is owed) until the caller says how the caller's single journal write went: `release(True)`
+  keeps the change, `release(False)` undoes it. Whoever stages must release, also when cancelled.
 """
 
 from __future__ import annotations
@@ -108,6 +113,34 @@ class Internal:
         self.waiter = Waiter()
 
 
+class Staged(Internal):
+    """An internal call whose mutations the caller journals (see the module's rule on staging)."""
+
+    __slots__ = ("decided", "keep")
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        super().__init__(fn)
+        self.decided = trio.Event()
+        self.keep = False
+
+
+class Stage:
+    """What `TierActor.stage` hands back: fn's result, the mutations it made, and the release."""
+
+    __slots__ = ("result", "mutations", "_item")
+
+    def __init__(self, item: Staged, result: Any, mutations: list[Any]) -> None:
+        self._item = item
+        self.result = result
+        self.mutations = mutations
+
+    def release(self, keep: bool) -> None:
+        """The caller's journal write succeeded (keep) or not: the actor forgets the undo or rolls back."""
+        if not self._item.decided.is_set():
+            self._item.keep = keep
+            self._item.decided.set()
+
+
 class TierActor:
     # True when the actor answers its channel in arrival order, batch by batch (TierActor.run, or a run
     # that wraps it): then a connection need not hold a request behind its own earlier ones for this tier.
@@ -139,6 +172,20 @@ class TierActor:
         self._send.send_nowait(item)
         self._owed += 1
         return await item.waiter.wait()
+
+    async def stage(self, fn: Callable[[Any], Any]) -> Stage:
+        """Run fn(state) between batches and hold the actor until the Stage is released (module rule).
+
+        If fn raises, nothing it did stays and the error is raised here (there is nothing to release)."""
+        item = Staged(fn)
+        self._send.send_nowait(item)
+        self._owed += 1
+        try:
+            result, mutations = await item.waiter.wait()
+        except BaseException:
+            item.decided.set()  # a cancelled caller: the actor must not wait for a release (keep=False)
+            raise
+        return Stage(item, result, mutations)
 
     def can_inline(self, call: Call) -> bool:
         """May the caller run `call` now, itself, with handle_inline (see the module's rule)?
@@ -199,6 +246,9 @@ class TierActor:
 
     async def _run_internal_item(self, item: Internal) -> None:
         """Run an internal function; if it changed durable state, journal that before answering."""
+        if isinstance(item, Staged):
+            await self._run_staged_item(item)
+            return
         try:
             result = await self._call_on_state(item.fn)
         except Exception as exc:
@@ -216,6 +266,24 @@ class TierActor:
             self.state.forget_undo()
         self._publish()
         item.waiter.set(result)
+
+    async def _run_staged_item(self, item: Staged) -> None:
+        """Run a staged function, hand its mutations over, and wait for the release (module rule)."""
+        self.state.begin_batch()
+        try:
+            result = await self._call_on_state(item.fn)
+        except Exception as exc:
+            await self._call_on_state(lambda state: state.rollback())
+            item.waiter.fail(exc)
+            return
+        item.waiter.set((result, self.state.take_pending()))
+        with trio.CancelScope(shield=True):  # the caller's journal write decides; it always releases
+            await item.decided.wait()
+        if item.keep:
+            self.state.forget_undo()
+        else:
+            await self._call_on_state(lambda state: state.rollback())
+        self._publish()
 
     async def _call_on_state(self, fn: Callable[[Any], Any]) -> Any:
         """Run fn(state) as the state's owner (tiers with heavy work override: a worker thread)."""

@@ -64,15 +64,59 @@ class EpisodicSearch(Params):
     n: Annotated[int, Meta(ge=1, le=MAX_RECENT)] = 20
 
 
-class TheoryState(msgspec.Struct, kw_only=True):
-    """EurekaClaw's TheoryState as JSON; unknown fields are ignored (PROTOCOL.md, session.close)."""
+LemmaId = Annotated[str, Meta(max_length=MAX_ID)]
+MAX_LEMMAS = 10_000
 
-    informal_statement: str = ""
-    formal_statement: str = ""
-    status: str = ""
-    proven_lemmas: dict[str, dict[str, Any]] = {}
-    failed_attempts: list[dict[str, Any]] = []
-    lemma_dag: dict[str, dict[str, Any]] = {}
+
+class LemmaNode(msgspec.Struct, kw_only=True):
+    """EurekaClaw's LemmaNode (one entry of TheoryState.lemma_dag); unknown fields are ignored."""
+
+    lemma_id: LemmaId = ""  # "" = the lemma_dag key names it
+    statement: Text
+    informal: Text = ""
+    dependencies: Annotated[list[LemmaId], Meta(max_length=MAX_LEMMAS)] = []
+    verified: bool | None = None
+    confidence_score: float | None = None
+    verification_method: str | None = None
+
+
+class ProofRecord(msgspec.Struct, kw_only=True):
+    """EurekaClaw's ProofRecord (one entry of TheoryState.proven_lemmas); unknown fields are ignored."""
+
+    lemma_id: LemmaId = ""  # "" = the proven_lemmas key names it
+    proof_text: Text
+    lean4_proof: Text = ""
+    verification_method: str = ""
+    verified: bool = False
+    verifier_notes: Text = ""
+    proved_at: str | None = None
+
+
+class FailedAttempt(msgspec.Struct, kw_only=True):
+    """EurekaClaw's FailedAttempt (one entry of TheoryState.failed_attempts); unknown fields ignored."""
+
+    lemma_id: LemmaId
+    attempt_text: Text = ""
+    failure_reason: Text
+    iteration: int = 0
+    timestamp: str | None = None
+
+
+class TheoryState(msgspec.Struct, kw_only=True):
+    """EurekaClaw's TheoryState as JSON (`model_dump(mode="json")`); unknown fields are ignored,
+    the fields read must have EurekaClaw's types (PROTOCOL.md, session.close)."""
+
+    informal_statement: Text = ""
+    formal_statement: Text = ""
+    status: Annotated[str, Meta(max_length=MAX_ID)] = ""
+    proven_lemmas: Annotated[dict[LemmaId, ProofRecord], Meta(max_length=MAX_LEMMAS)] = {}
+    failed_attempts: Annotated[list[FailedAttempt], Meta(max_length=MAX_LEMMAS)] = []
+    lemma_dag: Annotated[dict[LemmaId, LemmaNode], Meta(max_length=MAX_LEMMAS)] = {}
+
+    def is_empty(self) -> bool:
+        """Nothing a session extraction could learn from."""
+        statement = self.informal_statement.strip() or self.formal_statement.strip()
+        return not (statement or self.proven_lemmas or self.failed_attempts)
 
 
 class SessionClose(Params):
@@ -361,13 +405,38 @@ class ReviewReject(ReviewDecide):
     reason: Reason | None = None
 
 
+class MemoryHistory(Params):
+    id: Ident
+
+
+# --- jobs ---------------------------------------------------------------------------------------
+
+JobState = Literal["queued", "running", "done", "failed", "cancelled"]
+MAX_WAIT = 3600.0
+
+
+class JobsList(Params):
+    state: JobState | None = None
+    kind: Annotated[str, Meta(max_length=MAX_ID)] | None = None
+    limit: Annotated[int, Meta(ge=1, le=MAX_LIMIT)] = 100
+
+
+class JobRef(Params):
+    id: Ident
+
+
+class JobsWait(Params):
+    id: Ident
+    timeout: Annotated[float, Meta(ge=0.0, le=MAX_WAIT)] = 30.0
+
+
 # --- the table ----------------------------------------------------------------------------------
 
 
 class MethodSpec(msgspec.Struct, frozen=True):
     name: str
     params: type
-    tier: str  # which actor answers: sys, episodic, persistent, graph
+    tier: str  # which actor answers: sys, episodic, persistent, graph, memory, jobs
     writes: bool  # changes durable state (journaled)
     doc: str
 
@@ -386,7 +455,10 @@ METHODS: dict[str, MethodSpec] = dict(
         _spec("episodic.log", EpisodicLog, "episodic", False, "append an event to a session"),
         _spec("episodic.recent", EpisodicRecent, "episodic", False, "last n events, oldest first"),
         _spec("episodic.search", EpisodicSearch, "episodic", False, "events whose content has the keyword"),
-        _spec("session.close", SessionClose, "episodic", False, "write the session's events to runs/, free it"),
+        _spec(
+            "session.close", SessionClose, "episodic", False,
+            "write the session's events to runs/, free it, queue its extraction job",
+        ),
         _spec("persistent.remember", PersistentRemember, "persistent", True, "store a record under a key"),
         _spec("persistent.recall", PersistentKey, "persistent", False, "the record, or null"),
         _spec("persistent.by_tag", PersistentByTag, "persistent", False, "records carrying a tag"),
@@ -423,5 +495,13 @@ METHODS: dict[str, MethodSpec] = dict(
         _spec("conversation.groups", Empty, "conversation", False, "every group: counts, high-water mark, sessions, times"),
         _spec("conversation.summary", ConversationGroupRef, "conversation", False, "a group's rolling summary and intents"),
         _spec("conversation.search", ConversationSearch, "conversation", False, "a group's best messages for a query, with context"),
+
+
+        _spec("memory.history", MemoryHistory, "memory", False, "a memory's versions, oldest first, with decisions"),
+        _spec("jobs.get", JobRef, "jobs", False, "one job"),
+        _spec("jobs.list", JobsList, "jobs", False, "jobs newest first, by state and kind"),
+        _spec("jobs.wait", JobsWait, "jobs", False, "the job once it is no longer queued or running, or at timeout"),
+        _spec("jobs.cancel", JobRef, "jobs", True, "cancel a queued or running job"),
+        _spec("jobs.retry", JobRef, "jobs", True, "queue a failed or cancelled job again"),
     ]
 )

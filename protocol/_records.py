@@ -296,3 +296,37 @@ class Promotion(Record, kw_only=True):
     review_id: str
     state: str  # pending | approved | refused
     reason: str | None = None
+
+
+class MemoryVersion(Record, kw_only=True):
+    """One entry of memory.history: a version of a memory and the decision that made it."""
+
+    version: int  # 1 for the first; each change of text, tags, confidence or status adds one
+    at: str  # when that version was written
+    decision: str  # created | merged | updated | archived | promoted | imported
+    reason: str = ""  # why (the dedup rule and its figure, or the judge's words)
+    memory: Memory
+
+
+JOB_STATES: tuple[str, ...] = ("queued", "running", "done", "failed", "cancelled")
+
+
+class JobTokens(Record, kw_only=True):
+    input: int = 0
+    output: int = 0
+
+
+class Job(Record, kw_only=True):
+    """A unit of background work (an extraction after session.close), as jobs.* return it."""
+
+    id: str
+    kind: str  # "session.extract"
+    state: str  # queued | running | done | failed | cancelled
+    created_at: str
+    started_at: str | None = None  # of the latest attempt
+    finished_at: str | None = None
+    attempts: int = 0  # times it was started (a restart of the daemon during a run counts)
+    error: str | None = None  # why it failed (state failed), or why it was cancelled
+    result: Any = None  # what it did (state done)
+    tokens: JobTokens = msgspec.field(default_factory=JobTokens)  # LLM tokens over every attempt
+    waiting_reason: str | None = None  # why a queued job is not running now (no LLM, backing off, ...)

@@ -22,7 +22,7 @@ from . import PROTOCOL_VERSION  # the package is fully imported before any of it
 from ._errors import ERROR_CODES
 from ._framing import DEFAULT_MAX_FRAME_BYTES
 from ._methods import METHODS, TheoryState
-from ._records import CrossRunRecord, Edge, EpisodicEntry, KnowledgeNode, Skill
+from ._records import CrossRunRecord, Edge, EpisodicEntry, Job, KnowledgeNode, MemoryVersion, Skill
 
 RequestId = int | str | None
 ErrorKind: Any = Literal[tuple(ERROR_CODES)]  # built from the table at run time: Any to mypy
@@ -67,7 +67,7 @@ class Failure(msgspec.Struct, kw_only=True):
 
 Batch = Annotated[list[Request], Meta(min_length=1)]
 
-RECORDS: tuple[type, ...] = (EpisodicEntry, CrossRunRecord, KnowledgeNode, Edge, TheoryState, Skill)
+RECORDS: tuple[type, ...] = (EpisodicEntry, CrossRunRecord, KnowledgeNode, Edge, TheoryState, Skill, MemoryVersion, Job)
 
 _REF = "#/$defs/{name}"
 

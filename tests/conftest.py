@@ -133,12 +133,14 @@ def tmpfs(tmp_path: Path, size: int) -> Iterator[Path]:
 async def running_daemon(data_dir: Path, socket_path: Path, **options: Any) -> AsyncIterator[Daemon]:
     fs = options.pop("fs", None)
     embedder = options.pop("embedder_instance", None)
+    # the daemon's own arguments (its environment, job kinds, LLM factory); the rest is Config
+    extra = {name: options.pop(name) for name in ("environ", "job_kinds", "llm_factory") if name in options}
     options.setdefault("snapshot_quiet", 3600.0)  # tests snapshot explicitly
     options.setdefault("snapshot_max_delay", 3600.0)
     config = Config(data_dir=data_dir, socket_path=socket_path, **options)
     if embedder is None:
         embedder = shared_embedder(config.embedder, config.embedder_options)
-    daemon = Daemon(config, fs=fs, embedder=embedder)
+    daemon = Daemon(config, fs=fs, embedder=embedder, **extra)
     async with trio.open_nursery() as nursery:
         await nursery.start(daemon.serve)
         try:

@@ -139,8 +139,8 @@ async def test_metrics_of_a_live_daemon_parse(data_dir: Path, sock_dir: Path) ->
     assert samples["eurekamem_journal_last_seq"][0][1] >= 1
     assert samples["eurekamem_journal_fsync_seconds_count"][0][1] >= 1
     assert ({"tier": "persistent", "kind": "records"}, 1.0) in samples["eurekamem_tier_items"]
-    assert {labels["tier"] for labels, _ in samples["eurekamem_queue_length"]} == {"episodic", "persistent", "graph", "memory", "skills",
-                                                                                     "conversation"}
+    tiers = {labels["tier"] for labels, _ in samples["eurekamem_queue_length"]}
+    assert tiers == {"episodic", "persistent", "graph", "memory", "skills", "conversation", "jobs"}
     assert samples["eurekamem_connections_total"][0][1] >= 1
     assert ({"mode": "lexical"}, 1.0) in samples["eurekamem_memory_search_seconds_count"]
 

@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 import pytest
 import trio
-from eurekamem.client import Client, InvalidParams, MemoryManager
+from eurekamem.client import Client, InvalidParams, MemoryManager, NotFound
 from eurekamem.daemon.config import ConfigError, DomainPolicy, build_config, load
 from eurekamem.daemon.redact import (
     ALL_KINDS,
@@ -280,11 +280,17 @@ def _sentinel_call(name: str, text: str) -> Call:
 
 def _value_for(t: Any, text: str) -> Any:
     mi = msgspec.inspect
+    if isinstance(t, mi.Metadata):  # Annotated: the type it bounds
+        return _value_for(t.type, text)
+    if isinstance(t, (mi.BoolType, mi.IntType, mi.FloatType)):  # a record's flags and figures (TheoryState's)
+        return {mi.BoolType: False, mi.IntType: 0, mi.FloatType: 0.0}[type(t)]
     if isinstance(t, mi.UnionType):
         return _value_for(next(x for x in t.types if not isinstance(x, mi.NoneType)), text)
     if isinstance(t, mi.ListType):
         return [_value_for(t.item_type, text)]
     if isinstance(t, mi.DictType):
+        if isinstance(t.value_type, mi.StructType):  # TheoryState's lemmas: records by id
+            return {text: _value_for(t.value_type, text)}
         return {text: {"nested": [text]}}
     if isinstance(t, mi.StructType):
         if t.cls in FREE_TEXT:  # memory.add_many's items: their free-text fields
@@ -296,7 +302,7 @@ def _value_for(t: Any, text: str) -> Any:
                 for f in t.fields
                 if f.required or f.name in FREE_TEXT[t.cls]
             }
-        texts = (mi.StrType, mi.DictType, mi.ListType, mi.UnionType, mi.AnyType)  # a record such as TheoryState
+        texts = (mi.StrType, mi.DictType, mi.ListType, mi.UnionType, mi.AnyType, mi.Metadata)  # a record: TheoryState
         return {f.name: _value_for(f.type, text) for f in t.fields if isinstance(f.type, texts)}
     if isinstance(t, mi.AnyType):
         return {"k": [text, {"deep": text}]}
@@ -632,16 +638,19 @@ def test_no_secret_reaches_any_file_or_log(data_dir: Path, sock_dir: Path) -> No
                 {
                     "session_id": "s1",
                     "domain": "d",
-                    "theory_state": {
+                    "theory_state": {  # EurekaClaw's shape (PROTOCOL.md, session.close)
                         "informal_statement": everything,
                         "formal_statement": first_line,
-                        "status": second_line,
-                        "proven_lemmas": {first_line: {"proof": everything}},
-                        "failed_attempts": [{"why": everything}],
+                        "status": "proved",
+                        "proven_lemmas": {"l1": {"proof_text": everything, "verifier_notes": second_line}},
+                        "failed_attempts": [{"lemma_id": "l2", "failure_reason": everything, "attempt_text": second_line}],
                         "lemma_dag": {"l1": {"statement": everything}},
                     },
                 },
             )
+            for method in ("jobs.cancel", "jobs.retry"):  # they store a job's state, nothing of the request's
+                with pytest.raises(NotFound):
+                    call(c, method, {"id": "no-such-job"})
             # bad input carrying secrets: refused, and the refusal must not echo them into the log
             with pytest.raises(InvalidParams):
                 c.call(

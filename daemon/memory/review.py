@@ -164,7 +164,8 @@ def _decided(item: ReviewItem, verdict: str, now: str, by: str, uid: int | None,
 
 def _made_global(state: Any, memory: Memory, now: str) -> PutMemory:
     shared = msgspec.structs.replace(memory, scope="global", updated_at=now)
-    return PutMemory(shared, state.model_of.get(memory.id, ""), state._vector_bytes(memory.id))
+    version = state.version_of(memory.id) + 1  # a new version in memory.history
+    return PutMemory(shared, state.model_of.get(memory.id, ""), state._vector_bytes(memory.id), version, "promoted")
 
 
 def view(state: Any, item: ReviewItem) -> ReviewView:

@@ -5,6 +5,10 @@ time, so the state has one owner and the event loop never waits on an embedding 
 Changes go through `apply` (PutMemory / PurgeMemory carry the whole memory and its vector) so replay
 equals run time; embeddings are computed before the handlers run, in one batch per request batch.
 Access counts are statistics: they change without a journal record and are saved with snapshots.
+Versions: a PutMemory with `version` > 0 is a new version of its memory (created, merged, updated,
+archived) and carries the decision and its reason; `apply` keeps the superseded version in the
+memory's history, keyed by version number, so replaying a record the state already holds (or an
+older one before a newer) ends with the same history (memory.history).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from eurekamem.daemon.memory.lexical import LexicalDump, LexicalIndex
 from eurekamem.daemon.memory.vectors import VectorStore
 from eurekamem.daemon.primitives import Histogram
 from eurekamem.daemon.tier import HANDLERS, TierState, Undo, handles
-from eurekamem.protocol import Memory, ProtocolError, ReviewItem, normalize_timestamp, now_rfc3339
+from eurekamem.protocol import Memory, MemoryVersion, ProtocolError, ReviewItem, normalize_timestamp, now_rfc3339
 from eurekamem.protocol import _methods as m
 from eurekamem.protocol._blocks import MEMORIES_NOTE, escape_block_tags
 from eurekamem.protocol._records import MEMORY_CATEGORIES
@@ -59,6 +63,9 @@ WORD_SETS_KEPT = 4096  # word sets cached for keyword overlap (MemoryState._word
 
 
 RRF_K = 60
+
+
+MAX_VERSIONS = 100  # versions kept in a memory's history (the oldest go first)
 
 
 FETCH = 100  # each retriever's top list that fusion sees (as in BASELINES.md)
@@ -82,6 +89,19 @@ class PutMemory(msgspec.Struct, tag="memory.put"):
     memory: Memory
     model: str = ""
     vector: bytes = b""  # float32 row of the memory's embedding under `model` (empty: none yet)
+    version: int = 0  # > 0: this is that version of the memory (see the module's rule); 0: same version
+    decision: str = ""  # with a version: created | merged | updated | archived
+    reason: str = ""
+
+
+class VersionEntry(msgspec.Struct, array_like=True):
+    """One version in a memory's history; `memory` is None for the current one (in `memories`)."""
+
+    version: int
+    at: str
+    decision: str
+    reason: str
+    memory: Memory | None = None
 
 
 class PurgeMemory(msgspec.Struct, tag="memory.purge"):
@@ -350,6 +370,7 @@ class MemoryState(TierState):
         self._version = 0
         self._allowed_cache: dict[Any, np.ndarray] = {}
         self._word_sets: dict[str, tuple[Memory, frozenset[str]]] = {}  # id -> (memory, its words); see _words_of
+        self.history: dict[str, list[VersionEntry]] = {}  # id -> its versions, oldest first (module rule)
         self.vectors = VectorStore(embedder.dim, model=self.model)
         self.columns = FilterColumns()
         self.lexical = LexicalIndex()
@@ -449,6 +470,10 @@ class MemoryState(TierState):
 
     @handles("memory.add")
     def do_add(self, p: m.MemoryAdd) -> dict[str, Any]:
+        return self.add(p)
+
+    def add(self, p: m.MemoryAdd, reason: str = "") -> dict[str, Any]:
+        """memory.add: skipped, merged into a near duplicate (by rule), or created (with `reason`)."""
         _validate_domain(p.domain)
         _check_title(p.title)
         _check_text("content", p.content)
@@ -466,7 +491,14 @@ class MemoryState(TierState):
         if p.dedup:
             twin, why = self._near_duplicate(slug, p, vector)
             if twin is not None:
-                return {"decision": "merged", "memory": self._merge(twin, p, vector), "reason": why}
+                return {"decision": "merged", "memory": self._merge(twin, p, vector, why), "reason": why}
+        memory = self.create(p, vector, reason)
+        return {"decision": "created", "memory": memory, **({"reason": reason} if reason else {})}
+
+    def create(self, p: m.MemoryAdd, vector: np.ndarray, reason: str = "") -> Memory:
+        """A new memory from `p` (checked by the caller), version 1."""
+        slug = domain_slug(p.domain)
+        fp = fingerprint(p.title, p.content)
         now = now_rfc3339()
         memory = Memory(
             id=str(uuid.uuid4()),
@@ -485,8 +517,8 @@ class MemoryState(TierState):
             updated_at=now,
             file=self._new_file(slug, p.title, fp, now),
         )
-        self.commit(PutMemory(memory, self.model, vector.astype(np.float32).tobytes()))
-        return {"decision": "created", "memory": memory}
+        self.commit(PutMemory(memory, self.model, vector.astype(np.float32).tobytes(), 1, "created", reason))
+        return memory
 
     @handles("memory.add_many")
     def do_add_many(self, p: m.MemoryAddMany) -> list[Any]:
@@ -549,11 +581,13 @@ class MemoryState(TierState):
             fingerprint=fingerprint(title, content),
             updated_at=now_rfc3339(),
         )
+        version = self.version_of(old.id) + 1
         if changed_text:
             vector = self._passage_vector(title, content, _updated_text(old, p)[2])
-            self.commit(PutMemory(memory, self.model, vector.astype(np.float32).tobytes()))
+            self.commit(PutMemory(memory, self.model, vector.astype(np.float32).tobytes(), version, "updated"))
         else:
-            self.commit(PutMemory(memory, self.model_of.get(old.id, ""), self._vector_bytes(old.id)))
+            vector_bytes = self._vector_bytes(old.id)
+            self.commit(PutMemory(memory, self.model_of.get(old.id, ""), vector_bytes, version, "updated"))
         return memory
 
     @handles("memory.delete")
@@ -567,8 +601,24 @@ class MemoryState(TierState):
             name = old.file.rsplit("/", 1)[-1].removesuffix(".md")
             file = self._free_name(f"{self.files_root}/{slug}/_archive/{name}", old.fingerprint)  # unique at every move
             archived = msgspec.structs.replace(old, status="archived", updated_at=now_rfc3339(), file=file)
-            self.commit(PutMemory(archived, self.model_of.get(old.id, ""), self._vector_bytes(old.id)))
+            version = self.version_of(old.id) + 1
+            vector_bytes = self._vector_bytes(old.id)
+            self.commit(PutMemory(archived, self.model_of.get(old.id, ""), vector_bytes, version, "archived"))
         return {"id": old.id, "status": "archived"}
+
+    @handles("memory.history")
+    def do_history(self, p: m.MemoryHistory) -> list[MemoryVersion]:
+        current = self._get(p.id)
+        entries = self.history.get(p.id) or [VersionEntry(1, current.created_at, "created", "")]
+        return [
+            MemoryVersion(version=e.version, at=e.at, decision=e.decision, reason=e.reason, memory=e.memory or current)
+            for e in entries
+        ]
+
+    def version_of(self, memory_id: str) -> int:
+        """The current version number of a memory (1 for one without a history yet)."""
+        entries = self.history.get(memory_id)
+        return entries[-1].version if entries else 1
 
     @handles("memory.search")
     def do_search(self, p: m.MemorySearch) -> list[dict[str, Any]]:
@@ -767,20 +817,38 @@ class MemoryState(TierState):
     # --- dedup ---------------------------------------------------------------------------------------
 
     def _near_duplicate(self, slug: str, p: m.MemoryAdd, vector: np.ndarray) -> tuple[str | None, str]:
-        labels = self.columns.labels(slug=slug, categories=[p.category])
+        found = self.near_duplicates(slug, p.category, p.title, p.content, vector, limit=1)
+        return found[0] if found else (None, "")
+
+    def near_duplicates(
+        self, slug: str, category: str, title: str, content: str, vector: np.ndarray, limit: int = 3
+    ) -> list[tuple[str, str]]:
+        """The active memories of a domain and category that the dedup rules call near duplicates of
+        a text, with the rule and its figure: those at or above the model's cosine threshold, best
+        first, then those of the 50 most recent with EurekaClaw's keyword overlap, newest first."""
+        labels = self.columns.labels(slug=slug, categories=[category])
         if not len(labels):
-            return None, ""
-        ids = [self._id_of[label] for label in labels[-50:].tolist()]  # labels ascend with creation
+            return []
+        out: dict[str, str] = {}
         if len(self.vectors):
-            found, scores = self.vectors.search(vector, 1, labels)
-            if len(found) and scores[0] >= self.thresholds.duplicate:
-                return self._id_of[int(found[0])], f"near duplicate: cosine {scores[0]:.3f} >= {self.thresholds.duplicate} ({self.model})"
-        new_words = word_set(f"{p.title} {p.content}")
+            found, scores = self.vectors.search(vector, limit, labels)
+            for label, score in zip(found.tolist(), scores.tolist()):
+                if score >= self.thresholds.duplicate:
+                    rule = f"cosine {score:.3f} >= {self.thresholds.duplicate} ({self.model})"
+                    out[self._id_of[int(label)]] = f"near duplicate: {rule}"
+        if len(out) >= limit:
+            return list(out.items())[:limit]
+        ids = [self._id_of[label] for label in labels[-50:].tolist()]  # labels ascend with creation
+        new_words = word_set(f"{title} {content}")
         for memory_id in reversed(ids):  # the 50 most recent of the same category, as EurekaClaw checks
+            if memory_id in out:
+                continue
             overlap = word_overlap(self._words_of(self.memories[memory_id]), new_words)
             if overlap >= KEYWORD_OVERLAP:
-                return memory_id, f"near duplicate: keyword overlap {overlap:.2f} >= {KEYWORD_OVERLAP}"
-        return None, ""
+                out[memory_id] = f"near duplicate: keyword overlap {overlap:.2f} >= {KEYWORD_OVERLAP}"
+                if len(out) >= limit:
+                    break
+        return list(out.items())
 
     def _words_of(self, memory: Memory) -> frozenset[str]:
         """The word set keyword overlap compares, cached for the memories recently compared (the
@@ -796,7 +864,7 @@ class MemoryState(TierState):
         self._word_sets[memory.id] = (memory, words)
         return words
 
-    def _merge(self, twin_id: str, p: m.MemoryAdd, vector: np.ndarray) -> Memory:
+    def _merge(self, twin_id: str, p: m.MemoryAdd, vector: np.ndarray, why: str) -> Memory:
         """Without an LLM: keep the longer text, union the tags, raise confidence to the max."""
         old = self.memories[twin_id]
         new_longer = len(p.content.strip()) > len(old.content)
@@ -813,10 +881,40 @@ class MemoryState(TierState):
             fingerprint=fingerprint(title, content),
             updated_at=now_rfc3339(),
         )
+        version = self.version_of(old.id) + 1
         if new_longer:
-            self.commit(PutMemory(merged, self.model, vector.astype(np.float32).tobytes()))
+            self.commit(PutMemory(merged, self.model, vector.astype(np.float32).tobytes(), version, "merged", why))
         else:
-            self.commit(PutMemory(merged, self.model_of.get(old.id, ""), self._vector_bytes(old.id)))
+            vector_bytes = self._vector_bytes(old.id)
+            self.commit(PutMemory(merged, self.model_of.get(old.id, ""), vector_bytes, version, "merged", why))
+        return merged
+
+    def merge_rewritten(
+        self,
+        target_id: str,
+        text: tuple[str, str, str, str],
+        p: m.MemoryAdd,
+        vector: np.ndarray,
+        reason: str,
+    ) -> Memory:
+        """The judge's MERGE: the memory's L0/L1/L2 rewritten to hold both (the newer statement
+        wins a conflict; the old text stays in the history); tags unioned, confidence the max.
+        `text` is (title, content, abstract, overview)."""
+        title, content, abstract, overview = text
+        old = self.memories[target_id]
+        merged = msgspec.structs.replace(
+            old,
+            title=title.strip(),
+            content=content.strip(),
+            abstract=abstract.strip(),
+            overview=overview.strip(),
+            confidence=max(old.confidence, round(float(p.confidence), 4)),
+            tags=list(dict.fromkeys(old.tags + p.tags)),
+            fingerprint=fingerprint(title, content),
+            updated_at=now_rfc3339(),
+        )
+        version = self.version_of(old.id) + 1
+        self.commit(PutMemory(merged, self.model, vector.astype(np.float32).tobytes(), version, "merged", reason))
         return merged
 
     # --- helpers -------------------------------------------------------------------------------------
@@ -881,17 +979,50 @@ class MemoryState(TierState):
         if isinstance(mutation, PutMemory):
             memory_id = mutation.memory.id
             before = self._snapshot_one(memory_id)
+            history = self.history.get(memory_id)
+            if mutation.version > 0:
+                self._record_version(mutation)
             self._put(mutation.memory, mutation.model, mutation.vector)
-            return lambda: self._restore(memory_id, before)
+
+            def undo_put() -> None:
+                self._restore(memory_id, before)
+                self._set_history(memory_id, history)
+
+            return undo_put
         if isinstance(mutation, PurgeMemory):
             before = self._snapshot_one(mutation.id)
+            history = self.history.pop(mutation.id, None)
             self._purge(mutation.id)
-            return lambda: self._restore(mutation.id, before)
+
+            def undo_purge() -> None:
+                self._restore(mutation.id, before)
+                self._set_history(mutation.id, history)
+
+            return undo_purge
         from eurekamem.daemon.memory.review import PutReview, apply_review
 
         if isinstance(mutation, PutReview):
             return apply_review(self, mutation)
         raise TypeError(f"not a memory mutation: {mutation!r}")
+
+    def _record_version(self, mutation: PutMemory) -> None:
+        """A new version arrives: the versions from it on are replaced, the current one (if older)
+        is kept with its text (see the module's rule)."""
+        memory_id = mutation.memory.id
+        current = self.memories.get(memory_id)
+        entries = [e for e in self.history.get(memory_id, ()) if e.version < mutation.version]
+        if not entries and current is not None and mutation.version > 1:  # older than versioning: its first entry
+            entries = [VersionEntry(mutation.version - 1, current.updated_at, "created", "")]
+        if entries and entries[-1].memory is None:
+            entries[-1] = msgspec.structs.replace(entries[-1], memory=current)
+        entries.append(VersionEntry(mutation.version, mutation.memory.updated_at, mutation.decision, mutation.reason))
+        self.history[memory_id] = entries[-MAX_VERSIONS:]
+
+    def _set_history(self, memory_id: str, entries: list[VersionEntry] | None) -> None:
+        if entries is None:
+            self.history.pop(memory_id, None)
+        else:
+            self.history[memory_id] = entries
 
     def _snapshot_one(self, memory_id: str) -> tuple[Memory, str, bytes] | None:
         memory = self.memories.get(memory_id)
@@ -1073,6 +1204,7 @@ class MemoryState(TierState):
             previous_model=self.previous[0] if self.previous else "",
             previous_fingerprint=self.previous[1].fingerprint() if self.previous else "",
             lexical=self.lexical.dump(),
+            history=dict(self.history),
             vectors_stem=self.vectors_stem,
             previous_stem=self.previous_stem if self.previous else "",
             reviews=list(self.review.items.values()),
@@ -1126,6 +1258,7 @@ class MemoryState(TierState):
             self._set_model(memory.id, doc.models.get(memory.id, "") if has_vector else "")
         self.columns.set_many(column_labels, doc.memories, column_slugs)
         self.review.load(doc.reviews)
+        self.history = {memory_id: entries for memory_id, entries in doc.history.items() if memory_id in self.memories}
         self.lexical, self.lexical_from = self._restored_lexical(doc)
         used = np.fromiter(doc.labels.values(), dtype=np.int64, count=len(doc.labels))
         free = np.ones(self._next_label, dtype=bool)
@@ -1193,6 +1326,7 @@ class MemoryState(TierState):
             file=relative,
         )
         self._put(memory, "", b"")
+        self.history[memory.id] = [VersionEntry(1, memory.updated_at, "imported", f"from {relative}")]
         self.dirty.pop(memory.id, None)  # the file is already there as EurekaClaw wrote it
         return memory
 
@@ -1209,6 +1343,7 @@ class MemorySnapshot(msgspec.Struct, kw_only=True):
     previous_model: str = ""  # during a change of model: the old one, whose vectors still serve search
     previous_fingerprint: Any = ""
     lexical: LexicalDump | None = None  # the BM25 index as saved (absent in older snapshots: rebuilt)
+    history: dict[str, list[VersionEntry]] = {}  # memories' versions (absent in older snapshots)
     vectors_stem: str = ""  # memory/vectors/<stem>.vectors holds `model`'s vectors ("": older snapshots, the model's name)
     previous_stem: str = ""  # likewise for `previous_model`'s
     reviews: list[ReviewItem] = []  # the review queue (daemon/memory/review.py), oldest first

@@ -1,11 +1,14 @@
 """Tier 3: the knowledge graph of theorems and lemmas (networkx underneath) and its mutations.
 
 Rule kept here: an edge names two nodes that exist; every mutation carries a whole node or edge,
-so replay is idempotent.
+so replay is idempotent. The index of normalised statements (for a job that must not add a second
+node for a statement already proved) is kept by `apply` and `load`, never written separately.
 """
 
 from __future__ import annotations
 
+import re
+import unicodedata
 from typing import Any
 
 import msgspec
@@ -29,6 +32,17 @@ class PutEdge(msgspec.Struct, tag="graph.edge"):
     relation: str
 
 
+_SPACE_AND_DOLLARS = re.compile(r"[\s$]+")
+
+
+def normalise_statement(statement: str) -> str:
+    """What two statements of the same theorem share: NFKC, case-folded, without white space or
+    TeX's `$`, without a final full stop. "Let $X$ be sub-Gaussian." and "let X be sub-gaussian"
+    match; a changed symbol does not."""
+    text = _SPACE_AND_DOLLARS.sub("", unicodedata.normalize("NFKC", statement).casefold())
+    return text.rstrip(".。")
+
+
 class GraphState(TierState):
     """Theorem nodes and typed directed edges; BFS over the undirected view, as EurekaClaw does."""
 
@@ -39,6 +53,34 @@ class GraphState(TierState):
         self.nodes: dict[str, KnowledgeNode] = {}
         self.edges: dict[tuple[str, str, str], None] = {}  # ordered set of (from, to, relation)
         self._adjacent = nx.Graph()  # undirected, edge attribute "n" counts the typed edges behind it
+        self._by_statement: dict[str, dict[str, None]] = {}  # normalised statement -> node ids, oldest first
+
+    def load(self, nodes: dict[str, KnowledgeNode]) -> None:
+        """Nodes read from a snapshot (no journal record)."""
+        for node in nodes.values():
+            self._set_node(node.node_id, node)
+
+    def node_with_statement(self, statement: str) -> KnowledgeNode | None:
+        """The oldest node whose formal statement normalises as `statement` does, or None."""
+        key = normalise_statement(statement)
+        ids = self._by_statement.get(key) if key else None
+        return self.nodes[next(iter(ids))] if ids else None
+
+    def _set_node(self, node_id: str, node: KnowledgeNode | None) -> None:
+        old = self.nodes.get(node_id)
+        if old is not None:
+            ids = self._by_statement.get(normalise_statement(old.formal_statement))
+            if ids is not None:
+                ids.pop(node_id, None)
+                if not ids:
+                    del self._by_statement[normalise_statement(old.formal_statement)]
+        if node is None:
+            self.nodes.pop(node_id, None)
+            return
+        self.nodes[node_id] = node
+        key = normalise_statement(node.formal_statement)
+        if key:
+            self._by_statement.setdefault(key, {})[node_id] = None
 
     @handles("graph.add_theorem")
     def do_add_theorem(self, p: m.GraphAddTheorem) -> KnowledgeNode:
@@ -133,15 +175,8 @@ class GraphState(TierState):
         if isinstance(mutation, PutNode):
             node_id = mutation.node.node_id
             old = self.nodes.get(node_id)
-            self.nodes[node_id] = mutation.node
-
-            def undo_node() -> None:
-                if old is None:
-                    del self.nodes[node_id]
-                else:
-                    self.nodes[node_id] = old
-
-            return undo_node
+            self._set_node(node_id, mutation.node)
+            return lambda: self._set_node(node_id, old)
         if isinstance(mutation, PutEdge):
             edge = (mutation.from_id, mutation.to_id, mutation.relation)
             if edge in self.edges:

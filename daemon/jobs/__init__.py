@@ -1,0 +1,28 @@
+"""The durable job queue (the learning loop's LLM work) and its job kinds.
+
+state.py holds the journaled records and the one-record commit's shape; actor.py the actor that
+schedules and runs jobs and commits their results exactly once (the rules are atop each module).
+"""
+
+from typing import Any
+
+from eurekamem.daemon.jobs.actor import JobContext, JobFailed, JobKind, JobsActor, LLMHandle, Outcome
+from eurekamem.daemon.jobs.state import JobRecord, JobsState, SessionInput
+
+__all__ = [
+    "JobContext",
+    "JobFailed",
+    "JobKind",
+    "JobRecord",
+    "JobsActor",
+    "JobsState",
+    "LLMHandle",
+    "Outcome",
+    "SessionInput",
+    "default_kinds",
+]
+
+
+def default_kinds() -> dict[str, Any]:
+    """The job kinds the daemon runs."""
+    return {}

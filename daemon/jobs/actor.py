@@ -1,0 +1,493 @@
+"""The jobs actor: owns the queue's state, schedules jobs, runs them off-actor, commits their results.
+
+Rules kept here:
+- The JobsState is read and written only by this actor (its batches, its internal calls, the
+  fast path of jobs.get / jobs.list). A job runs in a task of its own that holds no tier's state:
+  it asks the LLM, embeds in a worker thread, and reads other tiers through their actors'
+  internal calls, so no tier actor ever waits for an LLM.
+- A result is applied exactly once, with the job's completion, in ONE journal record (CommitJob).
+  The commit stages each tier's part on its own actor, in the fixed order memory, graph,
+  persistent, jobs (daemon/tier.py: a staged actor applies its part and holds, answering nobody,
+  until released), journals the one record, then releases every stage: kept if the write
+  succeeded, undone otherwise. The order is fixed, so two commits never wait for each other in a
+  cycle; the commit is shielded from cancellation, so a stage is always released. The jobs stage
+  checks that the attempt is still the job's current one: a jobs.cancel that got in first undoes
+  the whole commit.
+- At most `concurrency` jobs run at once. A job that cannot reach the LLM (LLMUnavailable) goes
+  back to `queued` and backs off (the provider's Retry-After, else 5 s doubling to 5 min, with
+  jitter); with no usable provider at all (none configured, no key) nothing is started and every
+  queued job says why in `waiting_reason`. `nudge()` (sys.resume) takes a freshly resolved LLM,
+  forgets every back-off and starts what can start; the daemon's restart does the same. A job whose
+  answer is unusable (LLMFailed, a judge answer naming unknown ids) fails with the reason; it can
+  be run again with jobs.retry. Nothing is ever dropped.
+- Shutdown (`stop`) cancels the running attempts before their commit (a commit under way
+  finishes): they stay `running` in the journal and recovery queues them again. jobs.wait
+  callers are answered at once with the job as it is.
+- Test hook: EUREKAMEM_JOBS_PAUSE_AT=answered (after the LLM's last answer, before the commit) or
+  committed (after the commit's journal write) makes each job log "jobs: paused at <point>" and
+  wait there forever, so that a test can kill -9 the daemon at that point.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import random
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+import trio
+from eurekamem.daemon.jobs.state import ACTIVE, CommitJob, JobInput, JobRecord, JobsState, PutJob, StaleAttempt
+from eurekamem.daemon.llm import LLMError, LLMFailed, LLMUnavailable
+from eurekamem.daemon.storage.journal_actor import JournalActor, JournalUnavailable
+from eurekamem.daemon.tier import RTYPE_MUTATION, Stage, TierActor, Work, handles, mutation_encoder
+from eurekamem.protocol import Call, ProtocolError, new_id
+
+log = logging.getLogger("eurekamem.jobs")
+
+PAUSE_VARIABLE = "EUREKAMEM_JOBS_PAUSE_AT"
+PAUSE_POINTS = ("answered", "committed")
+COMMIT_ORDER = ("memory", "graph", "persistent")
+BACKOFF_BASE = 5.0
+BACKOFF_MAX = 300.0
+NEEDS_A_PERSON = ("not_configured", "no_key", "auth", "not_found")  # back off the longest
+
+
+class LLMHandle(Protocol):
+    """What jobs need of an LLM client (daemon/llm's LLM is one)."""
+
+    @property
+    def available(self) -> bool: ...
+
+    @property
+    def unavailable_reason(self) -> str: ...
+
+    async def complete_structured(self, system: str, prompt: str, output_type: Any, *, name: str) -> Any: ...
+
+    def statistics(self) -> dict[str, Any]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class JobFailed(Exception):
+    """The job cannot succeed as it is (an answer that passed the schema but not our checks)."""
+
+
+class Tokens:
+    def __init__(self) -> None:
+        self.input = 0
+        self.output = 0
+
+    def add(self, usage: Any) -> None:
+        self.input += int(getattr(usage, "input_tokens", 0))
+        self.output += int(getattr(usage, "output_tokens", 0))
+
+    def pair(self) -> tuple[int, int]:
+        return self.input, self.output
+
+
+class Outcome:
+    """What a job's run produced: a function per tier that applies its part to that tier's state
+    (through state.commit, inside the tier's actor) and returns a summary, and a function that
+    builds the job's result from those summaries."""
+
+    def __init__(self, stages: dict[str, Callable[[Any], Any]], result: Callable[[dict[str, Any]], Any]) -> None:
+        unknown = set(stages) - set(COMMIT_ORDER)
+        if unknown:
+            raise ValueError(f"no tier {sorted(unknown)} to commit to")
+        self.stages = stages
+        self.result = result
+
+
+class JobContext:
+    """What a running job may use: its input, the LLM (tokens counted), the embedder, other tiers' reads."""
+
+    def __init__(self, actor: JobsActor, record: JobRecord, job_input: JobInput, llm: LLMHandle) -> None:
+        self.actor = actor
+        self.record = record
+        self.input = job_input
+        self.llm = llm
+        self.tokens = Tokens()
+        self.llm_calls = 0
+
+    async def ask(self, system: str, prompt: str, output_type: Any, *, name: str) -> Any:
+        """The LLM's validated answer (its value); tokens are counted also when the call fails."""
+        self.llm_calls += 1
+        try:
+            result = await self.llm.complete_structured(system, prompt, output_type, name=name)
+        except LLMError as exc:
+            self.tokens.add(exc.usage)
+            raise
+        self.tokens.add(result.usage)
+        return result.value
+
+    async def embed(self, texts: list[str]) -> np.ndarray:
+        """Passage embeddings under tier 4's model, in a worker thread (the embedder is thread-safe)."""
+        if not texts:
+            return np.zeros((0, self.actor.embedder.dim), dtype=np.float32)
+        return await trio.to_thread.run_sync(self.actor.embedder.embed_passages, texts)
+
+    async def read(self, tier: str, fn: Callable[[Any], Any]) -> Any:
+        """fn(state) run by the tier's own actor, between its batches; fn must not change the state."""
+        return await self.actor.tiers[tier].run_internal(fn)
+
+
+class JobKind(Protocol):
+    kind: str
+
+    async def run(self, ctx: JobContext) -> Outcome: ...
+
+
+class JobsActor(TierActor):
+    ARRIVAL_ORDER = False  # jobs.wait is answered when its job finishes, after later requests
+
+    state: JobsState
+    journal: JournalActor
+
+    def __init__(
+        self,
+        state: JobsState,
+        journal: JournalActor,
+        *,
+        tiers: dict[str, TierActor],
+        kinds: dict[str, JobKind],
+        llm: LLMHandle | None = None,
+        llm_factory: Callable[[], LLMHandle],
+        embedder: Any,
+        concurrency: int = 2,
+        rng: random.Random | None = None,
+        environ: Any = None,
+    ) -> None:
+        super().__init__(state, journal, inline=True)
+        self.tiers = tiers
+        self.kinds = kinds
+        self.llm_factory = llm_factory
+        self.llm: LLMHandle | None = llm  # None: made by llm_factory when the actor starts
+        self._old_llms: list[LLMHandle] = []
+        self.embedder = embedder
+        self.concurrency = concurrency
+        self._rng = rng or random.Random()
+        self._running: dict[str, trio.CancelScope] = {}
+        self._backoff: dict[str, tuple[float, int, str]] = {}  # job id -> (not before, failures in a row, reason)
+        self.waiting_all: str | None = None  # why no queued job can start now (None: they can)
+        state.why_waiting = self._why_waiting
+        self._watchers: dict[str, trio.Event] = {}
+        self._wake = trio.Event()
+        self._stopping = False
+        self._nursery: trio.Nursery | None = None
+        self._work_scope = trio.CancelScope()  # the scheduler and the running attempts
+        environ = os.environ if environ is None else environ
+        self.pause_at = environ.get(PAUSE_VARIABLE, "")
+        if self.pause_at and self.pause_at not in PAUSE_POINTS:
+            raise ValueError(f"{PAUSE_VARIABLE} must be one of {PAUSE_POINTS}, not {self.pause_at!r}")
+        self.accepted = 0
+        self.requeued = 0
+        self.commit_time_us = 0.0
+        self.tokens_since_start = Tokens()
+        self.read_only: str | None = None  # the journal refused a job's write: wait for sys.resume
+
+    # --- the API of the daemon and of other actors ------------------------------------------------
+
+    async def accept(self, kind: str, key: str, job_input: JobInput) -> str:
+        """Journal a new job (or find the one with this key) and answer its id once durable."""
+        if kind not in self.kinds:
+            raise ValueError(f"no job kind {kind!r}")
+        job_id = new_id()
+        record, created = await self.run_internal(lambda state: state.accept(kind, key, job_input, job_id))
+        if created:
+            self.accepted += 1
+        self._wake.set()
+        return record.id
+
+    def nudge(self, llm: LLMHandle | None = None) -> None:
+        """Try again now: a new LLM client (a resolved configuration), back-offs forgotten."""
+        if llm is not None:
+            if self.llm is not None:
+                self._old_llms.append(self.llm)  # running attempts may still use it; closed at stop()
+            self.llm = llm
+        self._backoff.clear()
+        self.read_only = None
+        self._wake.set()
+
+    async def stop(self) -> None:
+        """Shutdown: no new attempt starts; running ones are cancelled (a commit under way finishes)
+        and stay `running` in the journal; every jobs.wait is answered now."""
+        self._stopping = True
+        self._work_scope.cancel()
+        for event in self._watchers.values():
+            event.set()
+        while self._running:  # the attempts end at their next checkpoint (a commit first finishes)
+            await trio.sleep(0.01)
+        for llm in [self.llm, *self._old_llms]:
+            if llm is not None:
+                try:
+                    await llm.aclose()
+                except Exception:
+                    log.exception("closing an LLM client failed")
+
+    def llm_status(self) -> str:
+        """"available", or why no LLM can be used."""
+        if self.llm is None:
+            return "not started"
+        return "available" if self.llm.available else self.llm.unavailable_reason
+
+    def statistics(self) -> dict[str, Any]:
+        """sys.stats' `jobs`: the counts this actor last published and its own counters (no state read)."""
+        stats: dict[str, Any] = {
+            **self._counts,
+            "running_now": len(self._running),
+            "concurrency": self.concurrency,
+            "waiting_reason": self.waiting_all,
+            "backing_off": len(self._backoff),
+            "accepted": self.accepted,
+            "requeued": self.requeued,
+            "tokens": {"input": self.tokens_since_start.input, "output": self.tokens_since_start.output},
+            "commit_time_us": round(self.commit_time_us, 1),
+        }
+        stats["llm"] = self.llm.statistics() if self.llm is not None else {}
+        return stats
+
+    # --- the actor --------------------------------------------------------------------------------
+
+    def submit(self, work: Work) -> None:
+        if work.call.spec.name == "jobs.wait" and self._nursery is not None:
+            self._nursery.start_soon(self._answer_wait, work)
+            return
+        super().submit(work)
+
+    async def run(self) -> None:
+        if self.llm is None:
+            self.llm = self.llm_factory()
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._scheduler)
+            await super().run()  # until close(): the batches and internal calls
+            nursery.cancel_scope.cancel()
+
+    async def _run_batch(self, batch: list[Work]) -> None:
+        await super()._run_batch(batch)
+        self._after_change()
+        if any(work.call.spec.writes for work in batch):  # jobs.retry queued one, jobs.cancel freed a slot
+            self._wake.set()
+
+    async def _run_internal_item(self, item: Any) -> None:
+        await super()._run_internal_item(item)
+        self._after_change()
+
+    def _after_change(self) -> None:
+        """After each batch or internal call: cancel the attempts jobs.cancel stopped, answer waits."""
+        state: JobsState = self.state
+        for job_id in state.cancelled_running:
+            record = state.jobs.get(job_id)
+            scope = self._running.get(job_id)
+            if record is not None and record.state == "cancelled" and scope is not None:
+                scope.cancel()
+        state.cancelled_running.clear()
+        for job_id, event in list(self._watchers.items()):
+            record = state.jobs.get(job_id)
+            if record is None or record.state not in ACTIVE:
+                event.set()
+                del self._watchers[job_id]
+
+    async def _answer_wait(self, work: Work) -> None:
+        p = work.call.params
+        result: Any
+        try:
+            event = await self.run_internal(lambda state: self._watch(state, p.id))
+            if event is not None and not self._stopping:
+                with trio.move_on_after(p.timeout):
+                    await event.wait()
+            result = await self.run_internal(lambda state: state.view(state.record(p.id)))
+        except ProtocolError as exc:
+            result = exc
+        except (trio.ClosedResourceError, trio.EndOfChannel):
+            result = ProtocolError("unavailable", "the daemon is shutting down")
+        work.reply.deliver(work.call, result, work.started_ns)
+        work.reply.flush()
+
+    @handles("jobs.wait", "actor")
+    async def do_wait(self, call: Call) -> Any:
+        """Never run in a batch (it would hold the actor while it waits): submit() hands every
+        jobs.wait to a task of its own, _answer_wait, which calls this."""
+        raise AssertionError("jobs.wait is answered by _answer_wait, outside the actor's batches")
+
+    def _watch(self, state: JobsState, job_id: str) -> trio.Event | None:
+        """Run by the actor: an event set when the job leaves queued/running (None: it has already)."""
+        if state.record(job_id).state not in ACTIVE:
+            return None
+        return self._watchers.setdefault(job_id, trio.Event())
+
+    def _why_waiting(self, job_id: str) -> str | None:
+        backoff = self._backoff.get(job_id)
+        return self.waiting_all or (backoff[2] if backoff is not None else None)
+
+    # --- scheduling ---------------------------------------------------------------------------------
+
+    async def _scheduler(self) -> None:
+        with self._work_scope:
+            async with trio.open_nursery() as runners:
+                while not self._stopping:
+                    self._wake = trio.Event()
+                    deadline = await self._start_ready(runners)
+                    with trio.move_on_at(deadline):
+                        await self._wake.wait()
+
+    async def _start_ready(self, runners: trio.Nursery) -> float:
+        """Start what may start; returns when to look again (inf: when woken)."""
+        llm = self.llm
+        assert llm is not None
+        if not llm.available:
+            self.waiting_all = f"no LLM: {llm.unavailable_reason}"
+            return float("inf")
+        now = trio.current_time()
+        next_look = float("inf")
+        for job_id, kind, has_input in await self.run_internal(lambda state: state.queued()):
+            if self.read_only:
+                break
+            waited = self._backoff.get(job_id)
+            if waited is not None and waited[0] > now:
+                next_look = min(next_look, waited[0])
+                continue
+            if len(self._running) >= self.concurrency:
+                break
+            if kind not in self.kinds or not has_input:
+                await self._fail_now(
+                    job_id, f"no job kind {kind!r} in this daemon" if kind not in self.kinds else "its input is missing"
+                )
+                continue
+            try:
+                started = await self.run_internal(functools.partial(JobsState.start, job_id=job_id))
+            except JournalUnavailable as exc:
+                self.read_only = str(exc)
+                break
+            if started is not None:
+                record, job_input = started
+                self._running[record.id] = scope = trio.CancelScope()
+                runners.start_soon(self._run, record, job_input, scope)
+        if self.read_only:
+            self.waiting_all = f"the daemon is read-only ({self.read_only}); sys.resume lets jobs run again"
+            return float("inf")
+        running = len(self._running)
+        self.waiting_all = (
+            f"waiting for a free slot ({running} running, concurrency {self.concurrency})"
+            if running >= self.concurrency
+            else None
+        )
+        return next_look
+
+    async def _fail_now(self, job_id: str, error: str) -> None:
+        try:
+            await self.run_internal(lambda state: state.finish(state.jobs[job_id], "failed", error=error))
+        except JournalUnavailable as exc:
+            self.read_only = str(exc)
+
+    # --- one attempt --------------------------------------------------------------------------------
+
+    async def _run(self, record: JobRecord, job_input: JobInput, scope: trio.CancelScope) -> None:
+        job_id, attempt = record.id, record.attempts
+        llm = self.llm
+        assert llm is not None
+        ctx = JobContext(self, record, job_input, llm)
+        try:
+            with scope:
+                try:
+                    outcome = await self.kinds[record.kind].run(ctx)
+                    await self._pause("answered", job_id)
+                    await self._commit(job_id, attempt, outcome, ctx.tokens)
+                except LLMUnavailable as exc:
+                    await self._requeue(job_id, attempt, ctx.tokens, exc)
+                except (LLMFailed, JobFailed) as exc:
+                    await self._fail(
+                        job_id, attempt, ctx.tokens, f"{'llm' if isinstance(exc, LLMFailed) else 'job'}: {exc}"
+                    )
+                except StaleAttempt:
+                    log.info("job %s: attempt %d was cancelled before its commit; nothing applied", job_id, attempt)
+                except JournalUnavailable as exc:
+                    self.read_only = str(exc)
+                    await self.run_internal(lambda s: self._requeue_in_memory(s, job_id, attempt))
+                except Exception as exc:
+                    log.exception("job %s (%s) failed", job_id, record.kind)
+                    await self._fail(job_id, attempt, ctx.tokens, f"internal: {type(exc).__name__}: {exc}")
+                else:
+                    self._backoff.pop(job_id, None)
+                    await self._pause("committed", job_id)
+        finally:
+            self.tokens_since_start.input += ctx.tokens.input
+            self.tokens_since_start.output += ctx.tokens.output
+            self._running.pop(job_id, None)
+            self._wake.set()
+
+    async def _requeue(self, job_id: str, attempt: int, tokens: Tokens, exc: LLMUnavailable) -> None:
+        previous = self._backoff.get(job_id)
+        failures = (previous[1] if previous else 0) + 1
+        ceiling = BACKOFF_MAX if exc.kind in NEEDS_A_PERSON else min(BACKOFF_MAX, BACKOFF_BASE * 2 ** (failures - 1))
+        delay = ceiling / 2 + self._rng.uniform(0, ceiling / 2)
+        if exc.retry_after is not None:
+            delay = max(delay, exc.retry_after)
+        reason = f"the LLM is unavailable ({exc}); trying again in {delay:.0f} s (sys.resume: now)"
+        self._backoff[job_id] = (trio.current_time() + delay, failures, reason)
+        self.requeued += 1
+        log.warning("job %s: %s", job_id, reason)
+        try:
+            await self.run_internal(lambda s: s.requeue(job_id, attempt, tokens.pair()))
+        except JournalUnavailable as exc2:
+            self.read_only = str(exc2)
+            await self.run_internal(lambda s: self._requeue_in_memory(s, job_id, attempt))
+
+    def _requeue_in_memory(self, state: JobsState, job_id: str, attempt: int) -> None:
+        """The journal refused the job's write: queued in memory only, which is what recovery would
+        make of the `running` the journal holds."""
+        if state.is_current(job_id, attempt):
+            state.requeue_in_memory(job_id)
+
+    async def _fail(self, job_id: str, attempt: int, tokens: Tokens, error: str) -> None:
+        log.warning("job %s failed: %s", job_id, error)
+        self._backoff.pop(job_id, None)
+        try:
+            await self.run_internal(lambda s: s.fail(job_id, attempt, error, tokens.pair()))
+        except JournalUnavailable as exc:
+            self.read_only = str(exc)
+            await self.run_internal(lambda s: self._requeue_in_memory(s, job_id, attempt))
+
+    async def _commit(self, job_id: str, attempt: int, outcome: Outcome, tokens: Tokens) -> None:
+        """Apply the outcome in every tier and complete the job with ONE journal record (module rule)."""
+        started = time.perf_counter()
+        stages: list[Stage] = []
+        with trio.CancelScope(shield=True):
+            try:
+                summaries: dict[str, Any] = {}
+                for tier in COMMIT_ORDER:
+                    fn = outcome.stages.get(tier)
+                    if fn is not None:
+                        stage = await self.tiers[tier].stage(fn)
+                        stages.append(stage)
+                        summaries[tier] = stage.result
+                result = outcome.result(summaries)
+
+                def complete(state: JobsState) -> JobRecord:
+                    if not state.is_current(job_id, attempt):
+                        raise StaleAttempt(job_id)
+                    done = state.completed(job_id, attempt, result, tokens.pair())
+                    state.commit(PutJob(done))
+                    return done
+
+                own = await self.stage(complete)
+                stages.append(own)
+                record = CommitJob(own.result, [m for stage in stages[:-1] for m in stage.mutations])
+                await self.journal.submit([(RTYPE_MUTATION, mutation_encoder.encode(record))])
+            except BaseException:
+                for stage in stages:
+                    stage.release(False)
+                raise
+            for stage in stages:
+                stage.release(True)
+        self.commit_time_us += (time.perf_counter() - started) * 1e6
+        await self.run_internal(lambda state: state.purge_old())
+
+    async def _pause(self, point: str, job_id: str) -> None:
+        if self.pause_at == point:
+            log.warning("jobs: paused at %s (job %s; %s)", point, job_id, PAUSE_VARIABLE)
+            await trio.sleep_forever()

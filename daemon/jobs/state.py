@@ -1,0 +1,317 @@
+"""The job queue's durable state: job records, their captured inputs, and the mutations that change them.
+
+Rules kept here:
+- A job is journaled when accepted (AcceptJob carries its whole input: a session's events and its
+  TheoryState, copied at session.close, never read later from state that may have moved on).
+- Every later change carries the whole job record (PutJob), so replay is idempotent like every tier.
+- A job's result is journaled in ONE record with its completion: CommitJob holds the finished job
+  and every other tier's mutations (memories, graph nodes and edges, persistent records). At run
+  time each tier's actor applies its own part (daemon/tier.py: staging); at replay recovery hands
+  each part to the tier that MUTATION_TIER names. So a crash either finds the job unfinished (it
+  runs again; nothing of it was applied) or finds it done with all of its result: never twice,
+  never half.
+- A job found `running` at start was interrupted: it is queued again (`load_finished`).
+- The input of a done job is dropped (its result is what counts); a failed or cancelled job keeps
+  its input for jobs.retry. At most MAX_FINISHED finished jobs are kept, the oldest purged first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeAlias
+
+import msgspec
+from eurekamem.daemon.memory.state import PutMemory
+from eurekamem.daemon.tier import TierState, Undo, handles
+from eurekamem.daemon.tiers.graph import PutEdge, PutNode
+from eurekamem.daemon.tiers.persistent import PutRecord
+from eurekamem.protocol import EpisodicEntry, Job, JobTokens, ProtocolError, TheoryState, now_rfc3339
+from eurekamem.protocol import _methods as m
+
+ACTIVE = ("queued", "running")
+FINISHED = ("done", "failed", "cancelled")
+MAX_FINISHED = 10_000
+
+
+class StaleAttempt(Exception):
+    """The attempt is no longer the job's current one (jobs.cancel got in first, or a restart)."""
+
+
+class JobRecord(msgspec.Struct, kw_only=True):
+    """A job as journaled: the wire's Job without waiting_reason (not durable), plus its key."""
+
+    id: str
+    kind: str
+    key: str  # what makes two requests the same job (session.close twice: one job)
+    state: str
+    created_at: str
+    started_at: str | None = None
+    finished_at: str | None = None
+    attempts: int = 0
+    error: str | None = None
+    result: Any = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+class SessionInput(msgspec.Struct, tag="session.extract", kw_only=True):
+    """What a session extraction reads, captured at session.close."""
+
+    session_id: str
+    domain: str  # as given ("" = none given: memories go to "general")
+    theory_state: TheoryState | None = None
+    events: list[EpisodicEntry] = []
+    events_dropped: int = 0  # older events not captured (the capture is bounded)
+
+
+JobInput = SessionInput  # a Union of tagged Structs once there are more kinds
+
+
+class AcceptJob(msgspec.Struct, tag="jobs.accept"):
+    job: JobRecord
+    input: JobInput
+
+
+class PutJob(msgspec.Struct, tag="jobs.put"):
+    job: JobRecord
+
+
+class PurgeJob(msgspec.Struct, tag="jobs.purge"):
+    id: str
+
+
+Part: TypeAlias = PutMemory | PutNode | PutEdge | PutRecord
+
+
+class CommitJob(msgspec.Struct, tag="jobs.commit"):
+    """A finished job and everything it changed in the other tiers: one journal record."""
+
+    job: JobRecord
+    parts: list[Part] = []
+
+
+class JobsState(TierState):
+    """Jobs by id in creation order, their inputs, and the key index."""
+
+    name = "jobs"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.jobs: dict[str, JobRecord] = {}
+        self.inputs: dict[str, JobInput] = {}
+        self.by_key: dict[str, str] = {}
+        self._by_state = {state: 0 for state in ACTIVE + FINISHED}
+        # why a queued job waits (not durable): the JobsActor, which owns this state, sets the hook
+        self.why_waiting: Callable[[str], str | None] = lambda job_id: None
+        self.cancelled_running: list[str] = []  # running jobs jobs.cancel cancelled in the batch in progress
+
+    def now(self) -> str:
+        """Jobs change through internal calls as well as batches: always the current time."""
+        return now_rfc3339()
+
+    # --- reading -----------------------------------------------------------------------------------
+
+    def view(self, record: JobRecord) -> Job:
+        waiting = self.why_waiting(record.id) if record.state == "queued" else None
+        return Job(
+            id=record.id,
+            kind=record.kind,
+            state=record.state,
+            created_at=record.created_at,
+            started_at=record.started_at,
+            finished_at=record.finished_at,
+            attempts=record.attempts,
+            error=record.error,
+            result=record.result,
+            tokens=JobTokens(input=record.input_tokens, output=record.output_tokens),
+            waiting_reason=waiting,
+        )
+
+    def record(self, job_id: str) -> JobRecord:
+        record = self.jobs.get(job_id)
+        if record is None:
+            raise ProtocolError("not_found", f"no job with id {job_id!r}", id=job_id)
+        return record
+
+    @handles("jobs.get")
+    def do_get(self, p: m.JobRef) -> Job:
+        return self.view(self.record(p.id))
+
+    @handles("jobs.list")
+    def do_list(self, p: m.JobsList) -> list[Job]:
+        out: list[Job] = []
+        for record in reversed(self.jobs.values()):  # newest first
+            if (p.state is None or record.state == p.state) and (p.kind is None or record.kind == p.kind):
+                out.append(self.view(record))
+                if len(out) >= p.limit:
+                    break
+        return out
+
+    def counts(self) -> dict[str, int]:
+        """Jobs by state (kept by _set: O(1))."""
+        return dict(self._by_state)
+
+    def queued(self) -> list[tuple[str, str, bool]]:
+        """(id, kind, has its input) of every queued job, oldest first."""
+        return [(r.id, r.kind, r.id in self.inputs) for r in self.jobs.values() if r.state == "queued"]
+
+    # --- changing ----------------------------------------------------------------------------------
+
+    @handles("jobs.cancel")
+    def do_cancel(self, p: m.JobRef) -> Job:
+        record = self.record(p.id)
+        if record.state not in ACTIVE:
+            return self.view(record)  # finished already: nothing to cancel
+        if record.state == "running":
+            self.cancelled_running.append(record.id)
+        return self.view(self.finish(record, "cancelled", error="cancelled by jobs.cancel"))
+
+    @handles("jobs.retry")
+    def do_retry(self, p: m.JobRef) -> Job:
+        record = self.record(p.id)
+        if record.state not in ("failed", "cancelled"):
+            return self.view(record)  # queued, running or done: nothing to retry
+        if record.id not in self.inputs:
+            raise ProtocolError("invalid_params", f"job {record.id} has no input left to run again", id=record.id)
+        retried = msgspec.structs.replace(record, state="queued", error=None, finished_at=None)
+        self.commit(PutJob(retried))
+        return self.view(retried)
+
+    def accept(self, kind: str, key: str, job_input: JobInput, job_id: str) -> tuple[JobRecord, bool]:
+        """A new job (journaled by the caller's batch), or the job that already has this key."""
+        existing = self.by_key.get(key)
+        if existing is not None and existing in self.jobs:
+            return self.jobs[existing], False
+        record = JobRecord(id=job_id, kind=kind, key=key, state="queued", created_at=self.now())
+        self.commit(AcceptJob(record, job_input))
+        return record, True
+
+    def start(self, job_id: str) -> tuple[JobRecord, JobInput] | None:
+        """Mark a queued job running (one more attempt); None if it is no longer queued."""
+        record = self.jobs.get(job_id)
+        if record is None or record.state != "queued" or job_id not in self.inputs:
+            return None
+        started = msgspec.structs.replace(record, state="running", started_at=self.now(), attempts=record.attempts + 1)
+        self.commit(PutJob(started))
+        return started, self.inputs[job_id]
+
+    def is_current(self, job_id: str, attempt: int) -> bool:
+        """Is this attempt of the job still the one running (not cancelled, not restarted)?"""
+        record = self.jobs.get(job_id)
+        return record is not None and record.state == "running" and record.attempts == attempt
+
+    def requeue(self, job_id: str, attempt: int, tokens: tuple[int, int]) -> JobRecord | None:
+        """The attempt could not reach the LLM: queued again, with the tokens it spent."""
+        if not self.is_current(job_id, attempt):
+            return None
+        record = self.jobs[job_id]
+        queued = msgspec.structs.replace(
+            record,
+            state="queued",
+            input_tokens=record.input_tokens + tokens[0],
+            output_tokens=record.output_tokens + tokens[1],
+        )
+        self.commit(PutJob(queued))
+        return queued
+
+    def requeue_in_memory(self, job_id: str) -> None:
+        """Queued again without a journal record: what recovery makes of the `running` the journal
+        holds (the journal refused the attempt's own write)."""
+        record = self.jobs[job_id]
+        self._set(job_id, msgspec.structs.replace(record, state="queued"), self.inputs.get(job_id))
+
+    def fail(self, job_id: str, attempt: int, error: str, tokens: tuple[int, int]) -> JobRecord | None:
+        if not self.is_current(job_id, attempt):
+            return None
+        record = self.jobs[job_id]
+        spent = msgspec.structs.replace(
+            record, input_tokens=record.input_tokens + tokens[0], output_tokens=record.output_tokens + tokens[1]
+        )
+        return self.finish(spent, "failed", error=error)
+
+    def finish(self, record: JobRecord, state: str, *, error: str | None = None, result: Any = None) -> JobRecord:
+        finished = msgspec.structs.replace(record, state=state, error=error, result=result, finished_at=self.now())
+        self.commit(PutJob(finished))
+        self.purge_old()
+        return finished
+
+    def completed(self, job_id: str, attempt: int, result: Any, tokens: tuple[int, int]) -> JobRecord:
+        """The done record of a job's attempt (for a CommitJob); StaleAttempt if it is not current."""
+        if not self.is_current(job_id, attempt):
+            raise StaleAttempt(job_id)
+        record = self.jobs[job_id]
+        return msgspec.structs.replace(
+            record,
+            state="done",
+            error=None,
+            result=result,
+            finished_at=self.now(),
+            input_tokens=record.input_tokens + tokens[0],
+            output_tokens=record.output_tokens + tokens[1],
+        )
+
+    def purge_old(self) -> None:
+        if sum(self._by_state[state] for state in FINISHED) <= MAX_FINISHED:
+            return
+        finished = [record.id for record in self.jobs.values() if record.state in FINISHED]
+        for job_id in finished[: max(0, len(finished) - MAX_FINISHED)]:
+            self.commit(PurgeJob(job_id))
+
+    def load_finished(self) -> int:
+        """After recovery: jobs left running by a crash or a shutdown are queued again. Returns how many."""
+        interrupted = [record for record in self.jobs.values() if record.state == "running"]
+        for record in interrupted:
+            self._set(record.id, msgspec.structs.replace(record, state="queued"), self.inputs.get(record.id))
+        return len(interrupted)
+
+    # --- mutations ---------------------------------------------------------------------------------
+
+    def apply(self, mutation: Any) -> Undo:
+        if isinstance(mutation, AcceptJob):
+            return self._change(mutation.job.id, mutation.job, mutation.input)
+        if isinstance(mutation, (PutJob, CommitJob)):
+            return self._change(mutation.job.id, mutation.job, self.inputs.get(mutation.job.id))
+        if isinstance(mutation, PurgeJob):
+            return self._change(mutation.id, None, None)
+        raise TypeError(f"not a jobs mutation: {mutation!r}")
+
+    def _change(self, job_id: str, record: JobRecord | None, job_input: JobInput | None) -> Undo:
+        before = (self.jobs.get(job_id), self.inputs.get(job_id))
+        self._set(job_id, record, job_input)
+        return lambda: self._set(job_id, *before)
+
+    def _set(self, job_id: str, record: JobRecord | None, job_input: JobInput | None) -> None:
+        """Replace (in place: the dict keeps creation order), add, or (record None) remove a job."""
+        old = self.jobs.get(job_id)
+        if old is not None:
+            self._by_state[old.state] -= 1
+            if self.by_key.get(old.key) == job_id:
+                del self.by_key[old.key]
+        if record is None:
+            self.jobs.pop(job_id, None)
+            self.inputs.pop(job_id, None)
+            return
+        self.jobs[job_id] = record
+        self._by_state[record.state] += 1
+        self.by_key[record.key] = job_id
+        if job_input is not None and record.state != "done":
+            self.inputs[job_id] = job_input
+        else:
+            self.inputs.pop(job_id, None)
+
+
+class JobsSnapshot(msgspec.Struct):
+    """memory/jobs.snapshot: every job and the inputs still kept."""
+
+    jobs: list[JobRecord]
+    inputs: dict[str, JobInput]
+
+
+def snapshot_of(state: JobsState) -> bytes:
+    return msgspec.msgpack.encode(JobsSnapshot(list(state.jobs.values()), dict(state.inputs)))
+
+
+def load_snapshot(state: JobsState, data: bytes) -> None:
+    doc = msgspec.msgpack.decode(data, type=JobsSnapshot)
+    for record in doc.jobs:
+        state._set(record.id, record, doc.inputs.get(record.id))
