@@ -148,12 +148,13 @@ def verify_root(root: Path) -> Report:
         except (msgspec.DecodeError, msgspec.ValidationError):
             undecodable += 1
             continue
-        if isinstance(mutation, PutMemory):
-            memories[mutation.memory.id] = mutation.memory
-            touched.add(mutation.memory.id)
-        elif isinstance(mutation, PurgeMemory):
-            memories.pop(mutation.id, None)
-            touched.add(mutation.id)
+        for one in getattr(mutation, "parts", None) or [mutation]:  # a job's commit holds its memories
+            if isinstance(one, PutMemory):
+                memories[one.memory.id] = one.memory
+                touched.add(one.memory.id)
+            elif isinstance(one, PurgeMemory):
+                memories.pop(one.id, None)
+                touched.add(one.id)
     if undecodable:
         report.problems.append(f"journal: {undecodable} records past the checkpoint do not decode as mutations")
 

@@ -24,6 +24,7 @@ from eurekamem.protocol import (
     FrameTooLarge,
     GraphStats,
     Injection,
+    Job,
     KnowledgeNode,
     Link,
     Memory,
@@ -31,6 +32,7 @@ from eurekamem.protocol import (
     MemoryDeleted,
     MemoryHit,
     MemoryPage,
+    MemoryVersion,
     Promotion,
     ReviewView,
     Skill,
@@ -826,13 +828,29 @@ class AsyncClient:
         """conversation.flush: the extraction job's id, or None."""
         return await self._run(C.op_flush_conversation(group))
 
-    async def job(self, job_id: str) -> dict[str, Any]:
+    async def job(self, job_id: str) -> Job:
         """jobs.get: one job."""
         return await self._run(C.op_job(job_id))
 
-    async def wait_job(self, job_id: str, timeout: float | None = None) -> dict[str, Any]:
+    async def wait_job(self, job_id: str, timeout: float | None = None) -> Job:
         """jobs.wait: the job once it has finished, or as it is after `timeout` seconds."""
         return await self._run(C.op_wait_job(job_id, timeout))
+
+    async def jobs(
+        self, state: str | None = None, kind: str | None = None, limit: int | None = None
+    ) -> list[Job]:
+        """jobs.list, newest first."""
+        return await self._run(C.op_jobs(state, kind, limit))
+
+    async def cancel_job(self, job_id: str) -> Job:
+        return await self._run(C.op_cancel_job(job_id))
+
+    async def retry_job(self, job_id: str) -> Job:
+        return await self._run(C.op_retry_job(job_id))
+
+    async def memory_history(self, memory_id: str) -> list[MemoryVersion]:
+        """memory.history: the memory's versions, oldest first."""
+        return await self._run(C.op_memory_history(memory_id))
 
     # --- skills: EurekaClaw's skills/<name>/SKILL.md ---------------------------------------------
 

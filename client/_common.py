@@ -16,6 +16,7 @@ from eurekamem.protocol import (
     EpisodicEntry,
     GraphStats,
     Injection,
+    Job,
     KnowledgeNode,
     Link,
     Memory,
@@ -23,6 +24,7 @@ from eurekamem.protocol import (
     MemoryDeleted,
     MemoryHit,
     MemoryPage,
+    MemoryVersion,
     Promotion,
     ReviewView,
     Skill,
@@ -351,12 +353,28 @@ def op_delete_memory(memory_id: str, purge: bool) -> Op[MemoryDeleted]:
     return Op("memory.delete", {"id": memory_id, "purge": bool(purge)}, MemoryDeleted)
 
 
-def op_job(job_id: str) -> Op[dict[str, Any]]:
-    return Op("jobs.get", {"id": job_id})
+def op_job(job_id: str) -> Op[Job]:
+    return Op("jobs.get", {"id": job_id}, Job)
 
 
-def op_wait_job(job_id: str, timeout: float | None) -> Op[dict[str, Any]]:
-    return Op("jobs.wait", _drop_none(id=job_id, timeout=timeout), extra_wait=timeout or 0.0)
+def op_wait_job(job_id: str, timeout: float | None) -> Op[Job]:
+    return Op("jobs.wait", _drop_none(id=job_id, timeout=timeout), Job, extra_wait=timeout or 0.0)
+
+
+def op_jobs(state: str | None, kind: str | None, limit: int | None) -> Op[list[Job]]:
+    return Op("jobs.list", _drop_none(state=state, kind=kind, limit=limit), list[Job])
+
+
+def op_cancel_job(job_id: str) -> Op[Job]:
+    return Op("jobs.cancel", {"id": job_id}, Job)
+
+
+def op_retry_job(job_id: str) -> Op[Job]:
+    return Op("jobs.retry", {"id": job_id}, Job)
+
+
+def op_memory_history(memory_id: str) -> Op[list[MemoryVersion]]:
+    return Op("memory.history", {"id": memory_id}, list[MemoryVersion])
 
 
 def op_append_conversation(group: str, messages: list[dict[str, Any]]) -> Op[dict[str, Any]]:

@@ -30,6 +30,7 @@ from eurekamem.protocol import (
     FrameTooLarge,
     GraphStats,
     Injection,
+    Job,
     KnowledgeNode,
     Link,
     Memory,
@@ -37,6 +38,7 @@ from eurekamem.protocol import (
     MemoryDeleted,
     MemoryHit,
     MemoryPage,
+    MemoryVersion,
     Promotion,
     ReviewView,
     Skill,
@@ -786,13 +788,27 @@ class Client:
         """conversation.flush: the extraction job's id, or None."""
         return self._run(C.op_flush_conversation(group))
 
-    def job(self, job_id: str) -> dict[str, Any]:
+    def job(self, job_id: str) -> Job:
         """jobs.get: one job."""
         return self._run(C.op_job(job_id))
 
-    def wait_job(self, job_id: str, timeout: float | None = None) -> dict[str, Any]:
+    def wait_job(self, job_id: str, timeout: float | None = None) -> Job:
         """jobs.wait: the job once it has finished, or as it is after `timeout` seconds."""
         return self._run(C.op_wait_job(job_id, timeout))
+
+    def jobs(self, state: str | None = None, kind: str | None = None, limit: int | None = None) -> list[Job]:
+        """jobs.list, newest first."""
+        return self._run(C.op_jobs(state, kind, limit))
+
+    def cancel_job(self, job_id: str) -> Job:
+        return self._run(C.op_cancel_job(job_id))
+
+    def retry_job(self, job_id: str) -> Job:
+        return self._run(C.op_retry_job(job_id))
+
+    def memory_history(self, memory_id: str) -> list[MemoryVersion]:
+        """memory.history: the memory's versions, oldest first."""
+        return self._run(C.op_memory_history(memory_id))
 
     # --- skills: EurekaClaw's skills/<name>/SKILL.md ---------------------------------------------
 

@@ -260,6 +260,8 @@ class Daemon:
             environ=self.environ,
         )
         self.actors["jobs"] = self.jobs_actor
+        episodic: Any = self.actors["episodic"]
+        episodic.jobs = self.jobs_actor  # session.close queues extractions (wired before any actor runs)
         if recovered.replayed == 0 and not recovered.imported:
             self._snapshot_seq = self.journal_actor.acked_seq  # the files on disk are current
         listener, activated = await self._listener()

@@ -115,7 +115,9 @@ async def test_episodic_tier_and_session_close(data_dir: Path, sock_dir: Path) -
             hits = await conn.result("episodic.search", {"session_id": "s1", "query": "EVENT 50"})
             assert [e["content"] for e in hits][:2] == ["event 50", "event 500"]
             closed = await conn.result("session.close", {"session_id": "s1"})
-            assert closed["events_written"] == 500 and closed["job_id"] is None
+            assert closed["events_written"] == 500 and isinstance(closed["job_id"], str)  # its extraction job
+            job = await conn.result("jobs.get", {"id": closed["job_id"]})
+            assert job["kind"] == "session.extract" and job["state"] == "queued"  # no LLM configured here
             written = json.loads((data_dir / "runs" / "s1" / "episodic.json").read_bytes())
             assert len(written) == 500 and written[-1]["content"] == "event 509"
             assert await conn.result("episodic.recent", {"session_id": "s1"}) == []

@@ -25,4 +25,6 @@ __all__ = [
 
 def default_kinds() -> dict[str, Any]:
     """The job kinds the daemon runs."""
-    return {}
+    from eurekamem.daemon.jobs.extract import SessionExtraction
+
+    return {SessionExtraction.kind: SessionExtraction()}

@@ -109,7 +109,7 @@ class PurgeMemory(msgspec.Struct, tag="memory.purge"):
 
 
 
-def _validate_domain(domain: str) -> None:
+def validate_domain(domain: str) -> None:
     parts = domain.replace("\\", "/").split("/")
     if "\x00" in domain or any(part in (".", "..") for part in parts):
         raise ProtocolError("invalid_params", f"invalid params: domain {domain!r} would name a folder outside its own", field="domain")
@@ -460,6 +460,12 @@ class MemoryState(TierState):
 
     # --- handlers ------------------------------------------------------------------------------------
 
+    def use_passages(self, passages: dict[str, np.ndarray]) -> None:
+        """Embeddings computed elsewhere (a job embeds off the actor) for the adds that follow."""
+        prepared = Prepared()
+        prepared.passages = dict(passages)
+        self._prepared = prepared
+
     def run(self, name: str, params: Any, prepared: Prepared) -> Any:
         self._prepared = prepared
         return HANDLERS[name].fn(self, params)
@@ -474,7 +480,7 @@ class MemoryState(TierState):
 
     def add(self, p: m.MemoryAdd, reason: str = "") -> dict[str, Any]:
         """memory.add: skipped, merged into a near duplicate (by rule), or created (with `reason`)."""
-        _validate_domain(p.domain)
+        validate_domain(p.domain)
         _check_title(p.title)
         _check_text("content", p.content)
         if p.scope == "global" and self.share_policy(p.domain or "general") == "never":
@@ -540,7 +546,7 @@ class MemoryState(TierState):
     @handles("memory.list")
     def do_list(self, p: m.MemoryList) -> dict[str, Any]:
         if p.domain is not None:
-            _validate_domain(p.domain)
+            validate_domain(p.domain)
             ids = list(self._domains.get(domain_slug(p.domain), ()))
             if p.include_global:
                 ids += [i for i in self._global if domain_slug(self.memories[i].domain) != domain_slug(p.domain)]
@@ -623,12 +629,12 @@ class MemoryState(TierState):
     @handles("memory.search")
     def do_search(self, p: m.MemorySearch) -> list[dict[str, Any]]:
         if p.domain is not None:
-            _validate_domain(p.domain)
+            validate_domain(p.domain)
         return self.search(p)
 
     @handles("memory.inject")
     def do_inject(self, p: m.MemoryInject) -> dict[str, Any]:
-        _validate_domain(p.domain)
+        validate_domain(p.domain)
         if p.query is not None:
             hits = self.search(m.MemorySearch(query=p.query, domain=p.domain, k=p.k))
             chosen = [hit["memory"] for hit in hits]

@@ -10,6 +10,10 @@ Rules kept here:
 - Only the actor's own run loop touches the state: the idle sweeper decides nothing itself, it
   queues an internal item that re-checks idleness when the actor runs it. A session evicted by the
   bound leaves the state at once (the bound is strict) and waits in `evicted` until the actor writes it.
+- `session.close` first hands the session's events and TheoryState to the job queue, which journals
+  them with the extraction job (daemon/jobs/extract.py): the answer's job_id is durable, and a
+  session whose job could not be journaled (the daemon read-only) is not closed. The other ends of a
+  session (idle, the bound, shutdown) queue no job: they have no TheoryState and no domain.
 """
 
 from __future__ import annotations
@@ -26,9 +30,12 @@ from typing import Any
 import msgspec
 import trio
 from eurekamem.daemon import systemd as systemd
+from eurekamem.daemon.jobs.extract import KIND, capture, session_key
+from eurekamem.daemon.memory.state import validate_domain
 from eurekamem.daemon.paths import Paths
 from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
 from eurekamem.daemon.storage.files import RealFiles, atomic_write
+from eurekamem.daemon.storage.journal_actor import JournalUnavailable
 from eurekamem.daemon.tier import TierActor, TierState, Undo, handles
 from eurekamem.protocol import (
     Call,
@@ -201,6 +208,7 @@ class EpisodicActor(TierActor):
                 idle_close = getattr(config, "session_idle_close", None)
         self.idle_close = DEFAULT_IDLE_CLOSE if idle_close is None else idle_close
         self.write_errors = 0
+        self.jobs: Any = None  # the JobsActor: session.close queues extractions (set by the daemon)
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -297,18 +305,32 @@ class EpisodicActor(TierActor):
             return ProtocolError(
                 "invalid_params", f"invalid params: session_id {session_id!r} cannot name a folder", field="session_id"
             )
+        p = call.params
+        domain = p.domain or ""
+        try:
+            validate_domain(domain)
+        except ProtocolError as exc:
+            return exc
         await self._write_evicted()  # an evicted part of this session goes first, in order
         events = self.state.sessions.get(session_id)
+        job_id = None
+        job_input = capture(session_id, domain, p.theory_state, list(events or ())) if p.extract else None
+        if job_input is not None and self.jobs is not None:
+            key = session_key(session_id, domain, job_input.theory_state, job_input.events)
+            try:
+                job_id = await self.jobs.accept(KIND, key, job_input)
+            except JournalUnavailable as exc:
+                return ProtocolError("read_only", f"read-only: {exc}")
         if not events:
             self.state.close_session(session_id)
-            return {"job_id": None, "events_written": 0, "path": None}
+            return {"job_id": job_id, "events_written": 0, "path": None}
         path = self.paths.runs / session_id / "episodic.json"
         try:
             await self.run_io(_write_run_file, path, list(events))
         except (OSError, ValueError) as exc:
             return ProtocolError("internal", f"could not write {path}: {exc}")
         self.state.close_session(session_id)
-        return {"job_id": None, "events_written": len(events), "path": str(path)}
+        return {"job_id": job_id, "events_written": len(events), "path": str(path)}
 
 
 def _folder_name_ok(session_id: str) -> bool:
