@@ -7,10 +7,11 @@ Rules kept here:
 - The LLM is asked, in one call, for EurekaClaw's four categories (domain_knowledge,
   proof_strategy, open_problems, pitfalls), each item with a title, content, confidence and the
   L0 abstract and L1 overview. The answer's shape is checked by the LLM layer against
-  SessionInsights (unknown categories, wrong types, confidence outside 0..1, blank text: refused,
+  SessionInsights (unknown categories, wrong types, confidence outside 0..1, empty text: refused,
   asked once more, then the job fails with the reason). Items under confidence 0.5 are dropped and
-  listed in the result; every kept item goes through dedup (and the judge, daemon/jobs/judge.py)
-  into the session's own domain ("general" when none was given).
+  listed in the result; every kept item goes into the session's own domain ("general" when none
+  was given): those that look like kept memories as the judge decides (daemon/jobs/judge.py, one
+  more LLM call for all of them), the others through memory.add's dedup rules.
 - Proven lemmas become knowledge-graph nodes (one per lemma, `uses` edges to the lemmas it depends
   on, the main theorem's node using the lemmas nothing else depends on); a statement already in
   the graph (matched by normalised statement, daemon/tiers/graph.py) is the same node, never a
@@ -29,8 +30,9 @@ from typing import Annotated, Any
 
 import msgspec
 from eurekamem.daemon.jobs.actor import JobContext, Outcome
+from eurekamem.daemon.jobs.judge import candidates_of, judge
 from eurekamem.daemon.jobs.state import SessionInput
-from eurekamem.daemon.memory.format import domain_slug
+from eurekamem.daemon.memory.format import domain_slug, fingerprint
 from eurekamem.daemon.memory.state import MIN_CONFIDENCE, MemoryState, embed_text
 from eurekamem.daemon.tiers.graph import GraphState, PutEdge, PutNode
 from eurekamem.daemon.tiers.persistent import PersistentState
@@ -194,8 +196,7 @@ class Planned(msgspec.Struct):
     category: str
     item: Insight
     vector: Any = None
-    candidates: list[tuple[str, str]] = []  # (memory id, the dedup rule that found it) for the judge
-    judged: Any = None  # the judge's decision (daemon/jobs/judge.py), or None: the dedup rules decide
+    judged: Any = None  # the judge's decision (daemon/jobs/judge.Judged), or None: the dedup rules decide
 
     def params(self, job_input: SessionInput) -> m.MemoryAdd:
         item = self.item
@@ -264,15 +265,26 @@ class SessionExtraction:
         return Outcome(stages, result)
 
     async def judge(self, ctx: JobContext, planned: list[Planned], adds: list[m.MemoryAdd]) -> None:
-        """Decide the near duplicates with the LLM (daemon/jobs/judge.py); here: the dedup rules."""
+        """The insights that look like memories already kept go to the judge, in one call."""
+        domain = ctx.input.domain
+        wanted = [(p.category, p.title, p.content, plan.vector) for plan, p in zip(planned, adds, strict=True)]
+        found = await ctx.read("memory", lambda state: candidates_of(state, domain, wanted))
+        chosen = [index for index, candidates in enumerate(found) if candidates]
+        if not chosen:
+            return
+        items = [(adds[i].category, adds[i].title, adds[i].content) for i in chosen]
+        decided = await judge(ctx, domain, items, [found[i] for i in chosen])
+        for index, judged in zip(chosen, decided, strict=True):
+            planned[index].judged = judged
 
 
 def apply_memories(state: MemoryState, planned: list[Planned], adds: list[m.MemoryAdd]) -> list[dict[str, Any]]:
-    """Run by the memory actor inside the commit: each insight through dedup, in order."""
+    """Run by the memory actor inside the commit: each insight as the judge decided, else through
+    the dedup rules, in order."""
     state.use_passages({embed_text(p.title, p.content): plan.vector for plan, p in zip(planned, adds, strict=True)})
     out = []
-    for p in adds:
-        answer = state.add(p)
+    for plan, p in zip(planned, adds, strict=True):
+        answer, by = (state.add(p), "rules") if plan.judged is None else apply_judged(state, p, plan)
         memory = answer["memory"]
         out.append(
             {
@@ -281,9 +293,30 @@ def apply_memories(state: MemoryState, planned: list[Planned], adds: list[m.Memo
                 "title": p.title,
                 "category": p.category,
                 "reason": answer.get("reason", ""),
+                "by": by,
             }
         )
     return out
+
+
+def apply_judged(state: MemoryState, p: m.MemoryAdd, plan: Planned) -> tuple[dict[str, Any], str]:
+    """The judge's decision, applied to the memory it was made about if that is unchanged."""
+    judged = plan.judged
+    reason = f"judge: {judged.reason}"
+    if judged.decision == "CREATE":
+        if state.has_fingerprint(domain_slug(p.domain), fingerprint(p.title, p.content)):
+            return state.add(p), "rules"  # made meanwhile: the rules skip the exact duplicate
+        return {"decision": "created", "memory": state.create(p, plan.vector, reason), "reason": reason}, "judge"
+    target = judged.target
+    current = state.memories.get(target.memory.id)
+    if current is None or current.status != "active" or state.version_of(current.id) != target.version:
+        answer = state.add(p)
+        answer["reason"] = f"{answer.get('reason') or 'new'} (the memory the judge chose changed before the commit)"
+        return answer, "rules"
+    if judged.decision == "SKIP":
+        return {"decision": "skipped", "memory": current, "reason": reason}, "judge"
+    merged = state.merge_rewritten(current.id, judged.text, p, judged.vector, reason)
+    return {"decision": "merged", "memory": merged, "reason": reason}, "judge"
 
 
 def apply_lemmas(state: GraphState, job_input: SessionInput) -> dict[str, Any]:

@@ -621,6 +621,10 @@ class MemoryState(TierState):
             for e in entries
         ]
 
+    def has_fingerprint(self, slug: str, fp: str) -> bool:
+        """Is an active memory of that domain slug an exact duplicate (same fingerprint)?"""
+        return (slug, fp) in self._fingerprints
+
     def version_of(self, memory_id: str) -> int:
         """The current version number of a memory (1 for one without a history yet)."""
         entries = self.history.get(memory_id)
