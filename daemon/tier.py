@@ -30,6 +30,8 @@ Rules kept here:
   instead of journaling them, and then holds the actor (no batch, no read, no fast path: the item
   is owed) until the caller says how the caller's single journal write went: `release(True)`
   keeps the change, `release(False)` undoes it. Whoever stages must release, also when cancelled.
+  While it holds, `Stage.extend(fn)` runs more against the held state, on the event loop, as part
+  of the same stage (for actors whose state lives on the event loop: not tier 4's).
 """
 
 from __future__ import annotations
@@ -127,12 +129,22 @@ class Staged(Internal):
 class Stage:
     """What `TierActor.stage` hands back: fn's result, the mutations it made, and the release."""
 
-    __slots__ = ("result", "mutations", "_item")
+    __slots__ = ("result", "mutations", "_item", "_state")
 
-    def __init__(self, item: Staged, result: Any, mutations: list[Any]) -> None:
+    def __init__(self, item: Staged, result: Any, mutations: list[Any], state: TierState) -> None:
         self._item = item
+        self._state = state
         self.result = result
         self.mutations = mutations
+
+    def extend(self, fn: Callable[[Any], Any]) -> Any:
+        """Run fn(state) now, as part of this stage (the actor is held: nobody else is on its state);
+        its mutations join the stage's. Only for a state that lives on the event loop."""
+        if self._item.decided.is_set():
+            raise RuntimeError("the stage was released")
+        result = fn(self._state)
+        self.mutations.extend(self._state.take_pending())
+        return result
 
     def release(self, keep: bool) -> None:
         """The caller's journal write succeeded (keep) or not: the actor forgets the undo or rolls back."""
@@ -185,7 +197,7 @@ class TierActor:
         except BaseException:
             item.decided.set()  # a cancelled caller: the actor must not wait for a release (keep=False)
             raise
-        return Stage(item, result, mutations)
+        return Stage(item, result, mutations, self.state)
 
     def can_inline(self, call: Call) -> bool:
         """May the caller run `call` now, itself, with handle_inline (see the module's rule)?
@@ -234,15 +246,32 @@ class TierActor:
                     break
             try:
                 start = 0
+                internals: list[Internal] = []  # consecutive internal calls, run together
                 for index, item in enumerate(batch):
-                    if isinstance(item, Internal):
+                    if isinstance(item, Internal) and not isinstance(item, Staged):
+                        if not internals:
+                            await self._run_batch(batch[start:index])
+                        internals.append(item)
+                        start = index + 1
+                        continue
+                    if internals:
+                        await self._run_internals(internals)
+                        internals = []
+                    if isinstance(item, Staged):
                         await self._run_batch(batch[start:index])
                         await self._run_internal_item(item)
                         start = index + 1
+                if internals:
+                    await self._run_internals(internals)
                 await self._run_batch(batch[start:])
             finally:
                 self._owed -= len(batch)
                 self._publish()
+
+    async def _run_internals(self, items: list[Internal]) -> None:
+        """Consecutive internal calls, one after the other (an actor may group their journal writes)."""
+        for item in items:
+            await self._run_internal_item(item)
 
     async def _run_internal_item(self, item: Internal) -> None:
         """Run an internal function; if it changed durable state, journal that before answering."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -13,11 +14,12 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from eurekamem.daemon import Daemon
 from eurekamem.daemon.jobs.extract import build_prompt, capture, session_key
 from eurekamem.daemon.tiers.graph import normalise_statement
 from eurekamem.protocol import EpisodicEntry, TheoryState
-from test_llm import StubLLMServer, anthropic_tool
+from test_llm import Recorded, StubLLMServer, anthropic_tool
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
 
@@ -379,3 +381,29 @@ def test_the_capture_is_bounded_and_the_key_names_the_session() -> None:
     prompt = build_prompt(captured)
     assert "The session's last 30 events (of 450):" in prompt and "Statement attempted" not in prompt
     assert json.dumps(prompt)  # plain text
+
+
+async def test_cancelling_a_job_whose_llm_request_is_under_way(data_dir: Path, sock_dir: Path, stub: StubLLMServer) -> None:
+    arrived = threading.Event()
+
+    def hang(recorded: Recorded) -> Any:
+        arrived.set()
+        stub.release.wait(IO_TIMEOUT)
+        return answer()
+
+    stub.script.append(hang)
+    with trio.fail_after(IO_TIMEOUT):
+        async with extraction_daemon(data_dir, sock_dir, stub) as daemon:
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            closed = await close(conn, "run-7", domain=DOMAIN, theory_state=THEORY_STATE)
+            await trio.to_thread.run_sync(arrived.wait, IO_TIMEOUT)
+            assert (await conn.result("jobs.get", {"id": closed["job_id"]}))["state"] == "running"
+            cancelled = await conn.result("jobs.cancel", {"id": closed["job_id"]})
+            assert cancelled["state"] == "cancelled" and cancelled["error"] == "cancelled by jobs.cancel"
+            stub.release.set()  # the provider answers after all: the answer goes nowhere
+            await trio.testing.wait_all_tasks_blocked(0.05)
+            assert daemon.actors["jobs"].statistics()["running_now"] == 0
+            assert (await conn.result("memory.list", {}))["total"] == 0
+            assert (await conn.result("graph.stats", {}))["nodes"] == 0
+            assert (await finished(conn, closed["job_id"]))["state"] == "cancelled"
+            await conn.aclose()

@@ -5,6 +5,7 @@ daemon over its socket with restarts.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +23,21 @@ from eurekamem.daemon.jobs.state import (
     load_snapshot,
     snapshot_of,
 )
-from eurekamem.daemon.llm import LLMFailed, LLMUnavailable
+from eurekamem.daemon.llm import (
+    LLM,
+    Completion,
+    CompletionRequest,
+    LLMConfig,
+    LLMFailed,
+    LLMUnavailable,
+    Provider,
+    Usage,
+    resolve,
+)
 from eurekamem.daemon.tiers.graph import PutNode
 from eurekamem.daemon.tiers.persistent import PutRecord
 from eurekamem.protocol import ProtocolError
+from eurekamem.protocol import _methods as m
 from jobs_helpers import FakeLLM, Gate, NoteKind, harness, note_input
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
@@ -196,23 +208,60 @@ async def test_cancel_a_queued_and_a_running_job(autojump_clock: trio.testing.Mo
             assert h.journal.commits() == []
 
 
-async def test_a_cancel_that_wins_the_race_undoes_the_staged_tiers(autojump_clock: trio.testing.MockClock) -> None:
-    """The commit has staged nothing yet when jobs.cancel arrives, because the graph actor is held;
-    once let go the commit stages graph and persistent, finds the attempt stale and undoes both."""
+async def test_a_cancel_that_wins_the_race_stops_the_commit(autojump_clock: trio.testing.MockClock) -> None:
+    """The LLM has answered, but jobs.cancel reaches the jobs actor before the commit does: the
+    commit finds the attempt stale and applies nothing."""
     llm = FakeLLM()
-    llm.script.append({"text": "too late"})
+    answer = Gate({"text": "too late"})
+    llm.script.append(answer)
     with trio.fail_after(IO_TIMEOUT):
         async with harness(llm) as h:
-            hold = await h.graph.stage(lambda state: None)  # the graph actor waits for us
             job_id = await h.jobs.accept("test.note", "k", note_input("s1"))
+            await answer.entered.wait()
+            hold = await h.jobs.stage(lambda state: None)  # the jobs actor waits for us
+            answers: list[Any] = []
+
+            async def cancel() -> None:
+                answers.append(await h.call("jobs.cancel", {"id": job_id}))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(cancel)  # queued first
+                await trio.testing.wait_all_tasks_blocked()
+                answer.release.set()  # the commit starts, and queues behind the cancel
+                await trio.testing.wait_all_tasks_blocked()
+                hold.release(True)
+            assert answers[0].state == "cancelled"
             await trio.testing.wait_all_tasks_blocked()
-            assert (await h.job(job_id)).state == "running"
-            assert (await h.call("jobs.cancel", {"id": job_id})).state == "cancelled"
-            hold.release(True)
-            await trio.testing.wait_all_tasks_blocked()
-            assert not h.graph.state.nodes and not h.persistent.state.records  # staged, then rolled back
-            assert h.graph.state.pending == [] and h.journal.commits() == []
+            assert not h.graph.state.nodes and not h.persistent.state.records and h.journal.commits() == []
             assert (await h.job(job_id)).state == "cancelled"
+
+
+class FailingNoteKind(NoteKind):
+    """The graph part of the commit raises (a bug in a stage): the persistent part is undone."""
+
+    kind = "test.failing"
+
+    async def run(self, ctx: Any) -> Any:
+        outcome = await super().run(ctx)
+
+        def broken(state: Any) -> None:
+            state.do_add_theorem(m.GraphAddTheorem(theorem_name="half", formal_statement="applied, then undone"))
+            raise RuntimeError("a bug in the graph part")
+
+        outcome.stages["graph"] = broken
+        return outcome
+
+
+async def test_a_stage_that_raises_undoes_every_tier(autojump_clock: trio.testing.MockClock) -> None:
+    llm = FakeLLM()
+    llm.script.append({"text": "never kept"})
+    with trio.fail_after(IO_TIMEOUT):
+        async with harness(llm, kinds={"test.failing": FailingNoteKind()}) as h:
+            job_id = await h.jobs.accept("test.failing", "k", note_input("s1"))
+            failed = await h.wait_state(job_id, "failed")
+            assert failed.error == "internal: RuntimeError: a bug in the graph part"
+            assert not h.graph.state.nodes and not h.persistent.state.records  # the persistent part was staged, then undone
+            assert h.graph.state.pending == [] and h.persistent.state.pending == [] and h.journal.commits() == []
 
 
 async def test_a_cancel_after_the_commit_began_finds_the_job_done(autojump_clock: trio.testing.MockClock) -> None:
@@ -468,3 +517,40 @@ def test_job_settings_are_checked() -> None:
     assert (llm.provider, llm.model, llm.requests_per_minute) == ("openai", "qwen3", 50)
     assert Config(data_dir=Path("/tmp/x"), socket_path=Path("/tmp/x.sock")).llm_config().provider is None
     assert msgspec.structs.fields(PutRecord) and msgspec.structs.fields(PutNode)
+
+
+class ScriptedProvider(Provider):
+    """A provider behind the real LLM layer (budget, validation, accounting): each request answers
+    the next note, with the time it was sent recorded."""
+
+    name = "anthropic"
+    model = "test-model"
+
+    def __init__(self) -> None:
+        self.sent: list[float] = []
+
+    async def complete(self, request: CompletionRequest) -> Completion:
+        self.sent.append(trio.current_time())
+        data = {"text": f"note {len(self.sent)}"}
+        return Completion(data, json.dumps(data), Usage(700, 300))
+
+
+async def test_jobs_over_the_per_minute_budget_wait_for_it(autojump_clock: trio.testing.MockClock) -> None:
+    """Two jobs, a budget of one request and 1,000 tokens a minute: the second job's request waits
+    (its job stays running, never fails) until the budget has refilled."""
+    provider = ScriptedProvider()
+    resolved = resolve(
+        LLMConfig(provider="anthropic", requests_per_minute=1, tokens_per_minute=5000, max_output_tokens=100),
+        {"ANTHROPIC_API_KEY": "sk-test"},
+    )
+    llm = LLM(resolved, provider=provider)
+    with trio.fail_after(LONG):
+        async with harness(llm) as h:  # type: ignore[arg-type]
+            first = await h.jobs.accept("test.note", "a", note_input("s1"))
+            second = await h.jobs.accept("test.note", "b", note_input("s2"))
+            done = [await h.wait_state(job_id, "done") for job_id in (first, second)]
+            budget = h.jobs.statistics()["llm"]["anthropic"]["budget"]
+    assert provider.sent[1] - provider.sent[0] >= 60 * (1 - 1e-6)  # one request a minute
+    assert budget["waits"] == 1 and budget["waited_seconds"] >= 59
+    assert [job.attempts for job in done] == [1, 1] and [job.tokens.input for job in done] == [700, 700]
+    assert h.persistent.state.records["test.note.s2"].value == "note 2"

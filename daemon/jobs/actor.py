@@ -6,13 +6,15 @@ Rules kept here:
   it asks the LLM, embeds in a worker thread, and reads other tiers through their actors'
   internal calls, so no tier actor ever waits for an LLM.
 - A result is applied exactly once, with the job's completion, in ONE journal record (CommitJob).
-  The commit stages each tier's part on its own actor, in the fixed order memory, graph,
-  persistent, jobs (daemon/tier.py: a staged actor applies its part and holds, answering nobody,
-  until released), journals the one record, then releases every stage: kept if the write
-  succeeded, undone otherwise. The order is fixed, so two commits never wait for each other in a
-  cycle; the commit is shielded from cancellation, so a stage is always released. The jobs stage
-  checks that the attempt is still the job's current one: a jobs.cancel that got in first undoes
-  the whole commit.
+  The commit first stages this actor (checking that the attempt is still the job's current one: a
+  jobs.cancel that got in first ends the commit before anything is applied; one that comes later
+  finds the job done), then each tier's part on its own actor, all at once (daemon/tier.py: a
+  staged actor applies its part and holds, answering nobody, until released), then completes the
+  job on the held jobs state; it journals the one record, then releases every stage: kept if the
+  write succeeded, undone otherwise. One commit runs at a time (a lock; nothing else stages), so
+  two commits never wait for each other in a cycle, and a tier is held only from its part to the
+  journal's answer (one fsync). The commit is shielded from cancellation, so a stage is always
+  released.
 - At most `concurrency` jobs run at once. A job that cannot reach the LLM (LLMUnavailable) goes
   back to `queued` and backs off (the provider's Retry-After, else 5 s doubling to 5 min, with
   jitter); with no usable provider at all (none configured, no key) nothing is started and every
@@ -43,7 +45,7 @@ import trio
 from eurekamem.daemon.jobs.state import ACTIVE, CommitJob, JobInput, JobRecord, JobsState, PutJob, StaleAttempt
 from eurekamem.daemon.llm import LLMError, LLMFailed, LLMUnavailable
 from eurekamem.daemon.storage.journal_actor import JournalActor, JournalUnavailable
-from eurekamem.daemon.tier import RTYPE_MUTATION, Stage, TierActor, Work, handles, mutation_encoder
+from eurekamem.daemon.tier import RTYPE_MUTATION, Internal, Stage, TierActor, Work, handles, mutation_encoder
 from eurekamem.protocol import Call, ProtocolError, new_id
 
 log = logging.getLogger("eurekamem.jobs")
@@ -179,6 +181,7 @@ class JobsActor(TierActor):
         self._stopping = False
         self._nursery: trio.Nursery | None = None
         self._work_scope = trio.CancelScope()  # the scheduler and the running attempts
+        self._commit_lock = trio.Lock()  # one commit at a time (the module's rule)
         environ = os.environ if environ is None else environ
         self.pause_at = environ.get(PAUSE_VARIABLE, "")
         if self.pause_at and self.pause_at not in PAUSE_POINTS:
@@ -275,6 +278,38 @@ class JobsActor(TierActor):
 
     async def _run_internal_item(self, item: Any) -> None:
         await super()._run_internal_item(item)
+        self._after_change()
+
+    async def _run_internals(self, items: list[Internal]) -> None:
+        """Consecutive internal calls (accepts, starts, ends of attempts) with ONE journal write
+        between them and their answers: concurrent jobs share an fsync instead of queueing for one
+        each. A call that raises changed nothing (JobsState's functions check before they commit)."""
+        if len(items) == 1:
+            await self._run_internal_item(items[0])
+            return
+        outcomes: list[tuple[Internal, bool, Any]] = []
+        for item in items:
+            try:
+                outcomes.append((item, True, item.fn(self.state)))
+            except Exception as exc:
+                outcomes.append((item, False, exc))
+        mutations = self.state.take_pending()
+        if mutations:
+            try:
+                await self.journal.submit([(RTYPE_MUTATION, mutation_encoder.encode(m)) for m in mutations])
+            except JournalUnavailable as exc:
+                self.state.rollback()
+                for item, _, _ in outcomes:
+                    item.waiter.fail(exc)
+                self._after_change()
+                return
+            self.state.forget_undo()
+        self._publish()
+        for item, ok, value in outcomes:
+            if ok:
+                item.waiter.set(value)
+            else:
+                item.waiter.fail(value)
         self._after_change()
 
     def _after_change(self) -> None:
@@ -454,38 +489,51 @@ class JobsActor(TierActor):
 
     async def _commit(self, job_id: str, attempt: int, outcome: Outcome, tokens: Tokens) -> None:
         """Apply the outcome in every tier and complete the job with ONE journal record (module rule)."""
-        started = time.perf_counter()
-        stages: list[Stage] = []
-        with trio.CancelScope(shield=True):
-            try:
-                summaries: dict[str, Any] = {}
-                for tier in COMMIT_ORDER:
-                    fn = outcome.stages.get(tier)
-                    if fn is not None:
-                        stage = await self.tiers[tier].stage(fn)
-                        stages.append(stage)
-                        summaries[tier] = stage.result
-                result = outcome.result(summaries)
-
-                def complete(state: JobsState) -> JobRecord:
-                    if not state.is_current(job_id, attempt):
-                        raise StaleAttempt(job_id)
-                    done = state.completed(job_id, attempt, result, tokens.pair())
-                    state.commit(PutJob(done))
-                    return done
-
-                own = await self.stage(complete)
-                stages.append(own)
-                record = CommitJob(own.result, [m for stage in stages[:-1] for m in stage.mutations])
-                await self.journal.submit([(RTYPE_MUTATION, mutation_encoder.encode(record))])
-            except BaseException:
-                for stage in stages:
-                    stage.release(False)
-                raise
-            for stage in stages:
-                stage.release(True)
-        self.commit_time_us += (time.perf_counter() - started) * 1e6
+        async with self._commit_lock:
+            started = time.perf_counter()
+            with trio.CancelScope(shield=True):
+                await self._commit_locked(job_id, attempt, outcome, tokens)
+            self.commit_time_us += (time.perf_counter() - started) * 1e6
         await self.run_internal(lambda state: state.purge_old())
+
+    async def _commit_locked(self, job_id: str, attempt: int, outcome: Outcome, tokens: Tokens) -> None:
+        taken: dict[str, Stage] = {}
+        errors: list[Exception] = []
+
+        async def take(tier: str, fn: Callable[[Any], Any]) -> None:
+            try:
+                taken[tier] = await self.tiers[tier].stage(fn)
+            except Exception as exc:  # its actor undid its part; the others are released below
+                errors.append(exc)
+
+        def current(state: JobsState) -> None:
+            if not state.is_current(job_id, attempt):
+                raise StaleAttempt(job_id)
+
+        def complete(state: JobsState) -> JobRecord:
+            result = outcome.result({tier: stage.result for tier, stage in taken.items()})
+            done = state.completed(job_id, attempt, result, tokens.pair())
+            state.commit(PutJob(done))
+            return done
+
+        own = await self.stage(current)  # first: from here no jobs.cancel can get in
+        stages: list[Stage] = [own]
+        try:
+            async with trio.open_nursery() as nursery:  # every tier at once (one commit at a time)
+                for tier, fn in outcome.stages.items():
+                    nursery.start_soon(take, tier, fn)
+            stages += [taken[tier] for tier in COMMIT_ORDER if tier in taken]
+            if errors:
+                raise errors[0]
+            done = own.extend(complete)
+            record = CommitJob(done, [mutation for stage in stages[1:] for mutation in stage.mutations])
+            await self.journal.submit([(RTYPE_MUTATION, mutation_encoder.encode(record))])
+        except BaseException:
+            for stage in stages:
+                stage.release(False)
+            raise
+        for stage in stages:
+            stage.release(True)
 
     async def _pause(self, point: str, job_id: str) -> None:
         if self.pause_at == point:

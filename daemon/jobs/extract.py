@@ -267,12 +267,14 @@ class SessionExtraction:
     async def judge(self, ctx: JobContext, planned: list[Planned], adds: list[m.MemoryAdd]) -> None:
         """The insights that look like memories already kept go to the judge, in one call."""
         domain = ctx.input.domain
-        wanted = [(p.category, p.title, p.content, plan.vector) for plan, p in zip(planned, adds, strict=True)]
+        wanted: list[tuple[str, str, str, Any]] = [
+            (p.category, p.title, p.content, plan.vector) for plan, p in zip(planned, adds, strict=True)
+        ]
         found = await ctx.read("memory", lambda state: candidates_of(state, domain, wanted))
         chosen = [index for index, candidates in enumerate(found) if candidates]
         if not chosen:
             return
-        items = [(adds[i].category, adds[i].title, adds[i].content) for i in chosen]
+        items: list[tuple[str, str, str]] = [(adds[i].category, adds[i].title, adds[i].content) for i in chosen]
         decided = await judge(ctx, domain, items, [found[i] for i in chosen])
         for index, judged in zip(chosen, decided, strict=True):
             planned[index].judged = judged
