@@ -456,7 +456,7 @@ METHODS: dict[str, MethodSpec] = dict(
         _spec("episodic.recent", EpisodicRecent, "episodic", False, "last n events, oldest first"),
         _spec("episodic.search", EpisodicSearch, "episodic", False, "events whose content has the keyword"),
         _spec(
-            "session.close", SessionClose, "episodic", True,
+            "session.close", SessionClose, "episodic", False,
             "write the session's events to runs/, free it, queue its extraction job",
         ),
         _spec("persistent.remember", PersistentRemember, "persistent", True, "store a record under a key"),
