@@ -13,7 +13,7 @@ import msgspec
 import pytest
 import trio
 import trio.testing
-from eurekamem.daemon import Config, Daemon
+from eurekamem.daemon import Config
 from eurekamem.daemon.jobs.state import (
     AcceptJob,
     CommitJob,
@@ -416,7 +416,7 @@ async def test_jobs_over_the_socket_survive_restarts(data_dir: Path, sock_dir: P
     with trio.fail_after(IO_TIMEOUT):
         down = FakeLLM(available=False, reason="ANTHROPIC_API_KEY is not set in the daemon's environment")
         async with daemon_with(data_dir, sock, down) as daemon:
-            queued_id = await daemon.actors["jobs"].accept("test.note", "k1", note_input("s1"))
+            queued_id = await daemon.jobs_actor.accept("test.note", "k1", note_input("s1"))
             conn = await RawConnection.open(sock)
             job = await conn.result("jobs.get", {"id": queued_id})
             assert job["state"] == "queued" and job["waiting_reason"].startswith("no LLM: ANTHROPIC_API_KEY is not set")
@@ -440,7 +440,7 @@ async def test_jobs_over_the_socket_survive_restarts(data_dir: Path, sock_dir: P
             assert await conn.error_kind("jobs.list", {"state": "sleeping"}) == "invalid_params"
             assert await conn.error_kind("jobs.wait", {"id": queued_id, "timeout": -1}) == "invalid_params"
             assert await conn.error_kind("jobs.get", {"id": queued_id, "extra": 1}) == "invalid_params"
-            cancel_id = await daemon.actors["jobs"].accept("test.note", "k2", note_input("s2"))
+            cancel_id = await daemon.jobs_actor.accept("test.note", "k2", note_input("s2"))
             assert (await conn.result("jobs.cancel", {"id": cancel_id}))["state"] == "cancelled"
             await conn.aclose()
         # restarted from the journal alone: both jobs are still there, the queued one still queued
@@ -471,21 +471,17 @@ async def test_jobs_over_the_socket_survive_restarts(data_dir: Path, sock_dir: P
 async def test_sys_resume_resolves_the_llm_again(data_dir: Path, sock_dir: Path) -> None:
     """No key -> queued -> key set in the daemon's environment -> sys.resume -> done (in-process:
     the environment the daemon resolves its LLM from is a dict the test changes)."""
-    from eurekamem.daemon.llm import LLM, resolve
     from test_llm import StubLLMServer, anthropic_tool
 
     stub = StubLLMServer()
     environ: dict[str, str] = {"ANTHROPIC_BASE_URL": stub.url("anthropic")}
     sock = sock_dir / "s.sock"
-    config = Config(
-        data_dir=data_dir, socket_path=sock, embedder="usem3", snapshot_quiet=3600.0, snapshot_max_delay=3600.0
-    )
-    daemon = Daemon(config, environ=environ, job_kinds={"test.note": NoteKind()})
     try:
         with trio.fail_after(IO_TIMEOUT):
-            async with trio.open_nursery() as nursery:
-                await nursery.start(daemon.serve)
-                job_id = await daemon.actors["jobs"].accept("test.note", "k", note_input("s1"))
+            async with running_daemon(
+                data_dir, sock, embedder="usem3", environ=environ, job_kinds={"test.note": NoteKind()}
+            ) as daemon:
+                job_id = await daemon.jobs_actor.accept("test.note", "k", note_input("s1"))
                 conn = await RawConnection.open(sock)
                 job = await conn.result("jobs.get", {"id": job_id})
                 assert job["state"] == "queued" and "ANTHROPIC_API_KEY" in job["waiting_reason"]
@@ -496,11 +492,10 @@ async def test_sys_resume_resolves_the_llm_again(data_dir: Path, sock_dir: Path)
                 done = await conn.result("jobs.wait", {"id": job_id, "timeout": 10})
                 assert done["state"] == "done" and done["tokens"] == {"input": 120, "output": 30}
                 assert (await conn.result("persistent.recall", {"key": "test.note.s1"}))["value"] == "resolved"
-                assert isinstance(daemon.actors["jobs"].llm, LLM) and resolve is not None
+                assert isinstance(daemon.jobs_actor.llm, LLM)
                 stats = await conn.result("sys.stats")
                 assert stats["jobs"]["llm"]["anthropic"]["succeeded"] == 1
                 await conn.aclose()
-                daemon.request_shutdown()
     finally:
         stub.close()
     headers = {name.lower(): value for name, value in stub.requests[0].headers.items()}
@@ -554,3 +549,21 @@ async def test_jobs_over_the_per_minute_budget_wait_for_it(autojump_clock: trio.
     assert budget["waits"] == 1 and budget["waited_seconds"] >= 59
     assert [job.attempts for job in done] == [1, 1] and [job.tokens.input for job in done] == [700, 700]
     assert h.persistent.state.records["test.note.s2"].value == "note 2"
+
+
+@pytest.mark.unit
+def test_the_documented_job_figures_are_the_codes() -> None:
+    """PROTOCOL.md's figures for the job queue, extraction and the judge are the constants the daemon runs with."""
+    from eurekamem.daemon.config import config_default
+    from eurekamem.daemon.jobs import actor, extract, judge, state
+    from eurekamem.daemon.memory import state as memory_state
+
+    text = " ".join((Path(__file__).resolve().parent.parent / "protocol" / "PROTOCOL.md").read_text().split())
+    assert f"else {actor.BACKOFF_BASE:g} s doubling up to {actor.BACKOFF_MAX / 60:g} minutes" in text
+    assert f"the {state.MAX_FINISHED:,} most recent finished jobs are kept" in text
+    assert f"the session's last {extract.MAX_EVENTS} events (each cut to {extract.MAX_EVENT_CHARS} characters)" in text
+    assert f"at most {extract.MAX_ITEMS} each" in text
+    assert f"each shown with at most {judge.MAX_CANDIDATES} of those memories" in text
+    assert f"at most the {memory_state.MAX_VERSIONS} most recent versions are kept" in text
+    assert f"the {extract.MAX_FAILURES_KEPT} most recent kept" in text
+    assert f"`jobs_concurrency` jobs (default {config_default('jobs_concurrency')})" in text
