@@ -258,6 +258,7 @@ class Daemon:
             embedder=recovered.memory.embedder,
             concurrency=self.config.jobs_concurrency,
             environ=self.environ,
+            redactor=self.redactor,
         )
         self.actors["jobs"] = self.jobs_actor
         episodic: Any = self.actors["episodic"]

@@ -407,3 +407,25 @@ async def test_cancelling_a_job_whose_llm_request_is_under_way(data_dir: Path, s
             assert (await conn.result("graph.stats", {}))["nodes"] == 0
             assert (await finished(conn, closed["job_id"]))["state"] == "cancelled"
             await conn.aclose()
+
+
+async def test_what_the_llm_writes_is_redacted_before_it_is_stored(
+    data_dir: Path, sock_dir: Path, stub: StubLLMServer
+) -> None:
+    from test_redact import SECRETS
+
+    key = SECRETS["anthropic-key"][0][0]
+    leaky = copy.deepcopy(INSIGHTS)
+    leaky["pitfalls"][0]["content"] += f" The run used the key {key} by mistake."
+    leaky["pitfalls"][0]["overview"] = f"key {key}"
+    stub.script.append(answer(leaky))
+    with trio.fail_after(IO_TIMEOUT):
+        async with extraction_daemon(data_dir, sock_dir, stub):
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            job = await finished(conn, (await close(conn, "run-7", domain=DOMAIN, theory_state=THEORY_STATE))["job_id"])
+            pitfall = next(m for m in job["result"]["memories"] if m["category"] == "pitfalls")
+            stored = await conn.result("memory.get", {"id": pitfall["id"]})
+            assert key not in json.dumps(stored) and "[redacted:anthropic-key]" in stored["content"]
+            assert stored["overview"] == "key [redacted:anthropic-key]"
+            assert (await conn.result("sys.stats"))["redaction"]["by_kind"]["anthropic-key"] >= 2
+            await conn.aclose()

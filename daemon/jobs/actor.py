@@ -126,6 +126,12 @@ class JobContext:
         self.tokens.add(result.usage)
         return result.value
 
+    def redact(self, value: Any, domain: str | None) -> Any:
+        """An LLM's answer with secrets (and what the domain's policy names) redacted, before anything
+        of it is stored: what daemon/redact.py does to every request's text at dispatch."""
+        redactor = self.actor.redactor
+        return redactor.value(value, domain) if redactor is not None else value
+
     async def embed(self, texts: list[str]) -> np.ndarray:
         """Passage embeddings under tier 4's model, in a worker thread (the embedder is thread-safe)."""
         if not texts:
@@ -162,6 +168,7 @@ class JobsActor(TierActor):
         concurrency: int = 2,
         rng: random.Random | None = None,
         environ: Any = None,
+        redactor: Any = None,
     ) -> None:
         super().__init__(state, journal, inline=True)
         self.tiers = tiers
@@ -170,6 +177,7 @@ class JobsActor(TierActor):
         self.llm: LLMHandle | None = llm  # None: made by llm_factory when the actor starts
         self._old_llms: list[LLMHandle] = []
         self.embedder = embedder
+        self.redactor = redactor  # daemon/redact.py's Redactor: what a job stores is redacted like a request
         self.concurrency = concurrency
         self._rng = rng or random.Random()
         self._running: dict[str, trio.CancelScope] = {}

@@ -20,7 +20,9 @@ Rules kept here:
   `theory.failed_strategies.<domain slug>.<lemma id>`, the key EurekaClaw's docs give for failed
   strategies (its inner loop keys proof hints the same way: `proof_hint.<domain>.<lemma id>`).
 - Everything lands in one commit (daemon/jobs/actor.py): memories, nodes, edges, records and the
-  job's completion, or none of it.
+  job's completion, or none of it. What the LLM wrote is redacted first, under the domain's policy,
+  as every request's text is at dispatch (daemon/redact.py); what the session gave was redacted
+  when session.close arrived.
 """
 
 from __future__ import annotations
@@ -218,7 +220,8 @@ class SessionExtraction:
 
     async def run(self, ctx: JobContext) -> Outcome:
         job_input: SessionInput = ctx.input
-        insights = await ctx.ask(SYSTEM, build_prompt(job_input), SessionInsights, name="session_insights")
+        asked = await ctx.ask(SYSTEM, build_prompt(job_input), SessionInsights, name="session_insights")
+        insights = ctx.redact(asked, job_input.domain)  # before anything of it is stored
         planned: list[Planned] = []
         dropped: list[dict[str, Any]] = []
         for category in CATEGORIES:

@@ -173,7 +173,7 @@ async def judge(
     problem = ""
     for _ in range(2):
         asked = prompt if not problem else f"{prompt}\n\nYour previous answer was refused: {problem}. Answer again."
-        answer = await ctx.ask(SYSTEM, asked, Verdicts, name="merge_decisions")
+        answer = ctx.redact(await ctx.ask(SYSTEM, asked, Verdicts, name="merge_decisions"), domain)
         problem = check(answer, len(items), candidates, shown)
         if not problem:
             break
