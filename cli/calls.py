@@ -254,9 +254,8 @@ def cmd_memories_list(args: argparse.Namespace) -> int:
         page = client.call("memory.list", params)
         if args.json:
             _print_json(page)
-        elif args.ids:
-            for memory in page["memories"]:
-                print(memory["id"])
+        elif args.ids:  # one write: a reader that stops after the first line (| head -1) gets them all first
+            sys.stdout.write("".join(f"{memory['id']}\n" for memory in page["memories"]))
         elif not page["memories"]:
             print("no memories" + (f" in {args.domain!r}" if args.domain is not None else ""), file=sys.stderr)
         else:

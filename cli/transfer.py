@@ -101,7 +101,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-_MEMORY_FIELDS = ("domain", "category", "title", "content", "confidence", "tags", "source_session", "scope", "abstract", "overview")
+_MEMORY_FIELDS = ("domain", "category", "title", "content", "confidence", "tags", "source_session", "scope", "abstract", "overview",
+                  "valid_from", "valid_until", "pinned")  # the lifecycle fields memory.add takes (issue 13)
 
 
 class Importer:
@@ -218,7 +219,7 @@ def read_jsonl(path: Path) -> dict[str, list[Any]]:
 
 def read_eurekaclaw_root(root: Path) -> tuple[dict[str, list[Any]], list[str]]:
     """A plain EurekaClaw data root: persistent.json, knowledge_graph.json, memories/*/*.md."""
-    from eurekamem.daemon.memory.format import parse_markdown
+    from eurekamem.daemon.memory.format import memory_files, parse_markdown
     from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
     from eurekamem.protocol._records import MEMORY_CATEGORIES
 
@@ -239,7 +240,7 @@ def read_eurekaclaw_root(root: Path) -> tuple[dict[str, list[Any]], list[str]]:
     if _segment_files(root) and any(p.stat().st_size > 26 for p in _segment_files(root)):
         notes.append(f"{journal} holds journal records: if a daemon ran there, stop it cleanly first so its snapshots are current")
     base = root / "memories"
-    paths = sorted(base.glob("*/*.md")) + sorted(base.glob("*/_archive/*.md")) if base.is_dir() else []
+    paths = memory_files(base) if base.is_dir() else []  # not MEMORY.md / GLOBAL.md (the readable projection)
     for path in paths:
         try:
             text = path.read_text(encoding="utf-8", errors="replace")

@@ -47,7 +47,7 @@ def verify_root(root: Path) -> Report:
     """Check the journal, the snapshots, the vectors and the memory files against each other.
     The caller holds the LOCK (the daemon is not running)."""
     import msgspec
-    from eurekamem.daemon.memory.format import fingerprint, parse_markdown
+    from eurekamem.daemon.memory.format import fingerprint, memory_files, parse_markdown
     from eurekamem.daemon.memory.state import MemorySnapshot, PurgeMemory, PutMemory
     from eurekamem.daemon.memory.vectors import _HEAD, MAGIC, VectorStore
     from eurekamem.daemon.paths import Paths
@@ -183,7 +183,7 @@ def verify_root(root: Path) -> Report:
             report.ok.append(f"memory files: {len(memories)} match their memories")
         base = root / "memories"
         if base.is_dir():
-            for path in sorted(base.glob("*/*.md")) + sorted(base.glob("*/_archive/*.md")):
+            for path in memory_files(base):  # MEMORY.md and GLOBAL.md are the readable projection, no memories
                 relative = path.relative_to(root).as_posix()
                 if relative not in known_files:
                     report.problems.append(f"{relative}: a memory file that no memory owns")

@@ -22,6 +22,7 @@ from eurekamem.protocol import (
     Memory,
     MemoryAddResult,
     MemoryDeleted,
+    MemoryFeedbackResult,
     MemoryHit,
     MemoryPage,
     MemoryVersion,
@@ -336,7 +337,12 @@ def op_list_memories(
     return Op("memory.list", params, MemoryPage)
 
 
-MEMORY_UPDATE_FIELDS = frozenset({"title", "content", "category", "confidence", "tags", "scope", "abstract", "overview"})
+MEMORY_UPDATE_FIELDS = frozenset({
+    "title", "content", "category", "confidence", "tags", "scope", "abstract", "overview", "pinned", "valid_from", "valid_until",
+})
+
+
+NULLABLE_UPDATE_FIELDS = frozenset({"valid_from", "valid_until"})  # None is sent: null clears them
 
 
 def op_update_memory(memory_id: str, **fields: Any) -> Op[Memory]:
@@ -346,11 +352,25 @@ def op_update_memory(memory_id: str, **fields: Any) -> Op[Memory]:
             f"update_memory() got unknown fields: {', '.join(sorted(unknown))}; "
             f"it changes {', '.join(sorted(MEMORY_UPDATE_FIELDS))} (the domain cannot change)"
         )
-    return Op("memory.update", {"id": memory_id, **_drop_none(**fields)}, Memory)
+    kept = {k: v for k, v in fields.items() if k in NULLABLE_UPDATE_FIELDS}
+    others = _drop_none(**{k: v for k, v in fields.items() if k not in NULLABLE_UPDATE_FIELDS})
+    return Op("memory.update", {"id": memory_id, **others, **kept}, Memory)
 
 
 def op_delete_memory(memory_id: str, purge: bool) -> Op[MemoryDeleted]:
     return Op("memory.delete", {"id": memory_id, "purge": bool(purge)}, MemoryDeleted)
+
+
+def op_restore_memory(memory_id: str) -> Op[Memory]:
+    return Op("memory.restore", {"id": memory_id}, Memory)
+
+
+def op_memory_feedback(ids: list[str], signal: str) -> Op[MemoryFeedbackResult]:
+    return Op("memory.feedback", {"ids": list(ids), "signal": signal}, MemoryFeedbackResult)
+
+
+def op_maintain() -> Op[str]:
+    return Op("sys.maintain", {}, post=lambda r: r.get("job_id") if isinstance(r, dict) else r)
 
 
 def op_job(job_id: str) -> Op[Job]:

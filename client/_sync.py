@@ -36,6 +36,7 @@ from eurekamem.protocol import (
     Memory,
     MemoryAddResult,
     MemoryDeleted,
+    MemoryFeedbackResult,
     MemoryHit,
     MemoryPage,
     MemoryVersion,
@@ -754,6 +755,20 @@ class Client:
     def reject_review(self, review_id: str, reason: str | None = None, by: str | None = None) -> ReviewView:
         """review.reject: the request is refused; the request as decided."""
         return self._run(C.op_reject(review_id, reason, by))
+
+    def restore_memory(self, memory_id: str) -> Memory:
+        """memory.restore: an archived memory active again, its file back from _archive/ (InvalidParams
+        if it is not archived, NotFound if there is none)."""
+        return self._run(C.op_restore_memory(memory_id))
+
+    def memory_feedback(self, ids: list[str], signal: str) -> MemoryFeedbackResult:
+        """memory.feedback: the injected memories `ids` were "used" (reinforces them), "ignored" or
+        "wrong" (lowers their confidence; below 0.5 archives them): `updated`, `archived`."""
+        return self._run(C.op_memory_feedback(ids, signal))
+
+    def maintain(self) -> str:
+        """sys.maintain: start tier 4's maintenance now; its job id (the report: stats()["memory"]["maintenance"])."""
+        return self._run(C.op_maintain())
 
     # --- conversations, jobs ----------------------------------------------------------------------
 

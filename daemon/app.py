@@ -24,7 +24,8 @@ import os
 import socket as stdlib_socket
 import struct
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,8 @@ from eurekamem.daemon.listener import open_listener
 from eurekamem.daemon.llm import LLM, LLMConfigError, resolve
 from eurekamem.daemon.memory.actor import MemoryActor
 from eurekamem.daemon.memory.embed import Embedder, make_embedder, preload_embedder
+from eurekamem.daemon.memory.maintenance import Maintenance, last_run_time, schedule
+from eurekamem.daemon.memory.strength import StrengthSettings
 from eurekamem.daemon.paths import Paths, acquire_lock
 from eurekamem.daemon.recovery import Recovered, recover
 from eurekamem.daemon.redact import Redactor
@@ -125,11 +128,15 @@ class Daemon:
         environ: Any = None,
         job_kinds: dict[str, Any] | None = None,
         llm_factory: Any = None,
+        wall_clock: Callable[[], float] | None = None,
     ) -> None:
         self.config = config
         # tier 4's embedder: made from the config at serve(), or one the caller shares between
         # daemons it runs one after another (the tests: a model loads once per test process)
         self.embedder = embedder
+        # the wall clock of tier 4's timestamps, strength and maintenance schedule (seconds since
+        # 1970); tests give one that follows trio's virtual clock
+        self.wall = wall_clock or time.time
         self.fs = fs  # the journal's file layer (tests pass a fake one); None means the real files
         # where the LLM's key and settings are looked up (resolved at start and at sys.resume)
         self.environ = os.environ if environ is None else environ
@@ -164,6 +171,8 @@ class Daemon:
         self.embedding = EmbeddingProgress()
         self.redactor = Redactor.from_config(config)  # every write's text passes it in dispatch
         self._intercepted = frozenset(self.redactor.plan) | PEER_STAMPED
+        self.maintenance: Maintenance | None = None
+        self._maintenance_nursery: trio.Nursery | None = None
 
     def request_shutdown(self) -> None:
         self._shutdown.set()
@@ -228,6 +237,8 @@ class Daemon:
         journal = recovered.journal
         assert journal is not None
         recovered.memory.share_policy = self.config.share_policy_for  # memory.promote's, per domain
+        recovered.memory.settings = StrengthSettings.from_config(self.config)
+        recovered.memory.wall = self.wall
         # the Journal is handed to the journal actor here and comes back when its writer thread is done
         self.journal_actor = JournalActor(journal, self.config.fsync, self.config.batch_interval)
         self.memory_actor = MemoryActor(recovered.memory, self.journal_actor, self.paths.root)
@@ -263,6 +274,8 @@ class Daemon:
         self.actors["jobs"] = self.jobs_actor
         episodic: Any = self.actors["episodic"]
         episodic.jobs = self.jobs_actor  # session.close queues extractions (wired before any actor runs)
+        self.maintenance = Maintenance(self.memory_actor, wall=self.wall)
+        self.maintenance.finished_at = last_run_time(recovered.memory)
         if recovered.replayed == 0 and not recovered.imported:
             self._snapshot_seq = self.journal_actor.acked_seq  # the files on disk are current
         listener, activated = await self._listener()
@@ -276,6 +289,8 @@ class Daemon:
                 system.start_soon(self._snapshot_scheduler, scheduler_scope)
                 background_scope = trio.CancelScope()
                 system.start_soon(self._memory_background, background_scope)
+                maintenance_scope = trio.CancelScope()
+                await system.start(self._maintenance_tasks, maintenance_scope)
                 watchdog_scope = trio.CancelScope()
                 system.start_soon(self._feed_watchdog, watchdog_scope)
                 self._system = system
@@ -314,6 +329,7 @@ class Daemon:
                     io_scope.cancel()
                 scheduler_scope.cancel()
                 background_scope.cancel()
+                maintenance_scope.cancel()  # a run cut short keeps what it journaled; the next one goes on
                 watchdog_scope.cancel()
                 with trio.CancelScope(shield=True):
                     try:
@@ -540,6 +556,31 @@ class Daemon:
     def _sys_resume(self, call: Call, reply: Any, started_ns: int) -> None:
         self._system.start_soon(self._answer_resume, call, reply, started_ns)
 
+    @handles("sys.maintain", "sys")
+    def _sys_maintain(self, call: Call, reply: Any, started_ns: int) -> None:
+        reply.deliver(call, self._start_maintenance(), started_ns)
+
+    def _start_maintenance(self) -> Any:
+        """sys.maintain: {"job_id"} of the run started now (or of the one under way)."""
+        if self.journal_actor.failed:
+            return ProtocolError("read_only", f"read-only: {self.journal_actor.failed}")
+        if self._maintenance_nursery is None or self.maintenance is None:
+            return ProtocolError("unavailable", "the daemon is shutting down")
+        return {"job_id": self.maintenance.start(self._maintenance_nursery)}
+
+    async def _maintenance_tasks(self, scope: trio.CancelScope, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """The nightly schedule, and the runs sys.maintain starts, in one cancel scope."""
+        with scope:
+            async with trio.open_nursery() as nursery:
+                self._maintenance_nursery = nursery
+                task_status.started()
+                try:
+                    assert self.maintenance is not None  # made before the tasks start
+                    await schedule(self.maintenance, self.config.maintenance_at, self.config.maintenance_catchup)
+                    await trio.sleep_forever()  # "off": runs come from sys.maintain only
+                finally:
+                    self._maintenance_nursery = None
+
     async def _answer_snapshot(self, call: Call, reply: Any, started_ns: int) -> None:
         try:
             seq = await self.snapshot(force=True)
@@ -638,7 +679,11 @@ class Daemon:
             "read_only": bool(self.journal_actor.failed),
             "tiers": tiers,
             "journal": self.journal_actor.statistics(),
-            "memory": {**self.memory_actor.statistics(), "embedding": self.embedding.summary(trio.current_time())},
+            "memory": {
+                **self.memory_actor.statistics(),
+                "embedding": self.embedding.summary(trio.current_time()),
+                "maintenance": self.maintenance.statistics() if self.maintenance is not None else None,
+            },
             "skills": self.skills_actor.statistics(),
             "conversation": self.conversation_actor.statistics(),
             "jobs": self.jobs_actor.statistics(),

@@ -84,6 +84,53 @@ class DomainPolicy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     share_policy: SharePolicy | None = None
 
 
+MemoryCategory = Literal[
+    "domain_knowledge", "proof_strategy", "open_problems", "pitfalls", "fact", "preference", "skill", "goal", "context"
+]
+
+
+# Tier 4's forgetting (issue 13; the formula is in daemon/memory/strength.py and PROTOCOL.md,
+# "Strength"). Half-lives in days, per category: open problems and preferences fade slowest,
+# context (what happened in a conversation) fastest.
+MEMORY_HALF_LIFE_DAYS: dict[MemoryCategory, float] = {
+    "domain_knowledge": 120.0,
+    "proof_strategy": 120.0,
+    "open_problems": 365.0,
+    "pitfalls": 180.0,
+    "fact": 90.0,
+    "preference": 365.0,
+    "skill": 120.0,
+    "goal": 60.0,
+    "context": 14.0,
+}
+
+
+# Importance per category, multiplied by the memory's confidence.
+MEMORY_IMPORTANCE: dict[MemoryCategory, float] = {
+    "domain_knowledge": 1.0,
+    "proof_strategy": 1.0,
+    "open_problems": 1.0,
+    "pitfalls": 1.0,
+    "fact": 1.0,
+    "preference": 1.0,
+    "skill": 1.0,
+    "goal": 1.0,
+    "context": 0.8,
+}
+
+
+HalfLives = dict[MemoryCategory, Annotated[float, Meta(gt=0)]]  # a half-life of zero (or less) is refused
+
+
+Importances = dict[MemoryCategory, Annotated[float, Meta(ge=0, le=1)]]
+
+
+Share = Annotated[float, Meta(ge=0, le=1)]
+
+
+TimeOfDay = Annotated[str, Meta(pattern=r"^(off|([01][0-9]|2[0-3]):[0-5][0-9])$")]
+
+
 @dataclasses.dataclass(frozen=True)
 class Setting:
     name: str  # the TOML key
@@ -147,6 +194,20 @@ _BASE: list[Setting] = [
         "domains",
         "per-domain overrides of redact, redact_emails, redact_phones and share_policy: a TOML table "
         "[domains.<name>] (environment and flag: JSON)",
+    Setting(
+        "memory_half_life_days",
+        "tier 4: days for an unused memory's strength to halve, per category (a table; the others keep their defaults)",
+    ),
+    Setting("memory_importance", "tier 4: importance per category (0..1, times confidence) in a memory's strength (a table)"),
+    Setting("strength_weight", "tier 4: how much strength weighs in search and injection ranking (0: relevance only)"),
+    Setting("reinforcement", "tier 4: half-life gain per doubling of a memory's uses"),
+    Setting("wrong_penalty", "tier 4: confidence a memory loses with each `wrong` feedback"),
+    Setting("archive_floor", "tier 4 maintenance: archive memories whose strength is below this ..."),
+    Setting("archive_idle_days", "... and that were not used for this many days"),
+    Setting("maintenance_at", "tier 4 maintenance every night at this local time (HH:MM), or off"),
+    Setting(
+        "maintenance_catchup",
+        "seconds after start to run a maintenance missed while the daemon was down (last run over a day old); 0 = never",
     ),
     Setting("log_level", "log level: debug, info, warning, error", Literal["debug", "info", "warning", "error"], "info", config_field=None),
     Setting(
@@ -217,7 +278,27 @@ def _describe(exc: msgspec.ValidationError) -> str:
 
 
 def _convert_strict(setting: Setting, value: Any) -> Any:
-    return msgspec.convert(value, setting.type, strict=True)
+    return _convert_table(setting, value, strict=True)
+
+
+def _convert_table(setting: Setting, value: Any, *, strict: bool) -> Any:
+    """msgspec.convert, but a table's bad entry is named in the error (msgspec says `$[...]`)."""
+    try:
+        return msgspec.convert(value, setting.type, strict=strict)
+    except msgspec.ValidationError:
+        if not (_is_table(setting.type) and isinstance(value, dict)):
+            raise
+        key_type, item_type = typing.get_args(setting.type)
+        for key, item in value.items():
+            try:
+                msgspec.convert(key, key_type, strict=strict)
+            except msgspec.ValidationError as exc:
+                raise msgspec.ValidationError(f"unknown entry {key!r} ({_describe(exc)})") from None
+            try:
+                msgspec.convert(item, item_type, strict=strict)
+            except msgspec.ValidationError as exc:
+                raise msgspec.ValidationError(f"entry {key!r}: {_describe(exc)}") from None
+        raise
 
 
 def _is_list(tp: Any) -> bool:
@@ -228,16 +309,21 @@ def _is_list(tp: Any) -> bool:
 
 
 def _is_table(tp: Any) -> bool:
-    return typing.get_origin(tp) is dict or tp is dict
+    origin = typing.get_origin(tp)
+    if origin is Annotated:
+        return _is_table(typing.get_args(tp)[0])
+    return origin is dict or tp is dict
 
 
 def _convert_text(setting: Setting, text: str) -> Any:
-    """A value from the environment or a flag: a string read as the setting's type (a table as JSON)."""
+    """A value from the environment or a flag: a string read as the setting's type (a list as
+    `a,b`, a table as JSON)."""
     if _is_table(setting.type):
         try:
-            return msgspec.json.decode(text.encode(), type=setting.type, strict=True)
+            raw = msgspec.json.decode(text.encode())
         except msgspec.DecodeError as exc:  # not JSON at all: say so as a validation error does
             raise msgspec.ValidationError(f"not a JSON object of that shape: {exc}") from None
+        return _convert_table(setting, raw, strict=True)
     value: Any = text
     if _is_list(setting.type):
         value = [part.strip() for part in text.split(",") if part.strip()]
@@ -458,6 +544,8 @@ def format_effective(effective: Effective) -> str:
 
 
 def _toml_value(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key} = {_toml_value(item)}" for key, item in value.items()) + "}"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
@@ -573,6 +661,17 @@ class Config(msgspec.Struct, kw_only=True):
     llm_requests_per_minute: PositiveInt = _LLM.requests_per_minute
     llm_tokens_per_minute: PositiveInt = _LLM.tokens_per_minute
     llm_max_output_tokens: PositiveInt = _LLM.max_output_tokens
+    # tier 4's strength and maintenance (see MEMORY_HALF_LIFE_DAYS above and daemon/memory/strength.py);
+    # a table given in part keeps the defaults of the categories it leaves out
+    memory_half_life_days: HalfLives = msgspec.field(default_factory=lambda: dict(MEMORY_HALF_LIFE_DAYS))
+    memory_importance: Importances = msgspec.field(default_factory=lambda: dict(MEMORY_IMPORTANCE))
+    strength_weight: Share = 0.1
+    reinforcement: Annotated[float, Meta(ge=0)] = 1.0
+    wrong_penalty: Share = 0.2
+    archive_floor: Share = 0.05
+    archive_idle_days: Annotated[float, Meta(ge=0)] = 30.0
+    maintenance_at: TimeOfDay = "03:00"  # local time of day, or "off"
+    maintenance_catchup: NonNegativeSeconds = 3600.0
 
     def __post_init__(self) -> None:
         if self.fsync not in FSYNC_POLICIES:
@@ -593,6 +692,21 @@ class Config(msgspec.Struct, kw_only=True):
             raise ValueError(f"llm_provider must be anthropic, openai, none or empty, not {self.llm_provider!r}")
         if self.jobs_concurrency < 1:
             raise ValueError("jobs_concurrency must be at least 1")
+        # Config(...) made in code passes no TOML check: the same bounds, the same clear refusal
+        try:
+            half_lives = msgspec.convert(self.memory_half_life_days, HalfLives)
+            importance = msgspec.convert(self.memory_importance, Importances)
+            msgspec.convert(self.maintenance_at, TimeOfDay)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"tier 4 strength settings: {exc}") from None
+        for name, value in (("strength_weight", self.strength_weight), ("wrong_penalty", self.wrong_penalty),
+                            ("archive_floor", self.archive_floor)):
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be between 0 and 1, not {value!r}")
+        if self.reinforcement < 0 or self.archive_idle_days < 0 or self.maintenance_catchup < 0:
+            raise ValueError("reinforcement, archive_idle_days and maintenance_catchup must not be negative")
+        self.memory_half_life_days = {**MEMORY_HALF_LIFE_DAYS, **half_lives}
+        self.memory_importance = {**MEMORY_IMPORTANCE, **importance}
 
     def share_policy_for(self, domain: str) -> str:
         """auto, review or never: the domain's own, else the daemon-wide one."""

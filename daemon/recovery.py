@@ -32,7 +32,7 @@ from eurekamem.daemon.memory.actor import (
 )
 from eurekamem.daemon.memory.embed import make_embedder
 from eurekamem.daemon.memory.review import PutReview
-from eurekamem.daemon.memory.state import MemoryState, PurgeMemory, PutMemory
+from eurekamem.daemon.memory.state import MaintenanceRecord, MemoryState, PurgeMemory, PutMemory
 from eurekamem.daemon.paths import Paths
 from eurekamem.daemon.skills.actor import load_skill_files
 from eurekamem.daemon.skills.state import PutSkill, SkillsState
@@ -57,6 +57,7 @@ MUTATION_TIER: dict[type, str] = {
     PutMemory: "memory",
     PurgeMemory: "memory",
     PutReview: "memory",  # the review queue lives in the memory tier (daemon/memory/review.py)
+    MaintenanceRecord: "memory",
     PutSkill: "skills",
     PutMessages: "conversation",
     DropMessages: "conversation",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import msgspec
-from msgspec import Meta
+from msgspec import UNSET, Meta, UnsetType
 
 # Field limits. A frame is bounded separately (max_frame_bytes, 16 MiB by default).
 MAX_ID = 256  # session ids, roles, node ids, tags
@@ -198,6 +198,11 @@ Title = Annotated[str, Meta(min_length=1, max_length=MAX_KEY)]
 Content = Annotated[str, Meta(min_length=1, max_length=MAX_TEXT)]
 MAX_K = 100
 MAX_BATCH_ITEMS = 10_000
+MAX_FEEDBACK_IDS = 1000
+# An RFC 3339 timestamp ("2026-12-01T08:00:00+00:00"; "Z" and a missing offset, meaning UTC, are
+# accepted); the handler parses it and answers invalid_params, naming the field, when it is not one.
+Timestamp = Annotated[str, Meta(min_length=1, max_length=64)]
+Signal = Literal["used", "ignored", "wrong"]
 
 
 class MemoryAdd(Params):
@@ -212,6 +217,9 @@ class MemoryAdd(Params):
     abstract: Annotated[str, Meta(max_length=MAX_KEY)] | None = None
     overview: Annotated[str, Meta(max_length=MAX_TEXT)] | None = None
     dedup: bool = True
+    valid_from: Timestamp | None = None  # null: from now (the memory's created_at)
+    valid_until: Timestamp | None = None  # null: still true
+    pinned: bool = False
 
 
 class MemoryAddMany(Params):
@@ -229,6 +237,8 @@ class MemorySearch(Params):
     min_score: Confidence | None = None  # a floor on the fused score (0..1, as the score; NaN refused)
     mode: Literal["hybrid", "dense", "lexical"] = "hybrid"
     include_global: bool = True
+    as_of: Timestamp | None = None  # null: now; only memories valid at that time
+    include_expired: bool = False  # also memories whose validity ended at or before as_of
 
 
 class MemoryInject(Params):
@@ -266,6 +276,15 @@ class MemoryUpdate(Params):
     scope: Scope | None = None
     abstract: Annotated[str, Meta(max_length=MAX_KEY)] | None = None
     overview: Annotated[str, Meta(max_length=MAX_TEXT)] | None = None
+    pinned: bool | None = None
+    # left out: unchanged; null: cleared (valid from created_at on / still true); else RFC 3339
+    valid_from: Timestamp | None | UnsetType = UNSET
+    valid_until: Timestamp | None | UnsetType = UNSET
+
+
+class MemoryFeedback(Params):
+    ids: Annotated[list[Ident], Meta(min_length=1, max_length=MAX_FEEDBACK_IDS)]
+    signal: Signal
 
 
 class MemoryDelete(Params):
@@ -452,6 +471,7 @@ METHODS: dict[str, MethodSpec] = dict(
         _spec("sys.stats", Empty, "sys", False, "counts per tier, journal, requests, latencies"),
         _spec("sys.snapshot", Empty, "sys", False, "write every snapshot file now"),
         _spec("sys.resume", Empty, "sys", False, "after a journal failure: try writing again, leave read-only mode"),
+        _spec("sys.maintain", Empty, "sys", False, "start tier 4's maintenance now (archive the faded, merge duplicates)"),
         _spec("episodic.log", EpisodicLog, "episodic", False, "append an event to a session"),
         _spec("episodic.recent", EpisodicRecent, "episodic", False, "last n events, oldest first"),
         _spec("episodic.search", EpisodicSearch, "episodic", False, "events whose content has the keyword"),
@@ -479,6 +499,8 @@ METHODS: dict[str, MethodSpec] = dict(
         _spec("memory.list", MemoryList, "memory", False, "memories newest first, paged"),
         _spec("memory.update", MemoryUpdate, "memory", True, "change fields; re-fingerprints and re-embeds"),
         _spec("memory.delete", MemoryDelete, "memory", True, "archive a memory, or purge it for good"),
+        _spec("memory.restore", MemoryRef, "memory", True, "make an archived memory active again"),
+        _spec("memory.feedback", MemoryFeedback, "memory", True, "report injected memories used, ignored or wrong"),
         _spec("skills.list", SkillsList, "skills", False, "skills by agent role, tag and status, by name"),
         _spec("skills.get", SkillRef, "skills", False, "one skill"),
         _spec("skills.search", SkillsSearch, "skills", False, "hybrid (dense + BM25) search of the skills, best first"),

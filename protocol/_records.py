@@ -149,6 +149,19 @@ class Memory(Record, kw_only=True):
     last_accessed: str | None = None
     status: str = "active"  # active | archived
     file: str  # relative to the data root: memories/<domain_slug>/<YYYYMMDD>_<slug>.md
+    # The lifecycle (issue 13), appended with defaults so that older journals, snapshots and files
+    # read as they were: a memory without these fields is unpinned, valid from its creation on and
+    # never closed, never used.
+    pinned: bool = False  # never decays, never archived by maintenance nor by `wrong` feedback
+    valid_from: str | None = None  # when the fact became true (null: from created_at)
+    valid_until: str | None = None  # when it stopped being true (null: still true); closed, not deleted
+    superseded_by: str | None = None  # the memory that replaced it (a closed fact, a merged duplicate)
+    last_used: str | None = None  # the last `used` feedback (null: never)
+    used_count: int = 0  # memory.feedback signals, counted
+    ignored_count: int = 0
+    wrong_count: int = 0
+    archived_reason: str = ""  # why it was archived ("" while active)
+    raw: bool = False  # stored with dedup false (raw material): maintenance never consolidates it
 
 
 SKILL_SOURCES: tuple[str, ...] = ("seed", "distilled", "manual")
@@ -198,7 +211,8 @@ class SearchWhy(Record, kw_only=True):
     lexical_score: float | None = None
     cosine: float | None = None  # the query's cosine with the memory's vector (what the score reads)
     lexical_coverage: float | None = None  # BM25 / the most any document could score for the query
-    fused: float | None = None  # the reciprocal-rank fusion that orders the hits, / its maximum
+    fused: float | None = None  # the reciprocal-rank fusion, / its maximum: the hits' relevance
+    strength: float | None = None  # the memory's strength (hybrid hits are ordered by fused x its factor)
 
 
 class MemoryHit(Record, kw_only=True):
@@ -219,6 +233,13 @@ class MemoryPage(Record, kw_only=True):
 class MemoryDeleted(Record, kw_only=True):
     id: str
     status: str  # archived | purged
+
+
+class MemoryFeedbackResult(Record, kw_only=True):
+    """memory.feedback: how many memories changed; the ids that `wrong` archived."""
+
+    updated: int
+    archived: list[str] = []
 
 
 class Injection(Record, kw_only=True):

