@@ -276,6 +276,7 @@ class Daemon:
         episodic.jobs = self.jobs_actor  # session.close queues extractions (wired before any actor runs)
         self.maintenance = Maintenance(self.memory_actor, wall=self.wall)
         self.maintenance.finished_at = last_run_time(recovered.memory)
+        self.memory_actor.summaries = self._group_summaries  # MEMORY.md's "Summary" (conversation groups)
         if recovered.replayed == 0 and not recovered.imported:
             self._snapshot_seq = self.journal_actor.acked_seq  # the files on disk are current
         listener, activated = await self._listener()
@@ -559,6 +560,17 @@ class Daemon:
     @handles("sys.maintain", "sys")
     def _sys_maintain(self, call: Call, reply: Any, started_ns: int) -> None:
         reply.deliver(call, self._start_maintenance(), started_ns)
+
+    async def _group_summaries(self, slugs: list[str]) -> dict[str, str]:
+        """The conversation tier's summary of each group whose domain slug is in `slugs` (a domain
+        that is a conversation group), read through its actor, for the memory actor's MEMORY.md."""
+        wanted = set(slugs)
+
+        def read(state: Any) -> dict[str, str]:
+            return {g.slug: g.summary.summary for g in state.groups.values() if g.slug in wanted and g.summary.summary}
+
+        result: dict[str, str] = await self.conversation_actor.run_internal(read)
+        return result
 
     def _start_maintenance(self) -> Any:
         """sys.maintain: {"job_id"} of the run started now (or of the one under way)."""

@@ -194,6 +194,7 @@ _BASE: list[Setting] = [
         "domains",
         "per-domain overrides of redact, redact_emails, redact_phones and share_policy: a TOML table "
         "[domains.<name>] (environment and flag: JSON)",
+    ),
     Setting(
         "memory_half_life_days",
         "tier 4: days for an unused memory's strength to halve, per category (a table; the others keep their defaults)",

@@ -446,9 +446,11 @@ KEPT: dict[type, dict[str, str]] = {
     m.PersistentKey: {"key": _ID},
     m.GraphAddTheorem: {"domain": _ID, "session_id": _ID},
     m.GraphLink: {"from_id": _ID, "to_id": _ID, "relation": _ENUM},
-    m.MemoryAdd: {"domain": _ID, "category": _ENUM, "source_session": _ID, "scope": _ENUM},
-    m.MemoryUpdate: {"id": _ID, "category": _ENUM, "scope": _ENUM},
+    m.MemoryAdd: {"domain": _ID, "category": _ENUM, "source_session": _ID, "scope": _ENUM, "valid_from": _TIME, "valid_until": _TIME},
+    m.MemoryUpdate: {"id": _ID, "category": _ENUM, "scope": _ENUM, "valid_from": _TIME, "valid_until": _TIME},
     m.MemoryDelete: {"id": _ID},
+    m.MemoryRef: {"id": _ID},  # memory.restore
+    m.MemoryFeedback: {"ids": _ID, "signal": _ENUM},
     m.SkillsPut: {
         "name": _ID,
         "version": _ID,

@@ -199,9 +199,9 @@ Content = Annotated[str, Meta(min_length=1, max_length=MAX_TEXT)]
 MAX_K = 100
 MAX_BATCH_ITEMS = 10_000
 MAX_FEEDBACK_IDS = 1000
-# An RFC 3339 timestamp ("2026-12-01T08:00:00+00:00"; "Z" and a missing offset, meaning UTC, are
-# accepted); the handler parses it and answers invalid_params, naming the field, when it is not one.
-Timestamp = Annotated[str, Meta(min_length=1, max_length=64)]
+# An RFC 3339 timestamp of tier 4's lifecycle ("2026-12-01T08:00:00+00:00"; "Z" and a missing offset,
+# meaning UTC, are accepted); the handler parses it and answers invalid_params, naming the field.
+Instant = Annotated[str, Meta(min_length=1, max_length=64)]
 Signal = Literal["used", "ignored", "wrong"]
 
 
@@ -217,8 +217,8 @@ class MemoryAdd(Params):
     abstract: Annotated[str, Meta(max_length=MAX_KEY)] | None = None
     overview: Annotated[str, Meta(max_length=MAX_TEXT)] | None = None
     dedup: bool = True
-    valid_from: Timestamp | None = None  # null: from now (the memory's created_at)
-    valid_until: Timestamp | None = None  # null: still true
+    valid_from: Instant | None = None  # null: from now (the memory's created_at)
+    valid_until: Instant | None = None  # null: still true
     pinned: bool = False
 
 
@@ -237,7 +237,7 @@ class MemorySearch(Params):
     min_score: Confidence | None = None  # a floor on the fused score (0..1, as the score; NaN refused)
     mode: Literal["hybrid", "dense", "lexical"] = "hybrid"
     include_global: bool = True
-    as_of: Timestamp | None = None  # null: now; only memories valid at that time
+    as_of: Instant | None = None  # null: now; only memories valid at that time
     include_expired: bool = False  # also memories whose validity ended at or before as_of
 
 
@@ -278,8 +278,8 @@ class MemoryUpdate(Params):
     overview: Annotated[str, Meta(max_length=MAX_TEXT)] | None = None
     pinned: bool | None = None
     # left out: unchanged; null: cleared (valid from created_at on / still true); else RFC 3339
-    valid_from: Timestamp | None | UnsetType = UNSET
-    valid_until: Timestamp | None | UnsetType = UNSET
+    valid_from: Instant | None | UnsetType = UNSET
+    valid_until: Instant | None | UnsetType = UNSET
 
 
 class MemoryFeedback(Params):

