@@ -43,7 +43,7 @@ from eurekamem.daemon.listener import open_listener
 from eurekamem.daemon.llm import LLM, LLMConfigError, resolve
 from eurekamem.daemon.memory.actor import MemoryActor
 from eurekamem.daemon.memory.embed import Embedder, make_embedder, preload_embedder
-from eurekamem.daemon.memory.maintenance import Maintenance, last_run_time, schedule
+from eurekamem.daemon.memory.maintenance import Maintenance, schedule
 from eurekamem.daemon.memory.strength import StrengthSettings
 from eurekamem.daemon.paths import Paths, acquire_lock
 from eurekamem.daemon.recovery import Recovered, recover
@@ -111,6 +111,12 @@ def _gc_tuned() -> Iterator[None]:
 DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG})
 
 
+def _internal(what: str, exc: Exception) -> ProtocolError:
+    """The answer to a sys call that failed in an unexpected way (logged with its traceback)."""
+    log.exception("%s failed", what)
+    return ProtocolError("internal", f"{what} failed: {exc}")
+
+
 class Daemon:
     journal_actor: JournalActor  # set once recovery is done (serve)
     memory_actor: MemoryActor
@@ -171,8 +177,7 @@ class Daemon:
         self.embedding = EmbeddingProgress()
         self.redactor = Redactor.from_config(config)  # every write's text passes it in dispatch
         self._intercepted = frozenset(self.redactor.plan) | PEER_STAMPED
-        self.maintenance: Maintenance | None = None
-        self._maintenance_nursery: trio.Nursery | None = None
+        self.maintenance: Maintenance | None = None  # tier 4's maintenance: jobs of the queue (serve)
 
     def request_shutdown(self) -> None:
         self._shutdown.set()
@@ -274,8 +279,7 @@ class Daemon:
         self.actors["jobs"] = self.jobs_actor
         episodic: Any = self.actors["episodic"]
         episodic.jobs = self.jobs_actor  # session.close queues extractions (wired before any actor runs)
-        self.maintenance = Maintenance(self.memory_actor, wall=self.wall)
-        self.maintenance.finished_at = last_run_time(recovered.memory)
+        self.maintenance = Maintenance(self.jobs_actor, self.memory_actor, wall=self.wall)
         self.memory_actor.summaries = self._group_summaries  # MEMORY.md's "Summary" (conversation groups)
         if recovered.replayed == 0 and not recovered.imported:
             self._snapshot_seq = self.journal_actor.acked_seq  # the files on disk are current
@@ -291,7 +295,7 @@ class Daemon:
                 background_scope = trio.CancelScope()
                 system.start_soon(self._memory_background, background_scope)
                 maintenance_scope = trio.CancelScope()
-                await system.start(self._maintenance_tasks, maintenance_scope)
+                system.start_soon(self._maintenance_schedule, maintenance_scope)
                 watchdog_scope = trio.CancelScope()
                 system.start_soon(self._feed_watchdog, watchdog_scope)
                 self._system = system
@@ -330,7 +334,7 @@ class Daemon:
                     io_scope.cancel()
                 scheduler_scope.cancel()
                 background_scope.cancel()
-                maintenance_scope.cancel()  # a run cut short keeps what it journaled; the next one goes on
+                maintenance_scope.cancel()  # the schedule only asks for jobs: the job queue runs them
                 watchdog_scope.cancel()
                 with trio.CancelScope(shield=True):
                     try:
@@ -559,7 +563,7 @@ class Daemon:
 
     @handles("sys.maintain", "sys")
     def _sys_maintain(self, call: Call, reply: Any, started_ns: int) -> None:
-        reply.deliver(call, self._start_maintenance(), started_ns)
+        self._system.start_soon(self._answer_maintain, call, reply, started_ns)
 
     async def _group_summaries(self, slugs: list[str]) -> dict[str, str]:
         """The conversation tier's summary of each group whose domain slug is in `slugs` (a domain
@@ -572,26 +576,24 @@ class Daemon:
         result: dict[str, str] = await self.conversation_actor.run_internal(read)
         return result
 
-    def _start_maintenance(self) -> Any:
-        """sys.maintain: {"job_id"} of the run started now (or of the one under way)."""
-        if self.journal_actor.failed:
-            return ProtocolError("read_only", f"read-only: {self.journal_actor.failed}")
-        if self._maintenance_nursery is None or self.maintenance is None:
-            return ProtocolError("unavailable", "the daemon is shutting down")
-        return {"job_id": self.maintenance.start(self._maintenance_nursery)}
+    async def _answer_maintain(self, call: Call, reply: Any, started_ns: int) -> None:
+        """sys.maintain: {"job_id"} of the memory.maintain job queued now (journaled before the
+        answer), or of the one queued or running already; its report is that job's result."""
+        assert self.maintenance is not None  # made before the listener opens
+        try:
+            result: Any = {"job_id": await self.maintenance.request("sys.maintain")}
+        except JournalUnavailable as exc:
+            result = ProtocolError("read_only", f"read-only: {exc}")
+        except Exception as exc:
+            result = _internal("sys.maintain", exc)
+        reply.deliver(call, result, started_ns)
+        reply.flush()
 
-    async def _maintenance_tasks(self, scope: trio.CancelScope, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """The nightly schedule, and the runs sys.maintain starts, in one cancel scope."""
+    async def _maintenance_schedule(self, scope: trio.CancelScope) -> None:
+        """The nightly schedule (daemon/memory/maintenance.py: schedule), until shutdown."""
         with scope:
-            async with trio.open_nursery() as nursery:
-                self._maintenance_nursery = nursery
-                task_status.started()
-                try:
-                    assert self.maintenance is not None  # made before the tasks start
-                    await schedule(self.maintenance, self.config.maintenance_at, self.config.maintenance_catchup)
-                    await trio.sleep_forever()  # "off": runs come from sys.maintain only
-                finally:
-                    self._maintenance_nursery = None
+            assert self.maintenance is not None  # made before the tasks start
+            await schedule(self.maintenance, self.config.maintenance_at, self.config.maintenance_catchup)
 
     async def _answer_snapshot(self, call: Call, reply: Any, started_ns: int) -> None:
         try:
@@ -605,8 +607,7 @@ class Daemon:
                 log.error("snapshot failed (the journal still holds everything; the old snapshot files are intact): %s", exc)
                 result = ProtocolError("read_only", f"read-only: the snapshot could not be written: {exc}")
         except Exception as exc:
-            log.exception("snapshot failed")
-            result = ProtocolError("internal", f"snapshot failed: {exc}")
+            result = _internal("snapshot", exc)
         reply.deliver(call, result, started_ns)
         reply.flush()
 

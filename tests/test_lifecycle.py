@@ -13,6 +13,8 @@ import datetime as dt
 import json
 import random
 import zlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +25,28 @@ import trio
 import trio.testing
 from eurekamem.client import Client, InvalidParams, NotFound
 from eurekamem.daemon.config import Config, ConfigError, build_config, load
+from eurekamem.daemon.jobs import JobsActor, JobsState
+from eurekamem.daemon.jobs.state import CommitJob
+from eurekamem.daemon.llm import LLMFailed
 from eurekamem.daemon.memory.actor import MemoryActor, import_eurekaclaw_memories
 from eurekamem.daemon.memory.embed import Embedder, Thresholds
 from eurekamem.daemon.memory.format import parse_markdown, render_markdown
-from eurekamem.daemon.memory.maintenance import Maintenance, apply_archives, next_nightly, plan_archives, schedule
+from eurekamem.daemon.memory.maintenance import (
+    KIND,
+    Maintenance,
+    MemoryMaintenance,
+    apply_archives,
+    next_nightly,
+    plan_archives,
+    schedule,
+)
 from eurekamem.daemon.memory.state import MaintenanceRecord, MemorySnapshot, MemoryState, PutMemory
 from eurekamem.daemon.memory.strength import DAY, StrengthSettings, epoch, rfc3339, strength
-from eurekamem.daemon.recovery import mutation_decoder
+from eurekamem.daemon.recovery import MUTATION_TIER, mutation_decoder
 from eurekamem.daemon.tier import Work
 from eurekamem.protocol import METHODS, Call, Memory, ProtocolError
 from eurekamem.protocol import _methods as m
+from jobs_helpers import FakeLLM
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from daemon_process import DaemonProcess
@@ -64,8 +78,9 @@ class Journal:
     def __init__(self) -> None:
         self.records: list[bytes] = []
 
-    async def submit(self, records: list[tuple[int, bytes]]) -> None:
+    async def submit(self, records: list[tuple[int, bytes]]) -> int:
         self.records.extend(payload for _, payload in records)
+        return len(self.records)
 
     def mutations(self) -> list[Any]:
         return [mutation_decoder.decode(payload) for payload in self.records]
@@ -95,8 +110,9 @@ def local_time(days: int, hour: int) -> float:
 
 
 class Tier:
-    """The memory actor in-process: its state, the stand-in journal and a wall clock that reads
-    T0 + trio's (virtual) time."""
+    """The memory actor in-process, with the job queue that runs maintenance: its state, the
+    stand-in journal, a scripted LLM (unavailable unless a test says otherwise) and a wall clock
+    that reads T0 + trio's (virtual) time."""
 
     def __init__(self, root: Path, clock: trio.testing.MockClock, *, t0: float | None = None, **config: Any) -> None:
         self.t0 = local_time(0, 1) if t0 is None else t0
@@ -107,9 +123,49 @@ class Tier:
         self.journal = Journal()
         self.root = root
         self.actor = MemoryActor(self.state, self.journal, root, run_sync=inline)
+        self.llm = FakeLLM(available=False, reason="none configured")
+        self.jobs = JobsActor(
+            JobsState(), self.journal, tiers={"memory": self.actor}, kinds={KIND: MemoryMaintenance()},  # type: ignore[arg-type]
+            llm_factory=lambda: self.llm, embedder=self.state.embedder, environ={},
+        )
+        self.maintenance = Maintenance(self.jobs, self.actor, wall=self.wall)
 
     def wall(self) -> float:
         return self.t0 + self.clock.current_time()
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[trio.Nursery]:
+        """The memory actor and the job queue, running; stopped at the end."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.actor.run)
+            nursery.start_soon(self.jobs.run)
+            try:
+                yield nursery
+            finally:
+                await self.jobs.stop()
+                self.jobs.close()
+                self.actor.close()
+                nursery.cancel_scope.cancel()
+
+    async def maintain(self) -> dict[str, Any]:
+        """sys.maintain's job, run to its end: the report (the job's result)."""
+        job_id = await self.maintenance.request("sys.maintain")
+        job = await self.finished(job_id)
+        assert job.state == "done", job
+        return job.result
+
+    async def finished(self, job_id: str) -> Any:
+        while True:
+            reply = Reply()
+            spec = METHODS["jobs.wait"]
+            self.jobs.submit(Work(Call(1, spec, m.JobsWait(id=job_id, timeout=m.MAX_WAIT)), reply, 0))
+            await reply.done.wait()
+            if reply.result.state not in ("queued", "running"):
+                return reply.result
+
+    def maintenance_jobs(self) -> list[Any]:
+        """The memory.maintain jobs, oldest first."""
+        return [record for record in self.jobs.state.jobs.values() if record.kind == KIND]
 
     async def call(self, method: str, **params: Any) -> Any:
         spec = METHODS[method]
@@ -132,10 +188,13 @@ class Tier:
         return await self.ok("memory.search", query=query, **params)
 
     def replayed(self) -> MemoryState:
-        """A fresh state with every journaled mutation applied: what recovery would rebuild."""
+        """A fresh state with every journaled memory mutation applied (a job's commit carries its
+        memory parts): what recovery would rebuild."""
         fresh = MemoryState(WordsEmbedder())
         for mutation in self.journal.mutations():
-            fresh.apply(mutation)
+            for part in mutation.parts if isinstance(mutation, CommitJob) else [mutation]:
+                if MUTATION_TIER[type(part)] == "memory":
+                    fresh.apply(part)
         return fresh
 
 
@@ -407,11 +466,11 @@ async def test_as_of_include_expired_closing_and_supersede(tmp_path: Path, autoj
 async def test_nightly_maintenance_archives_merges_reports_and_restore_brings_back(
     tmp_path: Path, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Maintenance is a job of the queue each night (no LLM: the rule decides); its report is the
+    job's result, and everything it changed is in the job's one commit record."""
     caplog.set_level("INFO", logger="eurekamem.memory")
     tier = Tier(tmp_path, autojump_clock, t0=local_time(0, 1))  # 01:00; maintenance at 03:00
-    maintenance = Maintenance(tier.actor, wall=tier.wall)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(tier.actor.run)
+    async with tier.running() as nursery:
         faded = await tier.add("Rainy day", "It rained on the walk to the station today.", category="context")
         kept = await tier.add("Dark mode", "The user prefers dark mode in every editor.", category="preference")
         pinned = await tier.add("Meeting room", "The weekly meeting is in room four.", category="context", pinned=True)
@@ -421,28 +480,35 @@ async def test_nightly_maintenance_archives_merges_reports_and_restore_brings_ba
         # an edit made it a near duplicate (updates are not deduplicated): the duplicate slipped through
         twin_b = await tier.ok("memory.update", id=twin_b.id, content="Bernstein's inequality uses the variance to tighten the bound, always.")
         await tier.ok("memory.feedback", ids=[twin_b.id], signal="used")
-        nursery.start_soon(schedule, maintenance, "03:00", 0.0)
+        nursery.start_soon(schedule, tier.maintenance, "03:00", 0.0)
         await trio.sleep(1)
-        assert maintenance.next_at == local_time(0, 3)
+        assert tier.maintenance.next_at == local_time(0, 3)
         await trio.sleep(2 * 3600)  # the first night: nothing has faded yet, the twins merge
-        first = maintenance.last
-        assert first is not None and first["state"] == "done" and first["archived"] == 0
-        assert first["merges"] == [{"into": twin_b.id, "ids": [twin_a.id], "cosine": first["merges"][0]["cosine"]}]
+        [night] = tier.maintenance_jobs()
+        assert night.state == "done" and night.key == f"{KIND}:nightly:2026-12-01"  # once a night, across restarts
+        first = night.result
+        assert first["job_id"] == night.id and first["trigger"] == "nightly" and first["archived"] == 0
+        assert first["judge"] == "rules (no LLM: none configured)"
+        assert first["merges"] == [{"into": twin_b.id, "ids": [twin_a.id], "cosine": first["merges"][0]["cosine"], "by": "rules"}]
         assert first["merges"][0]["cosine"] >= 0.9 and first["merged"] == 1 and first["compared"] >= 4
         survivor, merged = tier.state.memories[twin_b.id], tier.state.memories[twin_a.id]  # the longer content survives
         assert survivor.status == "active" and survivor.used_count == 1
         assert merged.status == "archived" and merged.superseded_by == twin_b.id and "merged into" in merged.archived_reason
         assert tier.state.memories[raw.id].status == "active"  # raw material is never merged
-        assert f"tier 4 maintenance {first['job_id']}: archived 0 faded, merged 1 duplicates into 1 memories" in caplog.text
+        assert f"tier 4 maintenance {night.id}: archived 0 faded, merged 1 duplicates into 1 memories" in caplog.text
+        commit = [c for c in tier.journal.mutations() if isinstance(c, CommitJob) and c.job.id == night.id]
+        assert len(commit) == 1 and {type(part).__name__ for part in commit[0].parts} == {"PutMemory", "MaintenanceRecord"}
+        history = await tier.ok("memory.history", id=twin_a.id)
+        assert history[-1].decision == "archived" and "merged into" in history[-1].reason
         await trio.sleep(60 * DAY)  # sixty nights later
-        last = maintenance.last
-        assert maintenance.runs == 61 and last["job_id"] != first["job_id"]
+        nights = tier.maintenance_jobs()
+        assert len(nights) == 61 and {job.state for job in nights} == {"done"}
         assert {tier.state.memories[i].status for i in (faded.id, raw.id)} == {"archived"}  # faded context, unused 30+ days
         assert tier.state.memories[kept.id].status == "active"  # a preference decays slowly
         assert tier.state.memories[pinned.id].status == "active"  # pinned: never
         gone = tier.state.memories[faded.id]
         assert gone.file.startswith("memories/bandits/_archive/") and gone.archived_reason.startswith("maintenance: faded")
-        assert tier.state.maintenance_runs[-1].job_id == last["job_id"] and tier.state.maintenance_runs[-1].report["state"] == "done"
+        assert tier.state.maintenance_runs[-1].job_id == nights[-1].id
         await tier.actor.project_files()
         assert (tmp_path / gone.file).is_file() and not (tmp_path / faded.file).exists()
         # archived memories stay searchable with status: archived
@@ -468,7 +534,46 @@ async def test_nightly_maintenance_archives_merges_reports_and_restore_brings_ba
         assert isinstance(unknown, ProtocolError) and unknown.kind == "not_found"
         assert (dict(tier.state.memories), len(tier.journal.records)) == before
         same_memories(tier.state, tier.replayed())
-        nursery.cancel_scope.cancel()
+
+
+async def test_with_an_llm_the_judge_decides_each_duplicate(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    """The learning loop's judge: MERGE rewrites the survivor to hold both, CREATE keeps a member
+    apart; a judge that fails leaves the rule to decide, and the report says so."""
+    tier = Tier(tmp_path, autojump_clock)
+    tier.llm = FakeLLM()
+    base = ("Bernstein's inequality uses the variance of bounded rewards to tighten the concentration bound of "
+            "every empirical mean we estimate in bandit proofs, which Hoeffding cannot do")
+    async with tier.running():
+        survivor = await tier.add("Bernstein", base + " for rewards in general.")  # the longest: the survivor
+        merged = await tier.add("Bernstein", base + " today.", dedup=False)
+        apart = await tier.add("Bernstein", base + " per arm.", dedup=False)
+        for memory_id in (merged.id, apart.id):  # stored raw, then no longer raw: duplicates that slipped through
+            await tier.actor.run_internal(lambda state, i=memory_id: state.keep(
+                msgspec.structs.replace(state.memories[i], raw=False), state.memories[i]))
+        tier.llm.script.append({"decisions": [
+            {"item": "N1", "decision": "MERGE", "reason": "the same bound, said twice", "target": "E1",
+             "title": "Bernstein's bound", "content": "Bernstein's inequality tightens the bound with the variance.",
+             "abstract": "Bernstein tightens bounds with the variance.", "overview": "Use the variance: Bernstein."},
+            {"item": "N2", "decision": "CREATE", "reason": "per-arm use is a facet of its own"},
+        ]})
+        report = await tier.maintain()
+        assert report["judge"] == "llm" and report["kept_apart"] == 1, report
+        assert report["merges"] == [{"into": survivor.id, "ids": [merged.id], "cosine": report["merges"][0]["cosine"], "by": "judge"}]
+        rewritten = tier.state.memories[survivor.id]
+        assert rewritten.title == "Bernstein's bound" and rewritten.content.startswith("Bernstein's inequality tightens")
+        assert tier.state.memories[merged.id].status == "archived" and "judge:" in tier.state.memories[merged.id].archived_reason
+        assert tier.state.memories[apart.id].status == "active"
+        name, prompt, _ = tier.llm.calls[0]
+        assert name == "merge_decisions" and "Hoeffding cannot do today." in prompt and "Hoeffding cannot do per arm." in prompt
+        # a judge that fails: the rule decides (the members left apart are compared again: they changed)
+        await tier.ok("memory.update", id=apart.id, content=rewritten.content + " Again.")
+        tier.llm.script.append(LLMFailed("invalid_answer", "the answer did not validate twice"))
+        report = await tier.maintain()
+        assert report["judge"].startswith("rules (the judge failed:") and report["merged"] == 1, report
+        # the rule keeps the longer text: the edited one survives, the rewritten one is merged into it
+        assert report["merges"][0]["into"] == apart.id and report["merges"][0]["by"] == "rules"
+        assert tier.state.memories[survivor.id].superseded_by == apart.id
+        same_memories(tier.state, tier.replayed())
 
 
 async def test_a_plan_is_not_applied_to_a_memory_that_changed_meanwhile(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
@@ -488,32 +593,36 @@ async def test_a_plan_is_not_applied_to_a_memory_that_changed_meanwhile(tmp_path
 async def test_a_missed_maintenance_runs_after_the_start_unless_one_ran_within_a_day(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
+    def down_for_three_nights(tier: Tier) -> None:  # the last run, as the journal has it
+        long_ago = rfc3339(tier.wall() - 3 * DAY)
+        tier.state.apply(MaintenanceRecord(job_id="old", started_at=long_ago, finished_at=long_ago, report={}))
+
     tier = Tier(tmp_path, autojump_clock, t0=local_time(0, 12))  # noon: the night is 15 hours away
-    maintenance = Maintenance(tier.actor, wall=tier.wall)
-    maintenance.finished_at = tier.wall() - 3 * DAY  # the daemon was down for three nights
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(tier.actor.run)
-        nursery.start_soon(schedule, maintenance, "03:00", 3600.0)
+    down_for_three_nights(tier)
+    async with tier.running() as nursery:
+        nursery.start_soon(schedule, tier.maintenance, "03:00", 3600.0)
         await trio.sleep(3599)
-        assert maintenance.runs == 0 and maintenance.next_at == tier.t0 + 3600
+        assert tier.maintenance_jobs() == [] and tier.maintenance.next_at == tier.t0 + 3600
         await trio.sleep(2)
-        assert maintenance.runs == 1  # an hour after the start
+        [catch_up] = tier.maintenance_jobs()  # an hour after the start
+        assert catch_up.key == f"{KIND}:catch-up:2026-12-01" and catch_up.state == "done"
         await trio.sleep(15 * 3600)
-        assert maintenance.runs == 2 and maintenance.next_at == local_time(2, 3)  # then every night
-        nursery.cancel_scope.cancel()
-    tier2 = Tier(tmp_path / "b", autojump_clock, t0=local_time(0, 12))
+        assert [job.key for job in tier.maintenance_jobs()][1:] == [f"{KIND}:nightly:2026-12-02"]  # then every night
+        assert tier.maintenance.next_at == local_time(2, 3)
     (tmp_path / "b").mkdir()
-    recent = Maintenance(tier2.actor, wall=tier2.wall)
-    recent.finished_at = tier2.wall() - 3 * DAY
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(tier2.actor.run)
-        nursery.start_soon(schedule, recent, "03:00", 3600.0)
+    tier2 = Tier(tmp_path / "b", autojump_clock, t0=local_time(0, 12))
+    down_for_three_nights(tier2)
+    async with tier2.running() as nursery:
+        nursery.start_soon(schedule, tier2.maintenance, "03:00", 3600.0)
         await trio.sleep(60)
-        report = await recent.run()  # sys.maintain ran meanwhile
-        assert report["state"] == "done" and recent.runs == 1
+        report = await tier2.maintain()  # sys.maintain ran meanwhile
+        assert report["trigger"] == "sys.maintain"
         await trio.sleep(3600)
-        assert recent.runs == 1  # the catch-up is not needed any more
-        nursery.cancel_scope.cancel()
+        assert len(tier2.maintenance_jobs()) == 1  # the catch-up is not needed any more
+        # while one is queued or running, asking again answers its id
+        first = await tier2.maintenance.request("sys.maintain")
+        second = await tier2.maintenance.request("sys.maintain")
+        assert first == second and (await tier2.finished(first)).state == "done"
 
 
 def test_next_nightly_is_the_next_local_time_of_day() -> None:
@@ -618,9 +727,12 @@ def test_lifecycle_over_the_socket_and_across_kill_9(data_dir: Path, sock_dir: P
                 c.search_memories("walk", as_of="yesterday")
             assert c.get_memory(keep.id).used_count == 1  # the failed calls changed nothing
             job_id = c.maintain()
-            proc.wait_for_line(f"tier 4 maintenance {job_id}:")
-            report = c.stats()["memory"]["maintenance"]["last"]
-            assert report["job_id"] == job_id and report["state"] == "done" and report["archived_ids"] == [fade.id]
+            job = c.wait_job(job_id, timeout=IO_TIMEOUT)  # a memory.maintain job of the queue (no LLM needed)
+            assert job.kind == "memory.maintain" and job.state == "done", job
+            report = job.result
+            assert report["job_id"] == job_id and report["trigger"] == "sys.maintain" and report["archived_ids"] == [fade.id]
+            proc.wait_for_line(f"tier 4 maintenance {job_id}: archived 1 faded")
+            assert c.stats()["memory"]["maintenance"]["last_job_id"] == job_id
             archived = c.get_memory(fade.id)
             assert archived.status == "archived" and "/_archive/" in archived.file
             assert [h.memory.id for h in c.search_memories("rained walk station", status="archived")] == [fade.id]

@@ -7,7 +7,7 @@ schedules and runs jobs and commits their results exactly once (the rules are at
 from typing import Any
 
 from eurekamem.daemon.jobs.actor import JobContext, JobFailed, JobKind, JobsActor, LLMHandle, Outcome
-from eurekamem.daemon.jobs.state import JobRecord, JobsState, SessionInput
+from eurekamem.daemon.jobs.state import JobRecord, JobsState, MaintainInput, SessionInput
 
 __all__ = [
     "JobContext",
@@ -17,6 +17,7 @@ __all__ = [
     "JobsActor",
     "JobsState",
     "LLMHandle",
+    "MaintainInput",
     "Outcome",
     "SessionInput",
     "default_kinds",
@@ -26,5 +27,6 @@ __all__ = [
 def default_kinds() -> dict[str, Any]:
     """The job kinds the daemon runs."""
     from eurekamem.daemon.jobs.extract import SessionExtraction
+    from eurekamem.daemon.memory.maintenance import MemoryMaintenance
 
-    return {SessionExtraction.kind: SessionExtraction()}
+    return {SessionExtraction.kind: SessionExtraction(), MemoryMaintenance.kind: MemoryMaintenance()}

@@ -145,6 +145,7 @@ class JobContext:
 
 class JobKind(Protocol):
     kind: str
+    needs_llm: bool  # False: runs while no LLM is usable too (ctx.llm.available says whether one is)
 
     async def run(self, ctx: JobContext) -> Outcome: ...
 
@@ -382,9 +383,7 @@ class JobsActor(TierActor):
         """Start what may start; returns when to look again (inf: when woken)."""
         llm = self.llm
         assert llm is not None
-        if not llm.available:
-            self.waiting_all = f"no LLM: {llm.unavailable_reason}"
-            return float("inf")
+        no_llm = None if llm.available else f"no LLM: {llm.unavailable_reason}"
         now = trio.current_time()
         next_look = float("inf")
         for job_id, kind, has_input in await self.run_internal(lambda state: state.queued()):
@@ -396,6 +395,8 @@ class JobsActor(TierActor):
                 continue
             if len(self._running) >= self.concurrency:
                 break
+            if no_llm is not None and getattr(self.kinds.get(kind), "needs_llm", True):
+                continue  # waits for an LLM; a kind that needs none (memory.maintain) may still start
             if kind not in self.kinds or not has_input:
                 await self._fail_now(
                     job_id, f"no job kind {kind!r} in this daemon" if kind not in self.kinds else "its input is missing"
@@ -413,6 +414,9 @@ class JobsActor(TierActor):
         if self.read_only:
             self.waiting_all = f"the daemon is read-only ({self.read_only}); sys.resume lets jobs run again"
             return float("inf")
+        if no_llm is not None:
+            self.waiting_all = no_llm
+            return next_look
         running = len(self._running)
         self.waiting_all = (
             f"waiting for a free slot ({running} running, concurrency {self.concurrency})"

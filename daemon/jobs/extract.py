@@ -217,9 +217,11 @@ class Planned(msgspec.Struct):
 
 class SessionExtraction:
     kind = KIND
+    needs_llm = True
 
     async def run(self, ctx: JobContext) -> Outcome:
-        job_input: SessionInput = ctx.input
+        job_input = ctx.input
+        assert isinstance(job_input, SessionInput)  # this kind's input (JobInput is a union of them)
         asked = await ctx.ask(SYSTEM, build_prompt(job_input), SessionInsights, name="session_insights")
         insights = ctx.redact(asked, job_input.domain)  # before anything of it is stored
         planned: list[Planned] = []
@@ -269,6 +271,7 @@ class SessionExtraction:
 
     async def judge(self, ctx: JobContext, planned: list[Planned], adds: list[m.MemoryAdd]) -> None:
         """The insights that look like memories already kept go to the judge, in one call."""
+        assert isinstance(ctx.input, SessionInput)
         domain = ctx.input.domain
         wanted: list[tuple[str, str, str, Any]] = [
             (p.category, p.title, p.content, plan.vector) for plan, p in zip(planned, adds, strict=True)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any, TypeAlias
 
 import msgspec
-from eurekamem.daemon.memory.state import PutMemory
+from eurekamem.daemon.memory.state import MaintenanceRecord, PutMemory
 from eurekamem.daemon.tier import TierState, Undo, handles
 from eurekamem.daemon.tiers.graph import PutEdge, PutNode
 from eurekamem.daemon.tiers.persistent import PutRecord
@@ -64,7 +64,15 @@ class SessionInput(msgspec.Struct, tag="session.extract", kw_only=True):
     events_dropped: int = 0  # older events not captured (the capture is bounded)
 
 
-JobInput = SessionInput  # a Union of tagged Structs once there are more kinds
+class MaintainInput(msgspec.Struct, tag="memory.maintain", kw_only=True):
+    """Tier 4's maintenance (daemon/memory/maintenance.py): it reads the memories when it runs, so its
+    input says only what asked for it."""
+
+    trigger: str  # sys.maintain | nightly | catch-up
+    requested_at: str
+
+
+JobInput = SessionInput | MaintainInput  # tagged: the journal and the snapshot say which
 
 
 class AcceptJob(msgspec.Struct, tag="jobs.accept"):
@@ -80,7 +88,7 @@ class PurgeJob(msgspec.Struct, tag="jobs.purge"):
     id: str
 
 
-Part: TypeAlias = PutMemory | PutNode | PutEdge | PutRecord
+Part: TypeAlias = PutMemory | MaintenanceRecord | PutNode | PutEdge | PutRecord
 
 
 class CommitJob(msgspec.Struct, tag="jobs.commit"):

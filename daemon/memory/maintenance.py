@@ -1,26 +1,29 @@
 """Tier 4 maintenance: archive what faded, consolidate near duplicates that slipped through, report.
 
 Rules kept here:
+- Every run is a `memory.maintain` job of the job queue (daemon/jobs): sys.maintain, the nightly
+  schedule and a catch-up after a start ask for one (Maintenance.request; while one is queued or
+  running, asking again answers its id), and its report is the job's result (jobs.get). The kind
+  needs no LLM: the queue runs it while none is usable, and the rule decides.
 - Nothing is deleted. A faded memory (strength under `archive_floor` and not used for
   `archive_idle_days`; never a pinned one) is archived: status `archived`, its file in
   `_archive/`, the reason in `archived_reason`; `memory.restore` brings it back. A merged
   duplicate is archived the same way with `superseded_by` naming the memory it was merged into.
-- The state is read and changed only inside the memory actor (`run_internal`), a chunk at a time
-  (CHUNK memories), so requests interleave with a long run. A plan is applied only to memories
-  whose revision is still the one planned for: one used, edited or archived meanwhile is left
-  alone (counted in `skipped`).
-- Every change is a PutMemory journaled by the actor like any write; the run's report is
-  journaled last (MaintenanceRecord), which is also how the next start knows when it last ran.
-- Consolidation is rule-based: within a domain, category and scope, active memories valid now
-  that were not stored raw (dedup false) and whose vectors have cosine at or above the model's
-  calibrated duplicate threshold form clusters; the survivor (pinned first, then the longest
-  content, as memory.add's merge keeps the longer text, then the strongest, then the oldest)
-  takes the others' tags, the highest confidence and their use counts, and the others whose
-  cosine to it reaches the threshold are archived into it. Only memories changed since the last
-  run are compared (with everything), so a run costs what changed, not the whole store.
-- The seam for the job queue and its LLM judge (not on this branch): `Maintenance.run` is what a
-  `memory.maintain` job kind calls, and `judge`, when set, decides a cluster's merge instead of
-  the rule (it is None today: with no judge the rule decides; no LLM path is implemented here).
+- The job plans by reading the memory actor a chunk at a time (CHUNK memories a read), so requests
+  interleave with a long plan; then the memory actor's stage applies the plan, each change only to
+  a memory whose revision is still the one planned for (one used, edited or archived meanwhile is
+  left alone, counted in `skipped`), with the MaintenanceRecord (how the next start knows when it
+  last ran): all of it one journal record with the job's completion (the queue's rule).
+- Consolidation: within a domain, category and scope, active memories valid now that were not
+  stored raw (dedup false) and whose vectors have cosine at or above the model's calibrated
+  duplicate threshold form clusters; the survivor (pinned first, then the longest content, as
+  memory.add's merge keeps the longer text, then the strongest, then the oldest) takes the others'
+  tags, the highest confidence and their use counts, and the others whose cosine to it reaches the
+  threshold are archived into it. Only memories changed since the last run are compared (with
+  everything), so a run costs what changed, not the whole store. With a usable LLM the learning
+  loop's judge (daemon/jobs/judge.py) decides each member first: SKIP (merged as by the rule),
+  MERGE (the survivor rewritten to hold both), CREATE (a different facet: left alone); without
+  one, or when it fails, the rule decides, and the report says which did.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -192,25 +195,39 @@ def apply_archives(state: Any, plans: list[ArchivePlan]) -> tuple[list[str], int
     return done, skipped
 
 
-def apply_merges(state: Any, plans: list[MergePlan]) -> tuple[list[dict[str, Any]], int]:
-    """Merge each planned cluster whose survivor is unchanged; a member that changed stays."""
+def apply_merges(state: Any, plans: list[MergePlan], judged: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], int, int]:
+    """Merge each planned cluster whose survivor is unchanged; a member that changed stays. With the
+    judge's decisions (by member id): SKIP merges as the rule does, MERGE first rewrites the survivor
+    to hold both (one rewrite per survivor a run: a second MERGE waits for the next run, against the
+    new text), CREATE leaves the member alone. Returns (merges, members kept apart, skipped)."""
     done: list[dict[str, Any]] = []
-    skipped = 0
+    skipped = kept_apart = 0
     for plan in plans:
         survivor = state.memories.get(plan.survivor)
         if survivor is None or survivor.status != "active" or state.revision(plan.survivor) != plan.survivor_revision:
             skipped += len(plan.members) + 1
             continue
         members = []
+        rewritten = False
         for memory_id, revision, cosine in plan.members:
             memory = state.memories.get(memory_id)
             if memory is None or memory.status != "active" or state.revision(memory_id) != revision:
                 skipped += 1
                 continue
-            members.append((memory, cosine))
+            verdict = judged.get(memory_id) if judged is not None else None
+            if verdict is not None and (verdict.decision == "CREATE" or (verdict.decision == "MERGE" and rewritten)):
+                kept_apart += 1
+                continue
+            if verdict is not None and verdict.decision == "MERGE":
+                if verdict.target is None or verdict.target.version != state.version_of(survivor.id):
+                    skipped += 1
+                    continue
+                survivor = _rewrite(state, survivor, memory, verdict)
+                rewritten = True
+            members.append((memory, cosine, f"judge: {verdict.reason}" if verdict is not None else ""))
         if not members:
             continue
-        everyone = [survivor] + [memory for memory, _ in members]
+        everyone = [survivor] + [memory for memory, _, _ in members]
         last_used = [memory.last_used for memory in everyone if memory.last_used]
         merged = msgspec.structs.replace(
             survivor,
@@ -223,17 +240,27 @@ def apply_merges(state: Any, plans: list[MergePlan]) -> tuple[list[dict[str, Any
             pinned=any(memory.pinned for memory in everyone),
             updated_at=state.stamp(),
         )
-        state.keep(merged, survivor, "merged", "maintenance: near duplicates merged into it: " + ", ".join(m.id for m, _ in members))
-        for memory, cosine in members:
+        state.keep(merged, survivor, "merged", "maintenance: near duplicates merged into it: " + ", ".join(m.id for m, _, _ in members))
+        for memory, cosine, why in members:
             state.archive(
                 memory,
                 f"maintenance: merged into {survivor.id} (near duplicate: cosine {cosine:.3f} >= "
-                f"{state.thresholds.duplicate} ({state.model}))",
+                f"{state.thresholds.duplicate} ({state.model}))" + (f"; {why}" if why else ""),
                 superseded_by=survivor.id,
             )
-        done.append({"into": survivor.id, "ids": [memory.id for memory, _ in members],
-                     "cosine": min(cosine for _, cosine in members)})
-    return done, skipped
+        done.append({"into": survivor.id, "ids": [memory.id for memory, _, _ in members],
+                     "cosine": min(cosine for _, cosine, _ in members), "by": "judge" if judged is not None else "rules"})
+    return done, kept_apart, skipped
+
+
+def _rewrite(state: Any, survivor: Memory, member: Memory, verdict: Any) -> Memory:
+    """The judge's MERGE: the survivor's text rewritten to hold the member's too (merge_rewritten)."""
+    from eurekamem.protocol import _methods as m
+
+    p = msgspec.convert({"domain": member.domain, "category": member.category, "title": member.title,
+                         "content": member.content, "confidence": member.confidence, "tags": list(member.tags),
+                         "scope": member.scope}, m.MemoryAdd)
+    return state.merge_rewritten(survivor.id, verdict.text, p, verdict.vector, f"judge (maintenance): {verdict.reason}")
 
 
 def _when(timestamp: str) -> float:
@@ -242,140 +269,159 @@ def _when(timestamp: str) -> float:
     return epoch(timestamp)
 
 
-# --- the run, and when it runs ----------------------------------------------------------------------
+# --- the job, and when it runs -----------------------------------------------------------------------
 
 
-Judge = Callable[[list[Memory]], Awaitable[Any]]
+KIND = "memory.maintain"
 
 
-class Maintenance:
-    """Runs maintenance on a memory actor, one run at a time; keeps the last report."""
+class MemoryMaintenance:
+    """The job kind (daemon/jobs): plans by reading the memory actor a chunk at a time, asks the
+    judge about the clusters when an LLM is usable, and commits everything in the memory actor's
+    stage: the merges, the archives and the MaintenanceRecord, one journal record with the job's
+    completion. It needs no LLM (the rule decides without one)."""
 
-    def __init__(self, actor: Any, *, wall: Callable[[], float] = time.time, judge: Judge | None = None) -> None:
-        self.actor = actor
-        self.wall = wall
-        self.judge = judge  # see the module docstring: None, the rule decides
-        self.running: str | None = None
-        self.last: dict[str, Any] | None = None
-        self.next_at: float | None = None  # when the schedule runs it next (seconds since 1970)
-        self.finished_at: float | None = None  # when the last run finished (the journal's, at start)
-        self.runs = 0
-        self._finished = trio.Event()
+    kind = KIND
+    needs_llm = False
 
-    def start(self, nursery: trio.Nursery) -> str:
-        """sys.maintain: start a run in the background and return its job id (the running one's
-        id if a run is already under way)."""
-        if self.running is not None:
-            return self.running
-        job_id = new_id()
-        self.running = job_id  # at once: a second sys.maintain before the task starts gets this id
-        nursery.start_soon(self._run_logged, job_id)
-        return job_id
+    async def run(self, ctx: Any) -> Any:
+        from eurekamem.daemon.jobs import Outcome
 
-    async def wait(self) -> dict[str, Any] | None:
-        """Until the run under way (if any) is over; the last report."""
-        if self.running is not None:
-            await self._finished.wait()
-        return self.last
-
-    async def run(self) -> dict[str, Any]:
-        """One run now (waiting for one under way first); its report."""
-        while self.running is not None:
-            await self._finished.wait()
-        job_id = new_id()
-        self.running = job_id
-        return await self._run_logged(job_id)
-
-    async def _run_logged(self, job_id: str) -> dict[str, Any]:
-        self._finished = trio.Event()
-        try:
-            report = await self._run(job_id)
-        except Exception as exc:  # the journal turned read-only, or a bug: reported, and run again next time
-            log.exception("tier 4 maintenance %s failed", job_id)
-            report = {"job_id": job_id, "kind": "memory.maintain", "state": "failed",
-                      "error": f"{type(exc).__name__}: {exc}", "finished_at": rfc3339(self.wall())}
-        finally:
-            self.running = None
-            self._finished.set()
-        if report.get("state") == "done":
-            self.finished_at = self.wall()
-        self.last = report
-        self.runs += 1
-        return report
-
-    async def _run(self, job_id: str) -> dict[str, Any]:
-        actor = self.actor
-        started = self.wall()
+        job_id = ctx.record.id
         clock = time.perf_counter()
-        last = await actor.run_internal(lambda state: state.maintenance_runs[-1] if state.maintenance_runs else None)
-        since = None
-        if last is not None and "started" in last.report:
-            since = float(last.report["started"])
+        started: float = await ctx.read("memory", lambda state: state.wall())
+        since = await ctx.read("memory", _last_started)
         # 1. near duplicates: those changed since the last run, each against everything
-        todo = await actor.run_internal(lambda state: comparable(state, started, since))
+        todo: list[int] = await ctx.read("memory", lambda state: comparable(state, started, since))
         pairs: list[tuple[int, int, float]] = []
         for at in range(0, len(todo), CHUNK):
             part = todo[at : at + CHUNK]
-            pairs += await actor.run_internal(lambda state, part=part: neighbours(state, part, started))
-        plans = await actor.run_internal(lambda state: plan_merges(state, pairs, started))
-        merges: list[dict[str, Any]] = []
-        skipped = 0
-        for at in range(0, len(plans), CHUNK):
-            part = plans[at : at + CHUNK]
-            done, missed = await actor.run_internal(lambda state, part=part: apply_merges(state, part))
-            merges += done
-            skipped += missed
-        # 2. what faded
-        fading = await actor.run_internal(lambda state: plan_archives(state, started))
-        archived: list[str] = []
-        for at in range(0, len(fading), CHUNK):
-            part = fading[at : at + CHUNK]
-            done, missed = await actor.run_internal(lambda state, part=part: apply_archives(state, part))
-            archived += done
-            skipped += missed
-        finished = self.wall()
-        merged_away = sum(len(merge["ids"]) for merge in merges)
-        report: dict[str, Any] = {
-            "job_id": job_id,
-            "kind": "memory.maintain",
-            "state": "done",
-            "started_at": rfc3339(started),
-            "finished_at": rfc3339(finished),
-            "started": started,  # seconds since 1970: the next run compares what changed since
-            "seconds": round(time.perf_counter() - clock, 3),
-            "compared": len(todo),
-            "archived": len(archived),
-            "merged": merged_away,
-            "clusters": len(merges),
-            "skipped": skipped,
-            "judge": "rules" if self.judge is None else "judge",
-            "archived_ids": archived[:LISTED],
-            "merges": merges[:LISTED],
-        }
-        record = _record(job_id, report)
-        await actor.run_internal(lambda state: state.commit(record))
-        await actor.run_internal(lambda state: state.mark_readable_dirty())
-        log.info(
-            "tier 4 maintenance %s: archived %d faded, merged %d duplicates into %d memories, compared %d, skipped %d "
-            "(changed meanwhile), %.3f s",
-            job_id, len(archived), merged_away, len(merges), len(todo), skipped, report["seconds"],
-            extra={"maintenance": {k: v for k, v in report.items() if k not in ("archived_ids", "merges")}},
-        )
-        return report
+            pairs += await ctx.read("memory", lambda state, part=part: neighbours(state, part, started))
+        plans: list[MergePlan] = await ctx.read("memory", lambda state: plan_merges(state, pairs, started))
+        judged, judge_note = await _judge(ctx, plans)
+        # 2. what faded (applied after the merges, in the same stage)
+        fading: list[ArchivePlan] = await ctx.read("memory", lambda state: plan_archives(state, started))
 
-    def statistics(self) -> dict[str, Any]:
-        return {
-            "running": self.running,
-            "runs": self.runs,
-            "next_at": rfc3339(self.next_at) if self.next_at is not None else None,
-            "last": self.last,
-        }
+        def stage(state: Any) -> dict[str, Any]:
+            merges, kept_apart, missed = apply_merges(state, plans, judged)
+            archived, also_missed = apply_archives(state, fading)
+            merged_away = sum(len(merge["ids"]) for merge in merges)
+            report: dict[str, Any] = {
+                "job_id": job_id,
+                "kind": KIND,
+                "trigger": getattr(ctx.input, "trigger", ""),
+                "started_at": rfc3339(started),
+                "finished_at": state.stamp(),
+                "started": started,  # seconds since 1970: the next run compares what changed since
+                "seconds": round(time.perf_counter() - clock, 3),
+                "compared": len(todo),
+                "archived": len(archived),
+                "merged": merged_away,
+                "clusters": len(merges),
+                "kept_apart": kept_apart,
+                "skipped": missed + also_missed,
+                "judge": judge_note,
+                "archived_ids": archived[:LISTED],
+                "merges": merges[:LISTED],
+            }
+            state.commit(_record(job_id, report))
+            state.mark_readable_dirty()
+            log.info(
+                "tier 4 maintenance %s: archived %d faded, merged %d duplicates into %d memories, compared %d, "
+                "skipped %d (changed meanwhile), judge: %s, %.3f s",
+                job_id, len(archived), merged_away, len(merges), len(todo), report["skipped"], judge_note,
+                report["seconds"], extra={"maintenance": {k: v for k, v in report.items() if k not in ("archived_ids", "merges")}},
+            )
+            return report
+
+        return Outcome({"memory": stage}, lambda done: done["memory"])
+
+
+def _last_started(state: Any) -> float | None:
+    """When the last run started (its report's `started`), or None."""
+    if not state.maintenance_runs:
+        return None
+    started = state.maintenance_runs[-1].report.get("started")
+    return float(started) if isinstance(started, (int, float)) else None
+
+
+async def _judge(ctx: Any, plans: list[MergePlan]) -> tuple[dict[str, Any] | None, str]:
+    """The learning loop's judge on each cluster's members against their survivor, when an LLM is
+    usable: SKIP (a duplicate: merged as by the rule), MERGE (the survivor rewritten to hold both),
+    CREATE (a different facet: left alone). Without one, or when it fails, the rule decides."""
+    if not plans:
+        return None, "rules"
+    if not ctx.llm.available:
+        return None, f"rules (no LLM: {ctx.llm.unavailable_reason})"
+    from eurekamem.daemon.jobs import JobFailed
+    from eurekamem.daemon.jobs.judge import Candidate, judge
+    from eurekamem.daemon.llm import LLMError
+
+    def gather(state: Any) -> list[tuple[Memory, int, list[Memory]]]:
+        out = []
+        for plan in plans:
+            survivor = state.memories.get(plan.survivor)
+            members = [state.memories[i] for i, _, _ in plan.members if i in state.memories]
+            if survivor is not None and members:
+                out.append((survivor, state.version_of(survivor.id), members))
+        return out
+
+    clusters = await ctx.read("memory", gather)
+    by_domain: dict[str, list[tuple[Memory, int, Memory]]] = {}
+    for survivor, version, members in clusters:
+        for member in members:
+            by_domain.setdefault(survivor.domain, []).append((survivor, version, member))
+    judged: dict[str, Any] = {}
+    try:
+        for domain, rows in by_domain.items():
+            items = [(member.category, member.title, member.content) for _, _, member in rows]
+            candidates = [[Candidate(survivor, version, "near duplicate (maintenance)")] for survivor, version, _ in rows]
+            for (_, _, member), decision in zip(rows, await judge(ctx, domain, items, candidates), strict=True):
+                judged[member.id] = decision
+    except (LLMError, JobFailed) as exc:
+        log.warning("tier 4 maintenance: the judge failed (%s); the rule decides", exc)
+        return None, f"rules (the judge failed: {exc})"
+    return judged, "llm"
 
 
 def _record(job_id: str, report: dict[str, Any]) -> Any:
     from eurekamem.daemon.memory.state import MaintenanceRecord
 
     return MaintenanceRecord(job_id=job_id, started_at=report["started_at"], finished_at=report["finished_at"], report=report)
+
+
+class Maintenance:
+    """When tier 4's maintenance runs: every run is a `memory.maintain` job of the job queue
+    (daemon/jobs), asked for by sys.maintain, the nightly schedule or a catch-up after a start;
+    while one is queued or running, asking again answers its id."""
+
+    def __init__(self, jobs: Any, memory: Any, *, wall: Callable[[], float] = time.time) -> None:
+        self.jobs = jobs  # the JobsActor
+        self.memory = memory  # the MemoryActor (when the last run finished)
+        self.wall = wall
+        self.next_at: float | None = None  # when the schedule asks next (seconds since 1970)
+        self.last_job_id: str | None = None
+
+    async def request(self, trigger: str, key: str | None = None) -> str:
+        """The id of the maintenance job under way, else of a new one (journaled before this returns).
+        `key` makes a request once only (a night's run across restarts)."""
+        from eurekamem.daemon.jobs.state import ACTIVE, MaintainInput
+
+        def active(state: Any) -> str | None:
+            return next((r.id for r in reversed(state.jobs.values()) if r.kind == KIND and r.state in ACTIVE), None)
+
+        job_id = await self.jobs.run_internal(active)
+        if job_id is None:
+            job_input = MaintainInput(trigger=trigger, requested_at=rfc3339(self.wall()))
+            job_id = await self.jobs.accept(KIND, key or f"{KIND}:{trigger}:{new_id()}", job_input)
+        self.last_job_id = job_id
+        return str(job_id)
+
+    async def last_finished(self) -> float | None:
+        return await self.memory.run_internal(last_run_time)
+
+    def statistics(self) -> dict[str, Any]:
+        return {"next_at": rfc3339(self.next_at) if self.next_at is not None else None, "last_job_id": self.last_job_id}
 
 
 def next_nightly(now: float, at: str) -> float:
@@ -389,16 +435,17 @@ def next_nightly(now: float, at: str) -> float:
 
 
 async def schedule(maintenance: Maintenance, at: str, catchup: float) -> None:
-    """Run maintenance every night at `at` (local time; "off": never on its own). A run missed
-    while the daemon was down (the last one, `maintenance.finished_at`, over a day ago, or none
-    yet) runs `catchup` seconds after the start instead (0: not at all), unless the night comes
-    first or a run (sys.maintain) happened meanwhile."""
+    """Ask for maintenance every night at `at` (local time; "off": never on its own), once a night
+    (the job's key is the night's date). A run missed while the daemon was down (the last one over
+    a day ago, or none yet) is asked for `catchup` seconds after the start instead (0: not at all),
+    unless the night comes first or a run (sys.maintain) finished meanwhile."""
     if at == "off":
         return
     wall = maintenance.wall
     now = wall()
     due = next_nightly(now, at)
-    catching_up = catchup > 0 and (maintenance.finished_at is None or now - maintenance.finished_at > DAY) and now + catchup < due
+    last = await maintenance.last_finished()
+    catching_up = catchup > 0 and (last is None or now - last > DAY) and now + catchup < due
     if catching_up:
         due = now + catchup
     while True:
@@ -406,9 +453,16 @@ async def schedule(maintenance: Maintenance, at: str, catchup: float) -> None:
         await trio.sleep(max(0.0, due - wall()))
         if wall() + 1e-6 < due:  # woken early (the clock was set back): wait again
             continue
-        recent = maintenance.finished_at is not None and wall() - maintenance.finished_at < DAY
-        if not (catching_up and recent):
-            await maintenance.run()
+        night = _dt.datetime.fromtimestamp(due).astimezone().date().isoformat()
+        try:
+            if not catching_up:
+                await maintenance.request("nightly", f"{KIND}:nightly:{night}")
+            else:
+                last = await maintenance.last_finished()
+                if last is None or wall() - last >= DAY:
+                    await maintenance.request("catch-up", f"{KIND}:catch-up:{night}")
+        except Exception:  # the journal is read-only, or the daemon stops: asked again the next night
+            log.exception("tier 4 maintenance: could not queue the %s run", "catch-up" if catching_up else "nightly")
         catching_up = False
         due = next_nightly(max(wall(), due), at)
 

@@ -46,7 +46,7 @@ from eurekamem.daemon.memory.strength import StrengthSettings, epoch, rank_facto
 from eurekamem.daemon.memory.vectors import VectorStore
 from eurekamem.daemon.primitives import Histogram
 from eurekamem.daemon.tier import HANDLERS, TierState, Undo, handles
-from eurekamem.protocol import Memory, MemoryVersion, ProtocolError, ReviewItem, normalize_timestamp, now_rfc3339
+from eurekamem.protocol import Memory, MemoryVersion, ProtocolError, ReviewItem, normalize_timestamp
 from eurekamem.protocol import _methods as m
 from eurekamem.protocol._blocks import MEMORIES_NOTE, escape_block_tags
 from eurekamem.protocol._records import MEMORY_CATEGORIES
@@ -1204,7 +1204,7 @@ class MemoryState(TierState):
             confidence=max(old.confidence, round(float(p.confidence), 4)),
             tags=list(dict.fromkeys(old.tags + p.tags)),
             fingerprint=fingerprint(title, content),
-            updated_at=now_rfc3339(),
+            updated_at=self.stamp(),
         )
         version = self.version_of(old.id) + 1
         self.commit(PutMemory(merged, self.model, vector.astype(np.float32).tobytes(), version, "merged", reason))
