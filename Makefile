@@ -52,8 +52,8 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	mkdir -p $(TYPECHECK)
 	ln -sfn ../../../eurekamem_pkg/__init__.py $(TYPECHECK)/__init__.py
-	for package in protocol client daemon cli; do ln -sfn ../../../$$package $(TYPECHECK)/$$package; done
-	$(BIN)/mypy -p eurekamem.protocol -p eurekamem.client -p eurekamem.daemon -p eurekamem.cli
+	for package in protocol client daemon cli integrations; do ln -sfn ../../../$$package $(TYPECHECK)/$$package; done
+	$(BIN)/mypy -p eurekamem.protocol -p eurekamem.client -p eurekamem.daemon -p eurekamem.cli -p eurekamem.integrations
 
 # The benchmark suite (bench/suite.py): report.md, report.json and PNG plots in bench/results/<timestamp>/.
 # matplotlib (the `bench` extra) is installed when it can be; without it the suite runs and says so.

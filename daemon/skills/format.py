@@ -21,14 +21,12 @@ Rules kept here:
 from __future__ import annotations
 
 import datetime as _dt
-import html
 import math
 import re
 import unicodedata
 from typing import Any
 
 from eurekamem.protocol import SKILL_SOURCES, Skill, normalize_timestamp
-from eurekamem.protocol._blocks import SKILLS_NOTE, escape_block_tags
 
 MAX_NAME_BYTES = 255  # a folder name (NAME_MAX)
 
@@ -84,21 +82,6 @@ def next_success_rate(previous: float | None, success: bool) -> float:
 def clean_body(text: str) -> str:
     """A body as it reads back from its file: line ends made \\n, surrounding white space stripped."""
     return text.replace("\r\n", "\n").replace("\r", "\n").strip()
-
-
-# --- the prompt block -------------------------------------------------------------------------------
-
-
-def skill_element(name: str, body: str) -> str:
-    """One skill as EurekaClaw's SkillInjector.render_for_prompt writes it; a tag in the body that
-    would close or forge the element or the block is escaped (protocol/_blocks.py)."""
-    return f'<skill name="{html.escape(name, quote=True)}">\n{escape_block_tags(body.strip())}\n</skill>'
-
-
-def skills_block(elements: list[str]) -> str:
-    """EurekaClaw's block: `<skills>`, the note that marks them as reference material, each skill
-    element, `</skills>`, joined by newlines."""
-    return "\n".join(["<skills>", SKILLS_NOTE, *elements, "</skills>"])
 
 
 # --- writing ------------------------------------------------------------------------------------------

@@ -33,12 +33,11 @@ from eurekamem.daemon.skills.format import (
     name_problem,
     next_success_rate,
     render_skill,
-    skill_element,
-    skills_block,
 )
 from eurekamem.daemon.tier import TierState, Undo, handles
 from eurekamem.protocol import ProtocolError, Skill, normalize_timestamp
 from eurekamem.protocol import _methods as m
+from eurekamem.protocol._blocks import skill_element, skills_block
 
 log = logging.getLogger("eurekamem.skills")
 

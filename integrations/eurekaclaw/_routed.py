@@ -1,0 +1,456 @@
+"""The routed classes: EurekaClaw's MemoryManager, SkillRegistry, SkillInjector and
+SessionMemoryExtractor as subclasses of EurekaClaw's own (made by `make`), served by the daemon.
+
+Rules kept here:
+- One link per data root (EurekaClaw's `settings.eurekaclaw_dir`, or the parent of a memory_dir /
+  skills_dir passed in): one Client shared by every routed object of that root, and one conduit (a
+  client MemoryManager) whose bounded, backed-off calls and ordered outbox the registry and the
+  extractor use. EurekaClaw makes a MemoryManager per prompt (SkillInjector.render_for_prompt):
+  with the shared Client that costs no connection.
+- Never an exception where EurekaClaw expects none. With the daemon away, the registry reads the
+  SKILL.md files (the daemon writes them in EurekaClaw's format) with EurekaClaw's own loader, skill
+  writes wait in the outbox and go out in order once it is back (a use whose answer was lost may
+  then count twice), and the post-run extraction falls back to EurekaClaw's own extractor.
+- The post-run extraction never blocks the agent's event loop: session.close runs in a worker
+  thread (asyncio's or trio's) and answers as soon as the daemon has journaled the job; the LLM
+  work is the daemon's job, not the agent's.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib
+import logging
+import threading
+import weakref
+from collections.abc import Callable
+from enum import Enum
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+from eurekamem.client import (
+    Client,
+    ConnectionLost,
+    Skill,
+    SkillHit,
+    SkillsInjection,
+    Timeout,
+    current_async_library,
+)
+from eurekamem.client import MemoryManager as ClientMemoryManager
+from eurekamem.client._paths import eurekaclaw_dir as eurekaclaw_dir_from_env
+from eurekamem.protocol import _methods as limits
+from eurekamem.protocol._blocks import skill_element, skills_block
+
+from . import options
+
+__all__ = ["BUS_KEY", "CONDUIT_SESSION", "close_links", "eurekaclaw_root", "link_for", "make", "unrouted_methods"]
+
+log = logging.getLogger("eurekamem.integrations.eurekaclaw")
+
+CONDUIT_SESSION = "eurekamem.integrations.eurekaclaw"  # the conduit's session: it logs no events
+BUS_KEY = "eurekamem_extraction"  # on the KnowledgeBus after post-run learning: session.close's answer
+
+T = TypeVar("T")
+
+
+# --- where EurekaClaw keeps its data, and the link to the daemon serving it -------------------
+
+
+def eurekaclaw_root() -> Path:
+    """EurekaClaw's data root as EurekaClaw's own settings say (eurekaclaw.config.settings), else
+    as the client reads them (EUREKACLAW_DIR, `.env`, ~/.eurekaclaw)."""
+    try:
+        settings = importlib.import_module("eurekaclaw.config").settings
+        return Path(settings.eurekaclaw_dir).expanduser()
+    except Exception as exc:  # EurekaClaw's settings not importable: its documented default
+        log.debug("EurekaClaw's settings not readable (%s): EUREKACLAW_DIR, .env or ~/.eurekaclaw", exc)
+        return eurekaclaw_dir_from_env()
+
+
+class Link:
+    """One data root's way to the daemon (see the module's rules)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        opts = options()
+        extra: dict[str, Any] = {} if opts.timeout is None else {"timeout": opts.timeout}
+        self.data_dir = data_dir
+        self.conduit = ClientMemoryManager(
+            CONDUIT_SESSION, data_dir / "memory", socket_path=opts.socket_path, autostart=opts.autostart, **extra
+        )
+
+    @property
+    def client(self) -> Client:
+        return self.conduit.client
+
+    def call(self, method: str, params: dict[str, Any], result_type: Any = Any) -> tuple[bool, Any]:
+        """(True, result), or (False, None / the error): bounded, backed off, logged (the conduit's)."""
+        return self.conduit._call(method, params, result_type)
+
+    def write(self, method: str, params: dict[str, Any], result_type: Any = Any) -> tuple[bool, Any]:
+        """A write through the conduit's outbox: sent now, or delivered in order once the daemon answers."""
+        return self.conduit._write(method, params, result_type)
+
+    def wire_session(self, session_id: str) -> str:
+        """The session id as the routed MemoryManagers send it (long or empty ids shortened alike)."""
+        return self.conduit._names.fit(session_id, limits.MAX_ID)
+
+
+_links: dict[Path, Link] = {}
+_links_lock = threading.Lock()
+_managers: weakref.WeakSet[ClientMemoryManager] = weakref.WeakSet()  # routed managers alive
+
+
+def link_for(data_dir: Path | None) -> Link:
+    root = data_dir if data_dir is not None else eurekaclaw_root()
+    key = root.expanduser().resolve()
+    with _links_lock:
+        link = _links.get(key)
+        if link is None:
+            link = _links[key] = Link(root.expanduser())
+        return link
+
+
+def close_links() -> None:
+    """Deliver what the conduits buffered and close the shared clients (uninstall())."""
+    with _links_lock:
+        links = list(_links.values())
+        _links.clear()
+    for link in links:
+        link.conduit.close()
+
+
+def _unreachable(result: Any) -> bool:
+    return result is None or isinstance(result, (ConnectionLost, Timeout))
+
+
+def _plain(value: Any) -> str:
+    """A role or stage as EurekaClaw passes it (a str, or its AgentRole enum) as the string it means."""
+    return str(value.value) if isinstance(value, Enum) else str(value)
+
+
+def _ident(text: str) -> bool:
+    return 0 < len(text) <= limits.MAX_ID
+
+
+# --- the classes ------------------------------------------------------------------------------
+
+
+def make(class_name: str, original: type) -> type:
+    """The routed subclass of EurekaClaw's `original` class named `class_name`."""
+    mixin = _MIXINS[class_name]
+    return type(
+        class_name,
+        (mixin, original),
+        {"__module__": __name__, "__qualname__": class_name, "__doc__": mixin.__doc__, "_original": original},
+    )
+
+
+def unrouted_methods(original: type, routed: type) -> list[str]:
+    """Public methods of `original` that `routed` inherits unchanged (an EurekaClaw version newer
+    than this integration): they would still use EurekaClaw's files."""
+    through: frozenset[str] = getattr(routed, "_routed_through_others", frozenset())
+    return sorted(
+        name
+        for name, value in vars(original).items()
+        if not name.startswith("_")
+        and name not in through
+        and callable(value)
+        and getattr(routed, name, None) is getattr(original, name)
+    )
+
+
+class RoutedMemoryManager(ClientMemoryManager):
+    """EurekaClaw's MemoryManager(session_id, memory_dir=None), served by the daemon: eurekamem's
+    drop-in (client/_manager.py: EurekaClaw's methods, signatures and answers), on the data root
+    EurekaClaw's settings name, over the link's shared Client."""
+
+    def __init__(self, session_id: str, memory_dir: Any = None) -> None:
+        given = Path(memory_dir).expanduser() if memory_dir is not None else None
+        link = link_for(given.parent if given is not None else None)
+        opts = options()
+        extra: dict[str, Any] = {} if opts.timeout is None else {"timeout": opts.timeout}
+        super().__init__(
+            session_id,
+            given if given is not None else link.data_dir / "memory",
+            client=link.client,
+            autostart=opts.autostart,
+            **extra,
+        )
+        _managers.add(self)
+
+
+class RoutedSkillRegistry:
+    """EurekaClaw's SkillRegistry(skills_dir=None), served by the daemon's skills.* (the active
+    skills of <data root>/skills, the folder EurekaClaw reads). Differences: load_all() rewrites no
+    file (EurekaClaw's upserts every skill); upsert() with success_rate None keeps the daemon's
+    rate; drafts are never answered (they live outside EurekaClaw's folder). search() is ours."""
+
+    _original: type
+
+    def __init__(self, skills_dir: Any = None) -> None:
+        self._skills_dir = Path(skills_dir).expanduser() if skills_dir is not None else eurekaclaw_root() / "skills"
+        # EurekaClaw's own attributes, for its loader while the daemon is away
+        self._extra_dirs: list[Path] = []
+        self._skills: dict[str, Any] = {}
+        self._loaded = False
+        self._link = link_for(self._skills_dir.parent)
+
+    # --- records ----------------------------------------------------------------------------
+
+    def _record(self, skill: Skill) -> Any:
+        types = importlib.import_module("eurekaclaw.types.skills")
+        created = _dt.datetime.fromisoformat(skill.created_at)
+        if created.tzinfo is not None:  # EurekaClaw's own are naive UTC (utcnow)
+            created = created.astimezone(_dt.UTC).replace(tzinfo=None)
+        meta = types.SkillMeta.model_validate(
+            {
+                "name": skill.name,
+                "version": skill.version,
+                "tags": list(skill.tags),
+                "agent_roles": list(skill.agent_roles),
+                "pipeline_stages": list(skill.pipeline_stages),
+                "description": skill.description,
+                "source": skill.source,
+                "created_at": created,
+                "usage_count": skill.usage_count,
+                "success_rate": skill.success_rate,
+            }
+        )
+        return types.SkillRecord(meta=meta, content=skill.body, file_path=str(self._skills_dir / skill.name / "SKILL.md"))
+
+    def _from_files(self) -> list[Any]:
+        """EurekaClaw's own loader over the SKILL.md files (which the daemon writes): the daemon away."""
+        try:
+            cast(Any, super())._load()
+        except Exception as exc:  # EurekaClaw's loader fails on a folder without SKILL.md, say
+            log.warning("skills not readable from %s while eurekamem is away: %s", self._skills_dir, exc)
+            return []
+        return list(self._skills.values())
+
+    def _active(self, **filters: Any) -> list[Any]:
+        ok, skills = self._link.call("skills.list", {"status": "active", **filters}, list[Skill])
+        if ok:
+            return [self._record(s) for s in skills]
+        return self._from_files() if _unreachable(skills) else []
+
+    # --- EurekaClaw's methods ---------------------------------------------------------------
+
+    def add_skills_dir(self, path: Path) -> None:
+        """As EurekaClaw's: remembered, and (as in EurekaClaw 0.2.0, whose loader skips them) not read."""
+        if path not in self._extra_dirs:
+            self._extra_dirs.append(path)
+
+    def load_all(self) -> list[Any]:
+        return self._active()
+
+    def get(self, name: str) -> Any | None:
+        if not isinstance(name, str) or not _ident(name):
+            return None
+        ok, skill = self._link.call("skills.get", {"name": name}, Skill)
+        if ok:
+            return self._record(skill) if skill.status == "active" else None
+        if _unreachable(skill):
+            return next((s for s in self._from_files() if s.meta.name == name), None)
+        return None
+
+    def get_by_tags(self, tags: list[str]) -> list[Any]:
+        wanted = set(tags)
+        return [s for s in self._active() if wanted & set(s.meta.tags)]
+
+    def get_by_role(self, role: str) -> list[Any]:
+        role = _plain(role)
+        found = self._active(agent_role=role) if _ident(role) else self._active()
+        return [s for s in found if role in s.meta.agent_roles]
+
+    def get_by_pipeline_stage(self, stage: str) -> list[Any]:
+        stage = _plain(stage)
+        return [s for s in self._active() if stage in s.meta.pipeline_stages]
+
+    def upsert(self, skill: Any) -> None:
+        """skills.put of the record (buffered while the daemon is away); sets its file_path, as EurekaClaw's."""
+        meta = skill.meta
+        created = meta.created_at
+        params: dict[str, Any] = {
+            "name": meta.name,
+            "body": skill.content,
+            "version": meta.version,
+            "tags": list(meta.tags),
+            "agent_roles": list(meta.agent_roles),
+            "pipeline_stages": list(meta.pipeline_stages),
+            "description": meta.description,
+            "source": meta.source,
+            "created_at": created.isoformat() if isinstance(created, _dt.datetime) else str(created),
+            "usage_count": meta.usage_count,
+        }
+        if meta.success_rate is not None:
+            params["success_rate"] = meta.success_rate
+        self._link.write("skills.put", params, Skill)
+        skill.file_path = str(self._skills_dir / meta.name / "SKILL.md")
+
+    def update_stats(self, name: str, success: bool) -> None:
+        """skills.record_use (EurekaClaw's moving average, kept by the daemon); an unknown name is ignored."""
+        if self.get(name) is None:
+            return
+        self._link.write("skills.record_use", {"name": name, "success": bool(success)}, Skill)
+
+    def reload(self) -> None:
+        """Nothing to reload: every call asks the daemon."""
+        self._loaded = False
+
+    # --- ours -------------------------------------------------------------------------------
+
+    def search(self, query: str, k: int = 10) -> list[Any]:
+        """skills.search (hybrid: BM25 and the embedder's vectors), best first: the active skills."""
+        return self._search(query, k) or []
+
+    def _search(self, query: str, k: int) -> list[Any] | None:
+        query = query.strip()[: limits.MAX_KEY * 4]
+        if not query:
+            return None
+        params = {"query": query, "k": min(max(k, 1), limits.MAX_K)}
+        ok, hits = self._link.call("skills.search", params, list[SkillHit])
+        return [self._record(hit.skill) for hit in hits] if ok else None
+
+    def _inject_names(self, agent_role: str, pipeline_stage: str, k: int) -> list[str] | None:
+        """skills.inject's choice and order for a role (and stage); None if it cannot answer."""
+        if not _ident(agent_role):
+            return None
+        params: dict[str, Any] = {"agent_role": agent_role, "k": min(max(k, 1), limits.MAX_K)}
+        if _ident(pipeline_stage):
+            params["pipeline_stage"] = pipeline_stage
+        ok, result = self._link.call("skills.inject", params, SkillsInjection)
+        return list(result.names) if ok else None
+
+
+class RoutedSkillInjector:
+    """EurekaClaw's SkillInjector(registry, selected_skills=None) over a routed registry: top_k asks
+    skills.inject (tag strategy: role or stage, the selected skills first) or skills.search
+    (semantic: no model loaded in the agent); render_for_prompt renders the block as skills.inject
+    does (the note marking the skills as reference material, tags in bodies escaped) and, for a
+    domain, the memories block of the routed MemoryManager. Over any other registry, or with the
+    daemon unable to answer, EurekaClaw's own retrieval runs."""
+
+    _original: type
+    _routed_through_others = frozenset({"top_k"})  # EurekaClaw's top_k calls the two retrievals below
+    registry: Any
+    selected_skills: list[Any]
+    _injected: set[str]
+
+    def _tag_retrieval(self, task_role: str, role: str, k: int) -> list[Any]:
+        registry = self.registry
+        if isinstance(registry, RoutedSkillRegistry):
+            role, task_role = _plain(role), _plain(task_role)
+            must = [s for s in self.selected_skills if role in s.meta.agent_roles or task_role in s.meta.pipeline_stages]
+            names = registry._inject_names(role, task_role, k + len(must))
+            if names is not None:
+                current = {s.meta.name: s for s in registry.load_all()}
+                taken = {s.meta.name for s in must}
+                chosen = [current.get(s.meta.name, s) for s in must]
+                chosen += [current[n] for n in names if n not in taken and n in current]
+                return chosen[:k]
+        return cast(list[Any], cast(Any, super())._tag_retrieval(task_role, role, k))
+
+    def _semantic_retrieval(self, query: str, role: str, k: int) -> list[Any]:
+        registry = self.registry
+        if isinstance(registry, RoutedSkillRegistry):
+            role = _plain(role)
+            must = [s for s in self.selected_skills if role in s.meta.agent_roles]
+            hits = registry._search(query, k + len(must))
+            if hits is not None:
+                taken = {s.meta.name for s in must}
+                return (must + [h for h in hits if h.meta.name not in taken])[:k]
+        return cast(list[Any], cast(Any, super())._semantic_retrieval(query, role, k))
+
+    def render_for_prompt(self, skills: list[Any], domain: str = "") -> str:
+        parts: list[str] = []
+        if skills:
+            parts.append(skills_block([skill_element(s.meta.name, s.content) for s in skills]))
+            self._injected.update(s.meta.name for s in skills)
+        if domain:
+            try:  # looked up where EurekaClaw looks it up: the routed class once installed
+                manager = importlib.import_module("eurekaclaw.memory.manager").MemoryManager
+                block = manager(session_id="injector").load_for_injection(domain, k=4)
+                if block:
+                    parts.append(block)
+            except Exception as exc:  # as EurekaClaw: memories never block a prompt
+                log.warning("memories for %r not injected: %s", domain, exc)
+        return "\n".join(parts)
+
+
+class RoutedSessionMemoryExtractor:
+    """EurekaClaw's SessionMemoryExtractor(client=None), served by the daemon: extract_and_save(bus,
+    domain) closes the session (session.close with the bus's TheoryState and domain), which queues
+    the daemon's session.extract job and answers; it returns [] at once (the memories are the job's,
+    made without the agent waiting) and puts session.close's answer on the bus under BUS_KEY.
+    Difference: an empty domain is the research brief's (EurekaClaw's loop passes `bus.domain`,
+    which its KnowledgeBus does not have, so its memories all went to "general"). The daemon
+    unreachable or refusing: EurekaClaw's own extractor runs instead (with the client given)."""
+
+    _original: type
+
+    def __init__(self, client: Any = None) -> None:
+        self.client = client  # EurekaClaw's LLM client: the fallback's only
+        self.last_close: dict[str, Any] | None = None
+        self._fallback: Any = None
+
+    async def extract_and_save(self, bus: Any, domain: str = "") -> list[dict[str, Any]]:
+        domain = domain or _brief_domain(bus)
+        closed = await _in_worker_thread(close_session, str(bus.session_id), domain, bus.get_theory_state())
+        if closed is not None:
+            self.last_close = closed
+            bus.put(BUS_KEY, closed)
+            log.info("session %s closed: extraction job %s queued by eurekamem", bus.session_id, closed.get("job_id"))
+            return []
+        log.warning("eurekamem could not close session %s: EurekaClaw's own extractor runs instead", bus.session_id)
+        if self._fallback is None:
+            self._fallback = self._original(client=self.client)
+        return cast(list[dict[str, Any]], await self._fallback.extract_and_save(bus, domain=domain))
+
+
+def _brief_domain(bus: Any) -> str:
+    get_brief = getattr(bus, "get_research_brief", None)
+    brief = get_brief() if callable(get_brief) else None
+    return str(getattr(brief, "domain", "") or "")
+
+
+def close_session(session_id: str, domain: str, theory_state: Any) -> dict[str, Any] | None:
+    """session.close for an EurekaClaw session (after delivering what its managers buffered):
+    session.close's answer, or None if the daemon did not give one (logged)."""
+    link = link_for(None)
+    for manager in list(_managers):
+        if manager.session_id == session_id and manager.buffered:
+            with manager._lock:
+                manager._reach()
+    params: dict[str, Any] = {"session_id": link.wire_session(session_id), "extract": True}
+    if domain:
+        params["domain"] = domain[: limits.MAX_KEY]
+    if theory_state is not None:
+        dump = getattr(theory_state, "model_dump", None)
+        params["theory_state"] = dump(mode="json") if callable(dump) else theory_state
+    ok, result = link.call("session.close", params)
+    return result if ok and isinstance(result, dict) else None
+
+
+async def _in_worker_thread(fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args) in a worker thread of the running event loop (asyncio or trio), so that a slow
+    socket never stalls the agent's other tasks; called directly outside an event loop."""
+    try:
+        library = current_async_library()
+    except RuntimeError:
+        return fn(*args)
+    if library == "trio":
+        import trio
+
+        return await trio.to_thread.run_sync(fn, *args)
+    import asyncio
+
+    return await asyncio.to_thread(fn, *args)
+
+
+_MIXINS: dict[str, type] = {
+    "MemoryManager": RoutedMemoryManager,
+    "SkillRegistry": RoutedSkillRegistry,
+    "SkillInjector": RoutedSkillInjector,
+    "SessionMemoryExtractor": RoutedSessionMemoryExtractor,
+}

@@ -1,0 +1,3 @@
+from eurekaclaw.learning.loop import ContinualLearningLoop
+
+__all__ = ["ContinualLearningLoop"]

