@@ -367,6 +367,8 @@ def test_the_launcher_and_the_environment_variable_route_eurekaclaws_own_command
         assert out["memory"] == ROUTED and out["registry"] == ROUTED and SKILLS_NOTE in out["system_prompt"]
         assert client.wait_job(out["extraction"]["job_id"], timeout=TIMEOUT).state == "done"
         # EUREKAMEM_EUREKACLAW=1 with the README's sitecustomize line, and EurekaClaw's command as it is
+        readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+        assert SITECUSTOMIZE.strip() in readme  # the line the README tells users to add
         site = tmp_path / "site"
         site.mkdir()
         (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
@@ -387,3 +389,16 @@ def test_the_launcher_and_the_environment_variable_route_eurekaclaws_own_command
     done = subprocess.run([sys.executable, "-m", "eurekamem.integrations.eurekaclaw", "--help"], env=env,
                           cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT)
     assert done.returncode == 2 and "EurekaClaw is not importable" in done.stderr
+
+
+def test_the_example_script_runs_against_the_stand_in_and_skips_without_eurekaclaw(tmp_path: Path) -> None:
+    script = str(Path(__file__).resolve().parent.parent / "examples" / "eurekaclaw_real.py")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "EUREKACLAW_DIR", "EUREKAMEM_SOCKET")}
+    done = subprocess.run([sys.executable, script], env={**env, "PYTHONPATH": str(FAKE)}, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert len([line for line in lines if line.startswith("ok ")]) == 10 and not any("FAIL" in x for x in lines)
+    skipped = subprocess.run([sys.executable, script], env=env, cwd=tmp_path, capture_output=True, text=True,
+                             timeout=TIMEOUT)
+    assert skipped.returncode == 0 and skipped.stdout.startswith("skipped: EurekaClaw is not importable")
