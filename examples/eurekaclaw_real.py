@@ -60,6 +60,14 @@ def main() -> int:
             shutil.rmtree(root, ignore_errors=True)
 
 
+class _NoLLM:
+    """EurekaClaw's LLM client where none is called: any call raises."""
+
+    @property
+    def messages(self) -> Any:
+        raise RuntimeError("no LLM in this example")
+
+
 def _wait_for(socket_path: str, daemon: subprocess.Popen[bytes], timeout: float) -> bool:
     from eurekamem.client._autostart import daemon_answers
 
@@ -77,12 +85,13 @@ def _exercise(root: Path, socket_path: str, wait: bool) -> int:
 
     integration.install()
     from eurekaclaw.knowledge_bus.bus import KnowledgeBus
-    from eurekaclaw.learning.loop import SessionMemoryExtractor  # the name the learning loop calls
+    from eurekaclaw.learning.loop import SessionMemoryExtractor
     from eurekaclaw.memory.manager import MemoryManager
-    from eurekaclaw.orchestrator.meta_orchestrator import SkillInjector, SkillRegistry
+    from eurekaclaw.orchestrator.meta_orchestrator import MetaOrchestrator, SkillInjector, SkillRegistry
+    from eurekaclaw.types.agents import AgentRole
     from eurekaclaw.types.artifacts import FailedAttempt, ProofRecord, ResearchBrief, TheoryState
     from eurekaclaw.types.skills import SkillMeta, SkillRecord
-    from eurekaclaw.types.tasks import Task
+    from eurekaclaw.types.tasks import Task, TaskPipeline
 
     checks: list[tuple[str, bool]] = []
     for name, cls in [("MemoryManager", MemoryManager), ("SkillRegistry", SkillRegistry),
@@ -91,26 +100,24 @@ def _exercise(root: Path, socket_path: str, wait: bool) -> int:
 
     session = f"example-{os.getpid()}"
     domain = "multi-armed bandits"
-    memory = MemoryManager(session_id=session)
+    bus = KnowledgeBus(session)
+    bus.put_research_brief(ResearchBrief(session_id=session, input_mode="detailed", domain=domain, query="UCB1 regret"))
+    # EurekaClaw's orchestrator builds its memory, registry, injector, agents and learning loop itself
+    orchestrator = MetaOrchestrator(bus, client=_NoLLM())
+    memory, registry = orchestrator.memory, orchestrator.skill_registry
+    registry.upsert(SkillRecord(
+        meta=SkillMeta(name="ucb_regret_example", agent_roles=["theory"], description="UCB1 regret via concentration",
+                       source="manual"),
+        content="# UCB regret\n\nSplit the regret on the confidence events; union-bound the failures.",
+    ))
+    # what the theory agent does with them in a run: its system prompt, its events, its graph and records
+    agent = orchestrator.agents[AgentRole.THEORY]
+    prompt = agent.build_system_prompt(Task(task_id="t", name="theory", agent_role="theory"))
     memory.log_event("theory", "Tool lean4: L_conc checks")
     memory.remember("proof_hint.ucb", {"hint": "union bound over confidence events"}, tags=["proof_hint"])
     conc = memory.add_theorem("L_conc", "Hoeffding for rewards in [0, 1]", domain=domain, session_id=session)
     pulls = memory.add_theorem("L_pulls", "Suboptimal arms are pulled O(log T / gap^2) times", domain=domain)
     memory.link_theorems(pulls.node_id, conc.node_id, relation="uses")
-
-    registry = SkillRegistry()
-    registry.upsert(SkillRecord(
-        meta=SkillMeta(name="ucb_regret_example", agent_roles=["theory"], pipeline_stages=["theory"],
-                       description="UCB1 regret via concentration", source="manual"),
-        content="# UCB regret\n\nSplit the regret on the confidence events; union-bound the failures.",
-    ))
-    injector = SkillInjector(registry)
-    chosen = injector.top_k(Task(task_id="t", name="prove", agent_role="theory"), role="theory", k=5)
-    prompt = injector.render_for_prompt(chosen)
-    registry.update_stats("ucb_regret_example", success=True)
-
-    bus = KnowledgeBus(session)
-    bus.put_research_brief(ResearchBrief(session_id=session, input_mode="detailed", domain=domain, query="UCB1 regret"))
     bus.put_theory_state(TheoryState(
         session_id=session, theorem_id="thm", informal_statement="UCB1 has regret O(sqrt(K T log T))",
         proven_lemmas={"L_conc": ProofRecord(lemma_id="L_conc", proof_text="Chernoff.", verified=True)},
@@ -118,7 +125,9 @@ def _exercise(root: Path, socket_path: str, wait: bool) -> int:
                                        iteration=1)],
         status="in_progress",
     ))
-    saved = asyncio.run(SessionMemoryExtractor(client=None).extract_and_save(bus, domain=""))
+    # post-run learning, as the orchestrator calls it (no LLM call is reached: one failure is below the
+    # loop's distillation threshold, and the extraction is the daemon's job)
+    asyncio.run(orchestrator.learning_loop.post_run(TaskPipeline(pipeline_id="p", session_id=session), bus))
     closed: dict[str, Any] = bus.get("eurekamem_extraction") or {}
 
     with Client(socket_path, timeout=60.0) as client:
@@ -128,8 +137,8 @@ def _exercise(root: Path, socket_path: str, wait: bool) -> int:
             ("the record is in the daemon", client.recall("proof_hint.ucb") is not None),
             ("the graph has the link", [n.theorem_name for n in client.related(pulls.node_id, depth=1)] == ["L_conc"]),
             ("the skill is the daemon's", client.skill("ucb_regret_example").usage_count == 1),
-            ("the prompt holds it", '<skill name="ucb_regret_example">' in prompt),
-            ("learning returned at once, as a job", saved == [] and isinstance(closed.get("job_id"), str)),
+            ("the agent's system prompt holds it", '<skill name="ucb_regret_example">' in prompt),
+            ("post-run learning closed the session: a job", isinstance(closed.get("job_id"), str)),
         ]
         if wait and closed.get("job_id"):
             job = client.wait_job(closed["job_id"], timeout=300)

@@ -14,7 +14,7 @@ from eurekaclaw.llm import LLMClient, create_client
 from eurekaclaw.memory.manager import MemoryManager
 from eurekaclaw.skills.injector import SkillInjector
 from eurekaclaw.skills.registry import SkillRegistry
-from eurekaclaw.types.agents import AgentResult
+from eurekaclaw.types.agents import AgentResult, AgentRole
 from eurekaclaw.types.artifacts import ResearchBrief
 from eurekaclaw.types.tasks import InputSpec, Task, TaskPipeline
 
@@ -34,10 +34,12 @@ class MetaOrchestrator:
         self.skill_registry = skill_registry or SkillRegistry()
         self.skill_injector = SkillInjector(self.skill_registry, selected_skills=selected_skills)
         self.memory = MemoryManager(session_id=bus.session_id)
-        self.agent = TheoryAgent(
-            bus=bus, tool_registry=tool_registry, skill_injector=self.skill_injector, memory=self.memory,
-            client=self.client,
-        )
+        self.agents = {
+            AgentRole.THEORY: TheoryAgent(
+                bus=bus, tool_registry=tool_registry, skill_injector=self.skill_injector, memory=self.memory,
+                client=self.client,
+            )
+        }
         self.learning_loop = ContinualLearningLoop(
             mode=settings.eurekaclaw_mode, skill_registry=self.skill_registry, client=self.client
         )
@@ -55,6 +57,6 @@ class MetaOrchestrator:
         task = Task(task_id="t1", name="theory", agent_role="theory", description="prove the regret bound")
         pipeline = TaskPipeline(pipeline_id="p1", session_id=self.bus.session_id, tasks=[task])
         self.bus.put_pipeline(pipeline)
-        result = await self.agent.execute(task)
+        result = await self.agents[AgentRole.THEORY].execute(task)
         await self.learning_loop.post_run(pipeline, self.bus)
         return result
