@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
+import trio.testing
 from eurekamem.client import Client
 from eurekamem.integrations import eurekaclaw as integration
 from eurekamem.integrations.eurekaclaw import _routed
@@ -140,7 +142,7 @@ def test_install_patches_every_binding_once_and_uninstall_restores_the_originals
 
 def test_install_imports_nothing_and_patches_modules_as_they_are_imported(fake: None) -> None:
     integration.install()
-    assert not any(n.startswith("eurekaclaw") for n in sys.modules)  # EurekaClaw's import cost stays its own
+    assert not any(n == "eurekaclaw" or n.startswith("eurekaclaw.") for n in sys.modules)  # its import cost stays its own
     from eurekaclaw.agents.theory.inner_loop import MemoryManager as from_package
     from eurekaclaw.orchestrator.meta_orchestrator import ContinualLearningLoop, MemoryManager, SkillRegistry
 
@@ -275,16 +277,17 @@ def test_the_skill_registry_reads_and_writes_the_daemons_skills(routed_to: Clien
     assert injector._injected == {record.meta.name, other}
 
 
-def test_the_daemon_away_nothing_fails_reads_use_the_files_and_learning_falls_back(
-    fake: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _away(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, socket.socket, Any, Any, Any]:
+    """A data root with a skill file the daemon wrote, a socket that accepts and never answers (the
+    test closes it: the daemon gone), install(); the bus of a session with a TheoryState, EurekaClaw's
+    LLM client (its extractor's answer set) and the routed extractor."""
     root = tmp_path / "root"
     (root / "skills" / "written").mkdir(parents=True)
     (root / "skills" / "written" / "SKILL.md").write_text(
         "---\nagent_roles:\n- theory\ndescription: As the daemon writes it\nname: written\nsource: manual\n"
         "version: '1.0'\n---\n\n# Written\n\nBy the daemon, earlier."
     )
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # accepts, never answers
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(tmp_path / "silent.sock"))
     listener.listen(8)
     monkeypatch.setenv("EUREKACLAW_DIR", str(root))
@@ -302,7 +305,14 @@ def test_the_daemon_away_nothing_fails_reads_use_the_files_and_learning_falls_ba
     bus.put_theory_state(TheoryState(session_id=session, theorem_id="t", informal_statement="a claim"))
     llm = LLMClient()
     llm.answer = {"pitfalls": [{"title": "Kept anyway", "content": "EurekaClaw's own extractor wrote this."}]}
-    extractor = SessionMemoryExtractor(client=llm)
+    return root, listener, bus, llm, SessionMemoryExtractor(client=llm)
+
+
+def test_the_daemon_away_nothing_fails_reads_use_the_files_and_learning_falls_back(
+    fake: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, listener, bus, llm, extractor = _away(tmp_path, monkeypatch)
+    session = bus.session_id
     seen: list[bool] = []
 
     async def run() -> list[dict[str, Any]]:
@@ -402,3 +412,24 @@ def test_the_example_script_runs_against_the_stand_in_and_skips_without_eurekacl
     skipped = subprocess.run([sys.executable, script], env=env, cwd=tmp_path, capture_output=True, text=True,
                              timeout=TIMEOUT)
     assert skipped.returncode == 0 and skipped.stdout.startswith("skipped: EurekaClaw is not importable")
+
+
+async def test_under_trio_too_the_extraction_waits_in_a_worker_thread(
+    fake: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, listener, bus, llm, extractor = _away(tmp_path, monkeypatch)
+    saved: list[dict[str, Any]] = []
+    finished = trio.Event()
+
+    async def extract() -> None:
+        saved.extend(await extractor.extract_and_save(bus))
+        finished.set()
+
+    with trio.fail_after(TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(extract)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not finished.is_set()  # trio's loop runs on while session.close waits in a thread
+            listener.close()
+    assert [s["title"] for s in saved] == ["Kept anyway"] and len(llm.calls) == 1
+    assert (root / "memories" / "bandit_theory").is_dir()

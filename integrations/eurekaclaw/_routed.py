@@ -396,7 +396,10 @@ class RoutedSessionMemoryExtractor:
 
     async def extract_and_save(self, bus: Any, domain: str = "") -> list[dict[str, Any]]:
         domain = domain or _brief_domain(bus)
-        closed = await _in_worker_thread(close_session, str(bus.session_id), domain, bus.get_theory_state())
+        theory_state = bus.get_theory_state()
+        dump = getattr(theory_state, "model_dump", None)  # here, not in the worker: the bus is the loop's
+        state = dump(mode="json") if callable(dump) else theory_state
+        closed = await _in_worker_thread(close_session, str(bus.session_id), domain, state)
         if closed is not None:
             self.last_close = closed
             bus.put(BUS_KEY, closed)
@@ -415,8 +418,9 @@ def _brief_domain(bus: Any) -> str:
 
 
 def close_session(session_id: str, domain: str, theory_state: Any) -> dict[str, Any] | None:
-    """session.close for an EurekaClaw session (after delivering what its managers buffered):
-    session.close's answer, or None if the daemon did not give one (logged)."""
+    """session.close for an EurekaClaw session (after delivering what its managers buffered), with
+    its TheoryState as JSON (`model_dump(mode="json")`): session.close's answer, or None if the
+    daemon did not give one (logged)."""
     link = link_for(None)
     for manager in list(_managers):
         if manager.session_id == session_id and manager.buffered:
@@ -426,8 +430,7 @@ def close_session(session_id: str, domain: str, theory_state: Any) -> dict[str, 
     if domain:
         params["domain"] = domain[: limits.MAX_KEY]
     if theory_state is not None:
-        dump = getattr(theory_state, "model_dump", None)
-        params["theory_state"] = dump(mode="json") if callable(dump) else theory_state
+        params["theory_state"] = theory_state
     ok, result = link.call("session.close", params)
     return result if ok and isinstance(result, dict) else None
 
