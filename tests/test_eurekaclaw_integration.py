@@ -155,6 +155,21 @@ def test_install_imports_nothing_and_patches_modules_as_they_are_imported(fake: 
     assert spec is not None and spec.loader is not None and "class MemoryManager" in spec.loader.get_source(spec.name)
 
 
+def test_a_public_method_the_integration_does_not_know_is_named(fake: None) -> None:
+    """A newer EurekaClaw's extra method would still use its files: install() warns with its name."""
+    from eurekaclaw.skills.registry import SkillRegistry
+
+    class Newer(SkillRegistry):
+        def delete(self, name: str) -> None: ...
+
+    routed = _routed.make("SkillRegistry", Newer)
+    assert _routed.unrouted_methods(Newer, routed) == ["delete"]
+    assert _routed.unrouted_methods(SkillRegistry, _routed.make("SkillRegistry", SkillRegistry)) == []
+    from eurekaclaw.skills.injector import SkillInjector
+
+    assert _routed.unrouted_methods(SkillInjector, _routed.make("SkillInjector", SkillInjector)) == []
+
+
 def test_the_environment_variable_installs_only_when_set(fake: None) -> None:
     assert integration.install_from_env({}) is False and not integration.installed()
     assert integration.install_from_env({integration.ENV: "0"}) is False and not integration.installed()
@@ -275,6 +290,10 @@ def test_the_skill_registry_reads_and_writes_the_daemons_skills(routed_to: Clien
     assert block.startswith("<skills>\n" + SKILLS_NOTE) and block.endswith("</skills>")
     assert block.count("</skills>") == 1 and "&lt;/skills> not a tag here" in block
     assert injector._injected == {record.meta.name, other}
+    # what the daemon refuses (a body of only white space) is logged, never raised at the agent
+    empty = SkillRecord(meta=SkillMeta(name=unique("empty"), source="manual"), content="   ")
+    registry.upsert(empty)
+    assert registry.get(empty.meta.name) is None
 
 
 def _away(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, socket.socket, Any, Any, Any]:
