@@ -1,7 +1,12 @@
 """`eurekamem export` and `eurekamem import`: JSON Lines out of and into a running daemon, and EurekaClaw roots.
 
 Rule kept here: both go through the daemon's socket, a page at a time; an import of a record,
-node, edge or memory that is already there changes nothing.
+node, edge or memory that is already there changes nothing, so importing the same root or export
+twice adds nothing the second time. "Already there": a persistent record with the same key, value
+and tags; a graph node with the same id, else the same normalised statement (daemon/tiers/graph.py;
+a node without a statement: the same name), its edges by the ids they map to; a memory with the
+same id, else the same fingerprint (EurekaClaw's, of title and text) in the same domain, active or
+archived.
 """
 
 from __future__ import annotations
@@ -106,19 +111,63 @@ _MEMORY_FIELDS = ("domain", "category", "title", "content", "confidence", "tags"
 
 
 class Importer:
-    """Adds exported or EurekaClaw records through the socket; node ids change, so it keeps a map."""
+    """Adds exported or EurekaClaw records through the socket; node ids change, so it keeps a map.
+    What the daemon already holds (see the module's rule) is read first and skipped."""
 
     def __init__(self, client: Any, progress: Progress) -> None:
         self.client = client
         self.progress = progress
         self.node_map: dict[str, str] = {}
         self.counts: dict[str, int] = {"persistent": 0, "graph_node": 0, "graph_edge": 0, "memory": 0}
+        self.skipped: dict[str, int] = dict.fromkeys(self.counts, 0)
         self.failed: list[str] = []
+        self._nodes: set[str] = set()  # the daemon's node ids
+        self._statements: dict[str, str] = {}  # normalised statement (or "name:" + name) -> node id
+        self._edges: set[tuple[str, str, str]] = set()
+        self._memory_ids: set[str] = set()
+        self._fingerprints: set[tuple[str, str]] = set()  # (domain slug, fingerprint), active or archived
+
+    def read_existing(self, memories: bool = True) -> None:
+        """What the daemon holds now: its graph (one graph.export) and its memories' ids and fingerprints."""
+        from eurekamem.daemon.memory.format import domain_slug, fingerprint
+        from eurekamem.protocol._methods import MAX_LIMIT
+
+        data = self.client.call("graph.export", {"format": "node_link"})["data"]
+        for node in data.get("nodes", []):
+            self._know_node(str(node["id"]), str(node.get("theorem_name") or ""), str(node.get("formal_statement") or ""))
+        for edge in data.get("edges", []):
+            self._edges.add((str(edge["source"]), str(edge["target"]), str(edge.get("relation") or edge.get("key") or "uses")))
+        offset = 0
+        while memories:
+            page = self.client.call("memory.list", {"status": "any", "limit": MAX_LIMIT, "offset": offset})
+            for memory in page["memories"]:
+                self._memory_ids.add(memory["id"])
+                self._fingerprints.add((domain_slug(memory["domain"]), fingerprint(memory["title"], memory["content"])))
+            offset += len(page["memories"])
+            if not page["memories"] or offset >= page["total"]:
+                break
+
+    def _know_node(self, node_id: str, name: str, statement: str) -> None:
+        from eurekamem.daemon.tiers.graph import normalise_statement
+
+        self._nodes.add(node_id)
+        key = normalise_statement(statement) or ("name:" + name.strip().casefold())
+        self._statements.setdefault(key, node_id)  # the oldest such node, as graph.export lists them
 
     def _fail(self, what: str, exc: BaseException) -> None:
         self.failed.append(f"{what}: {getattr(exc, 'message', exc)}")
 
     def persistent(self, records: list[dict[str, Any]]) -> None:
+        have = self._call_all([("persistent.recall", {"key": r["key"]}) for r in records])
+        todo = []
+        for record, existing in zip(records, have):
+            tags = list(dict.fromkeys(record.get("tags") or []))
+            if isinstance(existing, dict) and existing.get("value") == record.get("value") and existing.get("tags") == tags:
+                self.skipped["persistent"] += 1
+            else:
+                todo.append(record)
+        self.progress.add(len(records) - len(todo))
+        records = todo
         calls = [("persistent.remember", {"key": r["key"], "value": r.get("value"), "tags": list(r.get("tags") or []),
                                           "source_session": str(r.get("source_session") or "")}) for r in records]
         for record, result in zip(records, self._call_all(calls)):
@@ -129,6 +178,21 @@ class Importer:
         self.progress.add(len(records))
 
     def nodes(self, nodes: list[dict[str, Any]]) -> None:
+        from eurekamem.daemon.tiers.graph import normalise_statement
+
+        todo = []
+        for n in nodes:
+            source_id = str(n.get("node_id"))
+            name = str(n.get("theorem_name") or n.get("node_id") or "untitled")
+            key = normalise_statement(str(n.get("formal_statement") or "")) or ("name:" + name.strip().casefold())
+            same = source_id if source_id in self._nodes else self._statements.get(key)
+            if same is not None:
+                self.node_map[source_id] = same
+                self.skipped["graph_node"] += 1
+            else:
+                todo.append(n)
+        self.progress.add(len(nodes) - len(todo))
+        nodes = todo
         calls = []
         for n in nodes:
             tags = n.get("tags") or []
@@ -143,15 +207,24 @@ class Importer:
                 self._fail(f"graph node {node.get('node_id')!r}", result)
             else:
                 self.node_map[str(node.get("node_id"))] = result["node_id"]
+                self._know_node(result["node_id"], result["theorem_name"], result["formal_statement"])
                 self.counts["graph_node"] += 1
         self.progress.add(len(nodes))
 
     def edges(self, edges: list[tuple[str, str, str]]) -> None:
         calls = []
-        for from_id, to_id, relation in edges:
-            calls.append(("graph.link", {"from_id": self.node_map.get(from_id, from_id), "to_id": self.node_map.get(to_id, to_id),
-                                         "relation": relation if relation in ("uses", "generalizes", "specializes", "contradicts") else "uses"}))
-        for edge, result in zip(edges, self._call_all(calls)):
+        todo = []
+        for edge in edges:
+            from_id, to_id, relation = edge
+            mapped = (self.node_map.get(from_id, from_id), self.node_map.get(to_id, to_id),
+                      relation if relation in ("uses", "generalizes", "specializes", "contradicts") else "uses")
+            if mapped in self._edges:
+                self.skipped["graph_edge"] += 1
+                continue
+            self._edges.add(mapped)
+            todo.append(edge)
+            calls.append(("graph.link", {"from_id": mapped[0], "to_id": mapped[1], "relation": mapped[2]}))
+        for edge, result in zip(todo, self._call_all(calls)):
             if isinstance(result, BaseException):
                 self._fail(f"graph edge {edge}", result)
             else:
@@ -159,7 +232,19 @@ class Importer:
         self.progress.add(len(edges))
 
     def memories(self, memories: list[dict[str, Any]]) -> None:
-        """memory.add_many (dedup off) in batches; an archived memory is archived again after."""
+        """memory.add_many (dedup off) in batches; an archived memory is archived again after. One
+        the daemon holds (same id, else same fingerprint in its domain) is skipped."""
+        from eurekamem.daemon.memory.format import domain_slug, fingerprint
+
+        todo = []
+        for memory in memories:
+            key = (domain_slug(str(memory.get("domain") or "general")), fingerprint(str(memory.get("title") or "").strip(), str(memory.get("content") or "").strip()))
+            if memory.get("id") in self._memory_ids or key in self._fingerprints:
+                self.skipped["memory"] += 1
+            else:
+                todo.append(memory)
+        self.progress.add(len(memories) - len(todo))
+        memories = todo
         for start in range(0, len(memories), MEMORY_PAGE):
             chunk = memories[start : start + MEMORY_PAGE]
             items = [self._memory_item(m) for m in chunk]
@@ -279,6 +364,7 @@ def import_groups(client: Any, groups: dict[str, list[Any]], progress_stream: Te
     total = sum(len(v) for v in groups.values())
     progress = Progress(total, "import", progress_stream, lines=True)
     importer = Importer(client, progress)
+    importer.read_existing(memories=bool(groups["memory"]))
     importer.persistent(groups["persistent"])
     importer.nodes(groups["graph_node"])
     importer.edges(groups["graph_edge"])
@@ -313,6 +399,8 @@ def cmd_import(args: argparse.Namespace) -> int:
         return _err(f"import failed: {exc}")
     summary = ", ".join(f"{n} {tier}" for tier, n in importer.counts.items())
     print(f"imported {summary} from {source}")
+    if any(importer.skipped.values()):
+        print("already there, skipped: " + ", ".join(f"{n} {tier}" for tier, n in importer.skipped.items()))
     for failure in importer.failed[:20]:
         print(f"  failed: {failure}", file=sys.stderr)
     if importer.failed:

@@ -294,6 +294,8 @@ class Daemon:
                 system.start_soon(self._snapshot_scheduler, scheduler_scope)
                 background_scope = trio.CancelScope()
                 system.start_soon(self._memory_background, background_scope)
+                watch_scope = trio.CancelScope()
+                system.start_soon(self._watch_files, watch_scope)
                 maintenance_scope = trio.CancelScope()
                 system.start_soon(self._maintenance_schedule, maintenance_scope)
                 watchdog_scope = trio.CancelScope()
@@ -334,6 +336,7 @@ class Daemon:
                     io_scope.cancel()
                 scheduler_scope.cancel()
                 background_scope.cancel()
+                watch_scope.cancel()
                 maintenance_scope.cancel()  # the schedule only asks for jobs: the job queue runs them
                 watchdog_scope.cancel()
                 with trio.CancelScope(shield=True):
@@ -800,6 +803,26 @@ class Daemon:
                     return  # the actors closed: the daemon is stopping
                 except Exception:
                     log.exception("memory background work failed; will try again")
+
+    async def _watch_files(self, scope: trio.CancelScope) -> None:
+        """Scan memories/ every watch_interval seconds for files other programs wrote, changed or
+        removed (daemon/memory/watch.py); the first scan at once, before the first projection, so
+        that the projection never overwrites a file edited while the daemon was down."""
+        interval = self.config.watch_interval
+        if not interval:
+            return
+        memory_actor = self.memory_actor
+        memory_actor.watching = True
+        memory_actor.watch_full_interval = self.config.watch_full_interval
+        with scope:
+            while True:
+                try:
+                    await memory_actor.scan_files()
+                except trio.ClosedResourceError:
+                    return  # the actors closed: the daemon is stopping
+                except Exception:
+                    log.exception("tier 4: the scan of memories/ failed; will try again")
+                await trio.sleep(interval)
 
     async def _snapshot_scheduler(self, scope: trio.CancelScope) -> None:
         """Snapshot after a quiet period without writes, or after snapshot_max_delay of steady writing."""

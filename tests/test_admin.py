@@ -277,6 +277,14 @@ def test_export_then_import_into_a_fresh_daemon(tmp_path: Path, sock_dir: Path) 
         assert "2 persistent, 2 graph_node, 1 graph_edge, 3 memory" in done.stdout
         with Client(sock_dir / "b.sock", timeout=TIMEOUT) as client:
             assert contents(client) == expected
+        again = cli("import", str(tmp_path / "x.jsonl"), "--socket", str(sock_dir / "b.sock"))  # idempotent
+        assert again.returncode == 0, again.stderr
+        assert "imported 0 persistent, 0 graph_node, 0 graph_edge, 0 memory" in again.stdout
+        assert "skipped: 2 persistent, 2 graph_node, 1 graph_edge, 3 memory" in again.stdout
+        with Client(sock_dir / "b.sock", timeout=TIMEOUT) as client:
+            assert contents(client) == expected
+            assert len(client.call("graph.export", {})["data"]["nodes"]) == 2
+            assert client.call("memory.list", {"status": "any"})["total"] == 3
     finally:
         fresh.terminate()
 
@@ -310,8 +318,13 @@ def test_import_a_plain_eurekaclaw_root(tmp_path: Path, sock_dir: Path) -> None:
         done = cli("import", str(tmp_path / "claw"), "--socket", str(sock_dir / "d.sock"))
         assert done.returncode == 0, done.stderr
         assert "1 persistent, 2 graph_node, 1 graph_edge, 2 memory" in done.stdout
+        again = cli("import", str(tmp_path / "claw"), "--socket", str(sock_dir / "d.sock"))  # idempotent
+        assert again.returncode == 0, again.stderr
+        assert "imported 0 persistent, 0 graph_node, 0 graph_edge, 0 memory" in again.stdout
         with Client(sock_dir / "d.sock", timeout=TIMEOUT) as client:
             got = contents(client)
+            assert len(client.call("graph.export", {})["data"]["nodes"]) == 2
+            assert client.call("memory.list", {"status": "any"})["total"] == 2
     finally:
         proc.terminate()
     assert got["persistent"] == {"theory.failed.x": ({"why": "loose"}, ["failed"], "")}

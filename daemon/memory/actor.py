@@ -62,6 +62,19 @@ from eurekamem.daemon.memory.state import (
     write_cost,
 )
 from eurekamem.daemon.memory.vectors import VectorStore
+from eurekamem.daemon.memory.watch import (
+    PLAN_CHUNK,
+    Change,
+    FileSig,
+    Tree,
+    Watcher,
+    apply_changes,
+    digest,
+    plan,
+    read_files,
+    scan_tree,
+    signature,
+)
 from eurekamem.daemon.primitives import Histogram, PendingSync
 from eurekamem.daemon.storage.files import RealFiles, atomic_write
 from eurekamem.daemon.tier import MAX_BATCH, Internal, TierActor, Work
@@ -69,6 +82,9 @@ from eurekamem.protocol import Call, Memory, ProtocolError
 from eurekamem.protocol import _methods as m
 
 log = logging.getLogger("eurekamem.memory")
+
+
+_WHAT = {"new": "was written by another program", "edit": "was edited by another program", "move": "was moved here by another program"}
 
 
 REEMBED_BATCH = 64
@@ -116,6 +132,10 @@ class MemoryActor(TierActor):
         self.summaries: Callable[[list[str]], Awaitable[dict[str, str]]] | None = None
         self.files_written = 0
         self.projection_errors = 0
+        # what the scans of memories/ know (daemon/memory/watch.py): touched under _projection_lock only
+        self.watcher = Watcher()
+        self.watching = False  # set by the daemon when it scans memories/ (watch_interval > 0)
+        self.watch_full_interval = 30.0  # seconds between full scans (Config.watch_full_interval)
         self.reembedded = 0
         # one projection at a time, from taking the changes to writing them: two interleaved ones
         # could write an older version of a file after a newer one (or after its removal)
@@ -389,8 +409,12 @@ class MemoryActor(TierActor):
         touched += [self.root / "memories" / slug / "_index.json" for slug in indexes]
         touched += [self.root / item[0] for item in documents]
         self._unsynced.update(touched)  # before writing: a failure half-way still leaves them to sync
+        # what the scans last saw of the files this writes or removes: one that changed since (another
+        # program wrote it) is left as it is, for the next scan (None: unknown; no check before the first scan)
+        known = self.watcher.known
+        expected = {f: known[f][0] if f in known else None for f in [m.file for m in changed] + removed} if self.watcher.scans else None
         try:
-            written = await self._run_sync(write_projection, self.root, changed, removed, indexes, documents)
+            result = await self._run_sync(write_projection, self.root, changed, removed, indexes, documents, expected)
         except OSError as exc:
             self.projection_errors += 1
             log.error("could not write memory files (the journal has them; will retry): %s", exc)
@@ -399,8 +423,137 @@ class MemoryActor(TierActor):
             again_global = any(item[0].endswith("/GLOBAL.md") for item in documents)
             await self.run_internal(lambda state: state.redirty(ids, removed, domains, again_global))
             return 0
-        self.files_written += written
-        return written
+        self.watcher.wrote(result.files, result.removed)
+        for relative in result.left:
+            log.warning("tier 4: %s changed on disk since the last scan; left as it is (the next scan reads it)", relative)
+        self.files_written += result.written
+        return result.written
+
+    async def scan_files(self, full: bool = False) -> dict[str, int]:
+        """One scan of memories/ (daemon/memory/watch.py; a full one when asked, the first, and every
+        watch_full_interval): files another program wrote, changed or removed since the last scan
+        become journaled changes of tier 4; then, if there were any, the projection writes what
+        they owe (_index.json, archived copies). Returns the counts of what it did."""
+        async with self._projection_lock:
+            started = time.perf_counter_ns()
+            counts = await self._scan(full)
+            self.watcher.scans += 1
+            if any(counts.values()):
+                await self._project_files()
+            self.watcher.last_scan_us = (time.perf_counter_ns() - started) / 1000
+            return counts
+
+    async def _scan(self, full: bool) -> dict[str, int]:
+        watcher = self.watcher
+        first = watcher.scans == 0
+        full = full or watcher.tree is None or trio.current_time() - watcher.last_full >= self.watch_full_interval
+        if full:
+            watcher.last_full = trio.current_time()
+            watcher.full_scans += 1
+        tree: Tree = await self._run_sync(scan_tree, self.root, None if full else watcher.tree)
+        watcher.tree = tree
+        seen = tree.flat()
+        folders = tree.domain_folders()
+        watcher.last_files = len(seen)
+        known, malformed = watcher.known, watcher.malformed
+        for relative in [f for f in malformed if f not in seen]:
+            del malformed[relative]
+        changed = [
+            f for f, sig in seen.items()
+            if (f not in known or known[f][0] != sig) and not (f in malformed and malformed[f][0] == sig)
+        ]
+        gone = [f for f in known if f not in seen]
+        if first:  # files removed while the daemon was down: the memories whose file is not there
+            seen_set = set(seen)
+            gone += await self.run_internal(
+                lambda s: [m.file for m in s.memories.values() if m.status == "active" and m.file not in seen_set]
+            )
+        counts = {"new": 0, "edit": 0, "move": 0, "archive": 0, "bad": 0}
+        if not (changed or gone):
+            return counts
+        reads = await self._run_sync(read_files, self.root, changed)
+        texts: list[tuple[str, str, float]] = []
+        sigs: dict[str, tuple[FileSig, str]] = {}
+        for read in reads:
+            if read.error:
+                self._malformed(read.relative, seen[read.relative], read.error)
+                counts["bad"] += 1
+                continue
+            if read.data is None or read.sig is None or not read.data:
+                continue  # gone, being written, or empty so far: the next scan looks again
+            sha = digest(read.data)
+            if read.relative in known and known[read.relative][1] == sha:
+                known[read.relative] = (read.sig, sha)  # touched, same bytes
+                continue
+            try:
+                text = read.data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                self._malformed(read.relative, read.sig, f"not UTF-8 text ({exc.reason} at byte {exc.start})")
+                counts["bad"] += 1
+                continue
+            sigs[read.relative] = (read.sig, sha)
+            texts.append((read.relative, text, read.sig[1] / 1e9))
+        seen_names = set(seen)
+        changes: list[Change] = []
+        for at in range(0, max(len(texts), 1), PLAN_CHUNK):
+            chunk = texts[at : at + PLAN_CHUNK]
+            lost = gone if at == 0 else []
+
+            def planned(s: MemoryState, chunk: list[tuple[str, str, float]] = chunk, lost: list[str] = lost) -> list[Change]:
+                return plan(s, chunk, lost, seen_names, folders)
+
+            changes += await self.run_internal(planned)
+        vectors = await self._embed_changes(changes)
+        retry = set(await self.run_internal(lambda s: apply_changes(s, changes, vectors)))
+        for change in changes:
+            relative = change.relative
+            if change.kind == "archive":
+                known.pop(relative, None)
+                log.info("tier 4: %s was removed by another program: memory %s archived", relative, change.memory and change.memory.id)
+            elif change.kind == "rewrite":
+                known.pop(relative, None)
+            elif change.kind == "bad":
+                self._malformed(relative, sigs[relative][0], change.reason)
+            elif relative not in retry:
+                sig, sha = sigs[relative]
+                known[relative] = (sig, "" if change.kind == "pending" else sha)
+                malformed.pop(relative, None)
+                if change.kind in ("new", "edit", "move"):
+                    log.info("tier 4: %s %s: memory %s", relative, _WHAT[change.kind], change.memory and change.memory.id)
+            if change.kind in counts and relative not in retry:
+                counts[change.kind] += 1
+        watcher.imported += counts["new"]
+        watcher.updated += counts["edit"]
+        watcher.moved += counts["move"]
+        watcher.archived += counts["archive"]
+        return counts
+
+    def _malformed(self, relative: str, sig: FileSig, why: str) -> None:
+        """Report a file that is no memory (once per version of it) and leave it as it is."""
+        if self.watcher.malformed.get(relative, (None, ""))[0] != sig:
+            log.warning("tier 4: %s is not a memory file (%s); left as it is", relative, why)
+        self.watcher.malformed[relative] = (sig, why)
+        self.watcher.known.pop(relative, None)
+
+    async def _embed_changes(self, changes: list[Change]) -> dict[int, bytes]:
+        """The vectors of the changes whose text is new, by change index; none if the embedder fails
+        (those memories are committed without one and embedded in the background)."""
+        wanted = [(at, change.texts) for at, change in enumerate(changes) if change.texts]
+        if not wanted:
+            return {}
+        flat = [text for _, texts in wanted for text in texts or ()]
+        try:
+            rows = await trio.to_thread.run_sync(self.embedder.embed_passages, flat, abandon_on_cancel=True)
+        except Exception as exc:
+            log.error("tier 4: could not embed %d files another program wrote (embedded later): %s", len(wanted), exc)
+            return {}
+        out: dict[int, bytes] = {}
+        position = 0
+        for at, texts in wanted:
+            n = len(texts or ())
+            out[at] = pooled(list(rows[position : position + n])).astype("float32").tobytes()
+            position += n
+        return out
 
     async def _summaries(self, slugs: list[str]) -> dict[str, str]:
         """The group summaries of these domains (see `summaries`); none when that fails."""
@@ -467,9 +620,11 @@ class MemoryActor(TierActor):
     def statistics(self) -> dict[str, Any]:
         """memory.* in sys.stats: the actor's counters and what _publish copied (never the state).
         `search` is memory.search's own time (index, BM25, fusion), `query_embedding` the query's
-        embedding (per query, before the search runs), in microseconds."""
+        embedding (per query, before the search runs), in microseconds; `watch` the scans of
+        memories/ (files others wrote)."""
         return {
             "files_written": self.files_written,
+            "watch": {"enabled": self.watching, **self.watcher.statistics()},
             "projection_errors": self.projection_errors,
             "reembedded": self.reembedded,
             "model": self.model,
@@ -573,40 +728,108 @@ def _with_waiting(first: list[Work], recv: Any) -> list[Work]:
     return batch
 
 
+class Written(msgspec.Struct):
+    """What write_projection did: files written, the memory files' signatures and hashes as written,
+    the memory files removed, and those left alone because another program changed them."""
+
+    written: int
+    files: dict[str, tuple[FileSig, str]]
+    removed: list[str]
+    left: list[str]
+
+
+def _unchanged(path: Path, expected: FileSig | None) -> bool:
+    """Is the file at `path` as the last scan saw it (absent, when it saw none)?"""
+    try:
+        sig = signature(os.stat(path))
+    except FileNotFoundError:
+        return True
+    return sig == expected
+
+
 def write_projection(
     root: Path,
     changed: list[Any],
     removed: list[str],
     indexes: dict[str, list[Any]],
     documents: list[tuple[str, str, list[Any], bool, str | None]] = [],  # noqa: B006 (read only)
-) -> int:
+    expected: dict[str, FileSig | None] | None = None,
+) -> Written:
     """The .md files, removals, _index.json files and the readable projection (MEMORY.md and
     GLOBAL.md: (file, domain, [(memory, strength)], whether GLOBAL.md lists any, summary),
-    rendered here, off the event loop), each renamed into place whole."""
+    rendered here, off the event loop), each renamed into place whole.
+
+    With `expected` (the scans' signatures, daemon/memory/watch.py), a memory file that changed
+    since the last scan is neither overwritten nor removed: another program wrote it. _index.json
+    keeps what others wrote: entries of files in the folder that no memory here lists, and the
+    keys of an entry besides ours (EurekaClaw's embedding, while the memory's text is the same);
+    it is written only when that changes it."""
     fs = RealFiles()
     written = 0
+    files: dict[str, tuple[FileSig, str]] = {}
+    gone: list[str] = []
+    left: list[str] = []
     for memory in changed:
         path = root / memory.file
+        if expected is not None and not _unchanged(path, expected.get(memory.file)):
+            left.append(memory.file)
+            continue
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(fs, str(path), render_markdown(memory).encode(), sync=False)
+        data = render_markdown(memory).encode()
+        atomic_write(fs, str(path), data, sync=False)
+        files[memory.file] = (signature(os.stat(path)), digest(data))
         written += 1
     for relative in removed:
         path = root / relative
+        if expected is not None and not _unchanged(path, expected.get(relative)):
+            left.append(relative)
+            continue
         if path.is_file():
             os.unlink(path)
+        gone.append(relative)
     for slug, memories in indexes.items():
         folder = root / "memories" / slug
         folder.mkdir(parents=True, exist_ok=True)
-        entries = {memory.file.rsplit("/", 1)[-1]: index_entry(memory) for memory in memories if "/_archive/" not in memory.file}
-        atomic_write(fs, str(folder / "_index.json"), msgspec.json.format(msgspec.json.encode(entries), indent=2), sync=False)
-        written += 1
+        if _write_index(fs, folder, slug, memories):
+            written += 1
     for relative, domain, listed, has_global, summary in documents:
         text = render_readable(domain, listed, is_global=relative.endswith("/GLOBAL.md"), has_global=has_global, summary=summary)
         path = root / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(fs, str(path), text.encode(), sync=False)
         written += 1
-    return written
+    return Written(written, files, gone, left)
+
+
+def _write_index(fs: Any, folder: Path, slug: str, memories: list[Any]) -> bool:
+    """memories/<slug>/_index.json: our memories whose file is in this folder, merged into what is
+    there (see write_projection); True when it was written."""
+    path = folder / "_index.json"
+    try:
+        existing = msgspec.json.decode(path.read_bytes())
+    except (FileNotFoundError, msgspec.DecodeError):
+        existing = None
+    before: dict[str, Any] = existing if isinstance(existing, dict) else {}
+    prefix = f"memories/{slug}/"
+    ours: dict[str, Any] = {}
+    for memory in memories:
+        name = memory.file.removeprefix(prefix)
+        if "/" in name or not memory.file.startswith(prefix):
+            continue  # archived, or a file in another folder (a domain written under another slug)
+        entry = index_entry(memory)
+        old = before.get(name)
+        if isinstance(old, dict):
+            kept = {k: v for k, v in old.items() if not (k == "embedding" and old.get("fingerprint") != memory.fingerprint)}
+            entry = {**kept, **entry}
+        ours[name] = entry
+    entries = dict(ours)
+    for name, entry in before.items():  # another program's entries for files that are there
+        if name not in ours and (folder / name).is_file():
+            entries[name] = entry
+    if existing is not None and entries == before:
+        return False
+    atomic_write(fs, str(path), msgspec.json.format(msgspec.json.encode(entries), indent=2), sync=False)
+    return True
 
 
 def read_memory_snapshot(path: Path) -> MemorySnapshot | None:

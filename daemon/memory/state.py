@@ -92,8 +92,11 @@ class PutMemory(msgspec.Struct, tag="memory.put"):
     model: str = ""
     vector: bytes = b""  # float32 row of the memory's embedding under `model` (empty: none yet)
     version: int = 0  # > 0: this is that version of the memory (see the module's rule); 0: same version
-    decision: str = ""  # with a version: created | merged | updated | archived
+    decision: str = ""  # with a version: created | merged | updated | archived | imported
     reason: str = ""
+    # the memory as read from its file (another program wrote it: daemon/memory/watch.py): the
+    # file already shows it, so the projection lists it in _index.json but does not rewrite it
+    from_file: bool = False
 
 
 class VersionEntry(msgspec.Struct, array_like=True):
@@ -1244,6 +1247,21 @@ class MemoryState(TierState):
         except Exception as exc:
             raise ProtocolError("unavailable", f"the embedder {self.model} failed: {exc}", model=self.model) from None
 
+    def file_owner(self, relative: str) -> str | None:
+        """The id of the memory whose file this is (relative to the data root), if any."""
+        return self._files.get(relative)
+
+    def is_dirty(self, memory_id: str) -> bool:
+        """Does the projection still owe this memory's file?"""
+        return memory_id in self.dirty
+
+    @staticmethod
+    def new_id() -> str:
+        return str(uuid.uuid4())
+
+    def vector_bytes(self, memory_id: str) -> bytes:
+        return self._vector_bytes(memory_id)
+
     def _vector_bytes(self, memory_id: str) -> bytes:
         label = self._label.get(memory_id)
         if label is None or label not in self.vectors:
@@ -1275,7 +1293,7 @@ class MemoryState(TierState):
             history = self.history.get(memory_id)
             if mutation.version > 0:
                 self._record_version(mutation)
-            self._put(mutation.memory, mutation.model, mutation.vector)
+            self._put(mutation.memory, mutation.model, mutation.vector, rewrite=not mutation.from_file)
 
             def undo_put() -> None:
                 self._restore(memory_id, before)
@@ -1338,7 +1356,9 @@ class MemoryState(TierState):
         else:
             self._put(*before)
 
-    def _put(self, memory: Memory, model: str, vector: bytes) -> None:
+    def _put(self, memory: Memory, model: str, vector: bytes, *, rewrite: bool = True) -> None:
+        """Index a memory; its file is written again (and its domain's _index.json) only when the
+        memory changed, and with rewrite=False (read from its file) only _index.json."""
         old = self.memories.get(memory.id)
         slug = domain_slug(memory.domain)
         if old is not None:
@@ -1382,7 +1402,12 @@ class MemoryState(TierState):
             self.global_dirty = True
         self._revisions += 1
         self._revision[memory.id] = self._revisions
-        self._changed(memory)
+        if old is None or old != memory:  # a new vector alone (re-embedding) changes no file
+            self._changed(memory)
+            if not rewrite:
+                self.dirty.pop(memory.id, None)
+        else:
+            self._version += 1
 
     def _set_model(self, memory_id: str, model: str) -> None:
         self.model_of[memory_id] = model
@@ -1637,58 +1662,13 @@ class MemoryState(TierState):
         return index, "rebuilt"
 
     def import_file(self, relative: str, text: str, mtime: float) -> Memory | None:
-        """One EurekaClaw .md file as a memory (no vector yet); None when it holds no text."""
-        fields, content, heading = parse_markdown(text)
-        title = str(fields.get("title") or heading or relative.rsplit("/", 1)[-1][9:-3].replace("_", " ") or "untitled")
-        if not content.strip():
+        """One EurekaClaw .md file as a memory (no vector yet); None when it holds no text. The file
+        stays as it is (it already shows the memory): only its domain's _index.json is written."""
+        memory = memory_from_text(relative, text, mtime)
+        if memory is None:
             return None
-        category = str(fields.get("category") or "domain_knowledge")
-        if category not in MEMORY_CATEGORIES:
-            category = "domain_knowledge"
-        try:
-            confidence = min(1.0, max(0.0, float(fields.get("confidence", 0.8))))
-        except (TypeError, ValueError):
-            confidence = 0.8
-        if confidence != confidence:  # NaN
-            confidence = 0.8
-        fallback = _dt.datetime.fromtimestamp(mtime, _dt.UTC).isoformat()
-        try:
-            created = normalize_timestamp(fields.get("created_at"))
-        except (TypeError, ValueError):
-            created = fallback
-        tags = fields.get("tags")
-        memory = Memory(
-            id=str(fields.get("id") or uuid.uuid5(uuid.NAMESPACE_URL, "eurekamem:" + relative)),
-            domain=str(fields.get("domain") or "general"),
-            category=category,
-            title=title,
-            content=content,
-            abstract=str(fields.get("abstract") or derive_abstract(content)),
-            overview=derive_overview(content),
-            confidence=round(confidence, 4),
-            tags=[str(t) for t in tags] if isinstance(tags, list) else [],
-            scope="global" if fields.get("scope") == "global" else "local",
-            source_session=str(fields.get("source_session") or ""),
-            fingerprint=fingerprint(title, content),
-            created_at=created,
-            updated_at=_timestamp_or(fields.get("updated_at"), created),
-            status="archived" if "/_archive/" in relative else "active",
-            file=relative,
-            # the lifecycle fields, as render_markdown writes them (absent in EurekaClaw's files)
-            pinned=_flag(fields.get("pinned")),
-            valid_from=_timestamp_or(fields.get("valid_from"), None),
-            valid_until=_timestamp_or(fields.get("valid_until"), None),
-            superseded_by=str(fields["superseded_by"]) if fields.get("superseded_by") else None,
-            last_used=_timestamp_or(fields.get("last_used"), None),
-            used_count=_count(fields.get("used_count")),
-            ignored_count=_count(fields.get("ignored_count")),
-            wrong_count=_count(fields.get("wrong_count")),
-            archived_reason=str(fields.get("archived_reason") or "") if "/_archive/" in relative else "",
-            raw=_flag(fields.get("raw")),
-        )
-        self._put(memory, "", b"")
+        self._put(memory, "", b"", rewrite=False)
         self.history[memory.id] = [VersionEntry(1, memory.updated_at, "imported", f"from {relative}")]
-        self.dirty.pop(memory.id, None)  # the file is already there as EurekaClaw wrote it
         return memory
 
 
@@ -1715,6 +1695,67 @@ class MemorySnapshot(msgspec.Struct, kw_only=True):
 
     def stem_of_previous(self) -> str:
         return self.previous_stem or self.previous_model
+
+
+def memory_from_text(relative: str, text: str, mtime: float) -> Memory | None:
+    """A memory file (EurekaClaw's, a person's or ours; relative to the data root) as a Memory,
+    read leniently; None when it holds no text. The domain is the frontmatter's, else the file's
+    folder's; the id the frontmatter's, else one derived from the path."""
+    fields, content, heading = parse_markdown(text)
+    parts = relative.split("/")
+    folder = parts[-3] if len(parts) >= 4 and parts[-2] == "_archive" else parts[-2] if len(parts) >= 2 else "general"
+    stem = parts[-1].removesuffix(".md")
+    if len(stem) > 9 and stem[:8].isdigit() and stem[8] == "_":  # EurekaClaw's YYYYMMDD_<slug>
+        stem = stem[9:]
+    title = str(fields.get("title") or heading or stem.replace("_", " ").strip() or "untitled")
+    if not content.strip():
+        return None
+    category = str(fields.get("category") or "domain_knowledge")
+    if category not in MEMORY_CATEGORIES:
+        category = "domain_knowledge"
+    try:
+        confidence = min(1.0, max(0.0, float(fields.get("confidence", 0.8))))
+    except (TypeError, ValueError):
+        confidence = 0.8
+    if confidence != confidence:  # NaN
+        confidence = 0.8
+    fallback = _dt.datetime.fromtimestamp(mtime, _dt.UTC).isoformat()
+    try:
+        created = normalize_timestamp(fields.get("created_at"))
+    except (TypeError, ValueError):
+        created = fallback
+    tags = fields.get("tags")
+    domain = str(fields.get("domain") or folder)
+    archived = "/_archive/" in relative
+    return Memory(
+        id=str(fields.get("id") or uuid.uuid5(uuid.NAMESPACE_URL, "eurekamem:" + relative)),
+        domain=domain,
+        category=category,
+        title=title,
+        content=content,
+        abstract=str(fields.get("abstract") or derive_abstract(content)),
+        overview=derive_overview(content),
+        confidence=round(confidence, 4),
+        tags=[str(t) for t in tags] if isinstance(tags, list) else [],
+        scope="global" if fields.get("scope") == "global" else "local",
+        source_session=str(fields.get("source_session") or ""),
+        fingerprint=fingerprint(title, content),
+        created_at=created,
+        updated_at=_timestamp_or(fields.get("updated_at"), created),
+        status="archived" if archived else "active",
+        file=relative,
+        # the lifecycle fields, as render_markdown writes them (absent in EurekaClaw's files)
+        pinned=_flag(fields.get("pinned")),
+        valid_from=_timestamp_or(fields.get("valid_from"), None),
+        valid_until=_timestamp_or(fields.get("valid_until"), None),
+        superseded_by=str(fields["superseded_by"]) if fields.get("superseded_by") else None,
+        last_used=_timestamp_or(fields.get("last_used"), None),
+        used_count=_count(fields.get("used_count")),
+        ignored_count=_count(fields.get("ignored_count")),
+        wrong_count=_count(fields.get("wrong_count")),
+        archived_reason=str(fields.get("archived_reason") or "") if archived else "",
+        raw=_flag(fields.get("raw")),
+    )
 
 
 def _timestamp_or(value: Any, fallback: Any) -> Any:
