@@ -45,6 +45,7 @@ from eurekamem.daemon.memory.actor import MemoryActor
 from eurekamem.daemon.memory.embed import Embedder, make_embedder, preload_embedder
 from eurekamem.daemon.memory.maintenance import Maintenance, schedule
 from eurekamem.daemon.memory.strength import StrengthSettings
+from eurekamem.daemon.memory.watch import SCAN_FACTOR
 from eurekamem.daemon.paths import Paths, acquire_lock
 from eurekamem.daemon.recovery import Recovered, recover
 from eurekamem.daemon.redact import Redactor
@@ -805,9 +806,10 @@ class Daemon:
                     log.exception("memory background work failed; will try again")
 
     async def _watch_files(self, scope: trio.CancelScope) -> None:
-        """Scan memories/ every watch_interval seconds for files other programs wrote, changed or
-        removed (daemon/memory/watch.py); the first scan at once, before the first projection, so
-        that the projection never overwrites a file edited while the daemon was down."""
+        """Scan memories/ every watch_interval seconds (or more: SCAN_FACTOR) for files other
+        programs wrote, changed or removed (daemon/memory/watch.py); the first scan at once, before
+        the first projection, so that the projection never overwrites a file edited while the
+        daemon was down."""
         interval = self.config.watch_interval
         if not interval:
             return
@@ -822,7 +824,7 @@ class Daemon:
                     return  # the actors closed: the daemon is stopping
                 except Exception:
                     log.exception("tier 4: the scan of memories/ failed; will try again")
-                await trio.sleep(interval)
+                await trio.sleep(max(interval, SCAN_FACTOR * memory_actor.watcher.last_stat_seconds))
 
     async def _snapshot_scheduler(self, scope: trio.CancelScope) -> None:
         """Snapshot after a quiet period without writes, or after snapshot_max_delay of steady writing."""

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 from eurekaclaw_reference import ReferenceManager
 from eurekamem.daemon.memory.format import fingerprint
@@ -160,7 +161,9 @@ async def test_an_edit_while_the_daemon_was_down_is_an_update_at_start(data_dir:
             await conn.aclose()
 
 
-async def test_a_malformed_file_is_reported_and_left_untouched(data_dir: Path, sock_dir: Path) -> None:
+async def test_a_malformed_file_is_reported_and_left_untouched(
+    data_dir: Path, sock_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     folder = data_dir / "memories" / "d"
     with trio.fail_after(IO_TIMEOUT):
         async with running_daemon(data_dir, sock_dir / "s.sock", **QUIET) as daemon:
@@ -178,7 +181,10 @@ async def test_a_malformed_file_is_reported_and_left_untouched(data_dir: Path, s
             assert stats["malformed"] == 2
             reasons = {item["file"]: item["reason"] for item in stats["malformed_files"]}
             assert "no text" in reasons["memories/d/20261201_nothing_yet.md"] and "not UTF-8" in reasons["memories/d/20261201_cafe.md"]
+            logged = [r.getMessage() for r in caplog.records if "is not a memory file" in r.getMessage()]
+            assert len(logged) == 2 and any("20261201_cafe.md" in line and "left as it is" in line for line in logged)
             assert (await scan(daemon))["bad"] == 0  # reported once per version of the file
+            assert len([r for r in caplog.records if "is not a memory file" in r.getMessage()]) == 2
             await conn.result("memory.add", {"domain": "d", "category": "fact", "title": "Tea", "content": "The user likes green tea in the evening."})
             await conn.result("sys.snapshot", {})
             assert (folder / "20261201_nothing_yet.md").read_bytes() == empty and (folder / "20261201_cafe.md").read_bytes() == latin

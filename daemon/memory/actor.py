@@ -63,6 +63,7 @@ from eurekamem.daemon.memory.state import (
 )
 from eurekamem.daemon.memory.vectors import VectorStore
 from eurekamem.daemon.memory.watch import (
+    FULL_SCAN_FACTOR,
     PLAN_CHUNK,
     Change,
     FileSig,
@@ -446,27 +447,40 @@ class MemoryActor(TierActor):
     async def _scan(self, full: bool) -> dict[str, int]:
         watcher = self.watcher
         first = watcher.scans == 0
-        full = full or watcher.tree is None or trio.current_time() - watcher.last_full >= self.watch_full_interval
+        now = trio.current_time()
+        full = full or watcher.tree is None or now >= watcher.last_full + max(
+            self.watch_full_interval, FULL_SCAN_FACTOR * watcher.last_full_seconds
+        )
+        before = None if full else watcher.tree
+        started = time.perf_counter()
+        tree: Tree = await self._run_sync(scan_tree, self.root, before)
+        watcher.last_stat_seconds = time.perf_counter() - started
         if full:
-            watcher.last_full = trio.current_time()
+            watcher.last_full, watcher.last_full_seconds = now, watcher.last_stat_seconds
             watcher.full_scans += 1
-        tree: Tree = await self._run_sync(scan_tree, self.root, None if full else watcher.tree)
         watcher.tree = tree
-        seen = tree.flat()
         folders = tree.domain_folders()
-        watcher.last_files = len(seen)
+        watcher.last_files = tree.count()
         known, malformed = watcher.known, watcher.malformed
-        for relative in [f for f in malformed if f not in seen]:
-            del malformed[relative]
+        if full:  # every file compared with what the scans know
+            seen = tree.flat()
+            for relative in [f for f in malformed if f not in seen]:
+                del malformed[relative]
+            candidates: dict[str, FileSig] = seen
+            gone = [f for f in known if f not in seen]
+        else:  # the files this scan looked at, and those it found gone
+            candidates = {f: sig for f in tree.looked if (sig := tree.sig(f)) is not None}
+            gone = [f for f in dict.fromkeys(tree.vanished) if f in known or f in malformed]
+            for relative in gone:
+                malformed.pop(relative, None)
         changed = [
-            f for f, sig in seen.items()
+            f for f, sig in candidates.items()
             if (f not in known or known[f][0] != sig) and not (f in malformed and malformed[f][0] == sig)
         ]
-        gone = [f for f in known if f not in seen]
         if first:  # files removed while the daemon was down: the memories whose file is not there
-            seen_set = set(seen)
+            present = candidates
             gone += await self.run_internal(
-                lambda s: [m.file for m in s.memories.values() if m.status == "active" and m.file not in seen_set]
+                lambda s: [m.file for m in s.memories.values() if m.status == "active" and m.file not in present]
             )
         counts = {"new": 0, "edit": 0, "move": 0, "archive": 0, "bad": 0}
         if not (changed or gone):
@@ -476,7 +490,7 @@ class MemoryActor(TierActor):
         sigs: dict[str, tuple[FileSig, str]] = {}
         for read in reads:
             if read.error:
-                self._malformed(read.relative, seen[read.relative], read.error)
+                self._malformed(read.relative, candidates[read.relative], read.error)
                 counts["bad"] += 1
                 continue
             if read.data is None or read.sig is None or not read.data:
@@ -493,14 +507,14 @@ class MemoryActor(TierActor):
                 continue
             sigs[read.relative] = (read.sig, sha)
             texts.append((read.relative, text, read.sig[1] / 1e9))
-        seen_names = set(seen)
+        on_disk = tree.flat() if not full else candidates
         changes: list[Change] = []
         for at in range(0, max(len(texts), 1), PLAN_CHUNK):
             chunk = texts[at : at + PLAN_CHUNK]
             lost = gone if at == 0 else []
 
             def planned(s: MemoryState, chunk: list[tuple[str, str, float]] = chunk, lost: list[str] = lost) -> list[Change]:
-                return plan(s, chunk, lost, seen_names, folders)
+                return plan(s, chunk, lost, on_disk, folders)
 
             changes += await self.run_internal(planned)
         vectors = await self._embed_changes(changes)

@@ -24,7 +24,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,6 +47,14 @@ log = logging.getLogger("eurekamem.memory")
 
 FileSig = tuple[int, int, int]  # (size, mtime_ns, inode): a file changed when one of them did
 
+# scans take at most about 1/SCAN_FACTOR of the time: the next one starts after max(watch_interval,
+# SCAN_FACTOR x the last one's stats), so that a tree of many hot files (a bulk write) slows them down
+SCAN_FACTOR = 20
+
+# full scans take at most about 1/FULL_SCAN_FACTOR of the time: the next one is due after
+# max(watch_full_interval, FULL_SCAN_FACTOR x the last one's duration)
+FULL_SCAN_FACTOR = 50
+
 PLAN_CHUNK = 256  # files planned per internal call (each is parsed with the state lock held)
 
 MALFORMED_SHOWN = 20  # malformed files listed in sys.stats (all are counted)
@@ -68,16 +76,29 @@ RACY_SECONDS = 2.0  # a folder changed this recently is listed again at the next
 @dataclass
 class Tree:
     """What a scan saw: each folder's memory files (memories/<slug> and memories/<slug>/_archive:
-    relative file -> signature) and each folder's own signature."""
+    relative file -> signature), each folder's own signature, and each folder's hot files (changed
+    in the last HOT_SECONDS). `looked` and `vanished` say what this scan looked at: the files it
+    stat-ed, and those the previous scan saw that are gone."""
 
     files: dict[str, dict[str, FileSig]] = field(default_factory=dict)
     folders: dict[str, FileSig] = field(default_factory=dict)
+    hot: dict[str, list[str]] = field(default_factory=dict)
+    full: bool = True
+    looked: list[str] = field(default_factory=list)
+    vanished: list[str] = field(default_factory=list)
 
     def flat(self) -> dict[str, FileSig]:
         out: dict[str, FileSig] = {}
         for files in self.files.values():
             out.update(files)
         return out
+
+    def count(self) -> int:
+        return sum(len(files) for files in self.files.values())
+
+    def sig(self, relative: str) -> FileSig | None:
+        files = self.files.get(relative.rsplit("/", 1)[0])
+        return files.get(relative) if files is not None else None
 
     def domain_folders(self) -> set[str]:
         return {folder for folder in self.folders if not folder.endswith("/_archive")}
@@ -90,16 +111,17 @@ def scan_tree(root: Path, before: Tree | None = None) -> Tree:
     Without `before`, a full scan: every folder listed, every file stat-ed. With the last scan's
     Tree, only what can have changed: a folder whose signature changed (a file created, removed or
     renamed in it: editors that save by renaming, EurekaClaw's new insight files), or that changed
-    less than RACY_SECONDS ago, is listed again; in the others only the files changed in the last
-    HOT_SECONDS are stat-ed again. A file rewritten in place long after its last change is seen by
+    less than RACY_SECONDS ago, is listed again; in the others only the hot files (changed in the
+    last HOT_SECONDS) are stat-ed again. So a partial scan costs a stat per folder and per hot file,
+    whatever the number of files; a file rewritten in place long after its last change is seen by
     the next full scan (the daemon runs one every watch_full_interval seconds)."""
-    tree = Tree()
+    tree = Tree(full=before is None)
     base = root / "memories"
     now = time.time()
     try:
         domains = [entry for entry in os.scandir(base) if entry.is_dir(follow_symlinks=False) and not entry.name.startswith(".")]
     except FileNotFoundError:
-        return tree
+        domains = []
     for domain in domains:
         for relative, path in ((f"memories/{domain.name}", domain.path), (f"memories/{domain.name}/_archive", domain.path + "/_archive")):
             try:
@@ -109,16 +131,31 @@ def scan_tree(root: Path, before: Tree | None = None) -> Tree:
             tree.folders[relative] = sig
             old = before.files.get(relative) if before is not None else None
             if old is None or before is None or before.folders.get(relative) != sig or now - sig[1] / 1e9 < RACY_SECONDS:
-                tree.files[relative] = _list_folder(path, relative)
-                continue
-            files = dict(old)
-            for file, file_sig in old.items():
-                if now - file_sig[1] / 1e9 < HOT_SECONDS:
+                files = _list_folder(path, relative)
+                tree.looked += files
+                if old is not None:
+                    tree.vanished += [f for f in old if f not in files]
+                tree.hot[relative] = [f for f, file_sig in files.items() if now - file_sig[1] / 1e9 < HOT_SECONDS]
+            else:
+                files = old
+                hot = []
+                for file in before.hot.get(relative, ()):
                     try:
-                        files[file] = signature(os.stat(root / file))
-                    except FileNotFoundError:
-                        del files[file]
+                        file_sig = signature(os.stat(root / file))
+                    except FileNotFoundError:  # removed in place of... nothing: its folder would have changed
+                        continue
+                    if file_sig != files.get(file):
+                        files = dict(files) if files is old else files
+                        files[file] = file_sig
+                    tree.looked.append(file)
+                    if now - file_sig[1] / 1e9 < HOT_SECONDS:
+                        hot.append(file)
+                tree.hot[relative] = hot
             tree.files[relative] = files
+    if before is not None:
+        for relative, files in before.files.items():
+            if relative not in tree.files:  # the folder is gone
+                tree.vanished += list(files)
     return tree
 
 
@@ -206,6 +243,8 @@ class Watcher:
     full_scans: int = 0
     tree: Tree | None = None  # what the last scan saw (None: the next scan is a full one)
     last_full: float = -math.inf  # trio.current_time() of the last full scan
+    last_full_seconds: float = 0.0  # how long it took
+    last_stat_seconds: float = 0.0  # how long the last scan's stats took (scan_tree)
 
     def wrote(self, files: dict[str, tuple[FileSig, str]], removed: Iterable[str]) -> None:
         """The projection wrote these files (or removed these): they are the daemon's own."""
@@ -235,7 +274,7 @@ class Watcher:
 
 
 def plan(
-    state: MemoryState, reads: list[tuple[str, str, float]], gone: list[str], on_disk: set[str], folders: set[str]
+    state: MemoryState, reads: list[tuple[str, str, float]], gone: list[str], on_disk: Container[str], folders: set[str]
 ) -> list[Change]:
     """Changes for files read (relative, text, mtime) and files gone; `on_disk` is every file the
     scan saw, `folders` every domain folder. Runs in the memory actor's internal call: it reads the
