@@ -824,6 +824,8 @@ class Daemon:
                     return  # the actors closed: the daemon is stopping
                 except Exception:
                     log.exception("tier 4: the scan of memories/ failed; will try again")
+                finally:
+                    memory_actor.first_scan.set()
                 await trio.sleep(max(interval, SCAN_FACTOR * memory_actor.watcher.last_stat_seconds))
 
     async def _snapshot_scheduler(self, scope: trio.CancelScope) -> None:

@@ -606,6 +606,11 @@ class Redactor:
     def text(self, text: str, domain: str | None = None) -> str:
         return self.value(text, domain)
 
+    def counted(self, replaced: list[str]) -> None:
+        """Count what was replaced elsewhere with redact_text (the scans of memories/, in a worker thread)."""
+        if replaced:
+            self._count(replaced)
+
     def statistics(self) -> dict[str, Any]:
         return {
             "secrets": self.default.secrets,

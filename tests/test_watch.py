@@ -36,6 +36,12 @@ INSIGHT = (
 HAND_WRITTEN = "# Median of means\n\nFor heavy-tailed rewards replace the empirical mean by a median of means.\n"
 
 
+async def started(daemon: Any) -> Any:
+    """The daemon, once its own scan at start is done: every later scan is the test's."""
+    await daemon.memory_actor.first_scan.wait()
+    return daemon
+
+
 async def scan(daemon: Any) -> dict[str, int]:
     counts: dict[str, int] = await daemon.memory_actor.scan_files()
     return counts
@@ -57,6 +63,7 @@ async def test_files_another_program_writes_are_searchable_and_stay_in_the_index
     folder = data_dir / "memories" / "bandit_theory"
     with trio.fail_after(IO_TIMEOUT):
         async with running_daemon(data_dir, sock_dir / "s.sock", **QUIET) as daemon:
+            await started(daemon)
             conn = await RawConnection.open(sock_dir / "s.sock")
             ours = (await conn.result("memory.add", {
                 "domain": "bandit theory", "category": "pitfalls", "title": "Hoeffding needs bounded rewards",
@@ -105,6 +112,7 @@ async def test_files_another_program_writes_are_searchable_and_stay_in_the_index
 async def test_an_edit_becomes_an_update_and_a_removal_an_archive(data_dir: Path, sock_dir: Path) -> None:
     with trio.fail_after(IO_TIMEOUT):
         async with running_daemon(data_dir, sock_dir / "s.sock", **QUIET) as daemon:
+            await started(daemon)
             conn = await RawConnection.open(sock_dir / "s.sock")
             memory = (await conn.result("memory.add", {
                 "domain": "bandit theory", "category": "proof_strategy", "title": "Peeling",
@@ -152,7 +160,7 @@ async def test_an_edit_while_the_daemon_was_down_is_an_update_at_start(data_dir:
         path.write_text(path.read_text().replace("drinks tea", "drinks two espressos"))
         (data_dir / gone["file"]).unlink()
         async with running_daemon(data_dir, sock_dir / "s.sock", **QUIET) as daemon:
-            await scan(daemon)  # waits for the start's own scan, which found both
+            await started(daemon)  # the start's own scan found both
             conn = await RawConnection.open(sock_dir / "s.sock")
             assert (await conn.result("memory.get", {"id": memory["id"]}))["content"] == "The user drinks two espressos."
             assert (await conn.result("memory.get", {"id": gone["id"]}))["status"] == "archived"
@@ -167,6 +175,7 @@ async def test_a_malformed_file_is_reported_and_left_untouched(
     folder = data_dir / "memories" / "d"
     with trio.fail_after(IO_TIMEOUT):
         async with running_daemon(data_dir, sock_dir / "s.sock", **QUIET) as daemon:
+            await started(daemon)
             conn = await RawConnection.open(sock_dir / "s.sock")
             await fact_on_disk(conn, daemon, "Kept", "A memory.")
             empty = b"---\ncategory: fact\ntitle: Nothing yet\n---\n\n"
@@ -199,6 +208,7 @@ async def test_a_malformed_file_is_reported_and_left_untouched(
 async def test_a_file_changed_since_the_last_scan_is_not_overwritten(data_dir: Path, sock_dir: Path) -> None:
     with trio.fail_after(IO_TIMEOUT):
         async with running_daemon(data_dir, sock_dir / "s.sock", **QUIET) as daemon:
+            await started(daemon)
             conn = await RawConnection.open(sock_dir / "s.sock")
             memory = await fact_on_disk(conn, daemon, "Pets", "The user has a cat.")
             await scan(daemon)
@@ -238,6 +248,7 @@ async def test_an_imported_root_stays_byte_identical_when_nothing_changed(data_d
     (folder / "_index.json").write_text(json.dumps(EUREKACLAW_INDEX))
     with trio.fail_after(IO_TIMEOUT):
         async with running_daemon(data_dir, sock_dir / "s.sock", **QUIET) as daemon:
+            await started(daemon)
             memory_actor = daemon.memory_actor
             while await memory_actor.reembed_some():  # every memory gets its vector (a PutMemory each)
                 pass
@@ -260,6 +271,7 @@ async def test_an_edit_in_place_of_an_old_file_is_seen_by_the_full_scan(data_dir
     file is seen at once (its folder changed), an old file rewritten in place at the next full scan."""
     with trio.fail_after(IO_TIMEOUT):
         async with running_daemon(data_dir, sock_dir / "s.sock", **QUIET) as daemon:
+            await started(daemon)
             conn = await RawConnection.open(sock_dir / "s.sock")
             memory = await fact_on_disk(conn, daemon, "Editor", "The user writes in Emacs.")
             path = data_dir / memory["file"]
@@ -282,3 +294,25 @@ async def test_an_edit_in_place_of_an_old_file_is_seen_by_the_full_scan(data_dir
             stats = (await conn.result("sys.stats", {}))["memory"]["watch"]
             assert stats["full_scans"] == 2 and stats["scans"] == 6  # the start's and the forced one are full
             await conn.aclose()
+
+
+async def test_a_secret_in_a_file_another_program_wrote_is_not_stored(data_dir: Path, sock_dir: Path) -> None:
+    key = "AKIA" + "Q7WZ3KXP2M4NV8RT"  # an AWS access key id's shape
+    text = f"# Deploy\n\nThe CI deploys with the access key {key} from the vault.\n"
+    folder = data_dir / "memories" / "ops"
+    with trio.fail_after(IO_TIMEOUT):
+        async with running_daemon(data_dir, sock_dir / "s.sock", **QUIET) as daemon:
+            await started(daemon)
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            folder.mkdir(parents=True)
+            (folder / "deploy.md").write_text(text)
+            assert (await scan(daemon))["new"] == 1
+            listed = (await conn.result("memory.list", {"domain": "ops"}))["memories"]
+            assert key not in listed[0]["content"] and "[redacted:aws-key]" in listed[0]["content"]
+            assert (await conn.result("sys.stats", {}))["redaction"]["by_kind"] == {"aws-key": 1}
+            await conn.result("sys.snapshot", {})
+            assert (folder / "deploy.md").read_text() == text  # the writer's file as it was ...
+            assert await scan(daemon) == {"new": 0, "edit": 0, "move": 0, "archive": 0, "bad": 0}  # ... and no edit
+            await conn.aclose()
+    stored = b"".join(p.read_bytes() for p in (data_dir / "memory").rglob("*") if p.is_file())
+    assert key.encode() not in stored  # not in the journal, the snapshots or the indexes

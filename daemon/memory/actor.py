@@ -137,6 +137,7 @@ class MemoryActor(TierActor):
         self.watcher = Watcher()
         self.watching = False  # set by the daemon when it scans memories/ (watch_interval > 0)
         self.watch_full_interval = 30.0  # seconds between full scans (Config.watch_full_interval)
+        self.first_scan = trio.Event()  # set once the daemon's scan at start is done (or failed)
         self.reembedded = 0
         # one projection at a time, from taking the changes to writing them: two interleaved ones
         # could write an older version of a file after a newer one (or after its removal)
@@ -509,14 +510,19 @@ class MemoryActor(TierActor):
             texts.append((read.relative, text, read.sig[1] / 1e9))
         on_disk = tree.flat() if not full else candidates
         changes: list[Change] = []
+        kinds: frozenset[str] = self.redactor.unknown_domain if self.redactor is not None else frozenset()
         for at in range(0, max(len(texts), 1), PLAN_CHUNK):
             chunk = texts[at : at + PLAN_CHUNK]
             lost = gone if at == 0 else []
 
             def planned(s: MemoryState, chunk: list[tuple[str, str, float]] = chunk, lost: list[str] = lost) -> list[Change]:
-                return plan(s, chunk, lost, on_disk, folders)
+                return plan(s, chunk, lost, on_disk, folders, kinds)
 
             changes += await self.run_internal(planned)
+        for change in changes:
+            if change.kind == "redacted" and self.redactor is not None:
+                self.redactor.counted(change.reason.split(","))
+        changes = [change for change in changes if change.kind != "redacted"]
         vectors = await self._embed_changes(changes)
         retry = set(await self.run_internal(lambda s: apply_changes(s, changes, vectors)))
         for change in changes:

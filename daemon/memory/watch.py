@@ -37,6 +37,7 @@ from eurekamem.daemon.memory.format import (
     fingerprint,
     render_markdown,
 )
+from eurekamem.daemon.redact import redact_text
 from eurekamem.protocol import Memory
 
 if TYPE_CHECKING:
@@ -216,7 +217,8 @@ class Change:
     """A planned change of tier 4 for one file: "new" (a memory), "edit" (a new version of the
     file's memory), "move" (a memory whose file another program moved), "archive" (its file was
     removed), "same" (the file shows its memory: just remember the file), "pending" (the
-    projection owes the file), "rewrite" (its folder is gone: write it again), "bad" (reported)."""
+    projection owes the file), "rewrite" (its folder is gone: write it again), "bad" (reported);
+    "redacted" rides along with the file's change, counting what redaction replaced in it."""
 
     kind: str
     relative: str
@@ -224,7 +226,7 @@ class Change:
     texts: list[str] | None = None  # passages to embed (None: the vector stays as it is)
     revision: int = 0  # the memory's revision when planned (edit / move / archive)
     parsed: Memory | None = None  # edit / move: the memory read from the file
-    reason: str = ""  # bad: why
+    reason: str = ""  # bad: why; redacted: the kinds replaced (comma-separated)
 
 
 @dataclass
@@ -274,18 +276,28 @@ class Watcher:
 
 
 def plan(
-    state: MemoryState, reads: list[tuple[str, str, float]], gone: list[str], on_disk: Container[str], folders: set[str]
+    state: MemoryState,
+    reads: list[tuple[str, str, float]],
+    gone: list[str],
+    on_disk: Container[str],
+    folders: set[str],
+    redact: frozenset[str] = frozenset(),
 ) -> list[Change]:
     """Changes for files read (relative, text, mtime) and files gone; `on_disk` is every file the
     scan saw, `folders` every domain folder. Runs in the memory actor's internal call: it reads the
-    state, changes nothing. A file whose memory the projection still owes is "pending" (the
-    projection writes it); a file gone with its whole domain folder is "rewrite" (the projection
-    writes it again: a removed folder is no removal of its memories, one by one)."""
+    state, changes nothing. Each file's text is redacted first (`redact`: the kinds, see
+    daemon/redact.py): the memory holds no secret, the file stays as its writer left it. A file
+    whose memory the projection still owes is "pending" (the projection writes it); a file gone
+    with its whole domain folder is "rewrite" (the projection writes it again: a removed folder is
+    no removal of its memories, one by one)."""
     from eurekamem.daemon.memory.state import memory_from_text
 
     out: list[Change] = []
     gone_set = set(gone)
     for relative, text, mtime in reads:
+        replaced: list[str] = []
+        if redact:
+            text, replaced = redact_text(text, redact)
         current_id = state.file_owner(relative)
         current = state.memories.get(current_id) if current_id else None
         if current is not None and state.is_dirty(current.id):
@@ -298,6 +310,8 @@ def plan(
         if parsed is None:
             out.append(Change("bad", relative, reason="no text after the frontmatter"))
             continue
+        if replaced:
+            out.append(Change("redacted", relative, reason=",".join(replaced)))
         if current is not None:
             edited = edited_memory(current, parsed, relative)
             if edited is None:
