@@ -347,6 +347,7 @@ def read_eurekaclaw_root(root: Path) -> tuple[dict[str, list[Any]], list[str]]:
         tags = fields.get("tags")
         folder = (path.parent.parent if path.parent.name == "_archive" else path.parent).name
         groups["memory"].append({
+            **({"id": str(fields["id"])} if fields.get("id") else {}),  # a root the daemon wrote: matched by id
             "domain": str(fields.get("domain") or folder),  # no domain field: the folder's slug
             "category": category if category in MEMORY_CATEGORIES else "domain_knowledge",
             "title": title[:1024],

@@ -9,8 +9,10 @@ no real sleeps.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,18 @@ async def started(daemon: Any) -> Any:
     return daemon
 
 
+@contextlib.asynccontextmanager
+async def watched(data_dir: Path, sock_dir: Path) -> AsyncIterator[tuple[Any, RawConnection]]:
+    """A daemon whose start's scan is done, and a connection to it."""
+    async with running_daemon(data_dir, sock_dir / "s.sock", **QUIET) as daemon:
+        await started(daemon)
+        conn = await RawConnection.open(sock_dir / "s.sock")
+        try:
+            yield daemon, conn
+        finally:
+            await conn.aclose()
+
+
 async def scan(daemon: Any) -> dict[str, int]:
     counts: dict[str, int] = await daemon.memory_actor.scan_files()
     return counts
@@ -59,12 +73,17 @@ async def fact_on_disk(conn: RawConnection, daemon: Any, title: str, content: st
     return memory
 
 
+async def scanned_fact(conn: RawConnection, daemon: Any, title: str, content: str) -> tuple[dict[str, Any], Path]:
+    """fact_on_disk, then a scan that sees its file; the memory and the file's path."""
+    memory = await fact_on_disk(conn, daemon, title, content)
+    await scan(daemon)
+    return memory, daemon.paths.root / memory["file"]
+
+
 async def test_files_another_program_writes_are_searchable_and_stay_in_the_index(data_dir: Path, sock_dir: Path) -> None:
     folder = data_dir / "memories" / "bandit_theory"
     with trio.fail_after(IO_TIMEOUT):
-        async with running_daemon(data_dir, sock_dir / "s.sock", **QUIET) as daemon:
-            await started(daemon)
-            conn = await RawConnection.open(sock_dir / "s.sock")
+        async with watched(data_dir, sock_dir) as (daemon, conn):
             ours = (await conn.result("memory.add", {
                 "domain": "bandit theory", "category": "pitfalls", "title": "Hoeffding needs bounded rewards",
                 "content": "Hoeffding is wrong for unbounded rewards; check the support first.",
@@ -111,9 +130,7 @@ async def test_files_another_program_writes_are_searchable_and_stay_in_the_index
 
 async def test_an_edit_becomes_an_update_and_a_removal_an_archive(data_dir: Path, sock_dir: Path) -> None:
     with trio.fail_after(IO_TIMEOUT):
-        async with running_daemon(data_dir, sock_dir / "s.sock", **QUIET) as daemon:
-            await started(daemon)
-            conn = await RawConnection.open(sock_dir / "s.sock")
+        async with watched(data_dir, sock_dir) as (daemon, conn):
             memory = (await conn.result("memory.add", {
                 "domain": "bandit theory", "category": "proof_strategy", "title": "Peeling",
                 "content": "Peel the horizon into epochs.", "tags": ["ucb"],
@@ -155,7 +172,10 @@ async def test_an_edit_while_the_daemon_was_down_is_an_update_at_start(data_dir:
                                                        "content": "The user drinks tea."}))["memory"]
             gone = (await conn.result("memory.add", {"domain": "d", "category": "fact", "title": "Trains",
                                                      "content": "The user commutes by train."}))["memory"]
+            kept = (await conn.result("memory.add", {"domain": "d", "category": "preference", "title": "Dark mode",
+                                                     "content": "The user prefers dark mode in every editor."}))["memory"]
             await conn.aclose()
+        kept_text = (data_dir / kept["file"]).read_bytes()
         path = data_dir / memory["file"]
         path.write_text(path.read_text().replace("drinks tea", "drinks two espressos"))
         (data_dir / gone["file"]).unlink()
@@ -166,7 +186,9 @@ async def test_an_edit_while_the_daemon_was_down_is_an_update_at_start(data_dir:
             assert (await conn.result("memory.get", {"id": gone["id"]}))["status"] == "archived"
             stats = await conn.result("sys.stats", {})
             assert stats["memory"]["watch"]["updated"] == 1 and stats["memory"]["watch"]["archived"] == 1
+            assert len(await conn.result("memory.history", {"id": kept["id"]})) == 1  # its own file: no edit
             await conn.aclose()
+        assert (data_dir / kept["file"]).read_bytes() == kept_text
 
 
 async def test_a_malformed_file_is_reported_and_left_untouched(
@@ -174,9 +196,7 @@ async def test_a_malformed_file_is_reported_and_left_untouched(
 ) -> None:
     folder = data_dir / "memories" / "d"
     with trio.fail_after(IO_TIMEOUT):
-        async with running_daemon(data_dir, sock_dir / "s.sock", **QUIET) as daemon:
-            await started(daemon)
-            conn = await RawConnection.open(sock_dir / "s.sock")
+        async with watched(data_dir, sock_dir) as (daemon, conn):
             await fact_on_disk(conn, daemon, "Kept", "A memory.")
             empty = b"---\ncategory: fact\ntitle: Nothing yet\n---\n\n"
             latin = "---\ntitle: Caf\xe9\n---\n\nCaf\xe9 au lait.\n".encode("latin-1")
@@ -207,12 +227,8 @@ async def test_a_malformed_file_is_reported_and_left_untouched(
 
 async def test_a_file_changed_since_the_last_scan_is_not_overwritten(data_dir: Path, sock_dir: Path) -> None:
     with trio.fail_after(IO_TIMEOUT):
-        async with running_daemon(data_dir, sock_dir / "s.sock", **QUIET) as daemon:
-            await started(daemon)
-            conn = await RawConnection.open(sock_dir / "s.sock")
-            memory = await fact_on_disk(conn, daemon, "Pets", "The user has a cat.")
-            await scan(daemon)
-            path = data_dir / memory["file"]
+        async with watched(data_dir, sock_dir) as (daemon, conn):
+            memory, path = await scanned_fact(conn, daemon, "Pets", "The user has a cat.")
             edited = path.read_text().replace("a cat", "a cat and a dog")
             path.write_text(edited)  # a person edits the file ...
             await conn.result("memory.update", {"id": memory["id"], "confidence": 0.9})  # ... while a client changes it
@@ -270,9 +286,7 @@ async def test_an_edit_in_place_of_an_old_file_is_seen_by_the_full_scan(data_dir
     """Between full scans a scan lists only folders that changed and stats only recent files: a new
     file is seen at once (its folder changed), an old file rewritten in place at the next full scan."""
     with trio.fail_after(IO_TIMEOUT):
-        async with running_daemon(data_dir, sock_dir / "s.sock", **QUIET) as daemon:
-            await started(daemon)
-            conn = await RawConnection.open(sock_dir / "s.sock")
+        async with watched(data_dir, sock_dir) as (daemon, conn):
             memory = await fact_on_disk(conn, daemon, "Editor", "The user writes in Emacs.")
             path = data_dir / memory["file"]
             old = path.stat().st_mtime - 86400
@@ -301,9 +315,7 @@ async def test_a_secret_in_a_file_another_program_wrote_is_not_stored(data_dir: 
     text = f"# Deploy\n\nThe CI deploys with the access key {key} from the vault.\n"
     folder = data_dir / "memories" / "ops"
     with trio.fail_after(IO_TIMEOUT):
-        async with running_daemon(data_dir, sock_dir / "s.sock", **QUIET) as daemon:
-            await started(daemon)
-            conn = await RawConnection.open(sock_dir / "s.sock")
+        async with watched(data_dir, sock_dir) as (daemon, conn):
             folder.mkdir(parents=True)
             (folder / "deploy.md").write_text(text)
             assert (await scan(daemon))["new"] == 1
@@ -316,3 +328,23 @@ async def test_a_secret_in_a_file_another_program_wrote_is_not_stored(data_dir: 
             await conn.aclose()
     stored = b"".join(p.read_bytes() for p in (data_dir / "memory").rglob("*") if p.is_file())
     assert key.encode() not in stored  # not in the journal, the snapshots or the indexes
+
+
+async def test_a_file_moved_into_the_archive_by_hand_archives_its_memory(data_dir: Path, sock_dir: Path) -> None:
+    with trio.fail_after(IO_TIMEOUT):
+        async with watched(data_dir, sock_dir) as (daemon, conn):
+            memory, path = await scanned_fact(conn, daemon, "Stale", "The user lived in Berlin.")
+            (path.parent / "_archive").mkdir(exist_ok=True)
+            moved = path.parent / "_archive" / path.name
+            text = path.read_bytes()
+            path.rename(moved)  # its frontmatter names the memory's id
+            assert (await scan(daemon))["move"] == 1
+            got = await conn.result("memory.get", {"id": memory["id"]})
+            assert got["status"] == "archived" and got["file"] == f"memories/d/_archive/{path.name}"
+            assert (await conn.result("memory.list", {"domain": "d", "status": "any"}))["total"] == 1  # no copy
+            history = await conn.result("memory.history", {"id": memory["id"]})
+            assert [v["decision"] for v in history] == ["created", "archived"]
+            await conn.result("sys.snapshot", {})
+            assert moved.read_bytes() == text and not path.exists()
+            assert path.name not in json.loads((path.parent / "_index.json").read_text())
+            await conn.aclose()
