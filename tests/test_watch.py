@@ -346,5 +346,6 @@ async def test_a_file_moved_into_the_archive_by_hand_archives_its_memory(data_di
             assert [v["decision"] for v in history] == ["created", "archived"]
             await conn.result("sys.snapshot", {})
             assert moved.read_bytes() == text and not path.exists()
+            assert memory["file"] not in daemon.memory_actor.watcher.known  # the old path forgotten
             assert path.name not in json.loads((path.parent / "_index.json").read_text())
             await conn.aclose()

@@ -542,6 +542,8 @@ class MemoryActor(TierActor):
                     log.info("tier 4: %s %s: memory %s", relative, _WHAT[change.kind], change.memory and change.memory.id)
             if change.kind in counts and relative not in retry:
                 counts[change.kind] += 1
+        for relative in gone:  # archived, moved, nobody's, or owed by the projection (which records it anew)
+            known.pop(relative, None)
         watcher.imported += counts["new"]
         watcher.updated += counts["edit"]
         watcher.moved += counts["move"]
