@@ -303,6 +303,21 @@ def test_memories_show_a_domain_and_search_print_what_memory_md_shows(root: Path
     assert "(score " in across and "from Regret Lab" in across and "global" in across  # no --domain: each says its domain
 
 
+def test_a_half_life_of_zero_stops_serve_before_anything_is_written(tmp_path: Path) -> None:
+    """Bad lifecycle settings (a half-life of zero, a strength weight over 1) from a flag or the
+    environment: `serve` exits 1 naming the setting and its entry; no data root, no socket."""
+    data, sock = tmp_path / "data", tmp_path / "s.sock"
+    env = user_env(tmp_path)
+    for args, extra, words in (
+        (["--memory-half-life-days", '{"context": 0}'], {}, ("flag --memory-half-life-days", "entry 'context'", "> 0")),
+        ([], {"EUREKAMEM_MEMORY_HALF_LIFE_DAYS": '{"preference": -2}'}, ("EUREKAMEM_MEMORY_HALF_LIFE_DAYS", "'preference'")),
+        (["--strength-weight", "1.5"], {}, ("strength", "1.5")),
+    ):
+        done = run(tmp_path, "serve", "--data-dir", str(data), "--socket", str(sock), *args, env={**env, **extra})
+        assert done.returncode == 1 and all(w in done.stderr for w in words), (args, done.stderr)
+        assert "Traceback" not in done.stderr and not data.exists() and not sock.exists()
+
+
 # --- install-service ----------------------------------------------------------------------------------
 
 
