@@ -281,7 +281,7 @@ def _names_a_domain(client: Any, name: str) -> bool:
 def cmd_memories_show(args: argparse.Namespace) -> int:
     """One memory in full, or a domain's readable projection (its MEMORY.md; --global: GLOBAL.md).
 
-    TARGET is read as: a whole memory id; else the name of a domain that holds memories; else the
+    The argument is read as: a whole memory id; else the name of a domain that holds memories; else the
     start of a memory id. --domain D (or --global) always means the projection."""
 
     def show_projection(client: Any, domain: str | None) -> int:
@@ -450,8 +450,9 @@ def add_client_commands(
         usage="eurekamem memories show [options] (ID | DOMAIN | --domain DOMAIN | --global)",
         description="With a memory id (or its first characters): that memory in full. With a domain: the domain's "
         "active memories as its MEMORY.md shows them (by category, strongest first, each its L0 abstract, the group "
-        "summary first), read from the daemon as of now. TARGET is a whole memory id, else the name of a domain that "
-        "holds memories, else the start of a memory id; --domain always names a domain (also one with no memory).",
+        "summary first), read from the daemon as of now. ID|DOMAIN is read as a whole memory id, else the name of a "
+        "domain that holds memories, else the start of a memory id; --domain always names a domain (also one with no "
+        "memory).",
     )
     memory_common(show)
     show.add_argument("target", nargs="?", metavar="ID|DOMAIN",
@@ -468,7 +469,8 @@ def add_client_commands(
     )
     memory_common(search)
     search.add_argument("query", metavar="QUERY")
-    search.add_argument("--table", action="store_true", help="a table: score, id, category, domain, confidence, date, title")
+    search.add_argument("--table", action="store_true",
+                        help="a table: score, id, category, domain, confidence, date, title")
     search.add_argument("--domain", help="this domain and every domain's global memories (default: every domain)")
     search.add_argument("--category", action="append", choices=MEMORY_CATEGORIES, help="only this category (repeatable)")
     search.add_argument("-k", type=int, default=10, metavar="N", help="at most N results (default: 10, at most 100)")

@@ -38,7 +38,9 @@ CATEGORY_HEADINGS: dict[str, str] = {
 }
 
 
-GENERATED_NOTE = "<!-- Written by eurekamem from the memory files; regenerated after every change (edits here are lost). -->"
+GENERATED_NOTE = (
+    "<!-- Written by eurekamem from the memory files; regenerated after every change (edits here are lost). -->"
+)
 
 
 def _field(memory: Any, name: str) -> Any:

@@ -231,7 +231,8 @@ def test_memories_add_list_show_search_forget(root: Path, daemon: DaemonProcess)
     missing = run(root, "memories", "show", "ffffffff")
     assert missing.returncode == 1 and "no memory id starts with" in missing.stderr
 
-    hits = run(root, "memories", "search", "geometric epochs", "--domain", "bandit theory", "--table").stdout.splitlines()
+    hits = run(root, "memories", "search", "geometric epochs", "--domain", "bandit theory", "--table").stdout
+    hits = hits.splitlines()
     assert hits[0].split()[:2] == ["SCORE", "ID"] and "Peeling" in hits[1]
     assert 0.0 <= float(hits[1].split()[0]) <= 1.0
     found = json.loads(run(root, "memories", "search", "geometric epochs", "--json").stdout)
@@ -248,7 +249,8 @@ def test_memories_show_a_domain_and_search_print_what_memory_md_shows(root: Path
     file says the same once projected); `memories search` prints its hits in the same form; a memory
     id or its start still shows that memory."""
     for category, title, content, confidence in (
-        ("pitfalls", "Hoeffding needs bounded rewards", "Hoeffding is wrong for heavy-tailed rewards. Use a median.", 0.9),
+        ("pitfalls", "Hoeffding needs bounded rewards",
+         "Hoeffding is wrong for heavy-tailed rewards. Use a median.", 0.9),
         ("pitfalls", "Union bounds add up", "A union bound over T events costs log T. Peel instead.", 0.6),
         ("proof_strategy", "Doubling trick", "Restart with doubled horizons to make a bound anytime.", 0.8),
     ):
@@ -263,7 +265,8 @@ def test_memories_show_a_domain_and_search_print_what_memory_md_shows(root: Path
     assert text.startswith("# Memories: Regret Lab\n") and "[GLOBAL.md](../GLOBAL.md)" in text
     assert text.index("## Proof strategies") < text.index("## Pitfalls")  # the categories' fixed order
     assert text.index("Hoeffding needs bounded rewards") < text.index("Union bounds add up")  # strongest first
-    assert "): Hoeffding is wrong for heavy-tailed rewards." in text and "Full proofs" not in text  # L0; global elsewhere
+    assert "): Hoeffding is wrong for heavy-tailed rewards." in text  # the L0 abstract
+    assert "Full proofs" not in text  # global: in GLOBAL.md
     assert run(root, "memories", "show", "regret_lab").stdout == text  # the same domain (the same slug)
     assert run(root, "memories", "show", "--domain", "Regret Lab").stdout == text
     page = json.loads(run(root, "memories", "show", "Regret Lab", "--json").stdout)
@@ -274,13 +277,15 @@ def test_memories_show_a_domain_and_search_print_what_memory_md_shows(root: Path
     assert everywhere.startswith("# Global memories") and "(from Regret Lab)" in everywhere
     assert everywhere == (root / "data" / "memories" / "GLOBAL.md").read_text()
     nobody = run(root, "memories", "show", "--domain", "Nobody Here")
-    assert nobody.returncode == 0 and "# Memories: Nobody Here" in nobody.stdout and "No active memories." in nobody.stdout
+    assert nobody.returncode == 0 and "# Memories: Nobody Here" in nobody.stdout
+    assert "No active memories." in nobody.stdout
     for wrong in (("show",), ("show", "Regret Lab", "--global"), ("show", "x", "--domain", "y")):
         refused = run(root, "memories", *wrong)
         assert refused.returncode == 1 and "takes one of" in refused.stderr, wrong
     unknown = run(root, "memories", "show", "no such thing")  # neither a domain nor an id's start
     assert unknown.returncode == 1 and "no memory id starts with 'no such thing'" in unknown.stderr
-    memory_id = run(root, "memories", "list", "--domain", "Regret Lab", "--category", "proof_strategy", "--ids").stdout.strip()
+    listed = run(root, "memories", "list", "--domain", "Regret Lab", "--category", "proof_strategy", "--ids")
+    memory_id = listed.stdout.strip()
     assert run(root, "memories", "show", memory_id[:8]).stdout.startswith("# Doubling trick\n")
 
     found = run(root, "memories", "search", "heavy-tailed rewards union bound", "--domain", "Regret Lab", "-k", "3",
@@ -290,7 +295,8 @@ def test_memories_show_a_domain_and_search_print_what_memory_md_shows(root: Path
     assert lines[0] == "# Memories for 'heavy-tailed rewards union bound' in Regret Lab"
     assert "## Pitfalls" in lines
     hoeffding = next(line for line in lines if line.startswith("- [Hoeffding needs bounded rewards]"))
-    assert "](memories/regret_lab/" in hoeffding and "): Hoeffding is wrong for heavy-tailed rewards. (score " in hoeffding
+    assert "](memories/regret_lab/" in hoeffding
+    assert "): Hoeffding is wrong for heavy-tailed rewards. (score " in hoeffding
     hits = json.loads(run(root, "memories", "search", "heavy-tailed rewards union bound", "--domain", "Regret Lab",
                           "-k", "3", "--mode", "lexical", "--json").stdout)
     assert [line for line in lines if line.startswith("- [")] == [
@@ -300,7 +306,7 @@ def test_memories_show_a_domain_and_search_print_what_memory_md_shows(root: Path
     ]  # grouped by category in the order of each one's best hit, best first within
     assert hits[0]["memory"]["id"][:8] in found.stdout
     across = run(root, "memories", "search", "every proof in full", "--mode", "lexical").stdout
-    assert "(score " in across and "from Regret Lab" in across and "global" in across  # no --domain: each says its domain
+    assert "(score " in across and "from Regret Lab" in across and "global" in across  # no --domain: each its own
 
 
 def test_a_half_life_of_zero_stops_serve_before_anything_is_written(tmp_path: Path) -> None:
@@ -310,7 +316,8 @@ def test_a_half_life_of_zero_stops_serve_before_anything_is_written(tmp_path: Pa
     env = user_env(tmp_path)
     for args, extra, words in (
         (["--memory-half-life-days", '{"context": 0}'], {}, ("flag --memory-half-life-days", "entry 'context'", "> 0")),
-        ([], {"EUREKAMEM_MEMORY_HALF_LIFE_DAYS": '{"preference": -2}'}, ("EUREKAMEM_MEMORY_HALF_LIFE_DAYS", "'preference'")),
+        ([], {"EUREKAMEM_MEMORY_HALF_LIFE_DAYS": '{"preference": -2}'},
+         ("EUREKAMEM_MEMORY_HALF_LIFE_DAYS", "'preference'")),
         (["--strength-weight", "1.5"], {}, ("strength", "1.5")),
     ):
         done = run(tmp_path, "serve", "--data-dir", str(data), "--socket", str(sock), *args, env={**env, **extra})

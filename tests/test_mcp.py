@@ -111,7 +111,8 @@ async def test_handshake_tools_calls_errors_and_resources(daemon: DaemonProcess,
             # another domain's listing is refused (its local memories never reach this server's reads)
             with pytest.raises(MCPError, match="reads the memories of 'bandit theory'"):
                 await s.read_resource("eurekamem://domain/assistant")
-            assert memory_id in (await s.read_resource("eurekamem://domain/bandit_theory")).contents[0].text  # the same slug
+            same_slug = await s.read_resource("eurekamem://domain/bandit_theory")
+            assert memory_id in same_slug.contents[0].text
 
             # errors are tool results with isError; the server keeps serving
             missing = await s.call_tool("memory_get", {"id": "no-such-memory"})
@@ -138,7 +139,9 @@ async def test_a_servers_reads_never_show_another_domains_local_memories(daemon:
         own = c.add_memory("proj a", "pitfalls", "Own windows", text, dedup=False).memory.id
         hidden = c.add_memory("proj b", "pitfalls", "Hidden windows", text, dedup=False).memory.id
         shared = c.add_memory("proj b", "pitfalls", "Shared windows", text, dedup=False, scope="global").memory.id
-    params = server_params("--socket", str(daemon.socket_path), "--data-dir", str(daemon.data_dir), "--domain", "proj a")
+    params = server_params(
+        "--socket", str(daemon.socket_path), "--data-dir", str(daemon.data_dir), "--domain", "proj a"
+    )
     with trio.fail_after(MCP_TIMEOUT):
         async with session(params) as (s, _init):
             query = {"query": "sliding windows nonstationary bandits rewards"}

@@ -66,7 +66,9 @@ async def seen_from(conn: RawConnection, domain: str, query: str) -> set[str]:
     )
     ids |= {memory["id"] for memory in page["memories"]}
     everyone = await conn.result("memory.list", {"limit": 10_000, "status": "any"})
-    ids |= {memory["id"] for memory in everyone["memories"] if f"]({memory['file'].rsplit('/', 1)[-1]})" in page["readable"]}
+    for memory in everyone["memories"]:  # every memory whose file the projection links
+        if f"]({memory['file'].rsplit('/', 1)[-1]})" in page["readable"]:
+            ids.add(memory["id"])
     return ids
 
 

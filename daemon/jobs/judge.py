@@ -16,8 +16,8 @@ Rules kept here:
   the older text stays in the memory's history (memory.history). MERGE with `conflict: true` (the
   insight says the memory stopped being true): the merged text becomes a new memory and the old one
   is closed, not rewritten (valid_until = the new one's valid_from, superseded_by = the new one;
-  MemoryState.supersede). CREATE: a different facet, a new memory. Every decision is journaled with its reason (in the job's result, and for a merge or a
-  creation in the memory's history).
+  MemoryState.supersede). CREATE: a different facet, a new memory. Every decision is journaled
+  with its reason (in the job's result, and for a merge or a creation in the memory's history).
 - A decision is applied only to the memory it was made about: if that memory changed or went away
   before the commit, the insight goes through the dedup rules instead (and the result says so).
 """

@@ -376,7 +376,9 @@ class MemoryActor(TierActor):
 
         page, (relative, domain, listed, has_global) = await self.run_internal(read)
         summary = (await self._summaries([slug])).get(slug) if slug is not None else None
-        page["readable"] = render_readable(domain, listed, is_global=slug is None, has_global=has_global, summary=summary)
+        page["readable"] = render_readable(
+            domain, listed, is_global=slug is None, has_global=has_global, summary=summary
+        )
         return page
 
     # --- background work ---------------------------------------------------------------------------
