@@ -5,7 +5,8 @@ Rule kept here: one rendering for every reader. The daemon writes MEMORY.md / GL
 `render_readable` and answers memory.list's `readable` with it; the command line prints
 `eurekamem memories search` with `render_hits`; both build each line with `memory_line`, whose text
 is collapsed to one line and escaped (link brackets, `<`), so no stored text can break the list,
-forge a link or open an HTML tag. Sans-IO and dependency-free like the rest of protocol/: it reads
+forge a link or open an HTML tag; a group's summary is quoted (`quoted`), so it cannot forge a
+heading or a memory line. Sans-IO and dependency-free like the rest of protocol/: it reads
 the fields it needs by name from a Memory or from the plain JSON dict of one.
 """
 
@@ -53,6 +54,13 @@ def inline(text: str) -> str:
     return text.replace("\\", "\\\\").replace("[", "\\[").replace("]", "\\]").replace("<", "&lt;")
 
 
+def quoted(text: str) -> list[str]:
+    """A block of untrusted text (a group's summary, made from its messages) as a Markdown quote:
+    each line behind `> ` and its `<` escaped, so no line of it is a heading, a list item or a tag
+    of the file itself (it cannot forge a category or a memory of the projection)."""
+    return [f"> {line}".rstrip() for line in text.strip().replace("<", "&lt;").splitlines()]
+
+
 def memory_line(memory: Any, link: str, notes: Sequence[str] = ()) -> str:
     """`- [title](link): abstract`, then each note in parentheses."""
     line = f"- [{inline(_field(memory, 'title'))}]({link}): {inline(_field(memory, 'abstract') or '')}"
@@ -78,7 +86,7 @@ def render_readable(
             lines += ["", "Global memories, seen from every domain too: [GLOBAL.md](../GLOBAL.md)."]
     lines += ["", GENERATED_NOTE, ""]
     if summary and summary.strip():
-        lines += ["## Summary", "", summary.strip(), ""]
+        lines += ["## Summary", "", *quoted(summary), ""]
     by_category: dict[str, list[tuple[Any, float]]] = {}
     for memory, power in entries:
         by_category.setdefault(memory.category, []).append((memory, power))
