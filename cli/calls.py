@@ -268,9 +268,40 @@ def cmd_memories_list(args: argparse.Namespace) -> int:
     return _run_memories(args, body)
 
 
+def _names_a_domain(client: Any, name: str) -> bool:
+    """Does some memory (active or archived) belong to this domain (the same slug)?"""
+    from eurekamem.client import InvalidParams
+
+    try:
+        return bool(client.call("memory.list", {"domain": name, "status": "any", "limit": 1})["total"])
+    except InvalidParams:  # no valid domain name (a slash, too long, ...): an id then
+        return False
+
+
 def cmd_memories_show(args: argparse.Namespace) -> int:
+    """One memory in full, or a domain's readable projection (its MEMORY.md; --global: GLOBAL.md).
+
+    The argument is read as: a whole memory id; else the name of a domain that holds memories; else the
+    start of a memory id. --domain D (or --global) always means the projection."""
+
+    def show_projection(client: Any, domain: str | None) -> int:
+        params: dict[str, Any] = {"readable": True, "limit": 10_000}
+        if domain is not None:
+            params["domain"] = domain
+        page = client.call("memory.list", params)
+        if args.json:
+            _print_json(page)
+        else:
+            sys.stdout.write(page["readable"])
+        return 0
+
     def body(client: Any) -> int:
-        memory = client.call("memory.get", {"id": _resolve_id(client, args.id)})
+        if args.globally or args.domain is not None:
+            return show_projection(client, None if args.globally else args.domain)
+        target = args.target
+        if len(target) < 36 and _names_a_domain(client, target):
+            return show_projection(client, target)
+        memory = client.call("memory.get", {"id": _resolve_id(client, target)})
         if args.json:
             _print_json(memory)
             return 0
@@ -286,6 +317,9 @@ def cmd_memories_show(args: argparse.Namespace) -> int:
         print(memory["content"])
         return 0
 
+    given = sum((args.target is not None, args.domain is not None, args.globally))
+    if given != 1:
+        return _err("memories show takes one of: a memory id (or its start), a domain, --domain DOMAIN, --global")
     return _run_memories(args, body)
 
 
@@ -303,9 +337,13 @@ def cmd_memories_search(args: argparse.Namespace) -> int:
             _print_json(hits)
         elif not hits:
             print("nothing found", file=sys.stderr)
-        else:
+        elif args.table:
             rows = [[f"{hit['score']:.3f}", *_memory_row(hit["memory"])] for hit in hits]
             print(table(("SCORE", *MEMORY_HEADERS), rows))
+        else:
+            from eurekamem.protocol._readable import render_hits
+
+            sys.stdout.write(render_hits(args.query, args.domain, hits))
         return 0
 
     return _run_memories(args, body)
@@ -407,14 +445,32 @@ def add_client_commands(
     listing.add_argument("--ids", action="store_true", help="print only the ids, one a line (for scripts)")
     listing.set_defaults(func="eurekamem.cli.calls:cmd_memories_list")
 
-    show = msub.add_parser("show", help="one memory in full")
+    show = msub.add_parser(
+        "show", help="one memory in full, or a domain as its MEMORY.md shows it",
+        usage="eurekamem memories show [options] (ID | DOMAIN | --domain DOMAIN | --global)",
+        description="With a memory id (or its first characters): that memory in full. With a domain: the domain's "
+        "active memories as its MEMORY.md shows them (by category, strongest first, each its L0 abstract, the group "
+        "summary first), read from the daemon as of now. ID|DOMAIN is read as a whole memory id, else the name of a "
+        "domain that holds memories, else the start of a memory id; --domain always names a domain (also one with no "
+        "memory).",
+    )
     memory_common(show)
-    show.add_argument("id", metavar="ID", help="a memory id, or its first characters (as `memories list` shows them)")
+    show.add_argument("target", nargs="?", metavar="ID|DOMAIN",
+                      help="a memory id or its first characters (as `memories list` shows them), or a domain's name")
+    show.add_argument("--domain", help="print this domain's MEMORY.md (its projection now)")
+    show.add_argument("--global", dest="globally", action="store_true", help="print GLOBAL.md: every global memory")
     show.set_defaults(func="eurekamem.cli.calls:cmd_memories_show")
 
-    search = msub.add_parser("search", help="hybrid search (dense + BM25), best first, with scores")
+    search = msub.add_parser(
+        "search", help="hybrid search (dense + BM25), shown as MEMORY.md shows memories",
+        description="Hybrid search (dense + BM25). The results print as MEMORY.md shows memories: under their "
+        "category (the categories in the order of their best result), best first, each its title, file, L0 abstract, "
+        "score and id; --table prints a table instead, --json the daemon's answer.",
+    )
     memory_common(search)
     search.add_argument("query", metavar="QUERY")
+    search.add_argument("--table", action="store_true",
+                        help="a table: score, id, category, domain, confidence, date, title")
     search.add_argument("--domain", help="this domain and every domain's global memories (default: every domain)")
     search.add_argument("--category", action="append", choices=MEMORY_CATEGORIES, help="only this category (repeatable)")
     search.add_argument("-k", type=int, default=10, metavar="N", help="at most N results (default: 10, at most 100)")

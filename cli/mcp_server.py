@@ -269,6 +269,9 @@ class Proxy:
         return sorted({m.get("domain", "") for m in page.get("memories", [])})
 
     async def listing(self, domain: str) -> str:
+        """A domain's resource: its own memories (local and global), never another domain's for a
+        server with --domain (that is refused, as a read naming it is)."""
+        self._read_domain({"domain": domain})
         page = await self.client.call("memory.list", {"domain": domain, "limit": _LIST_ALL})
         memories = page.get("memories", [])
         total = page.get("total", len(memories))
@@ -281,7 +284,7 @@ class Proxy:
 
 def same_domain(a: str, b: str) -> bool:
     """The daemon's rule: domains are the same when their slugs are."""
-    from eurekamem.daemon.memory.format import domain_slug
+    from eurekamem.protocol._readable import domain_slug
 
     return domain_slug(a) == domain_slug(b)
 
@@ -339,8 +342,17 @@ def build_server(proxy: Proxy) -> Any:
         return types.ListResourcesResult(resources=resources)
 
     async def read_resource(ctx: Any, params: Any) -> Any:
+        from mcp.shared.exceptions import MCPError
+
         uri = str(params.uri)
-        text = await proxy.listing(domain_of(uri))
+        try:
+            text = await proxy.listing(domain_of(uri))
+        except ToolError as exc:  # a refused read: the client's error, no traceback in the log
+            raise MCPError(types.INVALID_PARAMS, str(exc)) from None
+        except EurekamemError as exc:
+            log.info("resource %s: %s: %s", uri, exc.kind, exc)
+            raise MCPError(types.INVALID_PARAMS if exc.kind == "invalid_params" else types.INTERNAL_ERROR,
+                           f"{exc.kind}: {exc}") from None
         contents: list[types.TextResourceContents | types.BlobResourceContents] = [
             types.TextResourceContents(uri=uri, text=text, mime_type="text/markdown")
         ]

@@ -750,10 +750,12 @@ class AsyncClient:
         status: str | None = None,
         limit: int | None = None,
         offset: int | None = None,
+        readable: bool = False,
     ) -> MemoryPage:
         """memory.list: newest first, paged (`limit` default 50); `status` "active" (default), "archived" or "any".
-        `total` counts every match before paging."""
-        return await self._run(C.op_list_memories(domain, category, status, limit, offset))
+        `total` counts every match before paging. readable=True: `readable` holds the domain's MEMORY.md
+        text as the daemon would write it now (without a domain: GLOBAL.md's)."""
+        return await self._run(C.op_list_memories(domain, category, status, limit, offset, readable))
 
     async def update_memory(self, memory_id: str, **fields: Any) -> Memory:
         """memory.update: change title, content, category, confidence, tags, scope, abstract or overview."""

@@ -331,9 +331,12 @@ def op_get_memory(memory_id: str) -> Op[Memory]:
 
 
 def op_list_memories(
-    domain: str | None, category: str | None, status: str | None, limit: int | None, offset: int | None
+    domain: str | None, category: str | None, status: str | None, limit: int | None, offset: int | None,
+    readable: bool = False,
 ) -> Op[MemoryPage]:
     params = _drop_none(domain=domain, category=category, status=status, limit=limit, offset=offset)
+    if readable:
+        params["readable"] = True
     return Op("memory.list", params, MemoryPage)
 
 

@@ -527,6 +527,9 @@ class Daemon:
         if call.spec.name in self._intercepted:  # the one choke point: nothing below sees the text unredacted
             self._intercept(call, reply)
         tier = call.spec.tier
+        if call.spec.name == "memory.list" and call.params.readable:  # reads the conversation tier too
+            self._system.start_soon(self._answer_readable, call, reply, started_ns)
+            return
         if tier != "sys":
             actor = self.actors[tier]
             if actor.can_inline(call):  # a read (or tier 1) while the actor owes nothing: answer it here
@@ -579,6 +582,17 @@ class Daemon:
 
         result: dict[str, str] = await self.conversation_actor.run_internal(read)
         return result
+
+    async def _answer_readable(self, call: Call, reply: Any, started_ns: int) -> None:
+        """memory.list with `readable: true`: the page and the projection's text (MemoryActor.list_readable)."""
+        try:
+            result: Any = await self.memory_actor.list_readable(call.params)
+        except ProtocolError as exc:
+            result = exc
+        except Exception as exc:
+            result = _internal("memory.list", exc)
+        reply.deliver(call, result, started_ns)
+        reply.flush()
 
     async def _answer_maintain(self, call: Call, reply: Any, started_ns: int) -> None:
         """sys.maintain: {"job_id"} of the memory.maintain job queued now (journaled before the

@@ -264,6 +264,7 @@ class MemoryList(Params):
     limit: Annotated[int, Meta(ge=1, le=MAX_LIMIT)] = 50
     offset: Annotated[int, Meta(ge=0)] = 0
     include_global: bool = False  # with a domain: every domain's global memories too
+    readable: bool = False  # also the readable projection's text: the domain's MEMORY.md (no domain: GLOBAL.md)
 
 
 class MemoryUpdate(Params):

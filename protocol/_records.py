@@ -224,10 +224,12 @@ class MemoryHit(Record, kw_only=True):
 
 
 class MemoryPage(Record, kw_only=True):
-    """memory.list: `total` matches before paging, `memories` this page, newest first."""
+    """memory.list: `total` matches before paging, `memories` this page, newest first; with
+    `readable: true`, `readable` is the text of the domain's MEMORY.md (no domain: GLOBAL.md)."""
 
     total: int
     memories: list[Memory] = []
+    readable: str | None = None
 
 
 class MemoryDeleted(Record, kw_only=True):

@@ -231,7 +231,8 @@ def test_memories_add_list_show_search_forget(root: Path, daemon: DaemonProcess)
     missing = run(root, "memories", "show", "ffffffff")
     assert missing.returncode == 1 and "no memory id starts with" in missing.stderr
 
-    hits = run(root, "memories", "search", "geometric epochs", "--domain", "bandit theory").stdout.splitlines()
+    hits = run(root, "memories", "search", "geometric epochs", "--domain", "bandit theory", "--table").stdout
+    hits = hits.splitlines()
     assert hits[0].split()[:2] == ["SCORE", "ID"] and "Peeling" in hits[1]
     assert 0.0 <= float(hits[1].split()[0]) <= 1.0
     found = json.loads(run(root, "memories", "search", "geometric epochs", "--json").stdout)
@@ -241,6 +242,87 @@ def test_memories_add_list_show_search_forget(root: Path, daemon: DaemonProcess)
     assert gone.returncode == 0 and gone.stdout.startswith(f"archived {ids[0]}")
     assert "Peeling" not in run(root, "memories", "list").stdout
     assert "Peeling" in run(root, "memories", "list", "--status", "archived").stdout
+
+
+def test_memories_show_a_domain_and_search_print_what_memory_md_shows(root: Path, daemon: DaemonProcess) -> None:
+    """`memories show DOMAIN` prints the domain's MEMORY.md as the daemon would write it now (and the
+    file says the same once projected); `memories search` prints its hits in the same form; a memory
+    id or its start still shows that memory."""
+    for category, title, content, confidence in (
+        ("pitfalls", "Hoeffding needs bounded rewards",
+         "Hoeffding is wrong for heavy-tailed rewards. Use a median.", 0.9),
+        ("pitfalls", "Union bounds add up", "A union bound over T events costs log T. Peel instead.", 0.6),
+        ("proof_strategy", "Doubling trick", "Restart with doubled horizons to make a bound anytime.", 0.8),
+    ):
+        done = run(root, "memories", "add", "--domain", "Regret Lab", "--category", category, "--title", title,
+                   "--content", content, "--confidence", str(confidence))
+        assert done.returncode == 0, done.stderr
+    run(root, "memories", "add", "--domain", "Regret Lab", "--category", "preference", "--title", "Full proofs",
+        "--content", "The user wants every proof in full.", "--scope", "global")
+    shown = run(root, "memories", "show", "Regret Lab")
+    assert shown.returncode == 0, shown.stderr
+    text = shown.stdout
+    assert text.startswith("# Memories: Regret Lab\n") and "[GLOBAL.md](../GLOBAL.md)" in text
+    assert text.index("## Proof strategies") < text.index("## Pitfalls")  # the categories' fixed order
+    assert text.index("Hoeffding needs bounded rewards") < text.index("Union bounds add up")  # strongest first
+    assert "): Hoeffding is wrong for heavy-tailed rewards." in text  # the L0 abstract
+    assert "Full proofs" not in text  # global: in GLOBAL.md
+    assert run(root, "memories", "show", "regret_lab").stdout == text  # the same domain (the same slug)
+    assert run(root, "memories", "show", "--domain", "Regret Lab").stdout == text
+    page = json.loads(run(root, "memories", "show", "Regret Lab", "--json").stdout)
+    assert page["readable"] == text and page["total"] == 4
+    assert run(root, "call", "sys.snapshot").returncode == 0  # the projection is flushed with the snapshot
+    assert (root / "data" / "memories" / "regret_lab" / "MEMORY.md").read_text() == text
+    everywhere = run(root, "memories", "show", "--global").stdout
+    assert everywhere.startswith("# Global memories") and "(from Regret Lab)" in everywhere
+    assert everywhere == (root / "data" / "memories" / "GLOBAL.md").read_text()
+    nobody = run(root, "memories", "show", "--domain", "Nobody Here")
+    assert nobody.returncode == 0 and "# Memories: Nobody Here" in nobody.stdout
+    assert "No active memories." in nobody.stdout
+    for wrong in (("show",), ("show", "Regret Lab", "--global"), ("show", "x", "--domain", "y")):
+        refused = run(root, "memories", *wrong)
+        assert refused.returncode == 1 and "takes one of" in refused.stderr, wrong
+    unknown = run(root, "memories", "show", "no such thing")  # neither a domain nor an id's start
+    assert unknown.returncode == 1 and "no memory id starts with 'no such thing'" in unknown.stderr
+    listed = run(root, "memories", "list", "--domain", "Regret Lab", "--category", "proof_strategy", "--ids")
+    memory_id = listed.stdout.strip()
+    assert run(root, "memories", "show", memory_id[:8]).stdout.startswith("# Doubling trick\n")
+
+    found = run(root, "memories", "search", "heavy-tailed rewards union bound", "--domain", "Regret Lab", "-k", "3",
+                "--mode", "lexical")
+    assert found.returncode == 0, found.stderr
+    lines = found.stdout.splitlines()
+    assert lines[0] == "# Memories for 'heavy-tailed rewards union bound' in Regret Lab"
+    assert "## Pitfalls" in lines
+    hoeffding = next(line for line in lines if line.startswith("- [Hoeffding needs bounded rewards]"))
+    assert "](memories/regret_lab/" in hoeffding
+    assert "): Hoeffding is wrong for heavy-tailed rewards. (score " in hoeffding
+    hits = json.loads(run(root, "memories", "search", "heavy-tailed rewards union bound", "--domain", "Regret Lab",
+                          "-k", "3", "--mode", "lexical", "--json").stdout)
+    assert [line for line in lines if line.startswith("- [")] == [
+        next(line for line in lines if line.startswith(f"- [{hit['memory']['title']}]"))
+        for category in dict.fromkeys(hit["memory"]["category"] for hit in hits)
+        for hit in hits if hit["memory"]["category"] == category
+    ]  # grouped by category in the order of each one's best hit, best first within
+    assert hits[0]["memory"]["id"][:8] in found.stdout
+    across = run(root, "memories", "search", "every proof in full", "--mode", "lexical").stdout
+    assert "(score " in across and "from Regret Lab" in across and "global" in across  # no --domain: each its own
+
+
+def test_a_half_life_of_zero_stops_serve_before_anything_is_written(tmp_path: Path) -> None:
+    """Bad lifecycle settings (a half-life of zero, a strength weight over 1) from a flag or the
+    environment: `serve` exits 1 naming the setting and its entry; no data root, no socket."""
+    data, sock = tmp_path / "data", tmp_path / "s.sock"
+    env = user_env(tmp_path)
+    for args, extra, words in (
+        (["--memory-half-life-days", '{"context": 0}'], {}, ("flag --memory-half-life-days", "entry 'context'", "> 0")),
+        ([], {"EUREKAMEM_MEMORY_HALF_LIFE_DAYS": '{"preference": -2}'},
+         ("EUREKAMEM_MEMORY_HALF_LIFE_DAYS", "'preference'")),
+        (["--strength-weight", "1.5"], {}, ("strength", "1.5")),
+    ):
+        done = run(tmp_path, "serve", "--data-dir", str(data), "--socket", str(sock), *args, env={**env, **extra})
+        assert done.returncode == 1 and all(w in done.stderr for w in words), (args, done.stderr)
+        assert "Traceback" not in done.stderr and not data.exists() and not sock.exists()
 
 
 # --- install-service ----------------------------------------------------------------------------------

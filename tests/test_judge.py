@@ -180,6 +180,44 @@ def invented(recorded: Recorded) -> Any:
     return verdicts(bad)
 
 
+async def test_a_merge_on_a_conflict_closes_the_old_memory_and_links_the_new_one(
+    data_dir: Path,
+    sock_dir: Path,
+    stub: StubLLMServer,  # noqa: F811
+) -> None:
+    """MERGE with conflict: the merged text becomes a new memory, the old one is closed (not rewritten,
+    not archived) when the new one became valid and names it in superseded_by; search sees the new
+    one now and both with include_expired or as of before."""
+    conflicting = [dict(GOOD_VERDICTS[0]), dict(GOOD_VERDICTS[1], conflict=True), dict(GOOD_VERDICTS[2])]
+    stub.script.extend([extraction(), verdicts(conflicting)])
+    with trio.fail_after(IO_TIMEOUT):
+        async with extraction_daemon(data_dir, sock_dir, stub):
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            kept = await keep(conn)
+            before = await conn.result("memory.get", {"id": kept["proof_strategy"]})
+            job = await finished(conn, (await close(conn, "run-7", domain=DOMAIN, theory_state=THEORY_STATE))["job_id"])
+            assert job["state"] == "done", job
+            strategy = next(m for m in job["result"]["memories"] if m["category"] == "proof_strategy")
+            assert (strategy["decision"], strategy["by"]) == ("created", "judge") and strategy["id"] != before["id"]
+            assert f"supersedes {before['id']}" in strategy["reason"]
+            new = await conn.result("memory.get", {"id": strategy["id"]})
+            assert (new["content"], new["abstract"], new["overview"]) == (
+                MERGED["content"], MERGED["abstract"], MERGED["overview"])
+            old = await conn.result("memory.get", {"id": before["id"]})
+            assert old["status"] == "active" and old["content"] == before["content"]  # closed, not rewritten
+            assert old["valid_until"] == new["valid_from"] and old["superseded_by"] == new["id"]
+            history = await conn.result("memory.history", {"id": before["id"]})
+            assert [v["decision"] for v in history] == ["created", "closed"]
+            query = {"query": "peel the horizon into geometric epochs", "domain": DOMAIN, "mode": "lexical",
+                     "categories": ["proof_strategy"]}
+            assert [h["memory"]["id"] for h in await conn.result("memory.search", query)] == [new["id"]]
+            everything = await conn.result("memory.search", {**query, "include_expired": True})
+            assert {h["memory"]["id"] for h in everything} == {new["id"], old["id"]}
+            then = await conn.result("memory.search", {**query, "as_of": before["created_at"]})
+            assert [h["memory"]["id"] for h in then] == [old["id"]]
+            await conn.aclose()
+
+
 async def test_an_answer_naming_unknown_ids_is_refused_and_asked_again(
     data_dir: Path,
     sock_dir: Path,

@@ -17,6 +17,7 @@ import trio
 from eurekamem.client._autostart import daemon_answers
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from mcp.shared.exceptions import MCPError
 
 from daemon_process import DaemonProcess, wait_gone
 
@@ -107,6 +108,11 @@ async def test_handshake_tools_calls_errors_and_resources(daemon: DaemonProcess,
             assert text.startswith("# Memories: bandit theory")
             assert "**Peeling for anytime bounds** (proof_strategy)" in text
             assert memory_id in text
+            # another domain's listing is refused (its local memories never reach this server's reads)
+            with pytest.raises(MCPError, match="reads the memories of 'bandit theory'"):
+                await s.read_resource("eurekamem://domain/assistant")
+            same_slug = await s.read_resource("eurekamem://domain/bandit_theory")
+            assert memory_id in same_slug.contents[0].text
 
             # errors are tool results with isError; the server keeps serving
             missing = await s.call_tool("memory_get", {"id": "no-such-memory"})
@@ -121,6 +127,38 @@ async def test_handshake_tools_calls_errors_and_resources(daemon: DaemonProcess,
             assert payload(await s.call_tool("memory_list", {}))["total"] == 0
             assert payload(await s.call_tool("memory_get", {"id": memory_id}))["memory"]["status"] == "archived"
     assert "Traceback" not in stderr_path.read_text()
+
+
+async def test_a_servers_reads_never_show_another_domains_local_memories(daemon: DaemonProcess) -> None:
+    """Search, list, inject, get and the resources of a server with --domain: its domain's memories and
+    every global one, never another domain's local ones, though they share every word of the query."""
+    from eurekamem.client import Client
+
+    text = "Sliding windows forget old rewards in nonstationary bandits."
+    with Client(daemon.socket_path, timeout=30) as c:
+        own = c.add_memory("proj a", "pitfalls", "Own windows", text, dedup=False).memory.id
+        hidden = c.add_memory("proj b", "pitfalls", "Hidden windows", text, dedup=False).memory.id
+        shared = c.add_memory("proj b", "pitfalls", "Shared windows", text, dedup=False, scope="global").memory.id
+    params = server_params(
+        "--socket", str(daemon.socket_path), "--data-dir", str(daemon.data_dir), "--domain", "proj a"
+    )
+    with trio.fail_after(MCP_TIMEOUT):
+        async with session(params) as (s, _init):
+            query = {"query": "sliding windows nonstationary bandits rewards"}
+            found = {r["id"] for r in payload(await s.call_tool("memory_search", {**query, "k": 20}))["results"]}
+            listed = {m["id"] for m in payload(await s.call_tool("memory_list", {"limit": 100}))["memories"]}
+            injected = set(payload(await s.call_tool("memory_inject", {**query, "k": 20, "token_budget": 4000}))["ids"])
+            for seen in (found, listed, injected):
+                assert own in seen and shared in seen and hidden not in seen, seen
+            assert (await s.call_tool("memory_get", {"id": hidden})).is_error
+            assert (await s.call_tool("memory_forget", {"id": hidden})).is_error  # nor archived from here
+            assert (await s.call_tool("memory_search", {**query, "domain": "proj b"})).is_error
+            resources = [str(r.uri) for r in (await s.list_resources()).resources]
+            assert resources == ["eurekamem://domain/proj%20a"]
+            with pytest.raises(MCPError):
+                await s.read_resource("eurekamem://domain/proj%20b")
+    with Client(daemon.socket_path, timeout=30) as c:
+        assert c.get_memory(hidden).status == "active"
 
 
 async def test_without_a_domain_the_resources_are_every_domain(daemon: DaemonProcess) -> None:

@@ -45,17 +45,30 @@ async def add(conn: RawConnection, domain: str, title: str, content: str, **extr
     return out["memory"]
 
 
+SEARCH_VARIANTS: tuple[dict[str, Any], ...] = (
+    {}, {"status": "archived"}, {"status": "any"}, {"include_expired": True}, {"as_of": "2026-01-01T00:00:00Z"},
+)
+
+
 async def seen_from(conn: RawConnection, domain: str, query: str) -> set[str]:
-    """The ids a domain sees of a query: search (every mode), inject (with and without the query),
-    list with the global memories, and get in that domain."""
+    """The ids a domain sees of a query: search (every mode; archived, expired and past memories
+    too), inject (with and without the query), list with the global memories (archived too), and
+    the readable projection's text."""
     ids: set[str] = set()
     for mode in ("hybrid", "dense", "lexical"):
-        hits = await conn.result("memory.search", {"query": query, "domain": domain, "k": 100, "mode": mode})
-        ids |= {hit["memory"]["id"] for hit in hits}
+        for variant in SEARCH_VARIANTS:
+            params = {"query": query, "domain": domain, "k": 100, "mode": mode, **variant}
+            ids |= {hit["memory"]["id"] for hit in await conn.result("memory.search", params)}
     for params in ({"domain": domain, "k": 100}, {"domain": domain, "k": 100, "query": query}):
         ids |= set((await conn.result("memory.inject", params))["ids"])
-    page = await conn.result("memory.list", {"domain": domain, "include_global": True, "limit": 10_000})
+    page = await conn.result(
+        "memory.list", {"domain": domain, "include_global": True, "limit": 10_000, "status": "any", "readable": True}
+    )
     ids |= {memory["id"] for memory in page["memories"]}
+    everyone = await conn.result("memory.list", {"limit": 10_000, "status": "any"})
+    for memory in everyone["memories"]:  # every memory whose file the projection links
+        if f"]({memory['file'].rsplit('/', 1)[-1]})" in page["readable"]:
+            ids.add(memory["id"])
     return ids
 
 
@@ -116,7 +129,9 @@ async def test_local_memories_never_leave_their_domain(data_dir: Path, sock_dir:
             local[domain] = set()
             for i in range(4):
                 text = f"Shared words: regret bound epoch lemma. {domain} note {i} about concentration."
-                local[domain].add((await add(conn, domain, f"{domain} local {i}", text))["id"])
+                extra = {"valid_from": "2025-06-01T00:00:00Z", "valid_until": "2026-06-01T00:00:00Z"} if i == 3 else {}
+                local[domain].add((await add(conn, domain, f"{domain} local {i}", text, **extra))["id"])  # 3: closed
+            await conn.result("memory.delete", {"id": sorted(local[domain])[0]})  # one archived
             glob = await add(
                 conn, domain, f"{domain} global", "Shared words: regret bound epoch lemma, for all.", scope="global"
             )
@@ -130,7 +145,7 @@ async def test_local_memories_never_leave_their_domain(data_dir: Path, sock_dir:
             for other in others:  # get in a domain: another domain's local memory is not there
                 answer = await conn.call("memory.get", {"id": other, "domain": domain})
                 assert answer["error"]["data"]["kind"] == "not_found"
-        same = await conn.result("memory.list", {"domain": "bandit_theory"})  # matched by slug; its own only
+        same = await conn.result("memory.list", {"domain": "bandit_theory", "status": "any"})  # by slug; its own only
         assert {mem["id"] for mem in same["memories"]} == local["Bandit Theory"] | {own_global["Bandit Theory"]}
 
 

@@ -323,8 +323,22 @@ def apply_judged(state: MemoryState, p: m.MemoryAdd, plan: Planned) -> tuple[dic
         return answer, "rules"
     if judged.decision == "SKIP":
         return {"decision": "skipped", "memory": current, "reason": reason}, "judge"
+    if judged.conflict:  # the memory stopped being true: the merged text is a new memory, the old one closed
+        return supersede_judged(state, p, plan, current.id, reason), "judge"
     merged = state.merge_rewritten(current.id, judged.text, p, judged.vector, reason)
     return {"decision": "merged", "memory": merged, "reason": reason}, "judge"
+
+
+def supersede_judged(state: MemoryState, p: m.MemoryAdd, plan: Planned, old_id: str, reason: str) -> dict[str, Any]:
+    """The judge's MERGE on a conflict: the merged text (the newer statement) as a new memory, and
+    the old one closed when the new one became valid, linked to it (superseded_by)."""
+    title, content, abstract, overview = plan.judged.text
+    merged = msgspec.structs.replace(p, title=title, content=content, abstract=abstract, overview=overview)
+    if state.has_fingerprint(domain_slug(p.domain), fingerprint(title, content)):
+        return state.add(merged)  # made meanwhile: the rules skip the exact duplicate
+    new = state.create(merged, plan.judged.vector, reason)
+    state.supersede(old_id, new.id)
+    return {"decision": "created", "memory": new, "reason": f"{reason} (supersedes {old_id}, now closed)"}
 
 
 def apply_lemmas(state: GraphState, job_input: SessionInput) -> dict[str, Any]:

@@ -13,9 +13,11 @@ Rules kept here:
   text is refused and asked once more with the problem, then the job fails with it.
 - SKIP: already known (nothing changes). MERGE: the memory's title, L2 content, L1 overview and L0
   abstract are rewritten to hold both; on a conflict the newer statement (the insight) wins, and
-  the older text stays in the memory's history (memory.history). CREATE: a different facet, a new
-  memory. Every decision is journaled with its reason (in the job's result, and for a merge or a
-  creation in the memory's history).
+  the older text stays in the memory's history (memory.history). MERGE with `conflict: true` (the
+  insight says the memory stopped being true): the merged text becomes a new memory and the old one
+  is closed, not rewritten (valid_until = the new one's valid_from, superseded_by = the new one;
+  MemoryState.supersede). CREATE: a different facet, a new memory. Every decision is journaled
+  with its reason (in the job's result, and for a merge or a creation in the memory's history).
 - A decision is applied only to the memory it was made about: if that memory changed or went away
   before the commit, the insight goes through the dedup rules instead (and the result says so).
 """
@@ -49,6 +51,7 @@ class Verdict(msgspec.Struct, forbid_unknown_fields=True):
     content: Text | None = None  # MERGE: its full text (L2)
     abstract: Annotated[str, Meta(max_length=400)] | None = None  # MERGE: one line (L0)
     overview: Annotated[str, Meta(max_length=2000)] | None = None  # MERGE: two to four sentences (L1)
+    conflict: bool = False  # MERGE: the memory is no longer true (the merged one replaces it, the old is closed)
 
 
 class Verdicts(msgspec.Struct, forbid_unknown_fields=True):
@@ -71,6 +74,7 @@ class Judged(msgspec.Struct):
     target: Candidate | None = None
     text: tuple[str, str, str, str] | None = None  # MERGE: title, content, abstract, overview
     vector: Any = None  # MERGE: the embedding of the merged text
+    conflict: bool = False  # MERGE: the memory stopped being true: close it, the merged text a new memory
 
 
 SYSTEM = (
@@ -127,7 +131,8 @@ def build_prompt(
         "- MERGE: it adds to one of its listed memories; give that E id as target and write the merged "
         "memory: title, content (the full text), abstract (one line, at most 20 words) and overview (two to "
         "four sentences). Where the two disagree the new insight is the newer statement: the merged text "
-        "states it.",
+        "states it. Set conflict to true when the new insight says the memory is no longer true (a fact that "
+        "changed, a claim refuted): the merged memory then replaces it and the old one is kept as closed.",
         "- CREATE: it is a different facet; it becomes a memory of its own.",
         "Give a one-sentence reason for each decision. Use only the N and E ids shown above.",
     ]
@@ -188,7 +193,8 @@ async def judge(
         if verdict.decision == "MERGE":
             text = (verdict.title or "", verdict.content or "", verdict.abstract or "", verdict.overview or "")
             text = tuple(part.strip() for part in text)  # type: ignore[assignment]
-        out.append(Judged(verdict.decision, verdict.reason.strip(), target, text))
+        conflict = verdict.decision == "MERGE" and verdict.conflict
+        out.append(Judged(verdict.decision, verdict.reason.strip(), target, text, conflict=conflict))
     merged = [j for j in out if j.text is not None]
     vectors = await ctx.embed([embed_text(j.text[0], j.text[1]) for j in merged])  # type: ignore[index]
     for j, vector in zip(merged, vectors, strict=True):

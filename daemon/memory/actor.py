@@ -49,7 +49,7 @@ from typing import Any
 
 import msgspec
 import trio
-from eurekamem.daemon.memory.format import index_entry, memory_files, render_markdown, render_readable
+from eurekamem.daemon.memory.format import domain_slug, index_entry, memory_files, render_markdown
 from eurekamem.daemon.memory.state import (
     MemorySnapshot,
     MemoryState,
@@ -81,6 +81,7 @@ from eurekamem.daemon.storage.files import RealFiles, atomic_write
 from eurekamem.daemon.tier import MAX_BATCH, Internal, TierActor, Work
 from eurekamem.protocol import Call, Memory, ProtocolError
 from eurekamem.protocol import _methods as m
+from eurekamem.protocol._readable import render_readable
 
 log = logging.getLogger("eurekamem.memory")
 
@@ -143,6 +144,7 @@ class MemoryActor(TierActor):
         # could write an older version of a file after a newer one (or after its removal)
         self._projection_lock = trio.Lock()
         self._unsynced = PendingSync()  # files written (or removed) since the last durable projection
+        self._projected = trio.Event()  # set (and replaced) after each projection that wrote files
         self._state_lock = trio.StrictFIFOLock()  # one batch or internal call on the state at a time
         self._embedded: tuple[Prepared, str | None] | None = None  # for the write batch about to run
         self.writes_waiting = 0  # write requests in the pipeline, not yet applied
@@ -383,6 +385,24 @@ class MemoryActor(TierActor):
         text = self.redactor.text(reason) if self.redactor is not None else reason
         return await self.run_internal(lambda state: propose(state, memory_id, text, by or LEARNING_LOOP))
 
+    async def list_readable(self, params: m.MemoryList) -> dict[str, Any]:
+        """memory.list with `readable: true`: the page and, as `readable`, the text the readable
+        projection would write now for the domain (its MEMORY.md; no domain: GLOBAL.md), the group
+        summary included. One internal call reads both (one moment of the state); the summary is
+        read after it, with the state let go, as the projector does. Raises ProtocolError for bad input."""
+        slug = None if params.domain is None else domain_slug(params.domain)
+
+        def read(state: MemoryState) -> tuple[dict[str, Any], tuple[str, str, list[Any], bool]]:
+            page = state.do_list(params)  # validates the domain first
+            return page, state.readable_document(slug, name=params.domain)
+
+        page, (relative, domain, listed, has_global) = await self.run_internal(read)
+        summary = (await self._summaries([slug])).get(slug) if slug is not None else None
+        page["readable"] = render_readable(
+            domain, listed, is_global=slug is None, has_global=has_global, summary=summary
+        )
+        return page
+
     # --- background work ---------------------------------------------------------------------------
 
     async def project_files(self, durable: bool = False) -> int:
@@ -429,6 +449,8 @@ class MemoryActor(TierActor):
         for relative in result.left:
             log.warning("tier 4: %s changed on disk since the last scan; left as it is (the next scan reads it)", relative)
         self.files_written += result.written
+        self._projected.set()
+        self._projected = trio.Event()
         return result.written
 
     async def scan_files(self, full: bool = False) -> dict[str, int]:
@@ -576,6 +598,11 @@ class MemoryActor(TierActor):
             out[at] = pooled(list(rows[position : position + n])).astype("float32").tobytes()
             position += n
         return out
+
+    async def wait_projected(self) -> None:
+        """Return after the next projection that writes files (the projector's, a snapshot's or
+        anyone's): for a reader that wants the files to show a change it made."""
+        await self._projected.wait()
 
     async def _summaries(self, slugs: list[str]) -> dict[str, str]:
         """The group summaries of these domains (see `summaries`); none when that fails."""

@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 from eurekamem.protocol import Memory
+from eurekamem.protocol._readable import domain_slug as domain_slug  # the slug is the protocol's rule too
 
 _NON_WORD = re.compile(r"[^\w]")
 
@@ -23,10 +24,6 @@ _SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+|(?<=[。！？])")
 
 
 _WORD = re.compile(r"\S+")
-
-
-def domain_slug(domain: str) -> str:
-    return _NON_WORD.sub("_", domain.lower())[:30] if domain else "general"
 
 
 def title_slug(title: str) -> str:
@@ -195,78 +192,8 @@ def index_entry(memory: Memory) -> dict[str, Any]:
 READABLE_FILES = frozenset({"MEMORY.md", "GLOBAL.md"})
 
 
-CATEGORY_HEADINGS: dict[str, str] = {
-    "domain_knowledge": "Domain knowledge",
-    "proof_strategy": "Proof strategies",
-    "open_problems": "Open problems",
-    "pitfalls": "Pitfalls",
-    "fact": "Facts",
-    "preference": "Preferences",
-    "skill": "Skills",
-    "goal": "Goals",
-    "context": "Context",
-}
-
-
 def memory_files(base: Any) -> list[Any]:
     """The memory files under memories/ (a pathlib.Path): <slug>/*.md and <slug>/_archive/*.md, sorted,
     without the readable projection's MEMORY.md and GLOBAL.md."""
     paths = sorted(base.glob("*/*.md")) + sorted(base.glob("*/_archive/*.md"))
     return [path for path in paths if path.name not in READABLE_FILES]
-
-
-def _inline(text: str) -> str:
-    """Text for one Markdown list line: white space collapsed, link brackets and HTML escaped."""
-    text = " ".join(text.split())
-    return text.replace("\\", "\\\\").replace("[", "\\[").replace("]", "\\]").replace("<", "&lt;")
-
-
-def render_readable(
-    domain: str,
-    entries: list[tuple[Memory, float]],
-    *,
-    is_global: bool,
-    has_global: bool,
-    summary: str | None = None,
-) -> str:
-    """MEMORY.md of a domain (its local memories) or GLOBAL.md (every global memory): by category
-    in MEMORY_CATEGORIES' order, strongest first (then newest), each as its title linking its
-    file (relative to the file written) and its L0 abstract."""
-    from eurekamem.protocol._records import MEMORY_CATEGORIES
-
-    if is_global:
-        lines = ["# Global memories", "", "Seen from every domain."]
-    else:
-        lines = [f"# Memories: {_inline(domain)}"]
-        if has_global:
-            lines += ["", "Global memories, seen from every domain too: [GLOBAL.md](../GLOBAL.md)."]
-    lines += [
-        "",
-        "<!-- Written by eurekamem from the memory files; regenerated after every change (edits here are lost). -->",
-        "",
-    ]
-    if summary and summary.strip():
-        lines += ["## Summary", "", summary.strip(), ""]
-    by_category: dict[str, list[tuple[Memory, float]]] = {}
-    for memory, power in entries:
-        by_category.setdefault(memory.category, []).append((memory, power))
-    if not entries:
-        lines += ["No active memories.", ""]
-    for category in MEMORY_CATEGORIES:
-        items = by_category.get(category)
-        if not items:
-            continue
-        items.sort(key=lambda item: item[0].created_at, reverse=True)
-        items.sort(key=lambda item: -item[1])  # stable: equal strength keeps newest first
-        lines += [f"## {CATEGORY_HEADINGS.get(category, category)}", ""]
-        for memory, _ in items:
-            parts = memory.file.split("/")  # memories/<slug>/<name>.md
-            link = "/".join(parts[1:]) if is_global else parts[-1]
-            line = f"- [{_inline(memory.title)}]({link}): {_inline(memory.abstract)}"
-            if is_global:
-                line += f" (from {_inline(memory.domain)})"
-            if memory.pinned:
-                line += " (pinned)"
-            lines.append(line)
-        lines.append("")
-    return "\n".join(lines)

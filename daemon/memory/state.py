@@ -1513,20 +1513,28 @@ class MemoryState(TierState):
         memories/<slug>/MEMORY.md of each changed domain (its active local memories valid now)
         and for memories/GLOBAL.md (every global one) when a global memory changed."""
         now = self.wall()
-        current = self._current_labels(now)
-        has_global = bool(len(current)) and bool(self.columns.is_global[current].any())
-        out: list[tuple[str, str, list[tuple[Memory, float]], bool]] = []
-        for slug in self.dirty_domains:
-            labels = self.columns.labels(slug=slug, scope="local", valid_at=now)
-            entries = self._with_strength(labels, now)
-            ids = self._domains.get(slug) or {}
-            name = self.memories[next(iter(ids))].domain if ids else slug
-            out.append((f"{self.files_root}/{slug}/MEMORY.md", name, entries, has_global))
+        out = [self.readable_document(slug, now) for slug in self.dirty_domains]
         if self.global_dirty:
             self.global_dirty = False
-            labels = self.columns.labels(scope="global", valid_at=now)
-            out.append((f"{self.files_root}/GLOBAL.md", "", self._with_strength(labels, now), has_global))
+            out.append(self.readable_document(None, now))
         return out
+
+    def readable_document(
+        self, slug: str | None, now: float | None = None, name: str | None = None
+    ) -> tuple[str, str, list[tuple[Memory, float]], bool]:
+        """What one file of the readable projection shows now: MEMORY.md of the domain `slug`
+        (None: GLOBAL.md), as take_readable gives it (also for memory.list's `readable`); `name`
+        titles a domain that holds no memory (else its slug does)."""
+        now = self.wall() if now is None else now
+        current = self._current_labels(now)
+        has_global = bool(len(current)) and bool(self.columns.is_global[current].any())
+        if slug is None:
+            labels = self.columns.labels(scope="global", valid_at=now)
+            return f"{self.files_root}/GLOBAL.md", "", self._with_strength(labels, now), has_global
+        labels = self.columns.labels(slug=slug, scope="local", valid_at=now)
+        ids = self._domains.get(slug) or {}
+        title = self.memories[next(iter(ids))].domain if ids else (name if name is not None else slug)
+        return f"{self.files_root}/{slug}/MEMORY.md", title, self._with_strength(labels, now), has_global
 
     def _with_strength(self, labels: np.ndarray, now: float) -> list[tuple[Memory, float]]:
         power = self.columns.strengths(labels, now, self.settings).tolist()
