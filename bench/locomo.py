@@ -82,6 +82,16 @@ _DATE = re.compile(r"(\d{1,2})\s+([A-Za-z]+),?\s+(\d{4})")
 _EVID = re.compile(r"D\s*:?\s*(\d+)\s*:\s*(\d+)")
 
 
+def shown_path(path: Path) -> str:
+    """A data path as a report shows it: relative to the shared data folder beside the repo when it
+    is there (a report names no machine's folders), else as given."""
+    shared = DEFAULT_DATA_DIR.parent
+    try:
+        return f"{path.resolve().relative_to(shared.resolve().parent).as_posix()} (the shared data folder beside the repo)"
+    except ValueError:
+        return str(path)
+
+
 def session_date(text: str) -> str:
     """'1:56 pm on 8 May, 2023' -> '8 May 2023' (the text itself if it does not look like that)."""
     m = _DATE.search(text)
@@ -1039,7 +1049,7 @@ def main(argv: list[str] | None = None) -> int:
 
     meta = {"commit": git("rev-parse", "--short", "HEAD"), "dirty": bool(git("status", "--porcelain", "--", "daemon", "client", "protocol")),
             "nproc": os.cpu_count(), "python": platform.python_version(), "when": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "data": str(data), "conversations": len(convs), "memories": sum(len(c["turns"]) for c in convs),
+            "data": shown_path(data), "conversations": len(convs), "memories": sum(len(c["turns"]) for c in convs),
             "questions": len(questions), "dropped": len([n for n in notes["questions_without_evidence"]
                                                         if any(c["sample_id"] == n["sample_id"] for c in convs)]),
             "seed": args.seed, "quick": args.quick, "seconds": time.perf_counter() - t_start}

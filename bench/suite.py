@@ -817,7 +817,7 @@ def sec_quality(ctx: dict[str, Any]) -> dict[str, Any]:
     data = Path(ctx["args"].locomo_data)
     if not (data / "locomo-dev.json").exists():
         return {"skipped": f"no LoCoMo data at {data} (../shared/data/locomo beside the checkout)"}
-    out: dict[str, Any] = {"data": str(data), "runs": {}}
+    out: dict[str, Any] = {"data": locomo.shown_path(data), "runs": {}}
     rng = random.Random(SEED)
     for embedder, only in ctx["sizes"].locomo.items():
         convs, questions, notes = locomo.load(data / "locomo-dev.json", only=only or None)
