@@ -228,6 +228,7 @@ class Daemon:
             recovered = await self._recover(embedder)
         finally:
             gc.enable()
+        self.redactor.counted(recovered.redacted)  # what a first start's import replaced (recovery's thread handed it back)
         self.recovery = {
             "checkpoint_seq": recovered.checkpoint_seq,
             "replayed": recovered.replayed,
@@ -440,7 +441,9 @@ class Daemon:
         async with trio.open_nursery() as nursery:
             if self.systemd.enabled:
                 nursery.start_soon(systemd.report_recovery, self.systemd, progress)
-            result = await outcome.acapture(trio.to_thread.run_sync, recover, self.paths, self.fs, embedder, progress.set)
+            result = await outcome.acapture(
+                trio.to_thread.run_sync, recover, self.paths, self.fs, embedder, progress.set, self.redactor
+            )
             nursery.cancel_scope.cancel()
         return result.unwrap()
 

@@ -87,6 +87,7 @@ class Recovered:
         self.replayed = 0
         self.imported: dict[str, int] = {}
         self.interrupted_jobs = 0
+        self.redacted: list[str] = []  # the kinds redaction replaced in what a first start imported
 
 
 def _read_snapshot(path: Path, reader: Any, has_checkpoint: bool) -> Any:
@@ -104,12 +105,19 @@ def _read_snapshot(path: Path, reader: Any, has_checkpoint: bool) -> Any:
 
 
 def recover(
-    paths: Paths, fs: Any = None, embedder: Any = None, progress: Callable[[str], None] | None = None
+    paths: Paths,
+    fs: Any = None,
+    embedder: Any = None,
+    progress: Callable[[str], None] | None = None,
+    redactor: Any = None,
 ) -> Recovered:
     """Load the snapshots (EurekaClaw's files on a first start), then replay the journal past them.
 
     `progress(text)`, when given, hears what recovery is doing (called from this thread). Without
-    an `embedder`, the configuration's default model is used (Config.embedder)."""
+    an `embedder`, the configuration's default model is used (Config.embedder). `redactor` (the
+    daemon's Redactor, daemon/redact.py) redacts what a first start imports from files another
+    program wrote, as a write storing it would be (the files themselves are left as they are); the
+    kinds replaced come back in `Recovered.redacted` for the daemon to count."""
     fs = fs or RealFiles()
     progress = progress or (lambda text: None)
     progress("loading snapshots")
@@ -118,12 +126,15 @@ def recover(
     if has_checkpoint:
         out.checkpoint_seq = int(json.loads(paths.checkpoint.read_bytes())["seq"])
     records = _read_snapshot(paths.persistent, eurekaclaw.read_persistent, has_checkpoint)
+    first_import = redactor is not None and not has_checkpoint  # files another program wrote
     if records:
         for record in records.values():
-            out.persistent.apply(eurekaclaw_put(record))
+            out.persistent.apply(eurekaclaw_put(redactor.imported(record, out.redacted) if first_import else record))
     graph = _read_snapshot(paths.graph, eurekaclaw.read_graph, has_checkpoint)
     if graph:
         nodes, edges = graph
+        if first_import:
+            nodes = {node_id: redactor.imported(node, out.redacted) for node_id, node in nodes.items()}
         out.graph.load(nodes)
         for edge in edges:
             out.graph.apply(_edge(*edge))
@@ -151,7 +162,8 @@ def recover(
         out.memory.load_snapshot(memory_doc, vectors, previous, old_stem)
         imported_memories = 0
     else:
-        imported_memories = import_eurekaclaw_memories(out.memory, paths.root)
+        kinds = redactor.unknown_domain if redactor is not None else frozenset()
+        imported_memories = import_eurekaclaw_memories(out.memory, paths.root, kinds, out.redacted)
     progress("loading the conversations and their index")
     load_conversations(out.conversation, paths.conversation_snapshot, paths.conversation_vectors)
     if paths.jobs_snapshot.exists():

@@ -34,6 +34,7 @@ import msgspec
 from eurekamem.daemon.memory.format import domain_slug
 from eurekamem.protocol import METHODS, Call
 from eurekamem.protocol import _methods as m
+from eurekamem.protocol._records import CrossRunRecord, KnowledgeNode
 
 log = logging.getLogger("eurekamem.redact")
 
@@ -433,6 +434,13 @@ FREE_TEXT: dict[type, tuple[str, ...]] = {
     m.ConversationMessage: ("text", "sender"),  # nested in ConversationAppend.messages
 }
 
+# The records an existing root's files hold, imported at the first start without a request: the
+# fields their storing methods redact (persistent.remember, graph.add_theorem).
+IMPORTED_TEXT: dict[type, tuple[str, ...]] = {
+    CrossRunRecord: ("value", "tags"),
+    KnowledgeNode: ("theorem_name", "formal_statement", "tags"),
+}
+
 _ID = "an identifier: lookups match it as sent"
 _ENUM = "one of a fixed set of values"
 _TIME = "a timestamp"
@@ -606,6 +614,15 @@ class Redactor:
     def text(self, text: str, domain: str | None = None) -> str:
         return self.value(text, domain)
 
+    def imported(self, record: Any, replaced: list[str]) -> Any:
+        """A record or theorem read from files another program wrote (the first start's import of an
+        existing root): its free text redacted as the write that stores it would be (IMPORTED_TEXT
+        names the fields), under its domain's policy, the rest kept. What was replaced is added to
+        `replaced`, not counted: this runs in recovery's worker thread, and the daemon counts the
+        list (Redactor.counted) once recovery has handed it back."""
+        fields = IMPORTED_TEXT.get(type(record))
+        return record if fields is None else self._struct(record, self.unknown_domain, replaced, fields)
+
     def counted(self, replaced: list[str]) -> None:
         """Count what was replaced elsewhere with redact_text (the scans of memories/, in a worker thread)."""
         if replaced:
@@ -626,11 +643,13 @@ class Redactor:
         for kind in replaced:
             self.by_kind[kind] = self.by_kind.get(kind, 0) + 1
 
-    def _struct(self, struct: Any, kinds: frozenset[str], replaced: list[str]) -> Any:
+    def _struct(
+        self, struct: Any, kinds: frozenset[str], replaced: list[str], fields: tuple[str, ...] | None = None
+    ) -> Any:
         domain = getattr(struct, "domain", None)
         if isinstance(domain, str) and domain:  # "" (graph: no domain) is a domain not known
             kinds = self.kinds_for(domain)
-        fields = FREE_TEXT.get(type(struct))
+        fields = fields or FREE_TEXT.get(type(struct))
         if fields is None:  # a nested record (TheoryState): every field is text
             fields = tuple(f.name for f in msgspec.structs.fields(struct))
         changes = {}

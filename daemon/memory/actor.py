@@ -77,6 +77,7 @@ from eurekamem.daemon.memory.watch import (
     signature,
 )
 from eurekamem.daemon.primitives import Histogram, PendingSync
+from eurekamem.daemon.redact import redact_text
 from eurekamem.daemon.storage.files import RealFiles, atomic_write
 from eurekamem.daemon.tier import MAX_BATCH, Internal, TierActor, Work
 from eurekamem.protocol import Call, Memory, ProtocolError
@@ -909,8 +910,12 @@ def remove_unnamed_vector_files(vectors_dir: Path, keep: set[str]) -> None:
         VectorStore.delete_files(str(vectors_dir), stem)
 
 
-def import_eurekaclaw_memories(state: MemoryState, root: Path) -> int:
-    """Every memories/<domain>/*.md (and _archive/) that EurekaClaw or we wrote, as memories."""
+def import_eurekaclaw_memories(
+    state: MemoryState, root: Path, redact: frozenset[str] = frozenset(), replaced: list[str] | None = None
+) -> int:
+    """Every memories/<domain>/*.md (and _archive/) that EurekaClaw or we wrote, as memories; each
+    file's text redacted first (`redact`: the kinds, as the scans of memories/ do; the kinds
+    replaced are added to `replaced`): the memory holds no secret, the file stays as its writer left it."""
     base = root / "memories"
     if not base.is_dir():
         return 0
@@ -922,6 +927,10 @@ def import_eurekaclaw_memories(state: MemoryState, root: Path) -> int:
         except OSError as exc:
             log.warning("could not read %s: %s", path, exc)
             continue
+        if redact:
+            text, hits = redact_text(text, redact)
+            if replaced is not None:
+                replaced += hits
         if state.import_file(relative, text, path.stat().st_mtime) is not None:
             count += 1
     return count
