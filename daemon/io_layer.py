@@ -22,6 +22,9 @@ The two directions, each with one hand-off, all on trio's thread (no state cross
   `reading_paused` looks at, so a client that never reads stops being read.
 A connection closes when its ServerConnection is `finished` and its buffer is sent, or when the
 peer is gone (a failed send or read: what was held is dropped, answers still owed find it closed).
+Other fds may join the epoll set (`add_waker`): the journal actor's eventfd of acknowledgements
+(daemon/storage/journal_actor.py, acks="poller"), so the pass that reads the sockets also runs the
+journal's completions (one wake-up for both); their `on_stop` is called when the pass loop ends.
 """
 
 from __future__ import annotations
@@ -121,6 +124,7 @@ class IOLayer:
         self.on_close = on_close
         self._epoll = select.epoll()
         self._by_fd: dict[int, BulkConnection] = {}
+        self._wakers: dict[int, tuple[Callable[[], None], Callable[[], None]]] = {}  # fd -> (on_ready, on_stop)
         self.passes = 0  # passes that found something to do
         self.events = 0  # ready sockets those passes handled
 
@@ -138,6 +142,12 @@ class IOLayer:
         self._by_fd[conn.fd] = conn
         self._epoll.register(conn.fd, _IN)
         return conn
+
+    def add_waker(self, fd: int, on_ready: Callable[[], None], on_stop: Callable[[], None]) -> None:
+        """Watch `fd` too: a pass that finds it readable calls on_ready (which must make it unreadable);
+        on_stop when the pass loop ends (from then on nobody here watches it)."""
+        self._wakers[fd] = (on_ready, on_stop)
+        self._epoll.register(fd, _IN)
 
     async def run(self) -> None:
         """The passes, until cancelled; then every connection still open is closed."""
@@ -161,6 +171,9 @@ class IOLayer:
         for conn in list(self._by_fd.values()):
             conn.protocol.connection_lost()
             self._close(conn)
+        wakers, self._wakers = self._wakers, {}
+        for _on_ready, on_stop in wakers.values():
+            on_stop()
         if not self._epoll.closed:
             trio.lowlevel.notify_closing(self._epoll.fileno())
             self._epoll.close()
@@ -174,7 +187,10 @@ class IOLayer:
         stamp = monotonic_ns()  # the requests of one pass share a read time (and a fast-path batch timestamp)
         for fd, mask in events:
             conn = by_fd.get(fd)
-            if conn is None:  # closed earlier in this pass
+            if conn is None:  # a waker's fd, or a connection closed earlier in this pass
+                waker = self._wakers.get(fd)
+                if waker is not None:
+                    waker[0]()
                 continue
             try:
                 if mask & _OUT and conn.writing:

@@ -19,8 +19,9 @@ Rules kept here:
   as the actor.
 - Ownership: nobody but the actor (its task, or the worker thread it hands a batch to) touches its
   TierState. Others read `stats()`: counters the actor keeps itself plus the state's counts as the
-  actor last published them (`_publish`, after every batch, internal call and state-changing
-  inline call); a state's `counts()` is O(1) and is called by its owner only.
+  actor last published them (`_publish`, after every batch and internal call; after fast-path calls
+  that change counts, when `stats()` is next read while the actor owes nothing, the fast path's own
+  condition, so not once per call); a state's `counts()` is O(1) and is called by its owner only.
 - Handlers: HANDLERS is the one table from a method name to the function that answers it (tier
   handlers `fn(state, params)`, actor handlers `async fn(actor, call)` for calls that wait on I/O,
   sys handlers `fn(daemon, call, reply, started_ns)`); `@handles(method)` fills it at import, and a
@@ -170,6 +171,7 @@ class TierActor:
         self.inline = inline
         self._owed = 0  # items submitted and not yet finished by run() (journal wait and answers included)
         self._inline_stamp = -1  # the read (its started_ns) whose calls share one batch timestamp
+        self._stale = False  # a fast-path call changed counts() since the last _publish
 
     @property
     def name(self) -> str:
@@ -218,7 +220,7 @@ class TierActor:
             log.error("%s changed durable state on the fast path; rolled back", call.spec.name)
             return ProtocolError("internal", f"internal error in {call.spec.name}: changed state without the journal")
         if state.changes_counts_inline:
-            self._publish()
+            self._stale = True  # published when next read (stats), not per call
         return result
 
     def close(self) -> None:
@@ -229,10 +231,13 @@ class TierActor:
 
     def _publish(self) -> None:
         """Publish the state's counts (the actor, as the state's owner, between batches)."""
+        self._stale = False
         self._counts = MappingProxyType(self.state.counts())
 
     def stats(self) -> dict[str, Any]:
         """What sys.stats shows of this tier: the counts last published and the queue."""
+        if self._stale and self._owed == 0:  # fast-path changes: publish them now, as the fast path could run
+            self._publish()
         return {**self._counts, "queue": self.queue_length()}
 
     async def run(self) -> None:
