@@ -44,6 +44,9 @@ log = logging.getLogger("eurekamem.io")
 
 READ_SIZE = 256 * 1024
 MAX_EVENTS = 1024  # events taken per pass at most (the rest are taken by the next pass)
+REPOLL_WINDOW = 64  # looks again after a pass, counted together (IOLayer._repoll)
+REPOLL_MIN_HITS = 8  # under one in this many finding work: stop looking again for a while
+REPOLL_SKIP = 512  # passes that wait at once after such a window
 
 _IN = select.EPOLLIN
 _OUT = select.EPOLLOUT
@@ -126,6 +129,9 @@ class IOLayer:
         self._by_fd: dict[int, BulkConnection] = {}
         self._wakers: dict[int, tuple[Callable[[], None], Callable[[], None]]] = {}  # fd -> (on_ready, on_stop)
         self.passes = 0  # passes that found something to do
+        self._repolls_left = REPOLL_WINDOW  # looks after a pass left in this window (_repoll)
+        self._repoll_hits = 0  # of this window's, those that found a socket ready
+        self._skip_repolls = 0  # passes left that wait at once (the last window found too little)
         self.events = 0  # ready sockets those passes handled
 
     def __len__(self) -> int:
@@ -159,13 +165,30 @@ class IOLayer:
                 events = poll(0, MAX_EVENTS)
                 while events:
                     self._pass(events)
+                    if self._skip_repolls:  # looking again has found nothing lately: wait (a schedule point too)
+                        self._skip_repolls -= 1
+                        break
                     # let the actors run what this pass dispatched (and answer), then look again before
                     # waiting: under load the next pass is ready and costs no wait (measured in
                     # bench/README.md, "I/O designs": less CPU per write and per pipelined request)
                     await trio.lowlevel.checkpoint()
                     events = poll(0, MAX_EVENTS)
+                    self._repoll(bool(events))
         finally:
             self.close_all()
+
+    def _repoll(self, found: bool) -> None:
+        """Count what looking again after a pass found, a window of REPOLL_WINDOW at a time: when under
+        one in REPOLL_MIN_HITS found anything (one request at a time: the client waits for its answer),
+        the next REPOLL_SKIP passes wait at once, saving a poll and a scheduler round each; then it
+        looks again for a window, to notice load coming back."""
+        self._repoll_hits += found
+        self._repolls_left -= 1
+        if not self._repolls_left:
+            if self._repoll_hits * REPOLL_MIN_HITS < REPOLL_WINDOW:
+                self._skip_repolls = REPOLL_SKIP
+            self._repoll_hits = 0
+            self._repolls_left = REPOLL_WINDOW
 
     def close_all(self) -> None:
         for conn in list(self._by_fd.values()):

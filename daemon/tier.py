@@ -169,6 +169,12 @@ class TierActor:
         self.inline_requests = 0  # of `requests`, those the reader ran itself (fast path)
         self.busy_since: float | None = None  # trio time at which the batch in progress started
         self.inline = inline
+        # the methods the fast path may run: an inline actor's that write nothing and have a state handler
+        # (the tier's handlers are registered by now: the module that defines its state was imported)
+        self._inlinable = frozenset(
+            name for name, handler in HANDLERS.items()
+            if inline and handler.kind == "state" and not METHODS[name].writes
+        )
         self._owed = 0  # items submitted and not yet finished by run() (journal wait and answers included)
         self._inline_stamp = -1  # the read (its started_ns) whose calls share one batch timestamp
         self._stale = False  # a fast-path call changed counts() since the last _publish
@@ -204,7 +210,7 @@ class TierActor:
     def can_inline(self, call: Call) -> bool:
         """May the caller run `call` now, itself, with handle_inline (see the module's rule)?
         Never a call whose handler waits on I/O (an actor handler: only the actor may wait)."""
-        return self.inline and self._owed == 0 and not call.spec.writes and HANDLERS[call.spec.name].kind == "state"
+        return self._owed == 0 and call.spec.name in self._inlinable
 
     def handle_inline(self, call: Call, started_ns: int) -> Any:
         """Run a call that can_inline allowed, now; calls of one read (same started_ns) share a timestamp."""
