@@ -552,6 +552,10 @@ class Policy(msgspec.Struct, frozen=True):
         return frozenset(out)
 
 
+CLEAN_MEMO_CHARS = 64  # texts up to this long that held nothing are remembered (Redactor._clean)
+CLEAN_MEMO_SIZE = 8192  # per set of kinds, at most
+
+
 class Redactor:
     """The daemon's redaction: a default policy, per-domain overrides, counts of what was replaced."""
 
@@ -565,6 +569,9 @@ class Redactor:
         self._default_kinds = self.default.kinds()
         self.by_kind: dict[str, int] = {}
         self.requests = 0  # requests in which something was replaced
+        # short texts in which a set of kinds found nothing (JSON keys, tags, enum-like values recur in
+        # every request): a memo of a pure function, so it changes no result; cleared when full
+        self._clean: dict[frozenset[str], set[str]] = {}
         self.plan: dict[str, type] = {
             name: METHODS[name].params for name in storing_methods() if METHODS[name].params in FREE_TEXT
         }
@@ -646,10 +653,21 @@ class Redactor:
         if isinstance(value, str):
             if not kinds:
                 return value
+            short = len(value) <= CLEAN_MEMO_CHARS
+            if short:
+                clean = self._clean.get(kinds)
+                if clean is None:
+                    clean = self._clean[kinds] = set()
+                elif value in clean:
+                    return value
             text, hits = redact_text(value, kinds)
             if hits:
                 replaced.extend(hits)
                 return text
+            if short:
+                if len(clean) >= CLEAN_MEMO_SIZE:
+                    clean.clear()
+                clean.add(value)
             return value
         if isinstance(value, list):
             items = [self._value(item, kinds, replaced) for item in value]
