@@ -653,19 +653,17 @@ class Redactor:
         if isinstance(value, str):
             if not kinds:
                 return value
-            short = len(value) <= CLEAN_MEMO_CHARS
-            if short:
-                clean = self._clean.get(kinds)
-                if clean is None:
-                    clean = self._clean[kinds] = set()
-                elif value in clean:
-                    return value
+            clean = self._clean.get(kinds) if len(value) <= CLEAN_MEMO_CHARS else None
+            if clean is not None and value in clean:
+                return value
             text, hits = redact_text(value, kinds)
             if hits:
                 replaced.extend(hits)
                 return text
-            if short:
-                if len(clean) >= CLEAN_MEMO_SIZE:
+            if len(value) <= CLEAN_MEMO_CHARS:
+                if clean is None:
+                    clean = self._clean[kinds] = set()
+                elif len(clean) >= CLEAN_MEMO_SIZE:
                     clean.clear()
                 clean.add(value)
             return value
