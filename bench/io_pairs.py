@@ -13,7 +13,9 @@ round) and measures the same rows on both, with the anchors measured in the same
 - server CPU per request for every row (the process's utime + stime over the row ÷ answers).
 
 It prints, per row, each design's median over rounds, the median of the paired ratios (B ÷ A, each
-round's B over the same round's A), its spread, and writes everything as JSON.
+round's B over the same round's A), its spread, and writes everything as JSON. With more than two
+designs the order of a round is rotated round by round, and the tables are every design against the
+first, or the pairs named with --ratio B/A.
 
     .venv/bin/python bench/io_pairs.py --design base=/path/to/python:/path/to/tree:tasks \\
         --design bulk=.venv/bin/python:.:bulk --pairs 4 [--seconds 3] [--out FILE]
@@ -171,10 +173,17 @@ def figure(row: str, s: dict[str, Any]) -> float | None:
     return s.get("writes_per_s") or s.get("ops_per_s")
 
 
-def summary(rounds: list[dict[str, Any]], names: list[str]) -> list[str]:
+def summary(rounds: list[dict[str, Any]], names: list[str], pairs: list[tuple[str, str]] | None = None) -> list[str]:
+    """The tables: one per (a, b) of `pairs` (default: every design against the first), then the anchors."""
+    lines: list[str] = []
+    for a, b in pairs or [(names[0], name) for name in names[1:]]:
+        lines += pair_table(rounds, a, b) + [""]
+    return lines + anchor_lines(rounds, names)
+
+
+def pair_table(rounds: list[dict[str, Any]], a: str, b: str) -> list[str]:
     lines = []
-    rows = list(rounds[0][names[0]])
-    a, b = names[0], names[1]
+    rows = list(rounds[0][a])
     lines.append(f"| row | {a} median | {b} median | paired {b} ÷ {a}: median (min–max) | CPU µs/req {a} / {b} |")
     lines.append("| --- | ---: | ---: | ---: | ---: |")
     for row in rows:
@@ -187,8 +196,12 @@ def summary(rounds: list[dict[str, Any]], names: list[str]) -> list[str]:
         lines.append(f"| {row} ({unit}) | {statistics.median([x for x in fa if x]):,.1f} | "
                      f"{statistics.median([y for y in fb if y]):,.1f} | "
                      f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) | {ca} / {cb} |")
+    return lines
+
+
+def anchor_lines(rounds: list[dict[str, Any]], names: list[str]) -> list[str]:
+    lines = []
     anchor_rows = list(rounds[0]["anchors"])
-    lines.append("")
     lines.append("| anchor | median | CPU µs/req |")
     lines.append("| --- | ---: | ---: |")
     for row in anchor_rows:
@@ -216,12 +229,23 @@ def summary(rounds: list[dict[str, Any]], names: list[str]) -> list[str]:
             if ratios:
                 lines.append(f"- {name}: {label}, same round: median {statistics.median(ratios):.2f} "
                              f"({min(ratios):.2f}–{max(ratios):.2f})")
+        # CPU per request over the anchor's (less load-sensitive than rates): how many times Redis's or echo's
+        for row, anchor in (("durable32", "redis always 32"), ("durable32 fsync off", "redis appendfsync no 32"),
+                            ("pipe64 persistent.recall", "echo bulk pipe64"), ("pipe64 episodic.log", "echo bulk pipe64"),
+                            ("rtt sys.ping", "echo bulk rtt"), ("rtt persistent.recall", "echo bulk rtt")):
+            cpu = [r[name][row]["server_cpu_us_per_request"] / r["anchors"][anchor]["server_cpu_us_per_request"]
+                   for r in rounds if anchor in r["anchors"] and r["anchors"][anchor].get("server_cpu_us_per_request")]
+            if cpu:
+                lines.append(f"- {name}: CPU per request, {row} ÷ {anchor}, same round: median "
+                             f"{statistics.median(cpu):.2f} ({min(cpu):.2f}–{max(cpu):.2f})")
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--design", action="append", required=True, help="NAME=PYTHON:TREE[:IO], twice")
+    ap.add_argument("--design", action="append", required=True, help="NAME=PYTHON:TREE[:IO], two or more")
+    ap.add_argument("--ratio", action="append", default=[], metavar="B/A",
+                    help="a table of B ÷ A (design names); default: every design against the first")
     ap.add_argument("--pairs", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--pipe-requests", type=int, default=90_000)
@@ -230,8 +254,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     designs = [Design(spec) for spec in args.design]
-    if len(designs) != 2:
-        ap.error("give exactly two --design")
+    if len(designs) < 2:
+        ap.error("give two or more --design")
+    names = [d.name for d in designs]
+    pairs = [tuple(r.split("/")[::-1]) for r in args.ratio]
+    if any(len(p) != 2 or not set(p) <= set(names) for p in pairs):
+        ap.error(f"--ratio takes B/A, two of {names}")
     tmp = Path(tempfile.mkdtemp(prefix="ems-pairs-"))
     try:
         binary, why_not = foundation.loadgen_binary(tmp)
@@ -240,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         redis = not args.no_redis and shutil.which("redis-server") is not None and shutil.which("redis-benchmark") is not None
         rounds: list[dict[str, Any]] = []
         for i in range(args.pairs):
-            order = designs if i % 2 == 0 else designs[::-1]
+            # two designs: A B, B A, ...; more: rotated, so that each takes every place in turn
+            order = (designs if i % 2 == 0 else designs[::-1]) if len(designs) == 2 else designs[i:] + designs[:i]
             result: dict[str, Any] = {"round": i, "order": [d.name for d in order], "started": time.time()}
             with CpuMeter() as meter:
                 for d in order:
@@ -249,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                 result["anchors"] = anchors(tmp, binary, args.pipe_requests, args.rtt_requests, redis, args.seconds)
             result["others_cores"] = meter.cores["others"]
             rounds.append(result)
-        lines = summary(rounds, [d.name for d in designs])
+        lines = summary(rounds, names, pairs)  # type: ignore[arg-type]  # pairs of two names, checked above
         lines.append(f"- other processes' cores per round: {[r['others_cores'] for r in rounds]}")
         print("\n".join(lines))
         if args.out:

@@ -247,7 +247,9 @@ class Daemon:
         recovered.memory.settings = StrengthSettings.from_config(self.config)
         recovered.memory.wall = self.wall
         # the Journal is handed to the journal actor here and comes back when its writer thread is done
-        self.journal_actor = JournalActor(journal, self.config.fsync, self.config.batch_interval)
+        # under io = bulk the journal's acknowledgements come back through the I/O layer's passes
+        acks = "poller" if self.config.io == "bulk" else "trio"
+        self.journal_actor = JournalActor(journal, self.config.fsync, self.config.batch_interval, acks=acks)
         self.memory_actor = MemoryActor(recovered.memory, self.journal_actor, self.paths.root)
         self.memory_actor.redactor = self.redactor  # for the learning loop's proposals (MemoryActor.propose)
         self.skills_actor = SkillsActor(
@@ -308,6 +310,10 @@ class Daemon:
                     if self.config.io == "bulk":
                         self.io_layer = IOLayer(
                             self.limits, self.dispatch, self.stats, ordered_tiers=IN_ORDER_TIERS, on_close=self._closed,
+                        )
+                        assert self.journal_actor.ack_fd is not None  # acks="poller" (made so above)
+                        self.io_layer.add_waker(
+                            self.journal_actor.ack_fd, self.journal_actor.drain_acks, self.journal_actor.poller_stopped
                         )
                         connections.start_soon(self._run_io, self.io_layer, io_scope)
                     accept_scope = trio.CancelScope()

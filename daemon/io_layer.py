@@ -22,6 +22,9 @@ The two directions, each with one hand-off, all on trio's thread (no state cross
   `reading_paused` looks at, so a client that never reads stops being read.
 A connection closes when its ServerConnection is `finished` and its buffer is sent, or when the
 peer is gone (a failed send or read: what was held is dropped, answers still owed find it closed).
+Other fds may join the epoll set (`add_waker`): the journal actor's eventfd of acknowledgements
+(daemon/storage/journal_actor.py, acks="poller"), so the pass that reads the sockets also runs the
+journal's completions (one wake-up for both); their `on_stop` is called when the pass loop ends.
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ log = logging.getLogger("eurekamem.io")
 
 READ_SIZE = 256 * 1024
 MAX_EVENTS = 1024  # events taken per pass at most (the rest are taken by the next pass)
+REPOLL_WINDOW = 64  # looks again after a pass, counted together (IOLayer._repoll)
+REPOLL_MIN_HITS = 8  # under one in this many finding work: stop looking again for a while
+REPOLL_SKIP = 512  # passes that wait at once after such a window
 
 _IN = select.EPOLLIN
 _OUT = select.EPOLLOUT
@@ -121,7 +127,11 @@ class IOLayer:
         self.on_close = on_close
         self._epoll = select.epoll()
         self._by_fd: dict[int, BulkConnection] = {}
+        self._wakers: dict[int, tuple[Callable[[], None], Callable[[], None]]] = {}  # fd -> (on_ready, on_stop)
         self.passes = 0  # passes that found something to do
+        self._repolls_left = REPOLL_WINDOW  # looks after a pass left in this window (_repoll)
+        self._repoll_hits = 0  # of this window's, those that found a socket ready
+        self._skip_repolls = 0  # passes left that wait at once (the last window found too little)
         self.events = 0  # ready sockets those passes handled
 
     def __len__(self) -> int:
@@ -139,6 +149,12 @@ class IOLayer:
         self._epoll.register(conn.fd, _IN)
         return conn
 
+    def add_waker(self, fd: int, on_ready: Callable[[], None], on_stop: Callable[[], None]) -> None:
+        """Watch `fd` too: a pass that finds it readable calls on_ready (which must make it unreadable);
+        on_stop when the pass loop ends (from then on nobody here watches it)."""
+        self._wakers[fd] = (on_ready, on_stop)
+        self._epoll.register(fd, _IN)
+
     async def run(self) -> None:
         """The passes, until cancelled; then every connection still open is closed."""
         epoll = self._epoll
@@ -149,18 +165,38 @@ class IOLayer:
                 events = poll(0, MAX_EVENTS)
                 while events:
                     self._pass(events)
+                    if self._skip_repolls:  # looking again has found nothing lately: wait (a schedule point too)
+                        self._skip_repolls -= 1
+                        break
                     # let the actors run what this pass dispatched (and answer), then look again before
                     # waiting: under load the next pass is ready and costs no wait (measured in
                     # bench/README.md, "I/O designs": less CPU per write and per pipelined request)
                     await trio.lowlevel.checkpoint()
                     events = poll(0, MAX_EVENTS)
+                    self._repoll(bool(events))
         finally:
             self.close_all()
+
+    def _repoll(self, found: bool) -> None:
+        """Count what looking again after a pass found, a window of REPOLL_WINDOW at a time: when under
+        one in REPOLL_MIN_HITS found anything (one request at a time: the client waits for its answer),
+        the next REPOLL_SKIP passes wait at once, saving a poll and a scheduler round each; then it
+        looks again for a window, to notice load coming back."""
+        self._repoll_hits += found
+        self._repolls_left -= 1
+        if not self._repolls_left:
+            if self._repoll_hits * REPOLL_MIN_HITS < REPOLL_WINDOW:
+                self._skip_repolls = REPOLL_SKIP
+            self._repoll_hits = 0
+            self._repolls_left = REPOLL_WINDOW
 
     def close_all(self) -> None:
         for conn in list(self._by_fd.values()):
             conn.protocol.connection_lost()
             self._close(conn)
+        wakers, self._wakers = self._wakers, {}
+        for _on_ready, on_stop in wakers.values():
+            on_stop()
         if not self._epoll.closed:
             trio.lowlevel.notify_closing(self._epoll.fileno())
             self._epoll.close()
@@ -174,7 +210,10 @@ class IOLayer:
         stamp = monotonic_ns()  # the requests of one pass share a read time (and a fast-path batch timestamp)
         for fd, mask in events:
             conn = by_fd.get(fd)
-            if conn is None:  # closed earlier in this pass
+            if conn is None:  # a waker's fd, or a connection closed earlier in this pass
+                waker = self._wakers.get(fd)
+                if waker is not None:
+                    waker[0]()
                 continue
             try:
                 if mask & _OUT and conn.writing:

@@ -14,8 +14,7 @@ from eurekamem.daemon.storage.files import sync_files
 log = logging.getLogger("eurekamem.actor")
 
 
-def monotonic_ns() -> int:
-    return time.perf_counter_ns()
+monotonic_ns = time.perf_counter_ns  # the clock of request latencies (a name, not a wrapper: one call less per request)
 
 
 _log2 = math.log2

@@ -270,7 +270,13 @@ def find(text: str, kinds: frozenset[str] = ALL_KINDS) -> list[Finding]:
     aligned = len(lower) == len(text)
     plan = _plan(kinds)
     if len(text) <= HINTS_UP_TO:  # a few substring tests save most patterns from running at all
-        candidates, hints, digits = plan.candidates("".join([c for c in plan.gates if c in text]))
+        candidates, hints, digits = plan.candidates("".join(filter(text.__contains__, plan.gates)))
+        for hint in hints:  # the common case first: no hint at all, so no pattern runs (a plain loop: cheap)
+            if hint in lower:
+                break
+        else:
+            if not digits or _DIGIT.search(text) is None:
+                return []
         present = {hint for hint in hints if hint in lower}
         if digits and _DIGIT.search(text) is not None:
             present.add(DIGIT)
@@ -554,6 +560,10 @@ class Policy(msgspec.Struct, frozen=True):
         return frozenset(out)
 
 
+CLEAN_MEMO_CHARS = 64  # texts up to this long that held nothing are remembered (Redactor._clean)
+CLEAN_MEMO_SIZE = 8192  # per set of kinds, at most
+
+
 class Redactor:
     """The daemon's redaction: a default policy, per-domain overrides, counts of what was replaced."""
 
@@ -567,6 +577,9 @@ class Redactor:
         self._default_kinds = self.default.kinds()
         self.by_kind: dict[str, int] = {}
         self.requests = 0  # requests in which something was replaced
+        # short texts in which a set of kinds found nothing (JSON keys, tags, enum-like values recur in
+        # every request): a memo of a pure function, so it changes no result; cleared when full
+        self._clean: dict[frozenset[str], set[str]] = {}
         self.plan: dict[str, type] = {
             name: METHODS[name].params for name in storing_methods() if METHODS[name].params in FREE_TEXT
         }
@@ -664,10 +677,19 @@ class Redactor:
         if isinstance(value, str):
             if not kinds:
                 return value
+            clean = self._clean.get(kinds) if len(value) <= CLEAN_MEMO_CHARS else None
+            if clean is not None and value in clean:
+                return value
             text, hits = redact_text(value, kinds)
             if hits:
                 replaced.extend(hits)
                 return text
+            if len(value) <= CLEAN_MEMO_CHARS:
+                if clean is None:
+                    clean = self._clean[kinds] = set()
+                elif len(clean) >= CLEAN_MEMO_SIZE:
+                    clean.clear()
+                clean.add(value)
             return value
         if isinstance(value, list):
             items = [self._value(item, kinds, replaced) for item in value]

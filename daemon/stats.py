@@ -27,12 +27,13 @@ class RequestStats:
         self.rate_limited = 0  # requests refused by the per-connection rate limit
 
     def record(self, call: Any, result: Any, started_ns: int) -> None:
+        micros = (monotonic_ns() - started_ns) * 0.001
         name = call.spec.name if type(call) is Call else "(rejected)"
         entry = self.methods.get(name)
         if entry is None:
             entry = self.methods[name] = MethodStats()
-        entry.latency.add((monotonic_ns() - started_ns) * 0.001)
-        if type(result) is ProtocolError or isinstance(result, ProtocolError):
+        entry.latency.add(micros)
+        if isinstance(result, ProtocolError):
             entry.errors[result.kind] = entry.errors.get(result.kind, 0) + 1
             if log.isEnabledFor(logging.DEBUG):
                 request_id = getattr(call, "id", None)

@@ -19,8 +19,9 @@ Rules kept here:
   as the actor.
 - Ownership: nobody but the actor (its task, or the worker thread it hands a batch to) touches its
   TierState. Others read `stats()`: counters the actor keeps itself plus the state's counts as the
-  actor last published them (`_publish`, after every batch, internal call and state-changing
-  inline call); a state's `counts()` is O(1) and is called by its owner only.
+  actor last published them (`_publish`, after every batch and internal call; after fast-path calls
+  that change counts, when `stats()` is next read while the actor owes nothing, the fast path's own
+  condition, so not once per call); a state's `counts()` is O(1) and is called by its owner only.
 - Handlers: HANDLERS is the one table from a method name to the function that answers it (tier
   handlers `fn(state, params)`, actor handlers `async fn(actor, call)` for calls that wait on I/O,
   sys handlers `fn(daemon, call, reply, started_ns)`); `@handles(method)` fills it at import, and a
@@ -168,8 +169,15 @@ class TierActor:
         self.inline_requests = 0  # of `requests`, those the reader ran itself (fast path)
         self.busy_since: float | None = None  # trio time at which the batch in progress started
         self.inline = inline
+        # the methods the fast path may run: an inline actor's that write nothing and have a state handler
+        # (the tier's handlers are registered by now: the module that defines its state was imported)
+        self._inlinable = frozenset(
+            name for name, handler in HANDLERS.items()
+            if inline and handler.kind == "state" and not METHODS[name].writes
+        )
         self._owed = 0  # items submitted and not yet finished by run() (journal wait and answers included)
         self._inline_stamp = -1  # the read (its started_ns) whose calls share one batch timestamp
+        self._stale = False  # a fast-path call changed counts() since the last _publish
 
     @property
     def name(self) -> str:
@@ -202,7 +210,7 @@ class TierActor:
     def can_inline(self, call: Call) -> bool:
         """May the caller run `call` now, itself, with handle_inline (see the module's rule)?
         Never a call whose handler waits on I/O (an actor handler: only the actor may wait)."""
-        return self.inline and self._owed == 0 and not call.spec.writes and HANDLERS[call.spec.name].kind == "state"
+        return self._owed == 0 and call.spec.name in self._inlinable
 
     def handle_inline(self, call: Call, started_ns: int) -> Any:
         """Run a call that can_inline allowed, now; calls of one read (same started_ns) share a timestamp."""
@@ -218,7 +226,7 @@ class TierActor:
             log.error("%s changed durable state on the fast path; rolled back", call.spec.name)
             return ProtocolError("internal", f"internal error in {call.spec.name}: changed state without the journal")
         if state.changes_counts_inline:
-            self._publish()
+            self._stale = True  # published when next read (stats), not per call
         return result
 
     def close(self) -> None:
@@ -229,10 +237,13 @@ class TierActor:
 
     def _publish(self) -> None:
         """Publish the state's counts (the actor, as the state's owner, between batches)."""
+        self._stale = False
         self._counts = MappingProxyType(self.state.counts())
 
     def stats(self) -> dict[str, Any]:
         """What sys.stats shows of this tier: the counts last published and the queue."""
+        if self._stale and self._owed == 0:  # fast-path changes: publish them now, as the fast path could run
+            self._publish()
         return {**self._counts, "queue": self.queue_length()}
 
     async def run(self) -> None:

@@ -83,11 +83,13 @@ _ids = random.Random(int.from_bytes(os.urandom(32), "big"))
 
 def new_id() -> str:
     """A random (version 4) UUID string, made cheaply: ids name records, they are not secrets."""
-    n = _ids.getrandbits(128)
-    n = (n & ~(0xF000 << 64)) | (0x4000 << 64)  # version 4
-    n = (n & ~(0xC000 << 48)) | (0x8000 << 48)  # RFC 4122 variant
-    h = f"{n:032x}"
+    h = (_random_bits(128) & _UUID_KEEP | _UUID_SET).to_bytes(16, "big").hex()
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+_random_bits = _ids.getrandbits
+_UUID_KEEP = ~((0xF000 << 64) | (0xC000 << 48))  # the version and variant bits are set, not random:
+_UUID_SET = (0x4000 << 64) | (0x8000 << 48)  # version 4, RFC 4122 variant
 
 
 def now_rfc3339() -> str:

@@ -239,3 +239,18 @@ async def test_the_daemon_serves_either_way(data_dir: Path, sock_dir: Path, io: 
             assert daemon.stats.connections_open == 4
             for c in conns:
                 await c.aclose()
+
+
+def test_looking_again_after_a_pass_stops_while_it_finds_nothing_and_resumes_later() -> None:
+    from eurekamem.daemon import io_layer
+
+    h = Harness()
+    layer = h.layer
+    for _ in range(io_layer.REPOLL_WINDOW):  # one at a time: every look after a pass finds nothing
+        layer._repoll(False)
+    assert layer._skip_repolls == io_layer.REPOLL_SKIP
+    layer._skip_repolls = 0  # the skipped passes are over: a new window looks again
+    for i in range(io_layer.REPOLL_WINDOW):  # under load: one in four finds the next pass ready
+        layer._repoll(i % 4 == 0)
+    assert layer._skip_repolls == 0
+    layer._epoll.close()  # never run: nothing registered with trio

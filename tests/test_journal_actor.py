@@ -7,6 +7,7 @@ import threading
 
 import pytest
 import trio
+import trio.testing
 from eurekamem.daemon.storage.journal import Journal
 from eurekamem.daemon.storage.journal_actor import JournalActor, JournalUnavailable
 
@@ -85,3 +86,38 @@ async def test_batch_policy_syncs_at_close() -> None:
         actor.close()
     assert not actor._unsynced
     assert [r[2] for r in Journal.open(J, fs=fs.crash())[1]] == [b"a"]
+
+
+async def test_poller_acks_come_back_through_the_poll_and_through_the_actor_once_it_stops() -> None:
+    """acks="poller": results wait behind ack_fd until a poller drains them (as the bulk I/O layer's pass
+    does); after poller_stopped the actor drains them itself, and close() still ends the thread."""
+    import select
+
+    fs = FakeFiles()
+    actor = JournalActor(_journal(fs), "always", acks="poller")
+    assert actor.ack_fd is not None
+    poll = select.epoll()
+    poll.register(actor.ack_fd, select.EPOLLIN)
+    got: list[int] = []
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(actor.run)
+
+            async def write(payload: bytes) -> None:
+                got.append(await actor.submit([(1, payload)]))
+
+            nursery.start_soon(write, b"one")
+            await trio.lowlevel.wait_readable(poll.fileno())  # the group is written: its ack waits for the poll
+            await trio.testing.wait_all_tasks_blocked()
+            assert got == []  # nobody drained yet: the waiter is not woken by anything else
+            assert poll.poll(0) == [(actor.ack_fd, select.EPOLLIN)]
+            actor.drain_acks()
+            await trio.testing.wait_all_tasks_blocked()
+            assert got == [1]
+            actor.poller_stopped()  # from here the actor's own task drains
+            await write(b"two")
+            assert got == [1, 2]
+            actor.close()
+    poll.close()
+    assert not _writer_threads() and actor.ack_fd is None  # closed with the thread
+    assert len(Journal.open(J, fs=fs.crash())[1]) == 2

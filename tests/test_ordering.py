@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 from eurekamem.daemon.server import IN_ORDER_TIERS
@@ -18,6 +19,8 @@ from eurekamem.daemon.tier import TierActor
 from test_memory import FAST, gated
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
+
+pytestmark = pytest.mark.usefixtures("io_mode")  # every test under io = bulk and io = tasks
 
 
 def _frame(request_id: int, method: str, params: dict[str, Any]) -> str:

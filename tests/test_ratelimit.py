@@ -15,6 +15,8 @@ from eurekamem.daemon.stats import RequestStats
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
 
+pytestmark = pytest.mark.usefixtures("io_mode")  # every test under io = bulk and io = tasks
+
 
 def _pong(call: Any, reply: Any, started_ns: int) -> None:
     reply.deliver(call, {"pong": True}, started_ns)

@@ -373,6 +373,28 @@ def test_dict_keys_are_redacted_and_kept_apart() -> None:
     assert out == {"[redacted:github-token]": 1, "[redacted:github-token]#": 2, "plain": "[redacted:github-token]"}
 
 
+def test_the_memo_of_clean_short_texts_changes_no_answer() -> None:
+    """Short texts that held nothing are remembered per set of kinds; a secret never is, an e-mail
+    address remembered as clean under one policy is still redacted under another, and a full memo
+    starts over."""
+    from eurekamem.daemon import redact
+
+    key, email = SECRETS["google-key"][0][0], SECRETS["email"][0][0]
+    redactor = Redactor(Policy(), {"chat": Policy(emails=True)})
+    for _ in range(2):  # the second time from the memo, the same answers
+        assert redactor.value({"note": "plain", "k": key}) == {"note": "plain", "k": "[redacted:google-key]"}
+        assert redactor.value(email, "elsewhere") == email  # not redacted there: remembered as clean
+        assert redactor.value(email, "chat") == "[redacted:email]"  # another policy: never from that memo
+    assert all(key not in clean for clean in redactor._clean.values())
+    assert "plain" in redactor._clean[redactor.kinds_for(None)]
+    clean = redactor._clean[redactor.kinds_for("elsewhere")]
+    assert email in clean
+    for i in range(redact.CLEAN_MEMO_SIZE + 1):
+        redactor.value(f"word {i}", "elsewhere")
+    assert len(clean) <= redact.CLEAN_MEMO_SIZE
+    assert redactor.value(key, "elsewhere") == "[redacted:google-key]"
+
+
 # --- configuration ---------------------------------------------------------------------------------------
 
 

@@ -26,6 +26,8 @@ from eurekamem.daemon import systemd as sd
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from daemon_process import DaemonProcess
 
+pytestmark = pytest.mark.usefixtures("io_mode")  # every test under io = bulk and io = tasks
+
 
 class NotifiedDaemon(DaemonProcess):
     """DaemonProcess with extra environment and, for socket activation, one passed listening socket."""

@@ -16,11 +16,18 @@ the attributes trio reads (acked_seq, failed, the histogram, `facts`) are writte
 The one hand-off each way: trio -> thread through the queue (an _Op); thread -> trio through
 `run_sync_soon` (results, fsync latencies, and a JournalFacts snapshot after every group and call,
 queued before the waiters are woken, so a woken waiter already sees the facts of its own op).
+With `acks="poller"` (the bulk I/O layer, daemon/io_layer.py) the way back is a queue of those same
+callbacks and an eventfd instead: the writer thread puts each callback and writes the eventfd; the
+I/O layer's epoll set holds the eventfd, so the pass that finds it readable runs the callbacks
+(`drain_acks`, in queue order, on trio's thread), and a group's answers cost no wake-up of their
+own (no trio task switch per group). When the pass loop ends (`poller_stopped`, at shutdown) a
+task of this actor waits on the eventfd itself until the writer thread is done.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -71,9 +78,13 @@ class _Op:
 
 
 class JournalActor:
-    def __init__(self, journal: Journal, fsync: str = "always", batch_interval: float = 1.0) -> None:
+    def __init__(
+        self, journal: Journal, fsync: str = "always", batch_interval: float = 1.0, acks: str = "trio"
+    ) -> None:
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync policy must be one of {FSYNC_POLICIES}")
+        if acks not in ("trio", "poller"):
+            raise ValueError("acks must be trio (run_sync_soon) or poller (an eventfd that a poller drains)")
         self.journal = journal
         self.fsync = fsync
         self.batch_interval = batch_interval
@@ -88,6 +99,10 @@ class JournalActor:
         self._close_requested = trio.Event()
         self._thread_done = trio.Event()
         self._token: trio.lowlevel.TrioToken | None = None
+        # acks="poller": the callbacks back to trio, and the eventfd that says some wait (module docstring)
+        self._acks: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...]]] = queue.SimpleQueue()
+        self.ack_fd: int | None = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) if acks == "poller" else None
+        self._alone = trio.Event()  # the poller stopped (or the writer is done): this actor drains the acks itself
         self._unsynced = False  # the writer thread's: records written since the last sync
         self.fsync_latency = Histogram()
         self.batches = 0
@@ -181,17 +196,60 @@ class JournalActor:
         thread = threading.Thread(target=self._writer_thread, name="journal-writer", daemon=True)
         thread.start()
         try:
-            async with trio.open_nursery() as nursery:
-                if self.fsync == "batch":
-                    nursery.start_soon(self._sync_periodically)
-                await self._close_requested.wait()
-                nursery.cancel_scope.cancel()
+            async with trio.open_nursery() as acks:
+                if self.ack_fd is not None:
+                    acks.start_soon(self._drain_when_alone)
+                try:
+                    async with trio.open_nursery() as nursery:
+                        if self.fsync == "batch":
+                            nursery.start_soon(self._sync_periodically)
+                        await self._close_requested.wait()
+                        nursery.cancel_scope.cancel()
+                finally:
+                    self._closed = True
+                    self._queue.put(None)  # after everything already queued
+                    self._alone.set()  # whatever the poller does now, the last acks are drained here too
+                with trio.CancelScope(shield=True):
+                    await self._thread_done.wait()
+            thread.join()
         finally:
-            self._closed = True
-            self._queue.put(None)  # after everything already queued
-        with trio.CancelScope(shield=True):
-            await self._thread_done.wait()
-        thread.join()
+            if self.ack_fd is not None and self._thread_done.is_set():
+                trio.lowlevel.notify_closing(self.ack_fd)
+                os.close(self.ack_fd)
+                self.ack_fd = None
+
+    # --- acks="poller": the way back through the poller's epoll set ---------------------------------
+
+    def drain_acks(self) -> None:
+        """Run the callbacks the writer thread queued (the poller found ack_fd readable), in order."""
+        assert self.ack_fd is not None
+        try:
+            os.eventfd_read(self.ack_fd)
+        except BlockingIOError:  # drained already (by this actor's task, after the poller stopped)
+            pass
+        get = self._acks.get_nowait
+        while True:
+            try:
+                fn, args = get()
+            except queue.Empty:
+                return
+            fn(*args)
+
+    def poller_stopped(self) -> None:
+        """The poller no longer watches ack_fd: this actor's task drains the acks from now on."""
+        self._alone.set()
+
+    async def _drain_when_alone(self) -> None:
+        with trio.CancelScope(shield=True):  # the waiters of every write must hear how it went
+            await self._alone.wait()
+            while not self._thread_done.is_set():
+                assert self.ack_fd is not None
+                await trio.lowlevel.wait_readable(self.ack_fd)
+                self.drain_acks()
+
+    def _writer_done(self) -> None:
+        self._thread_done.set()
+        self._alone.set()  # the drain task sees the thread done and ends, the poller or not
 
     # --- the writer thread: the only code that touches the journal's files --------------------------
 
@@ -220,9 +278,13 @@ class JournalActor:
             log.exception("the journal writer thread failed")
             raise
         finally:
-            self._report(self._thread_done.set)
+            self._report(self._writer_done)
 
     def _report(self, fn: Callable[..., Any], *args: Any) -> None:
+        if self.ack_fd is not None:
+            self._acks.put((fn, args))
+            os.eventfd_write(self.ack_fd, 1)
+            return
         assert self._token is not None
         self._token.run_sync_soon(fn, *args)
 
