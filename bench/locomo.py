@@ -122,6 +122,7 @@ def load(path: Path, only: Sequence[str] | None = None) -> tuple[list[dict[str, 
         conv = sample["conversation"]
         sessions = sorted(int(k.split("_")[1]) for k in conv if re.fullmatch(r"session_\d+", k))
         turns: list[tuple[str, str]] = []
+        speakers: dict[str, str] = {}
         for n in sessions:
             date = session_date(conv.get(f"session_{n}_date_time", ""))
             for turn in conv[f"session_{n}"]:
@@ -129,8 +130,9 @@ def load(path: Path, only: Sequence[str] | None = None) -> tuple[list[dict[str, 
                 if turn.get("blip_caption"):
                     content += f" [image: {turn['blip_caption']}]"
                 turns.append((turn["dia_id"], content))
+                speakers[turn["dia_id"]] = turn["speaker"]
         ids = {d for d, _ in turns}
-        convs.append({"sample_id": sid, "turns": turns})
+        convs.append({"sample_id": sid, "turns": turns, "speakers": speakers})
         for qi, qa in enumerate(sample["qa"]):
             cat = qa.get("category")
             if cat not in CATEGORIES:
@@ -301,7 +303,8 @@ def run_embedder(embedder: str, convs: list[dict[str, Any]], questions: list[dic
             t_all = time.perf_counter()
             for conv in convs:
                 items = [{"domain": conv["sample_id"], "category": "context", "title": dia, "content": content,
-                          "tags": [dia], "dedup": False, "pinned": pinned_share > 0 and pick.random() < pinned_share}
+                          "tags": [dia], "dedup": False, "attributed_to": conv["speakers"][dia],
+                          "pinned": pinned_share > 0 and pick.random() < pinned_share}
                          for dia, content in conv["turns"]]
                 for start in range(0, len(items), CHUNK):
                     t0 = time.perf_counter()
@@ -342,8 +345,11 @@ def run_embedder(embedder: str, convs: list[dict[str, Any]], questions: list[dic
                     t0 = time.perf_counter()
                     res = client.call("memory.search", {**base, "k": K_FETCH, "mode": mode})
                     lat100[mode].append(time.perf_counter() - t0)
-                    key = "dense_score" if mode == "dense" else "lexical_score"
-                    full[mode].append([(r["memory"]["title"], r["why"][key]) for r in res])
+                    if mode == "dense":
+                        full[mode].append([(r["memory"]["title"], r["why"]["dense_score"]) for r in res])
+                    else:  # the lexical side as fusion sees it: BM25 plus the person boost
+                        full[mode].append([(r["memory"]["title"], r["why"]["lexical_score"] + r["why"].get("person_boost", 0.0))
+                                           for r in res])
                 if (i + 1) % 200 == 0:
                     log(f"{embedder}: {i + 1}/{len(questions)} questions")
             out["query_seconds"] = time.perf_counter() - t_q
@@ -364,18 +370,21 @@ def run_embedder(embedder: str, convs: list[dict[str, Any]], questions: list[dic
 
 
 def offline_fusion(dense_list: Sequence[tuple[str, float | None]], lexical_list: Sequence[tuple[str, float | None]],
-                   w_dense: float, floor: float | None, labels: dict[str, int]) -> list[str]:
-    """The daemon's hybrid recomputed from one question's dense and lexical top-100 lists.
+                   w_dense: float, floor: float | None, labels: dict[str, int], method: str = "zscore") -> list[str]:
+    """The daemon's hybrid recomputed from one question's dense and lexical top-100 lists (the
+    lexical scores with the person boost), with the daemon's own fuse_scores.
 
     `labels`: dia_id -> the daemon's internal label of that memory (its insertion index: the
-    daemon numbers memories 0, 1, 2 ... as they are added), which `fuse` uses to break ties."""
-    from eurekamem.daemon.memory.fusion import fuse
+    daemon numbers memories 0, 1, 2 ... as they are added), which fusion uses to break ties."""
+    from eurekamem.daemon.memory.fusion import fuse_scores
 
-    dense = [labels[t] for t, s in dense_list if floor is None or (s is not None and s >= floor)]
-    lexical = [labels[t] for t, _ in lexical_list]
+    dense = [(labels[t], float(sc)) for t, sc in dense_list if sc is not None and (floor is None or sc >= floor)]
+    lexical = [(labels[t], float(sc or 0.0)) for t, sc in lexical_list]
     back = {v: k for k, v in labels.items()}
-    fused = fuse({"dense": dense, "lexical": lexical}, {"dense": w_dense, "lexical": 1.0}, k=RRF_K, limit=K_EVAL)
-    return [back[label] for label, _, _ in fused]
+    fused = fuse_scores({"lexical": ([x for x, _ in lexical], [y for _, y in lexical]),
+                         "dense": ([x for x, _ in dense], [y for _, y in dense])},
+                        {"dense": w_dense, "lexical": 1.0}, method, limit=K_EVAL)
+    return [back[item.label] for item in fused]
 
 
 def daemon_labels(convs: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
@@ -391,11 +400,11 @@ def daemon_labels(convs: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
 
 
 def evaluate(out: dict[str, Any], questions: list[dict[str, Any]], floor: float, daemon_weight: float | None,
-             rng: random.Random, labels: dict[str, dict[str, int]]) -> None:
+             rng: random.Random, labels: dict[str, dict[str, int]], daemon_floor: bool = False) -> None:
     per_q: dict[str, list[dict[str, float]]] = {}
     for mode, ranks in out["_rankings"].items():
         per_q[mode] = [score(r, q["evidence"]) for r, q in zip(ranks, questions)]
-        out.setdefault("modes", {})[mode] = summarise(per_q[mode], questions)
+        out.setdefault("modes", {})[mode] = conv_summary(per_q[mode], questions)
     # the top 20 of the k=100 calls must be the k=20 answers (a consistency check of the daemon)
     out["k100_prefix_mismatches"] = {
         mode: sum(1 for i in range(len(questions)) if [t for t, _ in out["_full"][mode][i][:K_EVAL]] != out["_rankings"][mode][i])
@@ -409,12 +418,12 @@ def evaluate(out: dict[str, Any], questions: list[dict[str, Any]], floor: float,
             rows = [score(r, q["evidence"]) for r, q in zip(ranks, questions)]
             grid_per_q[(w, use_floor)] = rows
             entry = {"w_dense": w, "w_lexical": 1.0, "floor": use_floor, **mean_scores(rows)}
-            if daemon_weight is not None and use_floor and w == daemon_weight:
+            if daemon_weight is not None and use_floor == daemon_floor and w == daemon_weight:
                 entry["same_top20_as_daemon_hybrid"] = sum(1 for i, r in enumerate(ranks) if r == out["_rankings"]["hybrid"][i])
             grid.append(entry)
     out["grid"] = grid
     out["floor"] = floor
-    out["daemon_weights"] = {"dense": daemon_weight, "lexical": 1.0}
+    out["daemon_weights"] = {"dense": daemon_weight, "lexical": 1.0, "floor": daemon_floor}
     # dense hits the floor keeps
     kept = [sum(1 for _, s in lst if s is not None and s >= floor) for lst in out["_full"]["dense"]]
     out["dense_hits_above_floor"] = {"p50": percentile(kept, 50), "min": min(kept), "max": max(kept),
@@ -551,6 +560,135 @@ def ablations(embedder: str, convs: list[dict[str, Any]], questions: list[dict[s
             "embed_passages_per_s": len(docs) / embed_s, "seconds": time.perf_counter() - t_start}
 
 
+# --- the levers of memory.search, each removed alone (issue 18) -------------------------------------
+
+
+# Each row changes the daemon's set (the first row) in one way; then the cumulative table from
+# tier 4 as it was (weighted RRF, dense 0.25, unstemmed BM25, no person boost), a lever a row.
+def memory_lever_variants(floor_on: bool) -> dict[str, dict[str, Any]]:
+    return {
+        "daemon's set (z-score fusion, stemming, person boost 0.3, stop words dropped)": {},
+        "− fusion: weighted RRF k60, dense 0.25 (tier 4 before)": {"fusion": "rrf", "w_dense": 0.25},
+        "  fusion: min-max instead of z-score": {"fusion": "minmax"},
+        "− stemming": {"stem": False},
+        "− person boost": {"boost": 0.0},
+        "− stop-word drop (stop words kept in documents and queries)": {"stop": "none"},
+        "  stop words dropped from the query only (kept in documents)": {"stop": "query"},
+        "  person boost 0.2": {"boost": 0.2},
+        "  person boost 0.5": {"boost": 0.5},
+        "  dense weight 0.25": {"w_dense": 0.25},
+        "  dense weight 0.75": {"w_dense": 0.75},
+        "  dense weight 1.0": {"w_dense": 1.0},
+        f"  dense floor {'off' if floor_on else 'on'}": {"floor": not floor_on},
+        "  lexical side alone": {"w_dense": 0.0},
+        "cumulative: weighted RRF k60 (dense 0.25) of plain BM25 and dense (tier 4 before)": {
+            "fusion": "rrf", "w_dense": 0.25, "stem": False, "boost": 0.0},
+        "cumulative: + z-score fusion (dense 0.5)": {"stem": False, "boost": 0.0},
+        "cumulative: + stemming": {"boost": 0.0},
+        "cumulative: + person boost (= the daemon's set)": {},
+    }
+
+
+def memory_levers(out: dict[str, Any], convs: list[dict[str, Any]], questions: list[dict[str, Any]], floor: float,
+                  rng: random.Random) -> dict[str, Any]:
+    """memory.search's levers in-process: the daemon's own LexicalIndex (stemmed or not, with or
+    without stop words), boost_named and fuse_scores over the same texts the daemon indexes
+    (memory_text), with the daemon's own dense top-100 lists (mode dense). No strength factor (every
+    turn is stored at once: their strengths are equal to within the rounding)."""
+    import numpy as np
+    from eurekamem.daemon.memory import state as _memories
+    from eurekamem.daemon.memory.format import derive_abstract
+    from eurekamem.daemon.memory.fusion import boost_named, fuse_scores
+    from eurekamem.daemon.memory.lexical import LexicalIndex, name_tokens, tokenize
+
+    t_start = time.perf_counter()
+    fusion = _memories.FUSION.get(out["embedder"], _memories.DEFAULT_FUSION)
+    base = {"fusion": str(fusion["fusion"]), "w_dense": float(fusion["dense"]), "stem": True,
+            "boost": _memories.PERSON_BOOST, "stop": "both", "floor": bool(fusion["floor"])}
+    labels = daemon_labels(convs)
+    docs: list[tuple[str, str, str]] = [(c["sample_id"], dia, text) for c in convs for dia, text in c["turns"]]
+    dia_of = {labels[sid][dia]: dia for sid, dia, _ in docs}
+    allowed = {sid: np.asarray(sorted(labels[sid].values()), dtype=np.int64) for sid in labels}
+    speaker_labels: dict[str, dict[str, np.ndarray]] = {}
+    for c in convs:
+        by: dict[str, list[int]] = {}
+        for dia, speaker in c["speakers"].items():
+            by.setdefault(speaker, []).append(labels[c["sample_id"]][dia])
+        speaker_labels[c["sample_id"]] = {sp: np.asarray(sorted(v), dtype=np.int64) for sp, v in by.items()}
+
+    def daemon_text(dia: str, text: str) -> str:
+        text = text.strip()
+        return _memories.memory_text(SimpleNamespace(title=dia.strip(), content=text, abstract=derive_abstract(text).strip()))  # type: ignore[arg-type]
+
+    indexes: dict[tuple[bool, str], tuple[LexicalIndex, LexicalIndex]] = {}
+
+    def index_for(stem: bool, stop: str) -> tuple[LexicalIndex, LexicalIndex]:
+        """(the index documents are in, the one whose tokenizer reads the query)"""
+        key = (stem, stop)
+        if key not in indexes:
+            ix = LexicalIndex(stem=stem, stop_words=[] if stop in ("none", "query") else None)
+            ix.add_many((labels[sid][dia], daemon_text(dia, text)) for sid, dia, text in docs)
+            indexes[key] = (ix, ix)
+        return indexes[key]
+
+    def rank(cfg: dict[str, Any], qi: int, q: dict[str, Any]) -> list[str]:
+        ix, _ = index_for(cfg["stem"], cfg["stop"])
+        sid = q["sample_id"]
+        query = q["question"]
+        if cfg["stop"] == "query":  # the documents keep their stop words; the query drops them
+            query = " ".join(tokenize(query))
+        lab, sc = ix.search(query, _memories.FETCH, allowed[sid])
+        words = set(tokenize(q["question"]))
+        named = [theirs for sp, theirs in speaker_labels[sid].items() if name_tokens(sp) & words] if cfg["boost"] > 0 else []
+        lex_l, lex_s, _ = boost_named(lab.tolist(), sc.tolist(), named,
+                                      lambda theirs: ix.search(query, _memories.FETCH, theirs), cfg["boost"], _memories.FETCH)
+        dense = [(labels[sid][t], float(s)) for t, s in out["_full"]["dense"][qi]
+                 if s is not None and (not cfg["floor"] or s >= floor)]
+        fused = fuse_scores({"lexical": (lex_l, lex_s), "dense": ([x for x, _ in dense], [y for _, y in dense])},
+                            {"lexical": 1.0, "dense": cfg["w_dense"]}, cfg["fusion"], limit=K_EVAL)
+        return [dia_of[item.label] for item in fused]
+
+    rows_of: dict[str, dict[str, Any]] = {}
+    per_q: dict[str, list[dict[str, float]]] = {}
+    reproduced = None
+    for name, change in memory_lever_variants(base["floor"]).items():
+        cfg = {**base, **change}
+        ranks = [rank(cfg, i, q) for i, q in enumerate(questions)]
+        rows = [score(r, q["evidence"]) for r, q in zip(ranks, questions)]
+        per_q[name] = rows
+        rows_of[name] = conv_summary(rows, questions)
+        if not change and reproduced is None:
+            reproduced = sum(1 for a, b in zip(ranks, out["_rankings"]["hybrid"]) if a == b)
+        log(f"memory lever [{out['embedder']}] {name}: any@10 {rows_of[name]['all']['any@10']:.3f} MRR@20 {rows_of[name]['all']['MRR@20']:.3f}")
+    first = next(iter(per_q))
+    for name, rows in per_q.items():
+        if name != first:
+            rows_of[name]["bootstrap_any10"] = paired_bootstrap([r["any@10"] for r in rows], [r["any@10"] for r in per_q[first]], rng)
+    return {"rows": rows_of, "reproduced_daemon": reproduced, "seconds": time.perf_counter() - t_start}
+
+
+def levers_report(r: dict[str, Any], title: str, k: int) -> list[str]:
+    """The per-lever table (each lever removed alone, then cumulative), per conversation too."""
+    ab = r["levers"] if "levers" in r else r["ablations"]
+    lines = [f"{title} ({ab['seconds']:.0f} s; its daemon's-set row gives the daemon's top {k} for {ab['reproduced_daemon']} "
+             f"of {len(r['_rankings']['hybrid'] if isinstance(r['_rankings'], dict) else r['_rankings'])} questions). "
+             f"Paired bootstrap of each row against the daemon's set (any@10, 95 % interval):", ""]
+    base = next(iter(ab["rows"]))
+    rows = []
+    sids = list(ab["rows"][base]["by_conversation"])
+    for name, v in ab["rows"].items():
+        boot = v.get("bootstrap_any10")
+        per_conv = " ".join(f3(v["by_conversation"][sid]["any@10"]) for sid in sids)
+        per_cat = " ".join(f3(v["by_category"][str(c)]["any@10"]) for c in CATEGORIES)
+        rows.append([name, f3(v["all"]["any@10"]), f3(v["all"]["MRR@20"]), f3(v["all"]["all@10"]),
+                     "" if name == base or not boot else f"{boot['diff']:+.3f} [{boot['lo']:+.3f}, {boot['hi']:+.3f}]",
+                     per_cat, per_conv])
+    lines += table(["variant", "any@10", "MRR@20", "all@10", "Δ any@10 vs daemon's",
+                    "any@10 per category (" + ", ".join(CATEGORIES.values()) + ")", "any@10 per conversation (" + ", ".join(sids) + ")"],
+                   rows) + [""]
+    return lines
+
+
 # --- references from BASELINES.md -----------------------------------------------------------------
 
 
@@ -637,22 +775,29 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], baselines: Path)
             bc = r["modes"][mode]["by_category"]
             crow.append([mode, *[f"{f3(bc[str(c)]['any@10'])} / {f3(bc[str(c)]['MRR@20'])}" for c in CATEGORIES]])
         lines += table(["mode", *[f"{c} {n} ({r['modes']['hybrid']['by_category'][str(c)]['n']})" for c, n in CATEGORIES.items()]], crow) + [""]
-        lines.append(f"Fusion grid, offline: weighted RRF (k={RRF_K}, eurekamem.daemon.memory.fusion.fuse) of the daemon's own dense and "
-                     f"lexical top-{K_FETCH} lists per question; lexical weight 1.0; \"floor on\" keeps only dense hits with "
+        lines.append("Per conversation (any@10 / MRR@20, n):")
+        lines.append("")
+        bv = r["modes"]["hybrid"]["by_conversation"]
+        vrow = [[mode, *[f"{f3(r['modes'][mode]['by_conversation'][sid]['any@10'])} / {f3(r['modes'][mode]['by_conversation'][sid]['MRR@20'])}"
+                         for sid in bv]] for mode in ("lexical", "dense", "hybrid")]
+        lines += table(["mode", *[f"{sid} ({v['n']})" for sid, v in bv.items()]], vrow) + [""]
+        lines.append(f"Fusion grid, offline: z-score fusion (eurekamem.daemon.memory.fusion.fuse_scores) of the daemon's own dense and "
+                     f"lexical top-{K_FETCH} lists per question (BM25 with the person boost); lexical weight 1.0; \"floor on\" keeps only dense hits with "
                      f"cosine ≥ {r['floor']} ({e}'s thresholds.floor), as the daemon's hybrid mode does. w 0 = BM25 alone.")
         lines.append("")
         grow = []
         for g in r["grid"]:
-            mark = " ← daemon's FUSION" if g["floor"] and g["w_dense"] == dw else ""
+            mark = " ← daemon's FUSION" if g["floor"] == r["daemon_weights"].get("floor") and g["w_dense"] == dw else ""
             if g["w_dense"] == r["best"]["w_dense"] and g["floor"] == r["best"]["floor"]:
                 mark += " ← best any@10"
             grow.append([f"{g['w_dense']}", "on" if g["floor"] else "off", *[f3(g[m]) for m in METRICS], mark.strip()])
         s = r["modes"]["hybrid"]["all"]
-        grow.append([f"{dw} (daemon, measured)", "on", *[f3(s[m]) for m in METRICS], "memory.search mode hybrid"])
+        grow.append([f"{dw} (daemon, measured)", "on" if r["daemon_weights"].get("floor") else "off", *[f3(s[m]) for m in METRICS],
+                     "memory.search mode hybrid"])
         lines += table(["w dense", "floor", *METRICS, ""], grow) + [""]
         same = [g.get("same_top20_as_daemon_hybrid") for g in r["grid"] if "same_top20_as_daemon_hybrid" in g]
         if same:
-            lines.append(f"Offline reproduction of the daemon's hybrid (w {dw}, floor on): identical top {K_EVAL} for "
+            lines.append(f"Offline reproduction of the daemon's hybrid (w {dw}): identical top {K_EVAL} for "
                          f"{same[0]} of {r['modes']['hybrid']['n']} questions. Top {K_EVAL} of the k={K_FETCH} calls differing "
                          f"from the k={K_EVAL} calls: {r['k100_prefix_mismatches']}.")
         dh = r["dense_hits_above_floor"]
@@ -669,6 +814,9 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], baselines: Path)
         lines.append("")
         lines += table(["comparison", "difference", "95 % interval"],
                        [[k, f"{v['diff']:+.3f}", f"[{v['lo']:+.3f}, {v['hi']:+.3f}]"] for k, v in r["bootstrap"].items()]) + [""]
+        if r.get("levers"):
+            lines += levers_report(r, "Levers of memory.search, in-process with the daemon's own LexicalIndex, boost_named and "
+                                   "fuse_scores over the daemon's texts and its dense top-100 lists", K_EVAL)
         ab = r.get("ablations")
         if ab:
             lines.append(f"Ablations, in-process with the daemon's LexicalIndex / embedder classes (not through the daemon; "
@@ -1033,7 +1181,8 @@ def main(argv: list[str] | None = None) -> int:
         out["daemon_env"] = blas_env  # what this run set in it (the report names it)
         thresholds = {"e5-small": _embed.E5_SMALL_THRESHOLDS, "usem3": _embed.USEM3_THRESHOLDS}[e]
         weights = _memories.FUSION.get(e, _memories.DEFAULT_FUSION)
-        evaluate(out, questions, thresholds.floor, weights["dense"] / weights["lexical"], rng, daemon_labels(convs))
+        evaluate(out, questions, thresholds.floor, weights["dense"] / weights["lexical"], rng, daemon_labels(convs), bool(weights["floor"]))
+        out["levers"] = memory_levers(out, convs, questions, thresholds.floor, rng)
         if args.ablations:
             log(f"{e}: ablations in-process")
             out["ablations"] = ablations(e, convs, questions, out)

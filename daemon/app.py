@@ -285,6 +285,7 @@ class Daemon:
         episodic.jobs = self.jobs_actor  # session.close queues extractions (wired before any actor runs)
         self.maintenance = Maintenance(self.jobs_actor, self.memory_actor, wall=self.wall)
         self.memory_actor.summaries = self._group_summaries  # MEMORY.md's "Summary" (conversation groups)
+        self.memory_actor.messages = self.conversation_actor.search_messages  # memory.inject's raw messages
         if recovered.replayed == 0 and not recovered.imported:
             self._snapshot_seq = self.journal_actor.acked_seq  # the files on disk are current
         listener, activated = await self._listener()

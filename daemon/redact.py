@@ -430,9 +430,9 @@ FREE_TEXT: dict[type, tuple[str, ...]] = {
     m.SessionClose: ("theory_state",),
     m.PersistentRemember: ("value", "tags"),
     m.GraphAddTheorem: ("theorem_name", "formal_statement", "tags"),
-    m.MemoryAdd: ("title", "content", "abstract", "overview", "tags"),
+    m.MemoryAdd: ("title", "content", "abstract", "overview", "tags", "attributed_to"),  # a name, as a sender is
     m.MemoryAddMany: ("items",),
-    m.MemoryUpdate: ("title", "content", "abstract", "overview", "tags"),
+    m.MemoryUpdate: ("title", "content", "abstract", "overview", "tags", "attributed_to"),
     m.SkillsPut: ("body", "description", "tags"),
     m.MemoryPromote: ("reason",),
     m.ReviewReject: ("reason",),

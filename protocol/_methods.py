@@ -220,6 +220,7 @@ class MemoryAdd(Params):
     valid_from: Instant | None = None  # null: from now (the memory's created_at)
     valid_until: Instant | None = None  # null: still true
     pinned: bool = False
+    attributed_to: Annotated[str, Meta(min_length=1, max_length=MAX_ID)] | None = None  # the person it is about
 
 
 class MemoryAddMany(Params):
@@ -246,6 +247,9 @@ class MemoryInject(Params):
     k: Annotated[int, Meta(ge=1, le=MAX_K)] = 4
     query: Annotated[str, Meta(min_length=1, max_length=MAX_KEY * 4)] | None = None
     token_budget: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
+    # the best `messages` raw messages of conversation `group` for the query (conversation.search), after the memories
+    group: Annotated[str, Meta(min_length=1, max_length=MAX_ID)] | None = None
+    messages: Annotated[int, Meta(ge=0, le=MAX_K)] = 0
 
 
 class MemoryRef(Params):
@@ -281,6 +285,7 @@ class MemoryUpdate(Params):
     # left out: unchanged; null: cleared (valid from created_at on / still true); else RFC 3339
     valid_from: Instant | None | UnsetType = UNSET
     valid_until: Instant | None | UnsetType = UNSET
+    attributed_to: Annotated[str, Meta(min_length=1, max_length=MAX_ID)] | None | UnsetType = UNSET  # null: nobody
 
 
 class MemoryFeedback(Params):

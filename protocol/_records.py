@@ -164,6 +164,9 @@ class Memory(Record, kw_only=True):
     wrong_count: int = 0
     archived_reason: str = ""  # why it was archived ("" while active)
     raw: bool = False  # stored with dedup false (raw material): maintenance never consolidates it
+    # the person the memory is about or said by (a conversation's sender; null: nobody in particular);
+    # memory.search boosts it when the query names that person
+    attributed_to: str | None = None
 
 
 SKILL_SOURCES: tuple[str, ...] = ("seed", "distilled", "manual")

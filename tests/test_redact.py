@@ -584,6 +584,7 @@ def test_no_secret_reaches_any_file_or_log(data_dir: Path, sock_dir: Path) -> No
                     "abstract": second_line,
                     "overview": everything,
                     "tags": tags,
+                    "attributed_to": tags[0],
                 },
             )["memory"]
             many = call(
@@ -618,6 +619,7 @@ def test_no_secret_reaches_any_file_or_log(data_dir: Path, sock_dir: Path) -> No
                     "id": many[0]["memory"]["id"],
                     "title": second_line,
                     "content": "Updated " + everything,
+                    "attributed_to": tags[-1],
                     "abstract": first_line,
                     "overview": everything,
                     "tags": tags,

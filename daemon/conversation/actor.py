@@ -36,6 +36,7 @@ from eurekamem.daemon.memory.vectors import VectorStore
 from eurekamem.daemon.storage.files import RealFiles, atomic_write
 from eurekamem.daemon.tier import MAX_BATCH, TierActor, Work, handles
 from eurekamem.protocol import Call, ProtocolError
+from eurekamem.protocol import _methods as m
 
 log = logging.getLogger("eurekamem.conversation")
 
@@ -147,6 +148,15 @@ class ConversationActor(TierActor):
         """conversation.search outside a batch of handle_calls (which runs it in its thread with the rest)."""
         vector, error = self._query_vectors.pop(id(call), (None, None))
         return await trio.to_thread.run_sync(self._search_now, call, vector, error)
+
+    async def search_messages(
+        self, group: str, query: str, k: int, vector: np.ndarray | None, error: str | None
+    ) -> list[dict[str, Any]]:
+        """conversation.search for another tier (memory.inject), with the query's vector computed
+        there (the same embedder object), as an internal call of this actor."""
+        p = m.ConversationSearch(group=group, query=query, k=k)
+        hits: list[dict[str, Any]] = await self.run_internal(lambda state: state.search(p, vector, error))
+        return hits
 
     async def _call_on_state(self, fn: Callable[[Any], Any]) -> Any:
         return await trio.to_thread.run_sync(fn, self.state)

@@ -33,9 +33,9 @@ from typing import Any
 
 import msgspec
 import numpy as np
-from eurekamem.daemon.conversation.fusion import fuse_scores
 from eurekamem.daemon.conversation.text import STEMMER_VERSION, StemmedIndex, date_text, name_tokens
 from eurekamem.daemon.memory.format import domain_slug, estimate_tokens
+from eurekamem.daemon.memory.fusion import boost_named, fuse_scores
 from eurekamem.daemon.memory.lexical import TOKENIZER_VERSION, LexicalDump, tokenize
 from eurekamem.daemon.memory.vectors import VectorStore
 from eurekamem.daemon.primitives import Histogram
@@ -593,23 +593,19 @@ class ConversationState(TierState):
         t = self.tuning
         everything = whole and allowed.size == len(self.messages)  # the only group: no filter needed
         labels, scores = self.lexical.search(query, t.fetch, None if everything else allowed)
-        result = dict(zip(labels.tolist(), scores.tolist()))
-        boosts: dict[int, float] = {}
+        named = []
         if t.speaker_boost > 0:
             for sender in self.named_speakers(query, group):
                 theirs = group.sender_labels(sender)
-                if not whole:
-                    theirs = np.intersect1d(allowed, theirs, assume_unique=True)
-                s_labels, s_scores = self.lexical.search(query, t.fetch, theirs)
-                if not s_scores.size:
-                    continue
-                bonus = t.speaker_boost * float(s_scores[0])
-                # every one of theirs in BM25's overall top `fetch` is in their own top `fetch` too
-                for label, score in zip(s_labels.tolist(), s_scores.tolist()):
-                    result[label] = score + bonus
-                    boosts[label] = bonus
-        ranked = sorted(result.items(), key=lambda kv: (-kv[1], kv[0]))[: t.fetch]
-        return [label for label, _ in ranked], [score for _, score in ranked], boosts
+                named.append(theirs if whole else np.intersect1d(allowed, theirs, assume_unique=True))
+        return boost_named(
+            labels.tolist(),
+            scores.tolist(),
+            named,
+            lambda theirs: self.lexical.search(query, t.fetch, theirs),
+            t.speaker_boost,
+            t.fetch,
+        )
 
     # --- the extraction hooks (the job queue reads these; see PROTOCOL.md "conversation") ---------
 

@@ -9,7 +9,9 @@ within about a second, and every snapshot flushes it.
 Nothing waits for an embedding while holding the state: writes go through a pipeline that embeds
 their passages without the state lock (the embedder touches no state), then takes the lock,
 applies and journals them, in the order they arrived; reads that need a query embedded (search,
-inject with a query) go through a second one that does the same. Other reads (get, list, lexical
+inject with a query) go through a second one that does the same (a memory.inject that asks for a
+conversation's raw messages also gets them there, from the conversation actor's search, before the
+lock: see `messages`). Other reads (get, list, lexical
 search) and internal work run at once, in arrival order. Across connections a read may so be
 answered before a write sent earlier on another connection and not yet answered (the two overlap
 in time, so either order is a correct one, as in any database); on one connection the connection
@@ -48,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 import trio
 from eurekamem.daemon.memory.format import domain_slug, index_entry, memory_files, render_markdown
 from eurekamem.daemon.memory.state import (
@@ -56,6 +59,7 @@ from eurekamem.daemon.memory.state import (
     Prepared,
     PutMemory,
     add_cost,
+    messages_to_fetch,
     own_abstract,
     pooled,
     query_to_embed,
@@ -133,6 +137,9 @@ class MemoryActor(TierActor):
         # the conversation tier's group summaries for MEMORY.md: slugs -> {slug: summary}; None
         # while there is no such tier (the heading is then left out)
         self.summaries: Callable[[list[str]], Awaitable[dict[str, str]]] | None = None
+        # memory.inject's raw messages: (group, query, k, the query's vector or None, why none) ->
+        # conversation.search's hits, through the conversation actor; None while there is no such tier
+        self.messages: Callable[[str, str, int, np.ndarray | None, str | None], Awaitable[list[dict[str, Any]]]] | None = None
         self.files_written = 0
         self.projection_errors = 0
         # what the scans of memories/ know (daemon/memory/watch.py): touched under _projection_lock only
@@ -300,7 +307,26 @@ class MemoryActor(TierActor):
             batch = _with_waiting(first, recv)
             queries = [q for q in dict.fromkeys(query_to_embed(work.call) for work in batch) if q is not None]
             embedded = await self._embedded_for([], queries)
+            await self._fetch_messages(batch, embedded)
             await self._run_embedded(batch, embedded)
+
+    async def _fetch_messages(self, batch: list[Work], embedded: tuple[Prepared, str | None]) -> None:
+        """The conversation messages the batch's injections ask for (no lock held: another tier's
+        actor answers), into the batch's Prepared; a failure is kept as the injection's error."""
+        prepared, error = embedded
+        for key in dict.fromkeys(k for k in (messages_to_fetch(work.call) for work in batch) if k is not None):
+            if self.messages is None:
+                prepared.messages[key] = "the daemon has no conversation tier"
+                continue
+            group, query, count = key
+            vector = prepared.queries.get(query)
+            try:
+                prepared.messages[key] = await self.messages(group, query, count, vector, error if vector is None else None)
+            except ProtocolError as exc:
+                prepared.messages[key] = exc.message
+            except Exception as exc:  # a bug there: the memories still go in, and the answer says why no messages
+                log.exception("tier 4: memory.inject could not read the conversation's messages")
+                prepared.messages[key] = f"the conversation search failed: {type(exc).__name__}: {exc}"
 
     async def _embedded_for(self, passages: list[str], queries: list[str]) -> tuple[Prepared, str | None]:
         """Embed in a worker thread; the query timing it hands back is recorded here, in trio."""

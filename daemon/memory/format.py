@@ -120,6 +120,8 @@ def render_markdown(memory: Memory) -> str:
         lines.append(f"archived_reason: {_yaml_scalar(' '.join(memory.archived_reason.split()))}")
     if memory.raw:
         lines.append("raw: true")
+    if memory.attributed_to:
+        lines.append(f"attributed_to: {_yaml_scalar(memory.attributed_to)}")
     lines += ["---", "", f"# {memory.title}", "", memory.content.rstrip("\n"), ""]
     return "\n".join(lines)
 

