@@ -90,13 +90,27 @@ RRF_K = 60
 
 
 class Fused:
-    __slots__ = ("label", "ranks", "raw", "score")
+    """One fused label. `ranks` and `raw` (side -> 1-based rank / raw score, None where the side did
+    not return the label) are computed when asked: a search reads them for its top k only."""
 
-    def __init__(self, label: int, score: float, ranks: dict[str, int | None], raw: dict[str, float | None]) -> None:
+    __slots__ = ("_rank", "_raw", "_sides", "label", "score")
+
+    def __init__(
+        self, label: int, score: float, rank: dict[str, dict[int, int]], raw: dict[str, dict[int, float]], sides: list[str]
+    ) -> None:
         self.label = label
         self.score = score
-        self.ranks = ranks  # side -> 1-based rank, None where the side did not return the label
-        self.raw = raw  # side -> its raw score, None likewise
+        self._rank = rank  # shared by every label of one fusion
+        self._raw = raw
+        self._sides = sides
+
+    @property
+    def ranks(self) -> dict[str, int | None]:
+        return {name: self._rank[name].get(self.label) if name in self._rank else None for name in self._sides}
+
+    @property
+    def raw(self) -> dict[str, float | None]:
+        return {name: self._raw[name].get(self.label) if name in self._raw else None for name in self._sides}
 
 
 def _normalised(scores: Sequence[float], method: str) -> tuple[list[float], float]:
@@ -149,18 +163,19 @@ def fuse_scores(
     for name in names:
         every.update(dict.fromkeys(rank[name]))
     big = 1 << 62
-    out: list[tuple[float, int, int, int, Fused]] = []
+    lex, den = rank.get("lexical", {}), rank.get("dense", {})
+    table = [(weights.get(name, 1.0), norm[name], missing[name]) for name in names]
+    keyed: list[tuple[float, int, int, int]] = []
     for lab in every:
         total = 0.0
-        for name in names:
-            total += weights.get(name, 1.0) * norm[name].get(lab, missing[name])
-        ranks = {name: rank[name].get(lab) if name in rank else None for name in sides}
-        item = Fused(lab, total, ranks, {name: raw[name].get(lab) if name in raw else None for name in sides})
-        out.append((-total, ranks.get("lexical") or big, ranks.get("dense") or big, lab, item))
-    out.sort(key=lambda t: t[:4])
+        for w, values, absent in table:
+            total += w * values.get(lab, absent)
+        keyed.append((-total, lex.get(lab, big), den.get(lab, big), lab))
+    keyed.sort()
     if limit is not None:
-        out = out[: max(0, limit)]
-    return [t[4] for t in out]
+        keyed = keyed[: max(0, limit)]
+    all_sides = list(sides)
+    return [Fused(lab, -neg, rank, raw, all_sides) for neg, _, _, lab in keyed]
 
 
 def boost_named(
