@@ -589,7 +589,7 @@ def memory_lever_variants(floor_on: bool) -> dict[str, dict[str, Any]]:
         "  lexical side alone": {"w_dense": 0.0},
         "cumulative: weighted RRF k60 (dense 0.25) of plain BM25 and dense (tier 4 before)": {
             "fusion": "rrf", "w_dense": 0.25, "stem": False, "boost": 0.0},
-        "cumulative: + z-score fusion (dense 0.5)": {"stem": False, "boost": 0.0},
+        "cumulative: + z-score fusion (the daemon's dense weight)": {"stem": False, "boost": 0.0},
         "cumulative: + stemming": {"boost": 0.0},
         "cumulative: + person boost (= the daemon's set)": {},
     }

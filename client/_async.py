@@ -774,10 +774,18 @@ class AsyncClient:
         return await self._run(C.op_search_memories(query, domain, k, categories, **extra))
 
     async def inject(
-        self, domain: str, k: int = 4, query: str | None = None, token_budget: int | None = None
+        self,
+        domain: str,
+        k: int = 4,
+        query: str | None = None,
+        token_budget: int | None = None,
+        *,
+        group: str | None = None,
+        messages: int | None = None,
     ) -> Injection:
-        """memory.inject: EurekaClaw's <memories> block (`text`), the `ids` in it and its estimated `tokens`."""
-        return await self._run(C.op_inject(domain, k, query, token_budget))
+        """memory.inject: EurekaClaw's <memories> block (`text`), the `ids` in it and its estimated `tokens`;
+        with `group` and `messages` (and a query), also that many of the group's best raw messages (`messages`)."""
+        return await self._run(C.op_inject(domain, k, query, token_budget, group, messages))
 
     async def promote_memory(self, memory_id: str, reason: str | None = None, by: str | None = None) -> Promotion:
         """memory.promote: ask for a local memory to become global: the request's `review_id`, its `state`

@@ -322,8 +322,11 @@ def op_search_memories(
     return Op("memory.search", _drop_none(query=query, domain=domain, k=k, categories=categories, **extra), list[MemoryHit])
 
 
-def op_inject(domain: str, k: int, query: str | None, token_budget: int | None) -> Op[Injection]:
-    return Op("memory.inject", _drop_none(domain=domain, k=k, query=query, token_budget=token_budget), Injection)
+def op_inject(
+    domain: str, k: int, query: str | None, token_budget: int | None, group: str | None = None, messages: int | None = None
+) -> Op[Injection]:
+    params = _drop_none(domain=domain, k=k, query=query, token_budget=token_budget, group=group, messages=messages)
+    return Op("memory.inject", params, Injection)
 
 
 def op_get_memory(memory_id: str) -> Op[Memory]:
@@ -342,10 +345,11 @@ def op_list_memories(
 
 MEMORY_UPDATE_FIELDS = frozenset({
     "title", "content", "category", "confidence", "tags", "scope", "abstract", "overview", "pinned", "valid_from", "valid_until",
+    "attributed_to",
 })
 
 
-NULLABLE_UPDATE_FIELDS = frozenset({"valid_from", "valid_until"})  # None is sent: null clears them
+NULLABLE_UPDATE_FIELDS = frozenset({"valid_from", "valid_until", "attributed_to"})  # None is sent: null clears them
 
 
 def op_update_memory(memory_id: str, **fields: Any) -> Op[Memory]:

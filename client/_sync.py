@@ -734,10 +734,18 @@ class Client:
         return self._run(C.op_search_memories(query, domain, k, categories, **extra))
 
     def inject(
-        self, domain: str, k: int = 4, query: str | None = None, token_budget: int | None = None
+        self,
+        domain: str,
+        k: int = 4,
+        query: str | None = None,
+        token_budget: int | None = None,
+        *,
+        group: str | None = None,
+        messages: int | None = None,
     ) -> Injection:
-        """memory.inject: EurekaClaw's <memories> block (`text`), the `ids` in it and its estimated `tokens`."""
-        return self._run(C.op_inject(domain, k, query, token_budget))
+        """memory.inject: EurekaClaw's <memories> block (`text`), the `ids` in it and its estimated `tokens`;
+        with `group` and `messages` (and a query), also that many of the group's best raw messages (`messages`)."""
+        return self._run(C.op_inject(domain, k, query, token_budget, group, messages))
 
     def promote_memory(self, memory_id: str, reason: str | None = None, by: str | None = None) -> Promotion:
         """memory.promote: ask for a local memory to become global: the request's `review_id`, its `state`

@@ -249,12 +249,24 @@ class MemoryFeedbackResult(Record, kw_only=True):
     archived: list[str] = []
 
 
+class InjectedMessage(Record, kw_only=True):
+    """One conversation message memory.inject put into its block (asked for with `group` and `messages`)."""
+
+    id: str
+    sender: str = ""
+    timestamp: str = ""
+    score: float = 0.0
+
+
 class Injection(Record, kw_only=True):
-    """memory.inject: EurekaClaw's <memories> block, the ids in it, its estimated tokens."""
+    """memory.inject: EurekaClaw's <memories> block, the ids in it, its estimated tokens; with `messages`
+    asked for, the conversation messages in it (and why none, when the conversation tier could not answer)."""
 
     text: str
     ids: list[str] = []
     tokens: int = 0
+    messages: list[InjectedMessage] = []
+    messages_error: str | None = None
 
 
 class SkillHit(Record, kw_only=True):

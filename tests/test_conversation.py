@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import trio
 import trio.testing
-from eurekamem.client import Client, InvalidParams
+from eurekamem.client import AsyncClient, Client, InvalidParams
 from eurekamem.daemon.conversation.state import ConversationState, DropMessages, MoveMark, PutMessages, Tuning, line
 from eurekamem.daemon.conversation.text import StemmedIndex, date_text, name_tokens, stemmed_tokenize
 from eurekamem.daemon.memory.fusion import fuse_scores
@@ -602,6 +602,13 @@ async def test_memory_inject_adds_the_best_raw_messages_of_a_group_when_asked(da
             for bad in ({**base, "messages": 2}, {"domain": "chat", "group": "chat", "messages": 2}):
                 assert await conn.error_kind("memory.inject", bad) == "invalid_params"
             await conn.aclose()
+            client = AsyncClient(str(sock_dir / "s.sock"), timeout=IO_TIMEOUT)  # the thin client speaks it too
+            injected = await client.inject("chat", 2, "What did Melanie paint?", group="chat", messages=2)
+            assert injected.text == got["text"] and [x.id for x in injected.messages] == [x["id"] for x in got["messages"]]
+            memory = (await client.search_memories("Melanie paints", domain="chat"))[0].memory
+            assert memory.attributed_to == "Melanie"
+            assert (await client.update_memory(memory.id, attributed_to=None)).attributed_to is None
+            await client.aclose()
 
 
 async def test_snapshot_keeps_vectors_and_index_across_a_restart(data_dir: Path, sock_dir: Path) -> None:

@@ -168,8 +168,8 @@ def fuse_scores(
     keyed: list[tuple[float, int, int, int]] = []
     for lab in every:
         total = 0.0
-        for w, values, absent in table:
-            total += w * values.get(lab, absent)
+        for w, side, absent in table:
+            total += w * side.get(lab, absent)
         keyed.append((-total, lex.get(lab, big), den.get(lab, big), lab))
     keyed.sort()
     if limit is not None:
