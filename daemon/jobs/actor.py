@@ -52,7 +52,7 @@ log = logging.getLogger("eurekamem.jobs")
 
 PAUSE_VARIABLE = "EUREKAMEM_JOBS_PAUSE_AT"
 PAUSE_POINTS = ("answered", "committed")
-COMMIT_ORDER = ("memory", "graph", "persistent")
+COMMIT_ORDER = ("memory", "graph", "persistent", "skills")
 BACKOFF_BASE = 5.0
 BACKOFF_MAX = 300.0
 NEEDS_A_PERSON = ("not_configured", "no_key", "auth", "not_found")  # back off the longest

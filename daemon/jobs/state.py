@@ -21,7 +21,9 @@ from collections.abc import Callable
 from typing import Any, TypeAlias
 
 import msgspec
+from eurekamem.daemon.memory.review import PutReview
 from eurekamem.daemon.memory.state import MaintenanceRecord, PutMemory
+from eurekamem.daemon.skills.state import PutSkill
 from eurekamem.daemon.tier import TierState, Undo, handles
 from eurekamem.daemon.tiers.graph import PutEdge, PutNode
 from eurekamem.daemon.tiers.persistent import PutRecord
@@ -88,7 +90,7 @@ class PurgeJob(msgspec.Struct, tag="jobs.purge"):
     id: str
 
 
-Part: TypeAlias = PutMemory | MaintenanceRecord | PutNode | PutEdge | PutRecord
+Part: TypeAlias = PutMemory | PutReview | MaintenanceRecord | PutNode | PutEdge | PutRecord | PutSkill
 
 
 class CommitJob(msgspec.Struct, tag="jobs.commit"):
