@@ -614,7 +614,7 @@ async def test_jobs_over_the_per_minute_budget_wait_for_it(autojump_clock: trio.
 def test_the_documented_job_figures_are_the_codes() -> None:
     """PROTOCOL.md's figures for the job queue, extraction and the judge are the constants the daemon runs with."""
     from eurekamem.daemon.config import config_default
-    from eurekamem.daemon.jobs import actor, extract, judge, state
+    from eurekamem.daemon.jobs import actor, distill, extract, judge, state
     from eurekamem.daemon.memory import state as memory_state
 
     text = " ".join((Path(__file__).resolve().parent.parent / "protocol" / "PROTOCOL.md").read_text().split())
@@ -626,3 +626,7 @@ def test_the_documented_job_figures_are_the_codes() -> None:
     assert f"at most the {memory_state.MAX_VERSIONS} most recent versions are kept" in text
     assert f"the {extract.MAX_FAILURES_KEPT} most recent kept" in text
     assert f"`jobs_concurrency` jobs (default {config_default('jobs_concurrency')})" in text
+    assert f"`jobs_max_attempts` (default {config_default('jobs_max_attempts')})" in text
+    assert config_default("jobs_max_attempts") == state.DEFAULT_MAX_ATTEMPTS
+    assert f"a run of 2 to {distill.MAX_LENGTH} consecutive tool steps" in text and distill.MIN_REPEATS == 2
+    assert "least twice without overlapping" in text

@@ -44,7 +44,7 @@ from eurekamem.daemon.jobs.judge import candidates_of, judge
 from eurekamem.daemon.jobs.state import SessionInput
 from eurekamem.daemon.memory.format import domain_slug, fingerprint
 from eurekamem.daemon.memory.review import propose
-from eurekamem.daemon.memory.state import MIN_CONFIDENCE, MemoryState, embed_text
+from eurekamem.daemon.memory.state import EMBED_WINDOW, MIN_CONFIDENCE, MemoryState, passage_windows, pooled
 from eurekamem.daemon.tiers.graph import GraphState, PutEdge, PutNode
 from eurekamem.daemon.tiers.persistent import PersistentState
 from eurekamem.protocol import EpisodicEntry, KnowledgeNode, ProtocolError, TheoryState, new_id
@@ -208,7 +208,8 @@ class Planned(msgspec.Struct):
 
     category: str
     item: Insight
-    vector: Any = None
+    vector: Any = None  # the memory's vector (its windows' pooled), as memory.add computes it
+    passages: dict[str, Any] = {}  # each window's text -> its vector: what memory.add would embed
     judged: Any = None  # the judge's decision (daemon/jobs/judge.Judged), or None: the dedup rules decide
 
     def params(self, job_input: SessionInput) -> m.MemoryAdd:
@@ -252,9 +253,7 @@ class SessionExtraction:
                 else:
                     planned.append(Planned(category, item))
         adds = [plan.params(job_input) for plan in planned]
-        vectors = await ctx.embed([embed_text(p.title, p.content) for p in adds])
-        for plan, vector in zip(planned, vectors, strict=True):
-            plan.vector = vector
+        await embed_planned(ctx, planned, adds)
         await self.judge(ctx, planned, adds)
         skill = await distill(ctx, job_input.session_id, job_input.domain, job_input.events)
         ts = job_input.theory_state
@@ -301,10 +300,23 @@ class SessionExtraction:
             planned[index].judged = judged
 
 
+async def embed_planned(ctx: JobContext, planned: list[Planned], adds: list[m.MemoryAdd]) -> None:
+    """Every insight's passages, in ONE embedding call off the actors: the very texts memory.add
+    embeds (state.passage_texts: title, the model's abstract, content; a long content's windows), so
+    that the commit, which holds tier 4 until its journal write, embeds nothing itself."""
+    window = getattr(ctx.actor.tiers.get("memory"), "embed_window", None) or EMBED_WINDOW["default"]
+    texts = [passage_windows(p.title, p.content, p.abstract, window) for p in adds]
+    unique = list(dict.fromkeys(text for each in texts for text in each))
+    by_text = dict(zip(unique, await ctx.embed(unique), strict=True))
+    for plan, each in zip(planned, texts, strict=True):
+        plan.passages = {text: by_text[text] for text in each}
+        plan.vector = pooled(list(plan.passages.values()))
+
+
 def apply_memories(state: MemoryState, planned: list[Planned], adds: list[m.MemoryAdd]) -> list[dict[str, Any]]:
     """Run by the memory actor inside the commit: each insight as the judge decided, else through
     the dedup rules, in order."""
-    state.use_passages({embed_text(p.title, p.content): plan.vector for plan, p in zip(planned, adds, strict=True)})
+    state.use_passages({text: vector for plan in planned for text, vector in plan.passages.items()})
     out = []
     for plan, p in zip(planned, adds, strict=True):
         answer, by = (state.add(p), "rules") if plan.judged is None else apply_judged(state, p, plan)
