@@ -10,10 +10,7 @@ Nothing waits for an embedding while holding the state: writes go through a pipe
 their passages without the state lock (the embedder touches no state), then takes the lock,
 applies and journals them, in the order they arrived; reads that need a query embedded (search,
 inject with a query) go through a second one that does the same. Other reads (get, list, lexical
-search) and internal work (a job's reads, a job's staged commit) go through a third, the locked
-lane, one at a time in arrival order; the dispatcher itself never waits for the lock, so a staged
-commit that holds the state until its journal write does not hold up the dispatch (and the query
-embedding) of the searches that arrive meanwhile. Across connections a read may so be
+search) and internal work run at once, in arrival order. Across connections a read may so be
 answered before a write sent earlier on another connection and not yet answered (the two overlap
 in time, so either order is a correct one, as in any database); on one connection the connection
 itself holds a tier-4 request until that connection's earlier writes (and, for a write, its earlier
@@ -175,24 +172,19 @@ class MemoryActor(TierActor):
     async def run(self) -> None:
         write_send, write_recv = trio.open_memory_channel[list[Work]](math.inf)
         query_send, query_recv = trio.open_memory_channel[list[Work]](math.inf)
-        locked_send, locked_recv = trio.open_memory_channel[Any](math.inf)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._write_pipeline, write_recv)
             nursery.start_soon(self._query_pipeline, query_recv)
-            nursery.start_soon(self._locked_lane, locked_recv)
             nursery.start_soon(self._bulk_lane)
             try:
-                await self._dispatch(write_send, query_send, locked_send)
+                await self._dispatch(write_send, query_send)
             finally:
                 self._closing = True  # the bulk lane finishes what it has, then ends
                 self._bulk_wakeup.set()
 
-    async def _dispatch(self, write_send: Any, query_send: Any, locked_send: Any) -> None:
-        """Take what is waiting; hand reads and internal work to the locked lane (in arrival order),
-        writes and queries to theirs. It never waits for the state lock itself: while a job's commit
-        holds the state (a stage, until its journal write), searches that arrive meanwhile are
-        dispatched and their queries embedded, ready to run once it is released."""
-        async with write_send, query_send, locked_send:
+    async def _dispatch(self, write_send: Any, query_send: Any) -> None:
+        """Take what is waiting; run reads and internal work at once, hand writes and queries to their lanes."""
+        async with write_send, query_send:
             async for first in self._recv:
                 batch = [first]
                 while len(batch) < MAX_BATCH:
@@ -205,10 +197,10 @@ class MemoryActor(TierActor):
                 queries: list[Work] = []
                 for item in batch:
                     if isinstance(item, Internal):
-                        if reads:
-                            locked_send.send_nowait(reads)
-                            reads = []
-                        locked_send.send_nowait(item)
+                        await self._locked_batch(reads)
+                        reads = []
+                        async with self._state_lock:
+                            await self._run_internal_item(item)
                     elif item.call.spec.writes:
                         writes.append(item)
                     elif query_to_embed(item.call) is not None:
@@ -220,18 +212,12 @@ class MemoryActor(TierActor):
                     write_send.send_nowait(fast)
                 if queries:
                     query_send.send_nowait(queries)
-                if reads:
-                    locked_send.send_nowait(reads)
+                await self._locked_batch(reads)
 
-    async def _locked_lane(self, recv: Any) -> None:
-        """Reads without a query to embed and internal work, one at a time with the state lock, in the
-        order they arrived."""
-        async for item in recv:
+    async def _locked_batch(self, batch: list[Work]) -> None:
+        if batch:
             async with self._state_lock:
-                if isinstance(item, Internal):
-                    await self._run_internal_item(item)
-                else:
-                    await self._run_batch(item)
+                await self._run_batch(batch)
 
     def _to_bulk(self, work: Work) -> bool:
         """Route a write: True when it went to the bulk lane, False when it is for the fast lane."""
