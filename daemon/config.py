@@ -219,6 +219,10 @@ _BASE: list[Setting] = [
     ),
     Setting("jobs_concurrency", "jobs (LLM extractions) running at once"),
     Setting(
+        "jobs_max_attempts",
+        "failed attempts (interrupted, LLM timeouts, server errors) after which a job is failed; jobs.retry re-arms it",
+    ),
+    Setting(
         "llm_provider",
         "LLM for jobs: anthropic, openai (any OpenAI-compatible server) or none; empty: anthropic when "
         "ANTHROPIC_API_KEY is set",
@@ -656,6 +660,7 @@ class Config(msgspec.Struct, kw_only=True):
     conversation_session_gap: Seconds = 1800.0  # seconds of silence after which a message opens a new session
     conversation_retention_days: Annotated[float, Meta(ge=0)] = 0.0  # drop messages this long after extraction; 0 keeps all
     jobs_concurrency: PositiveInt = 2  # jobs running at once
+    jobs_max_attempts: PositiveInt = 5  # counted failed attempts before a job is failed (jobs.retry re-arms it)
     # the LLM of jobs; "" provider: anthropic when ANTHROPIC_API_KEY is set, else none (daemon/llm resolve())
     llm_provider: Literal["", "anthropic", "openai", "none"] = ""
     llm_model: str = ""

@@ -142,7 +142,7 @@ class Captured:
 
 
 class Harness:
-    def __init__(self, llm: FakeLLM, concurrency: int, kinds: dict[str, Any]) -> None:
+    def __init__(self, llm: FakeLLM, concurrency: int, kinds: dict[str, Any], max_attempts: int = 5) -> None:
         self.llm = llm
         self.journal = FakeJournal()
         self.persistent = TierActor(PersistentState(), self.journal, inline=True)  # type: ignore[arg-type]
@@ -155,6 +155,7 @@ class Harness:
             llm_factory=lambda: self.llm,
             embedder=None,
             concurrency=concurrency,
+            max_attempts=max_attempts,
             environ={},
         )
 
@@ -196,9 +197,13 @@ class Harness:
 
 @asynccontextmanager
 async def harness(
-    llm: FakeLLM | None = None, *, concurrency: int = 2, kinds: dict[str, Any] | None = None
+    llm: FakeLLM | None = None,
+    *,
+    concurrency: int = 2,
+    kinds: dict[str, Any] | None = None,
+    max_attempts: int = 5,
 ) -> AsyncIterator[Harness]:
-    h = Harness(llm or FakeLLM(), concurrency, kinds if kinds is not None else {"test.note": NoteKind()})
+    h = Harness(llm or FakeLLM(), concurrency, kinds if kinds is not None else {"test.note": NoteKind()}, max_attempts)
     async with trio.open_nursery() as nursery:
         for actor in (h.persistent, h.graph, h.jobs):
             nursery.start_soon(actor.run)

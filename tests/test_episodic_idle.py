@@ -15,7 +15,9 @@ import pytest
 import trio
 import trio.testing
 from eurekamem.daemon.config import ConfigError, build_config, load
+from eurekamem.daemon.jobs.extract import session_key
 from eurekamem.daemon.paths import Paths
+from eurekamem.daemon.storage.journal_actor import JournalUnavailable
 from eurekamem.daemon.tier import Work
 from eurekamem.daemon.tiers.episodic import WRITE_RETRY, EpisodicActor, EpisodicState
 from eurekamem.protocol import METHODS, Call, ProtocolError
@@ -96,6 +98,54 @@ async def test_an_idle_session_is_closed_and_written_as_session_close_would(
         closed = await h.call("session.close", m.SessionClose(session_id="s1"))
         assert closed["events_written"] == 1
         assert [e["content"] for e in run_file(data_dir, "s1")] == ["tried Bernstein", "back after lunch"]
+        actor.close()
+
+
+class FakeJobs:
+    """The job queue's accept, recorded (the key decides, as in JobsState.accept); `refuse` makes the
+    journal refuse it."""
+
+    def __init__(self) -> None:
+        self.accepted: dict[str, tuple[str, Any]] = {}
+        self.calls = 0
+        self.refuse = False
+
+    async def accept(self, kind: str, key: str, job_input: Any) -> str:
+        self.calls += 1
+        if self.refuse:
+            raise JournalUnavailable("disk full")
+        self.accepted.setdefault(key, (kind, job_input))
+        return key
+
+
+async def test_an_idle_session_queues_its_extraction_once(data_dir: Path, autojump_clock: trio.testing.MockClock) -> None:
+    actor = make_actor(data_dir, idle=3600.0)
+    jobs = actor.jobs = FakeJobs()
+    h = Harness(actor)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(actor.run)
+        await h.log("s1", "tried Bernstein", metadata={"tool": "bernstein"})
+        await h.log("s1", "tried Azuma")
+        jobs.refuse = True  # read-only when it turns idle: the session stays open, nothing is written
+        await trio.sleep(3601)
+        assert h.open_sessions() == ["s1"] and jobs.calls == 1 and jobs.accepted == {}
+        assert not (data_dir / "runs" / "s1").exists()
+        jobs.refuse = False
+        await trio.sleep(WRITE_RETRY)
+        assert h.open_sessions() == [] and actor.state.closed_idle == 1
+        [(key, (kind, job_input))] = jobs.accepted.items()
+        assert kind == "session.extract" and key == session_key("s1", "", None, job_input.events)
+        assert job_input.session_id == "s1" and job_input.domain == "" and job_input.theory_state is None
+        assert [e.content for e in job_input.events] == ["tried Bernstein", "tried Azuma"]
+        assert job_input.events[0].metadata == {"tool": "bernstein"}
+        assert len(run_file(data_dir, "s1")) == 2
+        await trio.sleep(10 * 3600)  # closed once: no second job
+        assert jobs.calls == 2 and len(jobs.accepted) == 1
+        # a session closed by session.close before it idles queues its job there, not again at idle time
+        await h.log("s2", "x")
+        await h.call("session.close", m.SessionClose(session_id="s2"))
+        await trio.sleep(2 * 3600)
+        assert jobs.calls == 3 and len(jobs.accepted) == 2
         actor.close()
 
 

@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import trio
 import trio.testing
@@ -428,4 +429,36 @@ async def test_what_the_llm_writes_is_redacted_before_it_is_stored(
             assert key not in json.dumps(stored) and "[redacted:anthropic-key]" in stored["content"]
             assert stored["overview"] == "key [redacted:anthropic-key]"
             assert (await conn.result("sys.stats"))["redaction"]["by_kind"]["anthropic-key"] >= 2
+            await conn.aclose()
+
+
+async def test_the_commit_embeds_nothing_itself(
+    data_dir: Path, sock_dir: Path, stub: StubLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job embeds its insights' very passages (title, the model's abstract, content) off the
+    actors, in one call, so the commit, which holds tier 4 until its journal write, embeds nothing."""
+    from eurekamem.daemon.memory.state import MemoryState
+
+    inside: list[list[str]] = []
+    original = MemoryState._embed_many
+
+    def counted(self: MemoryState, fn: Any, texts: list[str]) -> Any:
+        inside.append(list(texts))
+        return original(self, fn, texts)
+
+    monkeypatch.setattr(MemoryState, "_embed_many", counted)
+    stub.script.append(answer())
+    with trio.fail_after(IO_TIMEOUT):
+        async with extraction_daemon(data_dir, sock_dir, stub) as daemon:
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            job = await finished(conn, (await close(conn, "run-7", domain=DOMAIN, theory_state=THEORY_STATE))["job_id"])
+            assert job["state"] == "done" and len(job["result"]["memories"]) == 4
+            assert inside == []  # every vector came from the job's own embedding
+            # and the vectors are the ones memory.add computes: the memory is its own nearest neighbour
+            pitfall = next(m for m in job["result"]["memories"] if m["category"] == "pitfalls")
+            stored = await conn.result("memory.get", {"id": pitfall["id"]})
+            state = daemon.memory_actor.state
+            expected = state.embedder.embed_passages(state.passage_texts(stored["title"], stored["content"], stored["abstract"]))
+            kept = np.frombuffer(state._vector_bytes(pitfall["id"]), dtype=np.float32)
+            assert float(kept @ expected[0]) > 0.999
             await conn.aclose()

@@ -187,6 +187,57 @@ async def test_an_unusable_answer_fails_the_job_and_retry_runs_it_again(autojump
             assert isinstance(missing, ProtocolError) and missing.kind == "not_found"
 
 
+async def test_a_job_failing_max_attempts_times_is_failed_until_retried(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    llm = FakeLLM()
+    llm.script.extend(
+        [
+            LLMUnavailable("server_error", "HTTP 500: try again (after 4 attempts)"),
+            LLMUnavailable("connection", "connection refused (after 4 attempts)"),  # not the job's doing: not counted
+            LLMUnavailable("rate_limited", "HTTP 429", retry_after=30.0),  # nor this
+            LLMUnavailable("timeout", "no answer in 60 s (after 4 attempts)"),
+            LLMUnavailable("server_error", "HTTP 529: overloaded (after 4 attempts)"),
+            {"text": "after the retry"},
+        ]
+    )
+    with trio.fail_after(IO_TIMEOUT * 10):
+        async with harness(llm, max_attempts=3) as h:
+            job_id = await h.jobs.accept("test.note", "k", note_input("s1"))
+            failed = await h.wait_state(job_id, "failed")
+            assert failed.attempts == 5 and len(llm.calls) == 5
+            assert failed.error == (
+                "gave up after 3 failed attempts (jobs_max_attempts 3); "
+                "last: llm: server_error: HTTP 529: overloaded (after 4 attempts)"
+            )
+            assert "test.note.s1" not in h.persistent.state.records
+            await trio.sleep(IO_TIMEOUT)  # it stays failed: no attempt is started again
+            assert len(llm.calls) == 5 and (await h.job(job_id)).state == "failed"
+            retried = await h.call("jobs.retry", {"id": job_id})
+            assert retried.state == "queued" and retried.error is None
+            done = await h.wait_state(job_id, "done")
+            assert done.attempts == 6 and h.persistent.state.records["test.note.s1"].value == "after the retry"
+    assert h.jobs.state.jobs[job_id].failures == 0  # re-armed by the retry
+
+
+def test_interruptions_count_towards_the_cap() -> None:
+    state = JobsState()
+    state.max_attempts = 2
+    state.accept("test.note", "k", note_input("s1"), "j1")
+    for attempt in (1, 2):
+        started = state.start("j1")
+        assert started is not None and started[0].attempts == attempt
+        assert state.load_finished() == 1  # a crash during the attempt: queued again, one failure more
+        assert state.jobs["j1"].failures == attempt
+    assert state.start("j1") is None  # the cap: failed instead of started a third time
+    record = state.jobs["j1"]
+    assert record.state == "failed" and record.error is not None
+    assert record.error.startswith("gave up after 2 failed attempts (jobs_max_attempts 2); last: interrupted")
+    retried = state.do_retry(m.JobRef(id="j1"))
+    assert retried.state == "queued" and state.jobs["j1"].failures == 0
+    assert state.start("j1") is not None
+
+
 async def test_cancel_a_queued_and_a_running_job(autojump_clock: trio.testing.MockClock) -> None:
     llm = FakeLLM()
     gate = Gate({"text": "never applied"})
@@ -334,7 +385,7 @@ async def test_wait_answers_at_the_timeout_and_unknown_ids_are_not_found(
             assert (await h.call("jobs.wait", {"id": job_id, "timeout": 60})).state == "done"
 
 
-async def test_stop_leaves_a_running_job_running_and_recovery_queues_it(autojump_clock: trio.testing.MockClock) -> None:
+async def test_stop_queues_a_running_job_again(autojump_clock: trio.testing.MockClock) -> None:
     llm = FakeLLM()
     gate = Gate({"text": "never"})
     llm.script.append(gate)
@@ -356,9 +407,17 @@ async def test_stop_leaves_a_running_job_running_and_recovery_queues_it(autojump
     replayed = JobsState()
     for mutation in h.journal.mutations():
         replayed.apply(mutation)
-    assert replayed.jobs[job_id].state == "running"
-    assert replayed.load_finished() == 1 and replayed.jobs[job_id].state == "queued"
+    # an orderly shutdown journals it queued: not an interruption, no failure counted
+    assert replayed.jobs[job_id].state == "queued" and replayed.jobs[job_id].attempts == 1
+    assert replayed.load_finished() == 0 and replayed.jobs[job_id].failures == 0
     assert replayed.inputs[job_id] == note_input("s1")
+    # what a crash leaves (the journal without that last record): queued again at start, one failure
+    crashed = JobsState()
+    for mutation in h.journal.mutations()[:-1]:
+        crashed.apply(mutation)
+    assert crashed.jobs[job_id].state == "running"
+    assert crashed.load_finished() == 1 and crashed.jobs[job_id].state == "queued"
+    assert crashed.jobs[job_id].failures == 1 and "interrupted" in (crashed.jobs[job_id].last_failure or "")
 
 
 # --- the state on its own ------------------------------------------------------------------------
@@ -555,7 +614,7 @@ async def test_jobs_over_the_per_minute_budget_wait_for_it(autojump_clock: trio.
 def test_the_documented_job_figures_are_the_codes() -> None:
     """PROTOCOL.md's figures for the job queue, extraction and the judge are the constants the daemon runs with."""
     from eurekamem.daemon.config import config_default
-    from eurekamem.daemon.jobs import actor, extract, judge, state
+    from eurekamem.daemon.jobs import actor, distill, extract, judge, state
     from eurekamem.daemon.memory import state as memory_state
 
     text = " ".join((Path(__file__).resolve().parent.parent / "protocol" / "PROTOCOL.md").read_text().split())
@@ -567,3 +626,7 @@ def test_the_documented_job_figures_are_the_codes() -> None:
     assert f"at most the {memory_state.MAX_VERSIONS} most recent versions are kept" in text
     assert f"the {extract.MAX_FAILURES_KEPT} most recent kept" in text
     assert f"`jobs_concurrency` jobs (default {config_default('jobs_concurrency')})" in text
+    assert f"`jobs_max_attempts` (default {config_default('jobs_max_attempts')})" in text
+    assert config_default("jobs_max_attempts") == state.DEFAULT_MAX_ATTEMPTS
+    assert f"a run of 2 to {distill.MAX_LENGTH} consecutive tool steps" in text and distill.MIN_REPEATS == 2
+    assert "least twice without overlapping" in text

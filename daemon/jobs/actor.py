@@ -42,7 +42,16 @@ from typing import Any, Protocol
 
 import numpy as np
 import trio
-from eurekamem.daemon.jobs.state import ACTIVE, CommitJob, JobInput, JobRecord, JobsState, PutJob, StaleAttempt
+from eurekamem.daemon.jobs.state import (
+    ACTIVE,
+    DEFAULT_MAX_ATTEMPTS,
+    CommitJob,
+    JobInput,
+    JobRecord,
+    JobsState,
+    PutJob,
+    StaleAttempt,
+)
 from eurekamem.daemon.llm import LLMError, LLMFailed, LLMUnavailable
 from eurekamem.daemon.storage.journal_actor import JournalActor, JournalUnavailable
 from eurekamem.daemon.tier import RTYPE_MUTATION, Internal, Stage, TierActor, Work, handles, mutation_encoder
@@ -52,10 +61,11 @@ log = logging.getLogger("eurekamem.jobs")
 
 PAUSE_VARIABLE = "EUREKAMEM_JOBS_PAUSE_AT"
 PAUSE_POINTS = ("answered", "committed")
-COMMIT_ORDER = ("memory", "graph", "persistent")
+COMMIT_ORDER = ("memory", "graph", "persistent", "skills")
 BACKOFF_BASE = 5.0
 BACKOFF_MAX = 300.0
 NEEDS_A_PERSON = ("not_configured", "no_key", "auth", "not_found")  # back off the longest
+COUNTED = ("timeout", "server_error")  # LLMUnavailable kinds that count towards the attempt cap (state.py)
 
 
 class LLMHandle(Protocol):
@@ -167,6 +177,7 @@ class JobsActor(TierActor):
         llm_factory: Callable[[], LLMHandle],
         embedder: Any,
         concurrency: int = 2,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         rng: random.Random | None = None,
         environ: Any = None,
         redactor: Any = None,
@@ -180,6 +191,7 @@ class JobsActor(TierActor):
         self.embedder = embedder
         self.redactor = redactor  # daemon/redact.py's Redactor: what a job stores is redacted like a request
         self.concurrency = concurrency
+        state.max_attempts = max_attempts
         self._rng = rng or random.Random()
         self._running: dict[str, trio.CancelScope] = {}
         self._backoff: dict[str, tuple[float, int, str]] = {}  # job id -> (not before, failures in a row, reason)
@@ -228,11 +240,17 @@ class JobsActor(TierActor):
         """Shutdown: no new attempt starts; running ones are cancelled (a commit under way finishes)
         and stay `running` in the journal; every jobs.wait is answered now."""
         self._stopping = True
+        stopped = list(self._running)
         self._work_scope.cancel()
         for event in self._watchers.values():
             event.set()
         while self._running:  # the attempts end at their next checkpoint (a commit first finishes)
             await trio.sleep(0.01)
+        if stopped:  # queued again in the journal: a shutdown is no failure of theirs (state.py's rule)
+            try:
+                await self.run_internal(lambda state: state.requeue_stopped(stopped))
+            except (JournalUnavailable, trio.ClosedResourceError) as exc:
+                log.warning("jobs: %d stopped jobs stay running in the journal (%s)", len(stopped), exc)
         for llm in [self.llm, *self._old_llms]:
             if llm is not None:
                 try:
@@ -475,14 +493,20 @@ class JobsActor(TierActor):
         if exc.retry_after is not None:
             delay = max(delay, exc.retry_after)
         reason = f"the LLM is unavailable ({exc}); trying again in {delay:.0f} s (sys.resume: now)"
-        self._backoff[job_id] = (trio.current_time() + delay, failures, reason)
-        self.requeued += 1
-        log.warning("job %s: %s", job_id, reason)
+        counted = f"llm: {exc}" if exc.kind in COUNTED else None  # towards the attempt cap (state.py's rule)
+        self._backoff[job_id] = (trio.current_time() + delay, failures, reason)  # before the job is queued
         try:
-            await self.run_internal(lambda s: s.requeue(job_id, attempt, tokens.pair()))
+            after = await self.run_internal(lambda s: s.requeue(job_id, attempt, tokens.pair(), counted))
         except JournalUnavailable as exc2:
             self.read_only = str(exc2)
             await self.run_internal(lambda s: self._requeue_in_memory(s, job_id, attempt))
+            return
+        if after is not None and after.state == "failed":
+            self._backoff.pop(job_id, None)
+            log.warning("job %s failed: %s", job_id, after.error)
+        else:
+            self.requeued += 1
+            log.warning("job %s: %s", job_id, reason)
 
     def _requeue_in_memory(self, state: JobsState, job_id: str, attempt: int) -> None:
         """The journal refused the job's write: queued in memory only, which is what recovery would

@@ -19,8 +19,14 @@ Rules kept here:
   reason, as EurekaClaw's learning loop deduplicates them) and are kept as persistent records
   `theory.failed_strategies.<domain slug>.<lemma id>`, the key EurekaClaw's docs give for failed
   strategies (its inner loop keys proof hints the same way: `proof_hint.<domain>.<lemma id>`).
-- Everything lands in one commit (daemon/jobs/actor.py): memories, nodes, edges, records and the
-  job's completion, or none of it. What the LLM wrote is redacted first, under the domain's policy,
+- An insight the LLM marks `general` (it holds beyond its domain: a proof technique, a convention)
+  is proposed for sharing once kept: a review request of kind "proposal" (daemon/memory/review.py's
+  propose, under the domain's share policy and the automatic check) made in the memory tier's part
+  of the commit; the memory stays local until the request is approved.
+- A repeated successful tool pattern in the captured events becomes a draft skill (daemon/jobs/
+  distill.py: the pattern found without the LLM, one more LLM call only when there is one).
+- Everything lands in one commit (daemon/jobs/actor.py): memories, proposals, nodes, edges,
+  records, the draft skill and the job's completion, or none of it. What the LLM wrote is redacted first, under the domain's policy,
   as every request's text is at dispatch (daemon/redact.py); what the session gave was redacted
   when session.close arrived.
 """
@@ -32,13 +38,16 @@ from typing import Annotated, Any
 
 import msgspec
 from eurekamem.daemon.jobs.actor import JobContext, Outcome
+from eurekamem.daemon.jobs.distill import Planned as DistilledPlan
+from eurekamem.daemon.jobs.distill import apply_skill, distill
 from eurekamem.daemon.jobs.judge import candidates_of, judge
 from eurekamem.daemon.jobs.state import SessionInput
 from eurekamem.daemon.memory.format import domain_slug, fingerprint
-from eurekamem.daemon.memory.state import MIN_CONFIDENCE, MemoryState, embed_text
+from eurekamem.daemon.memory.review import propose
+from eurekamem.daemon.memory.state import EMBED_WINDOW, MIN_CONFIDENCE, MemoryState, passage_windows, pooled
 from eurekamem.daemon.tiers.graph import GraphState, PutEdge, PutNode
 from eurekamem.daemon.tiers.persistent import PersistentState
-from eurekamem.protocol import EpisodicEntry, KnowledgeNode, TheoryState, new_id
+from eurekamem.protocol import EpisodicEntry, KnowledgeNode, ProtocolError, TheoryState, new_id
 from eurekamem.protocol import _methods as m
 from msgspec import Meta
 
@@ -68,6 +77,7 @@ class Insight(msgspec.Struct, forbid_unknown_fields=True):
     confidence: Confidence  # 0..1: how sure, and how useful to a later session
     abstract: Abstract  # L0: one line of at most 20 words
     overview: Overview  # L1: two to four sentences that stand alone
+    general: bool = False  # true: it holds beyond this domain (a proof technique, a convention): proposed for sharing
 
 
 Items = Annotated[list[Insight], Meta(max_length=MAX_ITEMS)]
@@ -187,7 +197,8 @@ def build_prompt(job_input: SessionInput) -> str:
         "Only insights of lasting value; skip the obvious; an empty category is fine.",
         "Each item: title (a few words); content (one to three self-contained sentences); confidence "
         "(0 to 1: how sure you are and how useful it is; below 0.5 it is not kept); abstract (one line, "
-        "at most 20 words); overview (two to four sentences that stand alone).",
+        "at most 20 words); overview (two to four sentences that stand alone); general (true only when "
+        "it holds beyond this domain, e.g. a proof technique or a convention any field could use).",
     ]
     return "\n".join(lines)
 
@@ -197,7 +208,8 @@ class Planned(msgspec.Struct):
 
     category: str
     item: Insight
-    vector: Any = None
+    vector: Any = None  # the memory's vector (its windows' pooled), as memory.add computes it
+    passages: dict[str, Any] = {}  # each window's text -> its vector: what memory.add would embed
     judged: Any = None  # the judge's decision (daemon/jobs/judge.Judged), or None: the dedup rules decide
 
     def params(self, job_input: SessionInput) -> m.MemoryAdd:
@@ -208,7 +220,7 @@ class Planned(msgspec.Struct):
             title=item.title.strip(),
             content=item.content.strip(),
             confidence=round(item.confidence, 4),
-            tags=["extracted"],
+            tags=["extracted", "general"] if item.general else ["extracted"],
             source_session=job_input.session_id,
             abstract=item.abstract.strip()[: m.MAX_KEY],
             overview=item.overview.strip(),
@@ -241,14 +253,15 @@ class SessionExtraction:
                 else:
                     planned.append(Planned(category, item))
         adds = [plan.params(job_input) for plan in planned]
-        vectors = await ctx.embed([embed_text(p.title, p.content) for p in adds])
-        for plan, vector in zip(planned, vectors, strict=True):
-            plan.vector = vector
+        await embed_planned(ctx, planned, adds)
         await self.judge(ctx, planned, adds)
+        skill = await distill(ctx, job_input.session_id, job_input.domain, job_input.events)
         ts = job_input.theory_state
         stages: dict[str, Any] = {}
         if planned:
             stages["memory"] = lambda state: apply_memories(state, planned, adds)
+        if isinstance(skill, DistilledPlan):
+            stages["skills"] = lambda state: apply_skill(state, skill)
         if ts is not None and (ts.proven_lemmas or (ts.formal_statement or ts.informal_statement)):
             stages["graph"] = lambda state: apply_lemmas(state, job_input)
         if ts is not None and ts.failed_attempts:
@@ -264,6 +277,7 @@ class SessionExtraction:
                 "nodes": graph["nodes"],
                 "edges": graph["edges"],
                 "records": summaries.get("persistent", []),
+                "skill": summaries.get("skills", skill if isinstance(skill, dict) else None),
                 "llm_calls": ctx.llm_calls,
             }
 
@@ -286,25 +300,53 @@ class SessionExtraction:
             planned[index].judged = judged
 
 
+async def embed_planned(ctx: JobContext, planned: list[Planned], adds: list[m.MemoryAdd]) -> None:
+    """Every insight's passages, in ONE embedding call off the actors: the very texts memory.add
+    embeds (state.passage_texts: title, the model's abstract, content; a long content's windows), so
+    that the commit, which holds tier 4 until its journal write, embeds nothing itself."""
+    window = getattr(ctx.actor.tiers.get("memory"), "embed_window", None) or EMBED_WINDOW["default"]
+    texts = [passage_windows(p.title, p.content, p.abstract, window) for p in adds]
+    unique = list(dict.fromkeys(text for each in texts for text in each))
+    by_text = dict(zip(unique, await ctx.embed(unique), strict=True))
+    for plan, each in zip(planned, texts, strict=True):
+        plan.passages = {text: by_text[text] for text in each}
+        plan.vector = pooled(list(plan.passages.values()))
+
+
 def apply_memories(state: MemoryState, planned: list[Planned], adds: list[m.MemoryAdd]) -> list[dict[str, Any]]:
     """Run by the memory actor inside the commit: each insight as the judge decided, else through
     the dedup rules, in order."""
-    state.use_passages({embed_text(p.title, p.content): plan.vector for plan, p in zip(planned, adds, strict=True)})
+    state.use_passages({text: vector for plan in planned for text, vector in plan.passages.items()})
     out = []
     for plan, p in zip(planned, adds, strict=True):
         answer, by = (state.add(p), "rules") if plan.judged is None else apply_judged(state, p, plan)
         memory = answer["memory"]
-        out.append(
-            {
-                "decision": answer["decision"],
-                "id": memory.id if memory is not None else None,
-                "title": p.title,
-                "category": p.category,
-                "reason": answer.get("reason", ""),
-                "by": by,
-            }
-        )
+        entry = {
+            "decision": answer["decision"],
+            "id": memory.id if memory is not None else None,
+            "title": p.title,
+            "category": p.category,
+            "reason": answer.get("reason", ""),
+            "by": by,
+        }
+        if plan.item.general and memory is not None:
+            entry["proposal"] = propose_general(state, memory.id, p.title)
+        out.append(entry)
     return out
+
+
+def propose_general(state: MemoryState, memory_id: str, title: str) -> dict[str, Any]:
+    """A memory the LLM judged general, proposed for sharing (daemon/memory/review.py's propose:
+    the domain's share policy and the automatic check apply; never global without approval unless
+    the policy is auto). A memory that cannot be proposed (global already, say) is left as it is
+    and the result says why."""
+    current = state.memories.get(memory_id)
+    if current is not None and current.scope == "global":
+        return {"state": "not proposed", "reason": "the memory is global already"}
+    try:
+        return propose(state, memory_id, f"the learning loop judged it general: {title}")
+    except ProtocolError as exc:
+        return {"state": "not proposed", "reason": exc.message}
 
 
 def apply_judged(state: MemoryState, p: m.MemoryAdd, plan: Planned) -> tuple[dict[str, Any], str]:

@@ -10,7 +10,14 @@ Rules kept here:
   each part to the tier that MUTATION_TIER names. So a crash either finds the job unfinished (it
   runs again; nothing of it was applied) or finds it done with all of its result: never twice,
   never half.
-- A job found `running` at start was interrupted: it is queued again (`load_finished`).
+- A job found `running` at start was interrupted (a crash, a kill -9: an orderly shutdown journals
+  its running jobs `queued` again): it is queued again (`load_finished`), and the interruption is a
+  counted failure.
+- The attempt cap: an attempt that fails in a way that may be the job's own (interrupted, an LLM
+  timeout, a server error) is counted (`failures`); at `max_attempts` counted failures the job is
+  `failed` with the reason and is not started again until jobs.retry, which re-arms it (the count
+  starts over). What is not the job's doing (no provider, no key, a refused key, a connection
+  refused, a rate limit) is never counted: those jobs wait as long as it takes.
 - The input of a done job is dropped (its result is what counts); a failed or cancelled job keeps
   its input for jobs.retry. At most MAX_FINISHED finished jobs are kept, the oldest purged first.
 """
@@ -21,7 +28,9 @@ from collections.abc import Callable
 from typing import Any, TypeAlias
 
 import msgspec
+from eurekamem.daemon.memory.review import PutReview
 from eurekamem.daemon.memory.state import MaintenanceRecord, PutMemory
+from eurekamem.daemon.skills.state import PutSkill
 from eurekamem.daemon.tier import TierState, Undo, handles
 from eurekamem.daemon.tiers.graph import PutEdge, PutNode
 from eurekamem.daemon.tiers.persistent import PutRecord
@@ -31,6 +40,7 @@ from eurekamem.protocol import _methods as m
 ACTIVE = ("queued", "running")
 FINISHED = ("done", "failed", "cancelled")
 MAX_FINISHED = 10_000
+DEFAULT_MAX_ATTEMPTS = 5  # Config.jobs_max_attempts
 
 
 class StaleAttempt(Exception):
@@ -52,6 +62,8 @@ class JobRecord(msgspec.Struct, kw_only=True):
     result: Any = None
     input_tokens: int = 0
     output_tokens: int = 0
+    failures: int = 0  # counted failed attempts since the job was accepted or retried (the attempt cap)
+    last_failure: str | None = None  # the latest counted failure's reason
 
 
 class SessionInput(msgspec.Struct, tag="session.extract", kw_only=True):
@@ -88,7 +100,7 @@ class PurgeJob(msgspec.Struct, tag="jobs.purge"):
     id: str
 
 
-Part: TypeAlias = PutMemory | MaintenanceRecord | PutNode | PutEdge | PutRecord
+Part: TypeAlias = PutMemory | PutReview | MaintenanceRecord | PutNode | PutEdge | PutRecord | PutSkill
 
 
 class CommitJob(msgspec.Struct, tag="jobs.commit"):
@@ -112,6 +124,7 @@ class JobsState(TierState):
         # why a queued job waits (not durable): the JobsActor, which owns this state, sets the hook
         self.why_waiting: Callable[[str], str | None] = lambda job_id: None
         self.cancelled_running: list[str] = []  # running jobs jobs.cancel cancelled in the batch in progress
+        self.max_attempts = DEFAULT_MAX_ATTEMPTS  # counted failures before a job fails (set by the actor)
 
     def now(self) -> str:
         """Jobs change through internal calls as well as batches: always the current time."""
@@ -181,7 +194,9 @@ class JobsState(TierState):
             return self.view(record)  # queued, running or done: nothing to retry
         if record.id not in self.inputs:
             raise ProtocolError("invalid_params", f"job {record.id} has no input left to run again", id=record.id)
-        retried = msgspec.structs.replace(record, state="queued", error=None, finished_at=None)
+        retried = msgspec.structs.replace(
+            record, state="queued", error=None, finished_at=None, failures=0, last_failure=None
+        )
         self.commit(PutJob(retried))
         return self.view(retried)
 
@@ -195,9 +210,13 @@ class JobsState(TierState):
         return record, True
 
     def start(self, job_id: str) -> tuple[JobRecord, JobInput] | None:
-        """Mark a queued job running (one more attempt); None if it is no longer queued."""
+        """Mark a queued job running (one more attempt); None if it is no longer queued, or if it has
+        failed max_attempts times already (it is failed now, with the reason: the module's rule)."""
         record = self.jobs.get(job_id)
         if record is None or record.state != "queued" or job_id not in self.inputs:
+            return None
+        if record.failures >= self.max_attempts:
+            self.finish(record, "failed", error=self.gave_up(record.failures, record.last_failure))
             return None
         started = msgspec.structs.replace(record, state="running", started_at=self.now(), attempts=record.attempts + 1)
         self.commit(PutJob(started))
@@ -208,19 +227,40 @@ class JobsState(TierState):
         record = self.jobs.get(job_id)
         return record is not None and record.state == "running" and record.attempts == attempt
 
-    def requeue(self, job_id: str, attempt: int, tokens: tuple[int, int]) -> JobRecord | None:
-        """The attempt could not reach the LLM: queued again, with the tokens it spent."""
+    def gave_up(self, failures: int, last: str | None) -> str:
+        return f"gave up after {failures} failed attempts (jobs_max_attempts {self.max_attempts}); last: {last}"
+
+    def requeue(
+        self, job_id: str, attempt: int, tokens: tuple[int, int], failure: str | None = None
+    ) -> JobRecord | None:
+        """The attempt could not reach the LLM: queued again, with the tokens it spent. `failure`:
+        the reason, when the failure counts towards the cap (then the job may be failed instead)."""
         if not self.is_current(job_id, attempt):
             return None
         record = self.jobs[job_id]
-        queued = msgspec.structs.replace(
+        spent = msgspec.structs.replace(
             record,
-            state="queued",
             input_tokens=record.input_tokens + tokens[0],
             output_tokens=record.output_tokens + tokens[1],
         )
+        if failure is not None:
+            spent = msgspec.structs.replace(spent, failures=spent.failures + 1, last_failure=failure)
+            if spent.failures >= self.max_attempts:
+                return self.finish(spent, "failed", error=self.gave_up(spent.failures, failure))
+        queued = msgspec.structs.replace(spent, state="queued")
         self.commit(PutJob(queued))
         return queued
+
+    def requeue_stopped(self, job_ids: list[str]) -> int:
+        """An orderly shutdown: the jobs whose attempts it stopped, still running, queued again (not
+        counted as failures). Returns how many."""
+        count = 0
+        for job_id in job_ids:
+            record = self.jobs.get(job_id)
+            if record is not None and record.state == "running":
+                self.commit(PutJob(msgspec.structs.replace(record, state="queued")))
+                count += 1
+        return count
 
     def requeue_in_memory(self, job_id: str) -> None:
         """Queued again without a journal record: what recovery makes of the `running` the journal
@@ -266,10 +306,13 @@ class JobsState(TierState):
             self.commit(PurgeJob(job_id))
 
     def load_finished(self) -> int:
-        """After recovery: jobs left running by a crash or a shutdown are queued again. Returns how many."""
+        """After recovery: jobs left running by a crash are queued again, each interruption a counted
+        failure (journaled with the next attempt's start). Returns how many."""
         interrupted = [record for record in self.jobs.values() if record.state == "running"]
         for record in interrupted:
-            self._set(record.id, msgspec.structs.replace(record, state="queued"), self.inputs.get(record.id))
+            why = f"interrupted: the daemon stopped during attempt {record.attempts} (a crash or a kill)"
+            queued = msgspec.structs.replace(record, state="queued", failures=record.failures + 1, last_failure=why)
+            self._set(record.id, queued, self.inputs.get(record.id))
         return len(interrupted)
 
     # --- mutations ---------------------------------------------------------------------------------

@@ -127,6 +127,7 @@ class MemoryActor(TierActor):
         # fixed for the state's life, so the embedding threads need not read the state for them
         self.embedder = state.embedder
         self.model = state.model
+        self.embed_window = state.embed_window  # fixed with the model: a job embeds a memory's windows as add does
         self.query_embedding_time = Histogram()  # trio's: fed by what the query pipeline's thread returns
         self._timings: dict[str, Histogram] = {}
         self._lexical_from = state.lexical_from

@@ -255,12 +255,14 @@ class SkillsState(TierState):
         agent_roles: list[str] | tuple[str, ...] = (),
         pipeline_stages: list[str] | tuple[str, ...] = (),
         version: str = "1.0",
+        extra: str = "",
     ) -> tuple[PutSkill | None, Skill]:
         """The PutSkill that stores a distilled skill as a draft, and the skill, without applying it.
 
         Checked as skills.put checks (ProtocolError invalid_params). A draft with this name and the
         same body already there gives (None, that skill): a job run again stores nothing twice. Any
         other skill of that name keeps it, and the draft takes the first free `<name>_2`, `<name>_3`...
+        `extra`: frontmatter entries of the daemon's own (the learning loop's distilled_pattern).
         """
         check_name(name)
         body = clean_body(body)
@@ -287,7 +289,7 @@ class SkillsState(TierState):
             status="draft",
             body=body,
         )
-        return PutSkill(skill), skill
+        return PutSkill(skill, extra), skill
 
     def put_draft(self, name: str, body: str, **fields: Any) -> Skill:
         """Store a distilled skill as a draft (status draft, source distilled); see draft_mutation.

@@ -12,8 +12,10 @@ Rules kept here:
   bound leaves the state at once (the bound is strict) and waits in `evicted` until the actor writes it.
 - `session.close` first hands the session's events and TheoryState to the job queue, which journals
   them with the extraction job (daemon/jobs/extract.py): the answer's job_id is durable, and a
-  session whose job could not be journaled (the daemon read-only) is not closed. The other ends of a
-  session (idle, the bound, shutdown) queue no job: they have no TheoryState and no domain.
+  session whose job could not be journaled (the daemon read-only) is not closed. An idle session's
+  end does the same with its events (no TheoryState, no domain: "general"), before it is forgotten,
+  so it queues its job exactly once (the same events are the same job's key; a refused job leaves
+  the session open, tried again after WRITE_RETRY). The bound and shutdown queue no job.
 """
 
 from __future__ import annotations
@@ -277,10 +279,28 @@ class EpisodicActor(TierActor):
 
     async def _end(self, session_id: str, why: str) -> bool:
         events = list(self.state.sessions.get(session_id, ()))
+        if why == "idle" and not await self._queue_idle_extraction(session_id, events):
+            return False  # the job could not be journaled: the session stays open, tried again later
         written = await self._write(session_id, events, why) if events else True
         if written:
             self.state.close_session(session_id)
         return written
+
+    async def _queue_idle_extraction(self, session_id: str, events: list[EpisodicEntry]) -> bool:
+        """An idle session's extraction job, as session.close queues it (no domain, no TheoryState):
+        journaled before the session is forgotten. False if the job queue refused it (read-only)."""
+        if self.jobs is None or not _folder_name_ok(session_id):
+            return True
+        job_input = capture(session_id, "", None, events)
+        if job_input is None:
+            return True
+        try:
+            job_id = await self.jobs.accept(KIND, session_key(session_id, "", None, job_input.events), job_input)
+        except JournalUnavailable as exc:
+            log.error("session %s is idle; its extraction job cannot be journaled (%s): kept open", session_id, exc)
+            return False
+        log.info("session %s idle: extraction job %s queued", session_id, job_id)
+        return True
 
     async def _write(self, session_id: str, events: list[EpisodicEntry], why: str) -> bool:
         if not _folder_name_ok(session_id):
