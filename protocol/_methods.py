@@ -199,6 +199,7 @@ Content = Annotated[str, Meta(min_length=1, max_length=MAX_TEXT)]
 MAX_K = 100
 MAX_BATCH_ITEMS = 10_000
 MAX_FEEDBACK_IDS = 1000
+MAX_SOURCE_IDS = 256  # a memory's source_message_ids
 # An RFC 3339 timestamp of tier 4's lifecycle ("2026-12-01T08:00:00+00:00"; "Z" and a missing offset,
 # meaning UTC, are accepted); the handler parses it and answers invalid_params, naming the field.
 Instant = Annotated[str, Meta(min_length=1, max_length=64)]
@@ -220,6 +221,10 @@ class MemoryAdd(Params):
     valid_from: Instant | None = None  # null: from now (the memory's created_at)
     valid_until: Instant | None = None  # null: still true
     pinned: bool = False
+    # where it came from in a conversation (the extraction sets them; a client may too)
+    source_message_ids: Annotated[list[Ident], Meta(max_length=MAX_SOURCE_IDS)] = []
+    attributed_to: Annotated[str, Meta(max_length=MAX_ID)] = ""  # who it is about ("": nobody in particular)
+    refers_to: Instant | None = None  # the time it is about (RFC 3339), when it names one
 
 
 class MemoryAddMany(Params):
@@ -246,6 +251,7 @@ class MemoryInject(Params):
     k: Annotated[int, Meta(ge=1, le=MAX_K)] = 4
     query: Annotated[str, Meta(min_length=1, max_length=MAX_KEY * 4)] | None = None
     token_budget: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
+    include_summary: bool = False  # the domain's conversation group summary and intents head the block
 
 
 class MemoryRef(Params):
@@ -518,6 +524,10 @@ METHODS: dict[str, MethodSpec] = dict(
         _spec("conversation.groups", Empty, "conversation", False, "every group: counts, high-water mark, sessions, times"),
         _spec("conversation.summary", ConversationGroupRef, "conversation", False, "a group's rolling summary and intents"),
         _spec("conversation.search", ConversationSearch, "conversation", False, "a group's best messages for a query, with context"),
+        _spec(
+            "conversation.flush", ConversationGroupRef, "conversation", False,
+            "extract the group's new messages now (or join the job that will): the job's id",
+        ),
 
 
         _spec("memory.history", MemoryHistory, "memory", False, "a memory's versions, oldest first, with decisions"),

@@ -162,6 +162,11 @@ class Memory(Record, kw_only=True):
     wrong_count: int = 0
     archived_reason: str = ""  # why it was archived ("" while active)
     raw: bool = False  # stored with dedup false (raw material): maintenance never consolidates it
+    # Conversation memories (issue 12), appended with defaults like the lifecycle's fields: the ids of
+    # the group's messages it was extracted from, who it is about, the time it refers to.
+    source_message_ids: list[str] = []
+    attributed_to: str = ""
+    refers_to: str | None = None
 
 
 SKILL_SOURCES: tuple[str, ...] = ("seed", "distilled", "manual")

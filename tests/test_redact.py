@@ -562,6 +562,9 @@ def test_no_secret_reaches_any_file_or_log(data_dir: Path, sock_dir: Path) -> No
                     "abstract": second_line,
                     "overview": everything,
                     "tags": tags,
+                    "attributed_to": first_line[:256],
+                    "source_message_ids": ["m1"],
+                    "refers_to": "2023-05-07",
                 },
             )["memory"]
             many = call(
@@ -634,6 +637,7 @@ def test_no_secret_reaches_any_file_or_log(data_dir: Path, sock_dir: Path) -> No
                     ],
                 },
             )
+            call(c, "conversation.flush", {"group": "d"})  # a job naming the group (no LLM here: it waits)
             call(
                 c,
                 "session.close",

@@ -272,21 +272,26 @@ class SessionExtraction:
     async def judge(self, ctx: JobContext, planned: list[Planned], adds: list[m.MemoryAdd]) -> None:
         """The insights that look like memories already kept go to the judge, in one call."""
         assert isinstance(ctx.input, SessionInput)
-        domain = ctx.input.domain
-        wanted: list[tuple[str, str, str, Any]] = [
-            (p.category, p.title, p.content, plan.vector) for plan, p in zip(planned, adds, strict=True)
-        ]
-        found = await ctx.read("memory", lambda state: candidates_of(state, domain, wanted))
-        chosen = [index for index, candidates in enumerate(found) if candidates]
-        if not chosen:
-            return
-        items: list[tuple[str, str, str]] = [(adds[i].category, adds[i].title, adds[i].content) for i in chosen]
-        decided = await judge(ctx, domain, items, [found[i] for i in chosen])
-        for index, judged in zip(chosen, decided, strict=True):
-            planned[index].judged = judged
+        await judge_planned(ctx, ctx.input.domain, planned, adds)
 
 
-def apply_memories(state: MemoryState, planned: list[Planned], adds: list[m.MemoryAdd]) -> list[dict[str, Any]]:
+async def judge_planned(ctx: JobContext, domain: str, planned: list[Any], adds: list[m.MemoryAdd]) -> None:
+    """Each planned item (with its .vector) whose add looks like a memory already kept goes to the
+    judge, all in one call; its decision is set as the item's .judged (else the dedup rules decide)."""
+    wanted: list[tuple[str, str, str, Any]] = [
+        (p.category, p.title, p.content, plan.vector) for plan, p in zip(planned, adds, strict=True)
+    ]
+    found = await ctx.read("memory", lambda state: candidates_of(state, domain, wanted))
+    chosen = [index for index, candidates in enumerate(found) if candidates]
+    if not chosen:
+        return
+    items: list[tuple[str, str, str]] = [(adds[i].category, adds[i].title, adds[i].content) for i in chosen]
+    decided = await judge(ctx, domain, items, [found[i] for i in chosen])
+    for index, judged in zip(chosen, decided, strict=True):
+        planned[index].judged = judged
+
+
+def apply_memories(state: MemoryState, planned: list[Any], adds: list[m.MemoryAdd]) -> list[dict[str, Any]]:
     """Run by the memory actor inside the commit: each insight as the judge decided, else through
     the dedup rules, in order."""
     state.use_passages({embed_text(p.title, p.content): plan.vector for plan, p in zip(planned, adds, strict=True)})
@@ -307,7 +312,7 @@ def apply_memories(state: MemoryState, planned: list[Planned], adds: list[m.Memo
     return out
 
 
-def apply_judged(state: MemoryState, p: m.MemoryAdd, plan: Planned) -> tuple[dict[str, Any], str]:
+def apply_judged(state: MemoryState, p: m.MemoryAdd, plan: Any) -> tuple[dict[str, Any], str]:
     """The judge's decision, applied to the memory it was made about if that is unchanged."""
     judged = plan.judged
     reason = f"judge: {judged.reason}"
