@@ -43,9 +43,10 @@ from eurekamem.daemon.jobs.actor import JobContext, JobFailed, Outcome
 from eurekamem.daemon.jobs.conversation_schema import ConversationInsights, ExtractedMemory
 from eurekamem.daemon.jobs.extract import apply_memories, judge_planned
 from eurekamem.daemon.jobs.state import ConversationInput, JobRecord
-from eurekamem.daemon.memory.state import MIN_CONFIDENCE, MemoryState, embed_text
+from eurekamem.daemon.memory.state import MIN_CONFIDENCE, MemoryState, embed_text, validate_domain
+from eurekamem.daemon.memory.strength import epoch
+from eurekamem.protocol import ProtocolError, normalize_timestamp, now_rfc3339
 from eurekamem.protocol import _methods as m
-from eurekamem.protocol import normalize_timestamp, now_rfc3339
 
 log = logging.getLogger("eurekamem.jobs")
 
@@ -163,9 +164,13 @@ class Planned(msgspec.Struct):
 
 
 def add_params(group: str, item: ExtractedMemory, shown: Shown) -> m.MemoryAdd:
-    sources = [shown.messages[local] for local in dict.fromkeys(item.source_messages)]
-    newest = max(sources, key=lambda msg: (msg.timestamp, msg.seq))
-    valid_from = min(newest.timestamp, now_rfc3339(), key=lambda t: _epoch(t))  # never in the future
+    """The memory.add of one extracted memory (PROTOCOL.md, conversation.flush, step 4)."""
+    order = {local: index for index, local in enumerate(shown.messages)}  # conversation order
+    locals_ = sorted(dict.fromkeys(item.source_messages), key=order.__getitem__)
+    sources = [shown.messages[local] for local in locals_]
+    newest = sources[-1]
+    now = now_rfc3339()
+    valid_from = newest.timestamp if epoch(newest.timestamp) <= epoch(now) else now  # never in the future
     return m.MemoryAdd(
         domain=group,
         category=item.type,
@@ -181,12 +186,6 @@ def add_params(group: str, item: ExtractedMemory, shown: Shown) -> m.MemoryAdd:
         attributed_to=item.attributed_to.strip(),
         refers_to=normalize_timestamp(item.when) if item.when is not None else None,
     )
-
-
-def _epoch(timestamp: str) -> float:
-    import datetime as _dt
-
-    return _dt.datetime.fromisoformat(timestamp).timestamp()
 
 
 class ConversationExtraction:
@@ -209,6 +208,10 @@ class ConversationExtraction:
         base = {"group": group, "mark_from": window.mark_from, "mark_to": window.mark_to, "skipped": window.skipped}
         if window.mark_to <= window.mark_from:  # nothing new (or no such group)
             return Outcome({}, lambda done: {**base, "messages": 0, "memories": [], "llm_calls": 0})
+        try:
+            validate_domain(group)
+        except ProtocolError as exc:
+            raise JobFailed(f"the group {group!r} cannot name its memories' domain: {exc.message}") from None
         shown = show(window)
         if not shown.messages:  # only injected text, system or tool messages: nothing to learn, the mark moves
             return Outcome(
@@ -253,9 +256,10 @@ class ConversationExtraction:
         vectors = await ctx.embed([embed_text(p.title, p.content) for p in adds])
         for plan, vector in zip(planned, vectors, strict=True):
             plan.vector = vector
-        await judge_planned(ctx, group, planned, adds)
+        if planned:
+            await judge_planned(ctx, group, planned, adds)
         intents = [" ".join(intent.split()) for intent in insights.intents if intent.strip()][:3]
-        new_summary = insights.summary.strip()
+        new_summary = insights.summary.strip() or summary.summary  # an empty answer keeps the old summary
         await self.warm(ctx, intents)
         stages: dict[str, Callable[[Any], Any]] = {
             "conversation": lambda s: commit_window(s, group, window, new_summary, intents),
@@ -328,8 +332,6 @@ class ConversationTrigger:
         """The id of the job that extracts every message of the group stored so far (an existing one
         when it covers them: the module's rule), or None when nothing is past the mark. Raises
         ProtocolError not_found for an unknown group; JournalUnavailable when the job cannot be journaled."""
-        from eurekamem.protocol import ProtocolError
-
         pending: Pending | None = await self.conversation.run_internal(lambda s: s.extraction_pending(group))
         if pending is None:
             raise ProtocolError("not_found", f"no conversation group {group!r}", field="group")
