@@ -299,6 +299,64 @@ async def test_the_next_window_starts_past_the_mark_with_the_summary_and_the_kep
     assert "Memories already kept for this group" in prompt and "goal: Caroline plans to study counseling" in prompt
 
 
+async def test_a_near_duplicate_goes_to_the_judge_and_a_merge_keeps_both_sources(
+    data_dir: Path, sock_dir: Path, stub: StubLLMServer
+) -> None:
+    painting = ENGLISH_ANSWER["memories"][2]
+    again = {
+        "summary": "Melanie now paints every Saturday.",
+        "memories": [
+            dict(
+                painting,
+                content=painting["content"] + " She now paints every Saturday.",
+                source_messages=["M1"],
+            )
+        ],
+        "intents": [],
+    }
+    merged = {
+        "item": "N1",
+        "decision": "MERGE",
+        "reason": "The same preference, with her new Saturday habit.",
+        "target": "E1",
+        "title": "Melanie paints in the morning",
+        "content": "Melanie prefers painting early in the morning, now every Saturday; she painted a lake sunrise in 2022.",
+        "abstract": "Melanie paints early in the morning, every Saturday.",
+        "overview": "Melanie prefers early mornings for painting and now paints every Saturday.",
+    }
+    stub.script.extend(
+        [answer(ENGLISH_ANSWER), answer(again), anthropic_tool({"decisions": [merged]}, name="merge_decisions")]
+    )
+    later = [
+        {
+            "id": "d2-1",
+            "role": "user",
+            "sender": "Melanie",
+            "timestamp": "2023-05-20T08:00:00Z",
+            "text": "I paint every Saturday morning now.",
+        },
+    ]
+    with trio.fail_after(IO_TIMEOUT * 2):
+        async with conversation_daemon(data_dir, sock_dir, stub):
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            await conn.result("conversation.append", {"group": GROUP, "messages": ENGLISH})
+            await finished(conn, (await conn.result("conversation.flush", {"group": GROUP}))["job_id"])
+            await conn.result("conversation.append", {"group": GROUP, "messages": later})
+            job = await finished(conn, (await conn.result("conversation.flush", {"group": GROUP}))["job_id"])
+            assert job["state"] == "done" and job["result"]["llm_calls"] == 2, job
+            [decision] = job["result"]["memories"]
+            assert decision["decision"] == "merged" and decision["by"] == "judge"
+            memory = await conn.result("memory.get", {"id": decision["id"]})
+            assert memory["content"] == merged["content"] and memory["source_message_ids"] == ["d1-2", "d2-1"]
+            assert memory["attributed_to"] == "Melanie"
+            history = await conn.result("memory.history", {"id": decision["id"]})
+            assert [v["decision"] for v in history] == ["created", "merged"]
+            assert (await conn.result("memory.list", {"domain": GROUP}))["total"] == 3
+            await conn.aclose()
+    judged = prompt_of(stub.requests[2])
+    assert "[N1] preference: Melanie paints in the morning" in judged and "[E1] preference:" in judged
+
+
 async def test_a_chinese_conversation(data_dir: Path, sock_dir: Path, stub: StubLLMServer) -> None:
     stub.script.append(answer(CHINESE_ANSWER))
     with trio.fail_after(IO_TIMEOUT * 2):
