@@ -103,7 +103,6 @@ class Pending(msgspec.Struct, kw_only=True):
     group: str
     mark: int
     newest: int  # the highest seq of the group (0: none)
-    chars: int  # characters of message text past the mark
     taken: tuple[str, int] | None  # (job id, mark_to) of the last window an extraction took
 
 
@@ -666,9 +665,8 @@ class ConversationState(TierState):
         g = self.groups.get(group)
         if g is None:
             return None
-        newest = max(g.ids.values(), default=0)
-        chars = sum(len(self.messages[seq].text) for seq in g.ids.values() if seq > g.mark)
-        return Pending(group=group, mark=g.mark, newest=newest, chars=chars, taken=g.taken)
+        newest = max(g.ids.values(), default=0)  # a late message has the highest seq, not the last place
+        return Pending(group=group, mark=g.mark, newest=newest, taken=g.taken)
 
     def groups_with_new_text(self, min_chars: int) -> list[str]:
         """The groups with at least min_chars of message text past their mark (the periodic trigger)."""
