@@ -727,3 +727,26 @@ async def test_a_refused_answer_twice_fails_the_job_and_the_window_stays(
         await h.call(h.jobs, "jobs.retry", {"id": job_id})
         done = await h.call(h.jobs, "jobs.wait", {"id": job_id, "timeout": 60})
         assert done.state == "done" and h.state.groups["a"].mark == done.result["mark_to"]
+
+
+async def test_a_queued_extraction_survives_a_snapshot_and_a_restart(
+    data_dir: Path, sock_dir: Path, stub: StubLLMServer
+) -> None:
+    """The job's input (a tagged ConversationInput) goes through jobs.snapshot; with the key at the
+    next start the job runs on the window past the mark, once."""
+    stub.script.append(answer(ENGLISH_ANSWER))
+    with trio.fail_after(IO_TIMEOUT * 3):
+        async with conversation_daemon(data_dir, sock_dir, stub, key=False):
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            await conn.result("conversation.append", {"group": GROUP, "messages": ENGLISH})
+            job_id = (await conn.result("conversation.flush", {"group": GROUP}))["job_id"]
+            await conn.result("sys.snapshot", {})
+            await conn.aclose()
+        async with conversation_daemon(data_dir, sock_dir, stub):
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            job = await finished(conn, job_id)
+            assert job["state"] == "done" and job["attempts"] == 1 and job["result"]["mark_to"] == 4
+            assert (await conn.result("memory.list", {"domain": GROUP}))["total"] == 3
+            assert [j["id"] for j in await conn.result("jobs.list", {})] == [job_id]
+            await conn.aclose()
+    assert len(stub.requests) == 1
