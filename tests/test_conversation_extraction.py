@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 import trio
 import trio.testing
 from eurekamem.daemon import Daemon
@@ -22,7 +23,7 @@ from eurekamem.daemon.conversation.clean import Stripped, clean_text
 from eurekamem.daemon.conversation.state import ConversationState
 from eurekamem.daemon.jobs import JobsActor, JobsState
 from eurekamem.daemon.jobs.actor import JobContext
-from eurekamem.daemon.jobs.conversation import KIND, ConversationExtraction, ConversationTrigger, Shown
+from eurekamem.daemon.jobs.conversation import KIND, ConversationExtraction, ConversationTrigger, Shown, when_of
 from eurekamem.daemon.tier import Work
 from eurekamem.protocol import METHODS, Call, ProtocolError
 from jobs_helpers import Captured, FakeJournal, FakeLLM, Gate, running_actors
@@ -523,6 +524,15 @@ async def test_injected_blocks_fed_back_are_never_extracted(
             assert len(stub.requests) == requests_before + 1
             assert (await conn.result("memory.list", {"domain": "ann"}))["total"] == 2
             await conn.aclose()
+
+
+def test_when_a_memory_refers_to() -> None:
+    assert when_of("2023-05-07") == "2023-05-07T00:00:00+00:00"
+    assert when_of("2023-05") == "2023-05-01T00:00:00+00:00" and when_of(" 2023 ") == "2023-01-01T00:00:00+00:00"
+    assert when_of("2024-02-10T15:00:00+08:00") == "2024-02-10T15:00:00+08:00"
+    for bad in ("last Sunday", "2023-5", "20230", "May 2023"):
+        with pytest.raises(ValueError):
+            when_of(bad)
 
 
 def test_cleaning_removes_injected_and_harness_text_whatever_the_spelling() -> None:

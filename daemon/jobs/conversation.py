@@ -151,10 +151,21 @@ def check(answer: ConversationInsights, shown: Shown) -> str:
             return f"memory {index} ({memory.title!r}) names messages {unknown} that were not shown (use M1..M{len(shown.messages)})"
         if memory.when is not None:
             try:
-                normalize_timestamp(memory.when)
+                when_of(memory.when)
             except ValueError:
                 return f"memory {index} ({memory.title!r}): when {memory.when!r} is not a date (YYYY-MM-DD) or RFC 3339 time"
     return ""
+
+
+def when_of(text: str) -> str:
+    """The time a memory refers to as RFC 3339: a timestamp, a date (its midnight, UTC), or a month
+    or year alone (its first day), as a model may give them ("2023-05", "2023"). ValueError else."""
+    text = text.strip()
+    if len(text) == 4 and text.isdigit():
+        text += "-01-01"
+    elif len(text) == 7 and text[:4].isdigit() and text[4] == "-" and text[5:].isdigit():
+        text += "-01"
+    return normalize_timestamp(text)
 
 
 class Planned(msgspec.Struct):
@@ -184,7 +195,7 @@ def add_params(group: str, item: ExtractedMemory, shown: Shown) -> m.MemoryAdd:
         valid_from=valid_from,
         source_message_ids=[msg.id for msg in sources][: m.MAX_SOURCE_IDS],
         attributed_to=item.attributed_to.strip(),
-        refers_to=normalize_timestamp(item.when) if item.when is not None else None,
+        refers_to=when_of(item.when) if item.when is not None else None,
     )
 
 
