@@ -38,12 +38,14 @@ from eurekamem.daemon.conversation.actor import ConversationActor
 from eurekamem.daemon.errors import StartupError
 from eurekamem.daemon.io_layer import BulkConnection, IOLayer
 from eurekamem.daemon.jobs import JobsActor, default_kinds
+from eurekamem.daemon.jobs.conversation import ConversationTrigger
 from eurekamem.daemon.jobs.state import snapshot_of as jobs_snapshot_of
 from eurekamem.daemon.listener import open_listener
 from eurekamem.daemon.llm import LLM, LLMConfigError, resolve
 from eurekamem.daemon.memory.actor import MemoryActor
 from eurekamem.daemon.memory.embed import Embedder, make_embedder, preload_embedder
 from eurekamem.daemon.memory.maintenance import Maintenance, schedule
+from eurekamem.daemon.memory.state import GroupSummary
 from eurekamem.daemon.memory.strength import StrengthSettings
 from eurekamem.daemon.memory.watch import SCAN_FACTOR
 from eurekamem.daemon.paths import Paths, acquire_lock
@@ -179,6 +181,7 @@ class Daemon:
         self.redactor = Redactor.from_config(config)  # every write's text passes it in dispatch
         self._intercepted = frozenset(self.redactor.plan) | PEER_STAMPED
         self.maintenance: Maintenance | None = None  # tier 4's maintenance: jobs of the queue (serve)
+        self.conversation_trigger: Any = None  # conversation extraction's triggers (serve)
 
     def request_shutdown(self) -> None:
         self._shutdown.set()
@@ -272,7 +275,9 @@ class Daemon:
             recovered.jobs,
             self.journal_actor,
             tiers=dict(self.actors),
-            kinds=self.job_kinds if self.job_kinds is not None else default_kinds(),
+            kinds=self.job_kinds
+            if self.job_kinds is not None
+            else default_kinds(self.config.conversation_extract_token_budget),
             llm=first_llm,
             llm_factory=self.llm_factory,
             embedder=recovered.memory.embedder,
@@ -287,6 +292,10 @@ class Daemon:
         self.maintenance = Maintenance(self.jobs_actor, self.memory_actor, wall=self.wall)
         self.memory_actor.summaries = self._group_summaries  # MEMORY.md's "Summary" (conversation groups)
         self.memory_actor.messages = self.conversation_actor.search_messages  # memory.inject's raw messages
+        self.memory_actor.group_summaries = self._group_summaries_full  # memory.inject's include_summary
+        self.conversation_trigger = ConversationTrigger(self.jobs_actor, self.conversation_actor)
+        trigger = self.conversation_trigger
+        self.conversation_actor.flush = lambda group: trigger.request(group, "conversation.flush")
         if recovered.replayed == 0 and not recovered.imported:
             self._snapshot_seq = self.journal_actor.acked_seq  # the files on disk are current
         listener, activated = await self._listener()
@@ -304,6 +313,8 @@ class Daemon:
                 system.start_soon(self._watch_files, watch_scope)
                 maintenance_scope = trio.CancelScope()
                 system.start_soon(self._maintenance_schedule, maintenance_scope)
+                conversation_scope = trio.CancelScope()
+                system.start_soon(self._conversation_schedule, conversation_scope)
                 watchdog_scope = trio.CancelScope()
                 system.start_soon(self._feed_watchdog, watchdog_scope)
                 self._system = system
@@ -348,6 +359,7 @@ class Daemon:
                 background_scope.cancel()
                 watch_scope.cancel()
                 maintenance_scope.cancel()  # the schedule only asks for jobs: the job queue runs them
+                conversation_scope.cancel()  # the periodic extraction likewise
                 watchdog_scope.cancel()
                 with trio.CancelScope(shield=True):
                     try:
@@ -605,6 +617,28 @@ class Daemon:
         reply.deliver(call, result, started_ns)
         reply.flush()
 
+    async def _group_summaries_full(self, slugs: list[str]) -> dict[str, GroupSummary]:
+        """The summary and intents of each conversation group whose domain slug is in `slugs`, read
+        through the conversation actor (memory.inject's include_summary)."""
+        wanted = set(slugs)
+
+        def read(state: Any) -> dict[str, GroupSummary]:
+            return {
+                g.slug: GroupSummary(g.summary.summary, list(g.summary.intents))
+                for g in state.groups.values()
+                if g.slug in wanted and (g.summary.summary or g.summary.intents)
+            }
+
+        result: dict[str, GroupSummary] = await self.conversation_actor.run_internal(read)
+        return result
+
+    async def _conversation_schedule(self, scope: trio.CancelScope) -> None:
+        """The periodic conversation extraction (daemon/jobs/conversation.py), until shutdown."""
+        with scope:
+            await self.conversation_trigger.periodic(
+                self.config.conversation_extract_interval, self.config.conversation_extract_min_chars
+            )
+
     async def _answer_maintain(self, call: Call, reply: Any, started_ns: int) -> None:
         """sys.maintain: {"job_id"} of the memory.maintain job queued now (journaled before the
         answer), or of the one queued or running already; its report is that job's result."""
@@ -728,7 +762,7 @@ class Daemon:
             },
             "skills": self.skills_actor.statistics(),
             "conversation": self.conversation_actor.statistics(),
-            "jobs": self.jobs_actor.statistics(),
+            "jobs": {**self.jobs_actor.statistics(), "conversation": self.conversation_trigger.statistics()},
             "snapshot": {"seq": self._snapshot_seq},
             "recovery": self.recovery,
             "requests": self.stats.summary(),

@@ -217,6 +217,12 @@ _BASE: list[Setting] = [
         "log_format", "log lines: json, text, or auto (json unless stderr is a terminal)",
         Literal["auto", "json", "text"], "auto", config_field=None,
     ),
+    Setting(
+        "conversation_extract_interval",
+        "seconds between periodic extractions of the conversation groups with new messages; 0 = only conversation.flush",
+    ),
+    Setting("conversation_extract_min_chars", "new text (characters) a group needs past its mark for a periodic job"),
+    Setting("conversation_extract_token_budget", "tokens of a group's newest messages one extraction reads at most"),
     Setting("jobs_concurrency", "jobs (LLM extractions) running at once"),
     Setting(
         "jobs_max_attempts",
@@ -659,6 +665,11 @@ class Config(msgspec.Struct, kw_only=True):
     domains: dict[str, DomainPolicy] = {}  # per-domain overrides of the four above
     conversation_session_gap: Seconds = 1800.0  # seconds of silence after which a message opens a new session
     conversation_retention_days: Annotated[float, Meta(ge=0)] = 0.0  # drop messages this long after extraction; 0 keeps all
+    # conversation extraction (daemon/jobs/conversation.py): every interval, each group with at least
+    # min_chars of new text past its high-water mark gets a job; a job reads at most token_budget tokens
+    conversation_extract_interval: NonNegativeSeconds = 600.0  # 0 = no periodic extraction (conversation.flush only)
+    conversation_extract_min_chars: Annotated[int, Meta(ge=1)] = 200
+    conversation_extract_token_budget: Annotated[int, Meta(ge=256, le=1_000_000)] = 12_000
     jobs_concurrency: PositiveInt = 2  # jobs running at once
     jobs_max_attempts: PositiveInt = 5  # counted failed attempts before a job is failed (jobs.retry re-arms it)
     # the LLM of jobs; "" provider: anthropic when ANTHROPIC_API_KEY is set, else none (daemon/llm resolve())

@@ -460,7 +460,16 @@ KEPT: dict[type, dict[str, str]] = {
     m.PersistentKey: {"key": _ID},
     m.GraphAddTheorem: {"domain": _ID, "session_id": _ID},
     m.GraphLink: {"from_id": _ID, "to_id": _ID, "relation": _ENUM},
-    m.MemoryAdd: {"domain": _ID, "category": _ENUM, "source_session": _ID, "scope": _ENUM, "valid_from": _TIME, "valid_until": _TIME},
+    m.MemoryAdd: {
+        "domain": _ID,
+        "category": _ENUM,
+        "source_session": _ID,
+        "scope": _ENUM,
+        "valid_from": _TIME,
+        "valid_until": _TIME,
+        "source_message_ids": _ID,
+        "refers_to": _TIME,
+    },
     m.MemoryUpdate: {"id": _ID, "category": _ENUM, "scope": _ENUM, "valid_from": _TIME, "valid_until": _TIME},
     m.MemoryDelete: {"id": _ID},
     m.MemoryRef: {"id": _ID},  # memory.restore
@@ -480,13 +489,15 @@ KEPT: dict[type, dict[str, str]] = {
     m.ReviewDecide: {"id": _ID, "by": _WHO},
     m.ReviewReject: {"id": _ID, "by": _WHO},
     m.ConversationAppend: {"group": _ID},
+    m.ConversationGroupRef: {"group": _ID},  # conversation.flush journals a job naming the group
     m.ConversationMessage: {"id": _ID, "role": _ENUM, "timestamp": _TIME, "session": _ID},
     m.JobRef: {"id": _ID},  # jobs.cancel and jobs.retry store nothing of the client's but the state
 }
 
-# Methods that store text without journaling it: tier 1 keeps events in RAM and writes them to
-# runs/<session>/episodic.json. Every other storing method is `writes` in METHODS.
-UNJOURNALED_STORES: frozenset[str] = frozenset({"episodic.log", "session.close"})
+# Methods that store text without journaling it in their own tier: tier 1 keeps events in RAM and
+# writes them to runs/<session>/episodic.json; session.close and conversation.flush have the job
+# queue journal a job. Every other storing method is `writes` in METHODS.
+UNJOURNALED_STORES: frozenset[str] = frozenset({"episodic.log", "session.close", "conversation.flush"})
 
 
 def storing_methods() -> list[str]:

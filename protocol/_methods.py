@@ -199,6 +199,7 @@ Content = Annotated[str, Meta(min_length=1, max_length=MAX_TEXT)]
 MAX_K = 100
 MAX_BATCH_ITEMS = 10_000
 MAX_FEEDBACK_IDS = 1000
+MAX_SOURCE_IDS = 256  # a memory's source_message_ids
 # An RFC 3339 timestamp of tier 4's lifecycle ("2026-12-01T08:00:00+00:00"; "Z" and a missing offset,
 # meaning UTC, are accepted); the handler parses it and answers invalid_params, naming the field.
 Instant = Annotated[str, Meta(min_length=1, max_length=64)]
@@ -221,6 +222,9 @@ class MemoryAdd(Params):
     valid_until: Instant | None = None  # null: still true
     pinned: bool = False
     attributed_to: Annotated[str, Meta(min_length=1, max_length=MAX_ID)] | None = None  # the person it is about
+    # where it came from in a conversation (the extraction sets them; a client may too)
+    source_message_ids: Annotated[list[Ident], Meta(max_length=MAX_SOURCE_IDS)] = []
+    refers_to: Instant | None = None  # the time it is about (RFC 3339), when it names one
 
 
 class MemoryAddMany(Params):
@@ -250,6 +254,7 @@ class MemoryInject(Params):
     # the best `messages` raw messages of conversation `group` for the query (conversation.search), after the memories
     group: Annotated[str, Meta(min_length=1, max_length=MAX_ID)] | None = None
     messages: Annotated[int, Meta(ge=0, le=MAX_K)] = 0
+    include_summary: bool = False  # the domain's conversation group summary and intents head the block
 
 
 class MemoryRef(Params):
@@ -523,6 +528,10 @@ METHODS: dict[str, MethodSpec] = dict(
         _spec("conversation.groups", Empty, "conversation", False, "every group: counts, high-water mark, sessions, times"),
         _spec("conversation.summary", ConversationGroupRef, "conversation", False, "a group's rolling summary and intents"),
         _spec("conversation.search", ConversationSearch, "conversation", False, "a group's best messages for a query, with context"),
+        _spec(
+            "conversation.flush", ConversationGroupRef, "conversation", False,
+            "extract the group's new messages now (or join the job that will): the job's id",
+        ),
 
 
         _spec("memory.history", MemoryHistory, "memory", False, "a memory's versions, oldest first, with decisions"),

@@ -167,6 +167,9 @@ class Memory(Record, kw_only=True):
     # the person the memory is about or said by (a conversation's sender; null: nobody in particular);
     # memory.search boosts it when the query names that person
     attributed_to: str | None = None
+    # Conversation memories: the ids of the group's messages it was extracted from, the time it refers to.
+    source_message_ids: list[str] = []
+    refers_to: str | None = None
 
 
 SKILL_SOURCES: tuple[str, ...] = ("seed", "distilled", "manual")

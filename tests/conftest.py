@@ -221,3 +221,13 @@ class RawConnection:
 
     async def aclose(self) -> None:
         await self.stream.aclose()
+
+
+@pytest.fixture
+def stub() -> Iterator[Any]:
+    """The loopback LLM server of tests/test_llm.py (StubLLMServer), closed after the test."""
+    from test_llm import StubLLMServer
+
+    server = StubLLMServer()
+    yield server
+    server.close()

@@ -204,13 +204,20 @@ async def harness(
     max_attempts: int = 5,
 ) -> AsyncIterator[Harness]:
     h = Harness(llm or FakeLLM(), concurrency, kinds if kinds is not None else {"test.note": NoteKind()}, max_attempts)
+    async with running_actors(h.jobs, [h.persistent, h.graph]):
+        yield h
+
+
+@asynccontextmanager
+async def running_actors(jobs: JobsActor, tiers: list[TierActor]) -> AsyncIterator[None]:
+    """The tier actors and the jobs actor running, until the block ends (the jobs stopped first)."""
     async with trio.open_nursery() as nursery:
-        for actor in (h.persistent, h.graph, h.jobs):
+        for actor in (*tiers, jobs):
             nursery.start_soon(actor.run)
         await trio.testing.wait_all_tasks_blocked()
         try:
-            yield h
+            yield
         finally:
-            await h.jobs.stop()
-            for actor in (h.jobs, h.graph, h.persistent):
+            await jobs.stop()
+            for actor in (jobs, *reversed(tiers)):
                 actor.close()

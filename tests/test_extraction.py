@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -133,13 +133,6 @@ INSIGHTS = {
         }
     ],
 }
-
-
-@pytest.fixture
-def stub() -> Iterator[StubLLMServer]:
-    server = StubLLMServer()
-    yield server
-    server.close()
 
 
 def answer(data: Any = INSIGHTS, **usage: int) -> Any:

@@ -10,11 +10,9 @@ import os
 import re
 import signal
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from eurekamem.client import Client
 from test_extraction import DOMAIN, INSIGHTS, THEORY_STATE
 from test_llm import Recorded, Reply, StubLLMServer, anthropic_tool, http_error
@@ -23,13 +21,6 @@ from daemon_process import DaemonProcess
 
 TIMEOUT = 30.0
 KEY = "sk-test-crash"
-
-
-@pytest.fixture
-def stub() -> Iterator[StubLLMServer]:
-    server = StubLLMServer()
-    yield server
-    server.close()
 
 
 def daemon(

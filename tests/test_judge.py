@@ -13,7 +13,7 @@ import trio
 from eurekamem.client import Client
 from eurekamem.daemon.jobs.judge import Candidate, Verdicts, check
 from eurekamem.protocol import Memory
-from test_extraction import DOMAIN, THEORY_STATE, close, extraction_daemon, finished, stub  # noqa: F401
+from test_extraction import DOMAIN, THEORY_STATE, close, extraction_daemon, finished
 from test_llm import Recorded, StubLLMServer, anthropic_tool
 
 from conftest import IO_TIMEOUT, RawConnection

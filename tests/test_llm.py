@@ -17,7 +17,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Annotated, Any, Literal
 
@@ -210,13 +210,6 @@ class StubLLMServer:
         self.release.set()
         self.httpd.shutdown()
         self.httpd.server_close()
-
-
-@pytest.fixture
-def stub() -> Iterator[StubLLMServer]:
-    server = StubLLMServer()
-    yield server
-    server.close()
 
 
 class RecordingSleep:

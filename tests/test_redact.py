@@ -585,6 +585,8 @@ def test_no_secret_reaches_any_file_or_log(data_dir: Path, sock_dir: Path) -> No
                     "overview": everything,
                     "tags": tags,
                     "attributed_to": tags[0],
+                    "source_message_ids": ["m1"],
+                    "refers_to": "2023-05-07",
                 },
             )["memory"]
             many = call(
@@ -658,6 +660,7 @@ def test_no_secret_reaches_any_file_or_log(data_dir: Path, sock_dir: Path) -> No
                     ],
                 },
             )
+            call(c, "conversation.flush", {"group": "d"})  # a job naming the group (no LLM here: it waits)
             call(
                 c,
                 "session.close",

@@ -10,6 +10,9 @@ Rules kept here:
   by the query pipeline (no state involved), then enters the actor's queue like any call, so it
   sees every write sent before it. When the model is not loaded yet, or fails, the search answers
   from BM25 alone at once (the failure is named in `why.dense_error`).
+- conversation.flush never holds the actor: it is answered by a task of its own that reads the
+  group through an internal call (so it sees every write sent before it) and asks the job queue
+  (daemon/jobs/conversation.py: ConversationTrigger.request, set as `flush` by the daemon).
 - Message vectors are computed in the background, in batches: the texts to embed are taken from
   the state (an internal call), embedded without it, and stored by a second internal call only
   for messages whose dense text is still the one embedded. Vectors are not journaled (they are
@@ -23,7 +26,7 @@ import logging
 import math
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,7 @@ from eurekamem.daemon.conversation.state import ConversationSnapshot, Conversati
 from eurekamem.daemon.memory.actor import remove_unnamed_vector_files
 from eurekamem.daemon.memory.vectors import VectorStore
 from eurekamem.daemon.storage.files import RealFiles, atomic_write
+from eurekamem.daemon.storage.journal_actor import JournalUnavailable
 from eurekamem.daemon.tier import MAX_BATCH, TierActor, Work, handles
 from eurekamem.protocol import Call, ProtocolError
 from eurekamem.protocol import _methods as m
@@ -53,6 +57,9 @@ RETENTION_INTERVAL = 3600.0  # seconds between retention passes (only when reten
 SEARCH = "conversation.search"
 
 
+FLUSH = "conversation.flush"
+
+
 class ConversationActor(TierActor):
     state: ConversationState
     # a search enters the queue only once its query is embedded, so a write sent after it may run
@@ -68,10 +75,15 @@ class ConversationActor(TierActor):
         self._wake = trio.Event()  # set when messages may need vectors
         self.embed_errors = 0
         self.dropped = 0  # messages removed by retention since start
+        self.flush: Callable[[str], Awaitable[str | None]] | None = None  # ConversationTrigger.request, by the daemon
+        self._nursery: trio.Nursery | None = None
 
     # --- the queue -------------------------------------------------------------------------------
 
     def submit(self, work: Work) -> None:
+        if work.call.spec.name == FLUSH and self._nursery is not None:
+            self._nursery.start_soon(self._answer_flush, work)
+            return
         if work.call.spec.name == SEARCH:
             self._owed += 1  # owed from now: reads sent after it no longer take the fast path
             self._query_send.send_nowait(work)
@@ -84,6 +96,7 @@ class ConversationActor(TierActor):
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             nursery.start_soon(self._query_pipeline)
             nursery.start_soon(self._embed_loop)
             if self.retention_days > 0:
@@ -118,6 +131,30 @@ class ConversationActor(TierActor):
                 except trio.ClosedResourceError:  # shutting down: the connection is gone already
                     self._query_vectors.pop(id(work.call), None)
                     self._owed -= 1
+
+    async def _answer_flush(self, work: Work) -> None:
+        result: Any
+        try:
+            if self.flush is None:
+                raise ProtocolError("unavailable", "conversation extraction is not running in this daemon")
+            result = {"job_id": await self.flush(work.call.params.group)}
+        except ProtocolError as exc:
+            result = exc
+        except JournalUnavailable as exc:
+            result = ProtocolError("read_only", f"read-only: {exc}")
+        except (trio.ClosedResourceError, trio.EndOfChannel):
+            result = ProtocolError("unavailable", "the daemon is shutting down")
+        except Exception as exc:  # a bug: answer `internal`, keep serving
+            log.exception("internal error in %s", FLUSH)
+            result = ProtocolError("internal", f"internal error in {FLUSH}: {type(exc).__name__}: {exc}")
+        work.reply.deliver(work.call, result, work.started_ns)
+        work.reply.flush()
+
+    @handles(FLUSH, "actor")
+    async def do_flush(self, call: Call) -> Any:
+        """Never run in a batch (it waits for the job queue): submit() hands every conversation.flush
+        to a task of its own, _answer_flush."""
+        raise AssertionError("conversation.flush is answered by _answer_flush, outside the actor's batches")
 
     # --- batches (in a worker thread) ------------------------------------------------------------
 

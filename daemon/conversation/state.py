@@ -97,6 +97,15 @@ class Summary(msgspec.Struct, kw_only=True):
     updated_at: str | None = None
 
 
+class Pending(msgspec.Struct, kw_only=True):
+    """A group's extraction state as a request for one sees it."""
+
+    group: str
+    mark: int
+    newest: int  # the highest seq of the group (0: none)
+    taken: tuple[str, int] | None  # (job id, mark_to) of the last window an extraction took
+
+
 class Window(msgspec.Struct, kw_only=True):
     """What an extraction job reads: the newest messages after the mark within a token budget,
     in conversation order, and the mark to set once its results are applied."""
@@ -151,7 +160,9 @@ Key = tuple[int, int]  # (timestamp in microseconds, seq): conversation order
 
 
 class Group:
-    __slots__ = ("_cache", "ids", "keys", "mark", "marks", "name", "senders", "sessions", "slug", "summary", "version")
+    __slots__ = (
+        "_cache", "ids", "keys", "mark", "marks", "name", "senders", "sessions", "slug", "summary", "taken", "version"
+    )
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -163,6 +174,7 @@ class Group:
         self.mark = 0
         self.marks: list[tuple[int, str]] = []  # (mark, at) of every move not yet used by retention
         self.summary = Summary()
+        self.taken: tuple[str, int] | None = None  # (job id, mark_to) of the last window an extraction took (not durable)
         self.version = 0
         self._cache: dict[Any, np.ndarray] = {}
 
@@ -633,6 +645,54 @@ class ConversationState(TierState):
             kept = after[start:]
         mark_to = max((msg.seq for msg in after), default=g.mark)
         return Window(group=group, messages=kept, mark_from=g.mark, mark_to=mark_to, skipped=len(after) - len(kept))
+
+    def take_window(self, group: str, token_budget: int | None, job_id: str) -> tuple[Window, Summary]:
+        """An extraction's window and the group's current summary; remembers which job took a window
+        up to which seq (conversation.flush's debounce reads it through extraction_pending())."""
+        window = self.window(group, token_budget)
+        g = self.groups.get(group)
+        if g is None:
+            return window, Summary()
+        g.taken = (job_id, window.mark_to)
+        return window, g.summary
+
+    def extraction_pending(self, group: str) -> Pending | None:
+        """What an extraction request needs to know of a group (None: no such group)."""
+        g = self.groups.get(group)
+        if g is None:
+            return None
+        newest = max(g.ids.values(), default=0)  # a late message has the highest seq, not the last place
+        return Pending(group=group, mark=g.mark, newest=newest, taken=g.taken)
+
+    def groups_with_new_text(self, min_chars: int) -> list[str]:
+        """The groups with at least min_chars of message text past their mark (the periodic trigger)."""
+        out = []
+        for name, g in self.groups.items():
+            chars = 0
+            for _, seq in reversed(g.keys):  # newest first: a group caught up stops at once, mostly
+                if seq > g.mark:
+                    chars += len(self.messages[seq].text)
+                    if chars >= min_chars:
+                        out.append(name)
+                        break
+        return out
+
+    def commit_extraction(self, group: str, mark_from: int, mark_to: int, summary: str | None, intents: list[str]) -> int:
+        """Run inside a job's commit (staged, one journal record with its memories): the group's mark
+        moves past the window the job read, and its summary and intents are replaced. Refused when the
+        mark moved since the window was taken (the window would be applied twice)."""
+        g = self.groups.get(group)
+        if g is None:
+            raise ProtocolError("not_found", f"no conversation group {group!r}", field="group")
+        if g.mark != mark_from:
+            raise ProtocolError(
+                "internal", f"the mark of {group!r} moved from {mark_from} to {g.mark} while its window was extracted"
+            )
+        if mark_to > g.mark:
+            self.move_mark(group, mark_to)
+        if summary is not None:
+            self.put_summary(group, summary, intents)
+        return mark_to
 
     def move_mark(self, group: str, mark: int) -> MoveMark:
         """Commit (journal with the batch or internal call) the group's new high-water mark."""

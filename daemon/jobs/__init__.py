@@ -7,9 +7,10 @@ schedules and runs jobs and commits their results exactly once (the rules are at
 from typing import Any
 
 from eurekamem.daemon.jobs.actor import JobContext, JobFailed, JobKind, JobsActor, LLMHandle, Outcome
-from eurekamem.daemon.jobs.state import JobRecord, JobsState, MaintainInput, SessionInput
+from eurekamem.daemon.jobs.state import ConversationInput, JobRecord, JobsState, MaintainInput, SessionInput
 
 __all__ = [
+    "ConversationInput",
     "JobContext",
     "JobFailed",
     "JobKind",
@@ -24,9 +25,15 @@ __all__ = [
 ]
 
 
-def default_kinds() -> dict[str, Any]:
+def default_kinds(conversation_token_budget: int | None = None) -> dict[str, Any]:
     """The job kinds the daemon runs."""
+    from eurekamem.daemon.jobs.conversation import DEFAULT_TOKEN_BUDGET, ConversationExtraction
     from eurekamem.daemon.jobs.extract import SessionExtraction
     from eurekamem.daemon.memory.maintenance import MemoryMaintenance
 
-    return {SessionExtraction.kind: SessionExtraction(), MemoryMaintenance.kind: MemoryMaintenance()}
+    conversation = ConversationExtraction(conversation_token_budget or DEFAULT_TOKEN_BUDGET)
+    return {
+        SessionExtraction.kind: SessionExtraction(),
+        MemoryMaintenance.kind: MemoryMaintenance(),
+        conversation.kind: conversation,
+    }

@@ -25,6 +25,9 @@ Rules kept here:
 - Shutdown (`stop`) cancels the running attempts before their commit (a commit under way
   finishes): they stay `running` in the journal and recovery queues them again. jobs.wait
   callers are answered at once with the job as it is.
+- Lanes: a kind may name a lane for a job's input (`lane(input)`: a conversation group); two jobs
+  of one lane never run at once (the scheduler starts a job only while no other job of its lane
+  runs; the queue's order is kept within the lane).
 - Test hook: EUREKAMEM_JOBS_PAUSE_AT=answered (after the LLM's last answer, before the commit) or
   committed (after the commit's journal write) makes each job log "jobs: paused at <point>" and
   wait there forever, so that a test can kill -9 the daemon at that point.
@@ -61,7 +64,7 @@ log = logging.getLogger("eurekamem.jobs")
 
 PAUSE_VARIABLE = "EUREKAMEM_JOBS_PAUSE_AT"
 PAUSE_POINTS = ("answered", "committed")
-COMMIT_ORDER = ("memory", "graph", "persistent", "skills")
+COMMIT_ORDER = ("memory", "graph", "persistent", "skills", "conversation")
 BACKOFF_BASE = 5.0
 BACKOFF_MAX = 300.0
 NEEDS_A_PERSON = ("not_configured", "no_key", "auth", "not_found")  # back off the longest
@@ -160,6 +163,12 @@ class JobKind(Protocol):
     async def run(self, ctx: JobContext) -> Outcome: ...
 
 
+def lane_of(kind: Any, job_input: Any) -> str | None:
+    """The job's lane (see the module's rule), or None: a kind without lanes."""
+    lane = getattr(kind, "lane", None)
+    return lane(job_input) if lane is not None and job_input is not None else None
+
+
 class JobsActor(TierActor):
     ARRIVAL_ORDER = False  # jobs.wait is answered when its job finishes, after later requests
 
@@ -194,6 +203,7 @@ class JobsActor(TierActor):
         state.max_attempts = max_attempts
         self._rng = rng or random.Random()
         self._running: dict[str, trio.CancelScope] = {}
+        self._lanes: dict[str, str] = {}  # lane -> the job of it running now
         self._backoff: dict[str, tuple[float, int, str]] = {}  # job id -> (not before, failures in a row, reason)
         self.waiting_all: str | None = None  # why no queued job can start now (None: they can)
         state.why_waiting = self._why_waiting
@@ -225,6 +235,23 @@ class JobsActor(TierActor):
             self.accepted += 1
         self._wake.set()
         return record.id
+
+    async def accept_coalesced(
+        self, kind: str, key: str, job_input: JobInput | None, covers: Callable[[JobRecord], bool]
+    ) -> str | None:
+        """The newest job with `key` if it is queued or covers the request, else a new job (journaled
+        before this returns; JobsState.accept_coalesced), else None (job_input None: nothing to do).
+        The check and the accept are one internal call: two requests never both make a job."""
+        if kind not in self.kinds:
+            raise ValueError(f"no job kind {kind!r}")
+        job_id = new_id()
+        record, created = await self.run_internal(
+            lambda state: state.accept_coalesced(kind, key, job_input, job_id, covers)
+        )
+        if created:
+            self.accepted += 1
+            self._wake.set()
+        return record.id if record is not None else None
 
     def nudge(self, llm: LLMHandle | None = None) -> None:
         """Try again now: a new LLM client (a resolved configuration), back-offs forgotten."""
@@ -404,7 +431,8 @@ class JobsActor(TierActor):
         no_llm = None if llm.available else f"no LLM: {llm.unavailable_reason}"
         now = trio.current_time()
         next_look = float("inf")
-        for job_id, kind, has_input in await self.run_internal(lambda state: state.queued()):
+        for job_id, kind, job_input in await self.run_internal(lambda state: state.queued_inputs()):
+            has_input = job_input is not None
             if self.read_only:
                 break
             waited = self._backoff.get(job_id)
@@ -420,6 +448,9 @@ class JobsActor(TierActor):
                     job_id, f"no job kind {kind!r} in this daemon" if kind not in self.kinds else "its input is missing"
                 )
                 continue
+            lane = lane_of(self.kinds[kind], job_input)
+            if lane is not None and lane in self._lanes:
+                continue  # its lane's job runs: it starts after it (the module's rule)
             try:
                 started = await self.run_internal(functools.partial(JobsState.start, job_id=job_id))
             except JournalUnavailable as exc:
@@ -427,6 +458,8 @@ class JobsActor(TierActor):
                 break
             if started is not None:
                 record, job_input = started
+                if lane is not None:
+                    self._lanes[lane] = record.id
                 self._running[record.id] = scope = trio.CancelScope()
                 runners.start_soon(self._run, record, job_input, scope)
         if self.read_only:
@@ -483,6 +516,9 @@ class JobsActor(TierActor):
             self.tokens_since_start.input += ctx.tokens.input
             self.tokens_since_start.output += ctx.tokens.output
             self._running.pop(job_id, None)
+            for lane, running in list(self._lanes.items()):
+                if running == job_id:
+                    del self._lanes[lane]
             self._wake.set()
 
     async def _requeue(self, job_id: str, attempt: int, tokens: Tokens, exc: LLMUnavailable) -> None:

@@ -286,21 +286,10 @@ class SessionExtraction:
     async def judge(self, ctx: JobContext, planned: list[Planned], adds: list[m.MemoryAdd]) -> None:
         """The insights that look like memories already kept go to the judge, in one call."""
         assert isinstance(ctx.input, SessionInput)
-        domain = ctx.input.domain
-        wanted: list[tuple[str, str, str, Any]] = [
-            (p.category, p.title, p.content, plan.vector) for plan, p in zip(planned, adds, strict=True)
-        ]
-        found = await ctx.read("memory", lambda state: candidates_of(state, domain, wanted))
-        chosen = [index for index, candidates in enumerate(found) if candidates]
-        if not chosen:
-            return
-        items: list[tuple[str, str, str]] = [(adds[i].category, adds[i].title, adds[i].content) for i in chosen]
-        decided = await judge(ctx, domain, items, [found[i] for i in chosen])
-        for index, judged in zip(chosen, decided, strict=True):
-            planned[index].judged = judged
+        await judge_planned(ctx, ctx.input.domain, planned, adds)
 
 
-async def embed_planned(ctx: JobContext, planned: list[Planned], adds: list[m.MemoryAdd]) -> None:
+async def embed_planned(ctx: JobContext, planned: list[Any], adds: list[m.MemoryAdd]) -> None:
     """Every insight's passages, in ONE embedding call off the actors: the very texts memory.add
     embeds (state.passage_texts: title, the model's abstract, content; a long content's windows), so
     that the commit, which holds tier 4 until its journal write, embeds nothing itself."""
@@ -313,7 +302,23 @@ async def embed_planned(ctx: JobContext, planned: list[Planned], adds: list[m.Me
         plan.vector = pooled(list(plan.passages.values()))
 
 
-def apply_memories(state: MemoryState, planned: list[Planned], adds: list[m.MemoryAdd]) -> list[dict[str, Any]]:
+async def judge_planned(ctx: JobContext, domain: str, planned: list[Any], adds: list[m.MemoryAdd]) -> None:
+    """Each planned item (with its .vector) whose add looks like a memory already kept goes to the
+    judge, all in one call; its decision is set as the item's .judged (else the dedup rules decide)."""
+    wanted: list[tuple[str, str, str, Any]] = [
+        (p.category, p.title, p.content, plan.vector) for plan, p in zip(planned, adds, strict=True)
+    ]
+    found = await ctx.read("memory", lambda state: candidates_of(state, domain, wanted))
+    chosen = [index for index, candidates in enumerate(found) if candidates]
+    if not chosen:
+        return
+    items: list[tuple[str, str, str]] = [(adds[i].category, adds[i].title, adds[i].content) for i in chosen]
+    decided = await judge(ctx, domain, items, [found[i] for i in chosen])
+    for index, judged in zip(chosen, decided, strict=True):
+        planned[index].judged = judged
+
+
+def apply_memories(state: MemoryState, planned: list[Any], adds: list[m.MemoryAdd]) -> list[dict[str, Any]]:
     """Run by the memory actor inside the commit: each insight as the judge decided, else through
     the dedup rules, in order."""
     state.use_passages({text: vector for plan in planned for text, vector in plan.passages.items()})
@@ -329,7 +334,7 @@ def apply_memories(state: MemoryState, planned: list[Planned], adds: list[m.Memo
             "reason": answer.get("reason", ""),
             "by": by,
         }
-        if plan.item.general and memory is not None:
+        if getattr(plan.item, "general", False) and memory is not None:  # session insights only
             entry["proposal"] = propose_general(state, memory.id, p.title)
         out.append(entry)
     return out
@@ -349,7 +354,7 @@ def propose_general(state: MemoryState, memory_id: str, title: str) -> dict[str,
         return {"state": "not proposed", "reason": exc.message}
 
 
-def apply_judged(state: MemoryState, p: m.MemoryAdd, plan: Planned) -> tuple[dict[str, Any], str]:
+def apply_judged(state: MemoryState, p: m.MemoryAdd, plan: Any) -> tuple[dict[str, Any], str]:
     """The judge's decision, applied to the memory it was made about if that is unchanged."""
     judged = plan.judged
     reason = f"judge: {judged.reason}"

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any, TypeAlias
 
 import msgspec
+from eurekamem.daemon.conversation.state import MoveMark, PutSummary
 from eurekamem.daemon.memory.review import PutReview
 from eurekamem.daemon.memory.state import MaintenanceRecord, PutMemory
 from eurekamem.daemon.skills.state import PutSkill
@@ -84,7 +85,17 @@ class MaintainInput(msgspec.Struct, tag="memory.maintain", kw_only=True):
     requested_at: str
 
 
-JobInput = SessionInput | MaintainInput  # tagged: the journal and the snapshot say which
+class ConversationInput(msgspec.Struct, tag="conversation.extract", kw_only=True):
+    """A conversation group's extraction (daemon/jobs/conversation.py): it reads the group's messages
+    past the high-water mark when it runs (they are journaled already, and the mark moves only with
+    the job's result), so its input names the group and what asked."""
+
+    group: str
+    trigger: str  # conversation.flush | periodic
+    requested_at: str
+
+
+JobInput = SessionInput | MaintainInput | ConversationInput  # tagged: the journal and the snapshot say which
 
 
 class AcceptJob(msgspec.Struct, tag="jobs.accept"):
@@ -100,7 +111,9 @@ class PurgeJob(msgspec.Struct, tag="jobs.purge"):
     id: str
 
 
-Part: TypeAlias = PutMemory | PutReview | MaintenanceRecord | PutNode | PutEdge | PutRecord | PutSkill
+Part: TypeAlias = (
+    PutMemory | PutReview | MaintenanceRecord | PutNode | PutEdge | PutRecord | PutSkill | MoveMark | PutSummary
+)
 
 
 class CommitJob(msgspec.Struct, tag="jobs.commit"):
@@ -208,6 +221,25 @@ class JobsState(TierState):
         record = JobRecord(id=job_id, kind=kind, key=key, state="queued", created_at=self.now())
         self.commit(AcceptJob(record, job_input))
         return record, True
+
+    def accept_coalesced(
+        self, kind: str, key: str, job_input: JobInput | None, job_id: str, covers: Callable[[JobRecord], bool]
+    ) -> tuple[JobRecord | None, bool]:
+        """Debounce: the newest job with this key if it is queued, or if `covers(it)` (it will read,
+        or has read, everything the request is about); else a new job (journaled by the caller's
+        batch: `by_key` then names it), or (None, False) when `job_input` is None (nothing to do)."""
+        existing = self.jobs.get(self.by_key.get(key, ""))
+        if existing is not None and (existing.state == "queued" or covers(existing)):
+            return existing, False
+        if job_input is None:
+            return None, False
+        record = JobRecord(id=job_id, kind=kind, key=key, state="queued", created_at=self.now())
+        self.commit(AcceptJob(record, job_input))
+        return record, True
+
+    def queued_inputs(self) -> list[tuple[str, str, JobInput | None]]:
+        """(id, kind, its input or None) of every queued job, oldest first."""
+        return [(r.id, r.kind, self.inputs.get(r.id)) for r in self.jobs.values() if r.state == "queued"]
 
     def start(self, job_id: str) -> tuple[JobRecord, JobInput] | None:
         """Mark a queued job running (one more attempt); None if it is no longer queued, or if it has

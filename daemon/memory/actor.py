@@ -54,6 +54,7 @@ import numpy as np
 import trio
 from eurekamem.daemon.memory.format import domain_slug, index_entry, memory_files, render_markdown
 from eurekamem.daemon.memory.state import (
+    GroupSummary,
     MemorySnapshot,
     MemoryState,
     Prepared,
@@ -63,6 +64,7 @@ from eurekamem.daemon.memory.state import (
     own_abstract,
     pooled,
     query_to_embed,
+    wants_summary,
     write_cost,
 )
 from eurekamem.daemon.memory.vectors import VectorStore
@@ -95,6 +97,9 @@ _WHAT = {"new": "was written by another program", "edit": "was edited by another
 
 
 REEMBED_BATCH = 64
+
+
+QUERY_CACHE = 256  # query embeddings kept (see MemoryActor._query_cache)
 
 
 # write batches of at most this many memories find what to embed on the event loop (fingerprints
@@ -141,6 +146,14 @@ class MemoryActor(TierActor):
         # memory.inject's raw messages: (group, query, k, the query's vector or None, why none) ->
         # conversation.search's hits, through the conversation actor; None while there is no such tier
         self.messages: Callable[[str, str, int, np.ndarray | None, str | None], Awaitable[list[dict[str, Any]]]] | None = None
+        # the same groups' summaries and intents for memory.inject's include_summary: slugs -> {slug: GroupSummary}
+        self.group_summaries: Callable[[list[str]], Awaitable[dict[str, GroupSummary]]] | None = None
+        # query embeddings recently computed or pre-warmed (the intents an extraction predicted), at
+        # most QUERY_CACHE of them, oldest dropped first; read and written on the event loop only
+        # (the pipelines' trio tasks and warm_queries), never by a worker thread
+        self._query_cache: collections.OrderedDict[str, Any] = collections.OrderedDict()
+        self.query_cache_hits = 0
+        self.warmed = 0
         self.files_written = 0
         self.projection_errors = 0
         # what the scans of memories/ know (daemon/memory/watch.py): touched under _projection_lock only
@@ -210,7 +223,7 @@ class MemoryActor(TierActor):
                             await self._run_internal_item(item)
                     elif item.call.spec.writes:
                         writes.append(item)
-                    elif query_to_embed(item.call) is not None:
+                    elif query_to_embed(item.call) is not None or wants_summary(item.call):
                         queries.append(item)
                     else:
                         reads.append(item)
@@ -303,12 +316,19 @@ class MemoryActor(TierActor):
                 del self._bulk[key]
 
     async def _query_pipeline(self, recv: Any) -> None:
-        """Reads that need a query embedded: embed (no lock held), then run with the state."""
+        """Reads that need a query embedded (or, for an inject with include_summary, their domain's
+        conversation summary read): embed and read (no lock held), then run with the state."""
         async for first in recv:
             batch = _with_waiting(first, recv)
             queries = [q for q in dict.fromkeys(query_to_embed(work.call) for work in batch) if q is not None]
             embedded = await self._embedded_for([], queries)
             await self._fetch_messages(batch, embedded)
+            slugs = list(dict.fromkeys(domain_slug(w.call.params.domain) for w in batch if wants_summary(w.call)))
+            if slugs and self.group_summaries is not None:
+                try:
+                    embedded[0].summaries = await self.group_summaries(slugs)
+                except Exception:  # the block goes without it (its `summary` says so)
+                    log.exception("reading the conversation summaries for memory.inject failed")
             await self._run_embedded(batch, embedded)
 
     async def _fetch_messages(self, batch: list[Work], embedded: tuple[Prepared, str | None]) -> None:
@@ -330,14 +350,45 @@ class MemoryActor(TierActor):
                 prepared.messages[key] = f"the conversation search failed: {type(exc).__name__}: {exc}"
 
     async def _embedded_for(self, passages: list[str], queries: list[str]) -> tuple[Prepared, str | None]:
-        """Embed in a worker thread; the query timing it hands back is recorded here, in trio."""
-        if not (passages or queries):
-            return Prepared(), None
-        prepared, error, each_query_us = await self._run_sync(self._embed_texts, passages, queries)
+        """Embed in a worker thread (queries in the query cache are not embedded again); the query
+        timing it hands back is recorded here, in trio."""
+        cached = {q: self._query_cache[q] for q in queries if q in self._query_cache}
+        for q in cached:
+            self._query_cache.move_to_end(q)
+        self.query_cache_hits += len(cached)
+        missing = [q for q in queries if q not in cached]
+        if not (passages or missing):
+            prepared = Prepared()
+            prepared.queries = cached
+            return prepared, None
+        prepared, error, each_query_us = await self._run_sync(self._embed_texts, passages, missing)
         if each_query_us is not None:
-            for _ in queries:
+            for _ in missing:
                 self.query_embedding_time.add(each_query_us)
+        if error is None:
+            self._remember_queries(prepared.queries)
+            prepared.queries.update(cached)
         return prepared, error
+
+    def _remember_queries(self, vectors: dict[str, Any]) -> None:
+        for query, vector in vectors.items():
+            self._query_cache[query] = vector
+            self._query_cache.move_to_end(query)
+        while len(self._query_cache) > QUERY_CACHE:
+            self._query_cache.popitem(last=False)
+
+    async def warm_queries(self, queries: list[str]) -> int:
+        """Embed the queries not in the query cache (a worker thread) and keep them there: a later
+        search or inject with one of them as its query embeds nothing. How many were embedded."""
+        missing = [q for q in dict.fromkeys(queries) if q and q not in self._query_cache]
+        if not missing:
+            return 0
+        prepared, error, _ = await self._run_sync(self._embed_texts, [], missing)
+        if error is not None:
+            raise RuntimeError(error)
+        self._remember_queries(prepared.queries)
+        self.warmed += len(missing)
+        return len(missing)
 
     async def _run_embedded(self, batch: list[Work], embedded: tuple[Prepared, str | None]) -> None:
         """Run a batch on the state with the embeddings a pipeline computed for it."""
@@ -709,6 +760,7 @@ class MemoryActor(TierActor):
             "lexical_index_from": self._lexical_from,  # "snapshot", "rebuilt" (from the texts) or "new"
             "search": {mode: histogram.summary() for mode, histogram in self._timings.items()},
             "query_embedding": self.query_embedding_time.summary(),
+            "query_cache": {"size": len(self._query_cache), "hits": self.query_cache_hits, "warmed": self.warmed},
         }
 
 

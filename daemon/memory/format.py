@@ -120,8 +120,13 @@ def render_markdown(memory: Memory) -> str:
         lines.append(f"archived_reason: {_yaml_scalar(' '.join(memory.archived_reason.split()))}")
     if memory.raw:
         lines.append("raw: true")
+    # a conversation memory's origin (issue 12), each only when set
+    if memory.source_message_ids:
+        lines.append(f"source_message_ids: {json.dumps(memory.source_message_ids, ensure_ascii=False)}")
     if memory.attributed_to:
         lines.append(f"attributed_to: {_yaml_scalar(memory.attributed_to)}")
+    if memory.refers_to is not None:
+        lines.append(f"refers_to: {_yaml_scalar(memory.refers_to)}")
     lines += ["---", "", f"# {memory.title}", "", memory.content.rstrip("\n"), ""]
     return "\n".join(lines)
 

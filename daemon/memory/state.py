@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import heapq
+import json
 import logging
 import math
 import time
@@ -149,6 +150,17 @@ def validate_domain(domain: str) -> None:
     parts = domain.replace("\\", "/").split("/")
     if "\x00" in domain or any(part in (".", "..") for part in parts):
         raise ProtocolError("invalid_params", f"invalid params: domain {domain!r} would name a folder outside its own", field="domain")
+
+
+def _origin_merged(old: Memory, p: m.MemoryAdd) -> dict[str, Any]:
+    """A merge's conversation origin: the source message ids of both (the old first, at most
+    MAX_SOURCE_IDS kept: the newest), who it is about and the time it refers to kept unless unset."""
+    ids = list(dict.fromkeys(old.source_message_ids + list(p.source_message_ids)))[-m.MAX_SOURCE_IDS :]
+    return {
+        "source_message_ids": ids,
+        "attributed_to": old.attributed_to or (p.attributed_to or "").strip() or None,
+        "refers_to": old.refers_to if old.refers_to is not None else _time_param("refers_to", p.refers_to),
+    }
 
 
 def _check_text(field: str, value: str) -> None:
@@ -447,13 +459,27 @@ def query_to_embed(call: Any) -> str | None:
 
 
 class Prepared:
-    """Embeddings computed for a batch before its handlers run, keyed by text."""
+    """Embeddings computed for a batch before its handlers run, keyed by text; and, for an inject
+    with include_summary, the conversation groups' summaries read for it (domain slug -> summary)."""
 
     def __init__(self) -> None:
         self.passages: dict[str, np.ndarray] = {}
         self.queries: dict[str, np.ndarray] = {}
         # memory.inject's raw messages (conversation.search hits), keyed by (group, query, count); or the error
         self.messages: dict[tuple[str, str, int], list[dict[str, Any]] | str] = {}
+        self.summaries: dict[str, GroupSummary] = {}
+
+
+class GroupSummary(msgspec.Struct):
+    """A conversation group's rolling summary and predicted intents (read from the conversation tier)."""
+
+    summary: str
+    intents: list[str]
+
+
+def wants_summary(call: Any) -> bool:
+    """An inject that must have its domain's conversation summary read before it runs."""
+    return call.spec.name == "memory.inject" and call.params.include_summary
 
 
 def messages_to_fetch(call: Any) -> tuple[str, str, int] | None:
@@ -656,6 +682,7 @@ class MemoryState(TierState):
             raise ProtocolError("invalid_params", f"invalid params: domain {p.domain!r} never shares its memories (share_policy never)", field="scope")
         now = self.stamp()
         valid_from, valid_until = _validity(p.valid_from, p.valid_until, now)
+        _time_param("refers_to", p.refers_to)
         slug = domain_slug(p.domain)
         fp = fingerprint(p.title, p.content)
         if p.dedup:
@@ -698,7 +725,9 @@ class MemoryState(TierState):
             valid_from=valid_from,
             valid_until=valid_until,
             raw=not p.dedup,
-            attributed_to=p.attributed_to,
+            source_message_ids=list(dict.fromkeys(p.source_message_ids)),
+            attributed_to=(p.attributed_to or "").strip() or None,
+            refers_to=_time_param("refers_to", p.refers_to),
         )
         self.commit(PutMemory(memory, self.model, vector.astype(np.float32).tobytes(), 1, "created", reason))
         return memory
@@ -911,6 +940,24 @@ class MemoryState(TierState):
         _time_param("as_of", p.as_of)
         return self.search(p)
 
+    def nearest_for_context(self, text: str, vector: np.ndarray | None, domain: str, k: int) -> list[dict[str, Any]]:
+        """A read for the conversation extraction: the domain's own active memories nearest to `text`
+        (hybrid with the query vector given, lexical without), as {id, category, title, content}."""
+        saved = self._prepared
+        prepared = Prepared()
+        if vector is not None:
+            prepared.queries = {text: vector}
+        self._prepared = prepared
+        try:
+            mode: Any = "hybrid" if vector is not None else "lexical"
+            hits = self.search(m.MemorySearch(query=text, domain=domain, k=k, include_global=False, mode=mode))
+        finally:
+            self._prepared = saved
+        return [
+            {"id": hit["memory"].id, "category": hit["memory"].category, "title": hit["memory"].title, "content": hit["memory"].content}
+            for hit in hits
+        ]
+
     @handles("memory.inject")
     def do_inject(self, p: m.MemoryInject) -> dict[str, Any]:
         validate_domain(p.domain)
@@ -931,14 +978,16 @@ class MemoryState(TierState):
         found: list[dict[str, Any]] | str = []
         if p.messages and p.group is not None and p.query is not None:
             found = self._prepared.messages.get((p.group, p.query, p.messages), "the conversation tier was not asked")
-        parts, used = self._fit(chosen, p.token_budget)
+        head = self._summary_part(p) if p.include_summary else None
+        parts, used = self._fit(chosen, p.token_budget, head)
         message_parts, messages = self._fit_messages(p.group or "", found if isinstance(found, list) else [], p.token_budget, parts)
         now = self.stamp()
         for memory in used:  # an access, not journaled (statistics)
             self.memories[memory.id] = msgspec.structs.replace(
                 self.memories[memory.id], access_count=self.memories[memory.id].access_count + 1, last_accessed=now
             )
-        extra: dict[str, Any] = {}
+        summary_in = head is not None and bool(parts) and parts[0] == head
+        extra: dict[str, Any] = {"summary": summary_in} if p.include_summary else {}
         if p.messages:
             extra["messages"] = messages
             if isinstance(found, str):
@@ -974,13 +1023,32 @@ class MemoryState(TierState):
             return [], []
         return ["\n".join([head, "", *lines])], kept
 
-    def _fit(self, chosen: list[Memory], budget: int | None) -> tuple[list[str], list[Memory]]:
-        """Each memory's full text, else its overview, else its abstract, within the token budget; stored
-        text is data: a tag that would close or forge the block is escaped (protocol/_blocks.py)."""
+    def _summary_part(self, p: m.MemoryInject) -> str | None:
+        """The block's "Conversation summary" section for the domain's group (read into the batch's
+        Prepared by the actor), or None when the group has no summary."""
+        found = self._prepared.summaries.get(domain_slug(p.domain))
+        if found is None or not (found.summary.strip() or found.intents):
+            return None
+        lines = ["# Conversation summary", ""]
+        if found.summary.strip():
+            lines.append(escape_block_tags(found.summary.strip()))
+        if found.intents:
+            lines += ["", "Likely next:"] + [f"- {escape_block_tags(intent)}" for intent in found.intents]
+        return "\n".join(lines)
+
+    def _fit(self, chosen: list[Memory], budget: int | None, head: str | None = None) -> tuple[list[str], list[Memory]]:
+        """The summary section first (when given and it fits), then each memory's full text, else its
+        overview, else its abstract, within the token budget; stored text is data: a tag that would
+        close or forge the block is escaped (protocol/_blocks.py)."""
         frame = estimate_tokens(f"<memories>\n\n{MEMORIES_NOTE}\n\n\n\n</memories>")
         spent = frame
         parts: list[str] = []
         used: list[Memory] = []
+        if head is not None:
+            cost = estimate_tokens(head) + 1
+            if budget is None or spent + cost <= budget:
+                parts.append(head)
+                spent += cost
         for memory in chosen:
             title = escape_block_tags(memory.title)
             for body in (memory.content, memory.overview, memory.abstract):
@@ -1293,6 +1361,7 @@ class MemoryState(TierState):
             fingerprint=fingerprint(title, content),
             updated_at=self.stamp(),
             pinned=old.pinned or p.pinned,
+            **_origin_merged(old, p),
         )
         version = self.version_of(old.id) + 1
         if new_longer:
@@ -1325,6 +1394,7 @@ class MemoryState(TierState):
             tags=list(dict.fromkeys(old.tags + p.tags)),
             fingerprint=fingerprint(title, content),
             updated_at=self.stamp(),
+            **_origin_merged(old, p),
         )
         version = self.version_of(old.id) + 1
         self.commit(PutMemory(merged, self.model, vector.astype(np.float32).tobytes(), version, "merged", reason))
@@ -1886,7 +1956,19 @@ def memory_from_text(relative: str, text: str, mtime: float) -> Memory | None:
         archived_reason=str(fields.get("archived_reason") or "") if archived else "",
         raw=_flag(fields.get("raw")),
         attributed_to=str(fields["attributed_to"]) if fields.get("attributed_to") else None,
+        source_message_ids=_id_list(fields.get("source_message_ids")),
+        refers_to=_timestamp_or(fields.get("refers_to"), None),
     )
+
+
+def _id_list(value: Any) -> list[str]:
+    """source_message_ids as render_markdown writes it (a JSON list), or [] when absent or unreadable."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return []
+    return [str(item) for item in value][: m.MAX_SOURCE_IDS] if isinstance(value, list) else []
 
 
 def _timestamp_or(value: Any, fallback: Any) -> Any:
