@@ -17,6 +17,7 @@ from eurekamem.protocol import (
     EpisodicEntry,
     GraphStats,
     Injection,
+    Job,
     KnowledgeNode,
     Link,
     Memory,
@@ -34,6 +35,7 @@ from eurekamem.protocol import (
 )
 
 from ._async import AsyncClient, current_async_library
+from ._conversation import AsyncConversationMemory, ConversationMemory
 from ._errors import (
     ConnectionLost,
     EurekamemError,
@@ -56,8 +58,10 @@ from ._sync import Client
 
 __all__ = [
     "AsyncClient",
+    "AsyncConversationMemory",
     "Client",
     "ConnectionLost",
+    "ConversationMemory",
     "CrossRunRecord",
     "EpisodicEntry",
     "EurekamemError",
@@ -66,6 +70,7 @@ __all__ = [
     "InternalError",
     "InvalidParams",
     "InvalidRequest",
+    "Job",
     "KnowledgeNode",
     "Link",
     "Memory",
