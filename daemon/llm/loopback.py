@@ -12,11 +12,12 @@ prompt), never on earlier requests or the clock, and it always validates against
 What it answers, by the schema's name:
 
 - conversation extraction (a schema with `memories`, `summary` and `intents`): each message line
-  of the window (`[M3] Sender (8 May 2023): text`) that states something about its speaker in the
-  first person ("I", "my", "we", ...; not a question) becomes one memory citing that message's
-  local id, attributed to its sender, dated with the message's date; lines inside a `<memories>`
-  block and system or tool messages are passed over; the summary is the previous one (when the prompt shows it) plus the new memories'
-  abstracts, cut to its bound; the intents are the window's last questions;
+  of the window (`[M3] Sender (user, 8 May 2023 10:00): text`) said by a user that states
+  something in the first person ("I", "my", "we", ...; not a question) becomes one memory citing
+  that line's local id, attributed to its sender, dated with the message's date; what the
+  assistant, the system or a tool said, and lines inside a `<memories>` block, are passed over;
+  the summary is the previous one (when the prompt shows it) plus the new memories' abstracts, cut
+  to its bound; the intents are the window's last questions;
 - `session_insights` (session extraction): each proven lemma a domain_knowledge insight, each
   failed attempt a pitfall;
 - `merge_decisions` (the judge): SKIP onto the first memory each new item may duplicate, CREATE
@@ -26,8 +27,8 @@ What it answers, by the schema's name:
 - `qa_grade`: CORRECT when the generated answer holds at least half of the gold answer's words;
 - anything else: the smallest answer the schema allows.
 
-`LLMServer` is the HTTP plumbing alone (a threaded stdlib server); the
-tests' scripted stub builds on it too.
+`LLMServer` is the HTTP plumbing alone (a threaded stdlib server); the tests' scripted stub builds
+on it too.
 """
 
 from __future__ import annotations
@@ -177,9 +178,12 @@ def completion(provider: str, name: str, data: Any, prompt_tokens: int) -> Reply
 # --- the schema, filled ----------------------------------------------------------------------------
 
 
-def _bounded_text(text: str, schema: dict[str, Any]) -> str:
-    text = text.strip() or "loopback"
+def _bounded_text(text: str | None, schema: dict[str, Any]) -> str:
+    """`text` within the schema's length bounds ("loopback" when none was given)."""
     low, high = int(schema.get("minLength", 0)), schema.get("maxLength")
+    text = (text or "").strip() if text is not None else "loopback"
+    if not text and low:
+        text = "loopback"
     if high is not None and len(text) > int(high):
         text = text[: max(int(high) - 1, 0)].rstrip() + "…" if int(high) > 1 else text[: int(high)]
     while len(text) < low:
@@ -257,7 +261,7 @@ def _scalar(schema: dict[str, Any], value: Any) -> Any:
     if kind == "enum":
         return value if value in schema["enum"] else schema["enum"][0]
     if kind == "string":
-        return _bounded_text(value if isinstance(value, str) else "", schema)
+        return _bounded_text(value if isinstance(value, str) else None, schema)
     if kind in ("number", "integer"):
         low = schema.get("minimum", schema.get("exclusiveMinimum", 0))
         high = schema.get("maximum", schema.get("exclusiveMaximum"))
@@ -285,13 +289,13 @@ _STOP = frozenset(
     "about into over after before up down out any some all".split()
 )
 _FIRST_PERSON = re.compile(r"\b(i|i'm|i've|i'd|i'll|me|my|mine|we|we're|we've|our|ours)\b", re.IGNORECASE)
-# a message line of a conversation-extraction prompt: "[<id>] <sender> (<date>): <text>", the date
-# and the leading list mark optional; a role in brackets after the id is allowed too
+# a message line of a conversation-extraction prompt (daemon/jobs/conversation.py's show()):
+# "[M3] <sender> (<role>, <date> <time>): <text>", the role optional
 _MESSAGE = re.compile(
-    r"^\s*(?:[-*]\s*)?\[(?P<id>[^\]\s]+)\]\s*(?:\((?P<role>user|assistant|system|tool)\)\s*)?"
-    r"(?P<who>[^:\n(]{1,80}?)\s*(?:\((?P<when>[^)\n]{1,60})\))?\s*:\s*(?P<text>.+)$"
+    r"^\s*\[(?P<id>[^\]\s]+)\]\s*(?P<who>[^:\n(]{1,80}?)\s*"
+    r"\((?:(?P<role>user|assistant|system|tool),\s*)?(?P<when>[^)\n]{0,60})\)\s*:\s*(?P<text>.+)$"
 )
-_PREVIOUS_SUMMARY = re.compile(r"(?:current|previous|rolling)?\s*summary[^:\n]*:\s*\n?(?P<text>[^\n]+)", re.IGNORECASE)
+_PREVIOUS_SUMMARY = re.compile(r"summary so far:\s*\n(?P<text>[^\n]+)", re.IGNORECASE)
 
 
 def words(text: str) -> list[str]:
@@ -351,7 +355,7 @@ def conversation_answer(prompt: str) -> dict[str, Any]:
         if not found:
             continue
         text, who = found.group("text").strip(), found.group("who").strip()
-        if found.group("role") in ("system", "tool") or who.lower() in ("system", "tool"):
+        if found.group("role") not in (None, "user"):  # what the assistant, the system or a tool said
             continue
         if text.endswith("?"):
             questions.append(text)
@@ -377,7 +381,7 @@ def conversation_answer(prompt: str) -> dict[str, Any]:
         })
     previous = ""
     match = _PREVIOUS_SUMMARY.search(prompt)
-    if match and "none" not in match.group("text").lower()[:12]:
+    if match:
         previous = match.group("text").strip()
     added = " ".join(str(m["abstract"]) for m in memories[:6])
     summary = " ".join(x for x in (previous, added) if x) or "Nothing lasting was said yet."
