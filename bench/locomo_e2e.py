@@ -69,7 +69,7 @@ SEED = 20261201
 
 # Token estimates per call beyond the text itself (the prompts' instructions, the summary and the
 # memories shown to the extraction; the answer and grade prompts), and the answers' lengths.
-EXTRACT_OVERHEAD_IN, EXTRACT_OUT_SHARE, EXTRACT_OUT_MIN = 1200, 0.5, 300
+EXTRACT_OVERHEAD_IN, EXTRACT_OUT_SHARE, EXTRACT_OUT_MIN = 1200, 1.0, 400
 ANSWER_IN, ANSWER_OUT = INJECT_BUDGET + 120, 30
 GRADE_IN, GRADE_OUT = 220, 40
 
@@ -249,8 +249,9 @@ def run_conversation(sid: str, convo: list[list[dict[str, Any]]], questions: lis
                 job = client.flush(sid, wait=True, timeout=CALL_TIMEOUT)
                 if job is None:
                     continue
+                tokens = {"in": job.tokens.input, "out": job.tokens.output} if job.tokens else {"in": 0, "out": 0}
                 jobs.append({"session": msgs[0]["session"], "state": job.state, "error": job.error,
-                             "tokens": job.tokens, "seconds": time.perf_counter() - started,
+                             "tokens": tokens, "seconds": time.perf_counter() - started,
                              "result": {k: v for k, v in (job.result or {}).items() if not isinstance(v, list | dict)}})
                 if job.state != "done":
                     log(f"{sid} {msgs[0]['session']}: extraction {job.state}: {job.error}")
@@ -311,8 +312,10 @@ def report(result: dict[str, Any]) -> str:
                           f"{b['block_any']:.3f} / {b['block_all']:.3f}"])
     o += table(header, lines)
     t = result["tokens"]
-    o += ["", f"Tokens: extraction {t['extraction']:,} (estimated {result['estimate']['extraction_in'] + result['estimate']['extraction_out']:,}), "
-          f"answers and grades {t['qa_in'] + t['qa_out']:,} (estimated {result['estimate']['qa_in'] + result['estimate']['qa_out']:,}); "
+    e = result["estimate"]
+    o += ["", f"Tokens in / out: extraction {t['extraction_in']:,} / {t['extraction_out']:,} (estimated "
+          f"{e['extraction_in']:,} / {e['extraction_out']:,}), answers and grades {t['qa_in']:,} / {t['qa_out']:,} "
+          f"(estimated {e['qa_in']:,} / {e['qa_out']:,}); "
           f"memories extracted {result['memories']} ({result['memories_with_sources']} citing their messages); "
           f"extraction jobs {result['jobs_done']}/{result['jobs']} done; {result['seconds']:.0f} s in all."]
     return "\n".join(o) + "\n"
@@ -408,8 +411,9 @@ def run(args: argparse.Namespace, sessions: dict[str, list[list[dict[str, Any]]]
         "memories_with_sources": sum(c["memories_with_sources"] for c in convs),
         "jobs": len(jobs), "jobs_done": sum(1 for j in jobs if j["state"] == "done"),
         "estimate": guess,
-        "tokens": {"extraction": sum(int(j["tokens"] or 0) for j in jobs), "qa_in": spent_a["in"] + spent_g["in"],
-                   "qa_out": spent_a["out"] + spent_g["out"]},
+        "tokens": {"extraction_in": sum(j["tokens"]["in"] for j in jobs),
+                   "extraction_out": sum(j["tokens"]["out"] for j in jobs),
+                   "qa_in": spent_a["in"] + spent_g["in"], "qa_out": spent_a["out"] + spent_g["out"]},
         "scores": summarise(rows),
         "seconds": time.perf_counter() - t0,
         "per_conversation": [{k: v for k, v in c.items() if k != "questions"} for c in convs],

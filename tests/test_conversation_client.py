@@ -180,15 +180,18 @@ def test_fill_schema_gives_the_smallest_valid_answer() -> None:
 
 PROMPT_JUDGE = "\n".join([
     "Domain: d", "", "New insights, each with the memories it may duplicate:",
-    "", "[N1] pitfalls: A", "text a", "  may duplicate: E1, E2",
-    "", "[N2] pitfalls: B", "text b", "  may duplicate: ",
+    "", "[N1] fact: Lisbon", "Ana moved to Lisbon.", "  may duplicate: E1, E2",
+    "", "[N2] fact: Porto", "Ana visits Porto on Sundays.", "  may duplicate: E2",
+    "", "Memories kept so far:",
+    "", "[E1] fact: Rosa", "Rosa starts school in September.",
+    "", "[E2] fact: Ana moved", "Ana moved to Lisbon in March 2023.",
 ])
 
 
-def test_the_loopback_judge_skips_onto_the_first_candidate() -> None:
+def test_the_loopback_judge_skips_what_a_listed_memory_already_says() -> None:
     out = msgspec.convert(answer_for("merge_decisions", tool_spec(Verdicts, name="merge_decisions").schema,
                                      PROMPT_JUDGE), Verdicts)
-    assert [(d.item, d.decision, d.target) for d in out.decisions] == [("N1", "SKIP", "E1"), ("N2", "CREATE", None)]
+    assert [(d.item, d.decision, d.target) for d in out.decisions] == [("N1", "SKIP", "E2"), ("N2", "CREATE", None)]
 
 
 def test_the_loopback_grades_and_answers_from_the_prompt() -> None:

@@ -20,8 +20,8 @@ What it answers, by the schema's name:
   to its bound; the intents are the window's last questions;
 - `session_insights` (session extraction): each proven lemma a domain_knowledge insight, each
   failed attempt a pitfall;
-- `merge_decisions` (the judge): SKIP onto the first memory each new item may duplicate, CREATE
-  when it lists none;
+- `merge_decisions` (the judge): SKIP onto the first memory listed for a new item that holds 80 %
+  of its words, else CREATE;
 - `qa_answer` (bench/locomo_e2e.py): the line of the prompt's memories that shares the most words
   with the question;
 - `qa_grade`: CORRECT when the generated answer holds at least half of the gold answer's words;
@@ -373,7 +373,7 @@ def conversation_answer(prompt: str) -> dict[str, Any]:
             "title": _title(text),
             "abstract": _first_sentence(statement, 110),
             "overview": statement,
-            "content": f"{statement} ({who}, {when})" if when else statement,
+            "content": statement,
             "confidence": 0.8,
             "source_messages": [found.group("id")],
             "attributed_to": about,
@@ -405,14 +405,18 @@ def _insight(title: str, content: str) -> dict[str, Any]:
 
 
 def judge_answer(prompt: str) -> dict[str, Any]:
+    """SKIP onto the first listed memory that already holds 80 % of the new item's words, else CREATE."""
+    kept = {m.group(1): set(words(m.group(2))) for m in re.finditer(r"^\[(E\d+)\] ([^\n]*\n[^\n]*)", prompt, re.M)}
     decisions = []
-    for found in re.finditer(r"^\[(N\d+)\][^\n]*\n(?:[^\n]*\n)*?  may duplicate: ?([^\n]*)$", prompt, re.M):
-        targets = [t.strip() for t in found.group(2).split(",") if t.strip()]
-        if targets:
-            decisions.append({"item": found.group(1), "decision": "SKIP", "target": targets[0],
-                              "reason": "the loopback judge keeps the memory already stored"})
+    for found in re.finditer(r"^\[(N\d+)\] ([^\n]*\n(?:[^\n]*\n)*?)  may duplicate: ?([^\n]*)$", prompt, re.M):
+        new = set(words(found.group(2)))
+        targets = [t.strip() for t in found.group(3).split(",") if t.strip()]
+        same = next((t for t in targets if new and len(new & kept.get(t, set())) >= 0.8 * len(new)), None)
+        if same is not None:
+            decisions.append({"item": found.group(1), "decision": "SKIP", "target": same,
+                              "reason": "the memory already says it"})
         else:
-            decisions.append({"item": found.group(1), "decision": "CREATE", "reason": "nothing similar is stored"})
+            decisions.append({"item": found.group(1), "decision": "CREATE", "reason": "it says something new"})
     return {"decisions": decisions}
 
 
