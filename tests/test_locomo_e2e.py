@@ -75,7 +75,8 @@ def test_the_loopback_smoke_run_goes_end_to_end(tmp_path: Path) -> None:
     assert scores["judge"] >= 0.5 and scores["any@10"] >= 0.75 and scores["block_any"] >= 0.75
     assert result["tokens"]["extraction_in"] > 0 and result["tokens"]["qa_in"] > 0
     by_q = {q["question"]: q for q in result["questions"]}
-    assert "D1:1" in by_q["Where did Ana move?"]["ranking"][:3]
+    assert "D1:1" in by_q["Where did Ana move?"]["ranking"][:5]
+    assert by_q["What is the name of Ana's cat?"]["grade"] == "CORRECT"
     assert list(out.glob("locomo-e2e-*.md"))
 
 

@@ -320,6 +320,10 @@ def _first_sentence(text: str, limit: int = 120) -> str:
     return sentence if len(sentence) <= limit else sentence[: limit - 1].rstrip() + "…"
 
 
+def _sentences(text: str) -> list[str]:
+    return [x for x in re.split(r"(?<=[.!?])\s+", text.strip()) if x]
+
+
 def _title(text: str) -> str:
     kept = [w for w in _WORD.findall(text) if w.lower() not in _STOP][:8]
     return " ".join(kept) or _first_sentence(text, 60)
@@ -362,7 +366,7 @@ def conversation_answer(prompt: str) -> dict[str, Any]:
             continue
         if not _FIRST_PERSON.search(text):
             continue
-        sentence = _first_sentence(text, 300)
+        sentence = _first_sentence(next(x for x in _sentences(text) if _FIRST_PERSON.search(x)), 300)
         when = found.group("when") or ""
         about = "" if who.lower() in ("user", "assistant") else who
         statement = sentence
@@ -420,20 +424,29 @@ def judge_answer(prompt: str) -> dict[str, Any]:
     return {"decisions": decisions}
 
 
+def _stems(text: str) -> set[str]:
+    """Words cut to their first four letters: "moved" and "move" meet, as a stemmer would have them."""
+    return {w[:4] for w in words(text)}
+
+
 def qa_answer(prompt: str) -> dict[str, Any]:
-    question = ""
+    """The memory line sharing the most word stems with the question, shorter lines first on a tie
+    (the summary and the intents are passed over: they mix everything)."""
     found = re.search(r"^Question:\s*(.+)$", prompt, re.M)
-    if found:
-        question = found.group(1)
-    wanted = set(words(question))
+    wanted = _stems(found.group(1)) if found else set()
     best, best_score = "", 0.0
+    in_summary = False
     for line in prompt.splitlines():
-        if line.startswith("Question:") or not line.strip() or line.lstrip().startswith(("<", "#")) and "</" in line:
+        stripped = line.strip()
+        if stripped.startswith("# "):
+            in_summary = stripped.lower() == "# conversation summary"
             continue
-        have = set(words(line))
-        score = len(wanted & have) / (1 + 0.01 * len(have))
+        if in_summary or not stripped or stripped.startswith(("Question:", "<", "Memories")):
+            continue
+        have = _stems(stripped)
+        score = len(wanted & have) / (1 + 0.05 * len(have))
         if score > best_score:
-            best, best_score = line.strip().lstrip("#-* ").strip(), score
+            best, best_score = stripped.lstrip("-* ").strip(), score
     return {"answer": best or "I do not know."}
 
 
