@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from eurekamem.protocol import Injection, Job
 
+from ._errors import NotFound
+
 if TYPE_CHECKING:
     from ._async import AsyncClient
     from ._sync import Client
@@ -186,11 +188,14 @@ class ConversationMemory(_Memory):
     def flush(self, wait: bool = True, timeout: float = FLUSH_TIMEOUT) -> Job | str | None:
         """Extract the group's new turns now (conversation.flush), after sending the pending ones.
         With `wait` (the default): the finished Job (or as it is after `timeout` seconds); without:
-        the job's id. None when there was nothing new."""
+        the job's id. None when there was nothing new (or no turn at all yet)."""
         self.send()
-        if not wait:
-            return self.client.flush(self.group)
-        return self.client.flush(self.group, wait=True, timeout=timeout)
+        try:
+            if not wait:
+                return self.client.flush(self.group)
+            return self.client.flush(self.group, wait=True, timeout=timeout)
+        except NotFound:  # the group has no message yet: nothing to extract
+            return None
 
     def summary(self) -> dict[str, Any]:
         """conversation.summary: {"summary", "intents", "updated_at"}."""
@@ -236,9 +241,12 @@ class AsyncConversationMemory(_Memory):
 
     async def flush(self, wait: bool = True, timeout: float = FLUSH_TIMEOUT) -> Job | str | None:
         await self.send()
-        if not wait:
-            return await self.client.flush(self.group)
-        return await self.client.flush(self.group, wait=True, timeout=timeout)
+        try:
+            if not wait:
+                return await self.client.flush(self.group)
+            return await self.client.flush(self.group, wait=True, timeout=timeout)
+        except NotFound:  # the group has no message yet: nothing to extract
+            return None
 
     async def summary(self) -> dict[str, Any]:
         return await self.client.summary(self.group)

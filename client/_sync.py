@@ -825,7 +825,8 @@ class Client:
 
         Without `wait` (and `timeout`): the extraction job's id, or None when the group has nothing new.
         With `wait=True` or a `timeout`: the Job once it has finished (jobs.wait), or as it is after
-        `timeout` seconds (default 30); None when there was nothing to extract."""
+        `timeout` seconds (default 30); None when there was nothing to extract. NotFound for a group
+        that has no messages at all."""
         job_id = self._run(C.op_flush_conversation(group))
         if job_id is None or (not wait and timeout is None):
             return job_id

@@ -255,6 +255,8 @@ def test_an_agent_loop_through_the_real_daemon(daemon_with_loopback: DaemonProce
         assert len(client.conversation_get("family chat")) == 3
         job = memory.flush(timeout=IO_TIMEOUT)
         assert isinstance(job, Job) and job.state == "done", job
+        assert memory.flush(wait=False) == job.id  # nothing new since: the done job covers it (debounce)
+        assert ConversationMemory(client, "a group without messages").flush() is None  # not_found: nothing
         summary = memory.summary()
         assert "Lisbon" in summary["summary"]
         block = memory.inject("where does Ana live?")
