@@ -291,3 +291,18 @@ def test_the_loopback_extracts_users_first_person_statements_citing_their_lines(
     assert out.memories[0].content == "Ana moved to Lisbon in March."
     assert out.summary.startswith("Ana lives in Porto. Ana moved to Lisbon")
     assert out.intents == ["Where do you work now?"]
+
+
+async def test_the_async_helper_through_the_real_daemon(daemon_with_loopback: DaemonProcess) -> None:
+    from eurekamem.client import AsyncClient
+
+    with trio.fail_after(IO_TIMEOUT):
+        async with AsyncClient(daemon_with_loopback.socket_path) as client:
+            memory = AsyncConversationMemory(client, "team")
+            first = await memory.user("We ship the release on Friday.", sender="Kim")
+            await memory.assistant("Noted.")
+            job = await memory.flush(timeout=IO_TIMEOUT)
+            assert isinstance(job, Job) and job.state == "done", job
+            assert "Friday" in await memory.inject("when do we ship?")
+            hits = await client.search_memories("release Friday", domain="team", k=3)
+            assert hits and hits[0].memory.source_message_ids == [first]
