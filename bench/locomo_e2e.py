@@ -65,12 +65,12 @@ INJECT_BUDGET = 1500  # tokens of the block the answer is written from
 RETRIEVAL = ["any@1", "any@5", "any@10", "all@10", "MRR@20"]
 CALL_TIMEOUT = 600.0  # seconds: a flush waits for one session's extraction
 LLM_CONCURRENCY = 4
-LOOPBACK_RPM = 1_000_000  # the loopback answers at once: no budget to keep
+LOOPBACK_BUDGET = 100_000_000  # requests and tokens a minute: the loopback answers at once, no budget to keep
 SEED = 20261201
 
 # Token estimates per call beyond the text itself (the prompts' instructions, the summary and the
 # memories shown to the extraction; the answer and grade prompts), and the answers' lengths.
-EXTRACT_OVERHEAD_IN, EXTRACT_OUT_SHARE, EXTRACT_OUT_MIN = 1200, 1.0, 400
+EXTRACT_OVERHEAD_IN, EXTRACT_OUT_SHARE, EXTRACT_OUT_MIN = 2000, 1.5, 400
 ANSWER_IN, ANSWER_OUT = INJECT_BUDGET + 120, 30
 GRADE_IN, GRADE_OUT = 220, 40
 
@@ -153,11 +153,14 @@ def llm_settings(args: argparse.Namespace, loopback_url: str | None) -> tuple[An
         provider, base_url, model = "openai", loopback_url, "loopback"
     else:
         provider, base_url, model = args.llm_provider or None, args.llm_base_url, args.llm_model
-    rpm = args.llm_requests_per_minute or (LOOPBACK_RPM if loopback_url is not None else LLMConfig().requests_per_minute)
-    config = LLMConfig(provider=provider, base_url=base_url, model=model, requests_per_minute=rpm)  # type: ignore[arg-type]
+    defaults = LLMConfig()
+    rpm = args.llm_requests_per_minute or (LOOPBACK_BUDGET if loopback_url is not None else defaults.requests_per_minute)
+    tpm = args.llm_tokens_per_minute or (LOOPBACK_BUDGET if loopback_url is not None else defaults.tokens_per_minute)
+    config = LLMConfig(provider=provider, base_url=base_url, model=model,  # type: ignore[arg-type]
+                       requests_per_minute=rpm, tokens_per_minute=tpm)
     resolved = resolve(config, os.environ)
     flags = [f"--llm-provider={provider or ''}", f"--llm-base-url={base_url}", f"--llm-model={model}",
-             "--llm-max-output-tokens=4096", f"--llm-requests-per-minute={rpm}"]
+             "--llm-max-output-tokens=4096", f"--llm-requests-per-minute={rpm}", f"--llm-tokens-per-minute={tpm}"]
     return resolved, flags
 
 
@@ -332,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--llm-model", default="")
     p.add_argument("--llm-requests-per-minute", type=int, default=0,
                    help="the LLM budget of the daemon and of the answers (default: the daemon's, 50; the loopback: none)")
+    p.add_argument("--llm-tokens-per-minute", type=int, default=0,
+                   help="the same for tokens (default: the daemon's, 200000; the loopback: none)")
     p.add_argument("--conversations", type=int, default=None, help="the first N conversations (default: all five)")
     p.add_argument("--only", default="", help="these sample_ids (comma-separated)")
     p.add_argument("--sessions", type=int, default=None, help="the first N sessions of each (default: all)")
