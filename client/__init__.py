@@ -1,5 +1,7 @@
-"""eurekamem's thin clients: a blocking `Client`, an `AsyncClient` (asyncio and trio) and
-`MemoryManager`, a drop-in for EurekaClaw's class of that name.
+"""eurekamem's thin clients: a blocking `Client`, an `AsyncClient` (asyncio and trio),
+`MemoryManager`, a drop-in for EurekaClaw's class of that name, and `ConversationMemory` /
+`AsyncConversationMemory`, an agent loop's conversation memory (turns in, the block to inject
+before each model call, extraction on flush).
 
 Only the standard library, msgspec and eurekamem.protocol are imported: neither trio nor the daemon.
 

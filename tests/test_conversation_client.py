@@ -306,3 +306,30 @@ async def test_the_async_helper_through_the_real_daemon(daemon_with_loopback: Da
             assert "Friday" in await memory.inject("when do we ship?")
             hits = await client.search_memories("release Friday", domain="team", k=3)
             assert hits and hits[0].memory.source_message_ids == [first]
+
+
+def test_the_loopback_runs_on_its_own_and_says_how_to_configure_the_daemon() -> None:
+    import re
+    import subprocess
+    import sys
+
+    import httpx
+
+    proc = subprocess.Popen([sys.executable, "-m", "eurekamem.daemon.llm.loopback", "--port", "0"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        found = re.search(r"--llm-provider openai --llm-base-url (\S+) --llm-model loopback", line)
+        assert found, line
+        schema = tool_spec(Verdicts, name="merge_decisions").schema
+        body = {"model": "loopback", "messages": [{"role": "system", "content": "s"},
+                                                  {"role": "user", "content": PROMPT_JUDGE}],
+                "response_format": {"type": "json_schema", "json_schema": {"name": "merge_decisions", "schema": schema}}}
+        answer = httpx.post(found.group(1) + "/chat/completions", json=body, timeout=IO_TIMEOUT).json()
+        content = msgspec.json.decode(answer["choices"][0]["message"]["content"], type=Verdicts)
+        assert [d.decision for d in content.decisions] == ["SKIP", "CREATE"]
+        assert answer["usage"]["prompt_tokens"] > 0
+    finally:
+        proc.terminate()
+        assert proc.wait(IO_TIMEOUT) == 0
