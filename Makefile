@@ -66,8 +66,11 @@ $(BENCH_STAMP): $(STAMP)
 bench: $(BENCH_STAMP)
 	$(BIN)/python bench/suite.py $(ARGS)
 
+# bench-quick also runs LoCoMo end to end on one conversation's first sessions against the loopback LLM (a smoke run:
+# extraction, injection, answers and the judge; skipped when the data is not there).
 bench-quick: $(BENCH_STAMP)
 	$(BIN)/python bench/suite.py --quick $(ARGS)
+	$(BIN)/python bench/locomo_e2e.py --loopback --conversations 1 --sessions 3 --questions 10 --if-data
 
 bench-full: $(BENCH_STAMP)
 	$(BIN)/python bench/suite.py --full $(ARGS)

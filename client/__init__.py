@@ -1,5 +1,7 @@
-"""eurekamem's thin clients: a blocking `Client`, an `AsyncClient` (asyncio and trio) and
-`MemoryManager`, a drop-in for EurekaClaw's class of that name.
+"""eurekamem's thin clients: a blocking `Client`, an `AsyncClient` (asyncio and trio),
+`MemoryManager`, a drop-in for EurekaClaw's class of that name, and `ConversationMemory` /
+`AsyncConversationMemory`, an agent loop's conversation memory (turns in, the block to inject
+before each model call, extraction on flush).
 
 Only the standard library, msgspec and eurekamem.protocol are imported: neither trio nor the daemon.
 
@@ -17,6 +19,7 @@ from eurekamem.protocol import (
     EpisodicEntry,
     GraphStats,
     Injection,
+    Job,
     KnowledgeNode,
     Link,
     Memory,
@@ -34,6 +37,7 @@ from eurekamem.protocol import (
 )
 
 from ._async import AsyncClient, current_async_library
+from ._conversation import AsyncConversationMemory, ConversationMemory
 from ._errors import (
     ConnectionLost,
     EurekamemError,
@@ -56,8 +60,10 @@ from ._sync import Client
 
 __all__ = [
     "AsyncClient",
+    "AsyncConversationMemory",
     "Client",
     "ConnectionLost",
+    "ConversationMemory",
     "CrossRunRecord",
     "EpisodicEntry",
     "EurekamemError",
@@ -66,6 +72,7 @@ __all__ = [
     "InternalError",
     "InvalidParams",
     "InvalidRequest",
+    "Job",
     "KnowledgeNode",
     "Link",
     "Memory",

@@ -15,7 +15,7 @@ import contextlib
 import os
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 from eurekamem.protocol import (
     BinaryDecoder,
@@ -782,10 +782,12 @@ class AsyncClient:
         *,
         group: str | None = None,
         messages: int | None = None,
+        include_summary: bool | None = None,
     ) -> Injection:
         """memory.inject: EurekaClaw's <memories> block (`text`), the `ids` in it and its estimated `tokens`;
-        with `group` and `messages` (and a query), also that many of the group's best raw messages (`messages`)."""
-        return await self._run(C.op_inject(domain, k, query, token_budget, group, messages))
+        with `group` and `messages` (and a query), also that many of the group's best raw messages (`messages`);
+        `include_summary`: a conversation group's rolling summary and predicted intents ahead of the memories."""
+        return await self._run(C.op_inject(domain, k, query, token_budget, group, messages, include_summary))
 
     async def promote_memory(self, memory_id: str, reason: str | None = None, by: str | None = None) -> Promotion:
         """memory.promote: ask for a local memory to become global: the request's `review_id`, its `state`
@@ -849,8 +851,29 @@ class AsyncClient:
         """conversation.summary: {"summary", "intents", "updated_at"} (empty until extraction has run)."""
         return await self._run(C.op_summary(group))
 
+    @overload
+    async def flush(self, group: str, wait: Literal[False] = False, timeout: None = None) -> str | None: ...
+
+    @overload
+    async def flush(self, group: str, wait: Literal[True], timeout: float | None = None) -> Job | None: ...
+
+    @overload
+    async def flush(self, group: str, wait: bool = False, *, timeout: float) -> Job | None: ...
+
+    async def flush(self, group: str, wait: bool = False, timeout: float | None = None) -> Job | str | None:
+        """conversation.flush: extract the group's new messages now (a burst of flushes makes one job).
+
+        Without `wait` (and `timeout`): the extraction job's id, or None when the group has nothing new.
+        With `wait=True` or a `timeout`: the Job once it has finished (jobs.wait), or as it is after
+        `timeout` seconds (default 30); None when there was nothing to extract. NotFound for a group
+        that has no messages at all."""
+        job_id = await self._run(C.op_flush_conversation(group))
+        if job_id is None or (not wait and timeout is None):
+            return job_id
+        return await self._run(C.op_wait_job(job_id, C.FLUSH_WAIT if timeout is None else timeout))
+
     async def flush_conversation(self, group: str) -> str | None:
-        """conversation.flush: the extraction job's id, or None."""
+        """conversation.flush: the extraction job's id, or None (flush(group) without waiting)."""
         return await self._run(C.op_flush_conversation(group))
 
     async def job(self, job_id: str) -> Job:

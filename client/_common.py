@@ -323,9 +323,18 @@ def op_search_memories(
 
 
 def op_inject(
-    domain: str, k: int, query: str | None, token_budget: int | None, group: str | None = None, messages: int | None = None
+    domain: str,
+    k: int,
+    query: str | None,
+    token_budget: int | None,
+    group: str | None = None,
+    messages: int | None = None,
+    include_summary: bool | None = None,
 ) -> Op[Injection]:
-    params = _drop_none(domain=domain, k=k, query=query, token_budget=token_budget, group=group, messages=messages)
+    params = _drop_none(
+        domain=domain, k=k, query=query, token_budget=token_budget, group=group, messages=messages,
+        include_summary=include_summary,
+    )
     return Op("memory.inject", params, Injection)
 
 
@@ -427,7 +436,11 @@ def op_summary(group: str) -> Op[dict[str, Any]]:
 
 
 def op_flush_conversation(group: str) -> Op[str | None]:
+    """conversation.flush: the job's id, or None when the group has nothing new to extract."""
     return Op("conversation.flush", {"group": group}, post=lambda r: r.get("job_id") if isinstance(r, dict) else r)
+
+
+FLUSH_WAIT = 30.0  # seconds flush(wait=True) waits for the job when no timeout is given (jobs.wait's default)
 
 
 # --- skills ---------------------------------------------------------------------------------------

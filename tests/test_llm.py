@@ -13,12 +13,10 @@ import json
 import logging
 import random
 import socket
-import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -44,6 +42,8 @@ from eurekamem.daemon.llm import (
 from eurekamem.daemon.llm._client import _estimate_input
 from eurekamem.daemon.llm._provider import parse_retry_after
 from eurekamem.daemon.llm._schema import strict_schema
+from eurekamem.daemon.llm.loopback import HANG as LOOPBACK_HANG
+from eurekamem.daemon.llm.loopback import LLMServer
 from msgspec import Meta
 
 from conftest import IO_TIMEOUT
@@ -156,60 +156,30 @@ class Recorded(msgspec.Struct):
     body: Any
 
 
-class StubLLMServer:
-    """A loopback server speaking just enough of Anthropic's /v1/messages and OpenAI's
-    /v1/chat/completions: each request takes the next scripted reply (a Reply, HANG, or a function
-    of the Recorded request returning a Reply). Every request is recorded."""
+class StubLLMServer(LLMServer):
+    """A loopback server (daemon/llm/loopback.py's LLMServer) speaking just enough of Anthropic's
+    /v1/messages and OpenAI's /v1/chat/completions: each request takes the next scripted reply (a
+    Reply, HANG, or a function of the Recorded request returning a Reply). Every request is recorded."""
 
     def __init__(self) -> None:
         self.script: deque[Reply | str | Callable[[Recorded], Reply]] = deque()
         self.requests: list[Recorded] = []
-        self.release = threading.Event()  # lets hanging handlers go at teardown
-        server = self
+        super().__init__(answer_timeout=IO_TIMEOUT)
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            disable_nagle_algorithm = True
+    def respond(self, path: str, headers: dict[str, str], body: Any) -> Any:
+        recorded = Recorded(path, headers, body)
+        self.requests.append(recorded)
+        action = self.script.popleft() if self.script else http_error(500, message="script exhausted")
+        if action == HANG:
+            return LOOPBACK_HANG
+        return action(recorded) if callable(action) else action
 
-            def log_message(self, *args: Any) -> None:
-                """The stub's access log is not the test's output."""
 
-            def do_POST(self) -> None:
-                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                recorded = Recorded(self.path, dict(self.headers.items()), json.loads(raw))
-                server.requests.append(recorded)
-                action = server.script.popleft() if server.script else http_error(500, message="script exhausted")
-                if action == HANG:
-                    server.release.wait(IO_TIMEOUT)
-                    return
-                status, payload, headers = action(recorded) if callable(action) else action  # type: ignore[misc]
-                data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                for name, value in headers.items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(data)
-
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-
-            def handle_error(self, request: Any, client_address: Any) -> None:
-                """A client that timed out and hung up: expected here, not an error of the test."""
-
-        self.httpd = Server(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True)
-        self.thread.start()
-
-    def url(self, provider: str) -> str:
-        root = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        return root if provider == "anthropic" else root + "/v1"
-
-    def close(self) -> None:
-        self.release.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
+@pytest.fixture
+def stub() -> Iterator[StubLLMServer]:
+    server = StubLLMServer()
+    yield server
+    server.close()
 
 
 class RecordingSleep:
