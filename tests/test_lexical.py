@@ -103,11 +103,22 @@ VOCAB = [f"w{i}" for i in range(150)] + ["the", "of", "机器学习", "学习", 
 VOCAB += ["running", "runs", "run", "studies", "studying", "connection", "connected", "parse_markdown", "FailedStrategies"]
 
 
-@pytest.fixture(params=["scan", "prune"])
+def _force_pruning(monkeypatch, lookups: bool = True) -> None:
+    """Check for top-k pruning after every term, however few postings are left; then look every
+    candidate up (lookups) or scan every term left (the two ways a pruned search goes on)."""
+    monkeypatch.setattr(_lexical, "_PRUNE_MIN_POSTINGS", 0)
+    monkeypatch.setattr(_lexical, "_PRUNE_MIN_SHARE", 0.0)
+    monkeypatch.setattr(_lexical, "_CHECK_RATIO", 0)
+    monkeypatch.setattr(_lexical, "_FILTER_RATIO", 0)
+    monkeypatch.setattr(_lexical, "_LOOKUP_RATIO", 0 if lookups else 1 << 40)
+
+
+@pytest.fixture(params=["scan", "prune", "prune-scan"])
 def pruning(request, monkeypatch) -> str:
-    """"prune": check for top-k pruning after every term, however short the postings."""
-    if request.param == "prune":
-        monkeypatch.setattr(_lexical, "_PRUNE_MIN_POSTINGS", 0)
+    """"prune": pruning checked after every term, candidates looked up; "prune-scan": the terms
+    after the pruning scanned instead."""
+    if request.param != "scan":
+        _force_pruning(monkeypatch, lookups=request.param == "prune")
     return request.param
 
 
@@ -146,13 +157,15 @@ def test_same_results_as_naive_bm25(bulk: bool, stem: bool, pruning: str) -> Non
     _check_against(ix, ref, queries[:20], allowed=allowed)
 
 
+@pytest.mark.parametrize("lookups", [True, False])
 @pytest.mark.parametrize("stem", [False, True])
 @pytest.mark.parametrize("k", [1, 3, 10, 40, 100])
-def test_pruned_search_is_exact(k: int, stem: bool, monkeypatch) -> None:
-    """Rare terms plus very common ones: the common terms are looked up, not scanned, each for the
-    candidates that the ones looked up before it left (k=100: the depth hybrid search reads).
-    Stemmed: the words are English, and several words share a stem ("connected", "connection")."""
-    monkeypatch.setattr(_lexical, "_PRUNE_MIN_POSTINGS", 0)
+def test_pruned_search_is_exact(k: int, stem: bool, lookups: bool, monkeypatch) -> None:
+    """Rare terms plus very common ones: the common terms are looked up (or, lookups=False,
+    scanned), each for the candidates that the ones looked up before it left (k=100: the depth
+    hybrid search reads). Stemmed: the words are English, and several words share a stem
+    ("connected", "connection")."""
+    _force_pruning(monkeypatch, lookups)
     rng = random.Random(5)
     if stem:
         common = ["connected", "connection", "connecting", "running", "runs"]
