@@ -816,7 +816,7 @@ def sec_quality(ctx: dict[str, Any]) -> dict[str, Any]:
 
     data = Path(ctx["args"].locomo_data)
     if not (data / "locomo-dev.json").exists():
-        return {"skipped": f"no LoCoMo data at {data} (../shared/data/locomo beside the checkout)"}
+        return {"skipped": f"no LoCoMo data at {data} (give --locomo-data)"}
     out: dict[str, Any] = {"data": locomo.shown_path(data), "runs": {}}
     rng = random.Random(SEED)
     for embedder, only in ctx["sizes"].locomo.items():
