@@ -44,7 +44,7 @@ class Success(msgspec.Struct):
 _decode = msgspec.msgpack.Decoder(Request).decode
 _encode_into = msgspec.msgpack.Encoder().encode_into
 _PONG = Pong(True)
-READ_SIZE = 256 * 1024
+READ_SIZE = 64 * 1024  # as the daemon's (daemon/server.py): under glibc's mmap threshold
 
 
 def answer_frames(buf: bytearray, out: bytearray) -> None:

@@ -37,12 +37,12 @@ from typing import Any
 
 import trio
 from eurekamem.daemon.primitives import monotonic_ns
+from eurekamem.daemon.server import READ_SIZE
 from eurekamem.daemon.stats import RequestStats
 from eurekamem.protocol import Call, ConnectionLimits, ServerConnection
 
 log = logging.getLogger("eurekamem.io")
 
-READ_SIZE = 256 * 1024
 MAX_EVENTS = 1024  # events taken per pass at most (the rest are taken by the next pass)
 REPOLL_WINDOW = 64  # looks again after a pass, counted together (IOLayer._repoll)
 REPOLL_MIN_HITS = 8  # under one in this many finding work: stop looking again for a while

