@@ -20,6 +20,7 @@ import stat
 import subprocess
 import sys
 import threading
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,7 @@ class CountingEmbedder:
 
     def embed_passages(self, texts: list[str]) -> np.ndarray:
         self.texts.extend(texts)
-        rows = [np.random.default_rng(abs(hash(t)) % (1 << 32)).standard_normal(self.dim) for t in texts]
+        rows = [np.random.default_rng(zlib.crc32(t.encode())).standard_normal(self.dim) for t in texts]  # hash() is salted
         out = np.asarray(rows, dtype=np.float32).reshape(len(texts), self.dim)
         return out / np.linalg.norm(out, axis=1, keepdims=True)
 

@@ -290,6 +290,7 @@ def test_a_query_naming_a_person_boosts_their_memories() -> None:
     each of their BM25 hits gains PERSON_BOOST x the best BM25 score among their memories; `why` says
     how much. Nobody named, or the attribution removed: plain BM25."""
     import msgspec.structs as structs
+    import numpy as np
     import pytest
     from eurekamem.daemon.memory.embed import make_embedder
     from eurekamem.daemon.memory.state import PERSON_BOOST, MemoryState
@@ -318,6 +319,15 @@ def test_a_query_naming_a_person_boosts_their_memories() -> None:
     caroline_best = state.lexical.search("What did caroline say about painting?", 10, state._named_people("caroline", None)[0])[1][0]
     assert named[0][1] == pytest.approx(PERSON_BOOST * float(caroline_best), rel=1e-5)
     assert dict(named)["m3"] > 0 and dict(named)["m1"] == 0.0  # m3 matches "caroline" in its text
+    # hybrid: the boost holds beside a dense side that ranks nobody higher (the query's vector is
+    # orthogonal to every memory's, so their cosines tie)
+    from eurekamem.daemon.memory.state import Prepared
+
+    used = {int(np.argmax(state.vectors.get(state._label[i]))) for i in ids.values()}
+    query_vector = np.zeros(state.embedder.dim, dtype=np.float32)
+    query_vector[min(set(range(state.embedder.dim)) - used)] = 1.0
+    state._prepared = Prepared()
+    state._prepared.queries["What did Caroline say about painting?"] = query_vector
     assert search("What did Caroline say about painting?", "hybrid")[0][0] == "m2"
     # the attribution removed (memory.update attributed_to: null) or the memory purged: no boost any more
     state.run("memory.update", m.MemoryUpdate(id=ids["m2"], attributed_to=None), None)
@@ -462,12 +472,14 @@ def test_a_smaller_k_answers_the_prefix_of_a_larger_one() -> None:
 
 
 def _prepared_with(state, title: str, content: str):  # type: ignore[no-untyped-def]
+    import zlib
+
     import numpy as np
     from eurekamem.daemon.memory.state import Prepared, embed_text
 
     prepared = Prepared()
     vector = np.zeros(state.embedder.dim, dtype=np.float32)
-    vector[hash(title) % state.embedder.dim] = 1.0
+    vector[zlib.crc32(title.encode()) % state.embedder.dim] = 1.0  # the same in every run (hash() is salted)
     prepared.passages[embed_text(title, content)] = vector
     return prepared
 
