@@ -231,3 +231,25 @@ def stub() -> Iterator[Any]:
     server = StubLLMServer()
     yield server
     server.close()
+
+
+@contextlib.asynccontextmanager
+async def routed(actor, method: str):  # type: ignore[no-untyped-def]
+    """Yield an Event set once the memory actor has routed a write of `method` to a lane (it counts
+    in writes_waiting from then on). Not wait_all_tasks_blocked: the actor may be running
+    background work (a projection, a scan) in a worker thread, and a task awaiting a thread counts
+    as blocked while the request is still in front of the actor."""
+    event = trio.Event()
+    original = actor._to_bulk
+
+    def to_lane(work):  # type: ignore[no-untyped-def]
+        lane = original(work)
+        if work.call.spec.name == method:
+            event.set()
+        return lane
+
+    actor._to_bulk = to_lane
+    try:
+        yield event
+    finally:
+        del actor._to_bulk  # the class's method again

@@ -38,7 +38,7 @@ from eurekamem.daemon.memory.state import EMBED_WINDOW, EMBED_WINDOWS, MemorySta
 from eurekamem.daemon.memory.vectors import VectorStore
 from eurekamem.protocol import _methods as m
 
-from conftest import IO_TIMEOUT, RawConnection, running_daemon, tmpfs
+from conftest import IO_TIMEOUT, RawConnection, routed, running_daemon, tmpfs
 from daemon_process import DaemonProcess
 from fakefiles import FakeFiles
 
@@ -160,8 +160,9 @@ async def test_a_connections_bulk_write_waits_for_its_earlier_fast_write(data_di
             with gate_passages(embedder, lambda texts: any("HELD" in t for t in texts)) as (entered, gate):
                 await conn.send({"id": 1, "method": "memory.add", "params": memory("First", "HELD small memory")})
                 assert await trio.to_thread.run_sync(entered.wait, IO_TIMEOUT)
-                await conn.send({"id": 2, "method": "memory.add", "params": memory("Second", "lots of text here " * 3000)})
-                await trio.testing.wait_all_tasks_blocked()
+                async with routed(daemon.actors["memory"], "memory.add") as second_routed:
+                    await conn.send({"id": 2, "method": "memory.add", "params": memory("Second", "lots of text here " * 3000)})
+                    await second_routed.wait()
                 assert daemon.actors["memory"].writes_waiting == 2
                 gate.set()
                 answers = [await conn.read(), await conn.read()]

