@@ -766,9 +766,18 @@ class Daemon:
             "snapshot": {"seq": self._snapshot_seq},
             "recovery": self.recovery,
             "requests": self.stats.summary(),
+            "io": self.io_statistics(),
             "access": {"refused": self.refused_peers, "allowed_uids": list(self.config.allowed_uids)},
             "redaction": self.redactor.statistics(),
         }
+
+    def io_statistics(self) -> dict[str, Any]:
+        """The I/O design (Config.io) and, under bulk, its passes: how many found work, and how many
+        ready sockets (and wakers) they handled (events per pass: the requests one wake-up serves)."""
+        layer = self.io_layer
+        if layer is None:
+            return {"mode": self.config.io}
+        return {"mode": self.config.io, "passes": layer.passes, "events": layer.events}
 
     # --- snapshots ----------------------------------------------------------------------------------
 

@@ -244,7 +244,7 @@ class TierActor:
         """What sys.stats shows of this tier: the counts last published and the queue."""
         if self._stale and self._owed == 0:  # fast-path changes: publish them now, as the fast path could run
             self._publish()
-        return {**self._counts, "queue": self.queue_length()}
+        return {**self._counts, "queue": self.queue_length(), "batches": self.batches, "requests": self.requests}
 
     async def run(self) -> None:
         recv = self._recv

@@ -373,6 +373,87 @@ def test_dict_keys_are_redacted_and_kept_apart() -> None:
     assert out == {"[redacted:github-token]": 1, "[redacted:github-token]#": 2, "plain": "[redacted:github-token]"}
 
 
+def _fragments() -> list[str]:
+    """Pieces of text a request may hold: every secret fixture, every hint alone (in upper case
+    too), and the characters a JSON encoding or lower-casing treats specially."""
+    from eurekamem.daemon.redact import DETECTORS
+
+    pieces = [text for examples in SECRETS.values() for text, _ in examples]
+    hints = sorted({hint for d in DETECTORS for hint in d.hints})
+    pieces += hints + [hint.upper() for hint in hints]
+    pieces += ['"', "\\", "\n", "\t", "\x00", "\x7f", ":", "=", "-", "_", "@", "+", "7", "İ", "K", "ß", "Σ", "é", "🙂", "word", "x" * 70]
+    pieces += ["AP", "İ_KEY", "pa", "ss", "aut", "h: "]  # halves of hints (İ lower-cases to i + a dot)
+    return pieces
+
+
+def _random_value(pick: random.Random, pieces: list[str], depth: int = 0) -> Any:
+    roll = pick.random()
+    if depth >= 3 or roll < 0.45:
+        return "".join(pick.choice(pieces) for _ in range(pick.randint(0, 4)))
+    if roll < 0.55:
+        return pick.choice([0, 7, -1.5, True, None])
+    if roll < 0.78:
+        return [_random_value(pick, pieces, depth + 1) for _ in range(pick.randint(0, 4))]
+    return {
+        "".join(pick.choice(pieces) for _ in range(pick.randint(1, 2))): _random_value(pick, pieces, depth + 1)
+        for _ in range(pick.randint(0, 4))
+    }
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in _strings(k) + _strings(v)]
+    if isinstance(value, list):
+        return [s for item in value for s in _strings(item)]
+    return []
+
+
+def test_the_one_search_for_every_hint_finds_what_each_test_would() -> None:
+    from eurekamem.daemon.redact import ALL_KINDS, SECRET_KINDS, _plan
+
+    pick = random.Random(7)
+    pieces = _fragments()
+    for kinds in (SECRET_KINDS, ALL_KINDS, frozenset({"email"})):
+        plan = _plan(kinds)
+        for _ in range(2000):
+            lower = "".join(pick.choice(pieces) for _ in range(pick.randint(0, 6))).lower()
+            assert plan.hints_in(lower) == {hint for hint in plan.hints if hint in lower}, lower
+
+
+def test_one_test_for_a_whole_value_never_skips_what_a_field_holds() -> None:
+    """Redactor._surely_clean looks at a whole value (a request's params) at once: wherever it says
+    clean, no string in the value, under any policy, holds anything find() would replace; and the
+    answers of Redactor.value are those of redacting string by string."""
+    from eurekamem.daemon.redact import ALL_KINDS, find, surely_clean
+
+    pick = random.Random(20261201)
+    pieces = _fragments()
+    redactor = Redactor(Policy(), {"chat": Policy(emails=True, phones=True)})
+    assert redactor.unknown_domain == ALL_KINDS
+    skipped = tested = 0
+    for _ in range(3000):
+        value = _random_value(pick, pieces)
+        if isinstance(value, str):
+            value = [value]
+        strings = _strings(value)
+        if redactor._surely_clean(value):
+            skipped += 1
+            assert all(find(s, ALL_KINDS) == [] for s in strings), value
+        else:
+            tested += 1
+        assert redactor.value(value) == redactor._value(value, ALL_KINDS, []), value
+        for s in strings:
+            if surely_clean(s, ALL_KINDS):
+                assert find(s, ALL_KINDS) == [], s
+    assert skipped > 300 and tested > 300  # both ways were taken
+    params = m.EpisodicLog(session_id="s", agent_role="theory", content="plain words", metadata={"k": ["x", {"deep": SECRETS["jwt"][0][0]}]})
+    assert not redactor._surely_clean(params)  # a secret deep in a request's params
+    clean = m.EpisodicLog(session_id="s", agent_role="theory", content="plain words", metadata={"k": ["x", {"deep": "y"}]})
+    assert redactor._surely_clean(clean)
+
+
 def test_the_memo_of_clean_short_texts_changes_no_answer() -> None:
     """Short texts that held nothing are remembered per set of kinds; a secret never is, an e-mail
     address remembered as clean under one policy is still redacted under another, and a full memo
