@@ -81,8 +81,12 @@ class BulkConnection:
         """Answers were delivered: send what the socket takes now; update what epoll watches."""
         if not self.open:
             return
-        out = self.protocol.outbound
-        if out and not self.writing:
+        protocol = self.protocol
+        out = protocol.outbound
+        if not out:
+            if self.mask == _IN and not (protocol.eof or protocol.closed or protocol.reading_paused):
+                return  # read, do not write: what _settle would find again (the hot path after a read)
+        elif not self.writing:
             try:
                 sent = self.sock.send(out)
             except BlockingIOError:
