@@ -30,6 +30,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import logging
+import operator
 import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -629,6 +630,9 @@ class Redactor:
         self.plan: dict[str, type] = {
             name: METHODS[name].params for name in storing_methods() if METHODS[name].params in FREE_TEXT
         }
+        # each planned method's free-text fields at once (one value, or a tuple of them): what
+        # _surely_clean tests before any field is redacted on its own
+        self._free_text = {name: operator.attrgetter(*FREE_TEXT[params]) for name, params in self.plan.items()}
 
     @classmethod
     def from_config(cls, config: Any) -> Redactor:
@@ -652,7 +656,8 @@ class Redactor:
 
     def call(self, call: Call) -> None:
         """Redact a request's params in place (Daemon.dispatch calls this for every request)."""
-        if call.spec.name not in self.plan or self._surely_clean(call.params):
+        free_text = self._free_text.get(call.spec.name)
+        if free_text is None or self._surely_clean(free_text(call.params)):
             return
         replaced: list[str] = []
         params = self._struct(call.params, self.unknown_domain, replaced)
@@ -722,13 +727,13 @@ class Redactor:
         return msgspec.structs.replace(struct, **changes) if changes else struct
 
     def _surely_clean(self, value: Any) -> bool:
-        """True when no string anywhere in `value` (a request's params, a list, a dict, their keys,
-        nested Structs) could hold anything that any policy redacts: one `surely_clean` test on the
-        value's JSON encoding, which holds every one of those strings with only JSON_ESCAPED
-        characters changed, under `unknown_domain` (every kind of every policy, so also under a
-        nested Struct's own domain). It looks at fields kept as sent too, so it may say False for a
-        request with nothing to redact: then every free-text field is tested on its own. False as
-        well when the encoding is past HINTS_UP_TO or the value has no JSON form."""
+        """True when no string anywhere in `value` (a request's free-text fields, a list, a dict,
+        their keys, nested Structs) could hold anything that any policy redacts: one `surely_clean`
+        test on the value's JSON encoding, which holds every one of those strings with only
+        JSON_ESCAPED characters changed, under `unknown_domain` (every kind of every policy, so also
+        under a nested Struct's own domain). A nested Struct is encoded whole, fields kept as sent
+        included, so it may say False where there is nothing to redact: then every field is tested
+        on its own. False as well when the encoding is past HINTS_UP_TO or the value has no JSON form."""
         try:
             flat = _json_encode(value)
         except (TypeError, ValueError, msgspec.EncodeError):
