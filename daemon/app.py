@@ -772,12 +772,19 @@ class Daemon:
         }
 
     def io_statistics(self) -> dict[str, Any]:
-        """The I/O design (Config.io) and, under bulk, its passes: how many found work, and how many
-        ready sockets (and wakers) they handled (events per pass: the requests one wake-up serves)."""
+        """The I/O design (Config.io) and, under bulk, its passes: how many found work, how many
+        ready sockets (and wakers) they handled (events per pass: the requests one wake-up serves),
+        and the looks after a pass that went on looking (IOLayer._spin) and found something."""
         layer = self.io_layer
         if layer is None:
             return {"mode": self.config.io}
-        return {"mode": self.config.io, "passes": layer.passes, "events": layer.events}
+        return {
+            "mode": self.config.io,
+            "passes": layer.passes,
+            "events": layer.events,
+            "spins": layer.spins,
+            "spin_hits": layer.spin_hits,
+        }
 
     # --- snapshots ----------------------------------------------------------------------------------
 

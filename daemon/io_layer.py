@@ -8,6 +8,13 @@ each ready socket once, feeds the bytes to that connection's sans-IO ServerConne
 dispatched inside the pass (reads on an actor's fast path are answered there and then); each
 connection's answers are sent once per pass, without blocking. So a pass costs one trio wake-up
 for however many connections and requests it serves, not one task switch per socket and request.
+After a pass the task lets the actors run and looks again before it waits in the kernel; when
+nothing is ready yet it goes on looking, other tasks running between looks, for up to SPIN_NS
+(50 µs): a client that sends its next request when it has its answer (one at a time, or a
+pipeline refilled) is served from that look instead of from a wake-up, which costs this machine's
+kernel and hypervisor more than the looks (bench/README.md, "Waking up"). While the looks find
+nothing (`_repoll`: under one in REPOLL_MIN_HITS of a window) the task waits at once instead, so
+an idle or sparsely used daemon does not spin.
 
 The two directions, each with one hand-off, all on trio's thread (no state crosses a thread):
 - In: the kernel -> epoll readiness -> this task -> `ServerConnection.receive_data` -> dispatch.
@@ -47,6 +54,7 @@ MAX_EVENTS = 1024  # events taken per pass at most (the rest are taken by the ne
 REPOLL_WINDOW = 64  # looks again after a pass, counted together (IOLayer._repoll)
 REPOLL_MIN_HITS = 8  # under one in this many finding work: stop looking again for a while
 REPOLL_SKIP = 512  # passes that wait at once after such a window
+SPIN_NS = 50_000  # how long a look after a pass goes on looking before the loop waits in the kernel
 
 _IN = select.EPOLLIN
 _OUT = select.EPOLLOUT
@@ -137,6 +145,8 @@ class IOLayer:
         self._repoll_hits = 0  # of this window's, those that found a socket ready
         self._skip_repolls = 0  # passes left that wait at once (the last window found too little)
         self.events = 0  # ready sockets those passes handled
+        self.spins = 0  # looks after a pass that went on looking (_spin)
+        self.spin_hits = 0  # of those, the ones that found something before SPIN_NS
 
     def __len__(self) -> int:
         return len(self._by_fd)
@@ -174,12 +184,28 @@ class IOLayer:
                         break
                     # let the actors run what this pass dispatched (and answer), then look again before
                     # waiting: under load the next pass is ready and costs no wait (measured in
-                    # bench/README.md, "I/O designs": less CPU per write and per pipelined request)
+                    # bench/README.md, "I/O designs": less CPU per write and per pipelined request);
+                    # when it is not, keep looking for up to SPIN_NS (see the module docstring)
                     await trio.lowlevel.checkpoint()
                     events = poll(0, MAX_EVENTS)
+                    if not events:
+                        events = await self._spin(poll)
                     self._repoll(bool(events))
         finally:
             self.close_all()
+
+    async def _spin(self, poll: Callable[[int, int], list[tuple[int, int]]]) -> list[tuple[int, int]]:
+        """Look again (letting every other task run between looks) until something is ready or
+        SPIN_NS have passed; what was found (nothing: the pass loop waits in the kernel)."""
+        self.spins += 1
+        until = monotonic_ns() + SPIN_NS
+        while monotonic_ns() < until:
+            await trio.lowlevel.checkpoint()
+            events = poll(0, MAX_EVENTS)
+            if events:
+                self.spin_hits += 1
+                return events
+        return []
 
     def _repoll(self, found: bool) -> None:
         """Count what looking again after a pass found, a window of REPOLL_WINDOW at a time: when under

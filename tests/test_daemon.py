@@ -28,6 +28,7 @@ async def test_ping_hello_and_stats(data_dir: Path, sock_dir: Path) -> None:
             assert stats["requests"]["methods"]["sys.ping"]["count"] == 1
             # the I/O layer's passes (the default, bulk): each served at least one ready socket
             assert stats["io"]["mode"] == "bulk" and 0 < stats["io"]["passes"] <= stats["io"]["events"]
+            assert 0 <= stats["io"]["spin_hits"] <= stats["io"]["spins"] <= stats["io"]["passes"]
             assert stats["tiers"]["persistent"]["batches"] == stats["tiers"]["persistent"]["requests"] == 0
             await conn.aclose()
 

@@ -271,6 +271,27 @@ def test_reads_stay_under_the_allocators_mmap_threshold() -> None:
     assert _common.RECV_BYTES < 128 * 1024
 
 
+async def test_after_a_pass_the_layer_looks_on_and_serves_the_next_request_without_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that sends its next request only after its answer (one at a time) is not ready at
+    the look right after the pass; the layer goes on looking (SPIN_NS, made long here so that it
+    is sure to outlast the client) and serves the request from that look, not after a wait."""
+    from eurekamem.daemon import io_layer
+
+    monkeypatch.setattr(io_layer, "SPIN_NS", 10 * 10**9)
+    h = Harness()
+    _conn, client = h.pair()
+    with trio.fail_after(IO_TIMEOUT):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(h.layer.run)
+            for i in range(5):
+                await client.send(line(i))
+                assert [a["id"] for a in await read_lines(client, 1)] == [i]
+                for _ in range(3):  # the client takes a few scheduling rounds before its next request
+                    await trio.lowlevel.checkpoint()
+            assert h.layer.passes == 5 and h.layer.spin_hits == 4  # the last look has nothing to find
+            nursery.cancel_scope.cancel()  # cancels the look still going on too
+
+
 def test_looking_again_after_a_pass_stops_while_it_finds_nothing_and_resumes_later() -> None:
     from eurekamem.daemon import io_layer
 
