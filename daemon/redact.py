@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import msgspec
-from ahocorasick_rs import AhoCorasick
+from ahocorasick_rs import AhoCorasick, BytesAhoCorasick
 from eurekamem.daemon.memory.format import domain_slug
 from eurekamem.protocol import METHODS, Call
 from eurekamem.protocol import _methods as m
@@ -247,6 +247,10 @@ DETECTORS: tuple[Detector, ...] = (
 
 
 _DIGIT = re.compile(r"[0-9]")
+_DIGIT_BYTES = re.compile(rb"[0-9]")
+# the characters other than A-Z whose lower case holds an ASCII character (found by a scan of every
+# code point: tests/test_redact.py does it again): "İ" -> "i̇", the Kelvin sign -> "k"
+LOWER_TO_ASCII: tuple[str, ...] = ("\u0130", "\u212a")
 HINTS_UP_TO = 16384  # characters
 
 SECRET_KINDS: frozenset[str] = frozenset(d.kind for d in DETECTORS if not d.personal)
@@ -351,6 +355,9 @@ class _Plan:
         self.hints = tuple(sorted({hint for d in self.detectors for hint in d.hints} - {DIGIT}))
         self.digits = any(DIGIT in d.hints for d in self.detectors)
         self._matcher = AhoCorasick(list(self.hints)) if self.hints else None
+        # the same over UTF-8 bytes lower-cased byte by byte (ASCII only), with the characters whose
+        # lower case holds ASCII letters as patterns too: bytes.lower() leaves them as they are
+        self._byte_matcher = BytesAhoCorasick([t.encode() for t in self.hints + LOWER_TO_ASCII])
 
     def hints_in(self, lower: str) -> set[str]:
         """The hints the (lower-cased) text holds, overlapping ones included."""
@@ -358,6 +365,14 @@ class _Plan:
             return set()
         hints = self.hints
         return {hints[at] for at, _, _ in self._matcher.find_matches_as_indexes(lower, overlapping=True)}
+
+    def surely_clean_utf8(self, raw: bytes) -> bool:
+        """surely_clean for UTF-8 bytes (a JSON encoding), without decoding or lower-casing them as
+        text: equal to it, as bytes.lower() changes only ASCII letters, and every other character
+        whose lower case holds an ASCII letter (LOWER_TO_ASCII) sends the bytes to the text test."""
+        if len(raw) > HINTS_UP_TO or self._byte_matcher.find_matches_as_indexes(raw.lower()):
+            return False
+        return not (self.digits and _DIGIT_BYTES.search(raw) is not None)
 
     def candidates(self, gates: str) -> tuple[tuple[Detector, ...], tuple[str, ...], bool]:
         """The detectors whose gate is open, their hints, and whether one needs a digit."""
@@ -738,7 +753,7 @@ class Redactor:
             flat = _json_encode(value)
         except (TypeError, ValueError, msgspec.EncodeError):
             return False  # not JSON (a float key, say): the strings are tested one by one
-        return len(flat) <= HINTS_UP_TO and surely_clean(flat.decode(), self.unknown_domain)
+        return _plan(self.unknown_domain).surely_clean_utf8(flat)
 
     def _value(self, value: Any, kinds: frozenset[str], replaced: list[str]) -> Any:
         if isinstance(value, str):

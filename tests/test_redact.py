@@ -411,15 +411,34 @@ def _strings(value: Any) -> list[str]:
 
 
 def test_the_one_search_for_every_hint_finds_what_each_test_would() -> None:
-    from eurekamem.daemon.redact import ALL_KINDS, SECRET_KINDS, _plan
+    from eurekamem.daemon.redact import ALL_KINDS, LOWER_TO_ASCII, SECRET_KINDS, _plan, surely_clean
 
     pick = random.Random(7)
     pieces = _fragments()
     for kinds in (SECRET_KINDS, ALL_KINDS, frozenset({"email"})):
         plan = _plan(kinds)
         for _ in range(2000):
-            lower = "".join(pick.choice(pieces) for _ in range(pick.randint(0, 6))).lower()
+            text = "".join(pick.choice(pieces) for _ in range(pick.randint(0, 6)))
+            lower = text.lower()
             assert plan.hints_in(lower) == {hint for hint in plan.hints if hint in lower}, lower
+            # the test on UTF-8 bytes says what the test on the text says (it only gives up more often:
+            # on the characters whose lower case is ASCII)
+            on_bytes, on_text = plan.surely_clean_utf8(text.encode()), surely_clean(text, kinds)
+            assert on_bytes == on_text or (on_text and any(c in text for c in LOWER_TO_ASCII)), text
+
+
+def test_the_characters_whose_lower_case_is_ascii_are_all_known() -> None:
+    """bytes.lower() changes A-Z only; str.lower() also turns these into ASCII letters: the byte
+    test gives them to the text test (_Plan.surely_clean_utf8)."""
+    import sys
+
+    from eurekamem.daemon.redact import LOWER_TO_ASCII
+
+    found = tuple(
+        chr(c) for c in range(0x80, sys.maxunicode + 1)
+        if not 0xD800 <= c <= 0xDFFF and any(ord(x) < 0x80 for x in chr(c).lower())
+    )
+    assert found == LOWER_TO_ASCII
 
 
 def test_one_test_for_a_whole_value_never_skips_what_a_field_holds() -> None:

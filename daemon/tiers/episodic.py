@@ -75,6 +75,17 @@ class EpisodicState(TierState):
         self.closed_idle = 0
         self.closed_evicted = 0
         self.changed = trio.Event()  # set when a session opens or is evicted: the sweeper looks again
+        self._batch_clock: float | None = None  # clock() of the batch in progress (begin_batch clears it)
+
+    def begin_batch(self) -> None:
+        super().begin_batch()
+        self._batch_clock = None
+
+    def batch_clock(self) -> float:
+        """clock() once per batch (a fast-path read's calls share one): when its events came."""
+        if self._batch_clock is None:
+            self._batch_clock = self.clock()
+        return self._batch_clock
 
     @handles("episodic.log")
     def do_log(self, p: m.EpisodicLog) -> EpisodicEntry:
@@ -101,7 +112,7 @@ class EpisodicState(TierState):
         )
         self._events += len(ring) < self.RING  # a full ring drops its oldest
         ring.append(entry)
-        self.last_event[p.session_id] = self.clock()
+        self.last_event[p.session_id] = self.batch_clock()
         self.logged += 1
         return entry
 
