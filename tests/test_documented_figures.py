@@ -53,3 +53,11 @@ def test_dedup_thresholds_are_the_codes() -> None:
         f"an OpenAI-compatible model {DEFAULT_REMOTE_THRESHOLDS.duplicate} unless calibrated)"
     ) in text
     assert f"`confidence` below {memory_state.MIN_CONFIDENCE}" in text
+
+
+def test_the_io_layers_look_after_a_pass_is_the_documented_one() -> None:
+    from eurekamem.daemon import io_layer
+
+    assert re.search(r"`spins` \(times the layer went on looking for up to (\d+) µs", PROTOCOL).group(1) == str(
+        io_layer.SPIN_NS // 1000
+    )
