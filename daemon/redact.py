@@ -11,8 +11,8 @@ Rules kept here:
   a request (the learning loop's jobs) calls `Redactor.value` on what it stores.
 - Cheap when there is nothing to find, which is almost always: a text is searched once for every
   detector's hints (Aho-Corasick) and a pattern runs only where its hint and gate are present; a
-  request is first tested whole, on its params' JSON encoding (`Redactor._surely_clean`), and only
-  one that holds a hint somewhere is redacted field by field.
+  request's free-text fields are first tested whole, on their JSON bytes (`Redactor._surely_clean`),
+  and only a request that holds a hint somewhere is redacted field by field.
 - Redaction is idempotent: no placeholder matches a detector, so redacting twice equals redacting
   once, and a replay or a retried job changes nothing more.
 - Detectors look for the shapes providers give their keys (a fixed prefix, a length, random
@@ -367,9 +367,11 @@ class _Plan:
         return {hints[at] for at, _, _ in self._matcher.find_matches_as_indexes(lower, overlapping=True)}
 
     def surely_clean_utf8(self, raw: bytes) -> bool:
-        """surely_clean for UTF-8 bytes (a JSON encoding), without decoding or lower-casing them as
-        text: equal to it, as bytes.lower() changes only ASCII letters, and every other character
-        whose lower case holds an ASCII letter (LOWER_TO_ASCII) sends the bytes to the text test."""
+        """True when find() is sure to find nothing in any string these UTF-8 bytes (a JSON encoding)
+        hold, without running a pattern: no hint in them lower-cased, nor a digit where a detector
+        needs one. bytes.lower() changes only ASCII letters, as str.lower() does but for the
+        characters of LOWER_TO_ASCII, which are patterns here too (then: False). Monotone: bytes
+        that hold a string's encoding are never judged cleaner than the string."""
         if len(raw) > HINTS_UP_TO or self._byte_matcher.find_matches_as_indexes(raw.lower()):
             return False
         return not (self.digits and _DIGIT_BYTES.search(raw) is not None)
@@ -426,16 +428,6 @@ def _aws_secrets_near_keys(text: str, found: list[Finding]) -> list[Finding]:
             if _random_looking(match.group()):
                 out.append(Finding("aws-secret", match.start(), match.end()))
     return out
-
-
-def surely_clean(text: str, kinds: frozenset[str]) -> bool:
-    """True when find(text, kinds) is sure to be [] without running a pattern: the lower-cased text
-    holds no hint of any detector of `kinds`, nor a digit where one needs it. The test is monotone:
-    a text that holds another (lower-cased alike) is never judged cleaner than it."""
-    if len(text) > HINTS_UP_TO:
-        return False
-    plan = _plan(kinds)
-    return not plan.hints_in(text.lower()) and not (plan.digits and _DIGIT.search(text) is not None)
 
 
 # What a JSON encoding changes in a string: these characters are escaped (everything else, non-ASCII
@@ -743,12 +735,13 @@ class Redactor:
 
     def _surely_clean(self, value: Any) -> bool:
         """True when no string anywhere in `value` (a request's free-text fields, a list, a dict,
-        their keys, nested Structs) could hold anything that any policy redacts: one `surely_clean`
-        test on the value's JSON encoding, which holds every one of those strings with only
-        JSON_ESCAPED characters changed, under `unknown_domain` (every kind of every policy, so also
-        under a nested Struct's own domain). A nested Struct is encoded whole, fields kept as sent
-        included, so it may say False where there is nothing to redact: then every field is tested
-        on its own. False as well when the encoding is past HINTS_UP_TO or the value has no JSON form."""
+        their keys, nested Structs) could hold anything that any policy redacts: one
+        `_Plan.surely_clean_utf8` test on the value's JSON encoding, which holds every one of those
+        strings with only JSON_ESCAPED characters changed, under `unknown_domain` (every kind of
+        every policy, so also under a nested Struct's own domain). A nested Struct is encoded whole,
+        fields kept as sent included, so it may say False where there is nothing to redact: then
+        every field is tested on its own. False as well when the encoding is past HINTS_UP_TO or the
+        value has no JSON form."""
         try:
             flat = _json_encode(value)
         except (TypeError, ValueError, msgspec.EncodeError):

@@ -410,8 +410,17 @@ def _strings(value: Any) -> list[str]:
     return []
 
 
+def surely_clean(text: str, kinds: frozenset[str]) -> bool:
+    """The test find() makes before any pattern runs, on a text: no hint lower-cased, no digit a
+    detector needs (the reference the byte test is checked against)."""
+    from eurekamem.daemon.redact import _DIGIT, HINTS_UP_TO, _plan
+
+    plan = _plan(kinds)
+    return len(text) <= HINTS_UP_TO and not plan.hints_in(text.lower()) and not (plan.digits and _DIGIT.search(text))
+
+
 def test_the_one_search_for_every_hint_finds_what_each_test_would() -> None:
-    from eurekamem.daemon.redact import ALL_KINDS, LOWER_TO_ASCII, SECRET_KINDS, _plan, surely_clean
+    from eurekamem.daemon.redact import ALL_KINDS, LOWER_TO_ASCII, SECRET_KINDS, _plan
 
     pick = random.Random(7)
     pieces = _fragments()
@@ -445,7 +454,7 @@ def test_one_test_for_a_whole_value_never_skips_what_a_field_holds() -> None:
     """Redactor._surely_clean looks at a whole value (a request's params) at once: wherever it says
     clean, no string in the value, under any policy, holds anything find() would replace; and the
     answers of Redactor.value are those of redacting string by string."""
-    from eurekamem.daemon.redact import ALL_KINDS, find, surely_clean
+    from eurekamem.daemon.redact import ALL_KINDS, find
 
     pick = random.Random(20261201)
     pieces = _fragments()
