@@ -375,7 +375,7 @@ class TierActor:
 
     def _handle_now(self, call: Call) -> Any:
         try:
-            return HANDLERS[call.spec.name].fn(self.state, call.params)  # TierState.handle, one call less
+            return self.state.handle(call.spec.name, call.params)
         except ProtocolError as exc:
             return exc
         except Exception as exc:  # a bug: answer `internal`, keep serving, keep the state as it was
