@@ -3,12 +3,18 @@
 Rule kept here: a frame becomes either a Call (method known, params decoded into the method's
 Struct) or a Rejected (the contract's error, with the request's id when one could be read). Nothing
 here does I/O or touches state, so a bad request can never change anything.
+
+Two ways to one result: a frame is first decoded in one pass as a request of any method (a tagged
+union of one Struct per method, its tag the method: envelope and params at once). Only a frame that
+this pass refuses is decoded the general way (the envelope, then the method, then its params), which
+is also what says what is wrong with it. The one-pass types accept only what the general way turns
+into a Call, and make the same Call of it (tests/test_envelope.py compares the two on fuzzed frames).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal, Union
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -89,6 +95,20 @@ def _params_error(exc: Exception, params_type: type) -> ProtocolError:
     return ProtocolError(kind, f"invalid params: {text}{allowed_values_hint(text, params_type)}")
 
 
+def _one_pass_type(spec: MethodSpec) -> type:
+    """A request of this method as one Struct, tagged by its method (the module docstring). Its
+    params may be left out only when the general way would decode `{}` (no field is required)."""
+    params: tuple[Any, ...] = ("params", spec.params)
+    if not any(field.required for field in msgspec.structs.fields(spec.params)):
+        params = ("params", spec.params, msgspec.field(default_factory=spec.params))
+    fields = [params, ("id", int | str | None | UnsetType, UNSET), ("jsonrpc", Literal["2.0"], "2.0")]
+    return msgspec.defstruct(f"{spec.params.__name__}Request", fields, kw_only=True, tag_field="method", tag=spec.name)
+
+
+_ONE_PASS_SPECS: dict[type, MethodSpec] = {_one_pass_type(spec): spec for spec in METHODS.values()}
+_ONE_PASS_REQUEST: Any = Union[tuple(_ONE_PASS_SPECS)]  # noqa: UP007  (a union built at run time)
+
+
 class Codec:
     """One framing's envelope codec: JSON for NDJSON, MessagePack for binary frames."""
 
@@ -99,6 +119,7 @@ class Codec:
         mod = msgspec.json if framing == "ndjson" else msgspec.msgpack
         self._mod = mod
         self._envelope = mod.Decoder(Request | list[msgspec.Raw])
+        self._one_pass = mod.Decoder(_ONE_PASS_REQUEST)
         self._request = mod.Decoder(Request)
         self._any = mod.Decoder()
         self._params: dict[type, Any] = {}
@@ -111,6 +132,21 @@ class Codec:
 
     def decode(self, frame: bytes) -> tuple[list[Incoming], bool]:
         """A frame's requests, and whether it was a batch (a batch is answered with one array)."""
+        try:
+            request = self._one_pass.decode(frame)
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+            return self.decode_general(frame)  # not one well-formed request: a batch, or the general way says why
+        return [Call(request.id, _ONE_PASS_SPECS[type(request)], request.params)], False
+
+    def _decode_one_pass(self, raw: bytes) -> Call | None:
+        try:
+            request = self._one_pass.decode(raw)
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+            return None  # not a well-formed request of a known method: the general way says why
+        return Call(request.id, _ONE_PASS_SPECS[type(request)], request.params)
+
+    def decode_general(self, frame: bytes) -> tuple[list[Incoming], bool]:
+        """decode() without the one-pass way: what it must agree with (and what it falls back to)."""
         try:
             envelope = self._envelope.decode(frame)
         except msgspec.ValidationError as exc:
@@ -125,6 +161,10 @@ class Codec:
             return [Rejected(None, ProtocolError("invalid_request", "empty batch"))], False
         out: list[Incoming] = []
         for raw in envelope:
+            call = self._decode_one_pass(raw)
+            if call is not None:
+                out.append(call)
+                continue
             try:
                 out.append(self._to_call(self._request.decode(raw)))
             except msgspec.ValidationError as exc:

@@ -507,3 +507,60 @@ def test_encode_into_appends_what_encode_returns_and_nothing_on_error(framing: s
     with pytest.raises(TypeError):
         codec.encode_into(success(2, object()), out)
     assert bytes(out) == before
+
+
+# --- the one-pass way agrees with the general way -------------------------------------------------
+# Codec.decode first decodes a frame in one pass (envelope and params at once) and falls back to
+# decode_general only when that pass refuses it. Both must give the same items for every frame.
+
+
+def _comparable(items: list[Call | Rejected]) -> list[Any]:
+    return [
+        ("call", item.id, item.spec.name, msgspec.to_builtins(item.params)) if isinstance(item, Call)
+        else ("rejected", item.id, item.error.kind, item.error.message)
+        for item in items
+    ]
+
+
+def check_same_as_general(codec: Codec, frame: bytes) -> None:
+    items, batch = codec.decode(frame)
+    general, general_batch = codec.decode_general(frame)
+    assert batch == general_batch
+    assert _comparable(items) == _comparable(general)
+    for item, other in zip(items, general, strict=True):
+        if isinstance(item, Call):
+            assert type(item.params) is type(other.params) and item.params == other.params
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_one_pass_decodes_every_method_as_the_general_way(codec, name):
+    params = _minimal(msgspec.inspect.type_info(METHODS[name].params))
+    for message in (req(name, params, id=9), req(name, params), req(name, id="x"), {"method": name, "params": params},
+                    req(name, {**params, "zz": 1}), req(name, None), req(name, [params]), [req(name, params), {}]):
+        check_same_as_general(codec, encode(codec, message))
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"jsonrpc":"2.0","id":1,"method":"sys.ping","method":"sys.hello"}',  # the tag twice: the last one wins
+    b'{"method":"sys.hello","method":"sys.ping","id":1}',
+    b'{"method":"sys.ping","id":1,"id":2}',
+    b'{"method":"sys.hello","params":{},"params":{"x":1}}',
+    b'{"params":{"session_id":"s","agent_role":"r","content":"c"},"method":"episodic.log","id":3}',  # method last
+    b'{"jsonrpc":"2.0","jsonrpc":"1.0","method":"sys.ping","id":1}',
+    b'{"jsonrpc":"2.0","id":true,"method":"sys.ping"}',
+    b'{"jsonrpc":"2.0","id":1.5,"method":"sys.ping"}',
+    b'{"jsonrpc":2,"id":1,"method":"sys.ping"}',
+    b'{"method":"persistent.recall","params":{"key":"k"},"params":null,"id":1}',
+])
+def test_one_pass_agrees_on_odd_envelopes(raw):
+    check_same_as_general(Codec("ndjson"), raw)
+    check_same_as_general(Codec("binary"), msgspec.msgpack.encode(msgspec.json.decode(raw)))  # duplicates collapse here
+
+
+@FAST
+@given(framing=st.sampled_from(FRAMINGS), message=messages, cut=st.integers(0, 400))
+def test_one_pass_agrees_with_the_general_way_on_mangled_envelopes(framing, message, cut):
+    codec = Codec(framing)
+    frame = encode(codec, message)
+    check_same_as_general(codec, frame)
+    check_same_as_general(codec, frame[:cut])
