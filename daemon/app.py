@@ -58,6 +58,7 @@ from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
 from eurekamem.daemon.storage.files import PRIVATE_UMASK, RealFiles, atomic_write, make_private
 from eurekamem.daemon.storage.journal import JournalWriteError
 from eurekamem.daemon.storage.journal_actor import JournalActor, JournalUnavailable
+from eurekamem.daemon.storage.journal_kernel import make_journal_actor
 from eurekamem.daemon.tier import HANDLERS, TierActor, Work, handles
 from eurekamem.daemon.tiers.episodic import EpisodicActor, EpisodicState
 from eurekamem.protocol import (
@@ -249,10 +250,13 @@ class Daemon:
         recovered.memory.share_policy = self.config.share_policy_for  # memory.promote's, per domain
         recovered.memory.settings = StrengthSettings.from_config(self.config)
         recovered.memory.wall = self.wall
-        # the Journal is handed to the journal actor here and comes back when its writer thread is done
-        # under io = bulk the journal's acknowledgements come back through the I/O layer's passes
+        # the Journal is handed to the journal actor here (its writer thread's, or under fsync=always where
+        # the kernel can make the fdatasync, trio's: daemon/storage/journal_kernel.py); under io = bulk the
+        # journal's acknowledgements come back through the I/O layer's passes
         acks = "poller" if self.config.io == "bulk" else "trio"
-        self.journal_actor = JournalActor(journal, self.config.fsync, self.config.batch_interval, acks=acks)
+        self.journal_actor = make_journal_actor(
+            journal, self.config.fsync, self.config.batch_interval, acks=acks, sync=self.config.journal_sync
+        )
         self.memory_actor = MemoryActor(recovered.memory, self.journal_actor, self.paths.root)
         self.memory_actor.redactor = self.redactor  # for the learning loop's proposals (MemoryActor.propose)
         self.skills_actor = SkillsActor(

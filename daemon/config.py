@@ -165,6 +165,7 @@ _BASE: list[Setting] = [
     ),
     Setting("fsync", "journal fsync policy: always, batch or off"),
     Setting("batch_interval", "seconds between fsyncs under fsync=batch"),
+    Setting("journal_sync", "who makes the journal's fdatasync under fsync=always: auto (the kernel, Linux AIO, where it works; else a writer thread) or thread"),
     Setting("max_frame_bytes", "largest request frame, in bytes"),
     Setting("max_inflight", "requests in flight per connection"),
     Setting("max_requests_per_second", "request rate limit per connection (token bucket); 0 = unlimited"),
@@ -642,6 +643,7 @@ class Config(msgspec.Struct, kw_only=True):
     socket_path: Path
     fsync: FsyncPolicy = "always"
     batch_interval: Seconds = 1.0  # seconds between fsyncs under --fsync batch
+    journal_sync: Literal["auto", "thread"] = "auto"  # daemon/storage/journal_kernel.py
     max_frame_bytes: Annotated[int, Meta(ge=1024)] = _LIMITS.max_frame_bytes
     max_inflight: PositiveInt = _LIMITS.max_inflight
     max_requests_per_second: Annotated[float, Meta(ge=0)] = _LIMITS.max_requests_per_second  # 0 = unlimited
@@ -699,6 +701,8 @@ class Config(msgspec.Struct, kw_only=True):
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, not {self.fsync!r}")
         if self.io not in ("bulk", "tasks"):
             raise ValueError(f"io must be bulk or tasks, not {self.io!r}")
+        if self.journal_sync not in ("auto", "thread"):
+            raise ValueError(f"journal_sync must be auto or thread, not {self.journal_sync!r}")
         if self.share_policy not in SHARE_POLICIES:
             raise ValueError(f"share_policy must be one of {', '.join(SHARE_POLICIES)}, not {self.share_policy!r}")
         seen: dict[str, str] = {}

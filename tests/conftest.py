@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -253,3 +254,64 @@ async def routed(actor, method: str):  # type: ignore[no-untyped-def]
         yield event
     finally:
         del actor._to_bulk  # the class's method again
+
+
+class HeldJournal:
+    """The journal's next group held before it is durable (a slow disk), whichever way the actor
+    syncs: the writer thread's write waits in that thread (`fsync` of JournalActor); the kernel's
+    completion is kept, unread, until `release` (journal_kernel.py). With `fail_errno` the held
+    group's sync fails with it at release, and so does every later one while held."""
+
+    def __init__(self, actor: Any, fail_errno: int | None = None) -> None:
+        self.actor = actor
+        self.fail_errno = fail_errno
+        self.entered = threading.Event()  # a group waits (set from the writer thread, or from trio's)
+        self.durable = False  # the held group was made durable
+        self._go = threading.Event()
+        self._held: list[int] = []
+        self._write: Any = None
+
+    async def wait_entered(self) -> None:
+        assert await trio.to_thread.run_sync(self.entered.wait, IO_TIMEOUT), "no journal group came to be held"
+
+    def __enter__(self) -> HeldJournal:
+        actor = self.actor
+        if actor.sync == "kernel":
+            def completed(result: int) -> None:  # caio's callback, inside drain_acks: keep the result
+                self._held.append(result)
+                self.entered.set()
+
+            actor._completed = completed
+            return self
+        self._write = write = actor._write
+
+        def held_write(records: Any) -> Any:  # in the writer thread
+            self.entered.set()
+            assert self._go.wait(IO_TIMEOUT), "the test never released the journal write"
+            if self.fail_errno is not None:
+                raise OSError(self.fail_errno, os.strerror(self.fail_errno))
+            last = write(records)
+            self.durable = True
+            return last
+
+        actor._write = held_write
+        return self
+
+    def release(self) -> None:
+        """Let the held group go on: its sync completes (or fails) now."""
+        actor = self.actor
+        if actor.sync != "kernel":
+            self._go.set()
+            return
+        if "_completed" in vars(actor):
+            del actor._completed  # the actor's own method again
+        for result in self._held:
+            actor._result = result if self.fail_errno is None else (1 << 64) - self.fail_errno
+            actor.drain_acks()  # on trio's thread, as the poller's pass would
+            self.durable = self.fail_errno is None
+        self._held.clear()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+        if self._write is not None:
+            self.actor._write = self._write

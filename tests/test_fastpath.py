@@ -4,17 +4,18 @@ not durable yet, errors still reach the client."""
 
 from __future__ import annotations
 
+import errno
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 from eurekamem.daemon.tier import HANDLERS, Handler
 from eurekamem.protocol import ProtocolError
 
-from conftest import IO_TIMEOUT, RawConnection, running_daemon
+from conftest import IO_TIMEOUT, HeldJournal, RawConnection, running_daemon
 
 
 async def _pipelined(conn: RawConnection, calls: list[tuple[str, dict[str, Any]]]) -> dict[int, Any]:
@@ -65,56 +66,25 @@ async def test_pipelined_reads_see_the_writes_sent_before_them(data_dir: Path, s
             await conn.aclose()
 
 
-class _Release:
-    """Set from trio; the journal's writer thread waits for it (a slow disk, held by the test)."""
-
-    def __init__(self) -> None:
-        self.entered = trio.Event()  # the writer thread is in the held write
-        self._go = threading.Event()
-
-    def set(self) -> None:
-        self._go.set()
-
-
-def _held_in_writer_thread() -> tuple[Any, _Release]:
-    """A function for the writer thread that tells trio it is there, then waits for the release."""
-    release = _Release()
-    token = trio.lowlevel.current_trio_token()
-
-    def writing() -> None:
-        trio.from_thread.run_sync(release.entered.set, trio_token=token)
-        assert release._go.wait(IO_TIMEOUT), "the test never released the journal write"
-
-    return writing, release
-
-
-async def test_a_read_never_sees_a_write_still_waiting_for_the_journal(data_dir: Path, sock_dir: Path) -> None:
+@pytest.mark.parametrize("journal_sync", ["auto", "thread"])  # auto: the kernel's fdatasync where it works
+async def test_a_read_never_sees_a_write_still_waiting_for_the_journal(
+    data_dir: Path, sock_dir: Path, journal_sync: str
+) -> None:
     with trio.fail_after(IO_TIMEOUT):
-        async with running_daemon(data_dir, sock_dir / "s.sock") as daemon:
-            journal = daemon.journal_actor
-            write = journal._write
-            durable: list[bool] = []
-            writing, release = _held_in_writer_thread()
-
-            def slow_write(records: Any) -> Any:
-                writing()  # the fsync takes a while: the batch holds the persistent state meanwhile
-                last = write(records)
-                durable.append(True)
-                return last
-
-            journal._write = slow_write
-            writer = await RawConnection.open(sock_dir / "s.sock")
-            reader = await RawConnection.open(sock_dir / "s.sock")
-            await writer.send({"jsonrpc": "2.0", "id": 1, "method": "persistent.remember", "params": {"key": "k", "value": 1}})
-            await release.entered.wait()  # the remember is in its batch, waiting for the journal
-            await reader.send({"jsonrpc": "2.0", "id": 2, "method": "persistent.recall", "params": {"key": "k"}})
-            await trio.testing.wait_all_tasks_blocked()
-            assert daemon.actors["persistent"].queue_length() == 1  # the read waits behind the write
-            release.set()
-            answer = await reader.read()
-            assert answer["result"]["value"] == 1  # it waited behind the write, and sees it
-            assert durable  # and was answered after the write was durable
-            assert (await writer.read())["result"]["key"] == "k"
+        async with running_daemon(data_dir, sock_dir / "s.sock", journal_sync=journal_sync) as daemon:
+            with HeldJournal(daemon.journal_actor) as held:  # the fsync takes a while: the batch holds the state
+                writer = await RawConnection.open(sock_dir / "s.sock")
+                reader = await RawConnection.open(sock_dir / "s.sock")
+                await writer.send({"jsonrpc": "2.0", "id": 1, "method": "persistent.remember", "params": {"key": "k", "value": 1}})
+                await held.wait_entered()  # the remember is in its batch, waiting for the journal
+                await reader.send({"jsonrpc": "2.0", "id": 2, "method": "persistent.recall", "params": {"key": "k"}})
+                await trio.testing.wait_all_tasks_blocked()
+                assert daemon.actors["persistent"].queue_length() == 1  # the read waits behind the write
+                held.release()
+                answer = await reader.read()
+                assert answer["result"]["value"] == 1  # it waited behind the write, and sees it
+                assert held.durable  # and was answered after the write was durable
+                assert (await writer.read())["result"]["key"] == "k"
             await writer.aclose()
             await reader.aclose()
 
@@ -155,54 +125,47 @@ async def test_errors_on_the_fast_path_reach_the_client(data_dir: Path, sock_dir
             await conn.aclose()
 
 
-async def test_requests_behind_a_failed_write_see_no_trace_of_it(data_dir: Path, sock_dir: Path) -> None:
+@pytest.mark.parametrize("journal_sync", ["auto", "thread"])
+async def test_requests_behind_a_failed_write_see_no_trace_of_it(data_dir: Path, sock_dir: Path, journal_sync: str) -> None:
     """Requests that arrive while a write waits for the journal wait behind it (never the fast
     path); when it fails it is rolled back first: they read the state without it, write read_only."""
     with trio.fail_after(IO_TIMEOUT):
-        async with running_daemon(data_dir, sock_dir / "s.sock") as daemon:
-            journal = daemon.journal_actor
-            write = journal._write
-            writing, release = _held_in_writer_thread()
-
-            def failing_write(records: Any) -> Any:
-                writing()
-                raise OSError(28, "No space left on device")
-
+        async with running_daemon(data_dir, sock_dir / "s.sock", journal_sync=journal_sync) as daemon:
             conn = await RawConnection.open(sock_dir / "s.sock")
             assert (await conn.result("persistent.remember", {"key": "kept", "value": 0}))["key"] == "kept"
-            journal._write = failing_write
-            first = await RawConnection.open(sock_dir / "s.sock")
-            await first.send({"jsonrpc": "2.0", "id": 1, "method": "persistent.remember", "params": {"key": "k", "value": 1}})
-            await release.entered.wait()
-            behind = await RawConnection.open(sock_dir / "s.sock")
-            async with trio.open_nursery() as nursery:
-                answers: dict[int, Any] = {}
+            with HeldJournal(daemon.journal_actor, fail_errno=errno.ENOSPC) as held:
+                first = await RawConnection.open(sock_dir / "s.sock")
+                await first.send({"jsonrpc": "2.0", "id": 1, "method": "persistent.remember", "params": {"key": "k", "value": 1}})
+                await held.wait_entered()
+                behind = await RawConnection.open(sock_dir / "s.sock")
+                async with trio.open_nursery() as nursery:
+                    answers: dict[int, Any] = {}
 
-                async def send_behind() -> None:
-                    answers.update(
-                        await _pipelined(
-                            behind,
-                            [
-                                ("persistent.recall", {"key": "k"}),  # must not see k=1, which is about to be lost
-                                ("persistent.remember", {"key": "k2", "value": 2}),
-                                ("persistent.recall", {"key": "kept"}),
-                            ],
+                    async def send_behind() -> None:
+                        answers.update(
+                            await _pipelined(
+                                behind,
+                                [
+                                    ("persistent.recall", {"key": "k"}),  # must not see k=1, which is about to be lost
+                                    ("persistent.remember", {"key": "k2", "value": 2}),
+                                    ("persistent.recall", {"key": "kept"}),
+                                ],
+                            )
                         )
-                    )
 
-                nursery.start_soon(send_behind)
-                await trio.testing.wait_all_tasks_blocked()
-                assert daemon.actors["persistent"].queue_length() == 3  # all three wait behind the failing write
-                release.set()
-            assert (await first.read())["error"]["data"]["kind"] == "read_only"
-            assert answers[0]["result"] is None  # not the lost k=1
-            # the batch's calls from its first write on answer read_only (the journal is failed)
-            assert answers[1]["error"]["data"]["kind"] == answers[2]["error"]["data"]["kind"] == "read_only"
-            journal._write = write
+                    nursery.start_soon(send_behind)
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert daemon.actors["persistent"].queue_length() == 3  # all three wait behind the failing write
+                    held.release()
+                assert (await first.read())["error"]["data"]["kind"] == "read_only"
+                assert answers[0]["result"] is None  # not the lost k=1
+                # the batch's calls from its first write on answer read_only (the journal is failed)
+                assert answers[1]["error"]["data"]["kind"] == answers[2]["error"]["data"]["kind"] == "read_only"
             assert await conn.result("persistent.recall", {"key": "k"}) is None
             assert await conn.result("persistent.recall", {"key": "k2"}) is None
             assert (await conn.result("persistent.recall", {"key": "kept"}))["value"] == 0
-            assert (await conn.result("sys.stats", {}))["read_only"] is True
+            stats = await conn.result("sys.stats", {})
+            assert stats["read_only"] is True and "No space left" in stats["journal"]["failed"]
             for c in (conn, first, behind):
                 await c.aclose()
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from eurekamem.daemon.server import IN_ORDER_TIERS
 from eurekamem.daemon.tier import TierActor
 from test_memory import FAST, gated
 
-from conftest import IO_TIMEOUT, RawConnection, running_daemon
+from conftest import IO_TIMEOUT, HeldJournal, RawConnection, running_daemon
 
 pytestmark = pytest.mark.usefixtures("io_mode")  # every test under io = bulk and io = tasks
 
@@ -71,25 +71,6 @@ async def _serving(
 
 def _memory(domain: str, title: str, content: str) -> dict[str, Any]:
     return {"domain": domain, "category": "fact", "title": title, "content": content, "dedup": False}
-
-
-@contextlib.contextmanager
-def gated_journal(journal_actor: Any) -> Iterator[threading.Event]:
-    """Make the journal's writes wait until the block ends; yields an Event set once one waits."""
-    entered, gate = threading.Event(), threading.Event()
-    write = journal_actor._write
-
-    def waiting_write(records: Any) -> int:
-        entered.set()
-        assert gate.wait(IO_TIMEOUT), "the test never opened the gate"
-        return write(records)
-
-    journal_actor._write = waiting_write
-    try:
-        yield entered
-    finally:
-        gate.set()
-        journal_actor._write = write
 
 
 async def test_a_search_pipelined_behind_an_add_finds_it(data_dir: Path, sock_dir: Path) -> None:
@@ -148,13 +129,14 @@ async def test_a_held_search_does_not_see_a_write_sent_after_it(data_dir: Path, 
         assert sorted(hit["memory"]["id"] for hit in answers[4]["result"]) == sorted([first, second])
 
 
-async def test_a_recall_pipelined_behind_a_remember_sees_it(data_dir: Path, sock_dir: Path) -> None:
+@pytest.mark.parametrize("journal_sync", ["auto", "thread"])  # auto: the kernel's fdatasync where it works
+async def test_a_recall_pipelined_behind_a_remember_sees_it(data_dir: Path, sock_dir: Path, journal_sync: str) -> None:
     """The persistent and graph tiers, with the journal's write held open: the connection holds
     nothing back (IN_ORDER_TIERS), their actors' order is enough."""
-    async with _serving(data_dir, sock_dir, IO_TIMEOUT) as (daemon, conn):
-        with gated_journal(daemon.journal_actor) as entered:
+    async with _serving(data_dir, sock_dir, IO_TIMEOUT, journal_sync=journal_sync) as (daemon, conn):
+        with HeldJournal(daemon.journal_actor) as held:
             await _send_while_gated(
-                daemon, conn, entered, 0,  # none held: these tiers' actors run them in order
+                daemon, conn, held.entered, 0,  # none held: these tiers' actors run them in order
                 _frame(1, "persistent.remember", {"key": "k", "value": 1}),
                 _frame(2, "persistent.recall", {"key": "k"}),
                 _frame(3, "persistent.remember", {"key": "k", "value": 2}),

@@ -61,6 +61,10 @@ class AppendFile(abc.ABC):
     def close(self) -> None:
         """Close the handle; idempotent. Does not sync."""
 
+    def fileno(self) -> int | None:
+        """The OS file descriptor, for a sync made elsewhere (the kernel's); None when there is none."""
+        return None
+
     def __enter__(self) -> AppendFile:
         return self
 
@@ -141,6 +145,9 @@ class _RealAppendFile(AppendFile):
     def datasync(self) -> None:
         fd = self._require_fd()
         _fdatasync(fd)
+
+    def fileno(self) -> int | None:
+        return self._fd
 
     def close(self) -> None:
         fd, self._fd = self._fd, None

@@ -539,6 +539,29 @@ class Journal:
         self._next_seq = seq
         return seq - 1
 
+    # -- a sync made elsewhere (journal_kernel.py: the kernel's fdatasync of sync_fd) ----------
+
+    @property
+    def roll_due(self) -> bool:
+        """The next append would first roll to a new segment (a datasync, a new file, a folder fsync)."""
+        cur = self._segments[-1]
+        return self._error is None and not self._closed and cur.size >= self._segment_bytes and cur.records > 0
+
+    def sync_fd(self) -> int | None:
+        """The current segment's file descriptor, for a datasync made elsewhere (None: the file layer has none)."""
+        return None if self._handle is None else self._handle.fileno()
+
+    def mark_synced(self) -> None:
+        """A datasync of sync_fd() made elsewhere, started after the last append, succeeded: every
+        appended record is durable (what `sync` records)."""
+        self._check_writable()
+        self._synced_end, self._synced_seq = self._segments[-1].size, self.last_seq
+
+    def fail(self, exc: OSError) -> JournalWriteError:
+        """A datasync made elsewhere failed: the journal is read-only until `resume` (as after a
+        failed `sync`). Returns the error to raise or report."""
+        return self._fail(exc)
+
     def sync(self) -> None:
         """Make every appended record durable (datasync of the current segment)."""
         self._check_writable()

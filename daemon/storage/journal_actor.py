@@ -78,6 +78,8 @@ class _Op:
 
 
 class JournalActor:
+    sync = "thread"  # who makes the fdatasync: this actor's writer thread (journal_kernel.py: the kernel)
+
     def __init__(
         self, journal: Journal, fsync: str = "always", batch_interval: float = 1.0, acks: str = "trio"
     ) -> None:
@@ -123,16 +125,21 @@ class JournalActor:
         elif self._closed:
             waiter.fail(JournalUnavailable("the journal is closed (shutting down)"))
         else:
-            self._queue.put(_Op("write", waiter, payloads))
+            self._enqueue(_Op("write", waiter, payloads))
         return waiter
 
     async def run_exclusive(self, fn: Callable[[Journal], Any]) -> Any:
-        """Run fn(journal) in the writer thread between groups (rotate, drop_before, sync)."""
+        """Run fn(journal) in the writer thread between groups (rotate, drop_before, sync), in queue
+        order with the writes."""
         if self._closed:
             raise trio.ClosedResourceError("the journal is closed (shutting down)")
         waiter = Waiter()
-        self._queue.put(_Op("call", waiter, fn=fn))
+        self._enqueue(_Op("call", waiter, fn=fn))
         return await waiter.wait()
+
+    def _enqueue(self, op: _Op) -> None:
+        """Hand a write or a call to the Journal's owner (here the writer thread, through the queue)."""
+        self._queue.put(op)
 
     def close(self) -> None:
         """No more submissions; run() finishes what is queued, syncs, stops the thread and returns."""
@@ -177,6 +184,7 @@ class JournalActor:
     def statistics(self) -> dict[str, Any]:
         return {
             "fsync": self.fsync,
+            "sync": self.sync,
             "failed": self.failed,
             "failed_at": self.failed_at,
             "resumes": self.resumes,
