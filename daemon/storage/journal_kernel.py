@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 import trio
-from eurekamem.daemon.storage.journal import Journal, JournalWriteError
+from eurekamem.daemon.storage.journal import Journal
 from eurekamem.daemon.storage.journal_actor import JournalActor, JournalFacts, _Op
 
 log = logging.getLogger("eurekamem.journal")
@@ -140,17 +140,18 @@ class KernelSyncJournalActor(JournalActor):
         journal = self.journal
         try:
             last = journal.append(records)  # one write to the page cache; no roll is due (above)
+        except Exception as exc:  # a failed write (the journal is failed until sys.resume), or a record it refused
+            self._group_failed(writes, exc, JournalFacts.of(journal))
+            self._next()
+            return
+        try:
             fd = journal.sync_fd()
             if fd is None:  # pragma: no cover - kernel_sync_problem refused such a file layer
                 raise OSError(errno.EBADF, "the journal's segment has no file descriptor")
             operation = _linux_aio.Operation.fdsync(fd)
             operation.set_callback(self._completed)
             self._context.submit(operation)
-        except JournalWriteError as exc:  # the write failed (or the journal had): it is failed until sys.resume
-            self._group_failed(writes, exc, JournalFacts.of(journal))
-            self._next()
-            return
-        except (OSError, ValueError, SystemError) as exc:  # io_submit refused: written, never synced
+        except Exception as exc:  # io_submit refused: written, never synced; failed as a failed fdatasync is
             error = journal.fail(OSError(getattr(exc, "errno", None) or errno.EIO, f"fdatasync not submitted: {exc}"))
             self._group_failed(writes, error, JournalFacts.of(journal))
             self._next()
