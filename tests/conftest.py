@@ -258,7 +258,7 @@ async def routed(actor, method: str):  # type: ignore[no-untyped-def]
 
 class HeldJournal:
     """The journal's next group held before it is durable (a slow disk), whichever way the actor
-    syncs: the writer thread's write waits in that thread (`fsync` of JournalActor); the kernel's
+    syncs: the writer thread's write waits in that thread (JournalActor._write); the kernel's
     completion is kept, unread, until `release` (journal_kernel.py). With `fail_errno` the held
     group's sync fails with it at release, and so does every later one while held."""
 
