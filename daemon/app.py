@@ -336,9 +336,9 @@ class Daemon:
                     accept_scope = trio.CancelScope()
                     connections.start_soon(self._accept_loop, listener, connections, accept_scope)
                     log.info(
-                        "ready: serving on %s%s (data root %s, fsync %s, started in %.2f s)",
+                        "ready: serving on %s%s (data root %s, fsync %s, journal sync: %s, started in %.2f s)",
                         self.config.socket_path, " (socket activation)" if activated else "", self.paths.root,
-                        self.config.fsync, trio.current_time() - self._started_clock,
+                        self.config.fsync, self.journal_actor.sync, trio.current_time() - self._started_clock,
                     )
                     task_status.started(self.config.socket_path)
                     self.systemd.ready(f"serving on {self.config.socket_path}")
