@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import gc
 import json
 import logging
@@ -48,7 +49,7 @@ from eurekamem.daemon.memory.maintenance import Maintenance, schedule
 from eurekamem.daemon.memory.state import GroupSummary
 from eurekamem.daemon.memory.strength import StrengthSettings
 from eurekamem.daemon.memory.watch import SCAN_FACTOR
-from eurekamem.daemon.paths import Paths, acquire_lock
+from eurekamem.daemon.paths import OWN_FOLDERS, Paths, acquire_lock, claim_data_root
 from eurekamem.daemon.recovery import Recovered, recover
 from eurekamem.daemon.redact import Redactor
 from eurekamem.daemon.server import IN_ORDER_TIERS, Connection, Limits
@@ -193,13 +194,19 @@ class Daemon:
         # the snapshots and the memory files hold every memory); restored when serve returns
         umask = os.umask(PRIVATE_UMASK)
         try:
+            made_here = claim_data_root(self.paths)
             lock_fd = acquire_lock(self.paths)
             try:
-                tightened = await trio.to_thread.run_sync(make_private, self.paths.root)
+                if made_here:
+                    atomic_write(RealFiles(), str(self.paths.made_here), f"made by eurekamem {VERSION}\n".encode())
+                ours = self.paths.made_here.exists()
+                only = None if ours else OWN_FOLDERS
+                tightened = await trio.to_thread.run_sync(functools.partial(make_private, self.paths.root, only=only))
                 if tightened:
                     log.warning(
-                        "data root %s: removed group and other permissions from %d files and folders "
+                        "data root %s: removed group and other permissions from %d files and folders%s "
                         "(now 0700 folders, 0600 files: only this user may read the memories)", self.paths.root, tightened,
+                        "" if ours else f" in {', '.join(OWN_FOLDERS)} (a folder the daemon did not make: nothing else in it is changed)",
                     )
                 await self._serve_locked(task_status)
             finally:

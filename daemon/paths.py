@@ -11,6 +11,7 @@ from pathlib import Path
 from eurekamem.daemon import systemd as systemd
 from eurekamem.daemon.errors import StartupError
 from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
+from eurekamem.daemon.storage.files import unsafe_root_reason
 
 log = logging.getLogger("eurekamem")
 
@@ -31,6 +32,31 @@ class Paths:
         self.vectors = self.memory / "vectors"
         self.conversation_snapshot = self.memory / "conversations.snapshot"
         self.conversation_vectors = self.memory / "conversation"
+        # written when the daemon makes the data root itself: only then is the root folder and
+        # everything in it the daemon's to tighten (daemon/app.py); in a folder it found, only
+        # OWN_FOLDERS are
+        self.made_here = self.journal / "MADE_HERE"
+
+
+# the folders of a data root that hold memories (the daemon's, or EurekaClaw's that it serves): made
+# private at every start, also in a data root the daemon did not make
+OWN_FOLDERS = ("memory", "memories", "runs", "skills", "run")
+
+
+def claim_data_root(paths: Paths) -> bool:
+    """Refuse a folder others share as the data root (StartupError, saying why and what to do);
+    make the root when it is missing. True when this call made it (the daemon's to tighten whole)."""
+    reason = unsafe_root_reason(paths.root)
+    if reason is not None:
+        raise StartupError(
+            f"refusing {paths.root} as the data root: {reason}. A data root holds one user's memories and the "
+            "daemon makes it private; give --data-dir (or EUREKACLAW_DIR) a folder of your own, e.g. ~/.eurekaclaw"
+        )
+    try:
+        paths.root.mkdir(parents=True, mode=0o700)
+    except FileExistsError:
+        return False
+    return True
 
 
 def acquire_lock(paths: Paths) -> int:

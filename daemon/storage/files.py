@@ -4,7 +4,8 @@ Rule kept here: nothing is durable until it was synced. Written bytes count only
 datasync; a created, renamed or unlinked name counts only after an fsync of its folder. RealFiles
 passes the operations to the OS; tests use a fake layer that can crash (tests/fakefiles.py).
 And nothing is for other users: files are created 0600 (folders 0700 under the daemon's umask,
-PRIVATE_UMASK); `make_private` takes group and other permissions off an existing tree.
+PRIVATE_UMASK); `make_private` takes group and other permissions off an existing tree, never off a
+folder others share (`unsafe_root_reason` refuses such a folder as a data root).
 
 All operations are blocking; trio code runs them in `trio.to_thread.run_sync`.
 """
@@ -31,6 +32,7 @@ __all__ = [
     "RealFiles",
     "atomic_write",
     "make_private",
+    "unsafe_root_reason",
     "open_private",
 ]
 
@@ -275,24 +277,71 @@ def open_private(path: StrPath, mode: str = "wb", encoding: str | None = None) -
         raise
 
 
-def make_private(root: StrPath) -> int:
+def unsafe_root_reason(root: StrPath) -> str | None:
+    """Why `root` must not be a data root, or None when it may be (a missing root may: the daemon
+    makes it). A data root is one user's private folder; a folder others share is refused: sticky
+    (as /tmp is), writable by every user, or owned by another user. The daemon would otherwise
+    tighten the permissions of other programs' files (a stand-in for /tmp went 1777 -> 1700)."""
+    try:
+        st = os.stat(root)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISDIR(st.st_mode):
+        return "it is not a folder"
+    if st.st_uid != os.geteuid():
+        return f"it belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()})"
+    if st.st_mode & stat.S_ISVTX:
+        return f"it is a shared folder (sticky bit set, mode {stat.filemode(st.st_mode)}), as /tmp is"
+    if st.st_mode & stat.S_IWOTH:
+        return f"every user may write it (mode {stat.filemode(st.st_mode)})"
+    return None
+
+
+def _shared_folder(st: os.stat_result) -> bool:
+    """A folder the tightening never changes nor enters: another user's, sticky, or world-writable."""
+    return st.st_uid != os.geteuid() or bool(st.st_mode & (stat.S_ISVTX | stat.S_IWOTH))
+
+
+def make_private(root: StrPath, *, only: Iterable[str] | None = None) -> int:
     """Take group and other permissions off `root` and everything under it (folders 0700 at most,
-    files 0600 at most; symbolic links are neither followed nor changed). Returns how many were
-    changed. A missing root is not an error (nothing to do)."""
+    files 0600 at most). Returns how many were changed. A missing root is not an error (nothing to do).
+
+    Never changed and never entered: symbolic links, and folders that are another user's, sticky or
+    world-writable (a shared folder inside is left as it is, with what it holds); files of another
+    user are left too. With `only` (names of entries of `root`), just those entries' trees are
+    tightened, not `root` itself nor its other entries: a folder the daemon did not make keeps what
+    other programs keep there."""
     changed = 0
     top = os.fspath(root)
     if not os.path.isdir(top):
         return 0
-    for folder, dirs, files in os.walk(top):
-        for name in [None, *files]:
-            path = folder if name is None else os.path.join(folder, name)
-            try:
-                st = os.lstat(path)
-            except FileNotFoundError:  # removed meanwhile
+    starts = [top] if only is None else [os.path.join(top, name) for name in only]
+    for start in starts:
+        try:
+            if _shared_folder(os.lstat(start)) or not os.path.isdir(start) or os.path.islink(start):
                 continue
-            if stat.S_ISLNK(st.st_mode) or not st.st_mode & 0o077:
-                continue
-            os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o077)
-            changed += 1
-        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(folder, d))]
+        except FileNotFoundError:
+            continue
+        for folder, dirs, files in os.walk(start):
+            for name in [None, *files]:
+                path = folder if name is None else os.path.join(folder, name)
+                try:
+                    st = os.lstat(path)
+                except FileNotFoundError:  # removed meanwhile
+                    continue
+                if stat.S_ISLNK(st.st_mode) or not st.st_mode & 0o077 or st.st_uid != os.geteuid():
+                    continue
+                if name is None and _shared_folder(st):
+                    continue  # os.walk's listing below only: the folder itself is not entered (dirs filter)
+                os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o077)
+                changed += 1
+            kept = []
+            for d in dirs:
+                try:
+                    st = os.lstat(os.path.join(folder, d))
+                except FileNotFoundError:
+                    continue
+                if not stat.S_ISLNK(st.st_mode) and not _shared_folder(st):
+                    kept.append(d)
+            dirs[:] = kept
     return changed

@@ -7,6 +7,11 @@ Rules kept here:
   client MemoryManager) whose bounded, backed-off calls and ordered outbox the registry and the
   extractor use. EurekaClaw makes a MemoryManager per prompt (SkillInjector.render_for_prompt):
   with the shared Client that costs no connection.
+- A daemon is started on demand only for the configured data root (EurekaClaw's settings,
+  EUREKACLAW_DIR, ~/.eurekaclaw), never for a folder derived from an argument: EurekaClaw's tests
+  pass `tempfile.TemporaryDirectory()` folders, whose parent is $TMPDIR. A MemoryManager or
+  SkillRegistry given another folder is routed only to a daemon that already serves exactly that
+  folder (its sys.stats `data_dir`); without one it is EurekaClaw's own class on that folder's files.
 - Never an exception where EurekaClaw expects none. With the daemon away, the registry reads the
   SKILL.md files (the daemon writes them in EurekaClaw's format) with EurekaClaw's own loader, skill
   writes wait in the outbox and go out in order once it is back (a use whose answer was lost may
@@ -21,6 +26,7 @@ from __future__ import annotations
 import datetime as _dt
 import importlib
 import logging
+import os
 import threading
 import weakref
 from collections.abc import Callable
@@ -31,6 +37,7 @@ from typing import Any, TypeVar, cast
 from eurekamem.client import (
     Client,
     ConnectionLost,
+    EurekamemError,
     Skill,
     SkillHit,
     SkillsInjection,
@@ -38,13 +45,15 @@ from eurekamem.client import (
     current_async_library,
 )
 from eurekamem.client import MemoryManager as ClientMemoryManager
+from eurekamem.client._autostart import daemon_answers
+from eurekamem.client._paths import default_socket_path, root_socket_path
 from eurekamem.client._paths import eurekaclaw_dir as eurekaclaw_dir_from_env
 from eurekamem.protocol import _methods as limits
 from eurekamem.protocol._blocks import skill_element, skills_block
 
 from . import options
 
-__all__ = ["BUS_KEY", "CONDUIT_SESSION", "close_links", "eurekaclaw_root", "link_for", "make", "unrouted_methods"]
+__all__ = ["BUS_KEY", "CONDUIT_SESSION", "close_links", "configured_link", "eurekaclaw_root", "link_for", "make", "unrouted_methods"]
 
 log = logging.getLogger("eurekamem.integrations.eurekaclaw")
 
@@ -69,14 +78,21 @@ def eurekaclaw_root() -> Path:
 
 
 class Link:
-    """One data root's way to the daemon (see the module's rules)."""
+    """One data root's way to the daemon (see the module's rules). `socket_path` is given for a
+    root that is not the configured one: the socket of the daemon found serving it (no autostart)."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, socket_path: str | None = None) -> None:
         opts = options()
         extra: dict[str, Any] = {} if opts.timeout is None else {"timeout": opts.timeout}
         self.data_dir = data_dir
+        self.configured = socket_path is None
+        self.autostart = opts.autostart if self.configured else False
         self.conduit = ClientMemoryManager(
-            CONDUIT_SESSION, data_dir / "memory", socket_path=opts.socket_path, autostart=opts.autostart, **extra
+            CONDUIT_SESSION,
+            data_dir / "memory",
+            socket_path=opts.socket_path if self.configured else socket_path,
+            autostart=self.autostart,
+            **extra,
         )
 
     @property
@@ -101,14 +117,58 @@ _links_lock = threading.Lock()
 _managers: weakref.WeakSet[ClientMemoryManager] = weakref.WeakSet()  # routed managers alive
 
 
-def link_for(data_dir: Path | None) -> Link:
-    root = data_dir if data_dir is not None else eurekaclaw_root()
-    key = root.expanduser().resolve()
+_PROBE_TIMEOUT = 2.0  # seconds to ask a daemon which data root it serves
+
+
+def _serving_socket(root: Path) -> str | None:
+    """The socket of a daemon that serves exactly `root` (its sys.stats data_dir), among those a
+    routed object could reach: install()'s, $EUREKAMEM_SOCKET, the default and the root's own."""
+    candidates = [options().socket_path, os.environ.get("EUREKAMEM_SOCKET"), default_socket_path(root), root_socket_path(root)]
+    for path in dict.fromkeys(os.path.expanduser(c) for c in candidates if c):
+        if not daemon_answers(path, timeout=_PROBE_TIMEOUT):
+            continue
+        try:
+            with Client(path, timeout=_PROBE_TIMEOUT, autostart=False) as probe:
+                served = probe.call("sys.stats").get("data_dir")
+        except (EurekamemError, OSError, AttributeError) as exc:
+            log.debug("the daemon on %s could not say its data root: %s", path, exc)
+            continue
+        if served and Path(served).resolve() == root:
+            return path
+    return None
+
+
+def link_for(data_dir: Path | None) -> Link | None:
+    """The link for a data root: the configured one (data_dir None, or the configured root itself;
+    started on demand) or another folder that a running daemon serves; None for another folder no
+    daemon serves (its routed object is EurekaClaw's own class then: the module's rules)."""
+    configured = eurekaclaw_root().expanduser()
+    root = data_dir.expanduser() if data_dir is not None else configured
+    key = root.resolve()
+    with _links_lock:
+        link = _links.get(key)
+        if link is not None:
+            return link
+    socket_path = None
+    if key != configured.resolve():
+        socket_path = _serving_socket(key)
+        if socket_path is None:
+            log.info("%s is not the configured data root (%s) and no daemon serves it: EurekaClaw's own class", root, configured)
+            return None
     with _links_lock:
         link = _links.get(key)
         if link is None:
-            link = _links[key] = Link(root.expanduser())
+            link = _links[key] = Link(root, socket_path)
         return link
+
+
+
+
+def configured_link() -> Link:
+    """The configured data root's link (there always is one)."""
+    link = link_for(None)
+    assert link is not None, "the configured root always has a link"
+    return link
 
 
 def close_links() -> None:
@@ -165,16 +225,28 @@ class RoutedMemoryManager(ClientMemoryManager):
     drop-in (client/_manager.py: EurekaClaw's methods, signatures and answers), on the data root
     EurekaClaw's settings name, over the link's shared Client."""
 
-    def __init__(self, session_id: str, memory_dir: Any = None) -> None:
+    _original: type
+    _link: Link
+
+    def __new__(cls, session_id: str, memory_dir: Any = None) -> Any:
         given = Path(memory_dir).expanduser() if memory_dir is not None else None
         link = link_for(given.parent if given is not None else None)
+        if link is None:  # another folder than the configured root, no daemon serving it
+            return cls._original(session_id, memory_dir)
+        self = super().__new__(cls)
+        self._link = link
+        return self
+
+    def __init__(self, session_id: str, memory_dir: Any = None) -> None:
+        given = Path(memory_dir).expanduser() if memory_dir is not None else None
+        link = self._link
         opts = options()
         extra: dict[str, Any] = {} if opts.timeout is None else {"timeout": opts.timeout}
         super().__init__(
             session_id,
             given if given is not None else link.data_dir / "memory",
             client=link.client,
-            autostart=opts.autostart,
+            autostart=link.autostart,
             **extra,
         )
         _managers.add(self)
@@ -188,13 +260,23 @@ class RoutedSkillRegistry:
 
     _original: type
 
+    _link: Link
+
+    def __new__(cls, skills_dir: Any = None) -> Any:
+        given = Path(skills_dir).expanduser() if skills_dir is not None else None
+        link = link_for(given.parent if given is not None else None)
+        if link is None:  # another folder than the configured root, no daemon serving it
+            return cls._original(skills_dir)
+        self = super().__new__(cls)
+        self._link = link
+        return self
+
     def __init__(self, skills_dir: Any = None) -> None:
-        self._skills_dir = Path(skills_dir).expanduser() if skills_dir is not None else eurekaclaw_root() / "skills"
+        self._skills_dir = Path(skills_dir).expanduser() if skills_dir is not None else self._link.data_dir / "skills"
         # EurekaClaw's own attributes, for its loader while the daemon is away
         self._extra_dirs: list[Path] = []
         self._skills: dict[str, Any] = {}
         self._loaded = False
-        self._link = link_for(self._skills_dir.parent)
 
     # --- records ----------------------------------------------------------------------------
 
@@ -421,7 +503,7 @@ def close_session(session_id: str, domain: str, theory_state: Any) -> dict[str, 
     """session.close for an EurekaClaw session (after delivering what its managers buffered), with
     its TheoryState as JSON (`model_dump(mode="json")`): session.close's answer, or None if the
     daemon did not give one (logged)."""
-    link = link_for(None)
+    link = configured_link()
     for manager in list(_managers):
         if manager.session_id == session_id and manager.buffered:
             with manager._lock:
