@@ -125,8 +125,9 @@ class MemoryManager:
         environment, else from `.env` in the working directory, else ~/.eurekaclaw.
     client: a Client to share (not closed by close()); else one is made for socket_path, else for
         $EUREKAMEM_SOCKET, else the default socket if the daemon there serves this data root,
-        else <data root>/run/eurekamem.sock; with autostart (default: on unless
-        $EUREKAMEM_NO_AUTOSTART=1) a daemon is started there on demand.
+        else <data root>/run/eurekamem.sock; with autostart (default: on for the configured data
+        root unless $EUREKAMEM_NO_AUTOSTART=1; off for a memory_dir elsewhere) a daemon is started
+        there on demand.
     timeout: seconds each call may take once connected.
     """
 
@@ -145,7 +146,10 @@ class MemoryManager:
         self.memory_dir = Path(memory_dir).expanduser() if memory_dir is not None else None
         self.data_dir = self.memory_dir.parent if self.memory_dir is not None else eurekaclaw_dir()
         self.timeout = C.bounded_timeout(timeout)
-        self.autostart = autostart_allowed() if autostart is None else autostart
+        # a daemon is started on demand for the configured data root only, never by default for a
+        # folder derived from memory_dir (a test's TemporaryDirectory(): its parent is $TMPDIR)
+        configured = self.memory_dir is None or self.data_dir.resolve() == eurekaclaw_dir().resolve()
+        self.autostart = autostart_allowed() and configured if autostart is None else autostart
         self._socket_path = os.fspath(socket_path) if socket_path is not None else None
         self._shared: Client | None = client
         self._owns_client = client is None

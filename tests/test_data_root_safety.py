@@ -205,3 +205,14 @@ def test_a_folder_a_daemon_serves_is_routed_to_it(fake: Path, tmp_path: Path, mo
     finally:
         integration.uninstall()
         assert daemon.terminate() == 0
+
+
+def test_the_client_drop_in_autostarts_only_on_the_configured_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from eurekamem.client import MemoryManager
+
+    monkeypatch.setenv("EUREKACLAW_DIR", str(tmp_path / "configured"))
+    monkeypatch.delenv("EUREKAMEM_NO_AUTOSTART", raising=False)
+    assert MemoryManager("s").autostart
+    assert MemoryManager("s", tmp_path / "configured" / "memory").autostart
+    assert not MemoryManager("s", tmp_path / "tmpabc" / "memory").autostart  # derived from an argument
+    assert MemoryManager("s", tmp_path / "tmpabc" / "memory", autostart=True).autostart  # asked for
