@@ -38,7 +38,7 @@ from eurekamem.protocol import CrossRunRecord as WireRecord
 from eurekamem.protocol import EpisodicEntry as WireEntry
 from eurekamem.protocol import KnowledgeNode as WireNode
 from eurekamem.protocol import _methods as limits
-from eurekamem.protocol._blocks import escape_block_tags
+from eurekamem.protocol._blocks import escape_block_tags, escape_entry_headings
 
 from . import _common as C
 from ._autostart import autostart_allowed, daemon_answers
@@ -542,8 +542,9 @@ class MemoryManager:
             if not memories and not (self.data_dir / "memories" / _slug(domain)).exists():
                 return ""
         parts = ["<memories>"]
-        for memory in chosen:  # a stored "</memories>" must not close the block (protocol/_blocks.py)
-            parts.append(escape_block_tags(self._body(memory)[:400]))
+        for memory in chosen:  # stored text closes no block, starts no entry (protocol/_blocks.py)
+            heading, newline, rest = escape_block_tags(self._body(memory)[:400]).partition("\n")
+            parts.append(heading + newline + escape_entry_headings(rest))  # the file's own title line stays
         parts.append("</memories>")
         return "\n\n".join(parts)
 

@@ -49,7 +49,7 @@ from eurekamem.daemon.primitives import Histogram
 from eurekamem.daemon.tier import HANDLERS, TierState, Undo, handles
 from eurekamem.protocol import Memory, MemoryVersion, ProtocolError, ReviewItem, normalize_timestamp
 from eurekamem.protocol import _methods as m
-from eurekamem.protocol._blocks import MEMORIES_NOTE, escape_block_tags
+from eurekamem.protocol._blocks import MEMORIES_NOTE, escape_block_tags, escape_stored
 from eurekamem.protocol._records import MEMORY_CATEGORIES
 from msgspec import UNSET
 
@@ -1012,7 +1012,7 @@ class MemoryState(TierState):
         kept: list[dict[str, Any]] = []
         for hit in hits:
             msg = hit["message"]
-            line = escape_block_tags(" ".join(f"{msg.sender or msg.role} ({msg.timestamp}): {msg.text}".split()))
+            line = escape_stored(" ".join(f"{msg.sender or msg.role} ({msg.timestamp}): {msg.text}".split()))
             cost = estimate_tokens(line) + 1
             if budget is not None and spent + cost > budget:
                 continue
@@ -1031,15 +1031,16 @@ class MemoryState(TierState):
             return None
         lines = ["# Conversation summary", ""]
         if found.summary.strip():
-            lines.append(escape_block_tags(found.summary.strip()))
+            lines.append(escape_stored(found.summary.strip()))
         if found.intents:
-            lines += ["", "Likely next:"] + [f"- {escape_block_tags(intent)}" for intent in found.intents]
+            lines += ["", "Likely next:"] + [f"- {escape_stored(intent)}" for intent in found.intents]
         return "\n".join(lines)
 
     def _fit(self, chosen: list[Memory], budget: int | None, head: str | None = None) -> tuple[list[str], list[Memory]]:
         """The summary section first (when given and it fits), then each memory's full text, else its
         overview, else its abstract, within the token budget; stored text is data: a tag that would
-        close or forge the block is escaped (protocol/_blocks.py)."""
+        close or forge the block, or a line that would read as an entry's heading, is escaped
+        (protocol/_blocks.py)."""
         frame = estimate_tokens(f"<memories>\n\n{MEMORIES_NOTE}\n\n\n\n</memories>")
         spent = frame
         parts: list[str] = []
@@ -1050,9 +1051,9 @@ class MemoryState(TierState):
                 parts.append(head)
                 spent += cost
         for memory in chosen:
-            title = escape_block_tags(memory.title)
+            title = escape_block_tags(" ".join(memory.title.splitlines()))  # one line: the heading's
             for body in (memory.content, memory.overview, memory.abstract):
-                body = escape_block_tags(body)
+                body = escape_stored(body)
                 text = f"# {title}\n\n{body}" if body else f"# {title}"
                 cost = estimate_tokens(text) + 1
                 if budget is None or spent + cost <= budget:
