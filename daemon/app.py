@@ -56,7 +56,7 @@ from eurekamem.daemon.server import IN_ORDER_TIERS, Connection, Limits
 from eurekamem.daemon.skills.actor import SkillsActor
 from eurekamem.daemon.stats import RequestStats
 from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
-from eurekamem.daemon.storage.files import PRIVATE_UMASK, RealFiles, atomic_write, make_private
+from eurekamem.daemon.storage.files import PRIVATE_UMASK, RealFiles, atomic_write, make_private, write_unless_same
 from eurekamem.daemon.storage.journal import JournalWriteError
 from eurekamem.daemon.storage.journal_actor import JournalActor, JournalUnavailable
 from eurekamem.daemon.storage.journal_kernel import make_journal_actor
@@ -845,8 +845,9 @@ class Daemon:
     ) -> None:
         fs = RealFiles()
         self.paths.memory.mkdir(parents=True, exist_ok=True)
-        atomic_write(fs, str(self.paths.persistent), eurekaclaw.write_persistent(records))
-        atomic_write(fs, str(self.paths.graph), eurekaclaw.write_graph(nodes, edges))
+        # EurekaClaw's two files are rewritten only when their content changed (EurekaClaw reads them)
+        write_unless_same(fs, str(self.paths.persistent), eurekaclaw.write_persistent(records))
+        write_unless_same(fs, str(self.paths.graph), eurekaclaw.write_graph(nodes, edges))
         atomic_write(fs, str(self.paths.jobs_snapshot), jobs)
         if covered is not None:
             files = ["persistent.json", "knowledge_graph.json", "jobs.snapshot"]

