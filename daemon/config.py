@@ -81,6 +81,7 @@ class DomainPolicy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     redact: bool | None = None
     redact_emails: bool | None = None
     redact_phones: bool | None = None
+    redact_cards: bool | None = None
     share_policy: SharePolicy | None = None
 
 
@@ -189,13 +190,14 @@ _BASE: list[Setting] = [
     Setting("redact", "replace secrets (API keys, tokens, private keys, passwords) in stored text by [redacted:<kind>]"),
     Setting("redact_emails", "also replace e-mail addresses"),
     Setting("redact_phones", "also replace phone numbers"),
+    Setting("redact_cards", "also replace payment card numbers (Luhn-checked)"),
     Setting(
         "share_policy",
         "memory.promote: auto (approved at once when the automatic check passes), review (a person decides) or never",
     ),
     Setting(
         "domains",
-        "per-domain overrides of redact, redact_emails, redact_phones and share_policy: a TOML table "
+        "per-domain overrides of redact, redact_emails, redact_phones, redact_cards and share_policy: a TOML table "
         "[domains.<name>] (environment and flag: JSON)",
     ),
     Setting(
@@ -663,8 +665,9 @@ class Config(msgspec.Struct, kw_only=True):
     redact: bool = True  # secrets in stored text become [redacted:<kind>] (daemon/redact.py)
     redact_emails: bool = False
     redact_phones: bool = False
+    redact_cards: bool = False
     share_policy: SharePolicy = "review"  # memory.promote: auto, review or never
-    domains: dict[str, DomainPolicy] = {}  # per-domain overrides of the four above
+    domains: dict[str, DomainPolicy] = {}  # per-domain overrides of the five above
     conversation_session_gap: Seconds = 1800.0  # seconds of silence after which a message opens a new session
     conversation_retention_days: Annotated[float, Meta(ge=0)] = 0.0  # drop messages this long after extraction; 0 keeps all
     # conversation extraction (daemon/jobs/conversation.py): every interval, each group with at least

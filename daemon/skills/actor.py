@@ -31,6 +31,7 @@ from typing import Any
 import msgspec
 import trio
 from eurekamem.daemon.primitives import PendingSync
+from eurekamem.daemon.redact import shown
 from eurekamem.daemon.skills.format import name_problem, parse_skill
 from eurekamem.daemon.skills.state import (
     DRAFTS_FOLDER,
@@ -259,7 +260,7 @@ def load_skill_files(state: SkillsState, root: Path) -> int:
             relative = f"{folder}/{name}/SKILL.md"
             problem = name_problem(name)
             if problem is not None:
-                log.warning("skills: left %s alone: the name %r %s", relative, name, problem)
+                log.warning("skills: left %s alone: the name %r %s", shown(str(relative)), shown(name), problem)
                 continue
             if name in state.skills:  # a confirmed draft whose old file was not removed before a crash
                 log.info("skills: %s is an older copy of %s; removing it", relative, state.files[name])

@@ -13,7 +13,8 @@ Rules kept here:
   EurekaClaw's loader has it. parse(render(skill)) gives the skill back, field for field.
 - A name is a folder under skills/: `name_problem` refuses any that could name another folder or
   hide there (`/`, `\\`, `.`, `..`, a leading dot, control characters, surrounding white space, more
-  than 255 bytes) or break the `<skill name="...">` tag (`<`, `>`, `"`, `&`).
+  than 255 bytes) or break the `<skill name="...">` tag (`<`, `>`, `"`, `&`), and any that holds a
+  secret (daemon/redact.py's detectors): it would be a path.
 - `next_success_rate` is EurekaClaw's `update_stats` arithmetic, bit for bit: the first use gives
   exactly 1.0 or 0.0, every later one `0.7 * previous + 0.3 * outcome`.
 """
@@ -26,6 +27,7 @@ import re
 import unicodedata
 from typing import Any
 
+from eurekamem.daemon.redact import SECRET_KINDS, detect
 from eurekamem.protocol import SKILL_SOURCES, Skill, normalize_timestamp
 
 MAX_NAME_BYTES = 255  # a folder name (NAME_MAX)
@@ -68,7 +70,8 @@ def name_problem(name: str) -> str | None:
         return 'has one of < > " & (it would break the <skill name="..."> tag)'
     if len(name.encode("utf-8")) > MAX_NAME_BYTES:
         return f"is longer than a folder name may be ({MAX_NAME_BYTES} bytes in UTF-8)"
-    return None
+    secrets = detect([name], SECRET_KINDS)  # the name is the folder: a secret would be a path
+    return f"holds a secret ({', '.join(secrets)}): a skill's name is its folder" if secrets else None
 
 
 def next_success_rate(previous: float | None, success: bool) -> float:

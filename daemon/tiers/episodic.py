@@ -6,7 +6,8 @@ Rules kept here:
   `max_sessions` closes the one idle longest), or at shutdown; every end writes the session's events
   to runs/<session_id>/episodic.json, atomically, from the actor itself, merged with what an earlier
   end of the same session wrote there (a session that logs again after it ended appends; it never
-  overwrites).
+  overwrites). A session id that holds a secret is kept as sent in the events, but its folder is
+  runs/redacted-<16 hex digits of its SHA-256>/ and log lines show it redacted (daemon/redact.py).
 - Only the actor's own run loop touches the state: the idle sweeper decides nothing itself, it
   queues an internal item that re-checks idleness when the actor runs it. A session evicted by the
   bound leaves the state at once (the bound is strict) and waits in `evicted` until the actor writes it.
@@ -35,6 +36,7 @@ from eurekamem.daemon import systemd as systemd
 from eurekamem.daemon.jobs.extract import KIND, capture, session_key
 from eurekamem.daemon.memory.state import validate_domain
 from eurekamem.daemon.paths import Paths
+from eurekamem.daemon.redact import folder_name, shown
 from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
 from eurekamem.daemon.storage.files import RealFiles, atomic_write
 from eurekamem.daemon.storage.journal_actor import JournalUnavailable
@@ -285,7 +287,7 @@ class EpisodicActor(TierActor):
             state.evicted[:0] = failed  # retried first, in order
             while len(state.evicted) > state.max_sessions:  # still bounded while the disk refuses
                 session_id, events = state.evicted.pop(0)
-                log.error("session %s: %d events dropped, runs/ cannot be written", session_id, len(events))
+                log.error("session %s: %d events dropped, runs/ cannot be written", shown(session_id), len(events))
         return not failed
 
     async def _end(self, session_id: str, why: str) -> bool:
@@ -308,25 +310,25 @@ class EpisodicActor(TierActor):
         try:
             job_id = await self.jobs.accept(KIND, session_key(session_id, "", None, job_input.events), job_input)
         except JournalUnavailable as exc:
-            log.error("session %s is idle; its extraction job cannot be journaled (%s): kept open", session_id, exc)
+            log.error("session %s is idle; its extraction job cannot be journaled (%s): kept open", shown(session_id), exc)
             return False
-        log.info("session %s idle: extraction job %s queued", session_id, job_id)
+        log.info("session %s idle: extraction job %s queued", shown(session_id), job_id)
         return True
 
     async def _write(self, session_id: str, events: list[EpisodicEntry], why: str) -> bool:
         if not _folder_name_ok(session_id):
             log.warning(
-                "session %r ended (%s): its name cannot be a folder; %d events dropped", session_id, why, len(events)
+                "session %r ended (%s): its name cannot be a folder; %d events dropped", shown(session_id), why, len(events)
             )
             return True
-        path = self.paths.runs / session_id / "episodic.json"
+        path = self.paths.runs / folder_name(session_id) / "episodic.json"
         try:
             await self.run_io(_write_run_file, path, events)
         except (OSError, ValueError) as exc:
             self.write_errors += 1
             log.error("could not write %s (session ended: %s): %s; the events stay in RAM", path, why, exc)
             return False
-        log.info("session %s ended (%s): %d events written to %s", session_id, why, len(events), path)
+        log.info("session %s ended (%s): %d events written to %s", shown(session_id), why, len(events), path)
         return True
 
     @handles("session.close", "actor")  # writes a file: only the actor may wait for that (never inline)
@@ -334,7 +336,7 @@ class EpisodicActor(TierActor):
         session_id = call.params.session_id
         if not _folder_name_ok(session_id):
             return ProtocolError(
-                "invalid_params", f"invalid params: session_id {session_id!r} cannot name a folder", field="session_id"
+                "invalid_params", f"invalid params: session_id {shown(session_id)!r} cannot name a folder", field="session_id"
             )
         p = call.params
         domain = p.domain or ""
@@ -355,7 +357,7 @@ class EpisodicActor(TierActor):
         if not events:
             self.state.close_session(session_id)
             return {"job_id": job_id, "events_written": 0, "path": None}
-        path = self.paths.runs / session_id / "episodic.json"
+        path = self.paths.runs / folder_name(session_id) / "episodic.json"
         try:
             await self.run_io(_write_run_file, path, list(events))
         except (OSError, ValueError) as exc:
