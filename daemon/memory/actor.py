@@ -34,6 +34,19 @@ the fast lane goes on beside it. Writes of one connection keep their order: once
 a write in the bulk lane its later writes follow it there, and a bulk write waits for its
 connection's earlier fast-lane writes. Writes of different connections that overlap in time may be
 applied in either order.
+
+The fast lane is bounded in time, not in requests (issue 30): every write waiting there is
+embedded in the batch after the one in flight (one model call for all of them), so a write routed
+there waits for what is ahead of it, and nothing else. The time that takes is the model's: e5-small
+costs ~95 ms of CPU per 50-token passage whatever the batch (its C engine only spreads a batch over
+the cores: bench/README.md, "memory.add under load"), so 2 cores embed ~20 memories a second and
+32 clients adding one after the other would queue for seconds. The actor measures the model's
+seconds per character on every write embedding (`seconds_per_char`, the wall time of the worker
+thread's call, so a busy machine counts) and refuses a write whose embedding would wait longer
+than `write_backlog` seconds (Config.memory_write_backlog) with `overloaded` and `retry_after_ms`,
+before anything of it is stored; a write that needs no embedding, or one that finds the lane
+empty, is never refused. The bulk lane answers each write after its last slice and is not bounded
+here (a connection's max_inflight bounds what it may queue).
 """
 
 from __future__ import annotations
@@ -120,6 +133,14 @@ SLICE_ITEMS = 64
 SLICE_CHARS = 8192
 
 
+# the smoothing of the measured seconds per character (an exponential moving average over the
+# write embeddings), and the shortest retry hint an `overloaded` answer gives
+RATE_SMOOTHING = 0.3
+
+
+MIN_RETRY_MS = 50
+
+
 RunSync = Callable[..., Awaitable[Any]]
 
 
@@ -170,6 +191,15 @@ class MemoryActor(TierActor):
         self._state_lock = trio.StrictFIFOLock()  # one batch or internal call on the state at a time
         self._embedded: tuple[Prepared, str | None] | None = None  # for the write batch about to run
         self.writes_waiting = 0  # write requests in the pipeline, not yet applied
+        # the fast lane's bound (see the module docstring), on the event loop only: characters to
+        # embed of the writes routed there and not yet answered (the batch in flight included), the
+        # model's measured seconds per character (None until the first write embedding), the bound
+        # in seconds (set by the daemon from Config.memory_write_backlog; None: unbounded), and the
+        # writes refused
+        self._fast_chars = 0
+        self.seconds_per_char: float | None = None
+        self.write_backlog: float | None = None
+        self.writes_refused = 0
         # the lanes (see the module docstring); connections by _connection_of
         self._fast_owed: dict[int, int] = {}  # connection -> its writes in the fast lane, not answered
         self._fast_changed = trio.Event()  # set (and replaced) whenever fast-lane writes were answered
@@ -213,7 +243,7 @@ class MemoryActor(TierActor):
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break
                 reads: list[Work] = []
-                writes: list[Work] = []
+                fast: list[Work] = []
                 queries: list[Work] = []
                 for item in batch:
                     if isinstance(item, Internal):
@@ -221,13 +251,17 @@ class MemoryActor(TierActor):
                         reads = []
                         async with self._state_lock:
                             await self._run_internal_item(item)
-                    elif item.call.spec.writes:
-                        writes.append(item)
+                    elif item.call.spec.writes:  # checked and routed one by one: each counts for the next
+                        refusal = self._refusal(item)
+                        if refusal is not None:
+                            item.reply.deliver(item.call, refusal, item.started_ns)
+                            item.reply.flush()
+                        elif not self._to_bulk(item):
+                            fast.append(item)
                     elif query_to_embed(item.call) is not None or wants_summary(item.call):
                         queries.append(item)
                     else:
                         reads.append(item)
-                fast = [work for work in writes if not self._to_bulk(work)]
                 if fast:
                     write_send.send_nowait(fast)
                 if queries:
@@ -239,13 +273,40 @@ class MemoryActor(TierActor):
             async with self._state_lock:
                 await self._run_batch(batch)
 
+    def _refusal(self, work: Work) -> ProtocolError | None:
+        """`overloaded` for a fast-lane write whose embedding would wait past write_backlog at the
+        model's measured rate (None: let it in). Called before the write is routed: a refused
+        write changes nothing."""
+        budget, rate = self.write_backlog, self.seconds_per_char
+        if not budget or rate is None or not self._fast_chars:
+            return None
+        cost = write_cost(work.call, self.state.embed_chars)
+        if not cost or cost > FAST_LANE_CHARS or _connection_of(work) in self._bulk:
+            return None
+        wait = (self._fast_chars + cost) * rate
+        if wait <= budget:
+            return None
+        self.writes_refused += 1
+        # the hint: when the writes ahead should be embedded (not the first moment this one would
+        # fit: clients that all came back then would find the lane full again, and again)
+        retry_ms = max(MIN_RETRY_MS, math.ceil(self._fast_chars * rate * 1000))
+        return ProtocolError(
+            "overloaded",
+            f"tier 4 is embedding {self._fast_chars} characters of earlier writes: this write would wait about "
+            f"{wait:.1f} s for the model (memory_write_backlog is {budget:g} s); nothing was stored, try again "
+            f"in {retry_ms} ms",
+            retry_after_ms=retry_ms,
+        )
+
     def _to_bulk(self, work: Work) -> bool:
         """Route a write: True when it went to the bulk lane, False when it is for the fast lane."""
         self.writes_waiting += 1
         key = _connection_of(work)
         queue = self._bulk.get(key)
-        if queue is None and write_cost(work.call, self.state.embed_chars) <= FAST_LANE_CHARS:
+        cost = write_cost(work.call, self.state.embed_chars)
+        if queue is None and cost <= FAST_LANE_CHARS:
             self._fast_owed[key] = self._fast_owed.get(key, 0) + 1
+            self._fast_chars += cost
             return False
         if queue is None:
             queue = self._bulk[key] = collections.deque()
@@ -264,6 +325,7 @@ class MemoryActor(TierActor):
                 await self._run_embedded(batch, embedded)
             finally:
                 self.writes_waiting -= len(batch)
+                self._fast_chars -= sum(write_cost(work.call, self.state.embed_chars) for work in batch)
                 for work in batch:
                     key = _connection_of(work)
                     left = self._fast_owed[key] - 1
@@ -361,7 +423,9 @@ class MemoryActor(TierActor):
             prepared = Prepared()
             prepared.queries = cached
             return prepared, None
-        prepared, error, each_query_us = await self._run_sync(self._embed_texts, passages, missing)
+        prepared, error, each_query_us, passages_s = await self._run_sync(self._embed_texts, passages, missing)
+        if passages_s is not None:
+            self._measured(passages_s / max(1, sum(len(text) for text in passages)))
         if each_query_us is not None:
             for _ in missing:
                 self.query_embedding_time.add(each_query_us)
@@ -369,6 +433,11 @@ class MemoryActor(TierActor):
             self._remember_queries(prepared.queries)
             prepared.queries.update(cached)
         return prepared, error
+
+    def _measured(self, seconds_per_char: float) -> None:
+        """Fold one write embedding's seconds per character into the fast lane's estimate."""
+        old = self.seconds_per_char
+        self.seconds_per_char = seconds_per_char if old is None else old + RATE_SMOOTHING * (seconds_per_char - old)
 
     def _remember_queries(self, vectors: dict[str, Any]) -> None:
         for query, vector in vectors.items():
@@ -383,7 +452,7 @@ class MemoryActor(TierActor):
         missing = [q for q in dict.fromkeys(queries) if q and q not in self._query_cache]
         if not missing:
             return 0
-        prepared, error, _ = await self._run_sync(self._embed_texts, [], missing)
+        prepared, error, _, _ = await self._run_sync(self._embed_texts, [], missing)
         if error is not None:
             raise RuntimeError(error)
         self._remember_queries(prepared.queries)
@@ -399,23 +468,29 @@ class MemoryActor(TierActor):
             finally:
                 self._embedded = None
 
-    def _embed_texts(self, passages: list[str], queries: list[str]) -> tuple[Prepared, str | None, float | None]:
+    def _embed_texts(
+        self, passages: list[str], queries: list[str]
+    ) -> tuple[Prepared, str | None, float | None, float | None]:
         """Runs in a worker thread and touches neither the state nor the actor: the embedder is
-        thread-safe; returns the vectors, an error, and each query's embedding time (us)."""
+        thread-safe; returns the vectors, an error, each query's embedding time (us) and the
+        passages' (s, all of them: one model call)."""
         prepared = Prepared()
         embedder = self.embedder
         each: float | None = None
+        passages_s: float | None = None
         try:
             if passages:
+                started = time.perf_counter()
                 prepared.passages = dict(zip(passages, embedder.embed_passages(passages)))
+                passages_s = time.perf_counter() - started
             if queries:
                 started = time.perf_counter_ns()
                 prepared.queries = dict(zip(queries, embedder.embed_queries(queries)))
                 each = (time.perf_counter_ns() - started) / 1000 / len(queries)
         except Exception as exc:  # the embedder failed: calls that need it answer `unavailable`
             log.error("embedding failed: %s", exc)
-            return Prepared(), f"the embedder {self.model} failed: {exc}", None
-        return prepared, None, each
+            return Prepared(), f"the embedder {self.model} failed: {exc}", None, None
+        return prepared, None, each, passages_s
 
     async def handle_calls(self, calls: list[Call]) -> list[Any]:
         results = await self._run_sync(self._process, calls, self._embedded)
@@ -757,6 +832,11 @@ class MemoryActor(TierActor):
             "reembedded": self.reembedded,
             "model": self.model,
             "writes_waiting": self.writes_waiting,
+            # the fast lane's bound: the writes refused `overloaded`, the embedding waiting (ms, at
+            # the measured rate) and that rate (us per character)
+            "writes_refused": self.writes_refused,
+            "write_backlog_ms": round(self._fast_chars * (self.seconds_per_char or 0.0) * 1000),
+            "embed_us_per_char": None if self.seconds_per_char is None else round(self.seconds_per_char * 1e6, 2),
             "lexical_index_from": self._lexical_from,  # "snapshot", "rebuilt" (from the texts) or "new"
             "search": {mode: histogram.summary() for mode, histogram in self._timings.items()},
             "query_embedding": self.query_embedding_time.summary(),
