@@ -266,9 +266,9 @@ class Daemon:
         )
         self.memory_actor = MemoryActor(recovered.memory, self.journal_actor, self.paths.root)
         self.memory_actor.redactor = self.redactor  # for the learning loop's proposals (MemoryActor.propose)
+        self.memory_actor.write_backlog = self.config.memory_write_backlog  # the fast lane's bound
         self.skills_actor = SkillsActor(
             recovered.skills, self.journal_actor, self.paths.root, projection_interval=self.config.projection_interval
-        self.memory_actor.write_backlog = self.config.memory_write_backlog  # the fast lane's bound
         )
         self.conversation_actor = ConversationActor(
             recovered.conversation, self.journal_actor, retention_days=self.config.conversation_retention_days
