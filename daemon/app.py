@@ -41,7 +41,7 @@ from eurekamem.daemon.io_layer import BulkConnection, IOLayer
 from eurekamem.daemon.jobs import JobsActor, default_kinds
 from eurekamem.daemon.jobs.conversation import ConversationTrigger
 from eurekamem.daemon.jobs.state import snapshot_of as jobs_snapshot_of
-from eurekamem.daemon.listener import open_listener
+from eurekamem.daemon.listener import open_listener, socket_access
 from eurekamem.daemon.llm import LLM, LLMConfigError, resolve
 from eurekamem.daemon.memory.actor import MemoryActor
 from eurekamem.daemon.memory.embed import Embedder, make_embedder, preload_embedder
@@ -221,6 +221,7 @@ class Daemon:
     async def _serve_locked(self, task_status: Any) -> None:
         started = trio.current_time()
         log.info("%s", startup_line(self.config))
+        socket_access(self.config)  # allowed_uids that could not reach the socket: refused now, not after recovery
         try:
             first_llm = self.llm_factory()
         except LLMConfigError as exc:
@@ -486,7 +487,7 @@ class Daemon:
         except ValueError as exc:
             raise StartupError(str(exc)) from None
         if not passed:
-            return await open_listener(self.config.socket_path), False
+            return await open_listener(self.config.socket_path, socket_access(self.config)), False
         listener, extra = passed[0], passed[1:]
         if extra:
             log.warning("socket activation passed %d sockets; using the first (fd %d), closing the rest", len(passed), listener.fileno())

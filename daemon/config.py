@@ -191,6 +191,11 @@ _BASE: list[Setting] = [
     ),
     Setting("max_open_sessions", "episodic sessions held in RAM at most; past it the longest idle one is closed"),
     Setting("allowed_uids", "uids (comma-separated) that may connect besides the daemon's own"),
+    Setting(
+        "socket_group",
+        "with allowed_uids: a group (name or gid) every listed uid is in; the socket becomes 0660 and its own folder 0710 "
+        "in that group (without it the socket is 0600 in a 0700 folder and allowed_uids is refused at start)",
+    ),
     Setting("redact", "replace secrets (API keys, tokens, private keys, passwords) in stored text by [redacted:<kind>]"),
     Setting("redact_emails", "also replace e-mail addresses"),
     Setting("redact_phones", "also replace phone numbers"),
@@ -665,6 +670,7 @@ class Config(msgspec.Struct, kw_only=True):
     watch_interval: NonNegativeSeconds = 2.0  # seconds between scans of memories/ (daemon/memory/watch.py); 0 = never
     watch_full_interval: Seconds = 30.0  # seconds between full scans (every file stat-ed) of memories/
     allowed_uids: list[int] = []  # peers' uids let in besides the daemon's own (a shared service account)
+    socket_group: str = ""  # with allowed_uids, the group (name or gid) the socket and its folder are opened to (daemon/listener.py)
     session_idle_close: NonNegativeSeconds = 3600.0  # seconds without an event before a session is closed; 0 = never
     max_open_sessions: PositiveInt = 256  # episodic sessions in RAM at most (each keeps its last 500 events)
     redact: bool = True  # secrets in stored text become [redacted:<kind>] (daemon/redact.py)

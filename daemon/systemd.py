@@ -240,7 +240,9 @@ UMask=0077
 # Hardening that works in a user service. The namespacing options (PrivateTmp, ProtectSystem,
 # ReadWritePaths) need PrivateUsers=yes in a user unit (systemd 253 and later imply it); in that
 # user namespace other users' uids show as the overflow uid, which the daemon's SO_PEERCRED check
-# refuses like any other uid, so allowed_uids is for a system service with User= instead.
+# refuses like any other uid, so allowed_uids is for a system service with User= instead, with
+# socket_group (a group every listed uid is in: the socket 0660, its folder 0710 in it) or, when
+# socket-activated, the .socket unit's SocketGroup= with SocketMode=0660 and DirectoryMode=0710.
 NoNewPrivileges=yes
 PrivateUsers=yes
 PrivateTmp=yes

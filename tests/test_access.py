@@ -100,7 +100,10 @@ async def test_another_uid_is_refused(data_dir: Path, sock_dir: Path) -> None:
 @needs_root
 async def test_allowed_uids_lets_another_uid_in(data_dir: Path, sock_dir: Path) -> None:
     path = sock_dir / "s.sock"
-    async with running_daemon(data_dir, path, allowed_uids=[OTHER_UID]) as daemon:
+    import grp
+
+    # allowed_uids needs a group every listed uid is in (daemon/listener.py): the socket is 0660 in it
+    async with running_daemon(data_dir, path, allowed_uids=[OTHER_UID], socket_group=grp.getgrgid(OTHER_UID).gr_name) as daemon:
         with trio.fail_after(IO_TIMEOUT):
             out = await _connect_as_other_user(path)
         answer = json.loads(out.partition("\n")[0])

@@ -31,7 +31,15 @@ def title_slug(title: str) -> str:
 
 
 def fingerprint(title: str, content: str) -> str:
-    return hashlib.sha256((title + content).strip().lower().encode()).hexdigest()[:16]
+    """The exact-duplicate key, the one definition every fingerprint is made by (the dedup, the
+    judge, extraction, imports, the watch of memories/, `eurekamem verify`): of the text as a memory
+    stores it, title and content each stripped (str.strip: every Unicode white space, U+2028,
+    U+0085, NBSP, U+3000 ...), joined, lower-cased, sha256, 16 hex digits. That is EurekaClaw's
+    sha256((title + content).strip().lower()) over its stripped content, and, a stored memory's
+    parts being stripped already, the value every existing file and _index.json holds. (Stripping
+    only the whole left the white space between the parts, title "T" + content U+2028 "text", which
+    the stored text no longer has: the same text sent again stripped was no exact duplicate.)"""
+    return hashlib.sha256((title.strip() + content.strip()).lower().encode()).hexdigest()[:16]
 
 
 def word_set(text: str) -> frozenset[str]:
