@@ -215,8 +215,9 @@ class Daemon:
             os.umask(umask)
 
     def _make_llm(self) -> Any:
-        """The LLM client the configuration and the environment name (one that says why, when none)."""
-        return LLM(resolve(self.config.llm_config(), self.environ))
+        """The LLM client the configuration and the environment name (one that says why, when none);
+        what its errors hold (an error body, a refusal's text) leaves it redacted like a request."""
+        return LLM(resolve(self.config.llm_config(), self.environ), scrub=self.redactor.text)
 
     async def _serve_locked(self, task_status: Any) -> None:
         started = trio.current_time()

@@ -586,7 +586,7 @@ class ScriptedProvider(Provider):
     async def complete(self, request: CompletionRequest) -> Completion:
         self.sent.append(trio.current_time())
         data = {"text": f"note {len(self.sent)}"}
-        return Completion(data, json.dumps(data), Usage(700, 300))
+        return Completion(data, json.dumps(data), Usage(700, 100))
 
 
 async def test_jobs_over_the_per_minute_budget_wait_for_it(autojump_clock: trio.testing.MockClock) -> None:

@@ -15,13 +15,20 @@ Rules kept here:
   two commits never wait for each other in a cycle, and a tier is held only from its part to the
   journal's answer (one fsync). The commit is shielded from cancellation, so a stage is always
   released.
-- At most `concurrency` jobs run at once. A job that cannot reach the LLM (LLMUnavailable) goes
-  back to `queued` and backs off (the provider's Retry-After, else 5 s doubling to 5 min, with
-  jitter); with no usable provider at all (none configured, no key) nothing is started and every
-  queued job says why in `waiting_reason`. `nudge()` (sys.resume) takes a freshly resolved LLM,
-  forgets every back-off and starts what can start; the daemon's restart does the same. A job whose
-  answer is unusable (LLMFailed, a judge answer naming unknown ids) fails with the reason; it can
-  be run again with jobs.retry. Nothing is ever dropped.
+- At most `concurrency` jobs run at once. A job that cannot reach the LLM (LLMUnavailable, an
+  oversized answer included) goes back to `queued` and backs off (the provider's Retry-After, else
+  5 s doubling to 5 min, with jitter); with no usable provider at all (none configured, no key)
+  nothing is started and every queued job says why in `waiting_reason`. `nudge()` (sys.resume)
+  takes a freshly resolved LLM, which counts on from the one it replaces (sys.stats keeps its
+  statistics), forgets every back-off and starts what can start; the daemon's restart does the
+  same. A job whose answer is unusable (LLMFailed, a judge answer naming unknown ids) fails with
+  the reason; it can be run again with jobs.retry. Nothing is ever dropped.
+- Every wait says why (`waiting_reason`): a queued job the whole queue's reason (no LLM, read-only,
+  every slot taken), its back-off's, or the job of its lane it waits for; a running job what its LLM
+  call waits for (the per-minute budget, a back-off before a retry: daemon/llm's report_waits), with
+  until when; null only while it is working.
+- What an error holds (an LLM error body, a refusal's text) is redacted with the daemon's redaction
+  before it is journaled, shown or logged: a job's `error`, its counted failures, `waiting_reason`.
 - Shutdown (`stop`) cancels the running attempts before their commit (a commit under way
   finishes): they stay `running` in the journal and recovery queues them again. jobs.wait
   callers are answered at once with the job as it is.
@@ -55,7 +62,7 @@ from eurekamem.daemon.jobs.state import (
     PutJob,
     StaleAttempt,
 )
-from eurekamem.daemon.llm import LLMError, LLMFailed, LLMUnavailable
+from eurekamem.daemon.llm import LLMError, LLMFailed, LLMUnavailable, report_waits
 from eurekamem.daemon.storage.journal_actor import JournalActor, JournalUnavailable
 from eurekamem.daemon.tier import RTYPE_MUTATION, Internal, Stage, TierActor, Work, handles, mutation_encoder
 from eurekamem.protocol import Call, ProtocolError, new_id
@@ -68,7 +75,7 @@ COMMIT_ORDER = ("memory", "graph", "persistent", "skills", "conversation")
 BACKOFF_BASE = 5.0
 BACKOFF_MAX = 300.0
 NEEDS_A_PERSON = ("not_configured", "no_key", "auth", "not_found")  # back off the longest
-COUNTED = ("timeout", "server_error")  # LLMUnavailable kinds that count towards the attempt cap (state.py)
+COUNTED = ("timeout", "server_error", "oversized")  # LLMUnavailable kinds counted towards the attempt cap (state.py)
 
 
 class LLMHandle(Protocol):
@@ -206,6 +213,9 @@ class JobsActor(TierActor):
         self._lanes: dict[str, str] = {}  # lane -> the job of it running now
         self._backoff: dict[str, tuple[float, int, str]] = {}  # job id -> (not before, failures in a row, reason)
         self.waiting_all: str | None = None  # why no queued job can start now (None: they can)
+        self._slots_full = False  # waiting_all is "every slot taken" (a back-off says more then)
+        self._lane_waits: dict[str, str] = {}  # queued job id -> the job of its lane it waits for (last look)
+        self._call_waits: dict[str, str] = {}  # running job id -> what its LLM call waits for now
         state.why_waiting = self._why_waiting
         self._watchers: dict[str, trio.Event] = {}
         self._wake = trio.Event()
@@ -258,6 +268,9 @@ class JobsActor(TierActor):
         if llm is not None:
             if self.llm is not None:
                 self._old_llms.append(self.llm)  # running attempts may still use it; closed at stop()
+                continue_from = getattr(llm, "continue_from", None)
+                if continue_from is not None:
+                    continue_from(self.llm)  # sys.stats keeps counting (the module's rule)
             self.llm = llm
         self._backoff.clear()
         self.read_only = None
@@ -410,8 +423,22 @@ class JobsActor(TierActor):
         return self._watchers.setdefault(job_id, trio.Event())
 
     def _why_waiting(self, job_id: str) -> str | None:
+        """Why the job waits now (the module's rule), None while it works: state.view asks."""
+        if job_id in self._running:
+            return self._call_waits.get(job_id)
+        if self.waiting_all and not self._slots_full:  # read-only, no LLM: nothing starts before that ends
+            return self.waiting_all
         backoff = self._backoff.get(job_id)
-        return self.waiting_all or (backoff[2] if backoff is not None else None)
+        if backoff is not None and backoff[0] > trio.current_time():
+            return backoff[2]
+        if self.waiting_all:
+            return self.waiting_all
+        return self._lane_waits.get(job_id, "queued: the scheduler starts it at its next look")
+
+    def _scrubbed(self, text: str) -> str:
+        """`text` redacted as a request's would be (every kind any policy redacts): for what an error holds."""
+        redactor = self.redactor
+        return redactor.text(text) if redactor is not None else text
 
     # --- scheduling ---------------------------------------------------------------------------------
 
@@ -431,6 +458,7 @@ class JobsActor(TierActor):
         no_llm = None if llm.available else f"no LLM: {llm.unavailable_reason}"
         now = trio.current_time()
         next_look = float("inf")
+        self._lane_waits = {}
         for job_id, kind, job_input in await self.run_internal(lambda state: state.queued_inputs()):
             has_input = job_input is not None
             if self.read_only:
@@ -450,6 +478,9 @@ class JobsActor(TierActor):
                 continue
             lane = lane_of(self.kinds[kind], job_input)
             if lane is not None and lane in self._lanes:
+                self._lane_waits[job_id] = (
+                    f"waiting for job {self._lanes[lane]} of the same lane ({self._scrubbed(lane)}) to finish"
+                )
                 continue  # its lane's job runs: it starts after it (the module's rule)
             try:
                 started = await self.run_internal(functools.partial(JobsState.start, job_id=job_id))
@@ -462,6 +493,7 @@ class JobsActor(TierActor):
                     self._lanes[lane] = record.id
                 self._running[record.id] = scope = trio.CancelScope()
                 runners.start_soon(self._run, record, job_input, scope)
+        self._slots_full = False
         if self.read_only:
             self.waiting_all = f"the daemon is read-only ({self.read_only}); sys.resume lets jobs run again"
             return float("inf")
@@ -469,6 +501,7 @@ class JobsActor(TierActor):
             self.waiting_all = no_llm
             return next_look
         running = len(self._running)
+        self._slots_full = running >= self.concurrency
         self.waiting_all = (
             f"waiting for a free slot ({running} running, concurrency {self.concurrency})"
             if running >= self.concurrency
@@ -489,8 +522,15 @@ class JobsActor(TierActor):
         llm = self.llm
         assert llm is not None
         ctx = JobContext(self, record, job_input, llm)
+
+        def waiting(reason: str | None) -> None:
+            if reason is None:
+                self._call_waits.pop(job_id, None)
+            else:
+                self._call_waits[job_id] = self._scrubbed(reason)
+
         try:
-            with scope:
+            with scope, report_waits(waiting):
                 try:
                     outcome = await self.kinds[record.kind].run(ctx)
                     await self._pause("answered", job_id)
@@ -516,6 +556,7 @@ class JobsActor(TierActor):
             self.tokens_since_start.input += ctx.tokens.input
             self.tokens_since_start.output += ctx.tokens.output
             self._running.pop(job_id, None)
+            self._call_waits.pop(job_id, None)
             for lane, running in list(self._lanes.items()):
                 if running == job_id:
                     del self._lanes[lane]
@@ -528,8 +569,11 @@ class JobsActor(TierActor):
         delay = ceiling / 2 + self._rng.uniform(0, ceiling / 2)
         if exc.retry_after is not None:
             delay = max(delay, exc.retry_after)
-        reason = f"the LLM is unavailable ({exc}); trying again in {delay:.0f} s (sys.resume: now)"
-        counted = f"llm: {exc}" if exc.kind in COUNTED else None  # towards the attempt cap (state.py's rule)
+        what = "the LLM's answer was refused" if exc.kind == "oversized" else "the LLM is unavailable"
+        error = self._scrubbed(str(exc))
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + delay))
+        reason = f"{what} ({error}); trying again in {delay:.0f} s, at {at} (sys.resume: now)"
+        counted = f"llm: {error}" if exc.kind in COUNTED else None  # towards the attempt cap (state.py's rule)
         self._backoff[job_id] = (trio.current_time() + delay, failures, reason)  # before the job is queued
         try:
             after = await self.run_internal(lambda s: s.requeue(job_id, attempt, tokens.pair(), counted))
@@ -551,6 +595,7 @@ class JobsActor(TierActor):
             state.requeue_in_memory(job_id)
 
     async def _fail(self, job_id: str, attempt: int, tokens: Tokens, error: str) -> None:
+        error = self._scrubbed(error)
         log.warning("job %s failed: %s", job_id, error)
         self._backoff.pop(job_id, None)
         try:

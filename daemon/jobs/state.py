@@ -134,7 +134,7 @@ class JobsState(TierState):
         self.inputs: dict[str, JobInput] = {}
         self.by_key: dict[str, str] = {}
         self._by_state = {state: 0 for state in ACTIVE + FINISHED}
-        # why a queued job waits (not durable): the JobsActor, which owns this state, sets the hook
+        # why a queued or running job waits (not durable): the JobsActor, which owns this state, sets the hook
         self.why_waiting: Callable[[str], str | None] = lambda job_id: None
         self.cancelled_running: list[str] = []  # running jobs jobs.cancel cancelled in the batch in progress
         self.max_attempts = DEFAULT_MAX_ATTEMPTS  # counted failures before a job fails (set by the actor)
@@ -146,7 +146,7 @@ class JobsState(TierState):
     # --- reading -----------------------------------------------------------------------------------
 
     def view(self, record: JobRecord) -> Job:
-        waiting = self.why_waiting(record.id) if record.state == "queued" else None
+        waiting = self.why_waiting(record.id) if record.state in ACTIVE else None
         return Job(
             id=record.id,
             kind=record.kind,

@@ -4,11 +4,12 @@ Rule kept here: this package is library code with no daemon state; it imports no
 module. The job queue resolves the configuration once (`resolve(config, os.environ)`), keeps one
 `LLM` open, and calls `complete_structured(system, prompt, OutputStruct, name=...)`, which returns
 a validated `StructuredResult` or raises `LLMUnavailable` (keep the job queued, back off) or
-`LLMFailed` (fail the job with the reason). `LLM.statistics()` feeds sys.stats.
+`LLMFailed` (fail the job with the reason). `LLM.statistics()` feeds sys.stats; `report_waits`
+tells a task's caller why its call waits (the budget, a back-off).
 """
 
 from ._budget import Budget
-from ._client import LLM, StructuredResult, make_provider
+from ._client import LLM, StructuredResult, make_provider, report_waits
 from ._config import (
     DEFAULT_ANTHROPIC_MODEL,
     LLMConfig,
@@ -44,6 +45,7 @@ __all__ = [
     "Usage",
     "make_provider",
     "parse_config",
+    "report_waits",
     "resolve",
     "tool_spec",
 ]

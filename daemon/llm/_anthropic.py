@@ -5,7 +5,9 @@ Rule kept here: structured output is one forced tool call (`tool_choice` names t
 does not retry (`max_retries=0`: the layer above retries, with its own budget and back-off), and
 its exceptions are turned into this layer's errors by status, keeping only the status, a snippet
 of the body and Retry-After. A correction is sent the way the Messages API expects: the earlier
-tool_use as the assistant's turn, then a tool_result marked `is_error` holding the problem.
+tool_use as the assistant's turn, then a tool_result marked `is_error` holding the problem. The SDK
+sends through an httpx2 client of ours (`_http.CappedSend`), so no response is read past the answer
+cap: the SDK reports that as a connection error caused by AnswerTooLarge, made `oversized` here.
 """
 
 from __future__ import annotations
@@ -13,20 +15,29 @@ from __future__ import annotations
 from typing import Any
 
 import anthropic
+import httpx2
 
 from ._config import Secret
 from ._errors import LLMError, LLMFailed, LLMUnavailable, Usage
+from ._http import AnswerTooLarge, CappedSend, capped
 from ._provider import (
     Completion,
     CompletionRequest,
     Provider,
     body_snippet,
     correction_text,
+    oversized,
     parse_retry_after,
     status_error,
 )
 
 __all__ = ["AnthropicProvider"]
+
+
+class _Client(CappedSend, anthropic.DefaultAsyncHttpxClient):
+    """The SDK's default httpx2 client (its limits and keep-alive), reading every response bounded."""
+
+    stream_base = httpx2.AsyncByteStream
 
 
 class AnthropicProvider(Provider):
@@ -35,7 +46,7 @@ class AnthropicProvider(Provider):
     def __init__(self, *, model: str, api_key: Secret, base_url: str, timeout: float) -> None:
         self.model = model
         self._client = anthropic.AsyncAnthropic(
-            api_key=api_key.reveal(), base_url=base_url, max_retries=0, timeout=timeout
+            api_key=api_key.reveal(), base_url=base_url, max_retries=0, timeout=timeout, http_client=_Client()
         )
 
     async def aclose(self) -> None:
@@ -72,19 +83,23 @@ class AnthropicProvider(Provider):
         tool = request.tool
         error: LLMError
         try:
-            message = await self._client.messages.create(  # type: ignore[call-overload]  # plain dicts, not TypedDicts
-                model=self.model,
-                max_tokens=request.max_output_tokens,
-                system=request.system,
-                messages=self._messages(request),
-                tools=[{"name": tool.name, "description": tool.description, "input_schema": tool.schema}],
-                tool_choice={"type": "tool", "name": tool.name},
-            )
+            with capped(request.max_output_tokens):
+                message = await self._client.messages.create(  # type: ignore[call-overload]  # plain dicts, not TypedDicts
+                    model=self.model,
+                    max_tokens=request.max_output_tokens,
+                    system=request.system,
+                    messages=self._messages(request),
+                    tools=[{"name": tool.name, "description": tool.description, "input_schema": tool.schema}],
+                    tool_choice={"type": "tool", "name": tool.name},
+                )
         except anthropic.APITimeoutError:
             error = LLMUnavailable("timeout", "the request timed out")
         except anthropic.APIConnectionError as e:
-            cause = type(e.__cause__).__name__ if e.__cause__ is not None else "unknown cause"
-            error = LLMUnavailable("connection", f"cannot connect ({cause})")
+            if isinstance(e.__cause__, AnswerTooLarge):
+                error = oversized(e.__cause__, request.max_output_tokens)
+            else:
+                cause = type(e.__cause__).__name__ if e.__cause__ is not None else "unknown cause"
+                error = LLMUnavailable("connection", f"cannot connect ({cause})")
         except anthropic.APIStatusError as e:
             error = status_error(e.status_code, body_snippet(e.response.text), parse_retry_after(e.response.headers))
         except anthropic.APIResponseValidationError as e:

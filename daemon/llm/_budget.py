@@ -7,11 +7,15 @@ a reservation of tokens (its estimated input plus its maximum output) before it 
 `settle()` then puts back what the provider says it did not use, or takes what it used beyond the
 reservation, which may leave the token bucket below zero: the next callers wait for the debt. A
 reservation larger than the whole bucket waits for a full bucket and then goes into debt, so a
-large request is slow, never stuck. Waiters are served in arrival order (one lock).
+large request is slow, never stuck. The debt is bounded: the bucket never falls below minus one
+minute's worth, so what one answer cost holds the callers after it at most one window (60 s) beyond
+their own wait. Waiters are served in arrival order (one lock), and a waiter is told why it waits
+and until when (`acquire(..., note=)`: the job queue's `waiting_reason`).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -68,28 +72,57 @@ class Budget:
             waits.append(token_deficit * 60 / self.tokens_per_minute)
         return max(waits)
 
-    async def acquire(self, tokens: int) -> None:
-        """Take one request and reserve `tokens` tokens, waiting as long as the budget needs."""
+    async def acquire(self, tokens: int, note: Callable[[str | None], Any] | None = None) -> None:
+        """Take one request and reserve `tokens` tokens, waiting as long as the budget needs.
+        `note(reason)` is called when the caller starts to wait (behind another waiter, or for the
+        buckets to refill: the reason says which and until when), `note(None)` when it stops."""
         needed = float(min(max(tokens, 0), self.tokens_per_minute))
-        async with self._lock:
-            waited = False
-            while True:
-                self._refill()
-                wait = self._wait_needed(needed)
-                if wait <= 0:
-                    break
-                if not waited:
-                    self.waits += 1
-                    waited = True
-                self.waited_seconds += wait
-                await self._sleep(wait)
-            self._requests -= 1
-            self._tokens -= max(tokens, 0)
+        told = False
+        try:
+            if self._lock.locked() and note is not None:
+                note("waiting for the LLM budget behind another request that waits for it")
+                told = True
+            async with self._lock:
+                waited = False
+                while True:
+                    self._refill()
+                    wait = self._wait_needed(needed)
+                    if wait <= 0:
+                        break
+                    if not waited:
+                        self.waits += 1
+                        waited = True
+                    if note is not None:
+                        note(self._why(needed, wait))
+                        told = True
+                    self.waited_seconds += wait
+                    await self._sleep(wait)
+                self._requests -= 1
+                self._tokens = max(self._tokens - max(tokens, 0), -float(self.tokens_per_minute))
+        finally:
+            if told and note is not None:
+                note(None)
+
+    def _why(self, needed: float, wait: float) -> str:
+        until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + wait))
+        if (
+            needed - self._tokens > _EPSILON
+            and (needed - self._tokens) * 60 / self.tokens_per_minute >= wait - _EPSILON
+        ):
+            what = (
+                f"the LLM token budget ({needed:,.0f} tokens needed, {self._tokens:,.0f} of "
+                f"{self.tokens_per_minute:,} a minute in the bucket)"
+            )
+        else:
+            what = f"the LLM request budget ({self.requests_per_minute} requests a minute)"
+        return f"waiting for {what} until {until} ({wait:.1f} s)"
 
     def settle(self, reserved: int, used: int) -> None:
-        """A request reserved `reserved` tokens and used `used`: give back or take the difference."""
+        """A request reserved `reserved` tokens and used `used`: give back or take the difference
+        (never below one minute's worth of debt: the module's rule)."""
         self._refill()
-        self._tokens = min(float(self.tokens_per_minute), self._tokens + reserved - used)
+        level = min(float(self.tokens_per_minute), self._tokens + reserved - used)
+        self._tokens = max(level, -float(self.tokens_per_minute))
 
     def state(self) -> dict[str, Any]:
         self._refill()

@@ -6,21 +6,35 @@ Rules kept here:
   requests per answer with jittered exponential back-off, never sooner than a Retry-After (one
   longer than `max_retry_wait` is not waited out: the call ends with LLMUnavailable carrying it,
   so the job queue backs off instead of holding a job slot).
-- An answer is validated on arrival with msgspec.convert (strict) against the output type. One
-  that does not validate is sent back once with the validation error; a second invalid answer
-  raises LLMFailed naming both problems. Nothing invalid is ever returned.
+- An answer is capped: longer than `_http.answer_byte_cap(max_output_tokens)` bytes (the providers
+  stop reading there) or reporting more output tokens than max_output_tokens, it is `oversized`
+  (LLMUnavailable, not retried within the call, never sent back in a correction), and it is
+  charged no more than its reservation. No request is charged more than its ceiling (the bytes it
+  sent, as tokens, plus max_output_tokens), so no answer's reported usage can sink the budget.
+- An answer is validated on arrival with msgspec.convert (strict) against the output type (in a
+  worker thread when it is large). One that does not validate is sent back once with the
+  validation error; a second invalid answer raises LLMFailed naming both problems. Nothing invalid
+  is ever returned.
 - The API key's value is removed from every text that leaves: error reasons, log lines, the last
-  error in `statistics()`. Headers are never logged; provider exceptions are not chained.
-- Tokens are counted per call (in the result, and on the error of a failed call) and per provider.
+  error in `statistics()`; so is whatever the injected `scrub` finds (the daemon passes its
+  redaction, so an error body's or a refusal's secrets are gone too). Headers are never logged;
+  provider exceptions are not chained.
+- Tokens are counted per call (in the result, and on the error of a failed call) and per provider;
+  `continue_from(previous)` (sys.resume resolving the LLM again) keeps counting where the previous
+  client was, and keeps its budget when the limits are the same.
+- A caller is told why it waits (the budget, a back-off before a retry) through the callback that
+  `report_waits` sets for its task: the job queue's `waiting_reason` of a running job.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 import msgspec
@@ -29,10 +43,11 @@ import trio
 from ._budget import Budget
 from ._config import ResolvedLLM
 from ._errors import LLMError, LLMFailed, LLMUnavailable, Usage
-from ._provider import Completion, CompletionRequest, Correction, Provider, UnavailableProvider
+from ._http import answer_byte_cap
+from ._provider import Completion, CompletionRequest, Correction, Provider, UnavailableProvider, cap_rule
 from ._schema import tool_spec
 
-__all__ = ["LLM", "StructuredResult", "make_provider"]
+__all__ = ["LLM", "StructuredResult", "make_provider", "report_waits"]
 
 log = logging.getLogger("eurekamem.llm")
 
@@ -40,6 +55,29 @@ T = TypeVar("T", bound=msgspec.Struct)
 
 CHARS_PER_TOKEN = 4  # for estimates only: the budget's reservation, usage a provider did not report
 REDACTED = "[redacted]"
+OFF_LOOP_BYTES = 64 * 1024  # an answer longer than this is validated in a worker thread
+CEILING_SLACK_TOKENS = 2048  # a request's framing (roles, the tool's definition) beyond the bytes it sent
+
+_WAITING: contextvars.ContextVar[Callable[[str | None], Any] | None] = contextvars.ContextVar(
+    "eurekamem_llm_waiting", default=None
+)
+
+
+@contextlib.contextmanager
+def report_waits(note: Callable[[str | None], Any]) -> Iterator[None]:
+    """Within the block, this task's LLM calls call `note(reason)` when they start waiting (for the
+    budget, or out a back-off before a retry) and `note(None)` when they stop."""
+    token = _WAITING.set(note)
+    try:
+        yield
+    finally:
+        _WAITING.reset(token)
+
+
+def _note(reason: str | None) -> None:
+    note = _WAITING.get()
+    if note is not None:
+        note(reason)
 
 
 class StructuredResult(msgspec.Struct, Generic[T], frozen=True):
@@ -108,6 +146,7 @@ class LLM:
         max_retry_wait: float = 120.0,
         budget_clock: Callable[[], float] = trio.current_time,
         budget_sleep: Callable[[float], Awaitable[Any]] = trio.sleep,
+        scrub: Callable[[str], str] | None = None,
     ) -> None:
         self.resolved = resolved
         self.provider = provider if provider is not None else make_provider(resolved)
@@ -121,6 +160,23 @@ class LLM:
         self.max_retry_wait = max_retry_wait
         self._counters = _Counters()
         self._key = resolved.api_key.reveal()
+        self._scrub = scrub  # more than the key to remove from what leaves (the daemon's redaction)
+
+    def continue_from(self, previous: Any) -> None:
+        """Count on from `previous` (the client this one replaces: sys.resume resolved the LLM
+        again): its counters become this one's, shared, so what its calls still in flight end with
+        counts too; and its budget, when the per-minute limits are the same, so a new client is
+        no way around them."""
+        counters = getattr(previous, "_counters", None)
+        if isinstance(counters, _Counters):
+            self._counters = counters
+        budget = getattr(previous, "budget", None)
+        if (
+            isinstance(budget, Budget)
+            and budget.requests_per_minute == self.budget.requests_per_minute
+            and budget.tokens_per_minute == self.budget.tokens_per_minute
+        ):
+            self.budget = budget
 
     async def __aenter__(self) -> LLM:
         return self
@@ -144,8 +200,10 @@ class LLM:
         return self.resolved.unavailable_reason
 
     def redact(self, text: str) -> str:
-        """`text` without the API key's value."""
-        return text.replace(self._key, REDACTED) if self._key else text
+        """`text` without the API key's value (and what the injected `scrub` removes)."""
+        if self._key:
+            text = text.replace(self._key, REDACTED)
+        return self._scrub(text) if self._scrub is not None else text
 
     # ---- the call ---------------------------------------------------------------------------------
 
@@ -177,7 +235,7 @@ class LLM:
                 problem = completion.decode_error
                 if not problem:
                     try:
-                        value = msgspec.convert(completion.data, output_type, strict=True)
+                        value = await _convert(completion, output_type)
                     except msgspec.ValidationError as e:
                         problem = str(e)
                     else:
@@ -211,9 +269,10 @@ class LLM:
         error: LLMError | None = None
         if isinstance(self.provider, UnavailableProvider):
             await self.provider.complete(request)  # raises at once: no budget spent, nothing retried
+        reservation = estimate + request.max_output_tokens
+        ceiling = _input_ceiling(request) + request.max_output_tokens  # the most a request is charged
         for attempt in range(1, self.resolved.max_attempts + 1):
-            reservation = estimate + request.max_output_tokens
-            await self.budget.acquire(reservation)
+            await self.budget.acquire(reservation, _WAITING.get())
             self._counters.requests += 1
             used = 0
             try:
@@ -221,15 +280,14 @@ class LLM:
                     completion = await self.provider.complete(request)
                 if deadline.cancelled_caught:
                     raise LLMUnavailable("timeout", f"no answer within {self.resolved.timeout:g} s")
-                if completion.usage.estimated:
-                    completion = msgspec.structs.replace(
-                        completion, usage=Usage(estimate, len(completion.text) // CHARS_PER_TOKEN + 1, estimated=True)
-                    )
-                used = completion.usage.total_tokens
+                completion = self._capped(completion, request, estimate)
+                used = min(completion.usage.total_tokens, ceiling)
                 self._count_tokens(completion.usage)
                 return completion, attempt, spent + completion.usage
             except LLMError as e:
-                used = e.usage.total_tokens
+                if e.kind == "oversized":  # charged what the cap allows, whatever it claims to have cost
+                    e.usage = Usage(estimate, request.max_output_tokens, estimated=True)
+                used = min(e.usage.total_tokens, ceiling)
                 self._count_tokens(e.usage)
                 spent += e.usage
                 e.usage = spent
@@ -252,11 +310,42 @@ class LLM:
                 attempt + 1,
                 self.resolved.max_attempts,
             )
-            await self._sleep(delay)
+            _note(
+                f"retrying the LLM request after {error.kind} at "
+                f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(time.time() + delay))} ({delay:.1f} s; "
+                f"attempt {attempt + 1} of {self.resolved.max_attempts})"
+            )
+            try:
+                await self._sleep(delay)
+            finally:
+                _note(None)
         assert error is not None
         if isinstance(error, LLMUnavailable) and error.transient:
             error.reason += f" (after {attempt} attempt{'s' if attempt > 1 else ''})"
         raise error
+
+    def _capped(self, completion: Completion, request: CompletionRequest, estimate: int) -> Completion:
+        """The completion with usage a provider did not report estimated (output at most
+        max_output_tokens), or LLMUnavailable("oversized") when it is longer than the cap allows."""
+        limit = request.max_output_tokens
+        cap = answer_byte_cap(limit)
+        size = max(completion.size, len(completion.text))
+        if size > cap:
+            raise LLMUnavailable(
+                "oversized",
+                f"the answer is {size:,} bytes, more than the answer cap of {cap:,} bytes ({cap_rule(limit)}); refused",
+            )
+        usage = completion.usage
+        if usage.estimated:
+            output = min(len(completion.text) // CHARS_PER_TOKEN + 1, limit)
+            return msgspec.structs.replace(completion, usage=Usage(estimate, output, estimated=True))
+        if usage.output_tokens > limit:
+            raise LLMUnavailable(
+                "oversized",
+                f"the provider reports {usage.output_tokens:,} output tokens, more than "
+                f"llm_max_output_tokens {limit}; refused",
+            )
+        return completion
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         """Jittered exponential back-off after failed attempt `attempt` (1-based), at least Retry-After."""
@@ -306,6 +395,22 @@ class LLM:
             "budget": self.budget.state(),
         }
         return {resolved.provider: entry}
+
+
+async def _convert(completion: Completion, output_type: type[T]) -> T:
+    """The answer converted (strictly) to `output_type`; in a worker thread when it is large."""
+    if max(completion.size, len(completion.text)) > OFF_LOOP_BYTES:
+        return await trio.to_thread.run_sync(lambda: msgspec.convert(completion.data, output_type, strict=True))
+    return msgspec.convert(completion.data, output_type, strict=True)
+
+
+def _input_ceiling(request: CompletionRequest) -> int:
+    """The most input tokens `request` can cost: a token is at least one byte of what was sent."""
+    sent = len(request.system.encode()) + len(request.prompt.encode()) + len(msgspec.json.encode(request.tool.schema))
+    for correction in request.corrections:
+        sent += len(correction.answer.text.encode()) + len(msgspec.json.encode(correction.answer.data))
+        sent += len(correction.problem.encode())
+    return sent + CEILING_SLACK_TOKENS * (1 + len(request.corrections))
 
 
 def _estimate_input(request: CompletionRequest) -> int:

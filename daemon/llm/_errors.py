@@ -2,7 +2,7 @@
 
 Rule kept here: every failure of a call is exactly one of two kinds. `LLMUnavailable` means the
 provider could not be used now (not configured, no key, refused, timed out, rate-limited, 5xx
-after every attempt): the job stays queued and backs off, using `retry_after` when the provider
+after every attempt, an oversized answer): the job stays queued and backs off, using `retry_after` when the provider
 said how long. `LLMFailed` means the provider answered and the answer is unusable (it did not
 validate twice, it was empty, it was a refusal, the request itself was rejected): the job fails
 with `reason`. Each error carries a short machine `kind`, for statistics and for `jobs.list`.
@@ -36,6 +36,9 @@ UNAVAILABLE_KINDS = (
     "server_error",  # 5xx (Anthropic's 529 included), 408, 409, or an answer that is not JSON at all
     "timeout",  # no answer within the call's timeout
     "connection",  # refused, reset, DNS, TLS
+    # an answer longer than max_output_tokens allows (bytes past the cap, or more output tokens than
+    # asked): refused unread and never sent back; not retried within the call (the job backs off)
+    "oversized",
 )
 FAILED_KINDS = (
     "invalid_answer",  # did not validate against the output type, twice

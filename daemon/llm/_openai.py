@@ -6,7 +6,8 @@ is the message's `content` decoded as JSON; nothing else counts. A reasoning mod
 answer on `reasoning_content` / `reasoning` and returned no content has failed (LLMFailed
 "empty_content"), never answered "nothing". A leading `<think>…</think>` block and a Markdown code
 fence around the JSON, which some local servers add, are taken off before decoding. The key, when
-there is one, goes only into the Authorization header, and headers are never logged.
+there is one, goes only into the Authorization header, and headers are never logged. The response
+is read bounded (`_http.CappedSend`), and a long one is decoded in a worker thread, off the event loop.
 """
 
 from __future__ import annotations
@@ -16,15 +17,18 @@ from typing import Any
 
 import httpx
 import msgspec
+import trio
 
 from ._config import Secret
 from ._errors import LLMError, LLMFailed, LLMUnavailable, Usage
+from ._http import AnswerTooLarge, CappedSend, capped
 from ._provider import (
     Completion,
     CompletionRequest,
     Provider,
     body_snippet,
     correction_text,
+    oversized,
     parse_retry_after,
     status_error,
 )
@@ -34,6 +38,13 @@ __all__ = ["OpenAIProvider"]
 
 _THINK = re.compile(r"^\s*<think>.*?</think>", re.DOTALL)
 _FENCE = re.compile(r"^\s*```[A-Za-z]*\s*\n(.*?)\n?```\s*$", re.DOTALL)
+OFF_LOOP_BYTES = 64 * 1024  # a response longer than this is decoded in a worker thread
+
+
+class _Client(CappedSend, httpx.AsyncClient):
+    """httpx's client, reading every response bounded by the answer cap."""
+
+    stream_base = httpx.AsyncByteStream
 
 
 class OpenAIProvider(Provider):
@@ -45,7 +56,7 @@ class OpenAIProvider(Provider):
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key.reveal()}"
-        self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout), headers=headers)
+        self._client = _Client(timeout=httpx.Timeout(timeout), headers=headers)
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -77,21 +88,28 @@ class OpenAIProvider(Provider):
     async def complete(self, request: CompletionRequest) -> Completion:
         error: LLMError
         try:
-            response = await self._client.post(self.url, json=self._payload(request))
+            with capped(request.max_output_tokens):
+                response = await self._client.post(self.url, json=self._payload(request))
         except httpx.TimeoutException:
             error = LLMUnavailable("timeout", "the request timed out")
         except httpx.TransportError as e:
             error = LLMUnavailable("connection", f"cannot connect ({type(e).__name__})")
+        except AnswerTooLarge as e:
+            error = oversized(e, request.max_output_tokens)
         else:
             if response.is_success:
-                return self._completion(response)
+                return await self._completion(response)
             error = status_error(response.status_code, body_snippet(response.text), parse_retry_after(response.headers))
         raise error  # outside the except: httpx's exception does not travel as its context
 
-    def _completion(self, response: httpx.Response) -> Completion:
+    async def _completion(self, response: httpx.Response) -> Completion:
+        raw = response.content
         try:
-            body = response.json()
-        except ValueError:
+            if len(raw) > OFF_LOOP_BYTES:
+                body = await trio.to_thread.run_sync(msgspec.json.decode, raw)
+            else:
+                body = msgspec.json.decode(raw)
+        except msgspec.DecodeError:
             raise LLMUnavailable("server_error", f"the response is not JSON: {body_snippet(response.text)}") from None
         choices = body.get("choices") if isinstance(body, dict) else None
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
@@ -118,10 +136,15 @@ class OpenAIProvider(Provider):
         if fenced:
             text = fenced.group(1).strip()
         try:
-            data = msgspec.json.decode(text)
+            if len(text) > OFF_LOOP_BYTES:
+                data = await trio.to_thread.run_sync(msgspec.json.decode, text)
+            else:
+                data = msgspec.json.decode(text)
         except msgspec.DecodeError as e:
-            return Completion(data=None, text=text, usage=spent, decode_error=f"the content is not JSON ({e})")
-        return Completion(data=data, text=text, usage=spent)
+            return Completion(
+                data=None, text=text, usage=spent, decode_error=f"the content is not JSON ({e})", size=len(raw)
+            )
+        return Completion(data=data, text=text, usage=spent, size=len(raw))
 
 
 def _usage(usage: Any) -> Usage:

@@ -4,7 +4,9 @@ Rule kept here: a provider makes exactly one request per `complete()` call and e
 `Completion` (the decoded answer, or the reason it could not be decoded, and the tokens used) or
 raises LLMUnavailable / LLMFailed with the kind the status or the answer implies. Retrying,
 budgets, timeouts around the request, validation and key scrubbing belong to the layer above
-(`_client.LLM`), so every provider gets them the same way. A provider never logs a header.
+(`_client.LLM`), so every provider gets them the same way. A provider never logs a header, and
+never reads a response past the answer cap (`_http`: an answer longer than max_output_tokens
+allows is `oversized`, refused unread).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import msgspec
 
 from ._errors import LLMError, LLMFailed, LLMUnavailable, Usage
+from ._http import BYTES_PER_TOKEN, ENVELOPE_BYTES, AnswerTooLarge
 from ._schema import ToolSpec
 
 __all__ = [
@@ -27,6 +30,7 @@ __all__ = [
     "Provider",
     "UnavailableProvider",
     "body_snippet",
+    "oversized",
     "parse_retry_after",
     "status_error",
 ]
@@ -35,13 +39,14 @@ __all__ = [
 class Completion(msgspec.Struct, frozen=True):
     """One answer. `data` is the decoded JSON value (None when `decode_error` says why it could not
     be decoded); `text` the answer as sent back in a correction; `call_id` the tool call's id
-    (Anthropic), "" otherwise."""
+    (Anthropic), "" otherwise; `size` the bytes of the response it came in (0: not known)."""
 
     data: Any
     text: str
     usage: Usage
     call_id: str = ""
     decode_error: str = ""
+    size: int = 0
 
 
 class Correction(msgspec.Struct, frozen=True):
@@ -109,6 +114,16 @@ def status_error(status: int, snippet: str, retry_after: float | None) -> LLMErr
     if status == 404:
         return LLMUnavailable("not_found", text)
     return LLMFailed("bad_request", text)
+
+
+def cap_rule(max_output_tokens: int) -> str:
+    """How the answer cap of a request is made, for the reasons that name it."""
+    return f"llm_max_output_tokens {max_output_tokens} x {BYTES_PER_TOKEN} bytes + {ENVELOPE_BYTES // 1024} KiB"
+
+
+def oversized(too_large: AnswerTooLarge, max_output_tokens: int) -> LLMUnavailable:
+    """The error of a response refused at the answer cap (nothing of it is kept or sent back)."""
+    return LLMUnavailable("oversized", f"{too_large} ({cap_rule(max_output_tokens)}); refused, not read further")
 
 
 def parse_retry_after(headers: Mapping[str, str]) -> float | None:
