@@ -9,10 +9,17 @@ union of one Struct per method, its tag the method: envelope and params at once)
 this pass refuses is decoded the general way (the envelope, then the method, then its params), which
 is also what says what is wrong with it. The one-pass types accept only what the general way turns
 into a Call, and make the same Call of it (tests/test_envelope.py compares the two on fuzzed frames).
+
+A JSON string escape of a lone UTF-16 surrogate (`"\\ud800"`, no pair) is JSON's grammar but not
+Unicode text: msgspec refuses the frame, often as "Input data was truncated". Such a frame is read
+again (by the standard library's parser, only then) to answer what is wrong and where: the field is
+`invalid_params` (or `invalid_request` outside the params), answered with the request's id, and a
+batch's other requests run. Bytes that are not UTF-8 stay a `parse_error`: that is not JSON text.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Literal, Union
 
@@ -22,7 +29,7 @@ from msgspec import UNSET, UnsetType
 from ._describe import allowed_values_hint
 from ._errors import ProtocolError
 from ._framing import frame_binary, frame_ndjson
-from ._methods import METHODS, MethodSpec
+from ._methods import METHODS, MethodSpec, free_form_problem, value_ok
 
 RequestId = int | str | None
 
@@ -80,11 +87,46 @@ def failure(request_id: RequestId, error: ProtocolError) -> Failure:
     return Failure("2.0", request_id, error.to_wire())
 
 
-# msgspec's wording for a max_length bound; anchored so that a client's own text (an unknown field
-# name, a bad enum value) can never make an error look like too_large.
-_TOO_LONG = re.compile(r"Expected `[a-z]+` of length <= [0-9]+")
+# msgspec's wording for a max_length bound, and _methods.value_problem's for a value nested too deep;
+# anchored so that a client's own text (an unknown field name, a bad enum value) can never make an
+# error look like too_large.
+_TOO_LONG = re.compile(r"Expected `[a-z]+` of length <= [0-9]+|Nesting deeper than [0-9]+ levels")
 
 _TOO_DEEP = "nesting too deep"
+
+# a \\uD800-\\uDFFF escape (preceded by an even number of backslashes: an escape, not escaped text)
+_SURROGATE_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    number = float(text)
+    if number - number != 0.0:
+        raise ValueError(f"{text} is out of range")  # msgspec's "Number out of range"
+    return number
+
+
+def _surrogate_path(obj: Any, path: str) -> str | None:
+    """The path of the first string (a value or a key) in `obj` that holds a lone surrogate."""
+    if isinstance(obj, str):
+        return path if _SURROGATE.search(obj) else None
+    if isinstance(obj, list):
+        for index, item in enumerate(obj):
+            found = _surrogate_path(item, f"{path}[{index}]")
+            if found is not None:
+                return found
+    elif isinstance(obj, dict):
+        for key, item in obj.items():
+            if _SURROGATE.search(key):
+                return path
+            found = _surrogate_path(item, f"{path}.{key}" if key.isidentifier() else f"{path}[{json.dumps(key)}]")
+            if found is not None:
+                return found
+    return None
 
 
 def _params_error(exc: Exception, params_type: type) -> ProtocolError:
@@ -136,14 +178,22 @@ class Codec:
             request = self._one_pass.decode(frame)
         except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
             return self.decode_general(frame)  # not one well-formed request: a batch, or the general way says why
-        return [Call(request.id, _ONE_PASS_SPECS[type(request)], request.params)], False
+        params = request.params
+        field = params.free_form  # a free-form value must be one the daemon can keep (a falsy one always is)
+        if field and (value := getattr(params, field)) and not value_ok(value):
+            return self.decode_general(frame)  # the general way says where
+        return [Call(request.id, _ONE_PASS_SPECS[type(request)], params)], False
 
     def _decode_one_pass(self, raw: bytes) -> Call | None:
         try:
             request = self._one_pass.decode(raw)
         except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
             return None  # not a well-formed request of a known method: the general way says why
-        return Call(request.id, _ONE_PASS_SPECS[type(request)], request.params)
+        params = request.params
+        field = params.free_form
+        if field and (value := getattr(params, field)) and not value_ok(value):
+            return None
+        return Call(request.id, _ONE_PASS_SPECS[type(request)], params)
 
     def decode_general(self, frame: bytes) -> tuple[list[Incoming], bool]:
         """decode() without the one-pass way: what it must agree with (and what it falls back to)."""
@@ -152,6 +202,9 @@ class Codec:
         except msgspec.ValidationError as exc:
             return [self._reject_invalid(frame, exc)], False
         except msgspec.DecodeError as exc:
+            surrogate = self._lone_surrogates(frame)
+            if surrogate is not None:
+                return surrogate
             return [Rejected(None, ProtocolError("parse_error", f"parse error: {exc}"))], False
         except RecursionError:
             return [Rejected(None, ProtocolError("too_large", f"too large: {_TOO_DEEP}"))], False
@@ -159,19 +212,50 @@ class Codec:
             return [self._to_call(envelope)], False
         if not envelope:
             return [Rejected(None, ProtocolError("invalid_request", "empty batch"))], False
-        out: list[Incoming] = []
-        for raw in envelope:
-            call = self._decode_one_pass(raw)
-            if call is not None:
-                out.append(call)
-                continue
-            try:
-                out.append(self._to_call(self._request.decode(raw)))
-            except msgspec.ValidationError as exc:
-                out.append(self._reject_invalid(raw, exc))
-            except RecursionError:
-                out.append(Rejected(None, ProtocolError("too_large", f"too large: {_TOO_DEEP}")))
-        return out, True
+        return [self._decode_item(raw) for raw in envelope], True
+
+    def _decode_item(self, raw: bytes) -> Incoming:
+        """One request of a batch."""
+        call = self._decode_one_pass(raw)
+        if call is not None:
+            return call
+        try:
+            return self._to_call(self._request.decode(raw))
+        except msgspec.ValidationError as exc:
+            return self._reject_invalid(raw, exc)
+        except RecursionError:
+            return Rejected(None, ProtocolError("too_large", f"too large: {_TOO_DEEP}"))
+
+    def _lone_surrogates(self, frame: bytes) -> tuple[list[Incoming], bool] | None:
+        """The answer to a JSON frame msgspec refused for a lone surrogate escape (the module
+        docstring), or None when that is not what is wrong with it."""
+        if self._binary or not _SURROGATE_ESCAPE.search(frame):
+            return None
+        try:
+            obj = json.loads(frame.decode("utf-8"), parse_constant=_refuse_constant, parse_float=_finite_float)
+        except (ValueError, RecursionError):
+            return None  # malformed anyway (or not UTF-8): msgspec's parse error stands
+        if _surrogate_path(obj, "$") is None:
+            return None  # refused for something else
+        if isinstance(obj, list) and obj:
+            return [self._surrogate_item(item) for item in obj], True
+        return [self._surrogate_item(obj)], False
+
+    def _surrogate_item(self, obj: Any) -> Incoming:
+        """A request of a frame read by the standard library's parser: refused where it holds a
+        lone surrogate, else decoded as any request (from its re-encoding, which has none)."""
+        path = _surrogate_path(obj, "$")
+        if path is None:
+            return self._decode_item(self._encoder.encode(obj))
+        problem = "a string holds a lone UTF-16 surrogate escape (\\ud800-\\udfff without its pair), which is not Unicode text"
+        request_id: Any = obj.get("id", UNSET) if isinstance(obj, dict) else None
+        readable = isinstance(request_id, (int, str)) and not isinstance(request_id, bool) and _surrogate_path(request_id, "") is None
+        if request_id is not UNSET and not readable:
+            request_id = None  # (an id with the surrogate, too)
+        if path.startswith(("$.params.", "$.params[")):  # a notification's is not answered, as for any params
+            return Rejected(request_id, ProtocolError("invalid_params", f"invalid params: {problem} - at `${path[len('$.params'):]}`"))
+        request_id = None if request_id is UNSET else request_id  # an invalid request is answered even without an id
+        return Rejected(request_id, ProtocolError("invalid_request", f"invalid request: {problem} - at `{path}`"))
 
     def _reject_invalid(self, raw: bytes, exc: Exception) -> Rejected:
         # msgspec validates while it parses, so a frame rejected by validation may still be
@@ -223,13 +307,17 @@ class Codec:
         if decoder is None:
             decoder = self._params[params_type] = self._mod.Decoder(params_type)
         try:
-            return decoder.decode(raw)
+            params = decoder.decode(raw)
         except msgspec.ValidationError as exc:
             raise _params_error(exc, params_type) from None
         except msgspec.DecodeError as exc:
             raise ProtocolError("invalid_params", f"invalid params: {exc}") from None
         except RecursionError:
             raise ProtocolError("too_large", f"too large: {_TOO_DEEP} in params") from None
+        problem = free_form_problem(params)  # JSON's data model only (protocol/_methods.py)
+        if problem is not None:
+            raise _params_error(ValueError(problem), params_type)
+        return params
 
     # --- encoding -------------------------------------------------------------------------------
 

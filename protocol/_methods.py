@@ -3,11 +3,19 @@
 Rule kept here: a method exists on the wire if and only if it is in METHODS; its params Struct
 forbids unknown fields and carries every bound (lengths, ranges), so that a request which decodes
 is a request the daemon can run. Bounds on string and list lengths are reported as `too_large`.
+
+What decodes is also what the daemon can keep exactly: every integer lies in MessagePack's range
+(the journal's encoding), every stored float is finite, and a free-form (`Any`) value is JSON's
+data model only (`value_problem`: no bin, no extension, no timestamp, no non-string key, bounded
+nesting), checked as it decodes, before anything is acknowledged. A conversation group, which
+names its memories' domain, is refused when it could name a folder outside its own
+(`group_problem`: what the extraction's domain check refuses).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import math
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
@@ -29,9 +37,165 @@ Tags = Annotated[list[Tag], Meta(max_length=MAX_TAGS)]
 Relation = Literal["uses", "generalizes", "specializes", "contradicts"]
 RELATIONS: tuple[str, ...] = ("uses", "generalizes", "specializes", "contradicts")
 
+# MessagePack's integers: what the journal (and a binary client) can carry, in free-form values;
+# an integer field is an int64 (msgspec bounds no wider).
+MIN_INT = -(2**63)
+MAX_INT = 2**64 - 1
+Int = Annotated[int, Meta(ge=MIN_INT, le=2**63 - 1)]
+Count = Annotated[int, Meta(ge=0, le=2**63 - 1)]
+# A finite float: NaN and the infinities fail these bounds (JSON has neither; a snapshot would write null).
+Finite = Annotated[float, Meta(ge=-1.7976931348623157e308, le=1.7976931348623157e308)]
+MAX_VALUE_DEPTH = 64  # arrays and objects nested in one free-form value
+
+
+# --- free-form values ---------------------------------------------------------------------------
+
+
+def _path_key(key: str) -> str:
+    """An object key in a field path: `.name`, or `["..."]` for any other key (cut at 64 characters)."""
+    if key.isidentifier():
+        return "." + key
+    shown = key if len(key) <= 64 else key[:64] + "…"
+    return "[" + msgspec.json.encode(shown).decode() + "]"
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "binary data (MessagePack bin; send text as str)"
+    if isinstance(value, msgspec.msgpack.Ext):
+        return f"a MessagePack extension (type {value.code})"
+    if hasattr(value, "isoformat"):
+        return "a MessagePack timestamp (send an RFC 3339 string)"
+    names = {tuple: "an array", int: "an integer", float: "a float", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), f"a value of type {type(value).__name__}")
+
+
+def _problem(value: Any, depth: int) -> tuple[str, list[str]] | None:
+    """Why the list or dict `value` (at nesting level `depth`) is not JSON's data model, and the
+    path to what is wrong (its steps innermost first), or None."""
+    if type(value) is dict:
+        for key in value:
+            if type(key) is not str:
+                return f"Expected an object key of type `str`, got {_kind(key)}", []
+    found: tuple[str, list[str]] | None
+    for step, item in value.items() if type(value) is dict else enumerate(value):
+        kind = type(item)
+        if kind is str or kind is bool or item is None:
+            continue
+        if kind is int:
+            if MIN_INT <= item <= MAX_INT:
+                continue
+            found = "Integer out of range (-2**63 to 2**64-1, what MessagePack carries)", []
+        elif kind is float:
+            if math.isfinite(item):
+                continue
+            found = f"Float {item} is not a JSON number (NaN and the infinities are not)", []
+        elif kind is list or kind is dict:
+            if depth >= MAX_VALUE_DEPTH:
+                found = f"{_TOO_DEEP} than {MAX_VALUE_DEPTH} levels of arrays and objects", []
+            else:
+                found = _problem(item, depth + 1)
+                if found is None:
+                    continue
+        else:
+            found = f"Expected a JSON value, got {_kind(item)}", []
+        found[1].append(_path_key(step) if type(step) is str else f"[{step}]")
+        return found
+    return None
+
+
+_TOO_DEEP = "Nesting deeper"
+_SCALARS = frozenset((str, bool, type(None)))
+
+
+def _dict_ok(value: dict[Any, Any], depth: int, keys: bool) -> bool:
+    """The fast yes of `_problem` for a dict (its keys not checked when `keys` is false); it builds
+    no path, for a request's decode is the hot path."""
+    if keys:
+        for key in value:
+            if type(key) is not str:
+                return False
+    for item in value.values():
+        kind = type(item)
+        if kind in _SCALARS or kind is int and MIN_INT <= item <= MAX_INT or kind is float and item - item == 0.0:
+            continue  # (x - x is NaN for NaN and the infinities)
+        if kind is dict:
+            if depth < MAX_VALUE_DEPTH and _dict_ok(item, depth + 1, True):
+                continue
+        elif kind is list and depth < MAX_VALUE_DEPTH and _list_ok(item, depth + 1):
+            continue
+        return False
+    return True
+
+
+def _list_ok(value: list[Any], depth: int) -> bool:
+    for item in value:
+        kind = type(item)
+        if kind in _SCALARS or kind is int and MIN_INT <= item <= MAX_INT or kind is float and item - item == 0.0:
+            continue
+        if kind is dict:
+            if depth < MAX_VALUE_DEPTH and _dict_ok(item, depth + 1, True):
+                continue
+        elif kind is list and depth < MAX_VALUE_DEPTH and _list_ok(item, depth + 1):
+            continue
+        return False
+    return True
+
+
+def value_problem(value: Any, field: str) -> str | None:
+    """Why a free-form value cannot be kept exactly, or None when it can: JSON's data model only
+    (null, true/false, an integer in MIN_INT..MAX_INT, a finite float, a string, an array, an
+    object with string keys, at most MAX_VALUE_DEPTH arrays and objects deep). Said in msgspec's
+    words, with the path from the params (`... - at `$.value[3].x``)."""
+    found = _problem({field: value}, 0)
+    if found is None:
+        return None
+    problem, steps = found
+    return f"{problem} - at `${''.join(reversed(steps))}`"
+
+
+def value_ok(value: Any) -> bool:
+    """`value_problem(value, ...) is None`, fast (the codec's check of a request's free-form field)."""
+    return _dict_ok(value, 1, True) if type(value) is dict else _list_ok([value], 0)
+
+
+def free_form_problem(params: Any) -> str | None:
+    """value_problem of a params Struct's free-form field (its class's `free_form`), if it has one."""
+    field = params.free_form
+    if not field:
+        return None
+    value = getattr(params, field)
+    return None if value_ok(value) else value_problem(value, field)
+
+
+# --- conversation groups ------------------------------------------------------------------------
+
+
+def group_problem(group: str) -> str | None:
+    """Why `group` cannot be a conversation group, or None: a group names its memories' domain,
+    and a domain with a NUL or a `.` or `..` path segment (`/` and `\\` separate them) would name a
+    folder outside its own; the memory tier refuses such a domain (daemon/memory/state.py,
+    validate_domain), so a group's extraction could never keep anything."""
+    if "\x00" in group:
+        return "has a NUL character"
+    if any(part in (".", "..") for part in group.replace("\\", "/").split("/")):
+        return "has a `.` or `..` path segment (`/` and `\\` separate them)"
+    return None
+
+
+def check_group(group: str | None) -> None:
+    if group is not None:
+        problem = group_problem(group)
+        if problem is not None:
+            raise ValueError(f"Group {group!r} cannot be a conversation group: it {problem} - at `$.group`")
+
 
 class Params(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Base of every params Struct."""
+
+    # The free-form (Any) field, if any: the codec checks it as the request decodes (value_problem;
+    # there, not in a __post_init__, which would cost every episodic.log a Python call).
+    free_form: ClassVar[str] = ""
 
 
 class Empty(Params):
@@ -45,11 +209,12 @@ class EpisodicLog(Params):
     session_id: Ident
     agent_role: Ident
     content: Text
-    metadata: dict[str, Any] = {}
+    metadata: dict[str, Any] = {}  # JSON's data model (free_form: value_problem)
     # A client that buffered the event while the daemon was away names it and says when it happened;
     # logging an entry_id the session already holds answers that entry again (a retry adds nothing).
     entry_id: Ident | None = None
     timestamp: Annotated[str, Meta(min_length=1, max_length=64)] | None = None
+    free_form: ClassVar[str] = "metadata"
 
 
 class EpisodicRecent(Params):
@@ -76,7 +241,7 @@ class LemmaNode(msgspec.Struct, kw_only=True):
     informal: Text = ""
     dependencies: Annotated[list[LemmaId], Meta(max_length=MAX_LEMMAS)] = []
     verified: bool | None = None
-    confidence_score: float | None = None
+    confidence_score: Finite | None = None
     verification_method: str | None = None
 
 
@@ -98,7 +263,7 @@ class FailedAttempt(msgspec.Struct, kw_only=True):
     lemma_id: LemmaId
     attempt_text: Text = ""
     failure_reason: Text
-    iteration: int = 0
+    iteration: Int = 0
     timestamp: str | None = None
 
 
@@ -131,9 +296,10 @@ class SessionClose(Params):
 
 class PersistentRemember(Params):
     key: Key
-    value: Any
+    value: Any  # JSON's data model (free_form: value_problem)
     tags: Tags = []
     source_session: Annotated[str, Meta(max_length=MAX_ID)] = ""
+    free_form: ClassVar[str] = "value"
 
 
 class PersistentKey(Params):
@@ -256,6 +422,9 @@ class MemoryInject(Params):
     messages: Annotated[int, Meta(ge=0, le=MAX_K)] = 0
     include_summary: bool = False  # the domain's conversation group summary and intents head the block
 
+    def __post_init__(self) -> None:
+        check_group(self.group)
+
 
 class MemoryRef(Params):
     id: Ident
@@ -271,7 +440,7 @@ class MemoryList(Params):
     category: Category | None = None
     status: Literal["active", "archived", "any"] = "active"
     limit: Annotated[int, Meta(ge=1, le=MAX_LIMIT)] = 50
-    offset: Annotated[int, Meta(ge=0)] = 0
+    offset: Count = 0
     include_global: bool = False  # with a domain: every domain's global memories too
     readable: bool = False  # also the readable projection's text: the domain's MEMORY.md (no domain: GLOBAL.md)
 
@@ -366,7 +535,7 @@ class SkillsInject(Params):
 
 Role = Literal["user", "assistant", "system", "tool"]
 ROLES: tuple[str, ...] = ("user", "assistant", "system", "tool")
-Group = Annotated[str, Meta(min_length=1, max_length=MAX_ID)]
+Group = Annotated[str, Meta(min_length=1, max_length=MAX_ID)]  # and no `group_problem` (checked as it decodes)
 Timestamp = Annotated[str, Meta(max_length=64)]
 
 
@@ -385,15 +554,24 @@ class ConversationAppend(Params):
     group: Group
     messages: Annotated[list[ConversationMessage], Meta(max_length=MAX_BATCH_ITEMS)]
 
+    def __post_init__(self) -> None:
+        check_group(self.group)
+
 
 class ConversationGet(Params):
     group: Group
     since: Timestamp | None = None
     limit: Annotated[int, Meta(ge=1, le=MAX_LIMIT)] = 1000
 
+    def __post_init__(self) -> None:
+        check_group(self.group)
+
 
 class ConversationGroupRef(Params):
     group: Group
+
+    def __post_init__(self) -> None:
+        check_group(self.group)
 
 
 class ConversationSearch(Params):
@@ -402,6 +580,9 @@ class ConversationSearch(Params):
     k: Annotated[int, Meta(ge=1, le=MAX_K)] = 10
     since: Timestamp | None = None
     until: Timestamp | None = None
+
+    def __post_init__(self) -> None:
+        check_group(self.group)
 
 
 # --- scopes and review: promotion of local memories to global ----------------------------------
@@ -415,20 +596,20 @@ class MemoryPromote(Params):
     id: Ident
     reason: Reason | None = None
     by: By | None = None  # who asks, as the client names them
-    peer_uid: int | None = None  # set by the daemon from the connection (SO_PEERCRED); a value sent is replaced
+    peer_uid: Int | None = None  # set by the daemon from the connection (SO_PEERCRED); a value sent is replaced
 
 
 class ReviewList(Params):
     state: Literal["pending", "approved", "refused", "any"] = "pending"
     domain: Domain | None = None
     limit: Annotated[int, Meta(ge=1, le=MAX_LIMIT)] = 100
-    offset: Annotated[int, Meta(ge=0)] = 0
+    offset: Count = 0
 
 
 class ReviewDecide(Params):
     id: Ident
     by: By | None = None
-    peer_uid: int | None = None  # set by the daemon, as in MemoryPromote
+    peer_uid: Int | None = None  # set by the daemon, as in MemoryPromote
 
 
 class ReviewReject(ReviewDecide):
