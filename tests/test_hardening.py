@@ -643,3 +643,22 @@ def test_a_title_that_was_refused_could_not_have_read_back() -> None:
                  created_at="2026-12-01T00:00:00+00:00", updated_at="2026-12-01T00:00:00+00:00", file="memories/d/x.md")
     fields, content, heading = parse_markdown(render_markdown(mem))
     assert fields["abstract"] == "one\u2028two" and content == "body" and heading == "T"
+
+
+# --- 7. a domain is a folder name: never one holding a secret --------------------------------
+
+
+async def test_a_domain_holding_a_secret_is_refused_and_makes_no_folder(data_dir: Path, sock_dir: Path) -> None:
+    secret = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
+    sock = sock_dir / "s.sock"
+    with trio.fail_after(IO_TIMEOUT):
+        async with running_daemon(data_dir, sock, **FAST):
+            conn = await RawConnection.open(sock)
+            for domain in (secret, f"GITHUB_TOKEN={secret}"):
+                answer = await conn.call("memory.add", memory("A note", "Some content.", domain=domain))
+                assert answer["error"]["data"] == {"kind": "invalid_params", "field": "domain"}, answer
+                assert "holds a secret" in answer["error"]["message"] and secret not in answer["error"]["message"]
+            assert (await conn.result("memory.add", memory("A note", "Some content.", domain="bandits")))["decision"] == "created"
+            await conn.aclose()
+    folders = [p.name for p in (data_dir / "memories").iterdir()] if (data_dir / "memories").exists() else []
+    assert all(secret[:20].lower() not in name for name in folders), folders

@@ -46,6 +46,7 @@ from eurekamem.daemon.memory.lexical import LexicalDump, LexicalIndex, name_toke
 from eurekamem.daemon.memory.strength import StrengthSettings, epoch, rank_factor, rfc3339, strength, strengths
 from eurekamem.daemon.memory.vectors import VectorStore
 from eurekamem.daemon.primitives import Histogram
+from eurekamem.daemon.redact import SECRET_KINDS, detect
 from eurekamem.daemon.tier import HANDLERS, TierState, Undo, handles
 from eurekamem.protocol import Memory, MemoryVersion, ProtocolError, ReviewItem, normalize_timestamp
 from eurekamem.protocol import _methods as m
@@ -147,9 +148,16 @@ MAINTENANCE_RUNS_KEPT = 8
 
 
 def validate_domain(domain: str) -> None:
+    """A domain names a folder (memories/<slug>/): none outside its own, none holding a secret."""
     parts = domain.replace("\\", "/").split("/")
     if "\x00" in domain or any(part in (".", "..") for part in parts):
         raise ProtocolError("invalid_params", f"invalid params: domain {domain!r} would name a folder outside its own", field="domain")
+    secrets = detect([domain], SECRET_KINDS) if domain else []
+    if secrets:
+        raise ProtocolError(
+            "invalid_params", f"invalid params: the domain holds a secret ({', '.join(secrets)}): a domain is a folder name",
+            field="domain",
+        )
 
 
 def _origin_merged(old: Memory, p: m.MemoryAdd) -> dict[str, Any]:
