@@ -399,7 +399,7 @@ class ServerConnection:
                 message = success(request_id, result)
             try:
                 self._codec.encode_into(message, self.outbound)  # type: ignore[union-attr]
-            except (TypeError, ValueError, msgspec.EncodeError) as exc:
+            except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
                 self._encode_failed(request_id, exc)
         spec = call.spec
         key = ORDERING_KEYS[spec.name]
@@ -435,12 +435,20 @@ class ServerConnection:
             return
         try:
             self._codec.encode_into(message, self.outbound)  # type: ignore[union-attr]
-        except (TypeError, ValueError, msgspec.EncodeError) as exc:
+        except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
             self._encode_failed(getattr(message, "id", None), exc)
 
     def _encode_failed(self, request_id: Any, exc: Exception) -> None:
-        log.exception("could not encode an answer")
-        error = ProtocolError("internal", f"could not encode the answer: {exc}")
+        if isinstance(exc, OverflowError):  # a value another program wrote (EurekaClaw's files keep any int)
+            log.warning("an answer holds an integer MessagePack cannot carry: %s", exc)
+            error = ProtocolError(
+                "internal",
+                "could not encode the answer: it holds an integer outside -2^63 .. 2^64-1 (from a file another "
+                "program wrote); NDJSON framing carries it exactly",
+            )
+        else:
+            log.exception("could not encode an answer")
+            error = ProtocolError("internal", f"could not encode the answer: {exc}")
         self._codec.encode_into(failure(request_id, error), self.outbound)  # type: ignore[union-attr]
 
 

