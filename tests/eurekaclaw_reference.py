@@ -184,3 +184,39 @@ class ReferenceManager:
             parts.append(re.sub(r"^---\n.*?---\n", "", text, flags=re.DOTALL).strip()[:400])
         parts.append("</memories>")
         return "\n\n".join(parts)
+
+
+def pydantic_models() -> dict[str, Any]:
+    """EurekaClaw's record types (eurekaclaw/types/memory.py) restated field by field as pydantic
+    models, by name (EpisodicEntry, CrossRunRecord, KnowledgeNode): naive created_at/timestamp from
+    utcnow, as its defaults. pydantic comes with the test extra (the mcp SDK needs it)."""
+    import pydantic
+
+    class EpisodicEntry(pydantic.BaseModel):
+        entry_id: str
+        session_id: str
+        agent_role: str
+        content: str
+        metadata: dict[str, Any] = pydantic.Field(default_factory=dict)
+        timestamp: dt.datetime = pydantic.Field(default_factory=utcnow)
+
+    class CrossRunRecord(pydantic.BaseModel):
+        record_id: str
+        key: str
+        value: Any
+        tags: list[str] = pydantic.Field(default_factory=list)
+        source_session: str = ""
+        created_at: dt.datetime = pydantic.Field(default_factory=utcnow)
+        updated_at: dt.datetime = pydantic.Field(default_factory=utcnow)
+
+    class KnowledgeNode(pydantic.BaseModel):
+        node_id: str
+        theorem_name: str
+        formal_statement: str
+        domain: str = ""
+        session_id: str = ""
+        related_to: list[str] = pydantic.Field(default_factory=list)
+        tags: list[str] = pydantic.Field(default_factory=list)
+        created_at: dt.datetime = pydantic.Field(default_factory=utcnow)
+
+    return {"EpisodicEntry": EpisodicEntry, "CrossRunRecord": CrossRunRecord, "KnowledgeNode": KnowledgeNode}

@@ -661,51 +661,20 @@ def test_memory_manager_with_structs(server: FakeServer):
 def test_memory_manager_records_validate_as_eurekaclaws_models(server: FakeServer):
     """EurekaClaw's pydantic models (its types/memory.py, copied field by field) read our records'
     model_dump() back into equal values, naive and aware timestamps as EurekaClaw makes them."""
-    import datetime as dt
+    from eurekaclaw_reference import pydantic_models
 
-    import pydantic
-
-    def utcnow() -> dt.datetime:
-        return dt.datetime.now(dt.UTC).replace(tzinfo=None)
-
-    class EpisodicEntryModel(pydantic.BaseModel):
-        entry_id: str
-        session_id: str
-        agent_role: str
-        content: str
-        metadata: dict[str, Any] = pydantic.Field(default_factory=dict)
-        timestamp: dt.datetime = pydantic.Field(default_factory=utcnow)
-
-    class CrossRunRecordModel(pydantic.BaseModel):
-        record_id: str
-        key: str
-        value: Any
-        tags: list[str] = pydantic.Field(default_factory=list)
-        source_session: str = ""
-        created_at: dt.datetime = pydantic.Field(default_factory=utcnow)
-        updated_at: dt.datetime = pydantic.Field(default_factory=utcnow)
-
-    class KnowledgeNodeModel(pydantic.BaseModel):
-        node_id: str
-        theorem_name: str
-        formal_statement: str
-        domain: str = ""
-        session_id: str = ""
-        related_to: list[str] = pydantic.Field(default_factory=list)
-        tags: list[str] = pydantic.Field(default_factory=list)
-        created_at: dt.datetime = pydantic.Field(default_factory=utcnow)
-
+    eurekaclaw = pydantic_models()
     client = Client(server.path, timeout=IO_TIMEOUT)
     mm = MemoryManager("s", client=client)
     mm.remember("k", [1, 2], tags=["t"])
     records = [mm.log_event("agent", "hi", {"a": 1}), *mm.recent_events(), mm.recall_by_tag("t")[0],
                mm.add_theorem("T", "p -> p", tags=["x"])]
-    models = [EpisodicEntryModel, EpisodicEntryModel, CrossRunRecordModel, KnowledgeNodeModel]
+    models = [eurekaclaw[name] for name in ("EpisodicEntry", "EpisodicEntry", "CrossRunRecord", "KnowledgeNode")]
     for ours, model in zip(records, models):
         theirs = model.model_validate(ours.model_dump())
         assert theirs.model_dump() == ours.model_dump()
         assert model.model_validate_json(ours.model_dump_json()).model_dump() == ours.model_dump()
-        assert type(ours).__name__ == model.__name__.removesuffix("Model")
+        assert type(ours).__name__ == model.__name__
     assert records[0].timestamp.tzinfo is None and records[3].created_at.tzinfo is None
     assert records[2].created_at.tzinfo is None and records[2].updated_at.tzinfo is not None
     assert records[2].model_copy(update={"value": 3}).value == 3 and records[2].value == [1, 2]

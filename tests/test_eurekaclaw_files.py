@@ -1,6 +1,6 @@
 """The files EurekaClaw reads are written in EurekaClaw's own shapes (issue 27, section 3).
 
-The reference models below mirror EurekaClaw v0.2.0's pydantic types (eurekaclaw/types/memory.py:
+The reference models (tests/eurekaclaw_reference.py) mirror EurekaClaw v0.2.0's pydantic types (eurekaclaw/types/memory.py:
 field order, `created_at` from `datetime.utcnow` (naive), a record's `updated_at` from
 `datetime.now().astimezone()` (aware)) and its writers (`json.dumps(model_dump(mode="json"),
 indent=2)`). They are our own re-statement of what its code does, not its code. Before this, the
@@ -15,40 +15,20 @@ import json
 import os
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
+from eurekaclaw_reference import pydantic_models
 from eurekamem.client import Client
 
 from daemon_process import DaemonProcess
 
-pydantic = pytest.importorskip("pydantic")  # the mcp extra brings it; EurekaClaw's models are pydantic
+pytest.importorskip("pydantic")  # the test extra brings it (the mcp SDK needs it); EurekaClaw's models are pydantic
 TIMEOUT = 60.0
 
 
-def _utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
-
-
-class CrossRunRecord(pydantic.BaseModel):  # type: ignore[misc,name-defined]
-    record_id: str
-    key: str
-    value: Any
-    tags: list[str] = pydantic.Field(default_factory=list)
-    source_session: str = ""
-    created_at: dt.datetime = pydantic.Field(default_factory=_utcnow)
-    updated_at: dt.datetime = pydantic.Field(default_factory=_utcnow)
-
-
-class KnowledgeNode(pydantic.BaseModel):  # type: ignore[misc,name-defined]
-    node_id: str
-    theorem_name: str
-    formal_statement: str
-    domain: str = ""
-    session_id: str = ""
-    related_to: list[str] = pydantic.Field(default_factory=list)
-    tags: list[str] = pydantic.Field(default_factory=list)
-    created_at: dt.datetime = pydantic.Field(default_factory=_utcnow)
+_MODELS = pydantic_models()
+CrossRunRecord = _MODELS["CrossRunRecord"]
+KnowledgeNode = _MODELS["KnowledgeNode"]
 
 
 def _eurekaclaw_root(root: Path) -> None:
