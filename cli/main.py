@@ -367,8 +367,16 @@ def _resolve(func: Any) -> Callable[[argparse.Namespace], int]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser(_command_of(argv)).parse_args(argv)
-    return _resolve(args.func)(args)
+    try:
+        args = build_parser(_command_of(argv)).parse_args(argv)
+        return _resolve(args.func)(args)
+    except BrokenPipeError:
+        # the reader went away (`eurekamem call ... | head`): end quietly as other Unix tools do, with
+        # the status a shell gives a process SIGPIPE ended, and nothing left for the exit's flush
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":  # last: `python -m eurekamem.cli.main` needs every function above defined

@@ -389,3 +389,15 @@ def test_progress_lines_carry_counts_rate_and_time_left(monkeypatch: pytest.Monk
     assert lines[0] == "import: 25.0% (150/600), 12.5/s, about 36 s left"  # the first line after 10 s
     assert lines[-1].startswith("import: 50.0% (300/600), ")
     assert all("left" in line for line in lines)
+
+
+@pytest.mark.parametrize("args", [["call", "--help"], ["socket"]])
+def test_a_reader_that_goes_away_ends_the_command_quietly(args: list[str]) -> None:
+    """`eurekamem ... | head`: the reader closes the pipe before the command writes; no traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "eurekamem.cli.main", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the child has started Python: its first write meets no reader
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
