@@ -9,7 +9,7 @@ its learning loop use) and check that what they do lands in the daemon.
 
 Skips (exit 0, saying why) when EurekaClaw is not importable. No EurekaClaw LLM call is made: the
 session's learning is the daemon's job. For a whole research run, routed:
-`python -m eurekamem.integrations.eurekaclaw run ...` (EurekaClaw's own command).
+`python -m eurekamem.integrations.eurekaclaw prove "..." --domain "..."` (EurekaClaw's own command).
 """
 
 from __future__ import annotations

@@ -37,7 +37,10 @@ DOMAIN = "bandit theory"
 KEY = "sk-test-integration"
 TIMEOUT = 60.0
 ROUTED = "eurekamem.integrations.eurekaclaw._routed"
-SITECUSTOMIZE = "import eurekamem.integrations.eurekaclaw as _e; _e.install_from_env()\n"  # README's line
+SITECUSTOMIZE = (  # README's line: with the variable unset it imports nothing of eurekamem
+    'import os; os.environ.get("EUREKAMEM_EUREKACLAW") and __import__("eurekamem.integrations.eurekaclaw", '
+    'fromlist=["install_from_env"]).install_from_env()\n'
+)
 
 
 @pytest.fixture(scope="module")
@@ -452,3 +455,12 @@ async def test_under_trio_too_the_extraction_waits_in_a_worker_thread(
             listener.close()
     assert [s["title"] for s in saved] == ["Kept anyway"] and len(llm.calls) == 1
     assert (root / "memories" / "bandit_theory").is_dir()
+
+
+def test_the_sitecustomize_line_imports_nothing_while_the_variable_is_unset() -> None:
+    """Every Python start runs the README's line: unset, it is one lookup (no eurekamem import)."""
+    env = {k: v for k, v in os.environ.items() if k != integration.ENV}
+    code = SITECUSTOMIZE + "import sys; print(sorted(m for m in sys.modules if m.startswith('eurekamem')))\n"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=TIMEOUT,
+                          check=True)
+    assert done.stdout.strip() == "[]", done.stdout

@@ -5,7 +5,7 @@ line of EurekaClaw's code changed.
     from eurekamem.integrations import eurekaclaw
     eurekaclaw.install()          # before or after EurekaClaw is imported
 
-or, with nothing edited: `python -m eurekamem.integrations.eurekaclaw run ...` (EurekaClaw's own
+or, with nothing edited: `python -m eurekamem.integrations.eurekaclaw prove "..." --domain "..."` (EurekaClaw's own
 command, routed), or EUREKAMEM_EUREKACLAW=1 once the README's sitecustomize line is in place.
 
 Rules kept here:
