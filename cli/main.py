@@ -337,10 +337,12 @@ def add_commands(
     restore.add_argument("--config", help=CONFIG_HELP + " (for its data_dir)")
     restore.set_defaults(func="eurekamem.cli.backup:cmd_restore")
 
-    export = sub.add_parser("export", help="every record as JSON lines, read through the daemon")
+    export = sub.add_parser("export", help="every record as JSON lines, or as an EurekaClaw data root, read through the daemon")
     common(export)
-    export.add_argument("--format", choices=["jsonl"], default="jsonl", help="the output format (default: jsonl)")
-    export.add_argument("--out", metavar="PATH", help="write here instead of stdout")
+    export.add_argument("--format", choices=["jsonl", "eurekaclaw"], default="jsonl",
+                        help="jsonl (default), or eurekaclaw: a data root EurekaClaw's own code reads, ids and times kept")
+    export.add_argument("--out", metavar="PATH", help="write here instead of stdout (eurekaclaw: the new or empty folder)")
+    export.add_argument("dir", nargs="?", metavar="DIR", help="with --format eurekaclaw: the new or empty folder to write")
     timeout(export, 600.0)
     export.set_defaults(func="eurekamem.cli.transfer:cmd_export")
 

@@ -1,12 +1,17 @@
 """`eurekamem export` and `eurekamem import`: JSON Lines out of and into a running daemon, and EurekaClaw roots.
 
 Rule kept here: both go through the daemon's socket, a page at a time; an import of a record,
-node, edge or memory that is already there changes nothing, so importing the same root or export
-twice adds nothing the second time. "Already there": a persistent record with the same key, value
-and tags; a graph node with the same id, else the same normalised statement (daemon/tiers/graph.py;
-a node without a statement: the same name), its edges by the ids they map to; a memory with the
-same id, else the same fingerprint (EurekaClaw's, of title and text) in the same domain, active or
-archived.
+node, edge, memory or skill that is already there changes nothing, so importing the same root or
+export twice adds nothing the second time. "Already there": a persistent record with the same key,
+value and tags; a graph node with the same id, else the same normalised statement
+(daemon/tiers/graph.py; a node without a statement: the same name), its edges by the ids they map
+to; a memory with the same id, else the same fingerprint (EurekaClaw's, of title and text) in the
+same domain, active or archived; a skill with the same name and body.
+
+`export --format eurekaclaw DIR` writes a data root in EurekaClaw's own shapes (persistent.json,
+knowledge_graph.json, memories/<slug>/*.md and _index.json, skills/<name>/SKILL.md) with every id,
+time and file name as the daemon holds them: EurekaClaw's own code reads it unchanged, and a daemon
+started on it for the first time imports it with its history (daemon/recovery.py).
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ def _results(client: Any, calls: list[tuple[str, dict[str, Any]]]) -> list[Any]:
 
 
 def export_records(client: Any, progress_stream: TextIO | None = None) -> Iterator[dict[str, Any]]:
-    """Every persistent record, graph node and edge, and memory, as {"tier": ..., **record}."""
+    """Every persistent record, graph node and edge, memory and skill, as {"tier": ..., **record}."""
     from eurekamem.protocol._methods import MAX_LIMIT
 
     keys = client.call("persistent.keys", {"limit": MAX_LIMIT})["keys"]
@@ -74,6 +79,8 @@ def export_records(client: Any, progress_stream: TextIO | None = None) -> Iterat
         if not page["memories"] or offset >= page["total"]:
             break
         page = client.call("memory.list", {"status": "any", "limit": MAX_LIMIT, "offset": offset})
+    for skill in client.call("skills.list", {"status": "any"}):
+        yield {"tier": "skill", **skill}
     progress.close()
 
 
@@ -81,6 +88,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     from eurekamem.client import ConnectionLost, EurekamemError
     from eurekamem.daemon.storage.files import open_private
 
+    if args.format == "eurekaclaw":
+        return _export_eurekaclaw(args)
+    if args.dir:
+        return _err(f"{args.dir}: a folder is written only with --format eurekaclaw; JSON lines go to stdout or --out")
     out: IO[Any]
     counts: dict[str, int] = {}
     target = Path(args.out).expanduser() if args.out else None
@@ -106,6 +117,96 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_eurekaclaw(args: argparse.Namespace) -> int:
+    from eurekamem.client import ConnectionLost, EurekamemError
+
+    where = args.out or args.dir
+    if not where:
+        return _err("export --format eurekaclaw needs the folder to write: eurekamem export --format eurekaclaw DIR")
+    target = Path(where).expanduser()
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        return _err(f"{target} exists and is not an empty folder: an EurekaClaw root is written only into a new or empty one")
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        with _client(args) as client:
+            counts = write_eurekaclaw_root(export_records(client), tmp)
+    except (EurekamemError, ConnectionLost, OSError) as exc:
+        _remove_tree(tmp)
+        return _err(f"export failed: {exc}")
+    if target.is_dir():
+        target.rmdir()  # empty, checked above
+    os.replace(tmp, target)
+    summary = ", ".join(f"{n} {tier}" for tier, n in counts.items()) or "nothing"
+    print(f"exported {summary} to {target} (an EurekaClaw data root)", file=sys.stderr)
+    return 0
+
+
+def _remove_tree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)  # our own temporary folder, half written
+
+
+def write_eurekaclaw_root(items: Iterator[dict[str, Any]], root: Path) -> dict[str, int]:
+    """The exported items as an EurekaClaw data root at `root` (created 0700; files 0600: it holds
+    every memory). Every id, created_at, updated_at and memory file name is the daemon's, so
+    EurekaClaw's loaders, its load_for_injection's newest-first order and a first start of a daemon
+    on the folder all see the history as it was."""
+    import msgspec
+    from eurekamem.daemon.memory.format import index_entry, render_markdown
+    from eurekamem.daemon.skills.format import render_skill
+    from eurekamem.daemon.skills.state import skill_file
+    from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
+    from eurekamem.protocol import CrossRunRecord, KnowledgeNode, Memory, Skill
+
+    records: dict[str, Any] = {}
+    nodes: dict[str, Any] = {}
+    edges: dict[tuple[str, str, str], None] = {}
+    memories: list[Any] = []
+    skills: list[Any] = []
+    counts: dict[str, int] = {}
+    for item in items:
+        tier = item.pop("tier")
+        counts[tier] = counts.get(tier, 0) + 1
+        data = msgspec.to_builtins(item)
+        if tier == "persistent":
+            record = msgspec.convert(data, CrossRunRecord)
+            records[record.key] = record
+        elif tier == "graph_node":
+            node = msgspec.convert(data, KnowledgeNode)
+            nodes[node.node_id] = node
+        elif tier == "graph_edge":
+            edges[(str(data["from_id"]), str(data["to_id"]), str(data["relation"]))] = None
+        elif tier == "memory":
+            memories.append(msgspec.convert(data, Memory))
+        elif tier == "skill":
+            skills.append(msgspec.convert(data, Skill))
+    root.mkdir(mode=0o700)
+    _write_private(root / "memory" / "persistent.json", eurekaclaw.write_persistent(records))
+    _write_private(root / "memory" / "knowledge_graph.json", eurekaclaw.write_graph(nodes, edges))
+    indexes: dict[Path, dict[str, Any]] = {}
+    for memory in sorted(memories, key=lambda m: m.created_at):
+        path = root / memory.file
+        _write_private(path, render_markdown(memory).encode())
+        if memory.status == "active" and path.parent.parent == root / "memories":
+            indexes.setdefault(path.parent, {})[path.name] = index_entry(memory)
+    for folder, index in indexes.items():
+        _write_private(folder / "_index.json", json.dumps(index, indent=2).encode())  # as EurekaClaw writes it
+    for skill in skills:
+        _write_private(root / skill_file(skill.name, skill.status), render_skill(skill).encode())
+    return counts
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    from eurekamem.daemon.storage.files import open_private
+
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with open_private(path, "wb") as f:
+        f.write(data)
+
+
+_SKILL_FIELDS = ("name", "body", "version", "tags", "agent_roles", "pipeline_stages", "description", "source", "status",
+                 "created_at", "usage_count", "success_rate")  # what skills.put takes: the whole skill
 _MEMORY_FIELDS = ("domain", "category", "title", "content", "confidence", "tags", "source_session", "scope", "abstract", "overview",
                   "valid_from", "valid_until", "pinned")  # the lifecycle fields memory.add takes (issue 13)
 
@@ -118,7 +219,7 @@ class Importer:
         self.client = client
         self.progress = progress
         self.node_map: dict[str, str] = {}
-        self.counts: dict[str, int] = {"persistent": 0, "graph_node": 0, "graph_edge": 0, "memory": 0}
+        self.counts: dict[str, int] = {"persistent": 0, "graph_node": 0, "graph_edge": 0, "memory": 0}  # "skill" once there are some
         self.skipped: dict[str, int] = dict.fromkeys(self.counts, 0)
         self.failed: list[str] = []
         self._nodes: set[str] = set()  # the daemon's node ids
@@ -276,6 +377,29 @@ class Importer:
         item["dedup"] = False
         return item
 
+    def skills(self, skills: list[dict[str, Any]]) -> None:
+        """skills.put of each skill with its own created_at, counts and status; one the daemon holds
+        with the same name and body is skipped."""
+        if not skills:
+            return
+        self.counts.setdefault("skill", 0)
+        self.skipped.setdefault("skill", 0)
+        have = {skill["name"]: skill for skill in self.client.call("skills.list", {"status": "any"})}
+        calls, todo = [], []
+        for skill in skills:
+            held = have.get(skill.get("name"))
+            if held is not None and str(held["body"]).strip() == str(skill.get("body") or "").strip():
+                self.skipped["skill"] += 1
+                continue
+            todo.append(skill)
+            calls.append(("skills.put", {k: skill[k] for k in _SKILL_FIELDS if skill.get(k) is not None}))
+        for skill, result in zip(todo, self._call_all(calls)):
+            if isinstance(result, BaseException):
+                self._fail(f"skill {skill.get('name')!r}", result)
+            else:
+                self.counts["skill"] += 1
+        self.progress.add(len(skills))
+
     def _call_all(self, calls: list[tuple[str, dict[str, Any]]]) -> list[Any]:
         out: list[Any] = []
         for start in range(0, len(calls), PAGE):
@@ -284,7 +408,7 @@ class Importer:
 
 
 def read_jsonl(path: Path) -> dict[str, list[Any]]:
-    groups: dict[str, list[Any]] = {"persistent": [], "graph_node": [], "graph_edge": [], "memory": []}
+    groups: dict[str, list[Any]] = {"persistent": [], "graph_node": [], "graph_edge": [], "memory": [], "skill": []}
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
@@ -295,7 +419,7 @@ def read_jsonl(path: Path) -> dict[str, list[Any]]:
                 raise ValueError(f"{path}:{number}: not JSON: {exc}") from None
             tier = item.pop("tier", None) if isinstance(item, dict) else None
             if tier not in groups:
-                raise ValueError(f"{path}:{number}: no known \"tier\" (persistent, graph_node, graph_edge, memory)")
+                raise ValueError(f"{path}:{number}: no known \"tier\" (persistent, graph_node, graph_edge, memory, skill)")
             if tier == "graph_edge":
                 item = (str(item["from_id"]), str(item["to_id"]), str(item.get("relation") or "uses"))
             groups[tier].append(item)
@@ -303,13 +427,13 @@ def read_jsonl(path: Path) -> dict[str, list[Any]]:
 
 
 def read_eurekaclaw_root(root: Path) -> tuple[dict[str, list[Any]], list[str]]:
-    """A plain EurekaClaw data root: persistent.json, knowledge_graph.json, memories/*/*.md."""
+    """A plain EurekaClaw data root: persistent.json, knowledge_graph.json, memories/*/*.md, skills/*/SKILL.md."""
     from eurekamem.daemon.memory.format import memory_files, parse_markdown
     from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
     from eurekamem.protocol._records import MEMORY_CATEGORIES
 
     notes: list[str] = []
-    groups: dict[str, list[Any]] = {"persistent": [], "graph_node": [], "graph_edge": [], "memory": []}
+    groups: dict[str, list[Any]] = {"persistent": [], "graph_node": [], "graph_edge": [], "memory": [], "skill": []}
     persistent = root / "memory" / "persistent.json"
     if persistent.is_file():
         for record in eurekaclaw.read_persistent(persistent.read_bytes(), str(persistent)).values():
@@ -358,7 +482,34 @@ def read_eurekaclaw_root(root: Path) -> tuple[dict[str, list[Any]], list[str]]:
             "scope": "global" if fields.get("scope") == "global" else "local",
             "status": "archived" if path.parent.name == "_archive" else "active",
         })
+    groups["skill"] = _read_skills(root, notes)
     return groups, notes
+
+
+def _read_skills(root: Path, notes: list[str]) -> list[dict[str, Any]]:
+    """skills/<name>/SKILL.md (and a daemon's drafts), read as the daemon reads them at start."""
+    from eurekamem.daemon.skills.format import name_problem, parse_skill
+    from eurekamem.daemon.skills.state import DRAFTS_FOLDER, SKILLS_FOLDER
+
+    out = []
+    for folder, draft in ((SKILLS_FOLDER, False), (DRAFTS_FOLDER, True)):
+        base = root / folder
+        for path in sorted(base.glob("*/SKILL.md")) if base.is_dir() else []:
+            name = path.parent.name
+            problem = name_problem(name)
+            if problem is not None:
+                notes.append(f"{path}: the name {name!r} {problem}, skipped")
+                continue
+            try:
+                text = path.read_text(encoding="utf-8", errors="replace")
+                mtime = path.stat().st_mtime
+            except OSError as exc:
+                notes.append(f"could not read {path}: {exc}")
+                continue
+            skill, _extra, problems = parse_skill(text, name, mtime=mtime, draft=draft)
+            notes.extend(f"{path}: {what}" for what in problems)
+            out.append(skill.to_dict())
+    return out
 
 
 def import_groups(client: Any, groups: dict[str, list[Any]], progress_stream: TextIO | None = None) -> Importer:
@@ -372,6 +523,7 @@ def import_groups(client: Any, groups: dict[str, list[Any]], progress_stream: Te
     memories = groups["memory"]
     memories.sort(key=lambda m: str(m.get("created_at") or ""))  # oldest first, as they were written
     importer.memories(memories)
+    importer.skills(groups.get("skill", []))
     progress.close()
     return importer
 
