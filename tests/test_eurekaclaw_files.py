@@ -128,3 +128,58 @@ def test_an_integer_eurekaclaw_stored_is_kept_and_a_binary_client_gets_an_error_
     finally:
         assert daemon.terminate() == 0
     assert json.loads((root / "memory" / "persistent.json").read_text())[key]["value"] == {"tried": 2**70}
+
+
+def _eurekaclaw_memory(folder: Path, title: str, content: str, when: dt.datetime) -> str:
+    """A memory as EurekaClaw's extractor saves it (learning/memory_extractor.py): the file, then
+    its _index.json entry with its own `datetime.now().astimezone()` (a little later than the
+    file's), the fingerprint of title + content and the embedding's floats."""
+    import hashlib
+
+    folder.mkdir(parents=True, exist_ok=True)
+    name = f"{when.strftime('%Y%m%d')}_{title.lower().replace(' ', '_')}.md"
+    (folder / name).write_text(f"---\ncategory: proof_strategy\ntitle: {title}\ndomain: analysis\nconfidence: 0.90\n"
+                               f"created_at: {when.isoformat()}\n---\n\n# {title}\n\n{content}\n", encoding="utf-8")
+    index_path = folder / "_index.json"
+    index = json.loads(index_path.read_text()) if index_path.exists() else {}
+    index[name] = {"fingerprint": hashlib.sha256((title + content).strip().lower().encode()).hexdigest()[:16],
+                   "created_at": (when + dt.timedelta(microseconds=317)).isoformat(),
+                   "embedding": [0.25, -0.5, 0.125], "category": "proof_strategy"}
+    index_path.write_text(json.dumps(index, indent=2))
+    return name
+
+
+def test_eurekaclaws_index_entries_keep_the_values_it_wrote(tmp_path: Path) -> None:
+    """memories/<slug>/_index.json: EurekaClaw's values stay as it wrote them (its created_at, which
+    its load_for_injection sorts by, its fingerprint, category and embedding; before, the daemon put
+    the file's created_at, normalised, in their place), our keys merged in and our entries beside
+    them, in EurekaClaw's json.dumps(indent=2)."""
+    from eurekaclaw_reference import ReferenceManager
+
+    root = tmp_path / "root"
+    folder = root / "memories" / "analysis"
+    earlier = dt.datetime(2024, 3, 1, 10, 0, 0, 123456).astimezone()
+    _eurekaclaw_memory(folder, "Holder first", "Apply Hölder before Minkowski.", earlier)
+    _eurekaclaw_memory(folder, "Young split", "Split the product with Young.", earlier + dt.timedelta(days=1))
+    index_path = folder / "_index.json"
+    written = index_path.read_bytes()
+    daemon = DaemonProcess(root, tmp_path / "s.sock", "--embedder", "usem3").start()
+    try:
+        with Client(daemon.socket_path, timeout=TIMEOUT) as client:
+            client.call("sys.snapshot", {})
+            assert client.call("memory.list", {"domain": "analysis"})["total"] == 2
+            client.call("memory.add", {"domain": "analysis", "category": "pitfalls", "title": "Endpoint",
+                                       "content": "Hölder fails at p = 1 without care.", "dedup": False})
+            client.call("sys.snapshot", {})
+    finally:
+        assert daemon.terminate() == 0
+    index = json.loads(index_path.read_text())
+    for name, entry in json.loads(written).items():
+        assert {k: index[name][k] for k in entry} == entry  # as EurekaClaw wrote it, created_at to the microsecond
+        assert list(index[name])[: len(entry)] == list(entry) and index[name]["id"]  # its keys first, ours after
+    assert len(index) == 3
+    injected = ReferenceManager("s", root).load_for_injection("analysis", k=4)
+    order = [part.split("\n", 1)[0] for part in injected.split("\n\n") if part.startswith("# ")]
+    assert order == ["# Endpoint", "# Young split", "# Holder first"]
+    text = index_path.read_bytes()
+    assert text.isascii() and json.dumps(json.loads(text), indent=2).encode() == text  # EurekaClaw's json.dumps(indent=2)

@@ -208,9 +208,9 @@ def test_a_routed_run_lands_in_the_daemon_and_its_learning_becomes_a_finished_jo
     stub.script.append(answer())
     result = asyncio.run(orchestrator.run(InputSpec(domain=DOMAIN, query="UCB regret bound")))
 
-    # the prompt: the daemon's skills for the theory role and stage, most used first, as skills.inject renders them
+    # the prompt: the daemon's skills for the theory role and stage, most used first, in EurekaClaw's own block
     prompt = bus.get("system_prompt")
-    assert SKILLS_NOTE in prompt and '<skill name="ucb_regret">' in prompt and '<skill name="stage_only">' in prompt
+    assert "<skills>\n<skill" in prompt and '<skill name="ucb_regret">' in prompt and '<skill name="stage_only">' in prompt
     assert prompt.index('"ucb_regret"') < prompt.index('"stage_only"') and "survey_only" not in prompt
     assert bus.get("injected_skills") == {"ucb_regret", "stage_only"}
     # the agent's memory calls answered by the daemon
@@ -243,7 +243,9 @@ def test_a_routed_run_lands_in_the_daemon_and_its_learning_becomes_a_finished_jo
     assert block.startswith("<memories>") and "Bernstein" in block
 
 
-def test_the_skill_registry_reads_and_writes_the_daemons_skills(routed_to: Client, daemon: DaemonProcess) -> None:
+def test_the_skill_registry_reads_and_writes_the_daemons_skills(
+    routed_to: Client, daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
     client = routed_to
     integration.install()
     from eurekaclaw.skills.injector import SkillInjector
@@ -289,6 +291,9 @@ def test_the_skill_registry_reads_and_writes_the_daemons_skills(routed_to: Clien
     assert [s.meta.name for s in chosen] == [record.meta.name, other]
     semantic = injector.top_k(task, role="theory", k=2, strategy="semantic")  # no model loaded here
     assert semantic[0].meta.name == record.meta.name and len(semantic) == 2
+    block = injector.render_for_prompt(chosen)  # EurekaClaw's own block by default (tests/test_eurekaclaw_skills.py)
+    assert block.startswith(f'<skills>\n<skill name="{record.meta.name}">\n# Azuma') and block.endswith("</skills>")
+    monkeypatch.setenv(_routed.RANKING_ENV, "hybrid")  # the daemon's block: its note, the body's tags escaped
     block = injector.render_for_prompt(chosen)
     assert block.startswith("<skills>\n" + SKILLS_NOTE) and block.endswith("</skills>")
     assert block.count("</skills>") == 1 and "&lt;/skills> not a tag here" in block
@@ -396,7 +401,7 @@ def test_the_launcher_and_the_environment_variable_route_eurekaclaws_own_command
         stub.script.append(answer())
         out = _run([sys.executable, "-m", "eurekamem.integrations.eurekaclaw", "run", session, DOMAIN, "UCB"],
                    _command_env(daemon.data_dir, daemon), tmp_path)
-        assert out["memory"] == ROUTED and out["registry"] == ROUTED and SKILLS_NOTE in out["system_prompt"]
+        assert out["memory"] == ROUTED and out["registry"] == ROUTED and "<skills>\n<skill" in out["system_prompt"]
         assert client.wait_job(out["extraction"]["job_id"], timeout=TIMEOUT).state == "done"
         # EUREKAMEM_EUREKACLAW=1 with the README's sitecustomize line, and EurekaClaw's command as it is
         readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()

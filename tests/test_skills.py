@@ -663,11 +663,13 @@ async def test_files_follow_the_journal_and_a_confirm_moves_the_draft(data_dir: 
             assert "status:" not in active.read_text() and not draft_file.exists()
             assert (draft_file.parent / "notes.txt").read_text() == "someone's file"  # another program's file stays
             await conn.result("skills.put", {**UCB, "source": "seed"})
+            await conn.result("sys.snapshot", {})
+            seed_file = (data_dir / "skills" / "ucb_regret" / "SKILL.md").read_bytes()
             await conn.result("skills.record_use", {"name": "ucb_regret", "success": True})
             await conn.result("sys.snapshot", {})
             stats = json.loads((data_dir / "seed_skill_stats.json").read_text())
-            assert stats == {"ucb_regret": {"usage_count": 1, "success_rate": 1.0}}  # EurekaClaw's seed statistics too
-            assert "usage_count: 1" in (data_dir / "skills" / "ucb_regret" / "SKILL.md").read_text()
+            assert stats == {"ucb_regret": {"usage_count": 1, "success_rate": 1.0}}  # EurekaClaw's seed statistics
+            assert (data_dir / "skills" / "ucb_regret" / "SKILL.md").read_bytes() == seed_file  # only there
             assert await daemon.actors["skills"].embed_missing() == 2
             hits = await conn.result("skills.search", {"query": "LaTeX writing", "k": 1})
             assert hits[0]["skill"]["name"] == "latex_syntax" and hits[0]["why"]["dense_rank"] == 1
@@ -840,7 +842,7 @@ def test_imports_the_skills_of_an_eurekaclaw_root(daemon: DaemonProcess, data_di
     plugin = write(skills / "ucb_regret" / "SKILL.md", PLUGIN_STYLE)
     latin1 = skills / "old_latin1" / "SKILL.md"
     latin1.parent.mkdir()
-    latin1.write_bytes(b"---\nname: old_latin1\nagent_roles: [theory]\n---\n\nCaf\xe9 au lait lemma.")
+    latin1.write_bytes(b"---\nname: old_latin1\nagent_roles: [theory]\nsource: manual\n---\n\nCaf\xe9 au lait lemma.")
     write(skills / ".git" / "SKILL.md", "not a skill")  # a hidden folder: left alone
     (skills / "empty_folder").mkdir()
     (data_dir / "seed_skill_stats.json").write_text(
@@ -861,19 +863,24 @@ def test_imports_the_skills_of_an_eurekaclaw_root(daemon: DaemonProcess, data_di
             "ucb_regret_analysis",
             "ucb_regret",
         )
-        c.record_skill_use("github", True)
+        c.record_skill_use("github", True)  # a seed skill (EurekaClaw's default source)
         c.record_skill_use("old_latin1", False)
+        c.snapshot()
+        assert hub.read_text() == CLAWHUB_STYLE  # its use is in seed_skill_stats.json only, as EurekaClaw keeps it
+        stats = json.loads((data_dir / "seed_skill_stats.json").read_text())
+        assert stats["github"] == {"usage_count": 1, "success_rate": 1.0}
+        c.put_skill("github", "# GitHub Skill\n\nUse `gh issue list`.", tags=["gh"])  # a change: the file is rewritten
         c.snapshot()
     for path, data in before.items():
         if path is not hub:
             assert path.read_bytes() == data  # files the daemon did not change are never rewritten
     rewritten = hub.read_text()
-    assert "usage_count: 1" in rewritten and "success_rate: 1.0" in rewritten
+    assert "usage_count: 1" in rewritten and "success_rate: 1.0" in rewritten and "tags:\n- gh\n" in rewritten
     assert '\nmetadata: {"clawdbot":{"emoji":"🐙","requires":{"bins":["gh"]}}}\n' in rewritten  # kept verbatim
     assert "\nallowed-tools:\n  - Bash\n  - Read\n" in rewritten and "\nhomepage: https://cli.github.com\n" in rewritten
     assert rewritten.endswith("# GitHub Skill\n\nUse `gh issue list`.")  # EurekaClaw's upsert: no final newline
     assert (skills / "github" / "scripts" / "run.sh").read_text() == "#!/bin/sh\n"
-    assert "usage_count: 9" in seed.read_text()  # the newer figures, where EurekaClaw's loader reads them
+    assert seed.read_text() == SEED_STYLE  # a seed skill's figures stay in seed_skill_stats.json, as EurekaClaw keeps them
     assert (
         (latin1.parent / "SKILL.md.orig").read_bytes().endswith(b"Caf\xe9 au lait lemma.")
     )  # the original bytes, kept

@@ -52,6 +52,7 @@ here (a connection's max_inflight bounds what it may queue).
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import math
 import os
@@ -1025,19 +1026,14 @@ def _write_index(fs: Any, folder: Path, slug: str, memories: list[Any]) -> bool:
         name = memory.file.removeprefix(prefix)
         if "/" in name or not memory.file.startswith(prefix):
             continue  # archived, or a file in another folder (a domain written under another slug)
-        entry = index_entry(memory)
-        old = before.get(name)
-        if isinstance(old, dict):
-            kept = {k: v for k, v in old.items() if not (k == "embedding" and old.get("fingerprint") != memory.fingerprint)}
-            entry = {**kept, **entry}
-        ours[name] = entry
+        ours[name] = index_entry(memory, before.get(name))  # another program's entry kept as it wrote it
     entries = dict(ours)
     for name, entry in before.items():  # another program's entries for files that are there
         if name not in ours and (folder / name).is_file():
             entries[name] = entry
     if existing is not None and entries == before:
         return False
-    atomic_write(fs, str(path), msgspec.json.format(msgspec.json.encode(entries), indent=2), sync=False)
+    atomic_write(fs, str(path), json.dumps(entries, indent=2).encode(), sync=False)  # as EurekaClaw writes it: ASCII escapes
     return True
 
 

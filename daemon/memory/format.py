@@ -184,9 +184,14 @@ def _unquote(value: str) -> Any:
     return value
 
 
-def index_entry(memory: Memory) -> dict[str, Any]:
-    """One _index.json entry: EurekaClaw's keys first (no embedding floats: vectors live elsewhere)."""
-    return {
+def index_entry(memory: Memory, old: Any = None) -> dict[str, Any]:
+    """One _index.json entry: EurekaClaw's keys first (no embedding floats: vectors live elsewhere).
+
+    `old` is the entry the folder's _index.json holds for the memory's file; what it holds stays,
+    ours merged in: its created_at as written (a file is created once; EurekaClaw's is its own
+    `now()`, a little after the file's, and its load_for_injection sorts by it), its other keys,
+    its embedding only while the memory's fingerprint is the one it was computed for."""
+    entry = {
         "fingerprint": memory.fingerprint,
         "created_at": memory.created_at,
         "category": memory.category,
@@ -196,6 +201,13 @@ def index_entry(memory: Memory) -> dict[str, Any]:
         "scope": memory.scope,
         "updated_at": memory.updated_at,
     }
+    if not isinstance(old, dict):
+        return entry
+    kept = {k: v for k, v in old.items() if k != "embedding" or old.get("fingerprint") == memory.fingerprint}
+    merged = {**kept, **entry}
+    if isinstance(old.get("created_at"), str):
+        merged["created_at"] = old["created_at"]
+    return merged
 
 
 

@@ -289,7 +289,7 @@ def load_skill_files(state: SkillsState, root: Path) -> int:
 
 
 def _overlay_seed_stats(state: SkillsState, path: Path) -> None:
-    """EurekaClaw's update_stats writes a seed skill's usage to seed_skill_stats.json, not to its
+    """EurekaClaw's update_stats writes a seed skill's usage to seed_skill_stats.json, never to its
     SKILL.md: where that file counts more uses than the SKILL.md, its figures are the newer ones."""
     if not path.is_file():
         return
@@ -313,5 +313,4 @@ def _overlay_seed_stats(state: SkillsState, path: Path) -> None:
         else:
             rate = skill.success_rate
         newer = msgspec.structs.replace(skill, usage_count=uses, success_rate=rate)
-        state.load(newer, state.extra[name], state.files[name])
-        state.dirty[name] = None  # the SKILL.md gets the newer figures (EurekaClaw's loader reads them there)
+        state.load(newer, state.extra[name], state.files[name])  # the SKILL.md stays as it is (EurekaClaw's rule)

@@ -12,6 +12,9 @@ Rules kept here:
 - Vectors are derived data: computed in the background from each skill's text (never journaled),
   so a skill is found by BM25 from the moment it is stored and by its vector once embedded.
 - `skills.inject` never shows a draft.
+- A seed skill's use (usage_count, success_rate) goes to seed_skill_stats.json only, as EurekaClaw's
+  update_stats keeps it: its SKILL.md is never rewritten for a use (at start that file's figures
+  win where they count more uses than the SKILL.md's).
 """
 
 from __future__ import annotations
@@ -73,6 +76,11 @@ def embed_text(skill: Skill) -> str:
 def lexical_text(skill: Skill) -> str:
     """What BM25 sees: name, description, tags and the whole body."""
     return "\n".join((skill.name, skill.description, " ".join(skill.tags), skill.body))
+
+
+def only_usage(skill: Skill, old: Skill) -> Skill:
+    """`skill` with `old`'s usage figures: equal to `old` when the figures are all that changed."""
+    return msgspec.structs.replace(skill, usage_count=old.usage_count, success_rate=old.success_rate)
 
 
 class Projection(msgspec.Struct):
@@ -426,6 +434,8 @@ class SkillsState(TierState):
         usage = (skill.usage_count, skill.success_rate)
         if skill.source == "seed" and (old is None or (old.usage_count, old.success_rate) != usage):
             self.seed_stats_dirty[name] = None
+            if old is not None and old.source == "seed" and old == only_usage(skill, old) and old_path == path:
+                return  # a seed skill's use: seed_skill_stats.json only, its SKILL.md never rewritten for it
         self.dirty[name] = None
 
     def _restore(self, name: str, old: Skill | None, extra: str, path: str | None) -> None:

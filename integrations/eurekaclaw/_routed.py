@@ -32,6 +32,7 @@ import weakref
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, TypeVar, cast
 
 from eurekamem.client import (
@@ -57,6 +58,7 @@ __all__ = ["BUS_KEY", "CONDUIT_SESSION", "close_links", "configured_link", "eure
 
 log = logging.getLogger("eurekamem.integrations.eurekaclaw")
 
+SKILLS_FOLDER = "skills"  # the folder of a data root that the daemon's skills tier serves (EurekaClaw's skills_dir)
 CONDUIT_SESSION = "eurekamem.integrations.eurekaclaw"  # the conduit's session: it logs no events
 BUS_KEY = "eurekamem_extraction"  # on the KnowledgeBus after post-run learning: session.close's answer
 
@@ -267,6 +269,10 @@ class RoutedSkillRegistry:
         link = link_for(given.parent if given is not None else None)
         if link is None:  # another folder than the configured root, no daemon serving it
             return cls._original(skills_dir)
+        if given is not None and given.resolve() != (link.data_dir / SKILLS_FOLDER).expanduser().resolve():
+            # the daemon serves <root>/skills only: a folder beside it is EurekaClaw's own registry's
+            log.info("%s is not %s/%s: EurekaClaw's own SkillRegistry", given, link.data_dir, SKILLS_FOLDER)
+            return cls._original(skills_dir)
         self = super().__new__(cls)
         self._link = link
         return self
@@ -394,43 +400,88 @@ class RoutedSkillRegistry:
         ok, hits = self._link.call("skills.search", params, list[SkillHit])
         return [self._record(hit.skill) for hit in hits] if ok else None
 
-    def _inject_names(self, agent_role: str, pipeline_stage: str, k: int) -> list[str] | None:
-        """skills.inject's choice and order for a role (and stage); None if it cannot answer."""
+    def _inject_names(self, agent_role: str, pipeline_stage: str, k: int, query: str = "") -> list[str] | None:
+        """skills.inject's choice and order for a role (and stage, and query); None if it cannot answer."""
         if not _ident(agent_role):
             return None
         params: dict[str, Any] = {"agent_role": agent_role, "k": min(max(k, 1), limits.MAX_K)}
         if _ident(pipeline_stage):
             params["pipeline_stage"] = pipeline_stage
+        query = query.strip()[: limits.MAX_KEY * 4]
+        if query:
+            params["query"] = query
         ok, result = self._link.call("skills.inject", params, SkillsInjection)
         return list(result.names) if ok else None
 
 
+RANKING_ENV = "EUREKAMEM_SKILL_RANKING"  # "hybrid": the daemon's ranking and block; else EurekaClaw's
+
+
+def skill_ranking() -> str:
+    """The injector's ranking: "eurekaclaw" (the default: EurekaClaw's own order and block) or
+    "hybrid" ($EUREKAMEM_SKILL_RANKING=hybrid: skills.inject with the task's text as the query)."""
+    return "hybrid" if os.environ.get(RANKING_ENV, "").strip().lower() == "hybrid" else "eurekaclaw"
+
+
+class _SkillsView:
+    """One skills.list answer with the three lookups EurekaClaw's tag retrieval makes (one call
+    instead of one per skill), in the order EurekaClaw's loader meets the folders."""
+
+    def __init__(self, records: list[Any], skills_dir: Path) -> None:
+        try:
+            order = {name: at for at, name in enumerate(os.listdir(skills_dir))}
+        except OSError:
+            order = {}
+        records = sorted(records, key=lambda r: order.get(r.meta.name, len(order)))
+        self._by_name = {r.meta.name: r for r in records}
+
+    def get(self, name: str) -> Any | None:
+        return self._by_name.get(name)
+
+    def get_by_role(self, role: str) -> list[Any]:
+        return [r for r in self._by_name.values() if role in r.meta.agent_roles]
+
+    def get_by_pipeline_stage(self, stage: str) -> list[Any]:
+        return [r for r in self._by_name.values() if stage in r.meta.pipeline_stages]
+
+
 class RoutedSkillInjector:
-    """EurekaClaw's SkillInjector(registry, selected_skills=None) over a routed registry: top_k asks
-    skills.inject (tag strategy: role or stage, the selected skills first) or skills.search
-    (semantic: no model loaded in the agent); render_for_prompt renders the block as skills.inject
-    does (the note marking the skills as reference material, tags in bodies escaped) and, for a
-    domain, the memories block of the routed MemoryManager. Over any other registry, or with the
-    daemon unable to answer, EurekaClaw's own retrieval runs."""
+    """EurekaClaw's SkillInjector(registry, selected_skills=None) over a routed registry. By default
+    top_k is EurekaClaw's own ranking (its tag retrieval run over one skills.list answer: the same
+    skills in the same order) and render_for_prompt EurekaClaw's exact <skills> block; the semantic
+    strategy asks skills.search (no model loaded in the agent). With $EUREKAMEM_SKILL_RANKING=hybrid
+    the tag strategy asks skills.inject with the task's name and description as the query (role and
+    stage, then BM25 and vectors, then use; the selected skills first) and the block is the
+    daemon's (the note marking the skills as reference material, tags in bodies escaped). For a
+    domain, render_for_prompt adds the memories block of the routed MemoryManager. Over any other
+    registry, or with the daemon unable to answer, EurekaClaw's own retrieval runs."""
 
     _original: type
-    _routed_through_others = frozenset({"top_k"})  # EurekaClaw's top_k calls the two retrievals below
     registry: Any
     selected_skills: list[Any]
     _injected: set[str]
 
-    def _tag_retrieval(self, task_role: str, role: str, k: int) -> list[Any]:
+    def top_k(self, task: Any, role: str, k: int = 5, strategy: str = "tag") -> list[Any]:
         registry = self.registry
-        if isinstance(registry, RoutedSkillRegistry):
-            role, task_role = _plain(role), _plain(task_role)
+        if skill_ranking() == "hybrid" and strategy != "semantic" and isinstance(registry, RoutedSkillRegistry):
+            role, task_role = _plain(role), _plain(task.agent_role)
             must = [s for s in self.selected_skills if role in s.meta.agent_roles or task_role in s.meta.pipeline_stages]
-            names = registry._inject_names(role, task_role, k + len(must))
+            query = f"{task.name} {task.description}"
+            names = registry._inject_names(role, task_role, k + len(must), query)
             if names is not None:
                 current = {s.meta.name: s for s in registry.load_all()}
                 taken = {s.meta.name for s in must}
                 chosen = [current.get(s.meta.name, s) for s in must]
                 chosen += [current[n] for n in names if n not in taken and n in current]
                 return chosen[:k]
+        return cast(list[Any], cast(Any, super()).top_k(task, role, k, strategy))
+
+    def _tag_retrieval(self, task_role: str, role: str, k: int) -> list[Any]:
+        registry = self.registry
+        if isinstance(registry, RoutedSkillRegistry):  # EurekaClaw's own code, over one answer
+            view = _SkillsView(registry._active(), registry._skills_dir)
+            me = SimpleNamespace(registry=view, selected_skills=self.selected_skills)
+            return cast(list[Any], cast(Any, self._original)._tag_retrieval(me, task_role, role, k))
         return cast(list[Any], cast(Any, super())._tag_retrieval(task_role, role, k))
 
     def _semantic_retrieval(self, query: str, role: str, k: int) -> list[Any]:
@@ -446,9 +497,11 @@ class RoutedSkillInjector:
 
     def render_for_prompt(self, skills: list[Any], domain: str = "") -> str:
         parts: list[str] = []
-        if skills:
+        if skills and skill_ranking() == "hybrid":
             parts.append(skills_block([skill_element(s.meta.name, s.content) for s in skills]))
             self._injected.update(s.meta.name for s in skills)
+        elif skills:  # EurekaClaw's own block (no domain: the memories are added below)
+            parts.append(cast(str, cast(Any, self._original).render_for_prompt(self, skills)))
         if domain:
             try:  # looked up where EurekaClaw looks it up: the routed class once installed
                 manager = importlib.import_module("eurekaclaw.memory.manager").MemoryManager

