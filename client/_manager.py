@@ -8,12 +8,19 @@ Rules kept here:
   `n`/`depth`/`limit`, relations outside the four, unknown ids), and never raises where EurekaClaw's
   agents expect no exception: an error the daemon answers is logged and the call answers what
   EurekaClaw answers for "nothing there".
-- The daemon unreachable never stops an agent: every call is bounded (`timeout`); after a failure
-  the daemon is tried again only after a back-off (0.5 s doubling to 30 s), calls in between fail
-  over at once; `log_event` and `remember` go to a bounded outbox, delivered in order (before any
-  other call) once the daemon answers again, events with the ids and times already handed out, so
-  a retried delivery adds nothing. `recent_events` also sees this manager's own last 500 events
-  (EurekaClaw's ring is per manager too), so a daemon restart does not make an agent forget them.
+- The daemon unreachable never stops an agent. One circuit breaker per process and data root
+  (shared by every manager, routed registry and conduit of that root): a call that has no answer
+  after HANG_AFTER has the daemon pinged on a fresh connection (PING_BOUND); no pong and the call's
+  connection is dropped, the breaker opens, and every call of that root goes straight to the
+  fallback until a background probe gets a pong again (0.5 s doubling to 5 s). A busy daemon that
+  pongs is waited for up to `timeout`. So a hung daemon (SIGSTOP) costs ~1 s once per process.
+- Writes of every kind go to the root's spool (client/_spool.py: on disk before the call returns,
+  delivered in order and once, with the ids and times already handed out, by the next process if
+  this one exits first) while the daemon is away, and before any other call once it answers again.
+  A node made meanwhile has a client-made id, mapped to the daemon's on delivery.
+- Reads while the daemon is away answer from the root's files as EurekaClaw's own manager reads
+  them (client/_files.py), with what this process has spooled on top. `recent_events` also sees
+  this manager's own last 500 events (EurekaClaw's ring is per manager too).
 - Where our answers differ from EurekaClaw's on purpose, the method's docstring says so.
 """
 
@@ -22,6 +29,7 @@ from __future__ import annotations
 import atexit
 import datetime as _dt
 import hashlib
+import itertools
 import logging
 import os
 import re
@@ -30,8 +38,9 @@ import time
 import uuid
 import weakref
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from eurekamem.protocol import CrossRunRecord as WireRecord
@@ -43,20 +52,25 @@ from eurekamem.protocol._blocks import escape_block_tags, escape_entry_headings
 from . import _common as C
 from ._autostart import autostart_allowed, daemon_answers
 from ._errors import ConnectionLost, EurekamemError, Timeout
+from ._files import RootFiles
 from ._models import CrossRunRecord, EpisodicEntry, KnowledgeNode, from_wire
 from ._paths import default_socket_path, eurekaclaw_dir, root_socket_path
+from ._spool import SpoolEntry, spool_for, spools
 from ._sync import Client
 
-__all__ = ["MemoryManager"]
+__all__ = ["Breaker", "MemoryManager", "breaker_for"]
+
+T = TypeVar("T")
 
 log = logging.getLogger("eurekamem.client")
 
 MANAGER_TIMEOUT = 10.0  # seconds one call may take once connected
 OUTBOX_LIMIT = 10_000  # buffered writes at most; past it the oldest are dropped (and counted)
 RING = 500  # EurekaClaw's EpisodicMemory(max_entries=500)
-BACKOFF_FIRST = 0.5
-BACKOFF_MAX = 30.0
-_FLUSH_CHUNK = 256
+HANG_AFTER = 0.5  # seconds without an answer before the daemon is pinged on a fresh connection
+PING_BOUND = 0.5  # seconds that ping may take: a hung daemon costs HANG_AFTER + PING_BOUND once
+PROBE_FIRST = 0.5  # the open breaker's probe: every 0.5 s, doubling to 5 s
+PROBE_MAX = 5.0
 _ALL = limits.MAX_LIMIT
 _RELATIONS = frozenset(limits.RELATIONS)
 _STOPWORDS = frozenset({"theorem", "lemma", "proof", "result", "using", "show", "bound"})
@@ -117,6 +131,156 @@ def _tokens(text: str) -> set[str]:
     return {t for t in _TOKEN.findall(text.lower()) if t not in _STOPWORDS}
 
 
+def _unreachable(result: Any) -> bool:
+    """A failed call's result that means "the daemon did not answer" (not a refusal)."""
+    return result is None or isinstance(result, (ConnectionLost, Timeout))
+
+
+def _memories_block(bodies: list[str]) -> str:
+    """EurekaClaw's block: "<memories>", each body cut at 400 characters, "</memories>", joined by
+    blank lines; stored text closes no block, starts no entry (protocol/_blocks.py)."""
+    parts = ["<memories>"]
+    for body in bodies:
+        heading, newline, rest = escape_block_tags(body[:400]).partition("\n")
+        parts.append(heading + newline + escape_entry_headings(rest))  # the file's own title line stays
+    parts.append("</memories>")
+    return "\n\n".join(parts)
+
+
+class Breaker:
+    """The circuit breaker of one data root in this process (see the module's rules): closed, calls
+    go to the daemon under the watchdog; open, they go to the fallback until the probe closes it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self.open = False
+        self.down_since: float | None = None
+        self._backoff = PROBE_FIRST
+        self._target: tuple[str, bool] | None = None  # the socket to probe, and autostart
+        self._prober: threading.Thread | None = None
+        self._watched: dict[int, tuple[float, Client]] = {}
+        self._next_token = 0
+        self._watchdog: threading.Thread | None = None
+        self.opened = 0  # times it opened (tests and stats)
+
+    # --- the watchdog: a call without an answer after HANG_AFTER ------------------------------
+
+    def watch(self, client: Client) -> int:
+        with self._lock:
+            self._next_token += 1
+            token = self._next_token
+            self._watched[token] = (time.monotonic() + HANG_AFTER, client)
+            if self._watchdog is None or not self._watchdog.is_alive():
+                self._watchdog = threading.Thread(target=self._watch_loop, name="eurekamem-watchdog", daemon=True)
+                self._watchdog.start()
+            elif len(self._watched) == 1:
+                self._cond.notify()
+            return token
+
+    def unwatch(self, token: int) -> None:
+        with self._lock:
+            self._watched.pop(token, None)
+
+    def _watch_loop(self) -> None:
+        while True:
+            with self._lock:
+                while True:
+                    now = time.monotonic()
+                    due = [(t, c) for t, (at, c) in self._watched.items() if at <= now]
+                    if due:
+                        break
+                    nearest = min((at for at, _c in self._watched.values()), default=None)
+                    self._cond.wait(None if nearest is None else nearest - now)
+                for token, _client in due:
+                    self._watched.pop(token, None)
+            for client in {id(c): c for _t, c in due}.values():
+                if not _pongs(client.path):
+                    log.warning(
+                        "eurekamem at %s does not answer (no pong within %.1f s): its calls fail over",
+                        client.path,
+                        PING_BOUND,
+                    )
+                    client.close()  # the calls waiting on it raise ConnectionLost now
+
+    # --- open and closed ----------------------------------------------------------------------
+
+    def allows(self) -> bool:
+        return not self.open
+
+    def failure(self, exc: BaseException, socket_path: str, autostart: bool) -> None:
+        with self._lock:
+            self._target = (socket_path, autostart)
+            if self.open:
+                return
+            self.open = True
+            self.opened += 1
+            self.down_since = time.monotonic()
+            self._backoff = PROBE_FIRST
+            log.warning("eurekamem unreachable (%s); writes are spooled, reads answer from the files", exc)
+            if self._prober is None or not self._prober.is_alive():
+                self._prober = threading.Thread(target=self._probe_loop, name="eurekamem-probe", daemon=True)
+                self._prober.start()
+
+    def wait_closed(self, timeout: float) -> bool:
+        """Wait until the breaker is closed (the daemon answers again), at most `timeout` seconds."""
+        with self._lock:
+            return self._cond.wait_for(lambda: not self.open, timeout)
+
+    def close_now(self) -> None:
+        """Half-open at once: the next call tries the daemon itself (as after a successful probe)."""
+        with self._lock:
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        if self.open and self.down_since is not None:
+            log.info("eurekamem is back after %.1f s", time.monotonic() - self.down_since)
+        self.open = False
+        self.down_since = None
+        self._cond.notify_all()
+
+    def _probe_loop(self) -> None:
+        while True:
+            with self._lock:
+                if not self.open:
+                    self._prober = None
+                    return
+                self._cond.wait(self._backoff)
+                if not self.open or self._target is None:
+                    continue
+                socket_path, autostart = self._target
+                self._backoff = min(self._backoff * 2, PROBE_MAX)
+            if _pongs(socket_path, autostart, self.root):
+                with self._lock:
+                    self._close_locked()
+
+
+def _pongs(socket_path: str, autostart: bool = False, root: Path | None = None) -> bool:
+    """Does a daemon answer sys.ping on a fresh connection within PING_BOUND (started on demand
+    first with autostart)?"""
+    try:
+        with Client(socket_path, timeout=PING_BOUND, autostart=autostart, data_dir=root) as probe:
+            return bool(probe.ping())
+    except (EurekamemError, OSError) as exc:
+        log.debug("no pong from %s: %s", socket_path, exc)
+        return False
+
+
+_breakers: dict[Path, Breaker] = {}
+_breakers_lock = threading.Lock()
+
+
+def breaker_for(root: Path) -> Breaker:
+    """This process's circuit breaker for a data root, shared by every manager of that root."""
+    key = root.resolve()
+    with _breakers_lock:
+        breaker = _breakers.get(key)
+        if breaker is None:
+            breaker = _breakers[key] = Breaker(key)
+        return breaker
+
+
 class MemoryManager:
     """Unified read/write interface across the memory tiers, backed by the eurekamem daemon.
 
@@ -155,24 +319,25 @@ class MemoryManager:
         self._owns_client = client is None
         self._names = _Names()
         self._wire_session = self._names.fit(session_id, limits.MAX_ID)
-        self._lock = threading.RLock()  # one call at a time: the outbox goes out in order
-        self._outbox: deque[tuple[str, dict[str, Any]]] = deque()
+        self._lock = threading.RLock()
         self._outbox_limit = max(1, outbox_limit)
-        self._pending_values: dict[str, Any] = {}  # remembered while away: recall still sees them
         self._ring: deque[EpisodicEntry] = deque(maxlen=RING)
-        self._retry_at = 0.0
-        self._backoff = BACKOFF_FIRST
-        self.dropped = 0  # buffered writes dropped because the outbox was full
-        self.delivered = 0  # buffered writes delivered after an outage
-        self._down_since: float | None = None
+        self._breaker = breaker_for(self.data_dir)
+        self._spool = spool_for(self.data_dir)
+        self._files = RootFiles(
+            self.memory_dir if self.memory_dir is not None else self.data_dir / "memory", self.data_dir
+        )
+        self._token = next(_owner_tokens)  # its entries in the root's spool
+        self._spool.rescan()  # files left by processes that exited: delivered on its first call
         _managers.add(self)
 
     # --- lifecycle ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Deliver what is buffered (within one call's timeout), then close our connection."""
+        """Deliver what is spooled (if the daemon answers), then close our connection. What is not
+        delivered stays in the spool: the next process on this root delivers it."""
         with self._lock:
-            if self._outbox:
+            if self._spool.count():
                 self._reach()
             if self._owns_client and self._shared is not None:
                 self._shared.close()
@@ -185,8 +350,27 @@ class MemoryManager:
 
     @property
     def buffered(self) -> int:
-        """Writes waiting in the outbox for the daemon."""
-        return len(self._outbox)
+        """Writes of this manager waiting in the spool for the daemon."""
+        return self._spool.count(self._token)
+
+    @property
+    def delivered(self) -> int:
+        """Spooled writes of this manager delivered after an outage."""
+        return self._spool.delivered[self._token]
+
+    @property
+    def dropped(self) -> int:
+        """Spooled writes of this manager dropped because it had `outbox_limit` waiting."""
+        return self._spool.dropped[self._token]
+
+    @property
+    def _retry_at(self) -> float:
+        return float("inf") if self._breaker.open else 0.0
+
+    @_retry_at.setter
+    def _retry_at(self, value: float) -> None:
+        if value <= time.monotonic():
+            self._breaker.close_now()  # try the daemon on the next call, as the probe would
 
     # --- reaching the daemon --------------------------------------------------------------------
 
@@ -217,84 +401,79 @@ class MemoryManager:
             )
         return self._shared
 
-    def _reach(self) -> Client | None:
-        """The client with the outbox delivered, or None while the daemon is unreachable."""
-        if time.monotonic() < self._retry_at:
-            return None
+    def _watched(self, client: Client, run: Callable[[], T]) -> T:
+        token = self._breaker.watch(client)
         try:
-            client = self.client
-            self._flush(client)
-        except (ConnectionLost, Timeout) as exc:
-            self._went_away(exc)
+            return run()
+        finally:
+            self._breaker.unwatch(token)
+
+    def _run_many(self, client: Client, calls: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+        return self._watched(client, lambda: client.call_many(calls))
+
+    def _reach(self) -> Client | None:
+        """The client with the spool delivered, or None while the daemon is unreachable."""
+        if not self._breaker.allows():
             return None
-        if self._down_since is not None:
-            log.info("eurekamem is back after %.1f s", time.monotonic() - self._down_since)
-            self._down_since = None
-        self._backoff = BACKOFF_FIRST
+        client = self.client
+        with self._spool.lock:
+            try:
+                self._spool.deliver(lambda calls: self._run_many(client, calls))
+            except (ConnectionLost, Timeout) as exc:
+                self._went_away(exc, client)
+                return None
         return client
 
-    def _went_away(self, exc: BaseException) -> None:
-        now = time.monotonic()
-        if self._down_since is None:
-            self._down_since = now
-            log.warning("eurekamem unreachable (%s); buffering writes, reads answer from what is at hand", exc)
-        self._retry_at = now + self._backoff
-        self._backoff = min(self._backoff * 2, BACKOFF_MAX)
-
-    def _flush(self, client: Client) -> None:
-        while self._outbox:
-            chunk = [self._outbox[i] for i in range(min(_FLUSH_CHUNK, len(self._outbox)))]
-            results = client.call_many(chunk)
-            for (method, params), result in zip(chunk, results):
-                if isinstance(result, (ConnectionLost, Timeout)):
-                    raise result
-                self._outbox.popleft()
-                if isinstance(result, EurekamemError):
-                    log.error("a buffered %s was refused by the daemon, dropped: %s: %s", method, result.kind, result)
-                    continue
-                self.delivered += 1
-                if method == "persistent.remember":
-                    self._pending_values.pop(params["key"], None)
-
-    def _buffer(self, method: str, params: dict[str, Any]) -> None:
-        if len(self._outbox) >= self._outbox_limit:
-            old_method, old = self._outbox.popleft()
-            self.dropped += 1
-            if old_method == "persistent.remember":
-                self._pending_values.pop(old["key"], None)
-            if self.dropped == 1 or self.dropped % 1000 == 0:
-                log.error("eurekamem outbox full (%d): %d writes dropped so far", self._outbox_limit, self.dropped)
-        self._outbox.append((method, params))
+    def _went_away(self, exc: BaseException, client: Client | None = None) -> None:
+        self._spool.rescan()
+        self._breaker.failure(exc, (client or self.client).path, self.autostart)
 
     def _call(self, method: str, params: dict[str, Any], result_type: Any = Any) -> tuple[bool, Any]:
-        """(True, result), or (False, error) when unreachable or refused (the error is logged)."""
+        """(True, result), or (False, error) when unreachable or refused (the error is logged):
+        None or ConnectionLost/Timeout when unreachable."""
         with self._lock:
             client = self._reach()
             if client is None:
                 return False, None
             try:
-                return True, client._run(C.Op(method, params, result_type))
+                return True, self._watched(client, lambda: client._run(C.Op(method, params, result_type)))
             except (ConnectionLost, Timeout) as exc:
-                self._went_away(exc)
+                self._went_away(exc, client)
                 return False, exc
             except EurekamemError as exc:
                 if exc.kind != "not_found":
                     log.error("eurekamem refused %s: %s: %s", method, exc.kind, exc)
                 return False, exc
 
-    def _write(self, method: str, params: dict[str, Any], result_type: Any = Any) -> tuple[bool, Any]:
-        """A buffered write: sent now if the outbox is empty and the daemon answers, else buffered."""
-        with self._lock:
+    def _write(
+        self, method: str, params: dict[str, Any], result_type: Any = Any, *, client_id: str | None = None
+    ) -> tuple[bool, Any]:
+        """A spooled write: sent now if the spool is delivered and the daemon answers, else spooled
+        (on disk before this returns)."""
+        with self._lock, self._spool.lock:
             client = self._reach()
+            maybe_sent = False
             if client is not None:
                 try:
-                    return True, client._run(C.Op(method, params, result_type))
-                except (ConnectionLost, Timeout) as exc:  # it may have run: the retry is harmless
-                    self._went_away(exc)
+                    return True, self._watched(client, lambda: client._run(C.Op(method, params, result_type)))
+                except (ConnectionLost, Timeout) as exc:  # it may have run: the spool's rules
+                    self._went_away(exc, client)
+                    maybe_sent = True
                 except EurekamemError as exc:
-                    log.error("eurekamem refused %s: %s: %s", method, exc.kind, exc)
+                    if not (exc.kind == "not_found" and method == "graph.link"):
+                        log.error("eurekamem refused %s: %s: %s", method, exc.kind, exc)
                     return False, exc
-            self._buffer(method, params)
+            try:
+                self._spool.add(
+                    method,
+                    params,
+                    owner=self._token,
+                    maybe_sent=maybe_sent,
+                    client_id=client_id,
+                    limit=self._outbox_limit,
+                )
+            except OSError as exc:  # a full or read-only disk: the write is lost, say so
+                log.error("eurekamem: a %s could not be spooled (%s): lost", method, exc)
             return False, None
 
     # --- names ------------------------------------------------------------------------------------
@@ -401,27 +580,52 @@ class MemoryManager:
             params["tags"] = fitted
         if source_session:
             params["source_session"] = self._names.fit(source_session, limits.MAX_ID)
-        with self._lock:
-            ok, _result = self._write("persistent.remember", params)
-            if not ok and self._outbox and self._outbox[-1][1] is params:
-                self._pending_values[params["key"]] = params["value"]
+        self._write("persistent.remember", params)
 
     def recall(self, key: str) -> Any | None:
-        """The value stored under key, or None (also while the daemon is unreachable, unless this
-        manager remembered the key meanwhile)."""
+        """The value stored under key, or None. While the daemon is unreachable: what this process
+        spooled for the key meanwhile, else persistent.json's (EurekaClaw's file)."""
         fitted = self._key(key)
         ok, record = self._call("persistent.recall", {"key": fitted}, WireRecord | None)
         if ok:
             return None if record is None else record.value
-        with self._lock:
-            return self._pending_values.get(fitted)
+        if not _unreachable(record):
+            return None
+        records = self._records_at_hand()
+        found = records.get(key) or records.get(fitted)
+        return None if found is None else found.value
+
+    def _records_at_hand(self) -> dict[str, CrossRunRecord]:
+        """persistent.json's records with this process's spooled remembers on top (the daemon away)."""
+        records = self._files.records()
+        for entry in self._spooled("persistent.remember"):
+            p = entry.params
+            key = self._names.back(p["key"])
+            old = records.get(key)
+            at = _dt.datetime.fromisoformat(entry.at)
+            records[key] = CrossRunRecord(
+                record_id=old.record_id if old is not None else "",
+                key=key,
+                value=p["value"],
+                tags=[self._names.back(t) for t in p.get("tags", [])],
+                source_session=self._names.back(p.get("source_session", "")),
+                created_at=old.created_at if old is not None else at.replace(tzinfo=None),
+                updated_at=at.astimezone(),
+            )
+        return records
+
+    def _spooled(self, method: str) -> list[SpoolEntry]:
+        with self._spool.lock:
+            return [e for e in self._spool.pending if e.method == method]
 
     def recall_by_tag(self, tag: str) -> list[CrossRunRecord]:
         """Records carrying the tag, in the order their keys were first stored (EurekaClaw's dict
-        order); [] while the daemon is unreachable."""
+        order); while the daemon is unreachable, persistent.json's and this process's spooled."""
         ok, records = self._call("persistent.by_tag", {"tag": self._tag(tag)}, list[WireRecord])
         if not ok:
-            return []
+            if not _unreachable(records):
+                return []
+            return [r for r in self._records_at_hand().values() if tag in r.tags]
         out = [self._record(r) for r in records]
         out.sort(key=lambda r: r.created_at)  # created_at is kept on overwrite: first-stored order
         return out
@@ -437,7 +641,8 @@ class MemoryManager:
         tags: list[str] | None = None,
     ) -> KnowledgeNode:
         """As EurekaClaw's (an empty theorem_name is fine). While the daemon is unreachable the node
-        is made here and not stored (logged as an error), so the agent goes on."""
+        is made here, with an id of ours, and spooled; on delivery the daemon gives it its own id
+        (graph.add_theorem takes none), which this process's later calls with ours reach."""
         params: dict[str, Any] = {
             "theorem_name": self._names.fit(theorem_name, limits.MAX_KEY),
             "formal_statement": self._text(formal_statement, "formal statement"),
@@ -449,12 +654,12 @@ class MemoryManager:
         fitted = self._tags(tags)
         if fitted:
             params["tags"] = fitted
-        ok, node = self._call("graph.add_theorem", params, WireNode)
+        node_id = str(uuid.uuid4())
+        ok, node = self._write("graph.add_theorem", params, WireNode, client_id=node_id)
         if ok:
             return self._node(node)
-        log.error("theorem %r not stored: eurekamem unreachable", theorem_name[:80])
         return KnowledgeNode(
-            node_id=str(uuid.uuid4()),
+            node_id=node_id,
             theorem_name=theorem_name,
             formal_statement=formal_statement,
             domain=domain,
@@ -472,16 +677,60 @@ class MemoryManager:
             return
         if not (0 < len(from_id) <= limits.MAX_ID and 0 < len(to_id) <= limits.MAX_ID):
             return  # no node has such an id
-        self._call("graph.link", {"from_id": from_id, "to_id": to_id, "relation": name})
+        ids = {"from_id": self._spool.node_id(from_id), "to_id": self._spool.node_id(to_id)}
+        self._write("graph.link", {**ids, "relation": name})
 
     def find_related_theorems(self, node_id: str, depth: int = 2) -> list[KnowledgeNode]:
         """As EurekaClaw's: nodes within depth hops either way, [] for an unknown id or depth < 1.
         Depth is capped at 16; the order is by distance (EurekaClaw's is a set's)."""
         if depth < 1 or not (0 < len(node_id) <= limits.MAX_ID):
             return []
+        node_id = self._spool.node_id(node_id)
         params = {"node_id": node_id, "depth": min(depth, limits.MAX_DEPTH)}
         ok, nodes = self._call("graph.related", params, list[WireNode])
-        return [self._node(n) for n in nodes] if ok else []
+        if ok:
+            return [self._node(n) for n in nodes]
+        if not _unreachable(nodes):
+            return []
+        graph, edges = self._graph_at_hand()
+        visited = {node_id}
+        frontier = [node_id]
+        found: list[KnowledgeNode] = []
+        for _ in range(depth):  # EurekaClaw's BFS over both directions, nearest first
+            step: dict[str, None] = {}
+            for nid in frontier:
+                for a, b, _rel in edges:
+                    if a == nid and b not in visited:
+                        step[b] = None
+                    elif b == nid and a not in visited:
+                        step[a] = None
+            visited.update(step)
+            found += [graph[n] for n in step if n in graph]
+            frontier = list(step)
+        return found
+
+    def _graph_at_hand(self) -> tuple[dict[str, KnowledgeNode], list[tuple[str, str, str]]]:
+        """knowledge_graph.json with this process's spooled nodes and links (the daemon away)."""
+        nodes, edges = self._files.graph()
+        for entry in self._spooled("graph.add_theorem"):
+            p = entry.params
+            if entry.client_id is None:
+                continue
+            nodes[entry.client_id] = KnowledgeNode(
+                node_id=entry.client_id,
+                theorem_name=self._names.back(p["theorem_name"]),
+                formal_statement=p["formal_statement"],
+                domain=self._names.back(p.get("domain", "")),
+                session_id=self._names.back(p.get("session_id", "")),
+                tags=[self._names.back(t) for t in p.get("tags", [])],
+                created_at=_dt.datetime.fromisoformat(entry.at).replace(tzinfo=None),
+            )
+        for entry in self._spooled("graph.link"):
+            p = entry.params
+            a, b = self._spool.node_id(p["from_id"]), self._spool.node_id(p["to_id"])
+            if a in nodes and b in nodes:
+                edges.append((a, b, p.get("relation", "uses")))
+        return nodes, edges
 
     def retrieve_relevant_theorems(self, query: str, domain: str = "", limit: int = 5) -> list[KnowledgeNode]:
         """EurekaClaw's lexical retrieval, exactly: words of 3+ characters (stop words aside) shared
@@ -491,13 +740,20 @@ class MemoryManager:
         if not query_tokens and not domain:
             return []
         candidates: list[KnowledgeNode] = []
+        away = False
         if domain:
             params = {"domain": self._names.fit(domain, limits.MAX_KEY), "limit": _ALL}
             ok, nodes = self._call("graph.search", params, list[WireNode])
             candidates = [self._node(n) for n in nodes] if ok else []
-        if not candidates:
+            away = not ok and _unreachable(nodes)
+        if not candidates and not away:
             ok, nodes = self._call("graph.search", {"limit": _ALL}, list[WireNode])
             candidates = [self._node(n) for n in nodes] if ok else []
+            away = not ok and _unreachable(nodes)
+        if away:  # the daemon away: the file's nodes and ours, as EurekaClaw's search_by_domain
+            every = list(self._graph_at_hand()[0].values())
+            candidates = [n for n in every if domain.lower() in n.domain.lower()] if domain else []
+            candidates = candidates or every
         domain_lower = domain.lower()
         scored: list[tuple[int, KnowledgeNode]] = []
         for node in candidates:
@@ -535,18 +791,31 @@ class MemoryManager:
             ok, hits = self._call("memory.search", {**params, "include_global": False})
             if ok:
                 chosen = [hit["memory"] for hit in hits]
+            elif _unreachable(hits):
+                return self._injection_from_files(domain, k)
         if not chosen:
             ok, page = self._call("memory.list", {"domain": domain_key, "limit": k if 0 < k <= _ALL else _ALL})
+            if not ok and _unreachable(page):
+                return self._injection_from_files(domain, k)
             memories = page.get("memories", []) if ok and isinstance(page, dict) else []
             chosen = memories[:k]
             if not memories and not (self.data_dir / "memories" / _slug(domain)).exists():
                 return ""
-        parts = ["<memories>"]
-        for memory in chosen:  # stored text closes no block, starts no entry (protocol/_blocks.py)
-            heading, newline, rest = escape_block_tags(self._body(memory)[:400]).partition("\n")
-            parts.append(heading + newline + escape_entry_headings(rest))  # the file's own title line stays
-        parts.append("</memories>")
-        return "\n\n".join(parts)
+        return _memories_block([self._body(memory) for memory in chosen])
+
+    def _injection_from_files(self, domain: str, k: int) -> str:
+        """The daemon away: EurekaClaw's own choice from memories/<slug>/_index.json, the newest k."""
+        listed = self._files.domain_memories(_slug(domain))
+        if listed is None:
+            return ""
+        listed.sort(key=lambda item: item[0], reverse=True)
+        bodies = []
+        for _created, path in listed[:k]:
+            try:
+                bodies.append(_FRONTMATTER.sub("", path.read_text(encoding="utf-8")).strip())
+            except (OSError, UnicodeDecodeError) as exc:  # removed or rewritten meanwhile
+                log.debug("memory file %s not readable: %s", path, exc)
+        return _memories_block(bodies)
 
     def _body(self, memory: dict[str, Any]) -> str:
         """What EurekaClaw reads of the memory's file; its text to be, when not projected yet."""
@@ -562,19 +831,30 @@ class MemoryManager:
         return f"# {memory.get('title', '')}\n\n{memory.get('content', '')}".strip()
 
 
-# Deliver what managers buffered when the interpreter exits (each within its own call timeout).
-_managers: weakref.WeakSet[MemoryManager] = weakref.WeakSet()
+# At exit: deliver what is spooled if the daemon answers (bounded by the breaker), else say what
+# stays in the spool for the next process on that root.
 
 
 def _flush_at_exit() -> None:
-    for manager in list(_managers):
-        if manager.buffered:
+    for spool in spools():
+        if not spool.count():
+            continue
+        breaker = breaker_for(spool.root)
+        managers = [m for m in list(_managers) if m.data_dir.resolve() == spool.root]
+        if managers and breaker.allows():
             try:
-                with manager._lock:
-                    manager._retry_at = 0.0
-                    manager._reach()
+                managers[0]._reach()
             except Exception as exc:  # at exit: report, never raise
-                log.warning("eurekamem: %d buffered writes not delivered at exit: %s", manager.buffered, exc)
+                log.debug("delivery at exit failed: %s", exc)
+        if spool.count():
+            log.warning(
+                "eurekamem: %d writes (%s) not delivered at exit, kept in %s: the next process on this data root delivers them",
+                spool.count(),
+                spool.summary(),
+                spool.dir,
+            )
 
 
+_managers: weakref.WeakSet[MemoryManager] = weakref.WeakSet()
+_owner_tokens = itertools.count(1)
 atexit.register(_flush_at_exit)

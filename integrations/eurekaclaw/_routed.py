@@ -4,7 +4,7 @@ SessionMemoryExtractor as subclasses of EurekaClaw's own (made by `make`), serve
 Rules kept here:
 - One link per data root (EurekaClaw's `settings.eurekaclaw_dir`, or the parent of a memory_dir /
   skills_dir passed in): one Client shared by every routed object of that root, and one conduit (a
-  client MemoryManager) whose bounded, backed-off calls and ordered outbox the registry and the
+  client MemoryManager) whose bounded calls, circuit breaker and durable spool the registry and the
   extractor use. EurekaClaw makes a MemoryManager per prompt (SkillInjector.render_for_prompt):
   with the shared Client that costs no connection.
 - A daemon is started on demand only for the configured data root (EurekaClaw's settings,
@@ -14,7 +14,7 @@ Rules kept here:
   folder (its sys.stats `data_dir`); without one it is EurekaClaw's own class on that folder's files.
 - Never an exception where EurekaClaw expects none. With the daemon away, the registry reads the
   SKILL.md files (the daemon writes them in EurekaClaw's format) with EurekaClaw's own loader, skill
-  writes wait in the outbox and go out in order once it is back (a use whose answer was lost may
+  writes wait in the spool and go out in order once it is back (a use whose answer was lost may
   then count twice), and the post-run extraction falls back to EurekaClaw's own extractor.
 - The post-run extraction never blocks the agent's event loop: session.close runs in a worker
   thread (asyncio's or trio's) and answers as soon as the daemon has journaled the job; the LLM
@@ -106,7 +106,7 @@ class Link:
         return self.conduit._call(method, params, result_type)
 
     def write(self, method: str, params: dict[str, Any], result_type: Any = Any) -> tuple[bool, Any]:
-        """A write through the conduit's outbox: sent now, or delivered in order once the daemon answers."""
+        """A write through the conduit's spool: sent now, or delivered in order once the daemon answers."""
         return self.conduit._write(method, params, result_type)
 
     def wire_session(self, session_id: str) -> str:
