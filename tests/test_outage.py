@@ -209,3 +209,58 @@ def test_a_hung_daemon_costs_about_a_second_once_per_process(tmp_path: Path, soc
     finally:
         os.kill(proc.proc.pid, signal.SIGCONT)
         proc.terminate()
+
+
+FAKE = Path(__file__).resolve().parent / "fake_eurekaclaw"
+
+
+def _forget_eurekaclaw() -> None:
+    for name in [n for n in sys.modules if n == "eurekaclaw" or n.startswith("eurekaclaw.")]:
+        del sys.modules[name]
+
+
+def test_routed_classes_share_the_breaker_inside_an_asyncio_loop(
+    tmp_path: Path, sock_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EurekaClaw's own classes, routed: a hung daemon stalls its asyncio loop ~1 s once, then the
+    MemoryManagers it makes per prompt and the SkillRegistry answer from the files at once."""
+    import asyncio
+
+    from eurekamem.integrations import eurekaclaw as integration
+
+    root = tmp_path / "root"
+    proc = _daemon(root, sock_dir).start()
+    assert proc.proc is not None
+    monkeypatch.setenv("EUREKACLAW_DIR", str(root))
+    monkeypatch.setenv("EUREKAMEM_SOCKET", str(proc.socket_path))
+    monkeypatch.setenv("EUREKAMEM_NO_AUTOSTART", "1")
+    _forget_eurekaclaw()
+    monkeypatch.syspath_prepend(str(FAKE))
+    try:
+        integration.install()
+        from eurekaclaw.memory.manager import MemoryManager as Routed
+        from eurekaclaw.skills.registry import SkillRegistry
+
+        Routed(session_id="warm").remember("k", 1)
+        os.kill(proc.proc.pid, signal.SIGSTOP)
+
+        async def agent_turn(n: int) -> float:
+            started = time.monotonic()
+            memory = Routed(session_id=f"s{n}")  # EurekaClaw makes one per prompt
+            memory.log_event("theory", "step")
+            memory.recall("k")
+            SkillRegistry().load_all()
+            memory.load_for_injection("bandit theory", k=4)
+            return time.monotonic() - started
+
+        async def run() -> list[float]:
+            return [await agent_turn(n) for n in range(4)]
+
+        took = asyncio.run(run())
+        print(f"routed turns with the daemon hung: {', '.join(f'{t:.3f}' for t in took)} s")
+        assert took[0] < 2.5 and sum(took[1:]) < 0.5, took
+    finally:
+        os.kill(proc.proc.pid, signal.SIGCONT)
+        integration.uninstall()
+        _forget_eurekaclaw()
+        proc.terminate()
