@@ -604,6 +604,8 @@ FREE_TEXT: dict[type, tuple[str, ...]] = {
     m.ReviewReject: ("reason",),
     m.ConversationAppend: ("messages",),
     m.ConversationMessage: ("text", "sender"),  # nested in ConversationAppend.messages
+    m.SessionLearned: ("items",),  # the insights a client extracted: memories once the job commits
+    m.LearnedItem: ("title", "content", "abstract", "overview"),  # nested in SessionLearned.items
 }
 
 # The records an existing root's files hold, imported at the first start without a request: the
@@ -658,12 +660,14 @@ KEPT: dict[type, dict[str, str]] = {
     m.ConversationGroupRef: {"group": _ID},  # conversation.flush journals a job naming the group
     m.ConversationMessage: {"id": _ID, "role": _ENUM, "timestamp": _TIME, "session": _ID},
     m.JobRef: {"id": _ID},  # jobs.cancel and jobs.retry store nothing of the client's but the state
+    m.SessionLearned: {"job_id": _ID},
+    m.LearnedItem: {"category": _ENUM},
 }
 
 # Methods that store text without journaling it in their own tier: tier 1 keeps events in RAM and
 # writes them to runs/<session>/episodic.json; session.close and conversation.flush have the job
-# queue journal a job. Every other storing method is `writes` in METHODS.
-UNJOURNALED_STORES: frozenset[str] = frozenset({"episodic.log", "session.close", "conversation.flush"})
+# queue journal a job, session.learned a job's commit. Every other storing method is `writes` in METHODS.
+UNJOURNALED_STORES: frozenset[str] = frozenset({"episodic.log", "session.close", "conversation.flush", "session.learned"})
 
 
 def storing_methods() -> list[str]:

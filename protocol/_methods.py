@@ -641,6 +641,29 @@ class JobsWait(Params):
     timeout: Annotated[float, Meta(ge=0.0, le=MAX_WAIT)] = 30.0
 
 
+MAX_LEARNED = 48  # items one session.learned delivers (the extraction's 12 per category)
+LearnedCategory = Literal["domain_knowledge", "proof_strategy", "open_problems", "pitfalls"]
+
+
+class LearnedItem(msgspec.Struct, forbid_unknown_fields=True):
+    """One insight the agent's own LLM extracted from a session (session.learned)."""
+
+    category: LearnedCategory
+    title: Annotated[str, Meta(max_length=200)]
+    content: Annotated[str, Meta(max_length=4000)]
+    confidence: Confidence = 0.8  # EurekaClaw's default for an item without one
+    abstract: Annotated[str, Meta(max_length=400)] = ""  # L0; "": derived as memory.add derives it
+    overview: Annotated[str, Meta(max_length=2000)] = ""  # L1; "": none
+    general: bool = False
+
+
+class SessionLearned(Params):
+    """The insights of a session.extract job, extracted by the client: they complete the job (once)."""
+
+    job_id: Ident
+    items: Annotated[list[LearnedItem], Meta(max_length=MAX_LEARNED)] = []
+
+
 # --- the table ----------------------------------------------------------------------------------
 
 
@@ -721,5 +744,9 @@ METHODS: dict[str, MethodSpec] = dict(
         _spec("jobs.wait", JobsWait, "jobs", False, "the job once it is no longer queued or running, or at timeout"),
         _spec("jobs.cancel", JobRef, "jobs", True, "cancel a queued or running job"),
         _spec("jobs.retry", JobRef, "jobs", True, "queue a failed or cancelled job again"),
+        _spec(
+            "session.learned", SessionLearned, "jobs", False,  # journaled by the job's commit, as session.close's job
+            "a session.extract job's insights, extracted by the client: they complete the job, once",
+        ),
     ]
 )

@@ -495,7 +495,7 @@ def _value_for(t: Any, text: str) -> Any:
         return {text: {"nested": [text]}}
     if isinstance(t, mi.StructType):
         if t.cls in FREE_TEXT:  # memory.add_many's items: their free-text fields
-            fixed = {"domain": "d", "category": "fact", "role": "user"}
+            fixed = {"domain": "d", "category": "proof_strategy", "role": "user"}  # a category of every kind of item
             return {
                 f.name: fixed.get(f.name, "x" if f.name in KEPT.get(t.cls, {}) else text)
                 if f.name not in FREE_TEXT[t.cls]
@@ -1086,7 +1086,7 @@ def test_no_secret_reaches_any_file_or_log(data_dir: Path, sock_dir: Path) -> No
                 },
             )
             call(c, "conversation.flush", {"group": "d"})  # a job naming the group (no LLM here: it waits)
-            call(
+            closed = call(
                 c,
                 "session.close",
                 {
@@ -1102,6 +1102,9 @@ def test_no_secret_reaches_any_file_or_log(data_dir: Path, sock_dir: Path) -> No
                     },
                 },
             )
+            items = [{"category": "open_problems", "title": first_line[:200], "content": fixtures[:4000],
+                      "abstract": second_line[:400], "overview": everything[:2000]}]  # what a client's LLM extracted
+            assert call(c, "session.learned", {"job_id": closed["job_id"], "items": items})["state"] == "done"
             for method in ("jobs.cancel", "jobs.retry"):  # they store a job's state, nothing of the request's
                 with pytest.raises(NotFound):
                     call(c, method, {"id": "no-such-job"})

@@ -35,6 +35,13 @@ Rules kept here:
 - Lanes: a kind may name a lane for a job's input (`lane(input)`: a conversation group); two jobs
   of one lane never run at once (the scheduler starts a job only while no other job of its lane
   runs; the queue's order is kept within the lane).
+- Delivered results (session.learned): a kind with `deliver(ctx, items)` lets a client hand in
+  what its own LLM extracted for a job; it is made an Outcome by the kind's own rules and committed
+  by the same one-record commit, which completes the job (queued, running or failed; a running
+  attempt is stopped and finds itself stale at its commit). A job done or cancelled first is
+  answered as it is and nothing is applied: exactly once either way. A queued job waiting for an
+  LLM that none is configured for says so from the first look (`no LLM: ...`), so that a client
+  can tell at once that it should extract itself.
 - Test hook: EUREKAMEM_JOBS_PAUSE_AT=answered (after the LLM's last answer, before the commit) or
   committed (after the commit's journal write) makes each job log "jobs: paused at <point>" and
   wait there forever, so that a test can kill -9 the daemon at that point.
@@ -55,6 +62,7 @@ import trio
 from eurekamem.daemon.jobs.state import (
     ACTIVE,
     DEFAULT_MAX_ATTEMPTS,
+    FINISHED,
     CommitJob,
     JobInput,
     JobRecord,
@@ -65,7 +73,7 @@ from eurekamem.daemon.jobs.state import (
 from eurekamem.daemon.llm import LLMError, LLMFailed, LLMUnavailable, report_waits
 from eurekamem.daemon.storage.journal_actor import JournalActor, JournalUnavailable
 from eurekamem.daemon.tier import RTYPE_MUTATION, Internal, Stage, TierActor, Work, handles, mutation_encoder
-from eurekamem.protocol import Call, ProtocolError, new_id
+from eurekamem.protocol import Call, Job, ProtocolError, new_id
 
 log = logging.getLogger("eurekamem.jobs")
 
@@ -168,6 +176,12 @@ class JobKind(Protocol):
     needs_llm: bool  # False: runs while no LLM is usable too (ctx.llm.available says whether one is)
 
     async def run(self, ctx: JobContext) -> Outcome: ...
+
+
+class Delivering(Protocol):
+    """A kind whose results a client may deliver (session.learned): `deliver` makes them an Outcome."""
+
+    async def deliver(self, ctx: JobContext, items: list[Any]) -> Outcome: ...
 
 
 def lane_of(kind: Any, job_input: Any) -> str | None:
@@ -323,8 +337,9 @@ class JobsActor(TierActor):
     # --- the actor --------------------------------------------------------------------------------
 
     def submit(self, work: Work) -> None:
-        if work.call.spec.name == "jobs.wait" and self._nursery is not None:
-            self._nursery.start_soon(self._answer_wait, work)
+        name = work.call.spec.name
+        if name in ("jobs.wait", "session.learned") and self._nursery is not None:
+            self._nursery.start_soon(self._answer_wait if name == "jobs.wait" else self._answer_learned, work)
             return
         super().submit(work)
 
@@ -385,8 +400,8 @@ class JobsActor(TierActor):
         for job_id in state.cancelled_running:
             record = state.jobs.get(job_id)
             scope = self._running.get(job_id)
-            if record is not None and record.state == "cancelled" and scope is not None:
-                scope.cancel()
+            if record is not None and record.state in FINISHED and scope is not None:
+                scope.cancel()  # cancelled, or completed by a client's delivered result
         state.cancelled_running.clear()
         for job_id, event in list(self._watchers.items()):
             record = state.jobs.get(job_id)
@@ -410,6 +425,55 @@ class JobsActor(TierActor):
         work.reply.deliver(work.call, result, work.started_ns)
         work.reply.flush()
 
+    async def _answer_learned(self, work: Work) -> None:
+        p = work.call.params
+        result: Any
+        try:
+            result = await self.learned(p.job_id, list(p.items))
+        except ProtocolError as exc:
+            result = exc
+        except JournalUnavailable as exc:
+            self.read_only = str(exc)
+            result = ProtocolError("read_only", f"read-only: {exc}")
+        except (trio.ClosedResourceError, trio.EndOfChannel):
+            result = ProtocolError("unavailable", "the daemon is shutting down")
+        work.reply.deliver(work.call, result, work.started_ns)
+        work.reply.flush()
+
+    async def learned(self, job_id: str, items: list[Any]) -> Job:
+        """session.learned: the items a client extracted complete the job, once (the module's rule);
+        the job as it is afterwards."""
+        if self._stopping:
+            raise ProtocolError("unavailable", "the daemon is shutting down")
+        record, job_input = await self.run_internal(lambda state: state.deliverable(job_id))
+        deliver = getattr(self.kinds.get(record.kind), "deliver", None)
+        if deliver is None:
+            raise ProtocolError(
+                "invalid_params", f"job {job_id} is a {record.kind} job: no result can be delivered for it", id=job_id
+            )
+        if job_input is not None:
+            llm = self.llm
+            assert llm is not None
+            ctx = JobContext(self, record, job_input, llm)
+            try:
+                outcome = await deliver(ctx, items)
+                await self._commit(job_id, record.attempts, outcome, ctx.tokens, delivered=True)
+            except StaleAttempt:
+                log.info("job %s finished before the delivered result's commit; nothing of it applied", job_id)
+            else:
+                self._backoff.pop(job_id, None)
+                log.info("job %s completed by the result its client delivered (%d items)", job_id, len(items))
+            finally:
+                self.tokens_since_start.input += ctx.tokens.input
+                self.tokens_since_start.output += ctx.tokens.output
+                self._wake.set()
+        return await self.run_internal(lambda state: state.view(state.record(job_id)))
+
+    @handles("session.learned", "actor")
+    async def do_learned(self, call: Call) -> Any:
+        """Never run in a batch (its commit stages this actor): submit() hands it to _answer_learned."""
+        raise AssertionError("session.learned is answered by _answer_learned, outside the actor's batches")
+
     @handles("jobs.wait", "actor")
     async def do_wait(self, call: Call) -> Any:
         """Never run in a batch (it would hold the actor while it waits): submit() hands every
@@ -428,6 +492,10 @@ class JobsActor(TierActor):
             return self._call_waits.get(job_id)
         if self.waiting_all and not self._slots_full:  # read-only, no LLM: nothing starts before that ends
             return self.waiting_all
+        llm, record = self.llm, self.state.jobs.get(job_id)
+        if not self.read_only and llm is not None and not llm.available and record is not None:
+            if getattr(self.kinds.get(record.kind), "needs_llm", True):  # before the scheduler's first look too
+                return f"no LLM: {llm.unavailable_reason}"
         backoff = self._backoff.get(job_id)
         if backoff is not None and backoff[0] > trio.current_time():
             return backoff[2]
@@ -604,16 +672,21 @@ class JobsActor(TierActor):
             self.read_only = str(exc)
             await self.run_internal(lambda s: self._requeue_in_memory(s, job_id, attempt))
 
-    async def _commit(self, job_id: str, attempt: int, outcome: Outcome, tokens: Tokens) -> None:
-        """Apply the outcome in every tier and complete the job with ONE journal record (module rule)."""
+    async def _commit(
+        self, job_id: str, attempt: int, outcome: Outcome, tokens: Tokens, *, delivered: bool = False
+    ) -> None:
+        """Apply the outcome in every tier and complete the job with ONE journal record (module rule).
+        `delivered`: a client's result (session.learned), for the job in any state but done or cancelled."""
         async with self._commit_lock:
             started = time.perf_counter()
             with trio.CancelScope(shield=True):
-                await self._commit_locked(job_id, attempt, outcome, tokens)
+                await self._commit_locked(job_id, attempt, outcome, tokens, delivered)
             self.commit_time_us += (time.perf_counter() - started) * 1e6
         await self.run_internal(lambda state: state.purge_old())
 
-    async def _commit_locked(self, job_id: str, attempt: int, outcome: Outcome, tokens: Tokens) -> None:
+    async def _commit_locked(
+        self, job_id: str, attempt: int, outcome: Outcome, tokens: Tokens, delivered: bool = False
+    ) -> None:
         taken: dict[str, Stage] = {}
         errors: list[Exception] = []
 
@@ -624,12 +697,19 @@ class JobsActor(TierActor):
                 errors.append(exc)
 
         def current(state: JobsState) -> None:
-            if not state.is_current(job_id, attempt):
+            if delivered:
+                record = state.jobs.get(job_id)
+                if record is None or record.state in ("done", "cancelled"):
+                    raise StaleAttempt(job_id)
+            elif not state.is_current(job_id, attempt):
                 raise StaleAttempt(job_id)
 
         def complete(state: JobsState) -> JobRecord:
             result = outcome.result({tier: stage.result for tier, stage in taken.items()})
-            done = state.completed(job_id, attempt, result, tokens.pair())
+            if delivered:
+                done = state.completed_delivered(job_id, result, tokens.pair())
+            else:
+                done = state.completed(job_id, attempt, result, tokens.pair())
             state.commit(PutJob(done))
             return done
 

@@ -25,6 +25,11 @@ Rules kept here:
   of the commit; the memory stays local until the request is approved.
 - A repeated successful tool pattern in the captured events becomes a draft skill (daemon/jobs/
   distill.py: the pattern found without the LLM, one more LLM call only when there is one).
+- The agent's own LLM may do the asking instead (session.learned: the items EurekaClaw's extractor
+  got from the agent's LLM when the daemon has none): `deliver` takes them through the same rules
+  (redaction, the confidence rule, the judge when the daemon has an LLM, else the dedup rules;
+  lemmas, failed strategies, the draft skill) into the same one commit, which completes the job;
+  the result says `extracted_by: "client"`.
 - Everything lands in one commit (daemon/jobs/actor.py): memories, proposals, nodes, edges,
   records, the draft skill and the job's completion, or none of it. What the LLM wrote is redacted first, under the domain's policy,
   as every request's text is at dispatch (daemon/redact.py); what the session gave was redacted
@@ -37,11 +42,12 @@ import hashlib
 from typing import Annotated, Any
 
 import msgspec
-from eurekamem.daemon.jobs.actor import JobContext, Outcome
+from eurekamem.daemon.jobs.actor import JobContext, JobFailed, Outcome
 from eurekamem.daemon.jobs.distill import Planned as DistilledPlan
 from eurekamem.daemon.jobs.distill import apply_skill, distill
 from eurekamem.daemon.jobs.judge import candidates_of, judge
 from eurekamem.daemon.jobs.state import SessionInput
+from eurekamem.daemon.llm import LLMError
 from eurekamem.daemon.memory.format import domain_slug, fingerprint
 from eurekamem.daemon.memory.review import propose
 from eurekamem.daemon.memory.state import EMBED_WINDOW, MIN_CONFIDENCE, MemoryState, passage_windows, pooled
@@ -222,8 +228,8 @@ class Planned(msgspec.Struct):
             confidence=round(item.confidence, 4),
             tags=["extracted", "general"] if item.general else ["extracted"],
             source_session=job_input.session_id,
-            abstract=item.abstract.strip()[: m.MAX_KEY],
-            overview=item.overview.strip(),
+            abstract=item.abstract.strip()[: m.MAX_KEY] or None,  # a delivered item may have none: derived
+            overview=item.overview.strip() or None,
         )
 
 
@@ -236,26 +242,61 @@ class SessionExtraction:
         assert isinstance(job_input, SessionInput)  # this kind's input (JobInput is a union of them)
         asked = await ctx.ask(SYSTEM, build_prompt(job_input), SessionInsights, name="session_insights")
         insights = ctx.redact(asked, job_input.domain)  # before anything of it is stored
+        items = [(category, item) for category in CATEGORIES for item in getattr(insights, category)]
+        return await self.outcome(ctx, items, by="daemon")
+
+    async def deliver(self, ctx: JobContext, items: list[m.LearnedItem]) -> Outcome:
+        """session.learned: the insights the client's own LLM extracted, through this job's rules."""
+        job_input = ctx.input
+        assert isinstance(job_input, SessionInput)
+        given = [
+            (
+                item.category,
+                Insight(item.title, item.content, item.confidence, item.abstract, item.overview, item.general),
+            )
+            for item in items
+        ]
+        # dispatch redacted them already (every kind: session.learned names no domain); idempotent
+        redacted: list[tuple[str, Insight]] = [(c, ctx.redact(insight, job_input.domain)) for c, insight in given]
+        return await self.outcome(ctx, redacted, by="client")
+
+    async def outcome(self, ctx: JobContext, items: list[tuple[str, Insight]], *, by: str) -> Outcome:
+        """The commit's parts for the insights (category, item), from the daemon's LLM (`by`
+        "daemon": an LLM error ends the attempt) or delivered by the client ("client": without a
+        usable LLM the dedup rules decide and no skill is drafted)."""
+        job_input = ctx.input
+        assert isinstance(job_input, SessionInput)
         planned: list[Planned] = []
         dropped: list[dict[str, Any]] = []
-        for category in CATEGORIES:
-            for item in getattr(insights, category):
-                blank = [name for name in ("title", "content") if not getattr(item, name).strip()]
-                if item.confidence < MIN_CONFIDENCE or blank:
-                    reason = (
-                        f"confidence {item.confidence:.2f} is below {MIN_CONFIDENCE}"
-                        if not blank
-                        else f"blank {blank[0]}"
-                    )
-                    dropped.append(
-                        {"title": item.title, "category": category, "confidence": item.confidence, "reason": reason}
-                    )
-                else:
-                    planned.append(Planned(category, item))
+        for category, item in items:
+            blank = [name for name in ("title", "content") if not getattr(item, name).strip()]
+            if item.confidence < MIN_CONFIDENCE or blank:
+                reason = f"confidence {item.confidence:.2f} is below {MIN_CONFIDENCE}" if not blank else f"blank {blank[0]}"
+                dropped.append({"title": item.title, "category": category, "confidence": item.confidence, "reason": reason})
+            else:
+                planned.append(Planned(category, item))
         adds = [plan.params(job_input) for plan in planned]
         await embed_planned(ctx, planned, adds)
-        await self.judge(ctx, planned, adds)
-        skill = await distill(ctx, job_input.session_id, job_input.domain, job_input.events)
+        skill: Any = None
+        unusable = ""  # a delivered result's: why the dedup rules decided, or no skill was drafted
+        if by == "daemon":
+            await self.judge(ctx, planned, adds)
+            skill = await distill(ctx, job_input.session_id, job_input.domain, job_input.events)
+        else:
+            if not ctx.llm.available:
+                unusable = f"the daemon has no LLM ({ctx.llm.unavailable_reason}): the dedup rules decided"
+            if not unusable:
+                try:
+                    await self.judge(ctx, planned, adds)
+                except (LLMError, JobFailed) as exc:  # the client did the work: the rules decide instead
+                    unusable = f"the judge could not be asked ({exc})"
+                    for plan in planned:
+                        plan.judged = None
+            if not unusable:
+                try:
+                    skill = await distill(ctx, job_input.session_id, job_input.domain, job_input.events)
+                except (LLMError, JobFailed) as exc:
+                    unusable = f"no skill drafted ({exc})"
         ts = job_input.theory_state
         stages: dict[str, Any] = {}
         if planned:
@@ -279,6 +320,8 @@ class SessionExtraction:
                 "records": summaries.get("persistent", []),
                 "skill": summaries.get("skills", skill if isinstance(skill, dict) else None),
                 "llm_calls": ctx.llm_calls,
+                "extracted_by": by,
+                **({"note": unusable} if unusable else {}),
             }
 
         return Outcome(stages, result)

@@ -18,6 +18,10 @@ Rules kept here:
   `failed` with the reason and is not started again until jobs.retry, which re-arms it (the count
   starts over). What is not the job's doing (no provider, no key, a refused key, a connection
   refused, a rate limit) is never counted: those jobs wait as long as it takes.
+- A session.extract job may also be completed by what its client extracted with its own LLM
+  (session.learned): the delivered items go through the job's own rules and its one-record commit,
+  which completes the job whatever its state but done or cancelled (a running attempt is stopped
+  and finds itself stale at its commit), so a session's memories are made exactly once.
 - The input of a done job is dropped (its result is what counts); a failed or cancelled job keeps
   its input for jobs.retry. At most MAX_FINISHED finished jobs are kept, the oldest purged first.
 """
@@ -320,6 +324,36 @@ class JobsState(TierState):
         if not self.is_current(job_id, attempt):
             raise StaleAttempt(job_id)
         record = self.jobs[job_id]
+        return msgspec.structs.replace(
+            record,
+            state="done",
+            error=None,
+            result=result,
+            finished_at=self.now(),
+            input_tokens=record.input_tokens + tokens[0],
+            output_tokens=record.output_tokens + tokens[1],
+        )
+
+    def deliverable(self, job_id: str) -> tuple[JobRecord, JobInput | None]:
+        """A job that results delivered by a client may complete (session.learned): the record, and
+        its input while it may (queued, running or failed; None once done or cancelled)."""
+        record = self.record(job_id)
+        if record.state in ("done", "cancelled"):
+            return record, None
+        job_input = self.inputs.get(job_id)
+        if job_input is None:
+            raise ProtocolError("invalid_params", f"job {job_id} has no input left to complete", id=job_id)
+        return record, job_input
+
+    def completed_delivered(self, job_id: str, result: Any, tokens: tuple[int, int]) -> JobRecord:
+        """The done record of a job whose result a client delivered (queued, running or failed:
+        a running attempt is stopped and its own commit finds itself stale); StaleAttempt once it is
+        done or cancelled (the daemon's own attempt, or jobs.cancel, got in first)."""
+        record = self.jobs.get(job_id)
+        if record is None or record.state in ("done", "cancelled"):
+            raise StaleAttempt(job_id)
+        if record.state == "running":
+            self.cancelled_running.append(job_id)
         return msgspec.structs.replace(
             record,
             state="done",

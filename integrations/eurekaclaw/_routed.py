@@ -16,9 +16,11 @@ Rules kept here:
   SKILL.md files (the daemon writes them in EurekaClaw's format) with EurekaClaw's own loader, skill
   writes wait in the spool and go out in order once it is back (a use whose answer was lost may
   then count twice), and the post-run extraction falls back to EurekaClaw's own extractor.
-- The post-run extraction never blocks the agent's event loop: session.close runs in a worker
-  thread (asyncio's or trio's) and answers as soon as the daemon has journaled the job; the LLM
-  work is the daemon's job, not the agent's.
+- The post-run extraction never blocks the agent's event loop: session.close and the wait for the
+  job (at most EXTRACT_WAIT seconds) run in a worker thread (asyncio's or trio's); the LLM work is
+  the daemon's job. A session always becomes memories: when the daemon says it has no LLM, or its
+  job fails or does not finish within the bound, EurekaClaw's own extraction call runs here with
+  the agent's LLM client and session.learned completes the job with its items (exactly once).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from eurekamem.client import (
     Client,
     ConnectionLost,
     EurekamemError,
+    Job,
     Skill,
     SkillHit,
     SkillsInjection,
@@ -516,17 +519,24 @@ class RoutedSkillInjector:
 class RoutedSessionMemoryExtractor:
     """EurekaClaw's SessionMemoryExtractor(client=None), served by the daemon: extract_and_save(bus,
     domain) closes the session (session.close with the bus's TheoryState and domain), which queues
-    the daemon's session.extract job and answers; it returns [] at once (the memories are the job's,
-    made without the agent waiting) and puts session.close's answer on the bus under BUS_KEY.
-    Difference: an empty domain is the research brief's (EurekaClaw's loop passes `bus.domain`,
-    which its KnowledgeBus does not have, so its memories all went to "general"). The daemon
-    unreachable or refusing: EurekaClaw's own extractor runs instead (with the client given)."""
+    the daemon's session.extract job, and waits at most EXTRACT_WAIT seconds for the job; it returns
+    [] (the memories are the job's) and puts session.close's answer on the bus under BUS_KEY.
+    When the daemon cannot extract (no LLM: the job's waiting_reason says so at once; the job
+    failed) or has not within the bound, EurekaClaw's own extraction call runs here, with the
+    agent's LLM client (its prompt, model, token cap and parser), and session.learned hands the
+    items to the job: the daemon's rules and one commit make them memories, lemma nodes and failed
+    strategies, and the job is done, so it never runs again (a WARNING, once per process, says why
+    and how to give the daemon an LLM). Difference: an empty domain is the research brief's
+    (EurekaClaw's loop passes `bus.domain`, which its KnowledgeBus does not have, so its memories all
+    went to "general"). The daemon unreachable or refusing: EurekaClaw's own extractor runs instead
+    (with the client given)."""
 
     _original: type
 
     def __init__(self, client: Any = None) -> None:
-        self.client = client  # EurekaClaw's LLM client: the fallback's only
+        self.client = client  # EurekaClaw's LLM client: for its extraction call when the daemon cannot
         self.last_close: dict[str, Any] | None = None
+        self.last_learned: Any = None  # session.learned's answer (the Job), when this process extracted
         self._fallback: Any = None
 
     async def extract_and_save(self, bus: Any, domain: str = "") -> list[dict[str, Any]]:
@@ -538,12 +548,150 @@ class RoutedSessionMemoryExtractor:
         if closed is not None:
             self.last_close = closed
             bus.put(BUS_KEY, closed)
-            log.info("session %s closed: extraction job %s queued by eurekamem", bus.session_id, closed.get("job_id"))
+            job_id = closed.get("job_id")
+            log.info("session %s closed: extraction job %s queued by eurekamem", bus.session_id, job_id)
+            why = await _in_worker_thread(_why_not_extracted, str(job_id)) if job_id else None
+            if why is not None:
+                await self._extract_here(str(job_id), why, theory_state, domain)
             return []
         log.warning("eurekamem could not close session %s: EurekaClaw's own extractor runs instead", bus.session_id)
         if self._fallback is None:
             self._fallback = self._original(client=self.client)
         return cast(list[dict[str, Any]], await self._fallback.extract_and_save(bus, domain=domain))
+
+
+    async def _extract_here(self, job_id: str, why: tuple[str, str], theory_state: Any, domain: str) -> None:
+        """EurekaClaw's extraction call with the agent's LLM client, its items delivered to the job."""
+        cause, text = why
+        _warn_once(cause, text)
+        client = self.client
+        try:
+            if client is None:
+                client = self.client = importlib.import_module("eurekaclaw.llm").create_client()
+            items = await _eurekaclaw_extraction(self, client, theory_state, domain)
+        except Exception as exc:  # as EurekaClaw's own: an extraction that fails never fails the run
+            log.warning("the extraction in this process failed (%s): job %s stays queued for the daemon", exc, job_id)
+            return
+        if items is None:
+            log.warning("no insights in EurekaClaw's shape (no TheoryState, or an answer not in its JSON): "
+                        "job %s stays queued for the daemon", job_id)
+            return
+        self.last_learned = await _in_worker_thread(deliver_learned, job_id, items)
+
+
+EXTRACT_WAIT_VARIABLE = "EUREKAMEM_EXTRACT_WAIT"
+EXTRACT_WAIT = 60.0  # seconds the post-run learning waits for the daemon's job before extracting itself
+_CATEGORIES = ("domain_knowledge", "proof_strategy", "open_problems", "pitfalls")
+_FIX = (
+    "give the daemon an LLM (ANTHROPIC_API_KEY in the daemon's environment, or [llm] in its config "
+    "for an OpenAI-compatible server), then restart it or run `eurekamem call sys.resume`"
+)
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_once(cause: str, text: str) -> None:
+    """A WARNING the first time per process for each cause; INFO after."""
+    with _warned_lock:
+        first = cause not in _warned
+        _warned.add(cause)
+    log.log(logging.WARNING if first else logging.INFO, "%s; extracting this session's memories in this process "
+            "with EurekaClaw's own LLM client", text)
+
+
+def _extract_wait() -> float:
+    raw = os.environ.get(EXTRACT_WAIT_VARIABLE, "")
+    try:
+        return min(max(float(raw), 0.0), limits.MAX_WAIT) if raw.strip() else EXTRACT_WAIT
+    except ValueError:
+        log.warning("%s=%r is not a number of seconds: %g s", EXTRACT_WAIT_VARIABLE, raw, EXTRACT_WAIT)
+        return EXTRACT_WAIT
+
+
+def _why_not_extracted(job_id: str) -> tuple[str, str] | None:
+    """None when the daemon extracts the session (or did, or cannot be asked: the job is journaled);
+    else (cause, what to warn): it has no LLM, the job failed, or it did not finish within the bound."""
+    link = configured_link()
+    ok, job = link.call("jobs.get", {"id": job_id}, Job)
+    if not ok:
+        return None
+    wait = _extract_wait()
+    if job.state in ("queued", "running") and not (job.waiting_reason or "").startswith("no LLM") and wait > 0:
+        try:
+            job = link.client.wait_job(job_id, timeout=wait)
+        except EurekamemError as exc:
+            log.warning("eurekamem did not answer jobs.wait for job %s (%s): it stays the daemon's", job_id, exc)
+            return None
+    reason = job.waiting_reason or ""
+    if job.state in ("done", "cancelled"):
+        return None
+    if job.state == "failed":
+        return "failed", f"the daemon's extraction job {job_id} failed ({job.error})"
+    if reason.startswith("no LLM"):
+        return "no_llm", f"the eurekamem daemon cannot extract session memories, it has {reason}: {_FIX}"
+    return "slow", f"the eurekamem daemon did not finish extraction job {job_id} within {wait:g} s ({reason or job.state})"
+
+
+async def _eurekaclaw_extraction(
+    extractor: Any, client: Any, theory_state: Any, domain: str
+) -> list[dict[str, Any]] | None:
+    """EurekaClaw's own extraction call (learning/memory_extractor.py: its prompt, filled as it fills
+    it, its model and token cap, its system line, its JSON parser), made with the agent's client:
+    the items as session.learned takes them, or None when the answer is not in its shape."""
+    if not theory_state:  # EurekaClaw's own extracts nothing then: the job waits for the daemon's LLM
+        return None
+    module = importlib.import_module(extractor._original.__module__)
+    settings = importlib.import_module("eurekaclaw.config").settings
+    lemmas = "\n".join(
+        f"- [{lid}] (verified={r.verified}): {r.proof_text[:120]}" for lid, r in list(theory_state.proven_lemmas.items())[:8]
+    )
+    failures = "\n".join(f"- [{f.lemma_id}]: {f.failure_reason[:100]}" for f in theory_state.failed_attempts[:5]) or "(none)"
+    response = await client.messages.create(
+        model=settings.fast_model,
+        max_tokens=settings.max_tokens_formalizer,
+        system="You extract lasting research insights from proof sessions. Be concise and precise.",
+        messages=[{"role": "user", "content": module._EXTRACT_PROMPT.format(
+            domain=domain or "mathematical research",
+            conjecture=(theory_state.informal_statement or theory_state.formal_statement or "")[:300],
+            outcome=theory_state.status,
+            lemmas=lemmas or "(none)",
+            failures=failures,
+        )}],
+    )
+    text = response.content[0].text if response.content else "{}"
+    data = extractor._parse_json(text)  # EurekaClaw's own (the routed class inherits it)
+    if not isinstance(data, dict) or not any(category in data for category in _CATEGORIES):
+        return None
+    items: list[dict[str, Any]] = []
+    for category in _CATEGORIES:
+        entries = data.get(category) or []
+        for entry in entries if isinstance(entries, list) else []:
+            if not isinstance(entry, dict):
+                continue
+            try:  # read as EurekaClaw reads it: "untitled", the content stripped, confidence 0.8 by default
+                confidence = float(entry.get("confidence", 0.8))
+            except (TypeError, ValueError):
+                continue
+            if confidence != confidence:  # NaN
+                continue
+            items.append({
+                "category": category,
+                "title": str(entry.get("title", "untitled"))[:200],
+                "content": str(entry.get("content", "")).strip()[:4000],
+                "confidence": min(max(confidence, 0.0), 1.0),
+            })
+    return items[: limits.MAX_LEARNED]
+
+
+def deliver_learned(job_id: str, items: list[dict[str, Any]]) -> Job | None:
+    """session.learned: the items complete the job (the daemon's rules, one commit); the Job, or None
+    when the daemon did not take them (logged; the job stays queued for the daemon's own LLM)."""
+    ok, job = configured_link().call("session.learned", {"job_id": job_id, "items": items}, Job)
+    if not ok:
+        return None
+    extracted_by = job.result.get("extracted_by") if isinstance(job.result, dict) else None
+    log.info("job %s is %s (extracted by %s)", job_id, job.state, extracted_by or "nobody")
+    return cast(Job, job)
 
 
 def _brief_domain(bus: Any) -> str:
