@@ -906,6 +906,9 @@ class Daemon:
         memory_actor = self.memory_actor
         memory_actor.watching = True
         memory_actor.watch_full_interval = self.config.watch_full_interval
+        skills_actor = self.skills_actor  # skills/ likewise (daemon/skills/watch.py)
+        skills_actor.watching = True
+        skills_actor.watch_full_interval = self.config.watch_full_interval
         with scope:
             while True:
                 try:
@@ -916,6 +919,12 @@ class Daemon:
                     log.exception("tier 4: the scan of memories/ failed; will try again")
                 finally:
                     memory_actor.first_scan.set()
+                try:
+                    await skills_actor.scan_files()
+                except trio.ClosedResourceError:
+                    return
+                except Exception:
+                    log.exception("skills: the scan of skills/ failed; will try again")
                 await trio.sleep(max(interval, SCAN_FACTOR * memory_actor.watcher.last_stat_seconds))
 
     async def _snapshot_scheduler(self, scope: trio.CancelScope) -> None:

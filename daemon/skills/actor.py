@@ -24,6 +24,7 @@ import json
 import logging
 import math
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,15 @@ from eurekamem.daemon.skills.state import (
     Projection,
     SkillsState,
     query_of,
+)
+from eurekamem.daemon.skills.watch import (
+    SkillsWatcher,
+    SkillTree,
+    apply_files,
+    digest,
+    problem_of,
+    read_skill_files,
+    scan_skills,
 )
 from eurekamem.daemon.storage.files import RealFiles, atomic_write
 from eurekamem.daemon.tier import TierActor
@@ -71,6 +81,10 @@ class SkillsActor(TierActor):
         self._work = trio.Event()  # set when files are owed or skills wait for a vector
         self._projection_lock = trio.Lock()  # one projection at a time, from taking the changes to writing them
         self._unsynced = PendingSync()  # written or removed since the last durable projection
+        self.watcher = SkillsWatcher()  # what the scans of skills/ know (daemon/skills/watch.py)
+        self.watching = False  # set by the daemon when it scans skills/ (watch_interval > 0)
+        self.watch_full_interval = 30.0  # seconds between full scans (the daemon sets its config's)
+        self._scanned = trio.Event()  # set (and replaced) after each scan
         self._note_work()
 
     async def run(self) -> None:
@@ -177,8 +191,115 @@ class SkillsActor(TierActor):
                 await self._unsynced.sync()
             return written
 
+    # --- files other programs write (daemon/skills/watch.py) ----------------------------------------
+
+    async def scan_files(self, full: bool = False) -> dict[str, int]:
+        """One scan of skills/ (a full one when asked, the first, and every watch_full_interval):
+        SKILL.md files another program wrote, changed or removed since the last scan become journaled
+        changes of the tier. Returns the counts of what it did."""
+        async with self._projection_lock:
+            started = time.perf_counter()
+            try:
+                return await self._scan(full)
+            finally:
+                self.watcher.scans += 1
+                self.watcher.last_scan_ms = (time.perf_counter() - started) * 1000
+                self._scanned.set()
+                self._scanned = trio.Event()
+
+    async def wait_scanned(self) -> None:
+        """Return after the next scan of skills/ ends."""
+        await self._scanned.wait()
+
+    async def _scan(self, full: bool) -> dict[str, int]:
+        watcher = self.watcher
+        now = trio.current_time()
+        full = full or watcher.tree is None or now >= watcher.last_full + self.watch_full_interval
+        tree: SkillTree = await trio.to_thread.run_sync(scan_skills, self.root, None if full else watcher.tree)
+        if full:
+            watcher.last_full = now
+            watcher.full_scans += 1
+        counts = {"new": 0, "edit": 0, "removed": 0, "bad": 0}
+        known, reported = watcher.known, watcher.reported
+        if tree.base is None:  # skills/ itself is gone: no removal of each skill; every file written again
+            watcher.tree = tree
+            if known:
+                log.warning("skills: %s/skills is gone; writing the skills' files again", self.root)
+                names = list(known)
+                known.clear()
+                await self.run_internal(lambda state: state.rewrite(names))
+            return counts
+        watcher.tree = tree
+        candidates = tree.files if full else {name: tree.files[name] for name in tree.looked if name in tree.files}
+        changed: list[str] = []
+        for name, sig in candidates.items():
+            if name in known and known[name][0] == sig or name in reported and reported[name][0] == sig:
+                continue
+            problem = problem_of(name)
+            if problem is not None:
+                self._report(name, sig, problem)
+                counts["bad"] += 1
+                continue
+            changed.append(name)
+        for name in [n for n in reported if n not in tree.files]:
+            del reported[name]
+        gone = [name for name in known if name not in tree.files]
+        if not (changed or gone):
+            return counts
+        reads = await trio.to_thread.run_sync(read_skill_files, self.root, changed)
+        texts: list[tuple[str, str, float]] = []
+        lossy: set[str] = set()
+        seen: dict[str, tuple[tuple[int, int, int], str]] = {}
+        for read in reads:
+            if read.error:
+                self._report(read.name, candidates[read.name], read.error)
+                counts["bad"] += 1
+                continue
+            if read.data is None or read.sig is None:
+                continue  # gone, or being written: the next scan looks again
+            sha = digest(read.data)
+            if read.name in known and known[read.name][1] == sha:
+                known[read.name] = (read.sig, sha)  # touched, same bytes
+                continue
+            try:
+                text = read.data.decode("utf-8")
+            except UnicodeDecodeError:  # read as the start reads it (load_skill_files), kept aside once
+                text = read.data.decode("utf-8", errors="replace")
+                lossy.add(read.name)
+                log.warning("skills: skills/%s/SKILL.md is not UTF-8: read with replacement characters", shown(read.name))
+            seen[read.name] = (read.sig, sha)
+            texts.append((read.name, text, read.sig[1] / 1e9))
+        outcome: dict[str, str] = await self.run_internal(lambda state: apply_files(state, texts, gone, lossy))
+        for name in gone:
+            known.pop(name, None)
+        for name, what in outcome.items():
+            relative = f"skills/{name}/SKILL.md"
+            if what == "removed":
+                counts["removed"] += 1
+                log.info("skills: %s was removed by another program: skill %s removed", shown(relative), shown(name))
+            elif what == "ignored":
+                self._report(name, seen[name][0], "its name is a draft's or a skill's kept elsewhere")
+            elif what in ("new", "edit", "same"):
+                known[name] = seen[name]
+                reported.pop(name, None)
+                if what != "same":
+                    counts[what] += 1
+                    log.info("skills: %s %s by another program", shown(relative), "written" if what == "new" else "edited")
+        watcher.imported += counts["new"]
+        watcher.updated += counts["edit"]
+        watcher.removed += counts["removed"]
+        return counts
+
+    def _report(self, name: str, sig: tuple[int, int, int] | None, why: str) -> None:
+        """A folder of skills/ that is no skill's file (once per version of it), left as it is."""
+        if self.watcher.reported.get(name, (None, ""))[0] != sig:
+            log.warning("skills: skills/%s/SKILL.md left as it is: %s", shown(name), why)
+        self.watcher.reported[name] = (sig, why)
+        self.watcher.known.pop(name, None)
+
     def statistics(self) -> dict[str, Any]:
         return {
+            "watch": {"enabled": self.watching, **self.watcher.statistics()},
             "files_written": self.files_written,
             "projection_errors": self.projection_errors,
             "embedded": self.embedded,

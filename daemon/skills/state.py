@@ -5,7 +5,8 @@ Rules kept here:
   internal call at a time. Durable changes go through `apply(PutSkill)` only; a PutSkill carries the
   whole skill and the frontmatter entries the daemon does not read, so replaying one twice, or one
   already in the files, gives the same state. Handlers check everything before they commit.
-- A name is a skill's identity and its folder; a skill is never deleted, and its status only moves
+- A name is a skill's identity and its folder; the daemon never deletes a skill (only another
+  program's removal of its file does: RemoveSkill, daemon/skills/watch.py), and its status only moves
   from draft to active. Drafts live in memory/skill_drafts/<name>/SKILL.md, out of the folder
   EurekaClaw reads (so not even EurekaClaw's own loader can inject them); every other skill in
   skills/<name>/SKILL.md, or where its file was found.
@@ -53,6 +54,13 @@ SEED_STATS_FILE = "seed_skill_stats.json"  # EurekaClaw's usage statistics of se
 class PutSkill(msgspec.Struct, tag="skills.put"):
     skill: Skill
     extra: str = ""  # frontmatter entries the daemon does not read, written back verbatim
+    from_file: bool = False  # read from skills/<name>/SKILL.md, written by another program: the file shows it
+
+
+class RemoveSkill(msgspec.Struct, tag="skills.remove"):
+    """Another program removed skills/<name>/SKILL.md (daemon/skills/watch.py): the skill is gone."""
+
+    name: str
 
 
 def skill_file(name: str, status: str) -> str:
@@ -394,12 +402,37 @@ class SkillsState(TierState):
     # --- mutations -------------------------------------------------------------------------------------
 
     def apply(self, mutation: Any) -> Undo:
+        if isinstance(mutation, RemoveSkill):
+            return self._remove(mutation.name)
         if not isinstance(mutation, PutSkill):
             raise TypeError(f"not a skills mutation: {mutation!r}")
         name = mutation.skill.name
         before = self.skills.get(name), self.extra.get(name, ""), self.files.get(name)
+        owed = name in self.dirty, name in self.seed_stats_dirty
         self._put(mutation.skill, mutation.extra)
+        if mutation.from_file:  # the file shows it: nothing owed for it
+            if not owed[0]:
+                self.dirty.pop(name, None)
+            if not owed[1]:
+                self.seed_stats_dirty.pop(name, None)
         return lambda: self._restore(name, *before)
+
+    def _remove(self, name: str) -> Undo:
+        old = self.skills.get(name)
+        if old is None:  # replayed after the file's removal was already in a snapshot
+            return lambda: None
+        extra, path = self.extra.get(name, ""), self.files.get(name)
+        owed = name in self.dirty, name in self.seed_stats_dirty
+        self._forget(name)
+
+        def undo() -> None:
+            self._put(old, extra, path)
+            if not owed[0]:
+                self.dirty.pop(name, None)
+            if not owed[1]:
+                self.seed_stats_dirty.pop(name, None)
+
+        return undo
 
     def load(self, skill: Skill, extra: str, relative: str) -> None:
         """A skill read from its file at start: in the state, nothing owed to the files."""
@@ -443,6 +476,10 @@ class SkillsState(TierState):
             self._put(old, extra, path)
             return
         # undo of a new skill, in the batch that made it: nothing was written for it yet
+        self._forget(name)
+
+    def _forget(self, name: str) -> None:
+        """The skill out of the state and its indexes; its file is not the state's to remove."""
         label = self._label.pop(name)
         del self._name_of[label]
         self._drafts -= self.skills.pop(name).status == "draft"
@@ -453,6 +490,7 @@ class SkillsState(TierState):
         self._unembedded.pop(name, None)
         self.dirty.pop(name, None)
         self.seed_stats_dirty.pop(name, None)
+        self.keep_original.pop(name, None)
 
     # --- the files ---------------------------------------------------------------------------------
 
@@ -489,6 +527,12 @@ class SkillsState(TierState):
             for name, file in self.files.items():
                 if file == path:
                     self.keep_original[name] = None
+
+    def rewrite(self, names: list[str]) -> None:
+        """skills/ was removed: these skills' files are written again (a folder gone is no removal)."""
+        for name in names:
+            if name in self.skills and self.files.get(name, "").startswith(f"{SKILLS_FOLDER}/"):
+                self.dirty[name] = None
 
     def owes_files(self) -> bool:
         return bool(self.dirty or self.stale_files or self.seed_stats_dirty)
