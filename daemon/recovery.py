@@ -139,6 +139,7 @@ def recover(
         out.graph.load(nodes)
         for edge in edges:
             out.graph.apply(_edge(*edge))
+        out.graph.keep_copies(edges)  # EurekaClaw's duplicate edges: the file gets them back
     progress("loading tier 4 and building its index")
     memory_doc = read_memory_snapshot(paths.memory_snapshot)
     if memory_doc is not None:

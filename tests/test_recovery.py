@@ -99,7 +99,7 @@ async def test_first_start_imports_eurekaclaw_files(data_dir: Path, sock_dir: Pa
         }
         graph = json.loads((data_dir / "memory" / "knowledge_graph.json").read_text())
         assert set(graph["nodes"]) == {NODE_A, NODE_B, NODE_C}
-        assert graph["edges"] == [[NODE_A, NODE_B, "uses"], [NODE_C, NODE_A, "contradicts"]]
+        assert graph["edges"] == EUREKACLAW_GRAPH["edges"]  # the duplicate as EurekaClaw listed it (the graph holds it once)
         assert graph["nodes"][NODE_A]["related_to"] == []
         assert (data_dir / "memory" / "journal" / "checkpoint.json").exists()
 

@@ -1,8 +1,8 @@
 """EurekaClaw's snapshot files: persistent.json and knowledge_graph.json, read leniently, written exactly.
 
 Rule kept here: reading never loses what a file holds — naive, offset and 'Z' timestamps are
-normalised to RFC 3339, missing ids and timestamps are filled in, duplicate edges collapse to one,
-edges to unknown nodes are kept — and a file that cannot be read at all raises SnapshotReadError naming
+normalised to RFC 3339, missing ids and timestamps are filled in, duplicate edges collapse to one
+(counted: the file gets them back as often as it listed them), edges to unknown nodes are kept — and a file that cannot be read at all raises SnapshotReadError naming
 the file, instead of starting with an empty tier. EurekaClaw's keys are any str; a key the protocol
 cannot carry ("", or longer than MAX_KEY) is held under the name the drop-in sends for it
 (client/_manager.py, _Names.fit) and written back as EurekaClaw gave it. Writing produces the shapes EurekaClaw's own code
@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from eurekamem.protocol import (
@@ -115,7 +116,9 @@ def read_persistent(data: bytes, name: str = "persistent.json") -> dict[str, Cro
 
 def read_graph(
     data: bytes, name: str = "knowledge_graph.json"
-) -> tuple[dict[str, KnowledgeNode], dict[tuple[str, str, str], None]]:
+) -> tuple[dict[str, KnowledgeNode], dict[tuple[str, str, str], int]]:
+    """The nodes by id, and each distinct edge with the number of times the file lists it
+    (EurekaClaw's add_edge appends duplicates)."""
     try:
         raw = json.loads(data) if data.strip() else {}
     except ValueError as exc:
@@ -141,7 +144,7 @@ def read_graph(
             tags=_str_list(item.get("tags")),
             created_at=_timestamp(item.get("created_at"), now),
         )
-    edges: dict[tuple[str, str, str], None] = {}
+    edges: dict[tuple[str, str, str], int] = {}
     dropped = 0
     for item in raw.get("edges") or []:
         if isinstance(item, dict):
@@ -150,7 +153,8 @@ def read_graph(
             dropped += 1
             continue
         relation = str(item[2]) if len(item) > 2 and item[2] else "uses"
-        edges[(str(item[0]), str(item[1]), relation)] = None
+        edge = (str(item[0]), str(item[1]), relation)
+        edges[edge] = edges.get(edge, 0) + 1
     if dropped:
         log.warning("%s: %d edge entries were not [from, to, relation] and were skipped", name, dropped)
     return nodes, edges
@@ -195,10 +199,11 @@ def write_persistent(records: dict[str, CrossRunRecord]) -> bytes:
     return _dumps(out)
 
 
-def write_graph(nodes: dict[str, KnowledgeNode], edges: dict[tuple[str, str, str], None]) -> bytes:
+def write_graph(nodes: dict[str, KnowledgeNode], edges: Mapping[tuple[str, str, str], int | None]) -> bytes:
+    """`edges`: each distinct edge, with how often EurekaClaw's file listed it (None: once)."""
     out = {}
     for node_id, node in nodes.items():
         doc = node.to_dict()
         doc["created_at"] = eurekaclaw_naive_utc(node.created_at)
         out[node_id] = doc
-    return _dumps({"nodes": out, "edges": [list(e) for e in edges]})
+    return _dumps({"nodes": out, "edges": [list(e) for e, copies in edges.items() for _ in range(copies or 1)]})

@@ -51,7 +51,8 @@ class GraphState(TierState):
     def __init__(self) -> None:
         super().__init__()
         self.nodes: dict[str, KnowledgeNode] = {}
-        self.edges: dict[tuple[str, str, str], None] = {}  # ordered set of (from, to, relation)
+        # ordered set of (from, to, relation); the value: how often EurekaClaw's file listed it (None: once)
+        self.edges: dict[tuple[str, str, str], int | None] = {}
         self._adjacent = nx.Graph()  # undirected, edge attribute "n" counts the typed edges behind it
         self._by_statement: dict[str, dict[str, None]] = {}  # normalised statement -> node ids, oldest first
 
@@ -169,6 +170,14 @@ class GraphState(TierState):
         if node is None:
             raise ProtocolError("not_found", f"no node with id {node_id!r}", id=node_id)
         return node
+
+    def keep_copies(self, edges: dict[tuple[str, str, str], int]) -> None:
+        """How often EurekaClaw's knowledge_graph.json listed each edge (its add_edge appends
+        duplicates): the graph, its answers and graph.link hold an edge once, the snapshot file
+        lists it that many times again (daemon/storage/eurekaclaw.py)."""
+        for edge, copies in edges.items():
+            if edge in self.edges and copies > 1:
+                self.edges[edge] = copies
 
     # mutations
     def apply(self, mutation: Any) -> Undo:
