@@ -323,7 +323,7 @@ class MemoryManager:
         self._outbox_limit = max(1, outbox_limit)
         self._ring: deque[EpisodicEntry] = deque(maxlen=RING)
         self._breaker = breaker_for(self.data_dir)
-        self._spool = spool_for(self.data_dir)
+        self._spool = spool_for(self.data_dir, self.memory_dir)
         self._files = RootFiles(
             self.memory_dir if self.memory_dir is not None else self.data_dir / "memory", self.data_dir
         )
@@ -707,6 +707,8 @@ class MemoryManager:
             visited.update(step)
             found += [graph[n] for n in step if n in graph]
             frontier = list(step)
+            if not frontier:
+                break
         return found
 
     def _graph_at_hand(self) -> tuple[dict[str, KnowledgeNode], list[tuple[str, str, str]]]:

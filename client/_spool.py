@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import secrets
+import stat
 import threading
 from collections import Counter, deque
 from collections.abc import Callable
@@ -125,9 +126,9 @@ class Spool:
     """This process's spool for one data root (see the module's rules). Thread-safe: `lock`
     orders appends and deliveries (callers hold it across "deliver, then send the new write")."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, folder: Path) -> None:
         self.root = root
-        self.dir = root / "run" / "spool"
+        self.dir = folder
         self.pid = os.getpid()
         self.lock = threading.RLock()
         self.pending: deque[SpoolEntry] = deque()
@@ -358,13 +359,29 @@ _spools: dict[tuple[Path, int], Spool] = {}
 _spools_lock = threading.Lock()
 
 
-def spool_for(root: Path) -> Spool:
+def _shared_folder(path: Path) -> bool:
+    """A folder others write in too ($TMPDIR: sticky or world-writable, or not ours): no run/ there."""
+    try:
+        st = path.stat()
+    except OSError:
+        return False  # made by us when needed
+    return bool(st.st_mode & (stat.S_ISVTX | stat.S_IWOTH)) or st.st_uid != os.geteuid()
+
+
+def spool_folder(root: Path, memory_dir: Path) -> Path:
+    """<root>/run/spool; for a root others share (a memory_dir in a TemporaryDirectory(), whose
+    parent is $TMPDIR) <memory_dir>/.eurekamem-spool instead, never a run/ folder in theirs."""
+    return memory_dir / ".eurekamem-spool" if _shared_folder(root) else root / "run" / "spool"
+
+
+def spool_for(root: Path, memory_dir: Path | None = None) -> Spool:
     """This process's spool for a data root (a forked child gets its own)."""
-    key = (root.resolve(), os.getpid())
+    folder = spool_folder(root.resolve(), (memory_dir or root / "memory").resolve())
+    key = (folder, os.getpid())
     with _spools_lock:
         spool = _spools.get(key)
         if spool is None:
-            spool = _spools[key] = Spool(key[0])
+            spool = _spools[key] = Spool(root.resolve(), folder)
         return spool
 
 

@@ -264,3 +264,17 @@ def test_routed_classes_share_the_breaker_inside_an_asyncio_loop(
         integration.uninstall()
         _forget_eurekaclaw()
         proc.terminate()
+
+
+def test_a_memory_dir_in_a_shared_folder_keeps_its_spool_inside_itself(tmp_path: Path, sock_dir: Path) -> None:
+    """EurekaClaw's tests pass TemporaryDirectory() folders: their parent ($TMPDIR, sticky and
+    world-writable) gets no run/ folder; the spool lives in the memory_dir itself."""
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    memory_dir = shared / "tmpabc123"
+    mm = MemoryManager("s", memory_dir, socket_path=sock_dir / "nobody.sock", autostart=False)
+    mm.log_event("theory", "x")
+    assert mm.buffered == 1
+    assert not (shared / "run").exists()
+    assert len(list((memory_dir / ".eurekamem-spool").iterdir())) == 1
