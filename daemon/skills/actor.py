@@ -43,6 +43,7 @@ from eurekamem.daemon.skills.state import (
     query_of,
 )
 from eurekamem.daemon.skills.watch import (
+    FileSig,
     SkillsWatcher,
     SkillTree,
     apply_files,
@@ -50,6 +51,7 @@ from eurekamem.daemon.skills.watch import (
     problem_of,
     read_skill_files,
     scan_skills,
+    signature,
 )
 from eurekamem.daemon.storage.files import RealFiles, atomic_write
 from eurekamem.daemon.tier import TierActor
@@ -173,12 +175,15 @@ class SkillsActor(TierActor):
         """Write the skill files that changed; durable=True also fsyncs all written since the last
         durable call, and raises if anything could not be written (a snapshot must then fail)."""
         async with self._projection_lock:
+            if self.watching and self.watcher.scans:
+                await self._adopt_edits_of_owed()
             projection: Projection = await self.run_internal(lambda state: state.take_projection())
             written = 0
             if not projection.empty():
                 self._unsynced.update(touched_paths(self.root, projection))
+                wrote: dict[str, tuple[FileSig, str]] = {}
                 try:
-                    written = await trio.to_thread.run_sync(write_projection, self.root, projection)
+                    written = await trio.to_thread.run_sync(write_projection, self.root, projection, wrote)
                 except OSError as exc:
                     self.projection_errors += 1
                     log.error("could not write skill files (the journal has them; will retry): %s", exc)
@@ -187,11 +192,39 @@ class SkillsActor(TierActor):
                         raise
                     return 0
                 self.files_written += written
+                self.watcher.known.update(wrote)  # the daemon's own files: no scan takes them for edits
             if durable and self._unsynced:
                 await self._unsynced.sync()
             return written
 
     # --- files other programs write (daemon/skills/watch.py) ----------------------------------------
+
+    async def _adopt_edits_of_owed(self) -> None:
+        """Before a projection (its lock held): a file the projection is about to rewrite that
+        another program changed since the last scan is read first (apply_files keeps its text),
+        so that no edit is overwritten unread."""
+        owed: list[str] = await self.run_internal(
+            lambda state: [name for name in state.dirty if state.files.get(name) == f"{SKILLS_FOLDER}/{name}/SKILL.md"]
+        )
+        known = self.watcher.known
+        candidates = [name for name in owed if name in known]
+        if not candidates:
+            return
+
+        def changed() -> list[str]:
+            out = []
+            for name in candidates:
+                try:
+                    sig = signature(os.stat(self.root / SKILLS_FOLDER / name / "SKILL.md"))
+                except OSError:
+                    continue  # removed: the projection writes it again (the daemon's change is owed)
+                if sig != known[name][0]:
+                    out.append(name)
+            return out
+
+        names = await trio.to_thread.run_sync(changed)
+        if names:
+            await self._adopt(names, [], {}, {"new": 0, "edit": 0, "removed": 0, "bad": 0})
 
     async def scan_files(self, full: bool = False) -> dict[str, int]:
         """One scan of skills/ (a full one when asked, the first, and every watch_full_interval):
@@ -246,13 +279,21 @@ class SkillsActor(TierActor):
         gone = [name for name in known if name not in tree.files]
         if not (changed or gone):
             return counts
+        return await self._adopt(changed, gone, candidates, counts)
+
+    async def _adopt(
+        self, changed: list[str], gone: list[str], candidates: dict[str, FileSig], counts: dict[str, int]
+    ) -> dict[str, int]:
+        """Read the changed files, apply them and the files gone (apply_files), record what was seen."""
+        watcher = self.watcher
+        known = watcher.known
         reads = await trio.to_thread.run_sync(read_skill_files, self.root, changed)
         texts: list[tuple[str, str, float]] = []
         lossy: set[str] = set()
-        seen: dict[str, tuple[tuple[int, int, int], str]] = {}
+        seen: dict[str, tuple[FileSig, str]] = {}
         for read in reads:
             if read.error:
-                self._report(read.name, candidates[read.name], read.error)
+                self._report(read.name, candidates.get(read.name), read.error)
                 counts["bad"] += 1
                 continue
             if read.data is None or read.sig is None:
@@ -269,7 +310,8 @@ class SkillsActor(TierActor):
                 log.warning("skills: skills/%s/SKILL.md is not UTF-8: read with replacement characters", shown(read.name))
             seen[read.name] = (read.sig, sha)
             texts.append((read.name, text, read.sig[1] / 1e9))
-        outcome: dict[str, str] = await self.run_internal(lambda state: apply_files(state, texts, gone, lossy))
+        before = set(known)
+        outcome: dict[str, str] = await self.run_internal(lambda state: apply_files(state, texts, gone, lossy, before))
         for name in gone:
             known.pop(name, None)
         for name, what in outcome.items():
@@ -281,7 +323,7 @@ class SkillsActor(TierActor):
                 self._report(name, seen[name][0], "its name is a draft's or a skill's kept elsewhere")
             elif what in ("new", "edit", "same"):
                 known[name] = seen[name]
-                reported.pop(name, None)
+                watcher.reported.pop(name, None)
                 if what != "same":
                     counts[what] += 1
                     log.info("skills: %s %s by another program", shown(relative), "written" if what == "new" else "edited")
@@ -290,7 +332,7 @@ class SkillsActor(TierActor):
         watcher.removed += counts["removed"]
         return counts
 
-    def _report(self, name: str, sig: tuple[int, int, int] | None, why: str) -> None:
+    def _report(self, name: str, sig: FileSig | None, why: str) -> None:
         """A folder of skills/ that is no skill's file (once per version of it), left as it is."""
         if self.watcher.reported.get(name, (None, ""))[0] != sig:
             log.warning("skills: skills/%s/SKILL.md left as it is: %s", shown(name), why)
@@ -324,19 +366,23 @@ def touched_paths(root: Path, projection: Projection) -> list[Path]:
     return out
 
 
-def write_projection(root: Path, projection: Projection) -> int:
-    """Runs in a worker thread: write, remove and update what the projection says; returns files written."""
+def write_projection(root: Path, projection: Projection, wrote: dict[str, tuple[FileSig, str]] | None = None) -> int:
+    """Runs in a worker thread: write, remove and update what the projection says; returns files
+    written. `wrote` gets name -> (signature, sha256) of each skills/ file written (the watcher's)."""
     fs = RealFiles()
     written = 0
     keep = set(projection.keep_originals)
-    for _, relative, text in projection.writes:
+    for name, relative, text in projection.writes:
         path = root / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         original = path.with_name(path.name + ".orig")
         if relative in keep and path.exists() and not original.exists():
             os.link(path, original)  # the bytes another program wrote, as they were
-        atomic_write(fs, str(path), text.encode("utf-8"), sync=False)
+        data = text.encode("utf-8")
+        atomic_write(fs, str(path), data, sync=False)
         written += 1
+        if wrote is not None and relative == f"{SKILLS_FOLDER}/{name}/SKILL.md":
+            wrote[name] = (signature(os.stat(path)), digest(data))
     for relative in projection.removes:
         path = root / relative
         if path.is_file():

@@ -5,9 +5,11 @@ EurekaClaw's own registry, a person, a test) wrote, changed or removed becomes a
 the skills tier (a new file: a skill; a changed file: the skill as the file now says; a removed file
 or folder: the skill removed, as EurekaClaw's loader would no longer find it), and the daemon never
 rewrites or deletes such a file for it: the change is committed with `from_file`, which tells the
-projection that the file already shows it. A file whose skill the projection still owes is left to
-the projection (the daemon's change is the newer one); a file the daemon wrote is recognised by
-rendering its skill (a read, no commit). A file that is not UTF-8 is read as the start reads it
+projection that the file already shows it. A file whose skill the daemon changed meanwhile (the
+projection owes it) keeps its text, and the daemon's usage figures are added to it (the projection
+then writes both); the projection reads such a file first, so it never overwrites an edit unread.
+The daemon's own files are known by what the projection reports (signature and SHA-256), or, after
+a restart, by rendering their skill (a read, no commit). A file that is not UTF-8 is read as the start reads it
 (replacement characters; the original kept as SKILL.md.orig before any rewrite); a file that cannot
 be read, or a folder no skill may be named after, is reported once and left as it is; skills/ itself gone removes nothing (every file is
 written again).
@@ -26,6 +28,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Container
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -174,10 +177,17 @@ class SkillsWatcher:
 
 
 def apply_files(
-    state: SkillsState, reads: list[tuple[str, str, float]], gone: list[str], lossy: set[str] | frozenset[str] = frozenset()
+    state: SkillsState,
+    reads: list[tuple[str, str, float]],
+    gone: list[str],
+    lossy: Container[str] = frozenset(),
+    seen_before: Container[str] = frozenset(),
 ) -> dict[str, str]:
     """Commit what the files read (name, text, mtime) and the files gone say (`lossy`: files read
-    with replacement characters, kept aside as SKILL.md.orig before a rewrite); returns name -> what
+    with replacement characters, kept aside as SKILL.md.orig before a rewrite; `seen_before`: the
+    files a scan or the projection saw before, so that a change of one is another program's: a file
+    not seen before whose skill the daemon owes is older than the daemon's change, after a restart
+    say, and left to the projection); returns name -> what
     was done: "new", "edit", "same" (the file shows the skill), "pending" (the projection owes the
     file), "removed", "ignored" (not a skill's file: a draft's name, say; reported by the caller)."""
     from eurekamem.daemon.skills.state import PutSkill, RemoveSkill, only_usage
@@ -189,10 +199,11 @@ def apply_files(
         if current is not None and state.files.get(name) != relative:
             out[name] = "ignored"  # a draft (its file is in memory/skill_drafts), or a skill found elsewhere
             continue
-        if name in state.dirty:
+        owed = name in state.dirty
+        if owed and name not in seen_before:
             out[name] = "pending"
             continue
-        if current is not None and render_skill(current, state.extra.get(name, "")) == text:
+        if current is not None and not owed and render_skill(current, state.extra.get(name, "")) == text:
             out[name] = "same"
             continue
         parsed, extra, problems = parse_skill(text, name, mtime=mtime)
@@ -201,12 +212,14 @@ def apply_files(
         if current is not None:
             if parsed.created_at != current.created_at and "created_at:" not in text:
                 parsed = msgspec.structs.replace(parsed, created_at=current.created_at)  # dated by mtime only
-            if current.source == "seed" and parsed.source == "seed" and current.usage_count > parsed.usage_count:
-                parsed = only_usage(parsed, current)  # a seed's figures live in seed_skill_stats.json
+            if owed or current.source == "seed" and parsed.source == "seed" and current.usage_count > parsed.usage_count:
+                # owed: the daemon's change not written yet (a use, most often) keeps its figures, the
+                # file its text; a seed's figures live in seed_skill_stats.json
+                parsed = only_usage(parsed, current)
             if parsed == current and extra == state.extra.get(name, ""):
-                out[name] = "same"
+                out[name] = "pending" if owed else "same"
                 continue
-        state.commit(PutSkill(parsed, extra, from_file=True))
+        state.commit(PutSkill(parsed, extra, from_file=not owed))
         if name in lossy:
             state.keep_original[name] = None
         out[name] = "edit" if current is not None else "new"
