@@ -232,11 +232,30 @@ def test_a_seed_skills_use_goes_to_seed_skill_stats_json_and_never_into_its_file
     stats = json.loads(text)
     assert stats[name] == {"usage_count": 2, "success_rate": 0.7}
     assert text == json.dumps(stats, indent=2)  # as EurekaClaw's _save_seed_stats writes it
+    # EurekaClaw's own registry (on a folder beside) does the same to the same file: both entries kept
+    OwnRegistry = own[0]
+    beside = daemon.data_dir / unique("beside")
+    theirs = unique("their_seed")
+    _write(beside / theirs / "SKILL.md", INDUCTION.replace("name: test_induction", f"name: {theirs}"))
+    own_file = (beside / theirs / "SKILL.md").read_bytes()
+    registry_theirs = SkillRegistry(skills_dir=beside)
+    assert type(registry_theirs) is OwnRegistry
+    registry_theirs.update_stats(theirs, success=True)
+    registry_theirs.update_stats(theirs, success=False)
+    assert (beside / theirs / "SKILL.md").read_bytes() == own_file
+    registry.update_stats(name, success=True)  # the daemon updates its entry, keeps EurekaClaw's
+    rate = 0.7 * 0.7 + 0.3 * 1.0  # EurekaClaw's moving average, as floats compute it
+    assert (client.skill(name).usage_count, client.skill(name).success_rate) == (3, rate)
+    client.snapshot()
+    text = stats_file.read_text(encoding="utf-8")
+    stats = json.loads(text)
+    assert stats[theirs] == {"usage_count": 2, "success_rate": 0.7} and stats[name] == {"usage_count": 3, "success_rate": rate}
+    assert text == json.dumps(stats, indent=2) and path.read_bytes() == before
     # a restart reads the figures back from seed_skill_stats.json (the file still says 0 uses)
     daemon.kill()
     daemon.start()
     with Client(daemon.socket_path, timeout=TIMEOUT) as again:
-        assert (again.skill(name).usage_count, again.skill(name).success_rate) == (2, 0.7)
+        assert (again.skill(name).usage_count, again.skill(name).success_rate) == (3, rate)
     assert path.read_bytes() == before
 
 

@@ -99,27 +99,43 @@ class SkillRegistry:
         self._ensure_loaded()
         return [s for s in self._skills.values() if stage in s.meta.pipeline_stages]
 
-    def upsert(self, skill: SkillRecord) -> None:
-        folder = self._skills_dir / skill.meta.name
-        folder.mkdir(parents=True, exist_ok=True)
+    @property
+    def _seed_stats_path(self) -> Path:
+        return settings.eurekaclaw_dir / "seed_skill_stats.json"
+
+    def _write(self, path: Path, skill: SkillRecord) -> None:
         lines = []
         for key, value in skill.meta.model_dump(mode="json").items():
             if isinstance(value, list):
                 lines += [f"{key}:", *(f"- {json.dumps(v)}" for v in value)]
             elif value is not None:
                 lines.append(f"{key}: {json.dumps(value)}")
-        text = "---\n" + "\n".join(lines) + f"\n---\n\n{skill.content}"
-        (folder / "SKILL.md").write_text(text, encoding="utf-8")
+        path.write_text("---\n" + "\n".join(lines) + f"\n---\n\n{skill.content}", encoding="utf-8")
+
+    def upsert(self, skill: SkillRecord) -> None:
+        folder = self._skills_dir / skill.meta.name
+        folder.mkdir(parents=True, exist_ok=True)
+        self._write(folder / "SKILL.md", skill)
         skill.file_path = str(folder / "SKILL.md")
         self._skills[skill.meta.name] = skill
 
     def update_stats(self, name: str, success: bool) -> None:
+        """As EurekaClaw's: the moving average; a seed skill's figures go to seed_skill_stats.json
+        (json.dumps indent=2, its file never touched), any other skill's into its own file."""
         skill = self.get(name)
         if not skill:
             return
         skill.meta.usage_count += 1
         prev = skill.meta.success_rate
         skill.meta.success_rate = (1.0 if success else 0.0) if prev is None else 0.7 * prev + 0.3 * float(success)
+        if skill.meta.source == "seed":
+            path = self._seed_stats_path
+            stats = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+            stats[name] = {"usage_count": skill.meta.usage_count, "success_rate": skill.meta.success_rate}
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(stats, indent=2), encoding="utf-8")
+        elif skill.file_path and Path(skill.file_path).exists():
+            self._write(Path(skill.file_path), skill)
 
     def reload(self) -> None:
         self._loaded = False
