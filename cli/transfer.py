@@ -208,12 +208,21 @@ def _write_private(path: Path, data: bytes) -> None:
 _SKILL_FIELDS = ("name", "body", "version", "tags", "agent_roles", "pipeline_stages", "description", "source", "status",
                  "created_at", "usage_count", "success_rate")  # what skills.put takes: the whole skill
 _MEMORY_FIELDS = ("domain", "category", "title", "content", "confidence", "tags", "source_session", "scope", "abstract", "overview",
-                  "valid_from", "valid_until", "pinned")  # the lifecycle fields memory.add takes (issue 13)
+                  "valid_from", "valid_until", "pinned",  # the lifecycle fields memory.add takes (issue 13)
+                  "id", "created_at", "updated_at")  # and its history (issue 27): ids, times and file names kept
+_RECORD_HISTORY = ("record_id", "created_at", "updated_at")
+_NODE_HISTORY = ("node_id", "created_at")
+
+
+def _history(item: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
+    """The ids and times an import hands on, those the item has."""
+    return {k: str(item[k]) for k in fields if item.get(k)}
 
 
 class Importer:
-    """Adds exported or EurekaClaw records through the socket; node ids change, so it keeps a map.
-    What the daemon already holds (see the module's rule) is read first and skipped."""
+    """Adds exported or EurekaClaw records through the socket with their history (ids, created_at,
+    updated_at: the methods take them for an import); a node matched to another id maps its edges,
+    so it keeps a map. What the daemon already holds (see the module's rule) is read first and skipped."""
 
     def __init__(self, client: Any, progress: Progress) -> None:
         self.client = client
@@ -270,7 +279,8 @@ class Importer:
         self.progress.add(len(records) - len(todo))
         records = todo
         calls = [("persistent.remember", {"key": r["key"], "value": r.get("value"), "tags": list(r.get("tags") or []),
-                                          "source_session": str(r.get("source_session") or "")}) for r in records]
+                                          "source_session": str(r.get("source_session") or ""), **_history(r, _RECORD_HISTORY)})
+                 for r in records]
         for record, result in zip(records, self._call_all(calls)):
             if isinstance(result, BaseException):
                 self._fail(f"persistent {record.get('key')!r}", result)
@@ -302,6 +312,7 @@ class Importer:
                 "formal_statement": n.get("formal_statement") or "",
                 "domain": n.get("domain") or "", "session_id": n.get("session_id") or "",
                 "tags": tags.split(",") if isinstance(tags, str) else list(tags),
+                **_history(n, _NODE_HISTORY),
             }))
         for node, result in zip(nodes, self._call_all(calls)):
             if isinstance(result, BaseException):
@@ -437,13 +448,14 @@ def read_eurekaclaw_root(root: Path) -> tuple[dict[str, list[Any]], list[str]]:
     persistent = root / "memory" / "persistent.json"
     if persistent.is_file():
         for record in eurekaclaw.read_persistent(persistent.read_bytes(), str(persistent)).values():
-            groups["persistent"].append({"key": record.key, "value": record.value, "tags": record.tags, "source_session": record.source_session})
+            groups["persistent"].append({"key": record.key, "value": record.value, "tags": record.tags, "source_session": record.source_session,
+                                         "record_id": record.record_id, "created_at": record.created_at, "updated_at": record.updated_at})
     graph = root / "memory" / "knowledge_graph.json"
     if graph.is_file():
         nodes, edges = eurekaclaw.read_graph(graph.read_bytes(), str(graph))
         for node in nodes.values():
             groups["graph_node"].append({"node_id": node.node_id, "theorem_name": node.theorem_name, "formal_statement": node.formal_statement,
-                                         "domain": node.domain, "session_id": node.session_id, "tags": node.tags})
+                                         "domain": node.domain, "session_id": node.session_id, "tags": node.tags, "created_at": node.created_at})
         groups["graph_edge"].extend(edges)
     journal = root / "memory" / "journal"
     if _segment_files(root) and any(p.stat().st_size > 26 for p in _segment_files(root)):
@@ -471,7 +483,8 @@ def read_eurekaclaw_root(root: Path) -> tuple[dict[str, list[Any]], list[str]]:
         tags = fields.get("tags")
         folder = (path.parent.parent if path.parent.name == "_archive" else path.parent).name
         groups["memory"].append({
-            **({"id": str(fields["id"])} if fields.get("id") else {}),  # a root the daemon wrote: matched by id
+            **({"id": str(fields["id"])} if fields.get("id") else {}),  # a root the daemon wrote: matched by id, kept
+            **_file_times(fields),
             "domain": str(fields.get("domain") or folder),  # no domain field: the folder's slug
             "category": category if category in MEMORY_CATEGORIES else "domain_knowledge",
             "title": title[:1024],
@@ -509,6 +522,19 @@ def _read_skills(root: Path, notes: list[str]) -> list[dict[str, Any]]:
             skill, _extra, problems = parse_skill(text, name, mtime=mtime, draft=draft)
             notes.extend(f"{path}: {what}" for what in problems)
             out.append(skill.to_dict())
+    return out
+
+
+def _file_times(fields: dict[str, Any]) -> dict[str, str]:
+    """A memory file's created_at and updated_at, those that are timestamps (the daemon's rule)."""
+    from eurekamem.protocol import normalize_timestamp
+
+    out = {}
+    for name in ("created_at", "updated_at"):
+        try:
+            out[name] = normalize_timestamp(fields.get(name))
+        except (TypeError, ValueError):
+            continue
     return out
 
 

@@ -299,6 +299,10 @@ class PersistentRemember(Params):
     value: Any  # JSON's data model (free_form: value_problem)
     tags: Tags = []
     source_session: Annotated[str, Meta(max_length=MAX_ID)] = ""
+    # an import's history (eurekamem import): the record's own id and times, for a key not held yet
+    record_id: Ident | None = None
+    created_at: Annotated[str, Meta(min_length=1, max_length=64)] | None = None
+    updated_at: Annotated[str, Meta(min_length=1, max_length=64)] | None = None
     free_form: ClassVar[str] = "value"
 
 
@@ -324,6 +328,9 @@ class GraphAddTheorem(Params):
     domain: Annotated[str, Meta(max_length=MAX_KEY)] = ""
     session_id: Annotated[str, Meta(max_length=MAX_ID)] = ""
     tags: Tags = []
+    # an import's history (eurekamem import): the node's own id (not held yet) and time
+    node_id: Ident | None = None
+    created_at: Annotated[str, Meta(min_length=1, max_length=64)] | None = None
 
 
 class GraphLink(Params):
@@ -391,6 +398,11 @@ class MemoryAdd(Params):
     # where it came from in a conversation (the extraction sets them; a client may too)
     source_message_ids: Annotated[list[Ident], Meta(max_length=MAX_SOURCE_IDS)] = []
     refers_to: Instant | None = None  # the time it is about (RFC 3339), when it names one
+    # an import's history (eurekamem import): the memory's own id (not held yet) and times; its
+    # file is named by created_at's date
+    id: Ident | None = None
+    created_at: Instant | None = None
+    updated_at: Instant | None = None
 
 
 class MemoryAddMany(Params):

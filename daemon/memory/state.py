@@ -711,10 +711,13 @@ class MemoryState(TierState):
         """A new memory from `p` (checked by the caller), version 1."""
         slug = domain_slug(p.domain)
         fp = fingerprint(p.title, p.content)
-        now = self.stamp()
+        now = _time_param("created_at", p.created_at) or self.stamp()  # an import's history, else now
+        updated = _time_param("updated_at", p.updated_at) or now
+        if p.id is not None and p.id in self.memories:
+            raise ProtocolError("invalid_params", f"invalid params: id {p.id!r} is held already", field="id")
         valid_from, valid_until = _validity(p.valid_from, p.valid_until, now)
         memory = Memory(
-            id=str(uuid.uuid4()),
+            id=p.id or str(uuid.uuid4()),
             domain=p.domain or "general",
             category=p.category,
             title=p.title.strip(),
@@ -727,7 +730,7 @@ class MemoryState(TierState):
             source_session=p.source_session,
             fingerprint=fp,
             created_at=now,
-            updated_at=now,
+            updated_at=updated,
             file=self._new_file(slug, p.title, fp, now),
             pinned=p.pinned,
             valid_from=valid_from,

@@ -85,14 +85,19 @@ class GraphState(TierState):
 
     @handles("graph.add_theorem")
     def do_add_theorem(self, p: m.GraphAddTheorem) -> KnowledgeNode:
+        from eurekamem.daemon.tiers.persistent import imported_time
+
+        if p.node_id is not None and p.node_id in self.nodes:
+            raise ProtocolError("invalid_params", f"invalid params: node_id {p.node_id!r} is held already", field="node_id")
+        created = imported_time("created_at", p.created_at, self.now())
         node = KnowledgeNode(
-            node_id=new_id(),
+            node_id=p.node_id or new_id(),
             theorem_name=p.theorem_name,
             formal_statement=p.formal_statement,
             domain=p.domain,
             session_id=p.session_id,
             tags=list(dict.fromkeys(p.tags)),
-            created_at=self.now(),
+            created_at=created,
         )
         self.commit(PutNode(node))
         return node

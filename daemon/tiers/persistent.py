@@ -1,7 +1,8 @@
 """Tier 2: cross-run key-value records with tags, and the mutations that change them.
 
 Rule kept here: every mutation carries the whole resulting record, so replaying one twice gives
-the same state; overwriting a key keeps its record_id and created_at.
+the same state; overwriting a key keeps its record_id and created_at. An import may give a new
+key's record_id and times (its history); an overwrite keeps the held record's id and created_at.
 """
 
 from __future__ import annotations
@@ -12,9 +13,22 @@ import msgspec
 from eurekamem.daemon.tier import TierState, Undo, handles
 from eurekamem.protocol import (
     CrossRunRecord,
+    ProtocolError,
     new_id,
+    normalize_timestamp,
 )
 from eurekamem.protocol import _methods as m
+
+
+def imported_time(field: str, value: str | None, default: str) -> str:
+    """An import's timestamp param as RFC 3339 (`default` when not given); invalid_params naming
+    the field when it is not one."""
+    if value is None:
+        return default
+    try:
+        return normalize_timestamp(value)
+    except (TypeError, ValueError):
+        raise ProtocolError("invalid_params", f"invalid params: {field} {value!r} is not an RFC 3339 timestamp", field=field) from None
 
 
 class PutRecord(msgspec.Struct, tag="persistent.put"):
@@ -38,16 +52,17 @@ class PersistentState(TierState):
     # handlers
     @handles("persistent.remember")
     def do_remember(self, p: m.PersistentRemember) -> CrossRunRecord:
-        now = self.now()
         old = self.records.get(p.key)
+        created = imported_time("created_at", p.created_at, self.now())
+        updated = imported_time("updated_at", p.updated_at, self.now() if p.created_at is None else created)
         record = CrossRunRecord(
-            record_id=old.record_id if old else new_id(),
+            record_id=old.record_id if old else (p.record_id or new_id()),
             key=p.key,
             value=p.value,
             tags=list(dict.fromkeys(p.tags)),
             source_session=p.source_session,
-            created_at=old.created_at if old else now,
-            updated_at=now,
+            created_at=old.created_at if old else created,
+            updated_at=updated,
         )
         self.commit(PutRecord(record))
         return record
