@@ -624,9 +624,9 @@ _WHO = "who did it: kept as the record of who"
 KEPT: dict[type, dict[str, str]] = {
     m.EpisodicLog: {"session_id": _ID, "agent_role": _ID, "entry_id": _ID, "timestamp": _TIME},
     m.SessionClose: {"session_id": _ID, "domain": _ID},
-    m.PersistentRemember: {"key": _ID, "source_session": _ID},
+    m.PersistentRemember: {"key": _ID, "source_session": _ID, "record_id": _ID, "created_at": _TIME, "updated_at": _TIME},
     m.PersistentKey: {"key": _ID},
-    m.GraphAddTheorem: {"domain": _ID, "session_id": _ID},
+    m.GraphAddTheorem: {"domain": _ID, "session_id": _ID, "node_id": _ID, "created_at": _TIME},
     m.GraphLink: {"from_id": _ID, "to_id": _ID, "relation": _ENUM},
     m.MemoryAdd: {
         "domain": _ID,
@@ -637,6 +637,9 @@ KEPT: dict[type, dict[str, str]] = {
         "valid_until": _TIME,
         "source_message_ids": _ID,
         "refers_to": _TIME,
+        "id": _ID,  # with created_at and updated_at: an import's (cli/transfer.py), kept as its history
+        "created_at": _TIME,
+        "updated_at": _TIME,
     },
     m.MemoryUpdate: {"id": _ID, "category": _ENUM, "scope": _ENUM, "valid_from": _TIME, "valid_until": _TIME},
     m.MemoryDelete: {"id": _ID},
