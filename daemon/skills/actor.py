@@ -31,6 +31,7 @@ from typing import Any
 
 import msgspec
 import trio
+from eurekamem.daemon.memory.watch import FileSig, digest, signature
 from eurekamem.daemon.primitives import PendingSync
 from eurekamem.daemon.redact import shown
 from eurekamem.daemon.skills.format import name_problem, parse_skill
@@ -43,15 +44,12 @@ from eurekamem.daemon.skills.state import (
     query_of,
 )
 from eurekamem.daemon.skills.watch import (
-    FileSig,
     SkillsWatcher,
     SkillTree,
     apply_files,
-    digest,
     problem_of,
     read_skill_files,
     scan_skills,
-    signature,
 )
 from eurekamem.daemon.storage.files import RealFiles, atomic_write
 from eurekamem.daemon.tier import TierActor

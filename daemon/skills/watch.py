@@ -23,7 +23,6 @@ lock; the reads run in a worker thread, the changes in one internal call (the st
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import os
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+from eurekamem.daemon.memory.watch import FileSig, read_files, signature
 from eurekamem.daemon.redact import shown
 from eurekamem.daemon.skills.format import name_problem, parse_skill, render_skill
 
@@ -43,14 +43,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("eurekamem.skills")
 
 
-FileSig = tuple[int, int, int]  # (size, mtime_ns, inode)
 
 HOT_SECONDS = 600.0  # a SKILL.md changed this recently is stat-ed at every scan
 RACY_SECONDS = 2.0  # a folder changed this recently is looked at again (mtime granularity)
-
-
-def signature(st: os.stat_result) -> FileSig:
-    return (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
 @dataclass
@@ -122,27 +117,10 @@ class Read:
 
 
 def read_skill_files(root: Path, names: list[str]) -> list[Read]:
-    """Each skills/<name>/SKILL.md's bytes; one that changes while it is read is left for the next scan."""
-    out: list[Read] = []
-    for name in names:
-        path = root / "skills" / name / "SKILL.md"
-        try:
-            with open(path, "rb") as f:
-                before = signature(os.fstat(f.fileno()))
-                data = f.read()
-            after = signature(os.stat(path))
-        except FileNotFoundError:
-            out.append(Read(name, None, None))
-            continue
-        except OSError as exc:
-            out.append(Read(name, None, None, f"unreadable: {exc.strerror or exc}"))
-            continue
-        out.append(Read(name, data, after) if before == after else Read(name, None, None))
-    return out
-
-
-def digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+    """Each skills/<name>/SKILL.md's bytes, read as the memories/ scan reads its files (one that
+    changes while it is read is left for the next scan)."""
+    reads = read_files(root, [f"skills/{name}/SKILL.md" for name in names])
+    return [Read(name, read.data, read.sig, read.error) for name, read in zip(names, reads)]
 
 
 @dataclass
