@@ -44,16 +44,13 @@ docs-check: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not e2e and not soak" $(PYTEST_ARGS)
 
-# mypy reads the packages through build/typecheck/eurekamem/, symlinks to the folders that
-# pyproject's package-dir installs under those names (strictness per package: pyproject.toml).
-TYPECHECK := build/typecheck/eurekamem
-
+# mypy finds a package by a folder of its name, and a checkout's folder may have any name: build/typecheck/
+# holds one link, eurekamem -> the tree (which packages it checks, and how strictly: pyproject.toml).
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	mkdir -p $(TYPECHECK)
-	ln -sfn ../../../eurekamem_pkg/__init__.py $(TYPECHECK)/__init__.py
-	for package in protocol client daemon cli integrations; do ln -sfn ../../../$$package $(TYPECHECK)/$$package; done
-	$(BIN)/mypy -p eurekamem.protocol -p eurekamem.client -p eurekamem.daemon -p eurekamem.cli -p eurekamem.integrations
+	mkdir -p build/typecheck
+	ln -sfn ../.. build/typecheck/eurekamem
+	$(BIN)/mypy
 
 # The benchmark suite (bench/suite.py): report.md, report.json and PNG plots in bench/results/<timestamp>/.
 # matplotlib (the `bench` extra) is installed when it can be; without it the suite runs and says so.

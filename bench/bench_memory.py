@@ -617,6 +617,7 @@ def in_process(data: Path, queries: list[str], recall_queries: list[str], daemon
     """The daemon's saved state loaded in this process: the search without IPC and without the
     query's embedding, its parts, the raw hnswlib anchor, exact search and recall."""
     import hnswlib
+
     from eurekamem.daemon.memory.fusion import fuse_scores
     from eurekamem.daemon.memory.state import MemorySnapshot, MemoryState, Prepared
     from eurekamem.daemon.memory.vectors import VectorStore, _parse_vectors

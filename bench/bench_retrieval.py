@@ -49,9 +49,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import eurekamem
     from eurekamem.daemon.memory.embed import make_embedder
-    from eurekamem.daemon.memory.format import derive_abstract, derive_overview, domain_slug, fingerprint, title_slug
+    from eurekamem.daemon.memory.format import derive_abstract, derive_overview, fingerprint, title_slug
     from eurekamem.daemon.memory.state import MemoryState, Prepared
-    from eurekamem.protocol import Memory
+    from eurekamem.protocol import Memory, domain_slug
     from eurekamem.protocol import _methods as m
 
     corpus = Corpus(SEED)

@@ -42,6 +42,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+
 from eurekamem.daemon.memory import vectors as _vectors
 from eurekamem.daemon.memory.lexical import LexicalIndex
 from eurekamem.daemon.memory.vectors import VectorStore

@@ -44,11 +44,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from eurekamem.daemon.memory.embed import make_embedder
-from eurekamem.daemon.memory.state import EMBED_WINDOW, EMBED_WINDOWS, embed_text, passage_windows, pooled
-
 import _common
 from _common import HERE, ROOT, log, table, write_report
+from eurekamem.daemon.memory.embed import make_embedder
+from eurekamem.daemon.memory.state import EMBED_WINDOW, EMBED_WINDOWS, embed_text, passage_windows, pooled
 
 _common.set_log_prefix("embed-budget")
 

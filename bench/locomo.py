@@ -481,6 +481,7 @@ def ablations(embedder: str, convs: list[dict[str, Any]], questions: list[dict[s
     """Offline variants of the documents, with the daemon's own LexicalIndex, tokenizer and embedder
     classes: is the dia_id title + derived abstract that the daemon adds to each document helping?"""
     import numpy as np
+
     from eurekamem.daemon.memory.embed import make_embedder
     from eurekamem.daemon.memory.format import derive_abstract
     from eurekamem.daemon.memory.lexical import LexicalIndex
@@ -602,6 +603,7 @@ def memory_levers(out: dict[str, Any], convs: list[dict[str, Any]], questions: l
     (memory_text), with the daemon's own dense top-100 lists (mode dense). No strength factor (every
     turn is stored at once: their strengths are equal to within the rounding)."""
     import numpy as np
+
     from eurekamem.daemon.memory import state as _memories
     from eurekamem.daemon.memory.format import derive_abstract
     from eurekamem.daemon.memory.fusion import boost_named, fuse_scores
@@ -985,6 +987,7 @@ def conversation_ablations(embedder_name: str, sessions: dict[str, list[list[dic
 
     import msgspec
     import numpy as np
+
     from eurekamem.daemon.conversation.state import ConversationState, Tuning
     from eurekamem.daemon.memory.embed import make_embedder
     from eurekamem.protocol import _methods as m

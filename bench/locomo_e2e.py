@@ -168,6 +168,7 @@ def ask_all(resolved: Any, items: list[tuple[str, str, type, str]]) -> tuple[lis
     """Each (system, prompt, output type, name) asked of the LLM, LLM_CONCURRENCY at a time: the
     answers (or the error's text) in order, and the tokens spent."""
     import trio
+
     from eurekamem.daemon.llm import LLM, LLMError
 
     out: list[Any] = [None] * len(items)

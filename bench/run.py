@@ -882,14 +882,18 @@ def render(report: dict[str, Any]) -> str:
 
 
 def use_tree(tree: Path) -> str:
-    """Import eurekamem (here and in the daemon) from `tree`: a shim folder maps the package names to
-    the tree's folders, as pyproject.toml's package-dir does, ahead of the installed package."""
+    """Import eurekamem (here and in the daemon) from `tree`, ahead of the installed package: a shim
+    folder holds one link, eurekamem -> the tree (the tree is the package). A tree from before that
+    layout (its top package in eurekamem_pkg/) gets a link per folder, as its package-dir mapped them."""
     shim = Path(tempfile.mkdtemp(prefix="emb-tree-", dir="/tmp"))
     package = shim / "eurekamem"
-    package.mkdir()
-    (package / "__init__.py").symlink_to(tree / "eurekamem_pkg" / "__init__.py")
-    for name in ("protocol", "client", "daemon"):
-        (package / name).symlink_to(tree / name, target_is_directory=True)
+    if (tree / "__init__.py").is_file():
+        package.symlink_to(tree, target_is_directory=True)
+    else:
+        package.mkdir()
+        (package / "__init__.py").symlink_to(tree / "eurekamem_pkg" / "__init__.py")
+        for name in ("protocol", "client", "daemon"):
+            (package / name).symlink_to(tree / name, target_is_directory=True)
     sys.path.insert(0, str(shim))
     _common.CHILD_ENV["PYTHONPATH"] = os.pathsep.join(p for p in (str(shim), os.environ.get("PYTHONPATH", "")) if p)
     import atexit

@@ -361,11 +361,11 @@ def write_memory_root(root: Path, items: list[dict[str, Any]], store: Any, model
     daemon's own kind of snapshot (a snapshot without `lexical` makes the daemon re-tokenise every
     memory at start), without ingesting through the embedder first. No .md projection is written
     (the daemon does not read it when a snapshot exists). Returns the seconds of each part."""
-    from eurekamem.daemon.memory.format import derive_abstract, derive_overview, domain_slug, fingerprint, title_slug
+    from eurekamem.daemon.memory.format import derive_abstract, derive_overview, fingerprint, title_slug
     from eurekamem.daemon.memory.lexical import LexicalIndex
     from eurekamem.daemon.memory.state import MemorySnapshot, memory_text
     from eurekamem.daemon.storage.files import RealFiles, atomic_write
-    from eurekamem.protocol import Memory
+    from eurekamem.protocol import Memory, domain_slug
 
     t0 = time.perf_counter()
     memory_dir = root / "memory"

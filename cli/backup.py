@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from eurekamem.cli.common import Progress, _client, _effective, _err
+from .common import Progress, _client, _effective, _err
 
 log = logging.getLogger("eurekamem.admin")
 
@@ -115,7 +115,7 @@ def _add_file(tar: tarfile.TarFile, root: Path, path: Path, progress: Progress) 
 
 def write_backup(root: Path, target: Path, progress_stream: TextIO | None = None) -> dict[str, Any]:
     """Write one tar (gzip when the name ends in .gz or .tgz) of the data root; see the module doc."""
-    from eurekamem.daemon.storage.files import open_private
+    from ..daemon.storage.files import open_private
     compress = target.name.endswith((".gz", ".tgz"))
     for attempt in range(1, BACKUP_ATTEMPTS + 1):
         snapshot_files = _snapshot_files(root)
@@ -181,7 +181,7 @@ def _read_checkpoint(root: Path) -> int:
 
 
 def cmd_backup(args: argparse.Namespace) -> int:
-    from eurekamem.client import ConnectionLost, EurekamemError
+    from ..client import ConnectionLost, EurekamemError
 
     target = Path(args.path).expanduser()
     if not target.name.endswith((".tar", ".tar.gz", ".tgz")):
@@ -207,7 +207,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
 
 def restore_backup(archive: Path, target: Path, progress_stream: TextIO | None = None) -> dict[str, Any]:
     """Unpack a backup into `target`, which must be empty or absent. Returns the manifest."""
-    from eurekamem.daemon.storage.files import make_private
+    from ..daemon.storage.files import make_private
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise ValueError(f"{target} is not an empty folder; restore only into an empty data root")
     with tarfile.open(archive, "r:*") as tar:
@@ -239,7 +239,7 @@ def restore_backup(archive: Path, target: Path, progress_stream: TextIO | None =
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from eurekamem.daemon.config import ConfigError
+    from ..daemon.config import ConfigError
 
     archive = Path(args.path).expanduser()
     if not archive.is_file():

@@ -15,14 +15,14 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from eurekamem.cli.common import _duration
-from eurekamem.cli.main import client_socket, timeout_help
+from .common import _duration
+from .main import client_socket, timeout_help
 
 # --- calling -----------------------------------------------------------------------------------------
 
 
 def _client(args: argparse.Namespace) -> Any:
-    from eurekamem.client import Client
+    from ..client import Client
 
     return Client(client_socket(args), timeout=args.timeout)
 
@@ -34,7 +34,7 @@ def _err(message: str) -> int:
 
 def _call_reporting(args: argparse.Namespace, method: str, params: dict[str, Any]) -> tuple[bool, Any]:
     """(True, result), or (False, None) after printing the error the daemon answered or why it is unreachable."""
-    from eurekamem.client import ConnectionLost, EurekamemError
+    from ..client import ConnectionLost, EurekamemError
 
     try:
         with _client(args) as client:
@@ -47,7 +47,7 @@ def _call_reporting(args: argparse.Namespace, method: str, params: dict[str, Any
 
 
 def methods_listing() -> str:
-    from eurekamem.protocol import METHODS
+    from ..protocol import METHODS
 
     width = max(len(name) for name in METHODS)
     lines = ["methods (`eurekamem call METHOD --help` prints one's params):"]
@@ -57,7 +57,7 @@ def methods_listing() -> str:
 
 
 def cmd_call(args: argparse.Namespace) -> int:
-    from eurekamem.protocol import METHODS
+    from ..protocol import METHODS
 
     if args.help or not args.method:
         args.parser.print_help()
@@ -72,7 +72,7 @@ def cmd_call(args: argparse.Namespace) -> int:
         return _err(f"unknown method {args.method!r}{hint}; `eurekamem call --help` lists them")
     spec = METHODS[args.method]
     if args.method_help:
-        from eurekamem.protocol._describe import method_help
+        from ..protocol._describe import method_help
 
         print(method_help(spec.name, spec.params, spec.doc, spec.writes))
         return 0
@@ -117,7 +117,7 @@ def embedding_line(stats: dict[str, Any]) -> str | None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from eurekamem.client import ConnectionLost, EurekamemError
+    from ..client import ConnectionLost, EurekamemError
 
     try:
         with _client(args) as client:
@@ -213,7 +213,7 @@ def _print_json(value: Any) -> None:
 
 def _resolve_id(client: Any, wanted: str) -> str:
     """A memory id from a whole id or the unique start of one (the 8 characters `memories list` shows)."""
-    from eurekamem.client import NotFound
+    from ..client import NotFound
 
     if len(wanted) >= 36:
         return wanted
@@ -233,7 +233,7 @@ def _resolve_id(client: Any, wanted: str) -> str:
 
 
 def _run_memories(args: argparse.Namespace, body: Callable[[Any], int]) -> int:
-    from eurekamem.client import ConnectionLost, EurekamemError
+    from ..client import ConnectionLost, EurekamemError
 
     try:
         with _client(args) as client:
@@ -270,7 +270,7 @@ def cmd_memories_list(args: argparse.Namespace) -> int:
 
 def _names_a_domain(client: Any, name: str) -> bool:
     """Does some memory (active or archived) belong to this domain (the same slug)?"""
-    from eurekamem.client import InvalidParams
+    from ..client import InvalidParams
 
     try:
         return bool(client.call("memory.list", {"domain": name, "status": "any", "limit": 1})["total"])
@@ -341,7 +341,7 @@ def cmd_memories_search(args: argparse.Namespace) -> int:
             rows = [[f"{hit['score']:.3f}", *_memory_row(hit["memory"])] for hit in hits]
             print(table(("SCORE", *MEMORY_HEADERS), rows))
         else:
-            from eurekamem.protocol._readable import render_hits
+            from ..protocol._readable import render_hits
 
             sys.stdout.write(render_hits(args.query, args.domain, hits))
         return 0
@@ -433,7 +433,7 @@ def add_client_commands(
         p.add_argument("--json", action="store_true", help="print the daemon's JSON answer instead of a table")
         p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help=timeout_help(60.0))
 
-    from eurekamem.protocol._records import MEMORY_CATEGORIES
+    from ..protocol._records import MEMORY_CATEGORIES
 
     listing = msub.add_parser("list", help="memories newest first, as a table")
     memory_common(listing)

@@ -23,7 +23,7 @@ def _err(message: str) -> int:
 
 
 def _effective(args: argparse.Namespace, names: Iterable[str] = ("data_dir", "socket")) -> Any:
-    from eurekamem.daemon import config as _config
+    from ..daemon import config as _config
 
     flags = {name: getattr(args, name, None) for name in names}
     return _config.load(flags, getattr(args, "config", None))
@@ -31,8 +31,8 @@ def _effective(args: argparse.Namespace, names: Iterable[str] = ("data_dir", "so
 
 def _client(args: argparse.Namespace) -> Any:
     """A Client for the daemon's socket, found as `serve` finds it, without importing the daemon."""
-    from eurekamem.cli.main import client_socket
-    from eurekamem.client import Client
+    from ..client import Client
+    from .main import client_socket
 
     return Client(client_socket(args), timeout=getattr(args, "timeout", 60.0))
 

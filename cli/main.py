@@ -36,7 +36,7 @@ def timeout_help(default: float) -> str:
 
 def client_socket(args: argparse.Namespace) -> str:
     """The daemon's socket as `serve` would pick it: --socket, env, config file, default (client/_paths.py)."""
-    from eurekamem.client._paths import ConfigFileError, resolve_locations
+    from ..client._paths import ConfigFileError, resolve_locations
 
     try:
         return resolve_locations(getattr(args, "socket", None), getattr(args, "data_dir", None), getattr(args, "config", None))[1]
@@ -50,7 +50,7 @@ def client_socket(args: argparse.Namespace) -> str:
 
 def _effective(args: argparse.Namespace) -> Any:
     """The effective configuration (flags > env > file > default); ConfigError says what is wrong."""
-    from eurekamem.daemon import config as _config
+    from ..daemon import config as _config
 
     return _config.load(_config.flags_from_args(None, args), getattr(args, "config", None))
 
@@ -59,10 +59,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import logging
 
     import trio
-    from eurekamem.daemon.app import Daemon
-    from eurekamem.daemon.config import Config, ConfigError, build_config, setup_logging
-    from eurekamem.daemon.errors import StartupError
-    from eurekamem.daemon.storage.journal import JournalCorrupt
+
+    from ..daemon.app import Daemon
+    from ..daemon.config import Config, ConfigError, build_config, setup_logging
+    from ..daemon.errors import StartupError
+    from ..daemon.storage.journal import JournalCorrupt
 
     try:
         effective = _effective(args)
@@ -109,12 +110,12 @@ def _single_leaf(exc: BaseException) -> BaseException:
 
 def cmd_repair(args: argparse.Namespace) -> int:
     """The data root as `serve` and `verify` find it (--data-dir, $EUREKACLAW_DIR, config.toml, default)."""
-    from eurekamem.cli.common import _effective as effective_of
-    from eurekamem.cli.common import _err
-    from eurekamem.daemon.config import ConfigError
-    from eurekamem.daemon.errors import StartupError
-    from eurekamem.daemon.paths import Paths, acquire_lock
-    from eurekamem.daemon.storage.journal import repair
+    from ..daemon.config import ConfigError
+    from ..daemon.errors import StartupError
+    from ..daemon.paths import Paths, acquire_lock
+    from ..daemon.storage.journal import repair
+    from .common import _effective as effective_of
+    from .common import _err
 
     try:
         paths = Paths(Path(effective_of(args, ("data_dir",))["data_dir"]))
@@ -139,7 +140,7 @@ def cmd_install_service(args: argparse.Namespace) -> int:
     Each choice is printed with its reason: the command (this environment's, unless --command), the
     data root (--data-dir, else $EUREKACLAW_DIR, else ~/.eurekaclaw as systemd's %h/.eurekaclaw) and
     the socket (--socket, else systemd's %t/eurekamem/eurekamem.sock)."""
-    from eurekamem.daemon import systemd as _systemd
+    from ..daemon import systemd as _systemd
 
     folder = Path(args.unit_dir).expanduser() if args.unit_dir else _systemd.unit_dir()
     if args.command_line:
@@ -191,8 +192,8 @@ def cmd_install_service(args: argparse.Namespace) -> int:
 def cmd_config_show(args: argparse.Namespace) -> int:
     import json
 
-    from eurekamem.cli.common import _err
-    from eurekamem.daemon import config as _config
+    from ..daemon import config as _config
+    from .common import _err
 
     try:
         effective = _config.load(_config.flags_from_args(None, args), args.config)
@@ -216,9 +217,9 @@ def cmd_config_show(args: argparse.Namespace) -> int:
 
 
 def _version() -> str:
-    import eurekamem
+    from .. import __version__
 
-    return f"eurekamem {eurekamem.__version__} (Python {sys.version.split()[0]}, {sys.prefix})"
+    return f"eurekamem {__version__} (Python {sys.version.split()[0]}, {sys.prefix})"
 
 
 class _VersionAction(argparse.Action):
@@ -263,12 +264,12 @@ def build_parser(command: str | None = ALL) -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the daemon in the foreground (Ctrl-C or SIGTERM stops it)")
     common(serve)
     if daemon_flags:
-        from eurekamem.daemon.config import add_serve_flags
+        from ..daemon.config import add_serve_flags
 
         add_serve_flags(serve)  # a flag per setting (--fsync, --embedder, --log-level, ...): flag > env > file > default
     serve.set_defaults(func="eurekamem.cli.main:cmd_serve")
 
-    from eurekamem.cli import calls
+    from . import calls
 
     calls.add_client_commands(sub, common, timeout, command)
 
@@ -291,7 +292,7 @@ def build_parser(command: str | None = ALL) -> argparse.ArgumentParser:
     install.set_defaults(func="eurekamem.cli.main:cmd_install_service")
 
     add_commands(sub, common, timeout, daemon_flags)
-    from eurekamem.cli.mcp_server import add_mcp_command
+    from .mcp_server import add_mcp_command
 
     add_mcp_command(sub, common)  # mcp: the stdio MCP server
     return parser
@@ -307,7 +308,7 @@ def add_commands(
     show = config_sub.add_parser("show", help="print every setting, its value and where it came from (default, file, env, flag)")
     common(show)
     if daemon_flags:
-        from eurekamem.daemon.config import add_serve_flags
+        from ..daemon.config import add_serve_flags
 
         add_serve_flags(show)
     show.add_argument("--json", action="store_true", help="as JSON")

@@ -284,7 +284,7 @@ class Proxy:
 
 def same_domain(a: str, b: str) -> bool:
     """The daemon's rule: domains are the same when their slugs are."""
-    from eurekamem.protocol._readable import domain_slug
+    from ..protocol._readable import domain_slug
 
     return domain_slug(a) == domain_slug(b)
 
@@ -310,8 +310,9 @@ def domain_of(uri: str) -> str:
 
 def build_server(proxy: Proxy) -> Any:
     import mcp_types as types
-    from eurekamem.client import EurekamemError
     from mcp.server.lowlevel import Server
+
+    from ..client import EurekamemError
 
     def as_result(payload: dict[str, Any] | None, error: str | None = None) -> Any:
         if error is not None:
@@ -380,11 +381,12 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         print("eurekamem: `eurekamem mcp` needs the MCP SDK: pip install 'eurekamem[mcp]'", file=sys.stderr)
         return 1
     import anyio
-    from eurekamem.cli.main import client_socket
-    from eurekamem.client import AsyncClient
-    from eurekamem.client._paths import data_root
-    from eurekamem.daemon.config import setup_logging
     from mcp.server.stdio import stdio_server
+
+    from ..client import AsyncClient
+    from ..client._paths import data_root
+    from ..daemon.config import setup_logging
+    from .main import client_socket
 
     setup_logging(args.log_level, "text", stream=sys.stderr)
     root = data_root(args.data_dir)

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from eurekamem.cli.common import _client, _err
+from .common import _client, _err
 
 log = logging.getLogger("eurekamem.admin")
 
@@ -167,7 +167,7 @@ def _epoch(stamp: Any) -> float | None:
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
-    from eurekamem.client import ConnectionLost, EurekamemError
+    from ..client import ConnectionLost, EurekamemError
 
     try:
         with _client(args) as client:
@@ -198,7 +198,7 @@ def render_top(stats: dict[str, Any], previous: dict[str, Any] | None, elapsed: 
     )
     for tier, counts in stats["tiers"].items():
         lines.append(f"  {tier:<10} " + ", ".join(f"{k} {v}" for k, v in counts.items()))
-    from eurekamem.cli.calls import embedding_line
+    from .calls import embedding_line
 
     embedding = embedding_line(stats)
     if embedding:
@@ -253,7 +253,7 @@ class _Keys:
 
 
 def cmd_top(args: argparse.Namespace) -> int:
-    from eurekamem.client import ConnectionLost, EurekamemError
+    from ..client import ConnectionLost, EurekamemError
 
     previous: dict[str, Any] | None = None
     previous_at = 0.0

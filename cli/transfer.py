@@ -25,8 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, TextIO
 
-from eurekamem.cli.backup import _segment_files
-from eurekamem.cli.common import Progress, _client, _err
+from .backup import _segment_files
+from .common import Progress, _client, _err
 
 log = logging.getLogger("eurekamem.admin")
 
@@ -47,7 +47,7 @@ def _results(client: Any, calls: list[tuple[str, dict[str, Any]]]) -> list[Any]:
 
 def export_records(client: Any, progress_stream: TextIO | None = None) -> Iterator[dict[str, Any]]:
     """Every persistent record, graph node and edge, memory and skill, as {"tier": ..., **record}."""
-    from eurekamem.protocol._methods import MAX_LIMIT
+    from ..protocol._methods import MAX_LIMIT
 
     keys = client.call("persistent.keys", {"limit": MAX_LIMIT})["keys"]
     if len(keys) >= MAX_LIMIT:
@@ -85,8 +85,8 @@ def export_records(client: Any, progress_stream: TextIO | None = None) -> Iterat
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from eurekamem.client import ConnectionLost, EurekamemError
-    from eurekamem.daemon.storage.files import open_private
+    from ..client import ConnectionLost, EurekamemError
+    from ..daemon.storage.files import open_private
 
     if args.format == "eurekaclaw":
         return _export_eurekaclaw(args)
@@ -118,7 +118,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _export_eurekaclaw(args: argparse.Namespace) -> int:
-    from eurekamem.client import ConnectionLost, EurekamemError
+    from ..client import ConnectionLost, EurekamemError
 
     where = args.out or args.dir
     if not where:
@@ -153,11 +153,12 @@ def write_eurekaclaw_root(items: Iterator[dict[str, Any]], root: Path) -> dict[s
     EurekaClaw's loaders, its load_for_injection's newest-first order and a first start of a daemon
     on the folder all see the history as it was."""
     import msgspec
-    from eurekamem.daemon.memory.format import index_entry, render_markdown
-    from eurekamem.daemon.skills.format import render_skill
-    from eurekamem.daemon.skills.state import skill_file
-    from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
-    from eurekamem.protocol import CrossRunRecord, KnowledgeNode, Memory, Skill
+
+    from ..daemon.memory.format import index_entry, render_markdown
+    from ..daemon.skills.format import render_skill
+    from ..daemon.skills.state import skill_file
+    from ..daemon.storage import eurekaclaw
+    from ..protocol import CrossRunRecord, KnowledgeNode, Memory, Skill
 
     records: dict[str, Any] = {}
     nodes: dict[str, Any] = {}
@@ -198,7 +199,7 @@ def write_eurekaclaw_root(items: Iterator[dict[str, Any]], root: Path) -> dict[s
 
 
 def _write_private(path: Path, data: bytes) -> None:
-    from eurekamem.daemon.storage.files import open_private
+    from ..daemon.storage.files import open_private
 
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with open_private(path, "wb") as f:
@@ -239,8 +240,9 @@ class Importer:
 
     def read_existing(self, memories: bool = True) -> None:
         """What the daemon holds now: its graph (one graph.export) and its memories' ids and fingerprints."""
-        from eurekamem.daemon.memory.format import domain_slug, fingerprint
-        from eurekamem.protocol._methods import MAX_LIMIT
+        from ..daemon.memory.format import fingerprint
+        from ..protocol import domain_slug
+        from ..protocol._methods import MAX_LIMIT
 
         data = self.client.call("graph.export", {"format": "node_link"})["data"]
         for node in data.get("nodes", []):
@@ -258,7 +260,7 @@ class Importer:
                 break
 
     def _know_node(self, node_id: str, name: str, statement: str) -> None:
-        from eurekamem.daemon.tiers.graph import normalise_statement
+        from ..daemon.tiers.graph import normalise_statement
 
         self._nodes.add(node_id)
         key = normalise_statement(statement) or ("name:" + name.strip().casefold())
@@ -289,7 +291,7 @@ class Importer:
         self.progress.add(len(records))
 
     def nodes(self, nodes: list[dict[str, Any]]) -> None:
-        from eurekamem.daemon.tiers.graph import normalise_statement
+        from ..daemon.tiers.graph import normalise_statement
 
         todo = []
         for n in nodes:
@@ -346,7 +348,8 @@ class Importer:
     def memories(self, memories: list[dict[str, Any]]) -> None:
         """memory.add_many (dedup off) in batches; an archived memory is archived again after. One
         the daemon holds (same id, else same fingerprint in its domain) is skipped."""
-        from eurekamem.daemon.memory.format import domain_slug, fingerprint
+        from ..daemon.memory.format import fingerprint
+        from ..protocol import domain_slug
 
         todo = []
         for memory in memories:
@@ -439,9 +442,9 @@ def read_jsonl(path: Path) -> dict[str, list[Any]]:
 
 def read_eurekaclaw_root(root: Path) -> tuple[dict[str, list[Any]], list[str]]:
     """A plain EurekaClaw data root: persistent.json, knowledge_graph.json, memories/*/*.md, skills/*/SKILL.md."""
-    from eurekamem.daemon.memory.format import memory_files, parse_markdown
-    from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
-    from eurekamem.protocol._records import MEMORY_CATEGORIES
+    from ..daemon.memory.format import memory_files, parse_markdown
+    from ..daemon.storage import eurekaclaw
+    from ..protocol._records import MEMORY_CATEGORIES
 
     notes: list[str] = []
     groups: dict[str, list[Any]] = {"persistent": [], "graph_node": [], "graph_edge": [], "memory": [], "skill": []}
@@ -501,8 +504,8 @@ def read_eurekaclaw_root(root: Path) -> tuple[dict[str, list[Any]], list[str]]:
 
 def _read_skills(root: Path, notes: list[str]) -> list[dict[str, Any]]:
     """skills/<name>/SKILL.md (and a daemon's drafts), read as the daemon reads them at start."""
-    from eurekamem.daemon.skills.format import name_problem, parse_skill
-    from eurekamem.daemon.skills.state import DRAFTS_FOLDER, SKILLS_FOLDER
+    from ..daemon.skills.format import name_problem, parse_skill
+    from ..daemon.skills.state import DRAFTS_FOLDER, SKILLS_FOLDER
 
     out = []
     for folder, draft in ((SKILLS_FOLDER, False), (DRAFTS_FOLDER, True)):
@@ -527,7 +530,7 @@ def _read_skills(root: Path, notes: list[str]) -> list[dict[str, Any]]:
 
 def _file_times(fields: dict[str, Any]) -> dict[str, str]:
     """A memory file's created_at and updated_at, those that are timestamps (the daemon's rule)."""
-    from eurekamem.protocol import normalize_timestamp
+    from ..protocol import normalize_timestamp
 
     out = {}
     for name in ("created_at", "updated_at"):
@@ -555,8 +558,8 @@ def import_groups(client: Any, groups: dict[str, list[Any]], progress_stream: Te
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from eurekamem.client import ConnectionLost, EurekamemError
-    from eurekamem.daemon.storage.eurekaclaw import SnapshotReadError
+    from ..client import ConnectionLost, EurekamemError
+    from ..daemon.storage.eurekaclaw import SnapshotReadError
 
     source = Path(args.source).expanduser()
     notes: list[str] = []

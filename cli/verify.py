@@ -13,8 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from eurekamem.cli.backup import _segment_files
-from eurekamem.cli.common import _effective, _err
+from .backup import _segment_files
+from .common import _effective, _err
 
 log = logging.getLogger("eurekamem.admin")
 
@@ -47,14 +47,15 @@ def verify_root(root: Path) -> Report:
     """Check the journal, the snapshots, the vectors and the memory files against each other.
     The caller holds the LOCK (the daemon is not running)."""
     import msgspec
-    from eurekamem.daemon.memory.format import fingerprint, memory_files, parse_markdown
-    from eurekamem.daemon.memory.state import MemorySnapshot, PurgeMemory, PutMemory
-    from eurekamem.daemon.memory.vectors import _HEAD, MAGIC, VectorStore
-    from eurekamem.daemon.paths import Paths
-    from eurekamem.daemon.recovery import mutation_decoder
-    from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
-    from eurekamem.daemon.storage.journal import check_segment, scan_segment
-    from eurekamem.daemon.tier import RTYPE_MUTATION
+
+    from ..daemon.memory.format import fingerprint, memory_files, parse_markdown
+    from ..daemon.memory.state import MemorySnapshot, PurgeMemory, PutMemory
+    from ..daemon.memory.vectors import _HEAD, MAGIC, VectorStore
+    from ..daemon.paths import Paths
+    from ..daemon.recovery import mutation_decoder
+    from ..daemon.storage import eurekaclaw
+    from ..daemon.storage.journal import check_segment, scan_segment
+    from ..daemon.tier import RTYPE_MUTATION
 
     report = Report()
     paths = Paths(root)
@@ -230,9 +231,9 @@ def _verify_vectors(folder: Path, doc: Any, report: Report, VectorStore: Any, he
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from eurekamem.daemon.config import ConfigError
-    from eurekamem.daemon.errors import StartupError
-    from eurekamem.daemon.paths import Paths, acquire_lock
+    from ..daemon.config import ConfigError
+    from ..daemon.errors import StartupError
+    from ..daemon.paths import Paths, acquire_lock
 
     try:
         root = Path(_effective(args, ("data_dir",))["data_dir"])

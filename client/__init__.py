@@ -5,7 +5,7 @@ before each model call, extraction on flush).
 
 Only the standard library, msgspec and eurekamem.protocol are imported: neither trio nor the daemon.
 
-    from eurekamem.client import Client
+    from . import Client
     with Client() as c:                       # socket: default_socket_path()
         c.remember("lemma:7", {"status": "proved"}, tags=["lemma"])
         c.recall("lemma:7").value
@@ -14,7 +14,7 @@ Errors are raised as one exception class per contract kind (NotFound, InvalidPar
 subclasses of EurekamemError; ConnectionLost when the socket breaks or cannot be reached.
 """
 
-from eurekamem.protocol import (
+from ..protocol import (
     CrossRunRecord,
     EpisodicEntry,
     GraphStats,
@@ -35,7 +35,6 @@ from eurekamem.protocol import (
     SkillHit,
     SkillsInjection,
 )
-
 from ._async import AsyncClient, current_async_library
 from ._conversation import AsyncConversationMemory, ConversationMemory
 from ._errors import (

@@ -17,7 +17,7 @@ import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
-from eurekamem.protocol import (
+from ..protocol import (
     BinaryDecoder,
     CrossRunRecord,
     EpisodicEntry,
@@ -40,7 +40,6 @@ from eurekamem.protocol import (
     SkillHit,
     SkillsInjection,
 )
-
 from . import _common as C
 from ._autostart import Starter
 from ._errors import ConnectionLost, EurekamemError, Timeout, error_from_wire

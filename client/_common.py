@@ -10,7 +10,8 @@ from collections.abc import Callable
 from typing import Any, Generic, NamedTuple, TypeVar
 
 import msgspec
-from eurekamem.protocol import (
+
+from ..protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     CrossRunRecord,
     EpisodicEntry,
@@ -32,7 +33,6 @@ from eurekamem.protocol import (
     SkillHit,
     SkillsInjection,
 )
-
 from ._errors import ConnectionLost, EurekamemError, TooLarge, error_from_wire
 
 # The largest request payload we send: frames are smaller than 16 MiB, so that a binary connection

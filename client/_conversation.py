@@ -23,8 +23,7 @@ import datetime
 import hashlib
 from typing import TYPE_CHECKING, Any
 
-from eurekamem.protocol import Injection, Job
-
+from ..protocol import Injection, Job
 from ._errors import NotFound
 
 if TYPE_CHECKING:

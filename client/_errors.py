@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eurekamem.protocol import ERROR_CODES, KIND_BY_CODE
+from ..protocol import ERROR_CODES, KIND_BY_CODE
 
 __all__ = [
     "ConnectionLost",

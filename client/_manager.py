@@ -43,12 +43,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
-from eurekamem.protocol import CrossRunRecord as WireRecord
-from eurekamem.protocol import EpisodicEntry as WireEntry
-from eurekamem.protocol import KnowledgeNode as WireNode
-from eurekamem.protocol import _methods as limits
-from eurekamem.protocol._blocks import escape_block_tags, escape_entry_headings
 
+from ..protocol import CrossRunRecord as WireRecord
+from ..protocol import EpisodicEntry as WireEntry
+from ..protocol import KnowledgeNode as WireNode
+from ..protocol import _methods as limits
+from ..protocol._blocks import escape_block_tags, escape_entry_headings
 from . import _common as C
 from ._autostart import autostart_allowed, daemon_answers
 from ._errors import ConnectionLost, EurekamemError, Timeout

@@ -15,9 +15,10 @@ import datetime as _dt
 from typing import Any, cast
 
 import msgspec
-from eurekamem.protocol import CrossRunRecord as WireRecord
-from eurekamem.protocol import EpisodicEntry as WireEntry
-from eurekamem.protocol import KnowledgeNode as WireNode
+
+from ..protocol import CrossRunRecord as WireRecord
+from ..protocol import EpisodicEntry as WireEntry
+from ..protocol import KnowledgeNode as WireNode
 
 __all__ = ["CrossRunRecord", "EpisodicEntry", "KnowledgeNode", "from_wire", "naive_utc", "local_aware"]
 

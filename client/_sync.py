@@ -23,7 +23,7 @@ import weakref
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal, cast, overload
 
-from eurekamem.protocol import (
+from ..protocol import (
     BinaryDecoder,
     CrossRunRecord,
     EpisodicEntry,
@@ -46,7 +46,6 @@ from eurekamem.protocol import (
     SkillHit,
     SkillsInjection,
 )
-
 from . import _common as C
 from ._autostart import Starter
 from ._errors import ConnectionLost, EurekamemError, Timeout, error_from_wire

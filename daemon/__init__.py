@@ -13,11 +13,11 @@ from typing import Any
 # loaded yet, as in `eurekamem serve`; an OPENBLAS_NUM_THREADS already set is kept.
 _os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from eurekamem.daemon.app import VERSION, Daemon
-from eurekamem.daemon.config import Config
-from eurekamem.daemon.errors import StartupError
-from eurekamem.daemon.recovery import recover
-from eurekamem.daemon.storage.journal import JournalCorrupt
+from .app import VERSION, Daemon
+from .config import Config
+from .errors import StartupError
+from .recovery import recover
+from .storage.journal import JournalCorrupt
 
 __all__ = ["Config", "Daemon", "JournalCorrupt", "StartupError", "VERSION", "recover", "serve_daemon"]
 

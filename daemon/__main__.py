@@ -1,5 +1,5 @@
 import sys
 
-from eurekamem.cli.main import main
+from ..cli.main import main
 
 sys.exit(main())

@@ -33,36 +33,8 @@ from typing import Any
 import msgspec
 import outcome
 import trio
-from eurekamem.daemon import systemd as systemd
-from eurekamem.daemon.config import Config
-from eurekamem.daemon.conversation.actor import ConversationActor
-from eurekamem.daemon.errors import StartupError
-from eurekamem.daemon.io_layer import BulkConnection, IOLayer
-from eurekamem.daemon.jobs import JobsActor, default_kinds
-from eurekamem.daemon.jobs.conversation import ConversationTrigger
-from eurekamem.daemon.jobs.state import snapshot_of as jobs_snapshot_of
-from eurekamem.daemon.listener import open_listener, socket_access
-from eurekamem.daemon.llm import LLM, LLMConfigError, resolve
-from eurekamem.daemon.memory.actor import MemoryActor
-from eurekamem.daemon.memory.embed import Embedder, make_embedder, preload_embedder
-from eurekamem.daemon.memory.maintenance import Maintenance, schedule
-from eurekamem.daemon.memory.state import GroupSummary
-from eurekamem.daemon.memory.strength import StrengthSettings
-from eurekamem.daemon.memory.watch import SCAN_FACTOR
-from eurekamem.daemon.paths import OWN_FOLDERS, Paths, acquire_lock, claim_data_root
-from eurekamem.daemon.recovery import Recovered, recover
-from eurekamem.daemon.redact import Redactor
-from eurekamem.daemon.server import IN_ORDER_TIERS, Connection, Limits
-from eurekamem.daemon.skills.actor import SkillsActor
-from eurekamem.daemon.stats import RequestStats
-from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
-from eurekamem.daemon.storage.files import PRIVATE_UMASK, RealFiles, atomic_write, make_private, write_unless_same
-from eurekamem.daemon.storage.journal import JournalWriteError
-from eurekamem.daemon.storage.journal_actor import JournalActor, JournalUnavailable
-from eurekamem.daemon.storage.journal_kernel import make_journal_actor
-from eurekamem.daemon.tier import HANDLERS, TierActor, Work, handles
-from eurekamem.daemon.tiers.episodic import EpisodicActor, EpisodicState
-from eurekamem.protocol import (
+
+from ..protocol import (
     METHODS,
     PROTOCOL_VERSION,
     Call,
@@ -71,7 +43,36 @@ from eurekamem.protocol import (
     frame_ndjson,
     now_rfc3339,
 )
-from eurekamem.protocol import _methods as limits_module
+from ..protocol import _methods as limits_module
+from . import systemd
+from .config import Config
+from .conversation.actor import ConversationActor
+from .errors import StartupError
+from .io_layer import BulkConnection, IOLayer
+from .jobs import JobsActor, default_kinds
+from .jobs.conversation import ConversationTrigger
+from .jobs.state import snapshot_of as jobs_snapshot_of
+from .listener import open_listener, socket_access
+from .llm import LLM, LLMConfigError, resolve
+from .memory.actor import MemoryActor
+from .memory.embed import Embedder, make_embedder, preload_embedder
+from .memory.maintenance import Maintenance, schedule
+from .memory.state import GroupSummary
+from .memory.strength import StrengthSettings
+from .memory.watch import SCAN_FACTOR
+from .paths import OWN_FOLDERS, Paths, acquire_lock, claim_data_root
+from .recovery import Recovered, recover
+from .redact import Redactor
+from .server import IN_ORDER_TIERS, Connection, Limits
+from .skills.actor import SkillsActor
+from .stats import RequestStats
+from .storage import eurekaclaw
+from .storage.files import PRIVATE_UMASK, RealFiles, atomic_write, make_private, write_unless_same
+from .storage.journal import JournalWriteError
+from .storage.journal_actor import JournalActor, JournalUnavailable
+from .storage.journal_kernel import make_journal_actor
+from .tier import HANDLERS, TierActor, Work, handles
+from .tiers.episodic import EpisodicActor, EpisodicState
 
 log = logging.getLogger("eurekamem")
 

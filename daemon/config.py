@@ -32,14 +32,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
-from eurekamem.client._paths import data_root, default_config_path, default_socket_path
-from eurekamem.daemon import systemd as systemd
-from eurekamem.daemon.llm import LLMConfig
-from eurekamem.daemon.memory.format import domain_slug
-from eurekamem.daemon.server import Limits
-from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
-from eurekamem.daemon.storage.journal_actor import FSYNC_POLICIES, FsyncPolicy
 from msgspec import Meta
+
+from ..client._paths import data_root, default_config_path, default_socket_path
+from ..protocol import domain_slug
+from .llm import LLMConfig
+from .server import Limits
+from .storage.journal_actor import FSYNC_POLICIES, FsyncPolicy
 
 log = logging.getLogger("eurekamem")
 

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import logging
 
-from eurekamem.daemon import systemd as systemd
-from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
-
 log = logging.getLogger("eurekamem")
 
 

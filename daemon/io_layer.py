@@ -43,10 +43,11 @@ from collections.abc import Callable
 from typing import Any
 
 import trio
-from eurekamem.daemon.primitives import monotonic_ns
-from eurekamem.daemon.server import READ_SIZE
-from eurekamem.daemon.stats import RequestStats
-from eurekamem.protocol import Call, ConnectionLimits, ServerConnection
+
+from ..protocol import Call, ConnectionLimits, ServerConnection
+from .primitives import monotonic_ns
+from .server import READ_SIZE
+from .stats import RequestStats
 
 log = logging.getLogger("eurekamem.io")
 

@@ -25,9 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eurekamem.daemon import systemd as systemd
-from eurekamem.daemon.errors import StartupError
-from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
+from .errors import StartupError
 
 log = logging.getLogger("eurekamem")
 

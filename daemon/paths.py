@@ -8,10 +8,8 @@ import logging
 import os
 from pathlib import Path
 
-from eurekamem.daemon import systemd as systemd
-from eurekamem.daemon.errors import StartupError
-from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
-from eurekamem.daemon.storage.files import unsafe_root_reason
+from .errors import StartupError
+from .storage.files import unsafe_root_reason
 
 log = logging.getLogger("eurekamem")
 

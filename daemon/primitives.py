@@ -9,7 +9,8 @@ import time
 from typing import Any
 
 import trio
-from eurekamem.daemon.storage.files import sync_files
+
+from .storage.files import sync_files
 
 log = logging.getLogger("eurekamem.actor")
 

@@ -18,33 +18,33 @@ from pathlib import Path
 from typing import Any, Union
 
 import msgspec
-from eurekamem.daemon import systemd as systemd
-from eurekamem.daemon.config import config_default
-from eurekamem.daemon.conversation.actor import load_snapshot as load_conversations
-from eurekamem.daemon.conversation.state import ConversationState, DropMessages, MoveMark, PutMessages, PutSummary
-from eurekamem.daemon.errors import StartupError
-from eurekamem.daemon.jobs.state import AcceptJob, CommitJob, JobsState, PurgeJob, PutJob
-from eurekamem.daemon.jobs.state import load_snapshot as load_jobs_snapshot
-from eurekamem.daemon.memory.actor import (
+
+from ..protocol import (
+    now_rfc3339,
+)
+from .config import config_default
+from .conversation.actor import load_snapshot as load_conversations
+from .conversation.state import ConversationState, DropMessages, MoveMark, PutMessages, PutSummary
+from .errors import StartupError
+from .jobs.state import AcceptJob, CommitJob, JobsState, PurgeJob, PutJob
+from .jobs.state import load_snapshot as load_jobs_snapshot
+from .memory.actor import (
     import_eurekaclaw_memories,
     load_vectors,
     read_memory_snapshot,
 )
-from eurekamem.daemon.memory.embed import make_embedder
-from eurekamem.daemon.memory.review import PutReview
-from eurekamem.daemon.memory.state import MaintenanceRecord, MemoryState, PurgeMemory, PutMemory
-from eurekamem.daemon.paths import Paths
-from eurekamem.daemon.skills.actor import load_skill_files
-from eurekamem.daemon.skills.state import PutSkill, RemoveSkill, SkillsState
-from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
-from eurekamem.daemon.storage.files import RealFiles
-from eurekamem.daemon.storage.journal import Journal
-from eurekamem.daemon.tier import RTYPE_MUTATION
-from eurekamem.daemon.tiers.graph import GraphState, PutEdge, PutNode
-from eurekamem.daemon.tiers.persistent import DeleteKey, PersistentState, PutRecord
-from eurekamem.protocol import (
-    now_rfc3339,
-)
+from .memory.embed import make_embedder
+from .memory.review import PutReview
+from .memory.state import MaintenanceRecord, MemoryState, PurgeMemory, PutMemory
+from .paths import Paths
+from .skills.actor import load_skill_files
+from .skills.state import PutSkill, RemoveSkill, SkillsState
+from .storage import eurekaclaw
+from .storage.files import RealFiles
+from .storage.journal import Journal
+from .tier import RTYPE_MUTATION
+from .tiers.graph import GraphState, PutEdge, PutNode
+from .tiers.persistent import DeleteKey, PersistentState, PutRecord
 
 log = logging.getLogger("eurekamem")
 
@@ -212,13 +212,13 @@ def recover(
 
 
 def eurekaclaw_put(record: Any) -> Any:
-    from eurekamem.daemon.tiers.persistent import PutRecord
+    from .tiers.persistent import PutRecord
 
     return PutRecord(record)
 
 
 def _edge(from_id: str, to_id: str, relation: str) -> Any:
-    from eurekamem.daemon.tiers.graph import PutEdge
+    from .tiers.graph import PutEdge
 
     return PutEdge(from_id, to_id, relation)
 

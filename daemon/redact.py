@@ -45,10 +45,10 @@ from typing import Any
 
 import msgspec
 from ahocorasick_rs import AhoCorasick, BytesAhoCorasick
-from eurekamem.daemon.memory.format import domain_slug
-from eurekamem.protocol import METHODS, Call
-from eurekamem.protocol import _methods as m
-from eurekamem.protocol._records import CrossRunRecord, KnowledgeNode
+
+from ..protocol import METHODS, Call, domain_slug
+from ..protocol import _methods as m
+from ..protocol._records import CrossRunRecord, KnowledgeNode
 
 log = logging.getLogger("eurekamem.redact")
 

@@ -21,9 +21,10 @@ from collections.abc import Callable
 from typing import Any
 
 import trio
-from eurekamem.daemon.primitives import monotonic_ns
-from eurekamem.daemon.stats import RequestStats
-from eurekamem.protocol import OUTBOUND_LIMIT, Call, ConnectionLimits, ServerConnection
+
+from ..protocol import OUTBOUND_LIMIT, Call, ConnectionLimits, ServerConnection
+from .primitives import monotonic_ns
+from .stats import RequestStats
 
 log = logging.getLogger("eurekamem.server")
 

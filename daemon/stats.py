@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from eurekamem.daemon.primitives import Histogram, monotonic_ns
-from eurekamem.daemon.redact import shown
-from eurekamem.protocol import Call, ProtocolError
+from ..protocol import Call, ProtocolError
+from .primitives import Histogram, monotonic_ns
+from .redact import shown
 
 log = logging.getLogger("eurekamem.requests")
 

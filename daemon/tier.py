@@ -45,14 +45,15 @@ from typing import Any, Literal, NamedTuple, Protocol, TypeVar
 
 import msgspec
 import trio
-from eurekamem.daemon.primitives import Waiter
-from eurekamem.daemon.storage.journal_actor import JournalActor, JournalUnavailable
-from eurekamem.protocol import (
+
+from ..protocol import (
     METHODS,
     Call,
     ProtocolError,
     now_rfc3339,
 )
+from .primitives import Waiter
+from .storage.journal_actor import JournalActor, JournalUnavailable
 
 log = logging.getLogger("eurekamem.actor")
 

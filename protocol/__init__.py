@@ -37,6 +37,7 @@ from ._framing import (
 )
 from ._methods import *  # noqa: F401,F403  (params Structs)
 from ._methods import METHODS, RELATIONS, FailedAttempt, LemmaNode, MethodSpec, ProofRecord, TheoryState
+from ._readable import domain_slug
 from ._records import (
     JOB_STATES,
     MEMORY_CATEGORIES,
@@ -135,6 +136,7 @@ __all__ = [
     "Success",
     "TheoryState",
     "decoder_for_first_byte",
+    "domain_slug",
     "failure",
     "frame_binary",
     "frame_ndjson",

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import trio
+
 from eurekamem.daemon import Config, Daemon
 from eurekamem.daemon.memory.embed import Embedder, make_embedder
 

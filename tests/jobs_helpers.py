@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 import trio
 import trio.testing
+
 from eurekamem.daemon.jobs import JobContext, JobsActor, JobsState, Outcome, SessionInput
 from eurekamem.daemon.jobs.state import CommitJob
 from eurekamem.daemon.llm import StructuredResult, Usage

@@ -14,15 +14,15 @@ from typing import Any
 
 import pytest
 import trio
+
+from conftest import IO_TIMEOUT, RawConnection, running_daemon
+from daemon_process import DaemonProcess
 from eurekamem.cli import backup as _backup
 from eurekamem.cli import metrics as _metrics
 from eurekamem.cli.backup import write_backup
 from eurekamem.cli.common import Progress
 from eurekamem.cli.metrics import render_metrics
 from eurekamem.client import Client
-
-from conftest import IO_TIMEOUT, RawConnection, running_daemon
-from daemon_process import DaemonProcess
 
 TIMEOUT = 60.0
 

@@ -19,11 +19,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from daemon_process import DaemonProcess
 from eurekamem.client._paths import resolve_locations
 from eurekamem.daemon.config import load
 from eurekamem.protocol import MEMORY_CATEGORIES, METHODS
-
-from daemon_process import DaemonProcess
 
 HEAVY = ("eurekamem.daemon", "trio", "numpy", "hnswlib", "networkx", "anthropic", "mcp")
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import trio
+
 from eurekamem.client import (
     AsyncClient,
     Client,

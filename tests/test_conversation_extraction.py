@@ -17,6 +17,11 @@ import msgspec
 import pytest
 import trio
 import trio.testing
+from jobs_helpers import Captured, FakeJournal, FakeLLM, Gate, running_actors
+from test_conversation import BagOfWords
+from test_llm import StubLLMServer, anthropic_tool
+
+from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from eurekamem.daemon import Daemon
 from eurekamem.daemon.conversation.actor import ConversationActor
 from eurekamem.daemon.conversation.clean import Stripped, clean_text
@@ -26,11 +31,6 @@ from eurekamem.daemon.jobs.actor import JobContext
 from eurekamem.daemon.jobs.conversation import KIND, ConversationExtraction, ConversationTrigger, Shown, when_of
 from eurekamem.daemon.tier import Work
 from eurekamem.protocol import METHODS, Call, ProtocolError
-from jobs_helpers import Captured, FakeJournal, FakeLLM, Gate, running_actors
-from test_conversation import BagOfWords
-from test_llm import StubLLMServer, anthropic_tool
-
-from conftest import IO_TIMEOUT, RawConnection, running_daemon
 
 KEY = "sk-test-conversation"
 GROUP = "caroline-melanie"

@@ -19,11 +19,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from daemon_process import DaemonProcess
 from eurekamem.daemon.paths import OWN_FOLDERS
 from eurekamem.daemon.storage.files import make_private, unsafe_root_reason
 from eurekamem.integrations import eurekaclaw as integration
-
-from daemon_process import DaemonProcess
 
 FAKE = Path(__file__).resolve().parent / "fake_eurekaclaw"
 TIMEOUT = 60.0

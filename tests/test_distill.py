@@ -11,16 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from eurekamem.client import Client
-from eurekamem.daemon.config import DomainPolicy
-from eurekamem.daemon.jobs.distill import find_pattern, tool_steps
-from eurekamem.protocol import EpisodicEntry
 from test_extraction import DOMAIN, INSIGHTS, THEORY_STATE, answer, close, extraction_daemon, finished
 from test_extraction_crash import TIMEOUT, kill_9, setenv
 from test_extraction_crash import daemon as crash_daemon
 from test_llm import StubLLMServer, anthropic_tool
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
+from eurekamem.client import Client
+from eurekamem.daemon.config import DomainPolicy
+from eurekamem.daemon.jobs.distill import find_pattern, tool_steps
+from eurekamem.protocol import EpisodicEntry
 
 SKILL = {
     "name": "bound_then_verify",

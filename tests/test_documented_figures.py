@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from eurekamem.daemon.memory import state as memory_state
 from eurekamem.daemon.memory.embed import DEFAULT_REMOTE_THRESHOLDS, E5_SMALL_THRESHOLDS, USEM3_THRESHOLDS
 from eurekamem.daemon.memory.lexical import LexicalIndex

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from eurekamem.daemon.memory.embed import (
     EMBEDDERS,
     E5SmallEmbedder,

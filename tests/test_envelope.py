@@ -7,6 +7,10 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from msgspec import UNSET
+
 from eurekamem.protocol import (
     ERROR_CODES,
     METHODS,
@@ -20,9 +24,6 @@ from eurekamem.protocol import (
     success,
 )
 from eurekamem.protocol import _methods as m
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from msgspec import UNSET
 
 FAST = settings(derandomize=True, database=None, deadline=None, max_examples=200,
                 suppress_health_check=[HealthCheck.too_slow])

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+
 from eurekamem.daemon.config import ConfigError, build_config, load
 from eurekamem.daemon.jobs.extract import session_key
 from eurekamem.daemon.paths import Paths

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 from eurekaclaw_reference import pydantic_models
-from eurekamem.client import Client
 
 from daemon_process import DaemonProcess
+from eurekamem.client import Client
 
 pytest.importorskip("pydantic")  # the test extra brings it (the mcp SDK needs it); EurekaClaw's models are pydantic
 TIMEOUT = 60.0

@@ -23,14 +23,14 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from eurekamem.client import Client
-from eurekamem.integrations import eurekaclaw as integration
-from eurekamem.integrations.eurekaclaw import _routed
-from eurekamem.protocol._blocks import SKILLS_NOTE
 from test_extraction import INSIGHTS
 from test_llm import StubLLMServer, anthropic_tool
 
 from daemon_process import DaemonProcess
+from eurekamem.client import Client
+from eurekamem.integrations import eurekaclaw as integration
+from eurekamem.integrations.eurekaclaw import _routed
+from eurekamem.protocol._blocks import SKILLS_NOTE
 
 FAKE = Path(__file__).resolve().parent / "fake_eurekaclaw"
 DOMAIN = "bandit theory"

@@ -21,14 +21,14 @@ from typing import Any
 
 import pytest
 import trio
-from eurekamem.client import Client
-from eurekamem.integrations import eurekaclaw as integration
-from eurekamem.integrations.eurekaclaw import _routed
 from test_extraction import INSIGHTS, THEORY_STATE
 from test_llm import Recorded, StubLLMServer, anthropic_tool
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from daemon_process import DaemonProcess
+from eurekamem.client import Client
+from eurekamem.integrations import eurekaclaw as integration
+from eurekamem.integrations.eurekaclaw import _routed
 
 FAKE = Path(__file__).resolve().parent / "fake_eurekaclaw"
 DOMAIN = "bandit theory"

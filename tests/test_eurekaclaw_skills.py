@@ -20,13 +20,13 @@ from typing import Any
 
 import pytest
 import trio
+
+from conftest import IO_TIMEOUT, RawConnection, running_daemon
+from daemon_process import DaemonProcess
 from eurekamem.client import Client
 from eurekamem.integrations import eurekaclaw as integration
 from eurekamem.integrations.eurekaclaw import _routed
 from eurekamem.protocol._blocks import SKILLS_NOTE
-
-from conftest import IO_TIMEOUT, RawConnection, running_daemon
-from daemon_process import DaemonProcess
 
 FAKE = Path(__file__).resolve().parent / "fake_eurekaclaw"
 TIMEOUT = 60.0

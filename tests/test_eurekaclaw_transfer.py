@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 import trio
 from eurekaclaw_reference import ReferenceManager, pydantic_models
-from eurekamem.cli.transfer import export_records, import_groups, read_eurekaclaw_root
-from eurekamem.client import Client
 
 from conftest import IO_TIMEOUT, running_daemon
 from daemon_process import DaemonProcess
+from eurekamem.cli.transfer import export_records, import_groups, read_eurekaclaw_root
+from eurekamem.client import Client
 
 pytest.importorskip("pydantic")
 TIMEOUT = 60.0

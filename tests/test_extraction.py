@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 import trio
 import trio.testing
+from test_llm import Recorded, StubLLMServer, anthropic_tool
+
+from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from eurekamem.daemon import Daemon
 from eurekamem.daemon.jobs.extract import build_prompt, capture, session_key
 from eurekamem.daemon.tiers.graph import normalise_statement
 from eurekamem.protocol import EpisodicEntry, TheoryState
-from test_llm import Recorded, StubLLMServer, anthropic_tool
-
-from conftest import IO_TIMEOUT, RawConnection, running_daemon
 
 KEY = "sk-test-extraction"
 DOMAIN = "bandit theory"

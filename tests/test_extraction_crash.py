@@ -13,11 +13,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from eurekamem.client import Client
 from test_extraction import DOMAIN, INSIGHTS, THEORY_STATE
 from test_llm import Recorded, Reply, StubLLMServer, anthropic_tool, http_error
 
 from daemon_process import DaemonProcess
+from eurekamem.client import Client
 
 TIMEOUT = 30.0
 KEY = "sk-test-crash"

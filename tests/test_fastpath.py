@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from eurekamem.daemon.tier import HANDLERS, Handler
-from eurekamem.protocol import ProtocolError
 
 from conftest import IO_TIMEOUT, HeldJournal, RawConnection, running_daemon
+from eurekamem.daemon.tier import HANDLERS, Handler
+from eurekamem.protocol import ProtocolError
 
 
 async def _pipelined(conn: RawConnection, calls: list[tuple[str, dict[str, Any]]]) -> dict[int, Any]:

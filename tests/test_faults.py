@@ -16,10 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from eurekamem.client import Client, ReadOnly
 
 from conftest import tmpfs
 from daemon_process import DaemonProcess
+from eurekamem.client import Client, ReadOnly
 
 pytestmark = pytest.mark.usefixtures("io_mode")  # every test under io = bulk and io = tasks
 

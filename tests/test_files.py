@@ -7,8 +7,8 @@ import os
 import random
 
 import pytest
-from eurekamem.daemon.storage.files import FileLayer, RealFiles, atomic_write
 
+from eurekamem.daemon.storage.files import FileLayer, RealFiles, atomic_write
 from fakefiles import FakeFiles
 
 

@@ -4,6 +4,9 @@ oversized frames are reported once each and never buffered; the first byte picks
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from eurekamem.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     BinaryDecoder,
@@ -13,8 +16,6 @@ from eurekamem.protocol import (
     frame_binary,
     frame_ndjson,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 # Deterministic and fast: fixed seed, no example database, no per-example deadline.
 FAST = settings(derandomize=True, database=None, deadline=None, max_examples=150,

@@ -30,6 +30,9 @@ import numpy as np
 import pytest
 import trio
 import trio.testing
+
+from conftest import IO_TIMEOUT, RawConnection, routed, running_daemon, tmpfs
+from daemon_process import DaemonProcess
 from eurekamem.client import Client, ReadOnly
 from eurekamem.daemon.memory.actor import read_memory_snapshot
 from eurekamem.daemon.memory.embed import Thresholds
@@ -37,9 +40,6 @@ from eurekamem.daemon.memory.lexical import LexicalIndex
 from eurekamem.daemon.memory.state import EMBED_WINDOW, EMBED_WINDOWS, MemoryState
 from eurekamem.daemon.memory.vectors import VectorStore
 from eurekamem.protocol import _methods as m
-
-from conftest import IO_TIMEOUT, RawConnection, routed, running_daemon, tmpfs
-from daemon_process import DaemonProcess
 from fakefiles import FakeFiles
 
 FAST = {"embedder": "usem3"}

@@ -21,20 +21,6 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from eurekamem.daemon.jobs.state import JobRecord, snapshot_of
-from eurekamem.daemon.llm import (
-    LLM,
-    Completion,
-    CompletionRequest,
-    LLMConfig,
-    LLMUnavailable,
-    Provider,
-    Usage,
-    resolve,
-)
-from eurekamem.daemon.llm._client import _estimate_input
-from eurekamem.daemon.llm._http import answer_byte_cap
-from eurekamem.daemon.redact import Redactor
 from jobs_helpers import FakeLLM, Gate, NoteKind, harness, note_input
 from test_llm import (
     GOOD,
@@ -49,6 +35,20 @@ from test_llm import (
 )
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
+from eurekamem.daemon.jobs.state import JobRecord, snapshot_of
+from eurekamem.daemon.llm import (
+    LLM,
+    Completion,
+    CompletionRequest,
+    LLMConfig,
+    LLMUnavailable,
+    Provider,
+    Usage,
+    resolve,
+)
+from eurekamem.daemon.llm._client import _estimate_input
+from eurekamem.daemon.llm._http import answer_byte_cap
+from eurekamem.daemon.redact import Redactor
 
 LONG = 4000  # virtual seconds (MockClock): nothing really waits
 HUGE = 6 * 1024 * 1024  # bytes of junk in the huge answers (the issue saw 50 MB; a few MB show the same)

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 import trio
-from eurekamem.daemon.memory.embed import Embedder, Thresholds
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
+from eurekamem.daemon.memory.embed import Embedder, Thresholds
 
 
 class CountingEmbedder(Embedder):

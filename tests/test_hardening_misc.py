@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 import trio
-from eurekamem.cli.verify import verify_root
-from eurekamem.daemon.memory.format import fingerprint
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
+from eurekamem.cli.verify import verify_root
+from eurekamem.daemon.memory.format import fingerprint
 
 # every character str.strip() removes: the white space a client's text can carry at either end
 WHITE_SPACE = "".join(chr(i) for i in range(0x110000) if chr(i).isspace())

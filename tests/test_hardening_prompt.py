@@ -22,6 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from test_conversation_extraction import answer, conversation_daemon, finished, prompt_of
+from test_llm import StubLLMServer
+
+from conftest import IO_TIMEOUT, RawConnection, running_daemon
+from daemon_process import DaemonProcess
 from eurekamem.client import MemoryManager
 from eurekamem.daemon.conversation.clean import Stripped, clean_text
 from eurekamem.protocol._blocks import (
@@ -35,11 +40,6 @@ from eurekamem.protocol._blocks import (
     escape_entry_headings,
     find_tags,
 )
-from test_conversation_extraction import answer, conversation_daemon, finished, prompt_of
-from test_llm import StubLLMServer
-
-from conftest import IO_TIMEOUT, RawConnection, running_daemon
-from daemon_process import DaemonProcess
 
 # --- the oracle ----------------------------------------------------------------------------------------
 

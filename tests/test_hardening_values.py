@@ -17,14 +17,14 @@ from typing import Any
 import msgspec
 import pytest
 import trio
-from eurekamem.daemon.memory.state import validate_domain
-from eurekamem.protocol import METHODS, Call, Codec, ProtocolError, Rejected
-from eurekamem.protocol import _methods as m
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_envelope import _minimal
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
+from eurekamem.daemon.memory.state import validate_domain
+from eurekamem.protocol import METHODS, Call, Codec, ProtocolError, Rejected
+from eurekamem.protocol import _methods as m
 
 QUICK = settings(derandomize=True, database=None, deadline=None, max_examples=150,
                  suppress_health_check=[HealthCheck.too_slow])

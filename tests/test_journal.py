@@ -11,6 +11,9 @@ import struct
 import zlib
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from eurekamem.daemon.storage.files import RealFiles
 from eurekamem.daemon.storage.journal import (
     FILE_HEADER_SIZE,
@@ -25,9 +28,6 @@ from eurekamem.daemon.storage.journal import (
     scan_segment,
     segment_name,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from fakefiles import FakeFiles
 
 J = "/j"  # the journal folder on FakeFiles

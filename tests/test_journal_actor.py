@@ -8,9 +8,9 @@ import threading
 import pytest
 import trio
 import trio.testing
+
 from eurekamem.daemon.storage.journal import Journal
 from eurekamem.daemon.storage.journal_actor import JournalActor, JournalUnavailable
-
 from fakefiles import FakeFiles
 
 J = "/j"

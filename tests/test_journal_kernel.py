@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
+
+from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from eurekamem.daemon.storage.journal import Journal
 from eurekamem.daemon.storage.journal_actor import JournalActor, JournalUnavailable
 from eurekamem.daemon.storage.journal_kernel import KernelSyncJournalActor, kernel_sync_problem, make_journal_actor
-
-from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from fakefiles import FakeFiles
 
 

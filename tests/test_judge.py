@@ -10,13 +10,13 @@ from typing import Any
 import msgspec
 import pytest
 import trio
-from eurekamem.client import Client
-from eurekamem.daemon.jobs.judge import Candidate, Verdicts, check
-from eurekamem.protocol import Memory
 from test_extraction import DOMAIN, THEORY_STATE, close, extraction_daemon, finished
 from test_llm import Recorded, StubLLMServer, anthropic_tool
 
 from conftest import IO_TIMEOUT, RawConnection
+from eurekamem.client import Client
+from eurekamem.daemon.jobs.judge import Candidate, Verdicts, check
+from eurekamem.protocol import Memory
 
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 

@@ -9,6 +9,7 @@ from collections import Counter
 import msgspec
 import numpy as np
 import pytest
+
 from eurekamem.daemon.memory import lexical as _lexical
 from eurekamem.daemon.memory.fusion import fuse
 from eurekamem.daemon.memory.lexical import STOP_WORDS, LexicalIndex, stemmed_tokenize, tokenize

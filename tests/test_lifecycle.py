@@ -23,6 +23,10 @@ import numpy as np
 import pytest
 import trio
 import trio.testing
+from jobs_helpers import FakeLLM
+
+from conftest import IO_TIMEOUT, RawConnection, running_daemon
+from daemon_process import DaemonProcess
 from eurekamem.client import Client, InvalidParams, NotFound
 from eurekamem.daemon.config import Config, ConfigError, build_config, load
 from eurekamem.daemon.jobs import JobsActor, JobsState
@@ -46,10 +50,6 @@ from eurekamem.daemon.recovery import MUTATION_TIER, mutation_decoder
 from eurekamem.daemon.tier import Work
 from eurekamem.protocol import METHODS, Call, Memory, ProtocolError
 from eurekamem.protocol import _methods as m
-from jobs_helpers import FakeLLM
-
-from conftest import IO_TIMEOUT, RawConnection, running_daemon
-from daemon_process import DaemonProcess
 
 # --- helpers ------------------------------------------------------------------------------------
 

@@ -23,6 +23,9 @@ import msgspec
 import pytest
 import trio
 import trio.testing
+from msgspec import Meta
+
+from conftest import IO_TIMEOUT
 from eurekamem.daemon.llm import (
     DEFAULT_ANTHROPIC_MODEL,
     LLM,
@@ -44,9 +47,6 @@ from eurekamem.daemon.llm._provider import parse_retry_after
 from eurekamem.daemon.llm._schema import strict_schema
 from eurekamem.daemon.llm.loopback import HANG as LOOPBACK_HANG
 from eurekamem.daemon.llm.loopback import LLMServer
-from msgspec import Meta
-
-from conftest import IO_TIMEOUT
 
 KEY = "sk-SENTINEL-9f3c2a7e-do-not-leak"
 SEED = 20261201

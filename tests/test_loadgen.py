@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from eurekamem.client import Client
 
 from daemon_process import DaemonProcess
+from eurekamem.client import Client
 
 ROOT = Path(__file__).resolve().parent.parent
 IDLE = 10.0  # seconds without an answer before loadgen gives up

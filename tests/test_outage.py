@@ -26,9 +26,9 @@ from typing import Any
 
 import pytest
 from eurekaclaw_reference import ReferenceManager
-from eurekamem.client import Client, MemoryManager
 
 from daemon_process import DaemonProcess
+from eurekamem.client import Client, MemoryManager
 
 TIMEOUT = 20.0
 

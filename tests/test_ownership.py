@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 import trio
+
+from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from eurekamem.daemon.memory.state import MemoryState
 from eurekamem.daemon.storage.journal import Journal
 from eurekamem.daemon.tier import HANDLERS
 from eurekamem.protocol import METHODS
-
-from conftest import IO_TIMEOUT, RawConnection, running_daemon
 
 FAST = {"embedder": "usem3"}
 

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 import trio
+
+from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from eurekamem.daemon.config import build_config, load
 from eurekamem.daemon.server import Connection, Limits
 from eurekamem.daemon.stats import RequestStats
-
-from conftest import IO_TIMEOUT, RawConnection, running_daemon
 
 pytestmark = pytest.mark.usefixtures("io_mode")  # every test under io = bulk and io = tasks
 

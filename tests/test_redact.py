@@ -17,6 +17,9 @@ from typing import Any
 import msgspec
 import pytest
 import trio
+
+from conftest import IO_TIMEOUT, RawConnection, running_daemon
+from daemon_process import DaemonProcess
 from eurekamem.client import Client, InvalidParams, MemoryManager, NotFound
 from eurekamem.daemon.config import ConfigError, DomainPolicy, build_config, load
 from eurekamem.daemon.redact import (
@@ -35,9 +38,6 @@ from eurekamem.daemon.redact import (
 from eurekamem.protocol import METHODS, Call
 from eurekamem.protocol import _methods as m
 from eurekamem.protocol._blocks import MEMORIES_NOTE, SKILLS_NOTE, escape_block_tags
-
-from conftest import IO_TIMEOUT, RawConnection, running_daemon
-from daemon_process import DaemonProcess
 
 rng = random.Random(20261201)
 ALNUM = string.ascii_letters + string.digits

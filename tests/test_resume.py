@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import trio
-from eurekamem.daemon.storage.journal import Journal, JournalWriteError
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
+from eurekamem.daemon.storage.journal import Journal, JournalWriteError
 from fakefiles import FakeFiles
 
 J = "/j"

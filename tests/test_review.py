@@ -12,6 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 import trio
+
+from conftest import IO_TIMEOUT, RawConnection, running_daemon
+from daemon_process import DaemonProcess
 from eurekamem.client import Client, InvalidParams, NotFound
 from eurekamem.daemon.config import DomainPolicy
 from eurekamem.daemon.memory.embed import make_embedder
@@ -19,9 +22,6 @@ from eurekamem.daemon.memory.review import PutReview
 from eurekamem.daemon.memory.state import MemoryState, PutMemory
 from eurekamem.protocol import Memory, ProtocolError
 from eurekamem.protocol import _methods as m
-
-from conftest import IO_TIMEOUT, RawConnection, running_daemon
-from daemon_process import DaemonProcess
 
 FAST = {"embedder": "usem3"}
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 import trio
-from eurekamem.client import AsyncClient
-from eurekamem.daemon.memory.calibration import LEXICAL_ONLY, SCORE_FLOOR, calibrated_score, score_model
 
 from conftest import IO_TIMEOUT, running_daemon
+from eurekamem.client import AsyncClient
+from eurekamem.daemon.memory.calibration import LEXICAL_ONLY, SCORE_FLOOR, calibrated_score, score_model
 
 DATA = json.loads((Path(__file__).parent / "data" / "search_relevance.json").read_text(encoding="utf-8"))
 

@@ -17,6 +17,11 @@ from typing import Any
 import msgspec
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import IO_TIMEOUT, RawConnection, running_daemon, shared_embedder
+from daemon_process import DaemonProcess
 from eurekamem.client import AsyncClient, Client, InvalidParams, NotFound, Skill
 from eurekamem.daemon.skills.format import (
     name_problem,
@@ -28,11 +33,6 @@ from eurekamem.daemon.skills.format import (
 from eurekamem.daemon.skills.state import PutSkill, SkillsState
 from eurekamem.protocol import METHODS, SKILL_SOURCES, Call, ProtocolError
 from eurekamem.protocol._blocks import SKILLS_NOTE
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from conftest import IO_TIMEOUT, RawConnection, running_daemon, shared_embedder
-from daemon_process import DaemonProcess
 
 FAST = {"embedder": "usem3"}
 

@@ -9,9 +9,8 @@ import signal
 import time
 from pathlib import Path
 
-from eurekamem.client import Client
-
 from daemon_process import DaemonProcess
+from eurekamem.client import Client
 
 # e5-small (the default model, ~0.1 s a memory on one core): all 60 were one batch of some seconds
 # before, which a stop waited for; now a batch takes about a second and a stop abandons it

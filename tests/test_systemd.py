@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from eurekamem.cli.main import main as cli_main
-from eurekamem.daemon import systemd as sd
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from daemon_process import DaemonProcess
+from eurekamem.cli.main import main as cli_main
+from eurekamem.daemon import systemd as sd
 
 pytestmark = pytest.mark.usefixtures("io_mode")  # every test under io = bulk and io = tasks
 

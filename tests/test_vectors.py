@@ -8,6 +8,7 @@ import struct
 
 import numpy as np
 import pytest
+
 from eurekamem.daemon.memory.vectors import VectorStore
 
 

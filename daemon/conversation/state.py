@@ -33,15 +33,16 @@ from typing import Any
 
 import msgspec
 import numpy as np
-from eurekamem.daemon.conversation.text import STEMMER_VERSION, StemmedIndex, date_text, name_tokens
-from eurekamem.daemon.memory.format import domain_slug, estimate_tokens
-from eurekamem.daemon.memory.fusion import boost_named, fuse_scores
-from eurekamem.daemon.memory.lexical import TOKENIZER_VERSION, LexicalDump, tokenize
-from eurekamem.daemon.memory.vectors import VectorStore
-from eurekamem.daemon.primitives import Histogram
-from eurekamem.daemon.tier import TierState, Undo, handles
-from eurekamem.protocol import ProtocolError, normalize_timestamp
-from eurekamem.protocol import _methods as m
+
+from ...protocol import ProtocolError, domain_slug, normalize_timestamp
+from ...protocol import _methods as m
+from ..memory.format import estimate_tokens
+from ..memory.fusion import boost_named, fuse_scores
+from ..memory.lexical import TOKENIZER_VERSION, LexicalDump, tokenize
+from ..memory.vectors import VectorStore
+from ..primitives import Histogram
+from ..tier import TierState, Undo, handles
+from .text import STEMMER_VERSION, StemmedIndex, date_text, name_tokens
 
 log = logging.getLogger("eurekamem.conversation")
 

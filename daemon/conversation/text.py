@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime as _dt
 from collections.abc import Iterable
 
-from eurekamem.daemon.memory.lexical import (
+from ..memory.lexical import (
     STEMMER_VERSION,
     LexicalIndex,
     name_tokens,

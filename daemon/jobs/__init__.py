@@ -6,8 +6,8 @@ schedules and runs jobs and commits their results exactly once (the rules are at
 
 from typing import Any
 
-from eurekamem.daemon.jobs.actor import JobContext, JobFailed, JobKind, JobsActor, LLMHandle, Outcome
-from eurekamem.daemon.jobs.state import ConversationInput, JobRecord, JobsState, MaintainInput, SessionInput
+from .actor import JobContext, JobFailed, JobKind, JobsActor, LLMHandle, Outcome
+from .state import ConversationInput, JobRecord, JobsState, MaintainInput, SessionInput
 
 __all__ = [
     "ConversationInput",
@@ -27,9 +27,9 @@ __all__ = [
 
 def default_kinds(conversation_token_budget: int | None = None) -> dict[str, Any]:
     """The job kinds the daemon runs."""
-    from eurekamem.daemon.jobs.conversation import DEFAULT_TOKEN_BUDGET, ConversationExtraction
-    from eurekamem.daemon.jobs.extract import SessionExtraction
-    from eurekamem.daemon.memory.maintenance import MemoryMaintenance
+    from ..memory.maintenance import MemoryMaintenance
+    from .conversation import DEFAULT_TOKEN_BUDGET, ConversationExtraction
+    from .extract import SessionExtraction
 
     conversation = ConversationExtraction(conversation_token_budget or DEFAULT_TOKEN_BUDGET)
     return {

@@ -59,7 +59,12 @@ from typing import Any, Protocol
 
 import numpy as np
 import trio
-from eurekamem.daemon.jobs.state import (
+
+from ...protocol import Call, Job, ProtocolError, new_id
+from ..llm import LLMError, LLMFailed, LLMUnavailable, report_waits
+from ..storage.journal_actor import JournalActor, JournalUnavailable
+from ..tier import RTYPE_MUTATION, Internal, Stage, TierActor, Work, handles, mutation_encoder
+from .state import (
     ACTIVE,
     DEFAULT_MAX_ATTEMPTS,
     FINISHED,
@@ -70,10 +75,6 @@ from eurekamem.daemon.jobs.state import (
     PutJob,
     StaleAttempt,
 )
-from eurekamem.daemon.llm import LLMError, LLMFailed, LLMUnavailable, report_waits
-from eurekamem.daemon.storage.journal_actor import JournalActor, JournalUnavailable
-from eurekamem.daemon.tier import RTYPE_MUTATION, Internal, Stage, TierActor, Work, handles, mutation_encoder
-from eurekamem.protocol import Call, Job, ProtocolError, new_id
 
 log = logging.getLogger("eurekamem.jobs")
 

@@ -36,18 +36,19 @@ from typing import Any
 
 import msgspec
 import trio
-from eurekamem.daemon.conversation.clean import Stripped, usable_text
-from eurekamem.daemon.conversation.state import ConversationState, Message, Pending, Summary, Window
-from eurekamem.daemon.conversation.text import date_text
-from eurekamem.daemon.jobs.actor import JobContext, JobFailed, Outcome
-from eurekamem.daemon.jobs.conversation_schema import ConversationInsights, ExtractedMemory
-from eurekamem.daemon.jobs.extract import apply_memories, embed_planned, judge_planned
-from eurekamem.daemon.jobs.state import ConversationInput, JobRecord
-from eurekamem.daemon.memory.state import MIN_CONFIDENCE, MemoryState, validate_domain
-from eurekamem.daemon.memory.strength import epoch
-from eurekamem.daemon.redact import shown as shown_id
-from eurekamem.protocol import ProtocolError, normalize_timestamp, now_rfc3339
-from eurekamem.protocol import _methods as m
+
+from ...protocol import ProtocolError, normalize_timestamp, now_rfc3339
+from ...protocol import _methods as m
+from ..conversation.clean import Stripped, usable_text
+from ..conversation.state import ConversationState, Message, Pending, Summary, Window
+from ..conversation.text import date_text
+from ..memory.state import MIN_CONFIDENCE, MemoryState, validate_domain
+from ..memory.strength import epoch
+from ..redact import shown as shown_id
+from .actor import JobContext, JobFailed, Outcome
+from .conversation_schema import ConversationInsights, ExtractedMemory
+from .extract import apply_memories, embed_planned, judge_planned
+from .state import ConversationInput, JobRecord
 
 log = logging.getLogger("eurekamem.jobs")
 

@@ -32,11 +32,12 @@ import re
 from typing import Annotated, Any
 
 import msgspec
-from eurekamem.daemon.jobs.actor import JobContext, JobFailed
-from eurekamem.daemon.skills.format import clean_body, name_problem, yaml_str
-from eurekamem.daemon.skills.state import SkillsState
-from eurekamem.protocol import EpisodicEntry
 from msgspec import Meta
+
+from ...protocol import EpisodicEntry
+from ..skills.format import clean_body, name_problem, yaml_str
+from ..skills.state import SkillsState
+from .actor import JobContext, JobFailed
 
 MIN_REPEATS = 2  # occurrences of a run of tool steps, without overlap, that make it a pattern
 MAX_LENGTH = 5  # tool steps in a pattern at most

@@ -42,20 +42,21 @@ import hashlib
 from typing import Annotated, Any
 
 import msgspec
-from eurekamem.daemon.jobs.actor import JobContext, JobFailed, Outcome
-from eurekamem.daemon.jobs.distill import Planned as DistilledPlan
-from eurekamem.daemon.jobs.distill import apply_skill, distill
-from eurekamem.daemon.jobs.judge import candidates_of, judge
-from eurekamem.daemon.jobs.state import SessionInput
-from eurekamem.daemon.llm import LLMError
-from eurekamem.daemon.memory.format import domain_slug, fingerprint
-from eurekamem.daemon.memory.review import propose
-from eurekamem.daemon.memory.state import EMBED_WINDOW, MIN_CONFIDENCE, MemoryState, passage_windows, pooled
-from eurekamem.daemon.tiers.graph import GraphState, PutEdge, PutNode
-from eurekamem.daemon.tiers.persistent import PersistentState
-from eurekamem.protocol import EpisodicEntry, KnowledgeNode, ProtocolError, TheoryState, new_id
-from eurekamem.protocol import _methods as m
 from msgspec import Meta
+
+from ...protocol import EpisodicEntry, KnowledgeNode, ProtocolError, TheoryState, domain_slug, new_id
+from ...protocol import _methods as m
+from ..llm import LLMError
+from ..memory.format import fingerprint
+from ..memory.review import propose
+from ..memory.state import EMBED_WINDOW, MIN_CONFIDENCE, MemoryState, passage_windows, pooled
+from ..tiers.graph import GraphState, PutEdge, PutNode
+from ..tiers.persistent import PersistentState
+from .actor import JobContext, JobFailed, Outcome
+from .distill import Planned as DistilledPlan
+from .distill import apply_skill, distill
+from .judge import candidates_of, judge
+from .state import SessionInput
 
 KIND = "session.extract"
 CATEGORIES = ("domain_knowledge", "proof_strategy", "open_problems", "pitfalls")

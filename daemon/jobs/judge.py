@@ -27,11 +27,12 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import msgspec
-from eurekamem.daemon.jobs.actor import JobContext, JobFailed
-from eurekamem.daemon.memory.format import domain_slug, fingerprint
-from eurekamem.daemon.memory.state import MemoryState, embed_text
-from eurekamem.protocol import Memory
 from msgspec import Meta
+
+from ...protocol import Memory, domain_slug
+from ..memory.format import fingerprint
+from ..memory.state import MemoryState, embed_text
+from .actor import JobContext, JobFailed
 
 MAX_CANDIDATES = 3
 SHOWN_CHARS = 1500  # of a memory's content in the judge's prompt

@@ -32,15 +32,16 @@ from collections.abc import Callable
 from typing import Any, TypeAlias
 
 import msgspec
-from eurekamem.daemon.conversation.state import MoveMark, PutSummary
-from eurekamem.daemon.memory.review import PutReview
-from eurekamem.daemon.memory.state import MaintenanceRecord, PutMemory
-from eurekamem.daemon.skills.state import PutSkill
-from eurekamem.daemon.tier import TierState, Undo, handles
-from eurekamem.daemon.tiers.graph import PutEdge, PutNode
-from eurekamem.daemon.tiers.persistent import PutRecord
-from eurekamem.protocol import EpisodicEntry, Job, JobTokens, ProtocolError, TheoryState, now_rfc3339
-from eurekamem.protocol import _methods as m
+
+from ...protocol import EpisodicEntry, Job, JobTokens, ProtocolError, TheoryState, now_rfc3339
+from ...protocol import _methods as m
+from ..conversation.state import MoveMark, PutSummary
+from ..memory.review import PutReview
+from ..memory.state import MaintenanceRecord, PutMemory
+from ..skills.state import PutSkill
+from ..tier import TierState, Undo, handles
+from ..tiers.graph import PutEdge, PutNode
+from ..tiers.persistent import PutRecord
 
 ACTIVE = ("queued", "running")
 FINISHED = ("done", "failed", "cancelled")

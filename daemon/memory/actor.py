@@ -66,8 +66,16 @@ from typing import Any
 import msgspec
 import numpy as np
 import trio
-from eurekamem.daemon.memory.format import domain_slug, index_entry, memory_files, render_markdown
-from eurekamem.daemon.memory.state import (
+
+from ...protocol import Call, Memory, ProtocolError, domain_slug
+from ...protocol import _methods as m
+from ...protocol._readable import render_readable
+from ..primitives import Histogram, PendingSync
+from ..redact import redact_text
+from ..storage.files import RealFiles, atomic_write
+from ..tier import MAX_BATCH, Internal, TierActor, Work
+from .format import index_entry, memory_files, render_markdown
+from .state import (
     GroupSummary,
     MemorySnapshot,
     MemoryState,
@@ -81,8 +89,8 @@ from eurekamem.daemon.memory.state import (
     wants_summary,
     write_cost,
 )
-from eurekamem.daemon.memory.vectors import VectorStore
-from eurekamem.daemon.memory.watch import (
+from .vectors import VectorStore
+from .watch import (
     FULL_SCAN_FACTOR,
     PLAN_CHUNK,
     Change,
@@ -96,13 +104,6 @@ from eurekamem.daemon.memory.watch import (
     scan_tree,
     signature,
 )
-from eurekamem.daemon.primitives import Histogram, PendingSync
-from eurekamem.daemon.redact import redact_text
-from eurekamem.daemon.storage.files import RealFiles, atomic_write
-from eurekamem.daemon.tier import MAX_BATCH, Internal, TierActor, Work
-from eurekamem.protocol import Call, Memory, ProtocolError
-from eurekamem.protocol import _methods as m
-from eurekamem.protocol._readable import render_readable
 
 log = logging.getLogger("eurekamem.memory")
 
@@ -535,7 +536,7 @@ class MemoryActor(TierActor):
         """The learning loop's proposal that a memory it judged general be shared: a review request of
         kind "proposal" under the domain's share policy and the automatic check (daemon/memory/review.py),
         journaled before this returns. `reason` is redacted here. Raises ProtocolError for bad input."""
-        from eurekamem.daemon.memory.review import LEARNING_LOOP, propose
+        from .review import LEARNING_LOOP, propose
 
         text = self.redactor.text(reason) if self.redactor is not None else reason
         return await self.run_internal(lambda state: propose(state, memory_id, text, by or LEARNING_LOOP))

@@ -35,8 +35,6 @@ from typing import Any, Literal
 
 import msgspec
 import numpy as np
-from eurekamem.daemon import systemd as systemd
-from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
 
 log = logging.getLogger("eurekamem")
 

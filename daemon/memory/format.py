@@ -14,8 +14,7 @@ import json
 import re
 from typing import Any
 
-from eurekamem.protocol import Memory
-from eurekamem.protocol._readable import domain_slug as domain_slug  # the slug is the protocol's rule too
+from ...protocol import Memory
 
 _NON_WORD = re.compile(r"[^\w]")
 

@@ -37,8 +37,9 @@ from typing import Any
 import msgspec
 import numpy as np
 import trio
-from eurekamem.daemon.memory.strength import DAY, rfc3339
-from eurekamem.protocol import Memory, new_id
+
+from ...protocol import Memory, new_id
+from .strength import DAY, rfc3339
 
 log = logging.getLogger("eurekamem.memory")
 
@@ -255,7 +256,7 @@ def apply_merges(state: Any, plans: list[MergePlan], judged: dict[str, Any] | No
 
 def _rewrite(state: Any, survivor: Memory, member: Memory, verdict: Any) -> Memory:
     """The judge's MERGE: the survivor's text rewritten to hold the member's too (merge_rewritten)."""
-    from eurekamem.protocol import _methods as m
+    from ...protocol import _methods as m
 
     p = msgspec.convert({"domain": member.domain, "category": member.category, "title": member.title,
                          "content": member.content, "confidence": member.confidence, "tags": list(member.tags),
@@ -264,7 +265,7 @@ def _rewrite(state: Any, survivor: Memory, member: Memory, verdict: Any) -> Memo
 
 
 def _when(timestamp: str) -> float:
-    from eurekamem.daemon.memory.strength import epoch
+    from .strength import epoch
 
     return epoch(timestamp)
 
@@ -285,7 +286,7 @@ class MemoryMaintenance:
     needs_llm = False
 
     async def run(self, ctx: Any) -> Any:
-        from eurekamem.daemon.jobs import Outcome
+        from ..jobs import Outcome
 
         job_id = ctx.record.id
         clock = time.perf_counter()
@@ -353,9 +354,9 @@ async def _judge(ctx: Any, plans: list[MergePlan]) -> tuple[dict[str, Any] | Non
         return None, "rules"
     if not ctx.llm.available:
         return None, f"rules (no LLM: {ctx.llm.unavailable_reason})"
-    from eurekamem.daemon.jobs import JobFailed
-    from eurekamem.daemon.jobs.judge import Candidate, judge
-    from eurekamem.daemon.llm import LLMError
+    from ..jobs import JobFailed
+    from ..jobs.judge import Candidate, judge
+    from ..llm import LLMError
 
     def gather(state: Any) -> list[tuple[Memory, int, list[Memory]]]:
         out = []
@@ -385,7 +386,7 @@ async def _judge(ctx: Any, plans: list[MergePlan]) -> tuple[dict[str, Any] | Non
 
 
 def _record(job_id: str, report: dict[str, Any]) -> Any:
-    from eurekamem.daemon.memory.state import MaintenanceRecord
+    from .state import MaintenanceRecord
 
     return MaintenanceRecord(job_id=job_id, started_at=report["started_at"], finished_at=report["finished_at"], report=report)
 
@@ -405,7 +406,7 @@ class Maintenance:
     async def request(self, trigger: str, key: str | None = None) -> str:
         """The id of the maintenance job under way, else of a new one (journaled before this returns).
         `key` makes a request once only (a night's run across restarts)."""
-        from eurekamem.daemon.jobs.state import ACTIVE, MaintainInput
+        from ..jobs.state import ACTIVE, MaintainInput
 
         def active(state: Any) -> str | None:
             return next((r.id for r in reversed(state.jobs.values()) if r.kind == KIND and r.state in ACTIVE), None)
@@ -471,7 +472,7 @@ def last_run_time(state: Any) -> float | None:
     """When the last maintenance run finished (seconds since 1970), from the journaled records."""
     if not state.maintenance_runs:
         return None
-    from eurekamem.daemon.memory.strength import epoch
+    from .strength import epoch
 
     try:
         return epoch(state.maintenance_runs[-1].finished_at)

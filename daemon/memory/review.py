@@ -32,12 +32,12 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
-from eurekamem.daemon.memory.format import domain_slug
-from eurekamem.daemon.memory.state import PutMemory
-from eurekamem.daemon.redact import detect
-from eurekamem.daemon.tier import handles
-from eurekamem.protocol import Memory, ProtocolError, ReviewItem, ReviewView, new_id
-from eurekamem.protocol import _methods as m
+
+from ...protocol import Memory, ProtocolError, ReviewItem, ReviewView, domain_slug, new_id
+from ...protocol import _methods as m
+from ..redact import detect
+from ..tier import handles
+from .state import PutMemory
 
 DAEMON = "daemon"  # decided_by of what the automatic check or the share policy decided
 LEARNING_LOOP = "learning-loop"  # requested_by of the learning loop's proposals

@@ -29,11 +29,19 @@ from typing import Any
 
 import msgspec
 import numpy as np
-from eurekamem.daemon.memory import calibration
-from eurekamem.daemon.memory.format import (
+from msgspec import UNSET
+
+from ...protocol import Memory, MemoryVersion, ProtocolError, ReviewItem, domain_slug, normalize_timestamp
+from ...protocol import _methods as m
+from ...protocol._blocks import MEMORIES_NOTE, escape_block_tags, escape_stored
+from ...protocol._records import MEMORY_CATEGORIES
+from ..primitives import Histogram
+from ..redact import SECRET_KINDS, detect
+from ..tier import HANDLERS, TierState, Undo, handles
+from . import calibration
+from .format import (
     derive_abstract,
     derive_overview,
-    domain_slug,
     estimate_tokens,
     fingerprint,
     parse_markdown,
@@ -41,18 +49,10 @@ from eurekamem.daemon.memory.format import (
     word_overlap,
     word_set,
 )
-from eurekamem.daemon.memory.fusion import boost_named, fuse_scores
-from eurekamem.daemon.memory.lexical import LexicalDump, LexicalIndex, name_tokens, tokenize
-from eurekamem.daemon.memory.strength import StrengthSettings, epoch, rank_factor, rfc3339, strength, strengths
-from eurekamem.daemon.memory.vectors import VectorStore
-from eurekamem.daemon.primitives import Histogram
-from eurekamem.daemon.redact import SECRET_KINDS, detect
-from eurekamem.daemon.tier import HANDLERS, TierState, Undo, handles
-from eurekamem.protocol import Memory, MemoryVersion, ProtocolError, ReviewItem, normalize_timestamp
-from eurekamem.protocol import _methods as m
-from eurekamem.protocol._blocks import MEMORIES_NOTE, escape_block_tags, escape_stored
-from eurekamem.protocol._records import MEMORY_CATEGORIES
-from msgspec import UNSET
+from .fusion import boost_named, fuse_scores
+from .lexical import LexicalDump, LexicalIndex, name_tokens, tokenize
+from .strength import StrengthSettings, epoch, rank_factor, rfc3339, strength, strengths
+from .vectors import VectorStore
 
 log = logging.getLogger("eurekamem.memory")
 
@@ -552,7 +552,7 @@ class MemoryState(TierState):
         self.search_time = {mode: Histogram() for mode in ("hybrid", "dense", "lexical")}
         self._active = 0  # memories whose status is active, kept by _put / _purge / load_snapshot
         self._dense_pool: ThreadPoolExecutor | None = None  # see _dense_searcher
-        from eurekamem.daemon.memory.review import ReviewQueue  # review.py imports this module
+        from .review import ReviewQueue  # review.py imports this module
 
         self.review = ReviewQueue()  # promotion requests (daemon/memory/review.py)
         self.share_policy: Callable[[str], str] = lambda domain: "review"  # the daemon sets its config's
@@ -1509,7 +1509,7 @@ class MemoryState(TierState):
                 self._set_history(mutation.id, history)
 
             return undo_purge
-        from eurekamem.daemon.memory.review import PutReview, apply_review
+        from .review import PutReview, apply_review
 
         if isinstance(mutation, PutReview):
             return apply_review(self, mutation)

@@ -28,8 +28,9 @@ from typing import Any
 
 import msgspec
 import numpy as np
-from eurekamem.protocol import Memory
-from eurekamem.protocol._records import MEMORY_CATEGORIES
+
+from ...protocol import Memory
+from ...protocol._records import MEMORY_CATEGORIES
 
 DAY = 86400.0
 
@@ -60,7 +61,7 @@ class StrengthSettings(msgspec.Struct, frozen=True, kw_only=True):
 
     @classmethod
     def defaults(cls) -> StrengthSettings:
-        from eurekamem.daemon.config import MEMORY_HALF_LIFE_DAYS, MEMORY_IMPORTANCE
+        from ..config import MEMORY_HALF_LIFE_DAYS, MEMORY_IMPORTANCE
 
         return cls(half_life_days={str(k): v for k, v in MEMORY_HALF_LIFE_DAYS.items()},
                    importance={str(k): v for k, v in MEMORY_IMPORTANCE.items()})

@@ -74,7 +74,8 @@ from collections.abc import Iterator
 
 import hnswlib
 import numpy as np
-from eurekamem.daemon.storage.files import RealFiles, StrPath
+
+from ..storage.files import RealFiles, StrPath
 
 log = logging.getLogger("eurekamem.vectors")
 

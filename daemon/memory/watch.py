@@ -30,18 +30,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from eurekamem.daemon.memory.format import (
+
+from ...protocol import Memory
+from ..redact import redact_text
+from .format import (
     READABLE_FILES,
     derive_abstract,
     derive_overview,
     fingerprint,
     render_markdown,
 )
-from eurekamem.daemon.redact import redact_text
-from eurekamem.protocol import Memory
 
 if TYPE_CHECKING:
-    from eurekamem.daemon.memory.state import MemoryState
+    from .state import MemoryState
 
 log = logging.getLogger("eurekamem.memory")
 
@@ -290,7 +291,7 @@ def plan(
     whose memory the projection still owes is "pending" (the projection writes it); a file gone
     with its whole domain folder is "rewrite" (the projection writes it again: a removed folder is
     no removal of its memories, one by one)."""
-    from eurekamem.daemon.memory.state import memory_from_text
+    from .state import memory_from_text
 
     out: list[Change] = []
     gone_set = set(gone)
@@ -399,7 +400,7 @@ def apply_changes(state: MemoryState, changes: list[Change], vectors: dict[int, 
     journaled before it returns); `vectors` holds change index -> float32 row for those embedded.
     A memory changed by someone else since the plan gets the file's fields on top of its new state;
     returns the files whose change could not be committed (the next scan looks at them again)."""
-    from eurekamem.daemon.memory.state import PutMemory
+    from .state import PutMemory
 
     retry: list[str] = []
     now = state.stamp()

@@ -31,11 +31,15 @@ from typing import Any
 
 import msgspec
 import trio
-from eurekamem.daemon.memory.watch import FileSig, digest, signature
-from eurekamem.daemon.primitives import PendingSync
-from eurekamem.daemon.redact import shown
-from eurekamem.daemon.skills.format import name_problem, parse_skill
-from eurekamem.daemon.skills.state import (
+
+from ...protocol import Call, Skill
+from ..memory.watch import FileSig, digest, signature
+from ..primitives import PendingSync
+from ..redact import shown
+from ..storage.files import RealFiles, atomic_write
+from ..tier import TierActor
+from .format import name_problem, parse_skill
+from .state import (
     DRAFTS_FOLDER,
     SEED_STATS_FILE,
     SKILLS_FOLDER,
@@ -43,7 +47,7 @@ from eurekamem.daemon.skills.state import (
     SkillsState,
     query_of,
 )
-from eurekamem.daemon.skills.watch import (
+from .watch import (
     SkillsWatcher,
     SkillTree,
     apply_files,
@@ -51,9 +55,6 @@ from eurekamem.daemon.skills.watch import (
     read_skill_files,
     scan_skills,
 )
-from eurekamem.daemon.storage.files import RealFiles, atomic_write
-from eurekamem.daemon.tier import TierActor
-from eurekamem.protocol import Call, Skill
 
 log = logging.getLogger("eurekamem.skills")
 

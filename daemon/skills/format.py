@@ -27,8 +27,8 @@ import re
 import unicodedata
 from typing import Any
 
-from eurekamem.daemon.redact import SECRET_KINDS, detect
-from eurekamem.protocol import SKILL_SOURCES, Skill, normalize_timestamp
+from ...protocol import SKILL_SOURCES, Skill, normalize_timestamp
+from ..redact import SECRET_KINDS, detect
 
 MAX_NAME_BYTES = 255  # a folder name (NAME_MAX)
 

@@ -26,22 +26,23 @@ from typing import Any
 
 import msgspec
 import numpy as np
-from eurekamem.daemon.memory.format import estimate_tokens
-from eurekamem.daemon.memory.fusion import fuse
-from eurekamem.daemon.memory.lexical import LexicalIndex
-from eurekamem.daemon.memory.state import DEFAULT_RRF_FUSION, FETCH, RRF_FUSION, RRF_K
-from eurekamem.daemon.memory.vectors import VectorStore
-from eurekamem.daemon.primitives import Histogram
-from eurekamem.daemon.skills.format import (
+
+from ...protocol import ProtocolError, Skill, normalize_timestamp
+from ...protocol import _methods as m
+from ...protocol._blocks import skill_element, skills_block
+from ..memory.format import estimate_tokens
+from ..memory.fusion import fuse
+from ..memory.lexical import LexicalIndex
+from ..memory.state import DEFAULT_RRF_FUSION, FETCH, RRF_FUSION, RRF_K
+from ..memory.vectors import VectorStore
+from ..primitives import Histogram
+from ..tier import TierState, Undo, handles
+from .format import (
     clean_body,
     name_problem,
     next_success_rate,
     render_skill,
 )
-from eurekamem.daemon.tier import TierState, Undo, handles
-from eurekamem.protocol import ProtocolError, Skill, normalize_timestamp
-from eurekamem.protocol import _methods as m
-from eurekamem.protocol._blocks import skill_element, skills_block
 
 log = logging.getLogger("eurekamem.skills")
 

@@ -33,12 +33,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from eurekamem.daemon.memory.watch import FileSig, read_files, signature
-from eurekamem.daemon.redact import shown
-from eurekamem.daemon.skills.format import name_problem, parse_skill, render_skill
+
+from ..memory.watch import FileSig, read_files, signature
+from ..redact import shown
+from .format import name_problem, parse_skill, render_skill
 
 if TYPE_CHECKING:
-    from eurekamem.daemon.skills.state import SkillsState
+    from .state import SkillsState
 
 log = logging.getLogger("eurekamem.skills")
 
@@ -168,7 +169,7 @@ def apply_files(
     say, and left to the projection); returns name -> what
     was done: "new", "edit", "same" (the file shows the skill), "pending" (the projection owes the
     file), "removed", "ignored" (not a skill's file: a draft's name, say; reported by the caller)."""
-    from eurekamem.daemon.skills.state import PutSkill, RemoveSkill, only_usage
+    from .state import PutSkill, RemoveSkill, only_usage
 
     out: dict[str, str] = {}
     for name, text, mtime in reads:

@@ -20,13 +20,13 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from eurekamem.protocol import (
+from ...protocol import (
     CrossRunRecord,
     KnowledgeNode,
     normalize_timestamp,
     now_rfc3339,
 )
-from eurekamem.protocol._methods import MAX_KEY
+from ...protocol._methods import MAX_KEY
 
 log = logging.getLogger("eurekamem.import")
 

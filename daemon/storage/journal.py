@@ -37,7 +37,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Literal
 
-from eurekamem.daemon.storage.files import (
+from .files import (
     AppendFile,
     FileLayer,
     RealFiles,

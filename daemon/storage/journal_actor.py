@@ -35,9 +35,10 @@ from collections.abc import Callable
 from typing import Any, Literal, NamedTuple, get_args
 
 import trio
-from eurekamem.daemon.primitives import Histogram, Waiter
-from eurekamem.daemon.storage.journal import Journal, JournalWriteError
-from eurekamem.protocol import now_rfc3339
+
+from ...protocol import now_rfc3339
+from ..primitives import Histogram, Waiter
+from .journal import Journal, JournalWriteError
 
 log = logging.getLogger("eurekamem.journal")
 

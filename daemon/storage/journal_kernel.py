@@ -31,8 +31,9 @@ from collections.abc import Callable
 from typing import Any
 
 import trio
-from eurekamem.daemon.storage.journal import Journal
-from eurekamem.daemon.storage.journal_actor import JournalActor, JournalFacts, _Op
+
+from .journal import Journal
+from .journal_actor import JournalActor, JournalFacts, _Op
 
 log = logging.getLogger("eurekamem.journal")
 

@@ -32,22 +32,21 @@ from typing import Any
 
 import msgspec
 import trio
-from eurekamem.daemon import systemd as systemd
-from eurekamem.daemon.jobs.extract import KIND, capture, session_key
-from eurekamem.daemon.memory.state import validate_domain
-from eurekamem.daemon.paths import Paths
-from eurekamem.daemon.redact import folder_name, shown
-from eurekamem.daemon.storage import eurekaclaw as eurekaclaw
-from eurekamem.daemon.storage.files import RealFiles, atomic_write
-from eurekamem.daemon.storage.journal_actor import JournalUnavailable
-from eurekamem.daemon.tier import TierActor, TierState, Undo, handles
-from eurekamem.protocol import (
+
+from ...protocol import (
     Call,
     EpisodicEntry,
     ProtocolError,
     new_id,
 )
-from eurekamem.protocol import _methods as m
+from ...protocol import _methods as m
+from ..jobs.extract import KIND, capture, session_key
+from ..memory.state import validate_domain
+from ..paths import Paths
+from ..redact import folder_name, shown
+from ..storage.files import RealFiles, atomic_write
+from ..storage.journal_actor import JournalUnavailable
+from ..tier import TierActor, TierState, Undo, handles
 
 log = logging.getLogger("eurekamem")
 

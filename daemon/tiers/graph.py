@@ -13,13 +13,14 @@ from typing import Any
 
 import msgspec
 import networkx as nx
-from eurekamem.daemon.tier import TierState, Undo, handles
-from eurekamem.protocol import (
+
+from ...protocol import (
     KnowledgeNode,
     ProtocolError,
     new_id,
 )
-from eurekamem.protocol import _methods as m
+from ...protocol import _methods as m
+from ..tier import TierState, Undo, handles
 
 
 class PutNode(msgspec.Struct, tag="graph.node"):
@@ -85,7 +86,7 @@ class GraphState(TierState):
 
     @handles("graph.add_theorem")
     def do_add_theorem(self, p: m.GraphAddTheorem) -> KnowledgeNode:
-        from eurekamem.daemon.tiers.persistent import imported_time
+        from .persistent import imported_time
 
         if p.node_id is not None and p.node_id in self.nodes:
             raise ProtocolError("invalid_params", f"invalid params: node_id {p.node_id!r} is held already", field="node_id")

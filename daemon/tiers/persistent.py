@@ -10,14 +10,15 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from eurekamem.daemon.tier import TierState, Undo, handles
-from eurekamem.protocol import (
+
+from ...protocol import (
     CrossRunRecord,
     ProtocolError,
     new_id,
     normalize_timestamp,
 )
-from eurekamem.protocol import _methods as m
+from ...protocol import _methods as m
+from ..tier import TierState, Undo, handles
 
 
 def imported_time(field: str, value: str | None, default: str) -> str:

@@ -2,7 +2,7 @@
 learning (SessionMemoryExtractor) and its SkillRegistry / SkillInjector to the daemon, without a
 line of EurekaClaw's code changed.
 
-    from eurekamem.integrations import eurekaclaw
+    from .. import eurekaclaw
     eurekaclaw.install()          # before or after EurekaClaw is imported
 
 or, with nothing edited: `python -m eurekamem.integrations.eurekaclaw prove "..." --domain "..."` (EurekaClaw's own

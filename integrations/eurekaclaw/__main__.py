@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from eurekamem.integrations.eurekaclaw import install
+from . import install
 
 
 def _eurekaclaw_main() -> Callable[..., Any] | None:

@@ -37,7 +37,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, TypeVar, cast
 
-from eurekamem.client import (
+from ...client import (
     Client,
     ConnectionLost,
     EurekamemError,
@@ -48,13 +48,12 @@ from eurekamem.client import (
     Timeout,
     current_async_library,
 )
-from eurekamem.client import MemoryManager as ClientMemoryManager
-from eurekamem.client._autostart import daemon_answers
-from eurekamem.client._paths import default_socket_path, root_socket_path
-from eurekamem.client._paths import eurekaclaw_dir as eurekaclaw_dir_from_env
-from eurekamem.protocol import _methods as limits
-from eurekamem.protocol._blocks import skill_element, skills_block
-
+from ...client import MemoryManager as ClientMemoryManager
+from ...client._autostart import daemon_answers
+from ...client._paths import default_socket_path, root_socket_path
+from ...client._paths import eurekaclaw_dir as eurekaclaw_dir_from_env
+from ...protocol import _methods as limits
+from ...protocol._blocks import skill_element, skills_block
 from . import options
 
 __all__ = ["BUS_KEY", "CONDUIT_SESSION", "close_links", "configured_link", "eurekaclaw_root", "link_for", "make", "unrouted_methods"]
