@@ -24,13 +24,12 @@ import sys
 from typing import Any
 from urllib.parse import quote, unquote
 
+from ..protocol import ASSISTANT_CATEGORIES, RESEARCH_CATEGORIES
+
 log = logging.getLogger("eurekamem.mcp")
 
 URI_PREFIX = "eurekamem://domain/"
-CATEGORIES = [
-    "fact", "preference", "skill", "goal", "context",
-    "domain_knowledge", "proof_strategy", "open_problems", "pitfalls",
-]
+CATEGORIES = [*ASSISTANT_CATEGORIES, *RESEARCH_CATEGORIES]  # the assistant's first: "fact" is the default
 _LIST_ALL = 10_000
 
 

@@ -35,7 +35,7 @@ import msgspec
 from msgspec import Meta
 
 from ..client._paths import data_root, default_config_path, default_socket_path
-from ..protocol import domain_slug
+from ..protocol import MemoryCategory, domain_slug
 from .llm import LLMConfig
 from .server import Limits
 from .storage.journal_actor import FSYNC_POLICIES, FsyncPolicy
@@ -84,9 +84,6 @@ class DomainPolicy(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     share_policy: SharePolicy | None = None
 
 
-MemoryCategory = Literal[
-    "domain_knowledge", "proof_strategy", "open_problems", "pitfalls", "fact", "preference", "skill", "goal", "context"
-]
 
 
 # Tier 4's forgetting (issue 13; the formula is in daemon/memory/strength.py and PROTOCOL.md,

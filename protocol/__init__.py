@@ -39,11 +39,14 @@ from ._methods import *  # noqa: F401,F403  (params Structs)
 from ._methods import METHODS, RELATIONS, FailedAttempt, LemmaNode, MethodSpec, ProofRecord, TheoryState
 from ._readable import domain_slug
 from ._records import (
+    ASSISTANT_CATEGORIES,
     JOB_STATES,
     MEMORY_CATEGORIES,
+    RESEARCH_CATEGORIES,
     REVIEW_KINDS,
     SKILL_SOURCES,
     SKILL_STATUSES,
+    AssistantCategory,
     CrossRunRecord,
     Edge,
     EpisodicEntry,
@@ -56,6 +59,7 @@ from ._records import (
     Link,
     Memory,
     MemoryAddResult,
+    MemoryCategory,
     MemoryDeleted,
     MemoryFeedbackResult,
     MemoryHit,
@@ -63,6 +67,7 @@ from ._records import (
     MemoryVersion,
     Promotion,
     Record,
+    ResearchCategory,
     ReviewItem,
     ReviewView,
     SearchWhy,
@@ -77,6 +82,11 @@ from ._records import (
 PROTOCOL_VERSION = 1
 
 __all__ = [
+    "ASSISTANT_CATEGORIES",
+    "AssistantCategory",
+    "MemoryCategory",
+    "RESEARCH_CATEGORIES",
+    "ResearchCategory",
     "ALL_TIERS",
     "BinaryDecoder",
     "Call",

@@ -20,6 +20,8 @@ from typing import Annotated, Any, ClassVar, Literal
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
+from ._records import MemoryCategory, ResearchCategory
+
 # Field limits. A frame is bounded separately (max_frame_bytes, 16 MiB by default).
 MAX_ID = 256  # session ids, roles, node ids, tags
 MAX_KEY = 1024  # persistent keys, theorem names, prefixes
@@ -361,9 +363,7 @@ class GraphExport(Params):
 
 # --- tier 4: domain memories -------------------------------------------------------------------
 
-Category = Literal[
-    "domain_knowledge", "proof_strategy", "open_problems", "pitfalls", "fact", "preference", "skill", "goal", "context"
-]
+Category = MemoryCategory
 Scope = Literal["local", "global"]
 Confidence = Annotated[float, Meta(ge=0.0, le=1.0)]
 Domain = Annotated[str, Meta(max_length=MAX_KEY)]
@@ -654,7 +654,7 @@ class JobsWait(Params):
 
 
 MAX_LEARNED = 48  # items one session.learned delivers (the extraction's 12 per category)
-LearnedCategory = Literal["domain_knowledge", "proof_strategy", "open_problems", "pitfalls"]
+LearnedCategory = ResearchCategory
 
 
 class LearnedItem(msgspec.Struct, forbid_unknown_fields=True):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import random
-from typing import Any
+from typing import Any, Literal, get_args
 
 import msgspec
 
@@ -115,19 +115,14 @@ def normalize_timestamp(value: Any) -> str:
     return parsed.isoformat()
 
 
-MEMORY_CATEGORIES: tuple[str, ...] = (
-    # EurekaClaw's research insights
-    "domain_knowledge",
-    "proof_strategy",
-    "open_problems",
-    "pitfalls",
-    # assistant memories (NanoClaw kind)
-    "fact",
-    "preference",
-    "skill",
-    "goal",
-    "context",
-)
+# Tier 4's categories, defined here once: the params, the config's per-category settings, the
+# extraction schemas, the MCP tools' enums and the CLI's help are all derived from these.
+ResearchCategory = Literal["domain_knowledge", "proof_strategy", "open_problems", "pitfalls"]  # EurekaClaw's insights
+AssistantCategory = Literal["fact", "preference", "skill", "goal", "context"]  # assistant memories (NanoClaw kind)
+MemoryCategory = Literal[ResearchCategory, AssistantCategory]
+RESEARCH_CATEGORIES: tuple[str, ...] = get_args(ResearchCategory)
+ASSISTANT_CATEGORIES: tuple[str, ...] = get_args(AssistantCategory)
+MEMORY_CATEGORIES: tuple[str, ...] = RESEARCH_CATEGORIES + ASSISTANT_CATEGORIES
 
 
 class Memory(Record, kw_only=True):

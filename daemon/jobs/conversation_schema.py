@@ -18,17 +18,19 @@ the messages' dates, its `refers_to`; its `valid_from` is the time of its newest
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 import msgspec
 from msgspec import Meta
 
-MEMORY_TYPES: tuple[str, ...] = ("fact", "preference", "skill", "goal", "context")
+from ...protocol import ASSISTANT_CATEGORIES, AssistantCategory
+
+MEMORY_TYPES = ASSISTANT_CATEGORIES
 MAX_MEMORIES = 24  # memories in one answer
 MAX_SOURCES = 64  # source messages of one memory
 MAX_INTENTS = 3
 
-MemoryType = Literal["fact", "preference", "skill", "goal", "context"]
+MemoryType = AssistantCategory
 Title = Annotated[str, Meta(min_length=1, max_length=200)]
 Abstract = Annotated[str, Meta(min_length=1, max_length=400)]
 Overview = Annotated[str, Meta(min_length=1, max_length=2000)]

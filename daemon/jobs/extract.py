@@ -44,7 +44,15 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from ...protocol import EpisodicEntry, KnowledgeNode, ProtocolError, TheoryState, domain_slug, new_id
+from ...protocol import (
+    RESEARCH_CATEGORIES,
+    EpisodicEntry,
+    KnowledgeNode,
+    ProtocolError,
+    TheoryState,
+    domain_slug,
+    new_id,
+)
 from ...protocol import _methods as m
 from ..llm import LLMError
 from ..memory.format import fingerprint
@@ -59,7 +67,7 @@ from .judge import candidates_of, judge
 from .state import SessionInput
 
 KIND = "session.extract"
-CATEGORIES = ("domain_knowledge", "proof_strategy", "open_problems", "pitfalls")
+CATEGORIES = RESEARCH_CATEGORIES
 MAX_ITEMS = 12  # per category
 MAX_EVENTS = 200  # events captured at session.close (the most recent)
 MAX_EVENT_CHARS = 2000  # of each event's content, captured
