@@ -5,7 +5,7 @@ before each model call, extraction on flush).
 
 Only the standard library, msgspec and eurekamem.protocol are imported: neither trio nor the daemon.
 
-    from . import Client
+    from eurekamem.client import Client
     with Client() as c:                       # socket: default_socket_path()
         c.remember("lemma:7", {"status": "proved"}, tags=["lemma"])
         c.recall("lemma:7").value

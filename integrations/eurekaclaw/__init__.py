@@ -2,7 +2,7 @@
 learning (SessionMemoryExtractor) and its SkillRegistry / SkillInjector to the daemon, without a
 line of EurekaClaw's code changed.
 
-    from .. import eurekaclaw
+    from eurekamem.integrations import eurekaclaw
     eurekaclaw.install()          # before or after EurekaClaw is imported
 
 or, with nothing edited: `python -m eurekamem.integrations.eurekaclaw prove "..." --domain "..."` (EurekaClaw's own
@@ -31,9 +31,11 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
+
+from . import _options
+from ._options import Options
 
 __all__ = ["ENV", "TARGETS", "install", "install_from_env", "installed", "uninstall"]
 
@@ -51,20 +53,10 @@ TARGETS: dict[str, str] = {
 }
 
 
-@dataclass(frozen=True)
-class Options:
-    """How routed objects reach the daemon (install()'s arguments)."""
-
-    socket_path: str | None = None  # else $EUREKAMEM_SOCKET, else the data root's (client/_manager.py)
-    timeout: float | None = None  # seconds a call may take; None: the MemoryManager drop-in's 10 s
-    autostart: bool | None = None  # start the daemon on demand; None: unless $EUREKAMEM_NO_AUTOSTART=1
-
-
 class _State:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.installed = False
-        self.options = Options()
         self.finder: _PatchOnImport | None = None
         self.routed: dict[type, type] = {}  # original class -> its routed subclass (made once)
 
@@ -78,7 +70,7 @@ def installed() -> bool:
 
 
 def options() -> Options:
-    return _state.options
+    return _options.current()
 
 
 def install(
@@ -90,9 +82,9 @@ def install(
     with _state.lock:
         if _state.installed:
             return
-        _state.options = Options(
+        _options.use(Options(
             socket_path=os.fspath(socket_path) if socket_path is not None else None, timeout=timeout, autostart=autostart
-        )
+        ))
         _state.finder = _PatchOnImport()
         sys.meta_path.insert(0, _state.finder)
         _state.installed = True

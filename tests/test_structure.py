@@ -1,0 +1,126 @@
+"""The house's shape, read from the imports as files (the tree is the package `eurekamem`, and it
+imports itself package-relatively, so each import names a file of this tree).
+
+Run as a script it prints the structure: each package with its modules' lines, the arrows between
+packages (how many imports each way) and every import circle between modules:
+
+    python tests/test_structure.py
+
+As tests it keeps the layering (protocol imports nothing of ours, the client only protocol, the
+daemon not the CLI nor the client's private modules) and that no module circle comes back.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections import Counter
+from pathlib import Path
+
+import networkx as nx
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("protocol", "client", "daemon", "cli", "integrations")
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the package by dotted name relative to the top ("daemon.memory.state")."""
+    out = {"": REPO / "__init__.py"}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+def _package_of(name: str, path: Path) -> list[str]:
+    parts = name.split(".") if name else []
+    return parts if path.name == "__init__.py" else parts[:-1]
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The modules of this tree that `name` imports (a `from .x import y` that names a submodule y
+    counts as importing it)."""
+    found: set[str] = set()
+    package = _package_of(name, path)
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                target = [*base, *(node.module.split(".") if node.module else [])]
+            elif node.module and node.module.split(".")[0] == "eurekamem":
+                target = node.module.split(".")[1:]
+            else:
+                continue
+            dotted = ".".join(target)
+            for alias in node.names:
+                sub = f"{dotted}.{alias.name}" if dotted else alias.name
+                found.add(sub if sub in known else dotted)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "eurekamem":
+                    found.add(".".join(alias.name.split(".")[1:]))
+    return {f for f in found if f in known and f != name}
+
+
+def graph() -> nx.DiGraph:
+    known = modules()
+    g = nx.DiGraph()
+    for name, path in known.items():
+        g.add_node(name, lines=len(path.read_text().splitlines()))
+        for target in imports(name, path, known):
+            g.add_edge(name, target)
+    return g
+
+
+def _top(name: str) -> str:
+    return name.split(".")[0] or "(top)"
+
+
+def circles(g: nx.DiGraph) -> list[list[str]]:
+    return sorted(sorted(c) for c in nx.strongly_connected_components(g) if len(c) > 1)
+
+
+def report() -> str:
+    g = graph()
+    out = ["packages (lines; the largest modules):"]
+    for package in ("(top)", *PACKAGES):
+        names = [n for n in g if _top(n) == package]
+        sizes = sorted(((g.nodes[n]["lines"], n) for n in names), reverse=True)
+        largest = ", ".join(f"{n or '__init__'} {lines}" for lines, n in sizes[:5])
+        out.append(f"  {package:<13} {sum(s for s, _ in sizes):>6}  {len(names):>3} modules  {largest}")
+    arrows = Counter((_top(a), _top(b)) for a, b in g.edges if _top(a) != _top(b))
+    out.append("arrows between packages (imports):")
+    out += [f"  {a} -> {b}: {count}" for (a, b), count in sorted(arrows.items())]
+    found = circles(g)
+    out.append(f"module circles: {len(found)}")
+    out += [f"  {' <-> '.join(c)}" for c in found]
+    return "\n".join(out)
+
+
+def test_the_layers_point_one_way() -> None:
+    g = graph()
+    allowed = {
+        "protocol": set(),
+        "client": {"protocol", "(top)"},
+        "integrations": {"protocol", "client", "(top)"},
+        "daemon": {"protocol", "client", "(top)"},
+        "cli": {"protocol", "client", "daemon", "(top)"},
+    }
+    wrong = [(a, b) for a, b in g.edges if _top(a) in allowed and _top(b) != _top(a) and _top(b) not in allowed[_top(a)]]
+    assert not wrong, wrong
+
+
+def test_the_import_reader_sees_the_arrows_it_should() -> None:
+    """A guard on the reader itself: known arrows must be found, or the other tests prove nothing."""
+    g = graph()
+    assert g.has_edge("daemon.app", "daemon.config")
+    assert g.has_edge("client", "protocol")
+    assert g.number_of_edges() > 200
+
+
+if __name__ == "__main__":
+    print(report())
+    sys.exit(0)
