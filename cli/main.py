@@ -363,9 +363,11 @@ def add_commands(
 
 def _resolve(func: Any) -> Callable[[argparse.Namespace], int]:
     if callable(func):
-        return func
+        result: Callable[[argparse.Namespace], int] = func
+        return result
     module, _, name = func.partition(":")
-    return getattr(importlib.import_module(module), name)
+    result = getattr(importlib.import_module(module), name)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -189,7 +189,8 @@ class Proxy:
         handler = getattr(self, "tool_" + name, None)
         if handler is None:
             raise ToolError(f"no tool named {name!r}")
-        return await handler(args)
+        result: dict[str, Any] = await handler(args)
+        return result
 
     async def tool_memory_add(self, args: dict[str, Any]) -> dict[str, Any]:
         content = str(args.get("content", ""))
@@ -226,7 +227,8 @@ class Proxy:
         params: dict[str, Any] = {"id": memory_id}
         if self.default_domain is not None:  # another domain's local memory is not_found from here
             params["domain"] = self.default_domain
-        return await self.client.call("memory.get", params)
+        result: dict[str, Any] = await self.client.call("memory.get", params)
+        return result
 
     async def tool_memory_get(self, args: dict[str, Any]) -> dict[str, Any]:
         return {"memory": await self._get(args.get("id", ""))}
@@ -246,7 +248,8 @@ class Proxy:
         memory_id = args.get("id", "")
         if self.default_domain is not None:
             await self._get(memory_id)  # not_found for another domain's local memory
-        return await self.client.call("memory.delete", {"id": memory_id, "purge": False})
+        result: dict[str, Any] = await self.client.call("memory.delete", {"id": memory_id, "purge": False})
+        return result
 
     async def tool_memory_inject(self, args: dict[str, Any]) -> dict[str, Any]:
         params: dict[str, Any] = {

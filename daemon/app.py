@@ -436,7 +436,8 @@ class Daemon:
             log.warning("refused a connection whose peer cannot be identified: %s", exc)
             uid = pid = -1
         if uid == os.getuid() or uid in self.config.allowed_uids:
-            return uid
+            result: int | None = uid
+            return result
         self.refused_peers += 1
         log.warning("refused a connection from uid %d (pid %d): not this daemon's uid nor in allowed_uids", uid, pid)
         error = ProtocolError("invalid_request", f"uid {uid} is not allowed")
@@ -842,7 +843,8 @@ class Daemon:
                     log.debug("dropped journal segments %s", dropped)
             self._snapshot_seq = covered
             log.info("snapshot: covers journal seq %d (%.0f ms)", covered, (trio.current_time() - began) * 1000)
-            return covered
+            result: int = covered
+            return result
 
     def _write_snapshot(
         self, records: dict[str, Any], nodes: dict[str, Any], edges: dict[Any, Any], jobs: bytes, covered: int | None

@@ -822,7 +822,8 @@ class Redactor:
         return out
 
     def text(self, text: str, domain: str | None = None) -> str:
-        return self.value(text, domain)
+        result: str = self.value(text, domain)
+        return result
 
     def imported(self, record: Any, replaced: list[str]) -> Any:
         """A record or theorem read from files another program wrote (the first start's import of an

@@ -74,6 +74,7 @@ class Handler(NamedTuple):
 HANDLERS: dict[str, Handler] = {}  # method name -> its handler; filled by @handles as the modules are imported
 
 F = TypeVar("F", bound=Callable[..., Any])
+R = TypeVar("R")
 
 
 def handles(method: str, kind: HandlerKind = "state") -> Callable[[F], F]:
@@ -188,11 +189,12 @@ class TierActor:
         self._send.send_nowait(work)
         self._owed += 1
 
-    async def run_internal(self, fn: Callable[[Any], Any]) -> Any:
+    async def run_internal(self, fn: Callable[[Any], R]) -> R:
         item = Internal(fn)
         self._send.send_nowait(item)
         self._owed += 1
-        return await item.waiter.wait()
+        result: R = await item.waiter.wait()  # the waiter carries fn's own result
+        return result
 
     async def stage(self, fn: Callable[[Any], Any]) -> Stage:
         """Run fn(state) between batches and hold the actor until the Stage is released (module rule).

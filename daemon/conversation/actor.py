@@ -222,7 +222,8 @@ class ConversationActor(TierActor):
         embedder = self.state.embedder
         vectors = await trio.to_thread.run_sync(embedder.embed_passages, [text for _, text, _ in todo])
         stored = await self.run_internal(lambda s: s.put_vectors(todo, vectors))
-        return max(stored, 1)  # texts that changed meanwhile are taken again on the next call
+        result: int = max(stored, 1)  # texts that changed meanwhile are taken again on the next call
+        return result
 
     # --- the extraction hooks --------------------------------------------------------------------
 

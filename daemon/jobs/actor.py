@@ -259,7 +259,8 @@ class JobsActor(TierActor):
         if created:
             self.accepted += 1
         self._wake.set()
-        return record.id
+        result: str = record.id
+        return result
 
     async def accept_coalesced(
         self, kind: str, key: str, job_input: JobInput | None, covers: Callable[[JobRecord], bool]

@@ -501,7 +501,8 @@ class MemoryActor(TierActor):
             for call, result in zip(calls, results)
         ):
             self.on_purge()  # the daemon snapshots soon: the journal segments with the text go
-        return results
+        result: list[Any] = results
+        return result
 
     async def _call_on_state(self, fn: Callable[[Any], Any]) -> Any:
         return await self._run_sync(fn, self.state)
@@ -607,7 +608,8 @@ class MemoryActor(TierActor):
         self.files_written += result.written
         self._projected.set()
         self._projected = trio.Event()
-        return result.written
+        written: int = result.written
+        return written
 
     async def scan_files(self, full: bool = False) -> dict[str, int]:
         """One scan of memories/ (daemon/memory/watch.py; a full one when asked, the first, and every

@@ -203,13 +203,15 @@ class Embedder(abc.ABC):
         """Embed one search query: a (dim,) float32 vector of norm 1."""
         if not isinstance(text, str):
             raise TypeError(f"query is {type(text).__name__}, expected str")
-        return self._embed([text], "query")[0]
+        result: np.ndarray = self._embed([text], "query")[0]
+        return result
 
     def embed_passage(self, text: str) -> np.ndarray:
         """Embed one stored text: a (dim,) float32 vector of norm 1."""
         if not isinstance(text, str):
             raise TypeError(f"text is {type(text).__name__}, expected str")
-        return self._embed([text], "passage")[0]
+        result: np.ndarray = self._embed([text], "passage")[0]
+        return result
 
     def _embed(self, texts: list[str], role: Role) -> np.ndarray:
         self.load()
@@ -264,7 +266,8 @@ class Usem3Embedder(Embedder):
         self._model = model
 
     def _embed_batch(self, texts: list[str], role: Role) -> np.ndarray:
-        return self._model.encode(texts)
+        result: np.ndarray = self._model.encode(texts)
+        return result
 
 
 class E5SmallEmbedder(Embedder):
@@ -308,8 +311,10 @@ class E5SmallEmbedder(Embedder):
 
     def _embed_batch(self, texts: list[str], role: Role) -> np.ndarray:
         if role == "query":
-            return self._model.query(texts)
-        return self._model.passage(texts)
+            result: np.ndarray = self._model.query(texts)
+            return result
+        result = self._model.passage(texts)
+        return result
 
 
 class OpenAIEmbedder(Embedder):
@@ -415,7 +420,8 @@ class OpenAIEmbedder(Embedder):
             delay = ceiling / 2 + self._rng.uniform(0, ceiling / 2)
         if retry_after is not None:
             delay = max(delay, min(retry_after, self.max_backoff))
-        return delay
+        result: float = delay
+        return result
 
     def _post(self, client: Any, texts: list[str]) -> np.ndarray:
         import httpx

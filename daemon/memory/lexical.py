@@ -179,7 +179,8 @@ def stem_tokens(tokens: list[str], stemmer: Stemmer.Stemmer | None = None) -> li
     if not latin:
         return tokens
     if len(latin) == len(tokens):
-        return st.stemWords(tokens)
+        result: list[str] = st.stemWords(tokens)
+        return result
     stems = st.stemWords([tokens[i] for i in latin])
     out = list(tokens)
     for i, s in zip(latin, stems):
@@ -308,7 +309,7 @@ class LexicalIndex:
             i = int(label)  # type: ignore[call-overload]
         except (TypeError, ValueError):
             return False
-        return 0 <= i < self._label_doc.shape[0] and self._label_doc[i] >= 0
+        return bool(0 <= i < self._label_doc.shape[0] and self._label_doc[i] >= 0)
 
     def tokenize(self, text: str) -> list[str]:
         tokens = tokenize(text, self.stop_words)

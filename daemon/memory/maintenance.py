@@ -261,7 +261,8 @@ def _rewrite(state: Any, survivor: Memory, member: Memory, verdict: Any) -> Memo
     p = msgspec.convert({"domain": member.domain, "category": member.category, "title": member.title,
                          "content": member.content, "confidence": member.confidence, "tags": list(member.tags),
                          "scope": member.scope}, m.MemoryAdd)
-    return state.merge_rewritten(survivor.id, verdict.text, p, verdict.vector, f"judge (maintenance): {verdict.reason}")
+    result: Memory = state.merge_rewritten(survivor.id, verdict.text, p, verdict.vector, f"judge (maintenance): {verdict.reason}")
+    return result
 
 
 def _when(timestamp: str) -> float:
@@ -419,7 +420,8 @@ class Maintenance:
         return str(job_id)
 
     async def last_finished(self) -> float | None:
-        return await self.memory.run_internal(last_run_time)
+        result: float | None = await self.memory.run_internal(last_run_time)
+        return result
 
     def statistics(self) -> dict[str, Any]:
         return {"next_at": rfc3339(self.next_at) if self.next_at is not None else None, "last_job_id": self.last_job_id}

@@ -199,7 +199,8 @@ def _pending(state: Any, review_id: str) -> ReviewItem:
     item = state.review.get(review_id)
     if item.state != "pending":
         raise _invalid(f"review request {review_id!r} is {item.state} already", field="id")
-    return item
+    result: ReviewItem = item
+    return result
 
 
 @handles("review.approve")

@@ -269,7 +269,8 @@ def pooled(vectors: list[np.ndarray]) -> np.ndarray:
     if len(vectors) == 1:
         return vectors[0]
     mean = np.mean(np.asarray(vectors, dtype=np.float64), axis=0)
-    return (mean / np.linalg.norm(mean)).astype(np.float32)
+    result: np.ndarray = (mean / np.linalg.norm(mean)).astype(np.float32)
+    return result
 
 
 def own_abstract(memory: Memory) -> str | None:
@@ -460,9 +461,11 @@ def query_to_embed(call: Any) -> str | None:
     injection with a query), or None. Looks at the request only, never at the state."""
     name, p = call.spec.name, call.params
     if name == "memory.search" and p.mode != "lexical":
-        return p.query
+        result: str | None = p.query
+        return result
     if name == "memory.inject" and p.query is not None:
-        return p.query
+        result = p.query
+        return result
     return None
 
 
@@ -487,7 +490,8 @@ class GroupSummary(msgspec.Struct):
 
 def wants_summary(call: Any) -> bool:
     """An inject that must have its domain's conversation summary read before it runs."""
-    return call.spec.name == "memory.inject" and call.params.include_summary
+    result: bool = call.spec.name == "memory.inject" and call.params.include_summary
+    return result
 
 
 def messages_to_fetch(call: Any) -> tuple[str, str, int] | None:
@@ -1436,7 +1440,8 @@ class MemoryState(TierState):
         return vector
 
     def _embed(self, fn: Callable[[list[str]], np.ndarray], text: str) -> np.ndarray:
-        return self._embed_many(fn, [text])[0]
+        result: np.ndarray = self._embed_many(fn, [text])[0]
+        return result
 
     def _embed_many(self, fn: Callable[[list[str]], np.ndarray], texts: list[str]) -> np.ndarray:
         if self.embed_error is not None:

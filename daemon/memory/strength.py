@@ -125,7 +125,8 @@ def strengths(
     half_life = half[cat] * (1.0 + settings.reinforcement * np.log2(1.0 + used.astype(np.float64)))
     age = np.maximum(0.0, now - reference)
     decay = np.where(pinned, 1.0, np.power(0.5, age / half_life))
-    return np.round(importance * decay * STEP) / STEP
+    result: np.ndarray = np.round(importance * decay * STEP) / STEP
+    return result
 
 
 def rank_factor(strength_value: np.ndarray | float, settings: StrengthSettings) -> Any:

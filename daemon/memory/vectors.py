@@ -71,6 +71,7 @@ import secrets
 import struct
 import zlib
 from collections.abc import Iterator
+from typing import Any
 
 import hnswlib
 import numpy as np
@@ -209,7 +210,8 @@ class VectorStore:
         """A copy of the stored (unit-length) vector of `label`; KeyError if absent."""
         if label not in self:
             raise KeyError(label)
-        return self._vecs[int(label)].copy()
+        result: np.ndarray = self._vecs[int(label)].copy()
+        return result
 
     def labels(self) -> np.ndarray:
         """The live labels, ascending (int64)."""
@@ -573,7 +575,7 @@ class VectorStore:
             store.rebuild()
         return store
 
-    def _load_index(self, path: str, head: dict) -> bool:
+    def _load_index(self, path: str, head: dict[str, Any]) -> bool:
         try:
             size, crc = _sync_and_crc(path, sync=False)
         except FileNotFoundError:
@@ -718,7 +720,7 @@ def _sync_and_crc(path: str, *, sync: bool = True) -> tuple[int, int]:
     return size, crc
 
 
-def _parse_vectors(data: bytes, *, dim: int, model: str) -> tuple[dict, np.ndarray, np.ndarray]:
+def _parse_vectors(data: bytes, *, dim: int, model: str) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
     if len(data) < _HEAD.size + 4:
         raise VectorFileError(f"too short ({len(data)} bytes)")
     magic, version, fdim, count, fingerprint, hnsw_size, hnsw_crc, body_crc, model_len = _HEAD.unpack_from(data)

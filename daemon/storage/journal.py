@@ -205,7 +205,8 @@ def _check_record(data: Buffer, pos: int, salt: int, lo: int, hi: int) -> int:
         return -1
     if _record_crc(salt, seq, rtype, data[pos + RECORD_HEADER_SIZE : end]) != crc:
         return -1
-    return end
+    result: int = end
+    return result
 
 
 def _find_valid(data: Buffer, start: int, salt: int, lo: int, hi: int) -> int:

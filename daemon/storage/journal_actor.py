@@ -115,7 +115,8 @@ class JournalActor:
 
     async def submit(self, payloads: list[tuple[int, bytes]]) -> int:
         """Journal (rtype, payload) records; returns the last seq once durable under the policy."""
-        return await self.submit_nowait(payloads).wait()
+        result: int = await self.submit_nowait(payloads).wait()
+        return result
 
     def submit_nowait(self, payloads: list[tuple[int, bytes]]) -> Waiter:
         """Queue records for the next group commit; the waiter gives the last seq once durable
