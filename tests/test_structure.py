@@ -113,6 +113,12 @@ def test_the_layers_point_one_way() -> None:
     assert not wrong, wrong
 
 
+def test_no_module_imports_another_in_a_circle() -> None:
+    """A circle means neither module can be read, tested or moved without the other; a lazy import
+    inside a function hides one at run time, not here."""
+    assert circles(graph()) == []
+
+
 def test_the_import_reader_sees_the_arrows_it_should() -> None:
     """A guard on the reader itself: known arrows must be found, or the other tests prove nothing."""
     g = graph()
