@@ -15,8 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .common import _duration
-from .main import client_socket, timeout_help
+from .common import _duration, client_socket, timeout_help
 
 # --- calling -----------------------------------------------------------------------------------------
 

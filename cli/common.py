@@ -1,6 +1,9 @@
-"""What the operator commands share: error output, the effective configuration, a client, a progress line.
+"""What the commands share: the location and timeout flags, the client's socket, error output, the
+effective configuration, a client, a progress line.
 
-Rule kept here: every command that changes or reads live data goes through the daemon's socket
+Rules kept here: this module is the bottom of the CLI (main -> calls, mcp_server, ... -> common;
+nothing here imports another cli module) and imports only the standard library at the top, so the
+parser can use it without slowing a client command. Every command that changes or reads live data goes through the daemon's socket
 (it owns the data while it runs); only `restore` (into an empty folder) and `verify` (which holds
 the data root's LOCK, so the daemon cannot run meanwhile) read or write the files themselves.
 """
@@ -15,6 +18,40 @@ from collections.abc import Iterable
 from typing import Any, TextIO
 
 log = logging.getLogger("eurekamem.admin")
+
+DATA_DIR_HELP = "data root (default: $EUREKACLAW_DIR, else the config file's data_dir, else ~/.eurekaclaw)"
+SOCKET_HELP = (
+    "the daemon's socket (default: $EUREKAMEM_SOCKET, else the config file's socket, else "
+    "$XDG_RUNTIME_DIR/eurekamem/eurekamem.sock, else <data root>/run/eurekamem.sock; `eurekamem socket` prints it)"
+)
+CONFIG_HELP = "config file (default: $XDG_CONFIG_HOME/eurekamem/config.toml, else ~/.config/eurekamem/config.toml)"
+
+
+def location_flags(p: argparse.ArgumentParser) -> None:
+    """--data-dir, --socket and --config: where a command finds the daemon and its data."""
+    p.add_argument("--data-dir", help=DATA_DIR_HELP)
+    p.add_argument("--socket", help=SOCKET_HELP)
+    p.add_argument("--config", help=CONFIG_HELP)
+
+
+def timeout_help(default: float) -> str:
+    return f"seconds to wait for the daemon's answer (default: {default:g})"
+
+
+def timeout_flag(p: argparse.ArgumentParser, default: float) -> None:
+    """--timeout SECONDS, the longest a command waits for one answer."""
+    p.add_argument("--timeout", type=float, default=default, metavar="SECONDS", help=timeout_help(default))
+
+
+def client_socket(args: argparse.Namespace) -> str:
+    """The daemon's socket as `serve` would pick it: --socket, env, config file, default (client/_paths.py)."""
+    from ..client._paths import ConfigFileError, resolve_locations
+
+    try:
+        return resolve_locations(getattr(args, "socket", None), getattr(args, "data_dir", None), getattr(args, "config", None))[1]
+    except ConfigFileError as exc:
+        print(f"eurekamem: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def _err(message: str) -> int:
@@ -32,7 +69,6 @@ def _effective(args: argparse.Namespace, names: Iterable[str] = ("data_dir", "so
 def _client(args: argparse.Namespace) -> Any:
     """A Client for the daemon's socket, found as `serve` finds it, without importing the daemon."""
     from ..client import Client
-    from .main import client_socket
 
     return Client(client_socket(args), timeout=getattr(args, "timeout", 60.0))
 

@@ -3,8 +3,8 @@
 Rule kept here: a command that only talks to a running daemon (call, status, socket, memories,
 resume, metrics, top, backup, export, import) imports the client and the protocol, never
 eurekamem.daemon (nor trio, numpy or a model), so that it answers in a few tens of milliseconds.
-This module imports only the standard library at the top; each command's module is imported when
-that command runs (COMMANDS names them as "module:function"), and the daemon's setting flags are
+This module imports only the standard library and cli/common.py (itself only the standard
+library) at the top; each command's module is imported when that command runs (COMMANDS names them as "module:function"), and the daemon's setting flags are
 added to the parser only for the commands that take them (serve, config show).
 tests/test_cli.py runs the client-side commands in a subprocess and checks what they imported.
 """
@@ -20,92 +20,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .common import CONFIG_HELP, DATA_DIR_HELP, _err, location_flags, timeout_flag
+from .common import _effective as effective
+
 DAEMON_FLAG_COMMANDS = ("serve", "config")  # the commands that take every setting as a flag (daemon/config.py)
-
-DATA_DIR_HELP = "data root (default: $EUREKACLAW_DIR, else the config file's data_dir, else ~/.eurekaclaw)"
-SOCKET_HELP = (
-    "the daemon's socket (default: $EUREKAMEM_SOCKET, else the config file's socket, else "
-    "$XDG_RUNTIME_DIR/eurekamem/eurekamem.sock, else <data root>/run/eurekamem.sock; `eurekamem socket` prints it)"
-)
-CONFIG_HELP = "config file (default: $XDG_CONFIG_HOME/eurekamem/config.toml, else ~/.config/eurekamem/config.toml)"
-
-
-def timeout_help(default: float) -> str:
-    return f"seconds to wait for the daemon's answer (default: {default:g})"
-
-
-def client_socket(args: argparse.Namespace) -> str:
-    """The daemon's socket as `serve` would pick it: --socket, env, config file, default (client/_paths.py)."""
-    from ..client._paths import ConfigFileError, resolve_locations
-
-    try:
-        return resolve_locations(getattr(args, "socket", None), getattr(args, "data_dir", None), getattr(args, "config", None))[1]
-    except ConfigFileError as exc:
-        print(f"eurekamem: {exc}", file=sys.stderr)
-        raise SystemExit(1) from None
-
 
 # --- the commands that run the daemon or read its files (they import eurekamem.daemon) -----------
 
 
-def _effective(args: argparse.Namespace) -> Any:
-    """The effective configuration (flags > env > file > default); ConfigError says what is wrong."""
-    from ..daemon import config as _config
-
-    return _config.load(_config.flags_from_args(None, args), getattr(args, "config", None))
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
-    import logging
+    from ..daemon.foreground import serve
 
-    import trio
-
-    from ..daemon.app import Daemon
-    from ..daemon.config import Config, ConfigError, build_config, setup_logging
-    from ..daemon.errors import StartupError
-    from ..daemon.storage.journal import JournalCorrupt
-
-    try:
-        effective = _effective(args)
-        config: Config = build_config(effective)
-    except ConfigError as exc:
-        print(f"eurekamem: {exc}", file=sys.stderr)
-        return 1
-    setup_logging(effective["log_level"], effective["log_format"])
-    daemon = Daemon(config)
-
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-
-            async def watch_signals() -> None:
-                with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                    async for signum in signals:
-                        logging.getLogger("eurekamem").info("signal %s received", signal.Signals(signum).name)
-                        daemon.request_shutdown()
-                        return
-
-            nursery.start_soon(watch_signals)
-            await daemon.serve()
-            nursery.cancel_scope.cancel()
-
-    try:
-        trio.run(main)
-    except BaseException as exc:  # trio wraps task errors in exception groups; look inside
-        leaf = _single_leaf(exc)
-        if isinstance(leaf, StartupError):
-            print(f"eurekamem: {leaf}", file=sys.stderr)
-            return 1
-        if isinstance(leaf, JournalCorrupt):
-            print(f"eurekamem: {leaf}", file=sys.stderr)
-            return 2
-        raise
-    return 0
-
-
-def _single_leaf(exc: BaseException) -> BaseException:
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
+    return serve(args)
 
 
 def cmd_repair(args: argparse.Namespace) -> int:
@@ -114,11 +40,9 @@ def cmd_repair(args: argparse.Namespace) -> int:
     from ..daemon.errors import StartupError
     from ..daemon.paths import Paths, acquire_lock
     from ..daemon.storage.journal import repair
-    from .common import _effective as effective_of
-    from .common import _err
 
     try:
-        paths = Paths(Path(effective_of(args, ("data_dir",))["data_dir"]))
+        paths = Paths(Path(effective(args, ("data_dir",))["data_dir"]))
     except ConfigError as exc:
         return _err(str(exc))
     try:
@@ -193,7 +117,6 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     import json
 
     from ..daemon import config as _config
-    from .common import _err
 
     try:
         effective = _config.load(_config.flags_from_args(None, args), args.config)
@@ -253,14 +176,7 @@ def build_parser(command: str | None = ALL) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     daemon_flags = command == ALL or command in DAEMON_FLAG_COMMANDS
 
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--data-dir", help=DATA_DIR_HELP)
-        p.add_argument("--socket", help=SOCKET_HELP)
-        p.add_argument("--config", help=CONFIG_HELP)
-
-    def timeout(p: argparse.ArgumentParser, default: float) -> None:
-        p.add_argument("--timeout", type=float, default=default, metavar="SECONDS", help=timeout_help(default))
-
+    common, timeout = location_flags, timeout_flag
     serve = sub.add_parser("serve", help="run the daemon in the foreground (Ctrl-C or SIGTERM stops it)")
     common(serve)
     if daemon_flags:

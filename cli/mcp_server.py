@@ -388,7 +388,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     from ..client import AsyncClient
     from ..client._paths import data_root
     from ..daemon.config import setup_logging
-    from .main import client_socket
+    from .common import client_socket
 
     setup_logging(args.log_level, "text", stream=sys.stderr)
     root = data_root(args.data_dir)

@@ -12,6 +12,7 @@ import trio
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from eurekamem.cli import main as _cli
+from eurekamem.cli.common import client_socket
 from eurekamem.daemon.config import (
     Config,
     ConfigError,
@@ -169,9 +170,9 @@ def test_config_show_prints_values_and_sources(env: dict[str, str], tmp_path: Pa
 def test_clients_find_the_socket_from_the_config_file(env: dict[str, str], tmp_path: Path) -> None:
     write_config(default_config_path(env), "socket = '/tmp/from-config.sock'\n")
     args = _cli.build_parser().parse_args(["status"])
-    assert _cli.client_socket(args) == "/tmp/from-config.sock"
+    assert client_socket(args) == "/tmp/from-config.sock"
     args = _cli.build_parser().parse_args(["status", "--socket", "/tmp/flag.sock"])
-    assert _cli.client_socket(args) == "/tmp/flag.sock"
+    assert client_socket(args) == "/tmp/flag.sock"
 
 
 def test_json_log_lines_carry_extras() -> None:
