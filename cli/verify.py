@@ -50,9 +50,9 @@ def verify_root(root: Path) -> Report:
 
     from ..daemon.memory.format import fingerprint, memory_files, parse_markdown
     from ..daemon.memory.state import MemorySnapshot, PurgeMemory, PutMemory
-    from ..daemon.memory.vectors import _HEAD, MAGIC, VectorStore
+    from ..daemon.memory.vectors import MAGIC, VectorStore, read_header
     from ..daemon.paths import Paths
-    from ..daemon.recovery import mutation_decoder
+    from ..daemon.recovery import decode_mutation
     from ..daemon.storage import eurekaclaw
     from ..daemon.storage.journal import check_segment, scan_segment
     from ..daemon.tier import RTYPE_MUTATION
@@ -136,7 +136,7 @@ def verify_root(root: Path) -> Report:
         if doc is not None:
             memories = {m.id: m for m in doc.memories}
             report.ok.append(f"memories.snapshot: decodes ({len(memories)} memories, model {doc.model})")
-            _verify_vectors(paths.vectors, doc, report, VectorStore, _HEAD, MAGIC)
+            _verify_vectors(paths.vectors, doc, report, VectorStore, read_header, MAGIC)
     else:
         report.notes.append("memories.snapshot: absent (tier 4 is imported from the .md files on start)")
     touched: set[str] = set()
@@ -145,7 +145,7 @@ def verify_root(root: Path) -> Report:
         if seq <= checkpoint or rtype != RTYPE_MUTATION:
             continue
         try:
-            mutation = mutation_decoder.decode(payload)
+            mutation = decode_mutation(payload)
         except (msgspec.DecodeError, msgspec.ValidationError):
             undecodable += 1
             continue
@@ -197,7 +197,7 @@ def verify_root(root: Path) -> Report:
     return report
 
 
-def _verify_vectors(folder: Path, doc: Any, report: Report, VectorStore: Any, head: Any, magic: bytes) -> None:
+def _verify_vectors(folder: Path, doc: Any, report: Report, VectorStore: Any, read_header: Any, magic: bytes) -> None:
     vpath = folder / f"{doc.stem()}.vectors"
     embedded = sum(1 for model in doc.models.values() if model == doc.model)
     if not vpath.exists():
@@ -207,10 +207,8 @@ def _verify_vectors(folder: Path, doc: Any, report: Report, VectorStore: Any, he
             report.ok.append("vectors: none expected")
         return
     try:
-        with open(vpath, "rb") as f:
-            first = f.read(head.size)
-        fmagic, _version, dim = head.unpack_from(first)[:3]
-    except Exception as exc:  # OSError, or struct.error on a short file
+        fmagic, _version, dim = read_header(vpath)
+    except Exception as exc:  # OSError, or VectorFileError on a short file
         report.problems.append(f"vectors/{vpath.name}: unreadable header ({exc})")
         return
     if fmagic != magic:

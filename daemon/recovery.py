@@ -75,6 +75,13 @@ MUTATION_TIER: dict[type, str] = {
 mutation_decoder = msgspec.msgpack.Decoder(Union[tuple(MUTATION_TIER)])  # noqa: UP007
 
 
+def decode_mutation(payload: bytes) -> Any:
+    """One journal record of type RTYPE_MUTATION as the mutation it holds (any type in MUTATION_TIER),
+    decoded as recovery decodes it, so a reader outside the daemon (`eurekamem verify`) sees the
+    journal the way a restart would; msgspec.DecodeError or ValidationError when it does not decode."""
+    return mutation_decoder.decode(payload)
+
+
 class Recovered:
     def __init__(self, embedder: Any) -> None:
         self.journal: Journal | None = None

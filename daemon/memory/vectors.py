@@ -81,7 +81,7 @@ from ..storage.files import RealFiles, StrPath
 log = logging.getLogger("eurekamem.vectors")
 
 
-__all__ = ["MAX_LABEL", "VectorStore", "VectorFileError"]
+__all__ = ["MAGIC", "MAX_LABEL", "VectorStore", "VectorFileError", "read_header"]
 
 
 MAX_LABEL = 2**31 - 1
@@ -97,6 +97,18 @@ _HEAD = struct.Struct("<8sIIQQQIIH")
 
 
 _U32 = struct.Struct("<I")
+
+
+def read_header(path: str | os.PathLike[str]) -> tuple[bytes, int, int]:
+    """A .vectors file's (magic, version, dimension), read from its first bytes alone, for a reader
+    that needs the dimension before it can call VectorStore.load (`eurekamem verify`); the magic is
+    returned unchecked (compare it with MAGIC). OSError if unreadable, VectorFileError if too short."""
+    with open(path, "rb") as f:
+        head = f.read(_HEAD.size)
+    if len(head) < _HEAD.size:
+        raise VectorFileError(f"too short ({len(head)} bytes)")
+    magic, version, dim = _HEAD.unpack_from(head)[:3]
+    return magic, version, dim
 
 
 _MASK64 = (1 << 64) - 1
