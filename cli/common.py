@@ -44,8 +44,8 @@ def timeout_flag(p: argparse.ArgumentParser, default: float) -> None:
 
 
 def client_socket(args: argparse.Namespace) -> str:
-    """The daemon's socket as `serve` would pick it: --socket, env, config file, default (client/_paths.py)."""
-    from ..client._paths import ConfigFileError, resolve_locations
+    """The daemon's socket as `serve` would pick it: --socket, env, config file, default (the client's resolve_locations)."""
+    from ..client import ConfigFileError, resolve_locations
 
     try:
         return resolve_locations(getattr(args, "socket", None), getattr(args, "data_dir", None), getattr(args, "config", None))[1]

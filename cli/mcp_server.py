@@ -385,8 +385,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     import anyio
     from mcp.server.stdio import stdio_server
 
-    from ..client import AsyncClient
-    from ..client._paths import data_root
+    from ..client import AsyncClient, data_root
     from ..daemon.config import setup_logging
     from .common import client_socket
 

@@ -54,13 +54,14 @@ from ._errors import (
     error_from_wire,
 )
 from ._manager import MemoryManager
-from ._paths import data_root, default_socket_path
+from ._paths import ConfigFileError, data_root, default_config_path, default_socket_path, resolve_locations
 from ._sync import Client
 
 __all__ = [
     "AsyncClient",
     "AsyncConversationMemory",
     "Client",
+    "ConfigFileError",
     "ConnectionLost",
     "ConversationMemory",
     "CrossRunRecord",
@@ -97,6 +98,8 @@ __all__ = [
     "Unavailable",
     "current_async_library",
     "data_root",
+    "default_config_path",
     "default_socket_path",
     "error_from_wire",
+    "resolve_locations",
 ]

@@ -34,7 +34,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from ..client._paths import data_root, default_config_path, default_socket_path
+from ..client import data_root, default_config_path, default_socket_path
 from ..protocol import MemoryCategory, domain_slug
 from .llm import LLMConfig
 from .server import Limits
