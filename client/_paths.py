@@ -1,8 +1,7 @@
 """Where eurekamem lives on disk and where its socket is (protocol/PROTOCOL.md §1, "The socket").
 
 The daemon uses these too (daemon/config.py, through the names eurekamem.client exports), so that
-both sides agree without talking; this
-module imports only the standard library, never the daemon.
+both sides agree without talking; this module imports only the standard library, never the daemon.
 """
 
 from __future__ import annotations

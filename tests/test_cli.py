@@ -112,6 +112,31 @@ def test_serve_and_config_show_still_take_every_setting_flag(root: Path) -> None
     assert "(default: 5.0)" in help_text and "seconds" in help_text
 
 
+def test_python_m_daemon_serve_parses_its_flags_without_the_cli(root: Path) -> None:
+    """`python -m eurekamem.daemon serve` is the daemon's own entry (daemon/foreground.py): the same
+    flags as `eurekamem serve`, and no eurekamem.cli module imported; other commands still run."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "eurekamem.daemon", "serve", "--help"],
+        env=user_env(root), capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    for flag in ("--data-dir", "--socket", "--config", "--fsync", "--embedder", "--log-level", "--allowed-uids"):
+        assert flag in done.stdout
+    modules = set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)$", done.stderr, re.MULTILINE))
+    assert "eurekamem.daemon.foreground" in modules
+    assert sorted(m for m in modules if m.split(".")[:2] == ["eurekamem", "cli"]) == []
+    refused = subprocess.run(
+        [sys.executable, "-m", "eurekamem.daemon", "serve", "--fsync", "sometimes"],
+        env=user_env(root), capture_output=True, text=True, timeout=120,
+    )
+    assert refused.returncode == 2 and "--fsync" in refused.stderr
+    other = subprocess.run(
+        [sys.executable, "-m", "eurekamem.daemon", "socket", "--socket", "/run/elsewhere/x.sock"],
+        env=user_env(root), capture_output=True, text=True, timeout=120,
+    )
+    assert other.returncode == 0 and other.stdout.strip() == "/run/elsewhere/x.sock"
+
+
 # --- the socket ---------------------------------------------------------------------------------------
 
 
