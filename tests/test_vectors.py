@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import random
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from eurekamem.daemon.memory.vectors import VectorStore
+from eurekamem.daemon.memory.vectors import MAGIC, VectorFileError, VectorStore, read_header
 
 
 def unit(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
@@ -422,3 +423,19 @@ def test_ef_grows_with_the_collection(monkeypatch) -> None:
     monkeypatch.setattr(_vectors, "EF_AT_100K", 2000)  # as if the store were large
     store.search(x[0], 5)
     assert seen == [store.ef_search, int(2000 * (3000 / 100_000) ** 0.5)] and real.ef == store.ef_search
+
+
+def test_read_header_gives_the_dimension_a_saved_file_was_written_with(tmp_path: Path) -> None:
+    """read_header is what `eurekamem verify` reads before VectorStore.load (which needs the dim)."""
+    s = VectorStore(8, model="m")
+    s.add(np.arange(3), np.random.default_rng(1).standard_normal((3, 8)).astype(np.float32))
+    s.save(tmp_path, "memories")
+    path = tmp_path / "memories.vectors"
+    assert read_header(path) == (MAGIC, 1, 8)
+    short = tmp_path / "short.vectors"
+    short.write_bytes(MAGIC)
+    with pytest.raises(VectorFileError, match="too short"):
+        read_header(short)
+    other = tmp_path / "other.vectors"
+    other.write_bytes(b"x" * 100)
+    assert read_header(other)[0] != MAGIC
