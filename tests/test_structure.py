@@ -109,7 +109,12 @@ def test_the_layers_point_one_way() -> None:
         "daemon": {"protocol", "client", "(top)"},
         "cli": {"protocol", "client", "daemon", "(top)"},
     }
-    wrong = [(a, b) for a, b in g.edges if _top(a) in allowed and _top(b) != _top(a) and _top(b) not in allowed[_top(a)]]
+    # a package's __main__ is a command (`python -m eurekamem.daemon backup` hands the commands other
+    # than serve to the CLI), run and never imported: it sits above every layer
+    wrong = [
+        (a, b) for a, b in g.edges
+        if not a.endswith("__main__") and _top(b) != _top(a) and _top(b) not in allowed[_top(a)]
+    ]
     assert not wrong, wrong
 
 
