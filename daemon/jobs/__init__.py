@@ -6,7 +6,8 @@ schedules and runs jobs and commits their results exactly once (the rules are at
 
 from typing import Any
 
-from .actor import JobContext, JobFailed, JobKind, JobsActor, LLMHandle, Outcome
+from .actor import JobContext, JobKind, JobsActor, LLMHandle
+from .outcome import JobFailed, Outcome
 from .state import ConversationInput, JobRecord, JobsState, MaintainInput, SessionInput
 
 __all__ = [

@@ -64,6 +64,7 @@ from ...protocol import Call, Job, ProtocolError, new_id
 from ..llm import LLMError, LLMFailed, LLMUnavailable, report_waits
 from ..storage.journal_actor import JournalActor, JournalUnavailable
 from ..tier import RTYPE_MUTATION, Internal, Stage, TierActor, Work, handles, mutation_encoder
+from .outcome import COMMIT_ORDER, JobFailed, Outcome
 from .state import (
     ACTIVE,
     DEFAULT_MAX_ATTEMPTS,
@@ -80,7 +81,6 @@ log = logging.getLogger("eurekamem.jobs")
 
 PAUSE_VARIABLE = "EUREKAMEM_JOBS_PAUSE_AT"
 PAUSE_POINTS = ("answered", "committed")
-COMMIT_ORDER = ("memory", "graph", "persistent", "skills", "conversation")
 BACKOFF_BASE = 5.0
 BACKOFF_MAX = 300.0
 NEEDS_A_PERSON = ("not_configured", "no_key", "auth", "not_found")  # back off the longest
@@ -103,10 +103,6 @@ class LLMHandle(Protocol):
     async def aclose(self) -> None: ...
 
 
-class JobFailed(Exception):
-    """The job cannot succeed as it is (an answer that passed the schema but not our checks)."""
-
-
 class Tokens:
     def __init__(self) -> None:
         self.input = 0
@@ -118,19 +114,6 @@ class Tokens:
 
     def pair(self) -> tuple[int, int]:
         return self.input, self.output
-
-
-class Outcome:
-    """What a job's run produced: a function per tier that applies its part to that tier's state
-    (through state.commit, inside the tier's actor) and returns a summary, and a function that
-    builds the job's result from those summaries."""
-
-    def __init__(self, stages: dict[str, Callable[[Any], Any]], result: Callable[[dict[str, Any]], Any]) -> None:
-        unknown = set(stages) - set(COMMIT_ORDER)
-        if unknown:
-            raise ValueError(f"no tier {sorted(unknown)} to commit to")
-        self.stages = stages
-        self.result = result
 
 
 class JobContext:

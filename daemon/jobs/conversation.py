@@ -45,9 +45,10 @@ from ..conversation.text import date_text
 from ..memory.state import MIN_CONFIDENCE, MemoryState, validate_domain
 from ..memory.strength import epoch
 from ..redact import shown as shown_id
-from .actor import JobContext, JobFailed, Outcome
+from .actor import JobContext
 from .conversation_schema import ConversationInsights, ExtractedMemory
 from .extract import apply_memories, embed_planned, judge_planned
+from .outcome import JobFailed, Outcome
 from .state import ConversationInput, JobRecord
 
 log = logging.getLogger("eurekamem.jobs")

@@ -37,7 +37,8 @@ from msgspec import Meta
 from ...protocol import EpisodicEntry
 from ..skills.format import clean_body, name_problem, yaml_str
 from ..skills.state import SkillsState
-from .actor import JobContext, JobFailed
+from .actor import JobContext
+from .outcome import JobFailed
 
 MIN_REPEATS = 2  # occurrences of a run of tool steps, without overlap, that make it a pattern
 MAX_LENGTH = 5  # tool steps in a pattern at most

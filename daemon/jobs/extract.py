@@ -60,10 +60,11 @@ from ..memory.review import propose
 from ..memory.state import EMBED_WINDOW, MIN_CONFIDENCE, MemoryState, passage_windows, pooled
 from ..tiers.graph import GraphState, PutEdge, PutNode
 from ..tiers.persistent import PersistentState
-from .actor import JobContext, JobFailed, Outcome
+from .actor import JobContext
 from .distill import Planned as DistilledPlan
 from .distill import apply_skill, distill
 from .judge import candidates_of, judge
+from .outcome import JobFailed, Outcome
 from .state import SessionInput
 
 KIND = "session.extract"

@@ -32,7 +32,8 @@ from msgspec import Meta
 from ...protocol import Memory, domain_slug
 from ..memory.format import fingerprint
 from ..memory.state import MemoryState, embed_text
-from .actor import JobContext, JobFailed
+from .actor import JobContext
+from .outcome import JobFailed
 
 MAX_CANDIDATES = 3
 SHOWN_CHARS = 1500  # of a memory's content in the judge's prompt

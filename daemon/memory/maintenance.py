@@ -287,7 +287,7 @@ class MemoryMaintenance:
     needs_llm = False
 
     async def run(self, ctx: Any) -> Any:
-        from ..jobs import Outcome
+        from ..jobs.outcome import Outcome
 
         job_id = ctx.record.id
         clock = time.perf_counter()
@@ -355,8 +355,8 @@ async def _judge(ctx: Any, plans: list[MergePlan]) -> tuple[dict[str, Any] | Non
         return None, "rules"
     if not ctx.llm.available:
         return None, f"rules (no LLM: {ctx.llm.unavailable_reason})"
-    from ..jobs import JobFailed
     from ..jobs.judge import Candidate, judge
+    from ..jobs.outcome import JobFailed
     from ..llm import LLMError
 
     def gather(state: Any) -> list[tuple[Memory, int, list[Memory]]]:
