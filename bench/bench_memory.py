@@ -619,7 +619,8 @@ def in_process(data: Path, queries: list[str], recall_queries: list[str], daemon
     import hnswlib
 
     from eurekamem.daemon.memory.fusion import fuse_scores
-    from eurekamem.daemon.memory.state import MemorySnapshot, MemoryState, Prepared
+    from eurekamem.daemon.memory.records import MemorySnapshot
+    from eurekamem.daemon.memory.state import MemoryState, Prepared
     from eurekamem.daemon.memory.vectors import VectorStore, _parse_vectors
     from eurekamem.protocol import _methods as m
 

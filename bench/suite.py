@@ -363,7 +363,8 @@ def write_memory_root(root: Path, items: list[dict[str, Any]], store: Any, model
     (the daemon does not read it when a snapshot exists). Returns the seconds of each part."""
     from eurekamem.daemon.memory.format import derive_abstract, derive_overview, fingerprint, title_slug
     from eurekamem.daemon.memory.lexical import LexicalIndex
-    from eurekamem.daemon.memory.state import MemorySnapshot, memory_text
+    from eurekamem.daemon.memory.records import MemorySnapshot
+    from eurekamem.daemon.memory.state import memory_text
     from eurekamem.daemon.storage.files import RealFiles, atomic_write
     from eurekamem.protocol import Memory, domain_slug
 
@@ -528,7 +529,8 @@ def memory_state_split(root: Path, queries: list[str], qv: np.ndarray, truth: li
     of its vectors_stem, MemoryState.load_snapshot; gc.freeze as after recovery), then
     MemoryState.search in dense mode with the query vectors prepared. Also checks that the BM25
     index came from the snapshot (lexical_from), not from re-tokenising."""
-    from eurekamem.daemon.memory.state import MemorySnapshot, MemoryState, Prepared
+    from eurekamem.daemon.memory.records import MemorySnapshot
+    from eurekamem.daemon.memory.state import MemoryState, Prepared
     from eurekamem.daemon.memory.vectors import VectorStore
     from eurekamem.protocol import _methods as m
 

@@ -49,7 +49,7 @@ def verify_root(root: Path) -> Report:
     import msgspec
 
     from ..daemon.memory.format import fingerprint, memory_files, parse_markdown
-    from ..daemon.memory.state import MemorySnapshot, PurgeMemory, PutMemory
+    from ..daemon.memory.records import MemorySnapshot, PurgeMemory, PutMemory
     from ..daemon.memory.vectors import MAGIC, VectorStore, read_header
     from ..daemon.paths import Paths
     from ..daemon.recovery import decode_mutation

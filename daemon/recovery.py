@@ -34,8 +34,9 @@ from .memory.actor import (
     read_memory_snapshot,
 )
 from .memory.embed import make_embedder
+from .memory.records import MaintenanceRecord, PurgeMemory, PutMemory
 from .memory.review import PutReview
-from .memory.state import MaintenanceRecord, MemoryState, PurgeMemory, PutMemory
+from .memory.state import MemoryState
 from .paths import Paths
 from .skills.actor import load_skill_files
 from .skills.state import PutSkill, RemoveSkill, SkillsState

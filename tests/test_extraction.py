@@ -452,6 +452,6 @@ async def test_the_commit_embeds_nothing_itself(
             stored = await conn.result("memory.get", {"id": pitfall["id"]})
             state = daemon.memory_actor.state
             expected = state.embedder.embed_passages(state.passage_texts(stored["title"], stored["content"], stored["abstract"]))
-            kept = np.frombuffer(state._vector_bytes(pitfall["id"]), dtype=np.float32)
+            kept = np.frombuffer(state.vector_bytes(pitfall["id"]), dtype=np.float32)
             assert float(kept @ expected[0]) > 0.999
             await conn.aclose()

@@ -11,7 +11,8 @@ import trio
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from eurekamem.daemon.memory.embed import make_embedder
-from eurekamem.daemon.memory.state import MemoryState, PutMemory
+from eurekamem.daemon.memory.records import PutMemory
+from eurekamem.daemon.memory.state import MemoryState
 from eurekamem.protocol import _methods as m
 
 FAST = {"embedder": "usem3"}

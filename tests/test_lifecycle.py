@@ -44,7 +44,8 @@ from eurekamem.daemon.memory.maintenance import (
     plan_archives,
     schedule,
 )
-from eurekamem.daemon.memory.state import MaintenanceRecord, MemorySnapshot, MemoryState, PutMemory
+from eurekamem.daemon.memory.records import MaintenanceRecord, MemorySnapshot, PutMemory
+from eurekamem.daemon.memory.state import MemoryState
 from eurekamem.daemon.memory.strength import DAY, StrengthSettings, epoch, rfc3339, strength
 from eurekamem.daemon.recovery import MUTATION_TIER, mutation_decoder
 from eurekamem.daemon.tier import Work

@@ -640,7 +640,7 @@ async def test_vector_files_get_a_new_generation_only_when_vectors_change(data_d
     files only after memories.snapshot names the new ones; one that did not change them writes
     nothing; files no snapshot names (a crash during a save) are removed; a snapshot of the older
     layout (<model>.vectors, no stem) still loads."""
-    from eurekamem.daemon.memory.state import MemorySnapshot
+    from eurekamem.daemon.memory.records import MemorySnapshot
 
     sock = sock_dir / "s.sock"
     folder = data_dir / "memory" / "vectors"

@@ -36,8 +36,8 @@ import msgspec
 from ...protocol import EpisodicEntry, Job, JobTokens, ProtocolError, TheoryState, now_rfc3339
 from ...protocol import _methods as m
 from ..conversation.state import MoveMark, PutSummary
+from ..memory.records import MaintenanceRecord, PutMemory
 from ..memory.review import PutReview
-from ..memory.state import MaintenanceRecord, PutMemory
 from ..skills.state import PutSkill
 from ..tier import TierState, Undo, handles
 from ..tiers.graph import PutEdge, PutNode

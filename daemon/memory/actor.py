@@ -75,12 +75,11 @@ from ..redact import redact_text
 from ..storage.files import RealFiles, atomic_write
 from ..tier import MAX_BATCH, Internal, TierActor, Work
 from .format import index_entry, memory_files, render_markdown
+from .records import MemorySnapshot, PutMemory
 from .state import (
     GroupSummary,
-    MemorySnapshot,
     MemoryState,
     Prepared,
-    PutMemory,
     add_cost,
     messages_to_fetch,
     own_abstract,

@@ -387,7 +387,7 @@ async def _judge(ctx: Any, plans: list[MergePlan]) -> tuple[dict[str, Any] | Non
 
 
 def _record(job_id: str, report: dict[str, Any]) -> Any:
-    from .state import MaintenanceRecord
+    from .records import MaintenanceRecord
 
     return MaintenanceRecord(job_id=job_id, started_at=report["started_at"], finished_at=report["finished_at"], report=report)
 

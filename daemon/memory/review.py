@@ -20,8 +20,8 @@ Rules kept here:
   deciding a request that is no longer pending, approving one whose memory changed since it was
   asked (its fingerprint), was archived or purged, are invalid_params.
 - The four methods' handlers are registered here (@handles, daemon/tier.py's HANDLERS) and run as
-  the memory tier's own, in its batches. memory/state.py imports this module only where it needs it
-  (apply, a new state), so that this one can name PutMemory.
+  the memory tier's own, in its batches. memory/state.py imports this module; this one takes
+  PutMemory from memory/records.py and reaches the state only through the object it is given.
 - Requests hold no text of the memory (only its id, domain and fingerprint), so a purge erases the
   memory's words from the queue too; views add the memory as it is now (null once purged).
 """
@@ -37,7 +37,7 @@ from ...protocol import Memory, ProtocolError, ReviewItem, ReviewView, domain_sl
 from ...protocol import _methods as m
 from ..redact import detect
 from ..tier import handles
-from .state import PutMemory
+from .records import PutMemory
 
 DAEMON = "daemon"  # decided_by of what the automatic check or the share policy decided
 LEARNING_LOOP = "learning-loop"  # requested_by of the learning loop's proposals
@@ -101,7 +101,7 @@ def _shareable(memory: Memory) -> None:
 
 def request(state: Any, memory_id: str, *, kind: str, reason: str, by: str, uid: int | None) -> dict[str, Any]:
     """A promotion request for a local memory, decided at once where the policy or the check says so."""
-    memory = state._get(memory_id)
+    memory = state.existing_memory(memory_id)
     _shareable(memory)
     queue: ReviewQueue = state.review
     now = state.now()
@@ -165,7 +165,7 @@ def _decided(item: ReviewItem, verdict: str, now: str, by: str, uid: int | None,
 def _made_global(state: Any, memory: Memory, now: str) -> PutMemory:
     shared = msgspec.structs.replace(memory, scope="global", updated_at=now)
     version = state.version_of(memory.id) + 1  # a new version in memory.history
-    return PutMemory(shared, state.model_of.get(memory.id, ""), state._vector_bytes(memory.id), version, "promoted")
+    return PutMemory(shared, state.model_of.get(memory.id, ""), state.vector_bytes(memory.id), version, "promoted")
 
 
 def view(state: Any, item: ReviewItem) -> ReviewView:

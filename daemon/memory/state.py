@@ -31,7 +31,7 @@ import msgspec
 import numpy as np
 from msgspec import UNSET
 
-from ...protocol import Memory, MemoryVersion, ProtocolError, ReviewItem, domain_slug, normalize_timestamp
+from ...protocol import Memory, MemoryVersion, ProtocolError, domain_slug, normalize_timestamp
 from ...protocol import _methods as m
 from ...protocol._blocks import MEMORIES_NOTE, escape_block_tags, escape_stored
 from ...protocol._records import MEMORY_CATEGORIES
@@ -50,7 +50,9 @@ from .format import (
     word_set,
 )
 from .fusion import boost_named, fuse_scores
-from .lexical import LexicalDump, LexicalIndex, name_tokens, tokenize
+from .lexical import LexicalIndex, name_tokens, tokenize
+from .records import MaintenanceRecord, MemorySnapshot, PurgeMemory, PutMemory, VersionEntry
+from .review import PutReview, ReviewQueue, apply_review
 from .strength import StrengthSettings, epoch, rank_factor, rfc3339, strength, strengths
 from .vectors import VectorStore
 
@@ -106,42 +108,6 @@ RRF_FUSION: dict[str, dict[str, Any]] = {
 
 
 DEFAULT_RRF_FUSION: dict[str, Any] = {"dense": 0.5, "lexical": 1.0, "floor": True}
-
-
-class PutMemory(msgspec.Struct, tag="memory.put"):
-    memory: Memory
-    model: str = ""
-    vector: bytes = b""  # float32 row of the memory's embedding under `model` (empty: none yet)
-    version: int = 0  # > 0: this is that version of the memory (see the module's rule); 0: same version
-    decision: str = ""  # with a version: created | merged | updated | archived | imported
-    reason: str = ""
-    # the memory as read from its file (another program wrote it: daemon/memory/watch.py): the
-    # file already shows it, so the projection lists it in _index.json but does not rewrite it
-    from_file: bool = False
-
-
-class VersionEntry(msgspec.Struct, array_like=True):
-    """One version in a memory's history; `memory` is None for the current one (in `memories`)."""
-
-    version: int
-    at: str
-    decision: str
-    reason: str
-    memory: Memory | None = None
-
-
-class PurgeMemory(msgspec.Struct, tag="memory.purge"):
-    id: str
-
-
-class MaintenanceRecord(msgspec.Struct, tag="memory.maintained", kw_only=True):
-    """A finished maintenance run and its report (the memories it changed have PutMemory records
-    of their own, journaled as it went); kept for sys.stats and to know when the last run was."""
-
-    job_id: str
-    started_at: str
-    finished_at: str
-    report: dict[str, Any] = {}
 
 
 MAINTENANCE_RUNS_KEPT = 8
@@ -556,7 +522,6 @@ class MemoryState(TierState):
         self.search_time = {mode: Histogram() for mode in ("hybrid", "dense", "lexical")}
         self._active = 0  # memories whose status is active, kept by _put / _purge / load_snapshot
         self._dense_pool: ThreadPoolExecutor | None = None  # see _dense_searcher
-        from .review import ReviewQueue  # review.py imports this module
 
         self.review = ReviewQueue()  # promotion requests (daemon/memory/review.py)
         self.share_policy: Callable[[str], str] = lambda domain: "review"  # the daemon sets its config's
@@ -759,7 +724,7 @@ class MemoryState(TierState):
 
     @handles("memory.get")
     def do_get(self, p: m.MemoryGet) -> Memory:
-        memory = self._get(p.id)
+        memory = self.existing_memory(p.id)
         if p.domain is not None and memory.scope != "global" and domain_slug(memory.domain) != domain_slug(p.domain):
             raise ProtocolError("not_found", f"no memory with id {p.id!r} in domain {p.domain!r}", id=p.id)  # local elsewhere
         return memory
@@ -784,7 +749,7 @@ class MemoryState(TierState):
 
     @handles("memory.update")
     def do_update(self, p: m.MemoryUpdate) -> Memory:
-        old = self._get(p.id)
+        old = self.existing_memory(p.id)
         if p.title is not None:
             _check_title(p.title)
         if p.content is not None:
@@ -822,13 +787,13 @@ class MemoryState(TierState):
             vector = self._passage_vector(title, content, _updated_text(old, p)[2])
             self.commit(PutMemory(memory, self.model, vector.astype(np.float32).tobytes(), version, "updated"))
         else:
-            vector_bytes = self._vector_bytes(old.id)
+            vector_bytes = self.vector_bytes(old.id)
             self.commit(PutMemory(memory, self.model_of.get(old.id, ""), vector_bytes, version, "updated"))
         return memory
 
     @handles("memory.delete")
     def do_delete(self, p: m.MemoryDelete) -> dict[str, Any]:
-        old = self._get(p.id)
+        old = self.existing_memory(p.id)
         if p.purge:
             self.commit(PurgeMemory(old.id))
             return {"id": old.id, "status": "purged"}
@@ -838,7 +803,7 @@ class MemoryState(TierState):
 
     @handles("memory.history")
     def do_history(self, p: m.MemoryHistory) -> list[MemoryVersion]:
-        current = self._get(p.id)
+        current = self.existing_memory(p.id)
         entries = self.history.get(p.id) or [VersionEntry(1, current.created_at, "created", "")]
         return [
             MemoryVersion(version=e.version, at=e.at, decision=e.decision, reason=e.reason, memory=e.memory or current)
@@ -870,13 +835,13 @@ class MemoryState(TierState):
         decision it is a new version in the memory's history (memory.history); without one (use
         counts) the same version."""
         version = self.version_of(old.id) + 1 if decision else 0
-        self.commit(PutMemory(memory, self.model_of.get(old.id, ""), self._vector_bytes(old.id), version, decision, reason))
+        self.commit(PutMemory(memory, self.model_of.get(old.id, ""), self.vector_bytes(old.id), version, decision, reason))
 
     @handles("memory.restore")
     def do_restore(self, p: m.MemoryRef) -> Memory:
         """An archived memory active again, its file back in its domain's folder. Its strength's
         clock starts again (last_used = now), so the next maintenance does not archive it at once."""
-        old = self._get(p.id)
+        old = self.existing_memory(p.id)
         if old.status != "archived":
             raise ProtocolError(
                 "invalid_params", f"invalid params: memory {old.id!r} is {old.status}, not archived: nothing to restore", field="id"
@@ -901,7 +866,7 @@ class MemoryState(TierState):
         """used: reinforces (last_used, used_count); ignored: counted; wrong: confidence lowered by
         wrong_penalty, and below 0.5 the memory is archived (unless pinned). Archived memories are
         left as they are (not counted in `updated`); an unknown id changes nothing at all."""
-        memories = [self._get(memory_id) for memory_id in dict.fromkeys(p.ids)]  # not_found before any change
+        memories = [self.existing_memory(memory_id) for memory_id in dict.fromkeys(p.ids)]  # not_found before any change
         now = self.stamp()
         updated = 0
         archived: list[str] = []
@@ -927,9 +892,9 @@ class MemoryState(TierState):
         """Close a fact that stopped being true (valid_until = `until`, default now), linking the
         memory that replaces it; it stays active and searchable with include_expired or an as_of
         before `until`. The learning loop's MERGE on a conflict calls supersede(), which uses this."""
-        old = self._get(memory_id)
+        old = self.existing_memory(memory_id)
         if superseded_by is not None:
-            self._get(superseded_by)
+            self.existing_memory(superseded_by)
             if superseded_by == memory_id:
                 raise ProtocolError("invalid_params", "invalid params: a memory cannot supersede itself", field="id")
         until = self.stamp() if until is None else _time_param("valid_until", until)
@@ -942,7 +907,7 @@ class MemoryState(TierState):
         """The MERGE-on-conflict of the learning loop's judge: the old version is closed when the
         new one becomes valid (its valid_from; now if that is earlier than the old one's start)
         and names the new one in superseded_by. Returns the closed old version."""
-        old, new = self._get(old_id), self._get(new_id)
+        old, new = self.existing_memory(old_id), self.existing_memory(new_id)
         start = new.valid_from or new.created_at
         if epoch(start) <= epoch(old.valid_from or old.created_at):
             start = self.stamp()
@@ -1383,7 +1348,7 @@ class MemoryState(TierState):
         if new_longer:
             self.commit(PutMemory(merged, self.model, vector.astype(np.float32).tobytes(), version, "merged", why))
         else:
-            vector_bytes = self._vector_bytes(old.id)
+            vector_bytes = self.vector_bytes(old.id)
             self.commit(PutMemory(merged, self.model_of.get(old.id, ""), vector_bytes, version, "merged", why))
         return merged
 
@@ -1418,7 +1383,8 @@ class MemoryState(TierState):
 
     # --- helpers -------------------------------------------------------------------------------------
 
-    def _get(self, memory_id: str) -> Memory:
+    def existing_memory(self, memory_id: str) -> Memory:
+        """The memory with this id; not_found (a client's error) when there is none."""
         memory = self.memories.get(memory_id)
         if memory is None:
             raise ProtocolError("not_found", f"no memory with id {memory_id!r}", id=memory_id)
@@ -1464,9 +1430,7 @@ class MemoryState(TierState):
         return str(uuid.uuid4())
 
     def vector_bytes(self, memory_id: str) -> bytes:
-        return self._vector_bytes(memory_id)
-
-    def _vector_bytes(self, memory_id: str) -> bytes:
+        """The memory's float32 vector row as a record carries it (empty: none yet)."""
         label = self._label.get(memory_id)
         if label is None or label not in self.vectors:
             return b""
@@ -1514,8 +1478,6 @@ class MemoryState(TierState):
                 self._set_history(mutation.id, history)
 
             return undo_purge
-        from .review import PutReview, apply_review
-
         if isinstance(mutation, PutReview):
             return apply_review(self, mutation)
         if isinstance(mutation, MaintenanceRecord):
@@ -1552,7 +1514,7 @@ class MemoryState(TierState):
         memory = self.memories.get(memory_id)
         if memory is None:
             return None
-        return memory, self.model_of.get(memory_id, ""), self._vector_bytes(memory_id)
+        return memory, self.model_of.get(memory_id, ""), self.vector_bytes(memory_id)
 
     def _restore(self, memory_id: str, before: tuple[Memory, str, bytes] | None) -> None:
         if before is None:
@@ -1593,7 +1555,7 @@ class MemoryState(TierState):
         if vector and model == self.model:
             # a change of metadata only (feedback, archive, validity) carries the same vector:
             # hnswlib is not asked to re-insert it
-            if old is None or self.model_of.get(memory.id) != model or self._vector_bytes(memory.id) != vector:
+            if old is None or self.model_of.get(memory.id) != model or self.vector_bytes(memory.id) != vector:
                 self.vectors.add(np.asarray([label], dtype=np.int64), np.frombuffer(vector, dtype=np.float32)[None, :])
             self._set_model(memory.id, model)
         elif label in self.vectors:
@@ -1694,7 +1656,7 @@ class MemoryState(TierState):
                 continue
             base = memory.file.removesuffix(".md")
             moved = msgspec.structs.replace(memory, file=self._free_name(base, memory.fingerprint))
-            self.commit(PutMemory(moved, self.model_of.get(memory.id, ""), self._vector_bytes(memory.id)))
+            self.commit(PutMemory(moved, self.model_of.get(memory.id, ""), self.vector_bytes(memory.id)))
             self._files[kept.file] = kept.id
             self._changed(kept)
             renamed.append(memory.id)
@@ -1887,31 +1849,6 @@ class MemoryState(TierState):
         self._put(memory, "", b"", rewrite=False)
         self.history[memory.id] = [VersionEntry(1, memory.updated_at, "imported", f"from {relative}")]
         return memory
-
-
-class MemorySnapshot(msgspec.Struct, kw_only=True):
-    """memory/memories.snapshot: tier 4's state apart from the vectors (in memory/vectors/)."""
-
-    model: str
-    memories: list[Memory]
-    labels: dict[str, int]
-    models: dict[str, str]
-    next_label: int
-    vectors_fingerprint: Any
-    previous_model: str = ""  # during a change of model: the old one, whose vectors still serve search
-    previous_fingerprint: Any = ""
-    lexical: LexicalDump | None = None  # the BM25 index as saved (absent in older snapshots: rebuilt)
-    history: dict[str, list[VersionEntry]] = {}  # memories' versions (absent in older snapshots)
-    vectors_stem: str = ""  # memory/vectors/<stem>.vectors holds `model`'s vectors ("": older snapshots, the model's name)
-    previous_stem: str = ""  # likewise for `previous_model`'s
-    reviews: list[ReviewItem] = []  # the review queue (daemon/memory/review.py), oldest first
-    maintenance: list[MaintenanceRecord] = []  # the last maintenance runs (absent in older snapshots)
-
-    def stem(self) -> str:
-        return self.vectors_stem or self.model
-
-    def stem_of_previous(self) -> str:
-        return self.previous_stem or self.previous_model
 
 
 def memory_from_text(relative: str, text: str, mtime: float) -> Memory | None:

@@ -400,7 +400,7 @@ def apply_changes(state: MemoryState, changes: list[Change], vectors: dict[int, 
     journaled before it returns); `vectors` holds change index -> float32 row for those embedded.
     A memory changed by someone else since the plan gets the file's fields on top of its new state;
     returns the files whose change could not be committed (the next scan looks at them again)."""
-    from .state import PutMemory
+    from .records import PutMemory
 
     retry: list[str] = []
     now = state.stamp()
