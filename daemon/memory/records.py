@@ -21,7 +21,7 @@ class PutMemory(msgspec.Struct, tag="memory.put"):
     memory: Memory
     model: str = ""
     vector: bytes = b""  # float32 row of the memory's embedding under `model` (empty: none yet)
-    version: int = 0  # > 0: this is that version of the memory (see the module's rule); 0: same version
+    version: int = 0  # > 0: this is that version of the memory (see state.py's rule); 0: same version
     decision: str = ""  # with a version: created | merged | updated | archived | imported
     reason: str = ""
     # the memory as read from its file (another program wrote it: daemon/memory/watch.py): the

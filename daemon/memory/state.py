@@ -2,8 +2,9 @@
 
 Rule kept here: the MemoryActor runs everything in this module in a worker thread, one batch at a
 time, so the state has one owner and the event loop never waits on an embedding or an index.
-Changes go through `apply` (PutMemory / PurgeMemory carry the whole memory and its vector) so replay
-equals run time; embeddings are computed before the handlers run, in one batch per request batch.
+Changes go through `apply` (PutMemory / PurgeMemory, in records.py, carry the whole memory and its
+vector) so replay equals run time; embeddings are computed before the handlers run, in one batch
+per request batch.
 Access counts are statistics: they change without a journal record and are saved with snapshots.
 Versions: a PutMemory with `version` > 0 is a new version of its memory (created, merged, updated,
 archived) and carries the decision and its reason; `apply` keeps the superseded version in the
