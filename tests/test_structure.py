@@ -25,7 +25,7 @@ PACKAGES = ("protocol", "client", "daemon", "cli", "integrations")
 
 def modules() -> dict[str, Path]:
     """Every module of the package by dotted name relative to the top ("daemon.memory.state")."""
-    out = {"": REPO / "__init__.py"}
+    out = {"": REPO / "__init__.py"} if (REPO / "__init__.py").is_file() else {}  # (a tree from before it had one)
     for package in PACKAGES:
         for path in sorted((REPO / package).rglob("*.py")):
             parts = list(path.relative_to(REPO).with_suffix("").parts)
