@@ -11,7 +11,7 @@ RUN_STAMP := $(VENV)/.run-stamp
 # cache (~/.cache/pip) makes a second fresh venv much faster. PIP_FLAGS="-q" quiets it again.
 PIP_FLAGS ?= --progress-bar on
 
-.PHONY: run test test-fast lint docs-check bench bench-quick bench-full bench-foundation clean schema
+.PHONY: run test test-fast lint docs-check bench bench-quick bench-full bench-foundation clean schema client-calls
 
 $(VENV)/bin/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "eurekamem needs Python 3.11 or later, not " + sys.version.split()[0]'
@@ -78,6 +78,12 @@ bench-foundation: $(STAMP)
 
 schema: $(STAMP)
 	$(BIN)/python -m eurekamem.protocol._schema > protocol/schema.json
+
+# The AsyncClient's convenience methods are the Client's (client/_calls.py) made async: run after editing
+# them (tests/test_client_unit.py fails while client/_async_calls.py is stale). A plain script, for the
+# package cannot import while the generated module is missing or broken.
+client-calls: | $(VENV)/bin/python
+	$(BIN)/python client/_generate.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

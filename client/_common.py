@@ -158,6 +158,13 @@ def outcome(reply: Reply, result_type: Any = Any, post: Callable[[Any], Any] | N
 # --- the convenience methods, described once for both clients ---------------------------------
 
 
+# Protocol methods with no op_* builder (so no convenience call; reached through call()), and why.
+# tests/test_client_unit.py: every other method of protocol's METHODS has a builder here.
+NO_CONVENIENCE: dict[str, str] = {
+    "session.learned": "the EurekaClaw integration completes its extraction job through call()",
+}
+
+
 class Op(NamedTuple, Generic[T]):
     """One convenience call: its method and params, and how its result is decoded (into a T)."""
 

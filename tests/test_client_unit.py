@@ -6,7 +6,9 @@ errors when asked. Every I/O wait here is bounded; nothing sleeps.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import pickle
+import re
 import socket
 import subprocess
 import sys
@@ -36,12 +38,15 @@ from eurekamem.client import (
     Timeout,
     TooLarge,
     Unavailable,
+    _common,
+    _generate,
     _models,
     current_async_library,
     data_root,
     default_socket_path,
     error_from_wire,
 )
+from eurekamem.client._calls import Calls
 from eurekamem.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     ERROR_CODES,
@@ -378,6 +383,49 @@ def test_import_pulls_in_neither_trio_nor_the_daemon():
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# --- the convenience calls: written once (client/_calls.py), the async ones generated ------------
+
+
+def test_async_calls_are_the_blocking_calls_regenerated():
+    # client/_async_calls.py is checked in; after an edit of _calls.py, `make client-calls` rewrites it.
+    source = Path(_generate.SOURCE).read_text()
+    assert Path(_generate.TARGET).read_text() == _generate.async_calls(source), "stale: run `make client-calls`"
+
+
+def test_the_generator_refuses_what_it_cannot_make_async():
+    head = '"""doc"""\n\nclass Calls:\n'
+    good = _generate.async_calls(head + "    def ping(self) -> bool:\n        return self._run(C.op_ping())\n")
+    assert "    async def ping(self) -> bool:\n        return await self._run(C.op_ping())\n" in good
+    assert "class AsyncCalls:" in good
+    for body in (
+        "    def ping(self) -> bool:\n        def inner() -> None: ...\n",  # a nested function
+        "    def ping(self) -> bool:\n        return self.hello()\n",  # a call past self._run
+        "    def ping(self) -> bool:\n        f = lambda: self._run(C.op_ping())\n",  # a lambda would not await
+        "def ping() -> bool: ...\n",  # outside the class
+    ):
+        with pytest.raises(ValueError):
+            _generate.async_calls(head + body)
+
+
+def test_both_clients_have_the_same_calls():
+    names = [name for name in vars(Calls) if not name.startswith("_")]
+    assert len(names) > 50
+    for name in names:
+        blocking, awaited = getattr(Client, name), getattr(AsyncClient, name)
+        assert inspect.signature(blocking) == inspect.signature(awaited), name
+        assert blocking.__doc__ == awaited.__doc__, name
+        assert inspect.iscoroutinefunction(awaited) and not inspect.iscoroutinefunction(blocking), name
+
+
+def test_every_protocol_method_has_a_convenience_call():
+    # Adding a method to protocol's METHODS fails here until _common has its op_* builder (and
+    # _calls.py its call), or NO_CONVENIENCE says why it has none.
+    named = set(re.findall(r'\bOp\(\s*"([^"]+)"', Path(_common.__file__).read_text()))
+    assert named <= set(METHODS), named - set(METHODS)
+    assert not named & set(_common.NO_CONVENIENCE)
+    assert named | set(_common.NO_CONVENIENCE) == set(METHODS), set(METHODS) - named - set(_common.NO_CONVENIENCE)
 
 
 # --- socket path --------------------------------------------------------------------------------
