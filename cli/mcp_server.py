@@ -18,36 +18,86 @@ what the rest of eurekamem runs on (AsyncClient detects it).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import sys
 from typing import Any
 from urllib.parse import quote, unquote
 
-from ..protocol import ASSISTANT_CATEGORIES, RESEARCH_CATEGORIES
+import msgspec
+
+from ..protocol import ASSISTANT_CATEGORIES, METHODS, RESEARCH_CATEGORIES
 
 log = logging.getLogger("eurekamem.mcp")
 
 URI_PREFIX = "eurekamem://domain/"
 CATEGORIES = [*ASSISTANT_CATEGORIES, *RESEARCH_CATEGORIES]  # the assistant's first: "fact" is the default
 _LIST_ALL = 10_000
+# The tools' own defaults, where they differ from the daemon's (an agent's prompt wants fewer hits, and a
+# bounded block): the schema says them and the call sends them.
+SEARCH_K = 5
+INJECT_TOKEN_BUDGET = 1000
 
 
-def _domain_property(default: str | None) -> dict[str, Any]:
+# --- the tools' argument schemas: each bound is the protocol's --------------------------------------
+
+
+@functools.cache
+def _protocol_fields(method: str) -> dict[str, dict[str, Any]]:
+    """The JSON Schema of each params field of `method`, as msgspec derives it from the params Struct
+    (the Meta bounds, the Literal's values, the default); a nullable field's is its non-null branch."""
+    params = METHODS[method].params
+    _, components = msgspec.json.schema_components([params])
+    fields: dict[str, dict[str, Any]] = {}
+    for name, schema in components[params.__name__]["properties"].items():
+        branches = [branch for branch in schema.get("anyOf", ()) if branch != {"type": "null"}]
+        if len(branches) == 1:
+            schema = {**branches[0], **({"default": schema["default"]} if schema.get("default") is not None else {})}
+        fields[name] = schema
+    return fields
+
+
+def _argument(method: str, field: str, *, without: tuple[str, ...] = (), **tool: Any) -> dict[str, Any]:
+    """A tool argument's schema: `field` of `method`'s params Struct (protocol/_methods.py, the one
+    source of its bounds), less the keywords `without` names, then what the tool adds itself (its
+    description, its own default, the order of an enum's values, which must be the Struct's)."""
+    schema = {k: v for k, v in _protocol_fields(method)[field].items() if k not in without}
+    for key, value in tool.items():
+        if key in ("enum", "items") and key in schema and _canonical(value) != _canonical(schema[key]):
+            raise ValueError(f"{method}'s {field}: the tool's {key} {value!r} is not the protocol's {schema[key]!r}")
+    schema.update(tool)
+    if "enum" in schema and "type" not in schema and all(isinstance(v, str) for v in schema["enum"]):
+        schema = {"type": "string", **schema}
+    return schema
+
+
+def _canonical(schema: Any) -> Any:
+    """An enum (or a schema holding one) with its values sorted and no "type", to compare what it allows."""
+    if isinstance(schema, list):
+        return sorted(schema)
+    if isinstance(schema, dict):
+        return {k: _canonical(v) for k, v in schema.items() if k != "type"}
+    return schema
+
+
+def _domain_property(method: str, default: str | None) -> dict[str, Any]:
     said = (
         f' Default: "{default}" (this server\'s project; it reads only that domain and global memories).'
         if default else " Default: every domain."
     )
-    return {
-        "type": "string",
-        "maxLength": 1024,
-        "description": "The project or group of the memory (a research field, a repository, a chat group)." + said,
-    }
+    return _argument(
+        method, "domain",
+        description="The project or group of the memory (a research field, a repository, a chat group)." + said,
+    )
 
 
 def tool_specs(default_domain: str | None) -> list[dict[str, Any]]:
-    """Each tool: name, description and JSON Schema of its arguments."""
-    domain = _domain_property(default_domain)
+    """Each tool: name, description and JSON Schema of its arguments (their bounds: the protocol's)."""
+
+    def domain(method: str) -> dict[str, Any]:
+        return _domain_property(method, default_domain)
+
     return [
         {
             "name": "memory_add",
@@ -60,17 +110,18 @@ def tool_specs(default_domain: str | None) -> list[dict[str, Any]]:
             "input_schema": {
                 "type": "object",
                 "properties": {
-                    "content": {"type": "string", "minLength": 1, "description": "The memory's full text."},
-                    "title": {"type": "string", "maxLength": 1024,
-                              "description": "A short title; the first line of content when left out."},
-                    "category": {"type": "string", "enum": CATEGORIES, "default": "fact",
-                                 "description": "What kind of memory this is."},
-                    "domain": domain,
-                    "tags": {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 256},
-                    "confidence": {"type": "number", "minimum": 0, "maximum": 1, "default": 0.8,
-                                   "description": "How sure this is; below 0.5 the memory is not stored."},
-                    "scope": {"type": "string", "enum": ["local", "global"], "default": "local",
-                              "description": "global: seen from every domain (e.g. the user's general preferences)."},
+                    "content": _argument("memory.add", "content", description="The memory's full text."),
+                    # "" (or none): the first line of content, so the protocol's minLength is not the tool's
+                    "title": _argument("memory.add", "title", without=("minLength",),
+                                       description="A short title; the first line of content when left out."),
+                    "category": _argument("memory.add", "category", enum=CATEGORIES, default="fact",
+                                          description="What kind of memory this is."),
+                    "domain": domain("memory.add"),
+                    "tags": _argument("memory.add", "tags", without=("default",)),
+                    "confidence": _argument("memory.add", "confidence",
+                                            description="How sure this is; below 0.5 the memory is not stored."),
+                    "scope": _argument("memory.add", "scope", enum=["local", "global"],
+                                       description="global: seen from every domain (e.g. the user's general preferences)."),
                 },
                 "required": ["content"],
                 "additionalProperties": False,
@@ -85,11 +136,10 @@ def tool_specs(default_domain: str | None) -> list[dict[str, Any]]:
             "input_schema": {
                 "type": "object",
                 "properties": {
-                    "query": {"type": "string", "minLength": 1, "maxLength": 4096},
-                    "domain": domain,
-                    "k": {"type": "integer", "minimum": 1, "maximum": 100, "default": 5,
-                          "description": "How many memories at most."},
-                    "categories": {"type": "array", "items": {"type": "string", "enum": CATEGORIES}},
+                    "query": _argument("memory.search", "query"),
+                    "domain": domain("memory.search"),
+                    "k": _argument("memory.search", "k", default=SEARCH_K, description="How many memories at most."),
+                    "categories": _argument("memory.search", "categories", items={"type": "string", "enum": CATEGORIES}),
                 },
                 "required": ["query"],
                 "additionalProperties": False,
@@ -100,7 +150,7 @@ def tool_specs(default_domain: str | None) -> list[dict[str, Any]]:
             "description": "One memory by its id, with its full text and every field.",
             "input_schema": {
                 "type": "object",
-                "properties": {"id": {"type": "string", "minLength": 1, "description": "The memory's id."}},
+                "properties": {"id": _argument("memory.get", "id", description="The memory's id.")},
                 "required": ["id"],
                 "additionalProperties": False,
             },
@@ -111,10 +161,10 @@ def tool_specs(default_domain: str | None) -> list[dict[str, Any]]:
             "input_schema": {
                 "type": "object",
                 "properties": {
-                    "domain": domain,
-                    "category": {"type": "string", "enum": CATEGORIES},
-                    "limit": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 50},
-                    "offset": {"type": "integer", "minimum": 0, "default": 0},
+                    "domain": domain("memory.list"),
+                    "category": _argument("memory.list", "category", enum=CATEGORIES),
+                    "limit": _argument("memory.list", "limit"),
+                    "offset": _argument("memory.list", "offset"),
                 },
                 "additionalProperties": False,
             },
@@ -127,7 +177,7 @@ def tool_specs(default_domain: str | None) -> list[dict[str, Any]]:
             ),
             "input_schema": {
                 "type": "object",
-                "properties": {"id": {"type": "string", "minLength": 1, "description": "The memory's id."}},
+                "properties": {"id": _argument("memory.delete", "id", description="The memory's id.")},
                 "required": ["id"],
                 "additionalProperties": False,
             },
@@ -141,10 +191,10 @@ def tool_specs(default_domain: str | None) -> list[dict[str, Any]]:
             "input_schema": {
                 "type": "object",
                 "properties": {
-                    "query": {"type": "string", "minLength": 1, "maxLength": 4096},
-                    "domain": domain,
-                    "k": {"type": "integer", "minimum": 1, "maximum": 100, "default": 4},
-                    "token_budget": {"type": "integer", "minimum": 1, "default": 1000},
+                    "query": _argument("memory.inject", "query"),
+                    "domain": domain("memory.inject"),
+                    "k": _argument("memory.inject", "k"),
+                    "token_budget": _argument("memory.inject", "token_budget", default=INJECT_TOKEN_BUDGET),
                 },
                 "additionalProperties": False,
             },
@@ -210,7 +260,7 @@ class Proxy:
                 "reason": result.get("reason")}
 
     async def tool_memory_search(self, args: dict[str, Any]) -> dict[str, Any]:
-        params: dict[str, Any] = {"query": args.get("query", ""), "k": args.get("k") or 5}
+        params: dict[str, Any] = {"query": args.get("query", ""), "k": args.get("k") or SEARCH_K}
         domain = self._read_domain(args)
         if domain is not None:
             params["domain"] = domain
@@ -255,7 +305,7 @@ class Proxy:
         params: dict[str, Any] = {
             "domain": self._read_domain(args) or "",
             "k": args.get("k") or 4,
-            "token_budget": args.get("token_budget") or 1000,
+            "token_budget": args.get("token_budget") or INJECT_TOKEN_BUDGET,
         }
         if args.get("query"):
             params["query"] = args["query"]

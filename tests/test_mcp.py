@@ -192,3 +192,85 @@ async def test_the_server_starts_the_daemon_when_none_listens() -> None:
             os.kill(pid, 15)
             wait_gone(pid)
         shutil.rmtree(root, ignore_errors=True)
+
+
+# --- the tools' schemas state the protocol's bounds (no daemon) ----------------------------------
+
+# the daemon method each tool calls, and the least params it takes
+TOOL_METHODS = {
+    "memory_add": ("memory.add", {"domain": "d", "category": "fact", "title": "t", "content": "c"}),
+    "memory_search": ("memory.search", {"query": "q"}),
+    "memory_get": ("memory.get", {"id": "m"}),
+    "memory_list": ("memory.list", {}),
+    "memory_forget": ("memory.delete", {"id": "m"}),
+    "memory_inject": ("memory.inject", {"domain": "d"}),
+}
+
+
+def _edges(schema: dict[str, Any]) -> Iterator[tuple[Any, bool]]:
+    """Values at each bound `schema` states (accepted) and just past it (refused)."""
+    if "maxLength" in schema:
+        yield "x" * schema["maxLength"], True
+        yield "x" * (schema["maxLength"] + 1), False
+    if schema.get("minLength"):
+        yield "x" * schema["minLength"], True
+        yield "x" * (schema["minLength"] - 1), False
+    if "maximum" in schema:
+        step = 1 if schema["type"] == "integer" else 0.5
+        yield schema["maximum"], True
+        yield schema["maximum"] + step, False
+    if "minimum" in schema:
+        step = 1 if schema["type"] == "integer" else 0.5
+        yield schema["minimum"], True
+        yield schema["minimum"] - step, False
+    if "enum" in schema:
+        yield from ((value, True) for value in schema["enum"])
+        yield "no-such-value", False
+    if "items" in schema:
+        item = next(value for value, ok in _edges(schema["items"]) if ok)
+        if "maxItems" in schema:
+            yield [item] * schema["maxItems"], True
+            yield [item] * (schema["maxItems"] + 1), False
+        yield from (([value], ok) for value, ok in _edges(schema["items"]))
+
+
+def test_every_bound_of_a_tool_schema_is_the_protocols() -> None:
+    import msgspec
+
+    from eurekamem.cli.mcp_server import tool_specs
+    from eurekamem.protocol import METHODS
+
+    checked = 0
+    for spec in tool_specs("project"):
+        method, least = TOOL_METHODS[spec["name"]]
+        for name, schema in spec["input_schema"]["properties"].items():
+            if name == "title":  # "" is the tool's own: the first line of content
+                assert "minLength" not in schema
+            for value, ok in _edges(schema):
+                params = {**least, name: value}
+                if ok:
+                    msgspec.convert(params, METHODS[method].params)
+                else:
+                    with pytest.raises(msgspec.ValidationError):
+                        msgspec.convert(params, METHODS[method].params)
+                checked += 1
+            # and every bound the protocol puts on the field is stated (the title's minLength aside)
+            field = _protocol_field(METHODS[method].params, name)
+            assert _bounds(schema) | ({"minLength"} if name == "title" else set()) == _bounds(field), (spec["name"], name)
+    assert checked > 80
+
+
+_BOUNDS = ("minLength", "maxLength", "minimum", "maximum", "maxItems")
+
+
+def _protocol_field(params: type, name: str) -> dict[str, Any]:
+    import msgspec
+
+    _, components = msgspec.json.schema_components([params])
+    field: dict[str, Any] = components[params.__name__]["properties"][name]
+    return next((branch for branch in field.get("anyOf", ()) if branch != {"type": "null"}), field)
+
+
+def _bounds(schema: dict[str, Any]) -> set[str]:
+    items = {"items." + key for key in _bounds(schema["items"])} if "items" in schema else set()
+    return {key for key in _BOUNDS if key in schema} | items
