@@ -988,6 +988,7 @@ def conversation_ablations(embedder_name: str, sessions: dict[str, list[list[dic
     import msgspec
     import numpy as np
 
+    from eurekamem.daemon.config import config_default
     from eurekamem.daemon.conversation.state import ConversationState, Tuning
     from eurekamem.daemon.memory.embed import make_embedder
     from eurekamem.protocol import _methods as m
@@ -1001,7 +1002,7 @@ def conversation_ablations(embedder_name: str, sessions: dict[str, list[list[dic
                 vec_of = dict(zip(cached["texts"].tolist(), cached["vectors"]))
 
     def build(tuning: Tuning) -> ConversationState:
-        state = ConversationState(emb, tuning)
+        state = ConversationState(emb, tuning, session_gap=config_default("conversation_session_gap"))
         for sid, convo in sessions.items():
             for msgs in convo:
                 state.begin_batch()

@@ -90,7 +90,8 @@ class Recovered:
         self.graph = GraphState()
         self.memory = MemoryState(embedder)
         self.skills = SkillsState(embedder)
-        self.conversation = ConversationState(embedder)  # the same embedder object: one model in memory
+        # the same embedder object: one model in memory; the daemon sets its configured gap before serving
+        self.conversation = ConversationState(embedder, session_gap=config_default("conversation_session_gap"))
         self.jobs = JobsState()
         self.checkpoint_seq = 0
         self.replayed = 0

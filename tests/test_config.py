@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import io
 import json
 import logging
@@ -241,3 +242,53 @@ def test_the_daemon_and_the_client_agree_on_the_default_socket(env: dict[str, st
     for environ in ({}, {"XDG_RUNTIME_DIR": str(tmp_path / "run")}, {"XDG_RUNTIME_DIR": "relative"}):
         effective = load({"data_dir": str(tmp_path / "root")}, environ=environ)
         assert effective["socket"] == default_socket_path(tmp_path / "root", environ=environ)
+
+
+# --- a default is written once: in Config ------------------------------------------------------
+
+
+def _parameter_defaults(tree: ast.Module) -> list[tuple[int, str, str, object]]:
+    """(line, function, parameter, default) for each parameter whose default is a literal or a
+    module-level constant of the same file."""
+    constants = {
+        target.id: node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        args = node.args
+        positional = args.posonlyargs + args.args
+        pairs = list(zip(positional[len(positional) - len(args.defaults):], args.defaults))
+        pairs += [(a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None]
+        for arg, default in pairs:
+            if isinstance(default, ast.Constant):
+                out.append((node.lineno, node.name, arg.arg, default.value))
+            elif isinstance(default, ast.Name) and default.id in constants:
+                out.append((node.lineno, node.name, arg.arg, constants[default.id]))
+    return out
+
+
+def test_no_daemon_parameter_repeats_a_config_default():
+    # A constructor's (or any function's) parameter that a Config field sets, named as the field or
+    # as its last words (concurrency for jobs_concurrency, sync for journal_sync), takes the value
+    # from its caller (config.x) and declares no default of its own: the default is Config's alone.
+    import msgspec
+
+    defaults = {f.name: f.default for f in msgspec.structs.fields(Config) if f.default is not msgspec.NODEFAULT}
+    daemon = Path(__file__).resolve().parent.parent / "daemon"
+    repeated = []
+    for path in sorted(daemon.rglob("*.py")):
+        if path.name == "config.py":
+            continue
+        for line, function, name, value in _parameter_defaults(ast.parse(path.read_text())):
+            if value is None or isinstance(value, bool) or value in ("", 0):
+                continue  # "not given" markers, not settings
+            for field, default in defaults.items():
+                if (field == name or field.endswith("_" + name)) and type(default) is type(value) and default == value:
+                    repeated.append(f"{path.relative_to(daemon)}:{line} {function}({name}={value!r}) is Config.{field}'s")
+    assert not repeated, "\n".join(repeated)

@@ -25,6 +25,7 @@ from test_memory import gated
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from daemon_process import DaemonProcess
 from eurekamem.client import AsyncClient, Client, InvalidParams
+from eurekamem.daemon.config import config_default
 from eurekamem.daemon.conversation.state import ConversationState, DropMessages, MoveMark, PutMessages, Tuning, line
 from eurekamem.daemon.conversation.text import StemmedIndex, date_text, name_tokens, stemmed_tokenize
 from eurekamem.daemon.memory.fusion import fuse_scores
@@ -71,7 +72,7 @@ def at(minutes: float, day: int = 1) -> str:
 
 
 def new_state(**tuning: Any) -> ConversationState:
-    return ConversationState(BagOfWords(), Tuning(**tuning))
+    return ConversationState(BagOfWords(), Tuning(**tuning), session_gap=config_default("conversation_session_gap"))
 
 
 def append(state: ConversationState, group: str, messages: list[dict[str, Any]]) -> dict[str, int]:
@@ -497,7 +498,7 @@ def test_replaying_mutations_twice_and_a_snapshot_give_the_same_state() -> None:
     assert [h["message"].id for h in search(loaded, "g", "late zero alpha")] == [
         h["message"].id for h in search(state, "g", "late zero alpha")
     ]
-    other = ConversationState(BagOfWords(), Tuning(stemming=False))
+    other = ConversationState(BagOfWords(), Tuning(stemming=False), session_gap=config_default("conversation_session_gap"))
     other.load_snapshot(doc, None)  # another tokenizer: rebuilt from the texts; no vectors: all queued again
     assert other.lexical_from == "rebuilt" and set(other.to_embed) == {1, 2, 3}
 

@@ -23,6 +23,7 @@ from test_llm import StubLLMServer, anthropic_tool
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from eurekamem.daemon import Daemon
+from eurekamem.daemon.config import config_default
 from eurekamem.daemon.conversation.actor import ConversationActor
 from eurekamem.daemon.conversation.clean import Stripped, clean_text
 from eurekamem.daemon.conversation.state import ConversationState
@@ -612,16 +613,17 @@ class Conversations:
     def __init__(self, llm: FakeLLM, concurrency: int = 2) -> None:
         self.llm = llm
         self.journal = FakeJournal()
-        self.state = ConversationState(BagOfWords())
+        self.state = ConversationState(BagOfWords(), session_gap=config_default("conversation_session_gap"))
         self.conversation = InlineConversationActor(self.state, self.journal)
         self.jobs = JobsActor(
             JobsState(),
             self.journal,  # type: ignore[arg-type]
             tiers={"conversation": self.conversation},
-            kinds={KIND: NoContext()},
+            kinds={KIND: NoContext(config_default("conversation_extract_token_budget"))},
             llm_factory=lambda: self.llm,
             embedder=BagOfWords(),
             concurrency=concurrency,
+            max_attempts=config_default("jobs_max_attempts"),
             environ={},
         )
         self.trigger = ConversationTrigger(self.jobs, self.conversation)

@@ -9,6 +9,7 @@ import pytest
 import trio
 import trio.testing
 
+from eurekamem.daemon.config import config_default
 from eurekamem.daemon.storage.journal import Journal
 from eurekamem.daemon.storage.journal_actor import JournalActor, JournalUnavailable
 from fakefiles import FakeFiles
@@ -26,7 +27,7 @@ def _writer_threads() -> list[threading.Thread]:
 
 async def test_writes_are_durable_in_order_and_the_thread_stops_on_close() -> None:
     fs = FakeFiles()
-    actor = JournalActor(_journal(fs), "always")
+    actor = JournalActor(_journal(fs), "always", config_default("batch_interval"))
     seqs: list[int] = []
     async with trio.open_nursery() as nursery:
         nursery.start_soon(actor.run)
@@ -56,7 +57,7 @@ async def test_writes_are_durable_in_order_and_the_thread_stops_on_close() -> No
 
 async def test_a_failed_write_fails_its_group_and_every_later_write() -> None:
     fs = FakeFiles()
-    actor = JournalActor(_journal(fs), "always")
+    actor = JournalActor(_journal(fs), "always", config_default("batch_interval"))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(actor.run)
         assert await actor.submit([(1, b"ok")]) == 1
@@ -94,7 +95,7 @@ async def test_poller_acks_come_back_through_the_poll_and_through_the_actor_once
     import select
 
     fs = FakeFiles()
-    actor = JournalActor(_journal(fs), "always", acks="poller")
+    actor = JournalActor(_journal(fs), "always", config_default("batch_interval"), acks="poller")
     assert actor.ack_fd is not None
     poll = select.epoll()
     poll.register(actor.ack_fd, select.EPOLLIN)

@@ -15,6 +15,7 @@ import trio
 import trio.testing
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
+from eurekamem.daemon.config import config_default
 from eurekamem.daemon.storage.journal import Journal
 from eurekamem.daemon.storage.journal_actor import JournalActor, JournalUnavailable
 from eurekamem.daemon.storage.journal_kernel import KernelSyncJournalActor, kernel_sync_problem, make_journal_actor
@@ -42,7 +43,7 @@ def _writer_threads() -> list[threading.Thread]:
 
 
 async def test_writes_are_durable_in_order_grouped_and_calls_run_between_them(journal, tmp_path) -> None:
-    actor = make_journal_actor(journal, "always")
+    actor = make_journal_actor(journal, "always", config_default("batch_interval"), sync=config_default("journal_sync"))
     assert type(actor) is KernelSyncJournalActor and actor.statistics()["sync"] == "kernel"
     seqs: list[int] = []
     with trio.fail_after(30):
@@ -200,14 +201,14 @@ async def test_close_waits_for_the_group_in_the_kernel_and_answers_it(journal, t
 def test_the_thread_is_kept_where_the_kernel_cannot_or_should_not_sync(journal) -> None:
     fake = Journal.open("/j", fs=FakeFiles())[0]
     assert kernel_sync_problem(fake) == "the journal's file layer has no file descriptor"
-    assert type(make_journal_actor(fake, "always")) is JournalActor
+    assert type(make_journal_actor(fake, "always", config_default("batch_interval"), sync=config_default("journal_sync"))) is JournalActor
     for fsync, sync in (("batch", "auto"), ("off", "auto"), ("always", "thread")):
-        actor = make_journal_actor(journal, fsync, sync=sync)
+        actor = make_journal_actor(journal, fsync, config_default("batch_interval"), sync=sync)
         assert type(actor) is JournalActor and actor.statistics()["sync"] == "thread"
         if actor.ack_fd is not None:
             os.close(actor.ack_fd)
     with pytest.raises(ValueError, match="auto or thread"):
-        make_journal_actor(journal, "always", sync="kernel")
+        make_journal_actor(journal, "always", config_default("batch_interval"), sync="kernel")
 
 
 # --- the daemon ----------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from jobs_helpers import FakeLLM
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from daemon_process import DaemonProcess
 from eurekamem.client import Client, InvalidParams, NotFound
-from eurekamem.daemon.config import Config, ConfigError, build_config, load
+from eurekamem.daemon.config import Config, ConfigError, build_config, config_default, load
 from eurekamem.daemon.jobs import JobsActor, JobsState
 from eurekamem.daemon.jobs.state import CommitJob
 from eurekamem.daemon.llm import LLMFailed
@@ -128,6 +128,7 @@ class Tier:
         self.jobs = JobsActor(
             JobsState(), self.journal, tiers={"memory": self.actor}, kinds={KIND: MemoryMaintenance()},  # type: ignore[arg-type]
             llm_factory=lambda: self.llm, embedder=self.state.embedder, environ={},
+            concurrency=config_default("jobs_concurrency"), max_attempts=config_default("jobs_max_attempts"),
         )
         self.maintenance = Maintenance(self.jobs, self.actor, wall=self.wall)
 

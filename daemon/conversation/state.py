@@ -215,7 +215,7 @@ class Group:
 class ConversationState(TierState):
     name = "conversation"
 
-    def __init__(self, embedder: Any, tuning: Tuning | None = None, session_gap: float = 1800.0) -> None:
+    def __init__(self, embedder: Any, tuning: Tuning | None = None, *, session_gap: float) -> None:
         super().__init__()
         self.embedder = embedder
         self.model = embedder.name

@@ -26,13 +26,13 @@ __all__ = [
 ]
 
 
-def default_kinds(conversation_token_budget: int | None = None) -> dict[str, Any]:
-    """The job kinds the daemon runs."""
+def default_kinds(conversation_token_budget: int) -> dict[str, Any]:
+    """The job kinds the daemon runs (the budget: Config.conversation_extract_token_budget)."""
     from ..memory.maintenance import MemoryMaintenance
-    from .conversation import DEFAULT_TOKEN_BUDGET, ConversationExtraction
+    from .conversation import ConversationExtraction
     from .extract import SessionExtraction
 
-    conversation = ConversationExtraction(conversation_token_budget or DEFAULT_TOKEN_BUDGET)
+    conversation = ConversationExtraction(conversation_token_budget)
     return {
         SessionExtraction.kind: SessionExtraction(),
         MemoryMaintenance.kind: MemoryMaintenance(),

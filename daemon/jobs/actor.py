@@ -67,7 +67,6 @@ from ..tier import RTYPE_MUTATION, Internal, Stage, TierActor, Work, handles, mu
 from .outcome import COMMIT_ORDER, JobFailed, Outcome
 from .state import (
     ACTIVE,
-    DEFAULT_MAX_ATTEMPTS,
     FINISHED,
     CommitJob,
     JobInput,
@@ -190,8 +189,8 @@ class JobsActor(TierActor):
         llm: LLMHandle | None = None,
         llm_factory: Callable[[], LLMHandle],
         embedder: Any,
-        concurrency: int = 2,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        concurrency: int,
+        max_attempts: int,
         rng: random.Random | None = None,
         environ: Any = None,
         redactor: Any = None,

@@ -54,7 +54,6 @@ from .state import ConversationInput, JobRecord
 log = logging.getLogger("eurekamem.jobs")
 
 KIND = "conversation.extract"
-DEFAULT_TOKEN_BUDGET = 12_000
 CONTEXT_MEMORIES = 8  # nearest kept memories shown to the model
 CONTEXT_QUERY_CHARS = 2000  # of the window's newest text, embedded to find them
 SHOWN_MEMORY_CHARS = 400
@@ -209,7 +208,7 @@ class ConversationExtraction:
     kind = KIND
     needs_llm = True
 
-    def __init__(self, token_budget: int = DEFAULT_TOKEN_BUDGET) -> None:
+    def __init__(self, token_budget: int) -> None:
         self.token_budget = token_budget
 
     def lane(self, job_input: Any) -> str | None:

@@ -66,7 +66,7 @@ MIN_EMBED_PAUSE, MAX_EMBED_PAUSE = 1.0, 60.0  # seconds between attempts while b
 
 
 class SkillsActor(TierActor):
-    def __init__(self, state: SkillsState, journal: Any, root: Path, *, projection_interval: float = 1.0) -> None:
+    def __init__(self, state: SkillsState, journal: Any, root: Path, *, projection_interval: float) -> None:
         super().__init__(state, journal)
         self.state: SkillsState = state
         # fixed for the state's life: the embedding thread and statistics need not read the state for them

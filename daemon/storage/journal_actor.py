@@ -82,7 +82,7 @@ class JournalActor:
     sync = "thread"  # who makes the fdatasync: this actor's writer thread (journal_kernel.py: the kernel)
 
     def __init__(
-        self, journal: Journal, fsync: str = "always", batch_interval: float = 1.0, acks: str = "trio"
+        self, journal: Journal, fsync: str, batch_interval: float, acks: str = "trio"
     ) -> None:
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync policy must be one of {FSYNC_POLICIES}")

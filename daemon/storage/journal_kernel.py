@@ -101,7 +101,8 @@ class KernelSyncJournalActor(JournalActor):
     def __init__(self, journal: Journal, acks: str = "trio") -> None:
         if _linux_aio is None:
             raise RuntimeError("caio's Linux AIO is not available here")
-        super().__init__(journal, "always", acks="trio")  # no eventfd of the writer thread's: ack_fd is the kernel's
+        # no eventfd of the writer thread's: ack_fd is the kernel's; no batch timer under fsync=always
+        super().__init__(journal, "always", batch_interval=0.0, acks="trio")
         self._context: Any = _linux_aio.Context(64)
         self.ack_fd = self._context.fileno if acks == "poller" else None
         if acks != "poller":
@@ -250,7 +251,7 @@ def _roll(journal: Journal) -> int:
 
 
 def make_journal_actor(
-    journal: Journal, fsync: str, batch_interval: float = 1.0, *, acks: str = "trio", sync: str = "auto"
+    journal: Journal, fsync: str, batch_interval: float, *, acks: str = "trio", sync: str
 ) -> JournalActor:
     """The journal actor for this daemon: the kernel's fdatasync under fsync=always when sync is
     "auto" and it works here (module docstring), else the writer thread's."""
