@@ -248,8 +248,8 @@ def test_the_daemon_and_the_client_agree_on_the_default_socket(env: dict[str, st
 
 
 def _parameter_defaults(tree: ast.Module) -> list[tuple[int, str, str, object]]:
-    """(line, function, parameter, default) for each parameter whose default is a literal or a
-    module-level constant of the same file."""
+    """(line, function or class, parameter, default) for each parameter whose default is a literal or
+    a module-level constant of the same file, and each class field whose default is a literal."""
     constants = {
         target.id: node.value.value
         for node in tree.body
@@ -259,6 +259,12 @@ def _parameter_defaults(tree: ast.Module) -> list[tuple[int, str, str, object]]:
     }
     out = []
     for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):  # a Struct's or dataclass's fields are its constructor's parameters
+            for field in node.body:
+                if isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name):
+                    if isinstance(field.value, ast.Constant):
+                        out.append((field.lineno, node.name, field.target.id, field.value.value))
+            continue
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         args = node.args
@@ -274,13 +280,28 @@ def _parameter_defaults(tree: ast.Module) -> list[tuple[int, str, str, object]]:
 
 
 def test_no_daemon_parameter_repeats_a_config_default():
-    # A constructor's (or any function's) parameter that a Config field sets, named as the field or
-    # as its last words (concurrency for jobs_concurrency, sync for journal_sync), takes the value
-    # from its caller (config.x) and declares no default of its own: the default is Config's alone.
+    # A constructor's (or any function's, or a settings Struct's) parameter that a Config field sets,
+    # named as the field or as its last words (concurrency for jobs_concurrency, sync for
+    # journal_sync), takes the value from its caller (config.x) and declares no default of its own:
+    # the default is Config's alone.
     import msgspec
 
-    defaults = {f.name: f.default for f in msgspec.structs.fields(Config) if f.default is not msgspec.NODEFAULT}
     daemon = Path(__file__).resolve().parent.parent / "daemon"
+    # Config fields whose default Config reads from another class (Limits, LLMConfig: `_LLM.timeout`)
+    # have their one declaration there
+    (config_class,) = (
+        node for node in ast.parse((daemon / "config.py").read_text()).body
+        if isinstance(node, ast.ClassDef) and node.name == "Config"
+    )
+    borrowed = {
+        field.target.id for field in config_class.body
+        if isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name)
+        and isinstance(field.value, ast.Attribute)
+    }
+    defaults = {
+        f.name: f.default for f in msgspec.structs.fields(Config)
+        if f.default is not msgspec.NODEFAULT and f.name not in borrowed
+    }
     repeated = []
     for path in sorted(daemon.rglob("*.py")):
         if path.name == "config.py":

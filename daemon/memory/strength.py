@@ -24,6 +24,7 @@ relevance. The per-category tables and the weights come from the daemon's Config
 from __future__ import annotations
 
 import datetime as _dt
+from types import SimpleNamespace
 from typing import Any
 
 import msgspec
@@ -36,19 +37,27 @@ DAY = 86400.0
 
 
 STEP = 1000  # strength is rounded to 1 / STEP
+# the Config fields StrengthSettings is made of
+_CONFIG_FIELDS = (
+    "memory_half_life_days", "memory_importance", "strength_weight", "reinforcement", "wrong_penalty",
+    "archive_floor", "archive_idle_days",
+)
 
 
 class StrengthSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """The Config settings the formula reads; no defaults here: they are Config's (defaults())."""
+
     half_life_days: dict[str, float]
     importance: dict[str, float]
-    weight: float = 0.1  # strength_weight
-    reinforcement: float = 1.0
-    wrong_penalty: float = 0.2
-    archive_floor: float = 0.05
-    archive_idle_days: float = 30.0
+    weight: float  # strength_weight
+    reinforcement: float
+    wrong_penalty: float
+    archive_floor: float
+    archive_idle_days: float
 
     @classmethod
     def from_config(cls, config: Any) -> StrengthSettings:
+        """The settings of `config` (a Config, or anything with its fields _CONFIG_FIELDS)."""
         return cls(
             half_life_days=dict(config.memory_half_life_days),
             importance=dict(config.memory_importance),
@@ -61,10 +70,10 @@ class StrengthSettings(msgspec.Struct, frozen=True, kw_only=True):
 
     @classmethod
     def defaults(cls) -> StrengthSettings:
-        from ..config import MEMORY_HALF_LIFE_DAYS, MEMORY_IMPORTANCE
+        """The settings of a Config left at its defaults (until the daemon hands its own)."""
+        from ..config import config_default
 
-        return cls(half_life_days={str(k): v for k, v in MEMORY_HALF_LIFE_DAYS.items()},
-                   importance={str(k): v for k, v in MEMORY_IMPORTANCE.items()})
+        return cls.from_config(SimpleNamespace(**{name: config_default(name) for name in _CONFIG_FIELDS}))
 
     def tables(self) -> tuple[np.ndarray, np.ndarray]:
         """(half-life in seconds, importance) per category index (MEMORY_CATEGORIES' order)."""
