@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import trio
 
@@ -426,6 +427,55 @@ def test_every_protocol_method_has_a_convenience_call():
     assert named <= set(METHODS), named - set(METHODS)
     assert not named & set(_common.NO_CONVENIENCE)
     assert named | set(_common.NO_CONVENIENCE) == set(METHODS), set(METHODS) - named - set(_common.NO_CONVENIENCE)
+
+
+# what a convenience call's parameter is given below: by the parameter's annotation, else by its name
+# (or function.name) where the protocol wants one of a few values
+_SAMPLES: dict[str, Any] = {"str": "x", "int": 1, "float": 0.5, "bool": True, "Any": {"a": 1}, "list[str]": ["x"]}
+_NAMED: dict[str, Any] = {
+    "category": "fact", "categories": ["fact"], "signal": "used", "relation": "uses", "format": "node_link",
+    "status": "any", "state": "pending", "jobs.state": "queued", "since": "2026-01-01T00:00:00Z",
+    "until": "2026-01-02T00:00:00Z", "messages": [{"id": "m1", "role": "user", "text": "hi"}],
+    "items": [{"domain": "d", "category": "fact", "title": "t", "content": "c"}],
+}
+
+
+class _Recorder(Calls):
+    """The convenience calls, recording the Op each would send instead of sending it."""
+
+    def __init__(self) -> None:
+        self.ops: list[_common.Op[Any]] = []
+
+    def _run(self, op: _common.Op[Any]) -> Any:
+        self.ops.append(op)
+        return "job-1"  # flush(wait=True) goes on to jobs.wait with it
+
+
+def test_every_convenience_call_sends_params_its_protocol_struct_accepts():
+    # each call once with only what it needs, once with every optional parameter given too
+    checked = set()
+    for name, function in vars(Calls).items():
+        if name.startswith("_") or not callable(function):
+            continue
+        parameters = list(inspect.signature(function).parameters.values())[1:]
+        named = [p for p in parameters if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+        for everything in (False, True):
+            kwargs = {}
+            for p in named:
+                if p.default is not p.empty and not everything:
+                    continue
+                annotation = str(p.annotation).split(" | ")[0]
+                if annotation.split("[")[0] in ("int", "float", "bool"):
+                    kwargs[p.name] = _SAMPLES[annotation]
+                else:
+                    kwargs[p.name] = _NAMED.get(f"{name}.{p.name}", _NAMED.get(p.name, _SAMPLES.get(annotation, {})))
+            recorder = _Recorder()
+            getattr(recorder, name)(**kwargs)
+            assert recorder.ops, name
+            for op in recorder.ops:
+                msgspec.convert(_common.to_wire(op.params), METHODS[op.method].params)  # raises if not
+                checked.add(op.method)
+    assert checked == set(METHODS) - set(_common.NO_CONVENIENCE)
 
 
 # --- socket path --------------------------------------------------------------------------------
