@@ -33,7 +33,6 @@ log = logging.getLogger("eurekamem.mcp")
 
 URI_PREFIX = "eurekamem://domain/"
 CATEGORIES = [*ASSISTANT_CATEGORIES, *RESEARCH_CATEGORIES]  # the assistant's first: "fact" is the default
-_LIST_ALL = 10_000
 # The tools' own defaults, where they differ from the daemon's (an agent's prompt wants fewer hits, and a
 # bounded block): the schema says them and the call sends them.
 SEARCH_K = 5
@@ -79,6 +78,12 @@ def _canonical(schema: Any) -> Any:
     if isinstance(schema, dict):
         return {k: _canonical(v) for k, v in schema.items() if k != "type"}
     return schema
+
+
+def _list_all() -> int:
+    """The most memories one memory.list answers (its limit's maximum): a resource lists that many."""
+    most: int = _protocol_fields("memory.list")["limit"]["maximum"]
+    return most
 
 
 def _domain_property(method: str, default: str | None) -> dict[str, Any]:
@@ -317,14 +322,14 @@ class Proxy:
     async def domains(self) -> list[str]:
         if self.default_domain is not None:
             return [self.default_domain]
-        page = await self.client.call("memory.list", {"limit": _LIST_ALL})
+        page = await self.client.call("memory.list", {"limit": _list_all()})
         return sorted({m.get("domain", "") for m in page.get("memories", [])})
 
     async def listing(self, domain: str) -> str:
         """A domain's resource: its own memories (local and global), never another domain's for a
         server with --domain (that is refused, as a read naming it is)."""
         self._read_domain({"domain": domain})
-        page = await self.client.call("memory.list", {"domain": domain, "limit": _LIST_ALL})
+        page = await self.client.call("memory.list", {"domain": domain, "limit": _list_all()})
         memories = page.get("memories", [])
         total = page.get("total", len(memories))
         lines = [f"# Memories: {domain or 'general'}", "", f"{total} memories, newest first.", ""]
