@@ -13,7 +13,6 @@ this writes.
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("_calls.py")
@@ -62,12 +61,7 @@ def _async_line(line: str, number: int) -> str:
 
 
 def main() -> None:
-    text = async_calls(SOURCE.read_text())
-    if len(sys.argv) > 1 and sys.argv[1] == "--check":
-        if TARGET.read_text() != text:
-            sys.exit(f"{TARGET.name} is stale: run `make client-calls`")
-        return
-    TARGET.write_text(text)
+    TARGET.write_text(async_calls(SOURCE.read_text()))
 
 
 if __name__ == "__main__":
