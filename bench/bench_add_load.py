@@ -68,7 +68,7 @@ def memory(rng: random.Random, client: int, i: int) -> dict[str, Any]:
 def model_anchor(texts: list[str], batches: tuple[int, ...]) -> dict[str, float]:
     """ms per text of the daemon's e5-small embedder in this process, at each batch size."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from eurekamem.daemon.memory.embed import E5SmallEmbedder
+    from eurekamem.daemon.retrieval.embed import E5SmallEmbedder
 
     embedder = E5SmallEmbedder(batch=max(batches))
     embedder.load()

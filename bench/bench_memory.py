@@ -65,7 +65,7 @@ TARGETS = {
 
 CHUNK = 256  # add_many items per call
 K = 10
-FETCH = 100  # what the daemon asks each retriever for (daemon/memory/state.py FETCH)
+FETCH = 100  # what the daemon asks each retriever for (daemon/retrieval/fusion.py FETCH)
 
 
 class Sizes(msgspec.Struct):
@@ -290,7 +290,7 @@ class Corpus:
 
 
 def embed_text_of(item: dict[str, Any]) -> str:
-    from eurekamem.daemon.memory.state import embed_text
+    from eurekamem.daemon.retrieval.text import embed_text
 
     return embed_text(item["title"], item["content"])
 
@@ -377,7 +377,7 @@ def summarize_collapsed(path: Path, top: int = 25) -> dict[str, Any]:
 def bench_add(tmp: Path, embedder_name: str, sizes: Sizes, corpus: Corpus, results: dict[str, Any],
               stopper: Callable[[Daemon], None]) -> Daemon:
     """Fresh daemon; warm-up adds (the first waits for the model to load), then timed adds."""
-    from eurekamem.daemon.memory.embed import make_embedder
+    from eurekamem.daemon.retrieval.embed import make_embedder
 
     tag = "u" if embedder_name == "usem3" else "e"
     daemon = Daemon(f"daemon[{embedder_name}]", tmp / f"add-{tag}", str(tmp / f"a{tag}.sock"), embedder=embedder_name).start()
@@ -618,10 +618,10 @@ def in_process(data: Path, queries: list[str], recall_queries: list[str], daemon
     query's embedding, its parts, the raw hnswlib anchor, exact search and recall."""
     import hnswlib
 
-    from eurekamem.daemon.memory.fusion import fuse_scores
     from eurekamem.daemon.memory.records import MemorySnapshot
     from eurekamem.daemon.memory.state import MemoryState, Prepared
-    from eurekamem.daemon.memory.vectors import VectorStore, _parse_vectors
+    from eurekamem.daemon.retrieval.fusion import fuse_scores
+    from eurekamem.daemon.retrieval.vectors import VectorStore, _parse_vectors
     from eurekamem.protocol import _methods as m
 
     out: dict[str, Any] = {}
@@ -640,8 +640,8 @@ def in_process(data: Path, queries: list[str], recall_queries: list[str], daemon
     state = MemoryState(emb)
     state.load_snapshot(doc, store)
     t3 = time.perf_counter()
-    from eurekamem.daemon.memory.lexical import LexicalIndex
     from eurekamem.daemon.memory.state import memory_text
+    from eurekamem.daemon.retrieval.lexical import LexicalIndex
 
     bulk = LexicalIndex(stem=True)  # as tier 4 builds it
     t4 = time.perf_counter()
@@ -883,7 +883,7 @@ def bench_scale(tmp: Path, sizes: Sizes, corpus: Corpus, results: dict[str, Any]
     scale["restarts"] = restarts
     emb = results["_embedders"].get("usem3")
     if emb is None:
-        from eurekamem.daemon.memory.embed import make_embedder
+        from eurekamem.daemon.retrieval.embed import make_embedder
 
         emb = make_embedder("usem3")
         emb.load()

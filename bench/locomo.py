@@ -382,7 +382,7 @@ def offline_fusion(dense_list: Sequence[tuple[str, float | None]], lexical_list:
 
     `labels`: dia_id -> the daemon's internal label of that memory (its insertion index: the
     daemon numbers memories 0, 1, 2 ... as they are added), which fusion uses to break ties."""
-    from eurekamem.daemon.memory.fusion import fuse_scores
+    from eurekamem.daemon.retrieval.fusion import fuse_scores
 
     dense = [(labels[t], float(sc)) for t, sc in dense_list if sc is not None and (floor is None or sc >= floor)]
     lexical = [(labels[t], float(sc or 0.0)) for t, sc in lexical_list]
@@ -482,10 +482,11 @@ def ablations(embedder: str, convs: list[dict[str, Any]], questions: list[dict[s
     classes: is the dia_id title + derived abstract that the daemon adds to each document helping?"""
     import numpy as np
 
-    from eurekamem.daemon.memory.embed import make_embedder
     from eurekamem.daemon.memory.format import derive_abstract
-    from eurekamem.daemon.memory.lexical import LexicalIndex
-    from eurekamem.daemon.memory.state import embed_text, memory_text
+    from eurekamem.daemon.memory.state import memory_text
+    from eurekamem.daemon.retrieval.embed import make_embedder
+    from eurekamem.daemon.retrieval.lexical import LexicalIndex
+    from eurekamem.daemon.retrieval.text import embed_text
 
     t_start = time.perf_counter()
     docs: list[tuple[str, str, str]] = [(c["sample_id"], dia, text) for c in convs for dia, text in c["turns"]]
@@ -606,8 +607,8 @@ def memory_levers(out: dict[str, Any], convs: list[dict[str, Any]], questions: l
 
     from eurekamem.daemon.memory import state as _memories
     from eurekamem.daemon.memory.format import derive_abstract
-    from eurekamem.daemon.memory.fusion import boost_named, fuse_scores
-    from eurekamem.daemon.memory.lexical import LexicalIndex, name_tokens, tokenize
+    from eurekamem.daemon.retrieval.fusion import FETCH, boost_named, fuse_scores
+    from eurekamem.daemon.retrieval.lexical import LexicalIndex, name_tokens, tokenize
 
     t_start = time.perf_counter()
     fusion = _memories.FUSION.get(out["embedder"], _memories.DEFAULT_FUSION)
@@ -645,11 +646,11 @@ def memory_levers(out: dict[str, Any], convs: list[dict[str, Any]], questions: l
         query = q["question"]
         if cfg["stop"] == "query":  # the documents keep their stop words; the query drops them
             query = " ".join(tokenize(query))
-        lab, sc = ix.search(query, _memories.FETCH, allowed[sid])
+        lab, sc = ix.search(query, FETCH, allowed[sid])
         words = set(tokenize(q["question"]))
         named = [theirs for sp, theirs in speaker_labels[sid].items() if name_tokens(sp) & words] if cfg["boost"] > 0 else []
         lex_l, lex_s, _ = boost_named(lab.tolist(), sc.tolist(), named,
-                                      lambda theirs: ix.search(query, _memories.FETCH, theirs), cfg["boost"], _memories.FETCH)
+                                      lambda theirs: ix.search(query, FETCH, theirs), cfg["boost"], FETCH)
         dense = [(labels[sid][t], float(s)) for t, s in out["_full"]["dense"][qi]
                  if s is not None and (not cfg["floor"] or s >= floor)]
         fused = fuse_scores({"lexical": (lex_l, lex_s), "dense": ([x for x, _ in dense], [y for _, y in dense])},
@@ -790,7 +791,7 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], baselines: Path)
         vrow = [[mode, *[f"{f3(r['modes'][mode]['by_conversation'][sid]['any@10'])} / {f3(r['modes'][mode]['by_conversation'][sid]['MRR@20'])}"
                          for sid in bv]] for mode in ("lexical", "dense", "hybrid")]
         lines += table(["mode", *[f"{sid} ({v['n']})" for sid, v in bv.items()]], vrow) + [""]
-        lines.append(f"Fusion grid, offline: z-score fusion (eurekamem.daemon.memory.fusion.fuse_scores) of the daemon's own dense and "
+        lines.append(f"Fusion grid, offline: z-score fusion (eurekamem.daemon.retrieval.fusion.fuse_scores) of the daemon's own dense and "
                      f"lexical top-{K_FETCH} lists per question (BM25 with the person boost); lexical weight 1.0; \"floor on\" keeps only dense hits with "
                      f"cosine ≥ {r['floor']} ({e}'s thresholds.floor), as the daemon's hybrid mode does. w 0 = BM25 alone.")
         lines.append("")
@@ -990,7 +991,7 @@ def conversation_ablations(embedder_name: str, sessions: dict[str, list[list[dic
 
     from eurekamem.daemon.config import config_default
     from eurekamem.daemon.conversation.state import ConversationState, Tuning
-    from eurekamem.daemon.memory.embed import make_embedder
+    from eurekamem.daemon.retrieval.embed import make_embedder
     from eurekamem.protocol import _methods as m
 
     t_start = time.perf_counter()
@@ -1167,8 +1168,8 @@ def main(argv: list[str] | None = None) -> int:
         f"evidence normalised {len(notes['normalised'])}, unknown ids dropped {len(notes['unknown_ids_dropped'])}, "
         f"questions without evidence {len(notes['questions_without_evidence'])}")
 
-    from eurekamem.daemon.memory import embed as _embed
     from eurekamem.daemon.memory import state as _memories
+    from eurekamem.daemon.retrieval import embed as _embed
 
     rng = random.Random(args.seed)
     results = []

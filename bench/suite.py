@@ -117,7 +117,7 @@ SIZES = {
 SECTIONS = ["socket", "durable", "vectors", "recovery", "quality", "ingest", "jobs"]
 WATCHDOG_SECONDS = {"quick": 600, "default": 2400, "full": 3 * 3600}
 K = 10
-FETCH = 100  # the daemon asks VectorStore for its top 100 (daemon/memory/state.py FETCH) and keeps k
+FETCH = 100  # the daemon asks VectorStore for its top 100 (daemon/retrieval/fusion.py FETCH) and keeps k
 SOCKET_METHODS = ["sys.ping", "persistent.recall", "episodic.log", "persistent.remember", "graph.related", "memory.search"]
 POINT_OPS = ["sys.ping", "persistent.recall", "episodic.log"]  # the issue's "point operations"
 PIPE_METHODS = ["sys.ping", "persistent.recall", "episodic.log", "graph.related"]
@@ -337,7 +337,7 @@ def label_of(mid: str) -> int:
 
 def build_store(vecs: np.ndarray, model: str) -> tuple[Any, float, int]:
     """The daemon's VectorStore (its defaults) over vecs with labels 0..n-1: (store, build s, RSS delta)."""
-    from eurekamem.daemon.memory.vectors import VectorStore
+    from eurekamem.daemon.retrieval.vectors import VectorStore
 
     gc.collect()
     rss0 = proc_rss_bytes()
@@ -362,9 +362,9 @@ def write_memory_root(root: Path, items: list[dict[str, Any]], store: Any, model
     memory at start), without ingesting through the embedder first. No .md projection is written
     (the daemon does not read it when a snapshot exists). Returns the seconds of each part."""
     from eurekamem.daemon.memory.format import derive_abstract, derive_overview, fingerprint, title_slug
-    from eurekamem.daemon.memory.lexical import LexicalIndex
     from eurekamem.daemon.memory.records import MemorySnapshot
     from eurekamem.daemon.memory.state import memory_text
+    from eurekamem.daemon.retrieval.lexical import LexicalIndex
     from eurekamem.daemon.storage.files import RealFiles, atomic_write
     from eurekamem.protocol import Memory, domain_slug
 
@@ -531,7 +531,7 @@ def memory_state_split(root: Path, queries: list[str], qv: np.ndarray, truth: li
     index came from the snapshot (lexical_from), not from re-tokenising."""
     from eurekamem.daemon.memory.records import MemorySnapshot
     from eurekamem.daemon.memory.state import MemoryState, Prepared
-    from eurekamem.daemon.memory.vectors import VectorStore
+    from eurekamem.daemon.retrieval.vectors import VectorStore
     from eurekamem.protocol import _methods as m
 
     memory_dir = root / "memory"
@@ -666,8 +666,8 @@ def collection(ctx: dict[str, Any], kind: str, x: np.ndarray, items: list[dict[s
 
 
 def sec_vectors(ctx: dict[str, Any]) -> dict[str, Any]:
-    from eurekamem.daemon.memory.embed import make_embedder
-    from eurekamem.daemon.memory.state import embed_text
+    from eurekamem.daemon.retrieval.embed import make_embedder
+    from eurekamem.daemon.retrieval.text import embed_text
 
     sz: Sizes = ctx["sizes"]
     out: dict[str, Any] = {"sigma": SIGMA, "structured": {}, "random": {}, "inproc": {}, "text": {}}
@@ -814,7 +814,7 @@ def sec_recovery(ctx: dict[str, Any]) -> dict[str, Any]:
 
 def sec_quality(ctx: dict[str, Any]) -> dict[str, Any]:
     from eurekamem.daemon.memory import state as _memories
-    from eurekamem.daemon.memory.embed import make_embedder
+    from eurekamem.daemon.retrieval.embed import make_embedder
 
     data = Path(ctx["args"].locomo_data)
     if not (data / "locomo-dev.json").exists():

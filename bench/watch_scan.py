@@ -31,7 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from eurekamem.daemon.memory.watch import FULL_SCAN_FACTOR, digest, read_files, scan_tree
+from eurekamem.daemon.memory.watch import FULL_SCAN_FACTOR, scan_tree
+from eurekamem.daemon.storage.watched import digest, read_files
 
 BODY = (
     "---\ncategory: proof_strategy\ntitle: Insight {i}\ndomain: domain {d}\nconfidence: 0.85\n"

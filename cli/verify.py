@@ -50,9 +50,9 @@ def verify_root(root: Path) -> Report:
 
     from ..daemon.memory.format import fingerprint, memory_files, parse_markdown
     from ..daemon.memory.records import MemorySnapshot, PurgeMemory, PutMemory
-    from ..daemon.memory.vectors import MAGIC, VectorStore, read_header
     from ..daemon.paths import Paths
     from ..daemon.recovery import decode_mutation
+    from ..daemon.retrieval.vectors import MAGIC, VectorStore, read_header
     from ..daemon.storage import eurekaclaw
     from ..daemon.storage.journal import check_segment, scan_segment
     from ..daemon.tier import RTYPE_MUTATION

@@ -55,7 +55,6 @@ from .jobs.state import snapshot_of as jobs_snapshot_of
 from .listener import open_listener, socket_access
 from .llm import LLM, LLMConfigError, resolve
 from .memory.actor import MemoryActor
-from .memory.embed import Embedder, make_embedder, preload_embedder
 from .memory.maintenance import Maintenance, schedule
 from .memory.state import GroupSummary
 from .memory.strength import StrengthSettings
@@ -63,6 +62,7 @@ from .memory.watch import SCAN_FACTOR
 from .paths import OWN_FOLDERS, Paths, acquire_lock, claim_data_root
 from .recovery import Recovered, recover
 from .redact import Redactor
+from .retrieval.embed import Embedder, make_embedder, preload_embedder
 from .server import IN_ORDER_TIERS, Connection, Limits
 from .skills.actor import SkillsActor
 from .stats import RequestStats

@@ -33,11 +33,11 @@ from .memory.actor import (
     load_vectors,
     read_memory_snapshot,
 )
-from .memory.embed import make_embedder
 from .memory.records import MaintenanceRecord, PurgeMemory, PutMemory
 from .memory.review import PutReview
 from .memory.state import MemoryState
 from .paths import Paths
+from .retrieval.embed import make_embedder
 from .skills.actor import load_skill_files
 from .skills.state import PutSkill, RemoveSkill, SkillsState
 from .storage import eurekaclaw

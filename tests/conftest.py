@@ -19,7 +19,7 @@ import pytest
 import trio
 
 from eurekamem.daemon import Config, Daemon
-from eurekamem.daemon.memory.embed import Embedder, make_embedder
+from eurekamem.daemon.retrieval.embed import Embedder, make_embedder
 
 IO_TIMEOUT = 20  # seconds; every I/O test runs under trio.fail_after(IO_TIMEOUT)
 

@@ -28,8 +28,8 @@ from eurekamem.client import AsyncClient, Client, InvalidParams
 from eurekamem.daemon.config import config_default
 from eurekamem.daemon.conversation.state import ConversationState, DropMessages, MoveMark, PutMessages, Tuning, line
 from eurekamem.daemon.conversation.text import StemmedIndex, date_text, name_tokens, stemmed_tokenize
-from eurekamem.daemon.memory.fusion import fuse_scores
 from eurekamem.daemon.recovery import MUTATION_TIER, mutation_decoder
+from eurekamem.daemon.retrieval.fusion import fuse_scores
 from eurekamem.daemon.tier import mutation_encoder
 from eurekamem.protocol import ProtocolError
 from eurekamem.protocol import _methods as m

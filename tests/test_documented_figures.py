@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from eurekamem.daemon.memory import state as memory_state
-from eurekamem.daemon.memory.embed import DEFAULT_REMOTE_THRESHOLDS, E5_SMALL_THRESHOLDS, USEM3_THRESHOLDS
-from eurekamem.daemon.memory.lexical import LexicalIndex
+from eurekamem.daemon.retrieval import fusion as retrieval_fusion
+from eurekamem.daemon.retrieval.embed import DEFAULT_REMOTE_THRESHOLDS, E5_SMALL_THRESHOLDS, USEM3_THRESHOLDS
+from eurekamem.daemon.retrieval.lexical import LexicalIndex
 
 PROTOCOL = (Path(__file__).resolve().parent.parent / "protocol" / "PROTOCOL.md").read_text(encoding="utf-8")
 
@@ -40,9 +41,9 @@ def test_fusion_weights_and_floors_are_the_codes() -> None:
 
 
 def test_rrf_k_depth_and_bm25_parameters_are_the_codes() -> None:
-    assert "weighted reciprocal rank fusion with k = 60" in PROTOCOL and memory_state.RRF_K == 60
+    assert "weighted reciprocal rank fusion with k = 60" in PROTOCOL and retrieval_fusion.RRF_K == 60
     assert "the 100 nearest memories" in PROTOCOL and "the top 100 with a positive score" in PROTOCOL
-    assert memory_state.FETCH == 100
+    assert retrieval_fusion.FETCH == 100
     index = LexicalIndex()
     assert f"k1 = {index.k1}, b = {index.b}" in PROTOCOL
 

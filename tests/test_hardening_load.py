@@ -21,7 +21,7 @@ import numpy as np
 import trio
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
-from eurekamem.daemon.memory.embed import Embedder, Thresholds
+from eurekamem.daemon.retrieval.embed import Embedder, Thresholds
 
 
 class CountingEmbedder(Embedder):

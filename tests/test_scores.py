@@ -1,5 +1,5 @@
 """memory.search scores a caller can threshold: calibrated per model on the hand-labelled pairs of
-tests/data/search_relevance.json (daemon/memory/calibration.py, fitted by bench/calibrate_scores.py).
+tests/data/search_relevance.json (daemon/retrieval/calibration.py, fitted by bench/calibrate_scores.py).
 
 Measured here through the daemon's own memory.search, with the shipped coefficients: the 0.5
 floor's precision and recall for each model, queries about nothing stored score under it, and a
@@ -17,7 +17,7 @@ import trio
 
 from conftest import IO_TIMEOUT, running_daemon
 from eurekamem.client import AsyncClient
-from eurekamem.daemon.memory.calibration import LEXICAL_ONLY, SCORE_FLOOR, calibrated_score, score_model
+from eurekamem.daemon.retrieval.calibration import LEXICAL_ONLY, SCORE_FLOOR, calibrated_score, score_model
 
 DATA = json.loads((Path(__file__).parent / "data" / "search_relevance.json").read_text(encoding="utf-8"))
 

@@ -7,7 +7,8 @@ packages (how many imports each way) and every import circle between modules:
     python tests/test_structure.py
 
 As tests it keeps the layering (protocol imports nothing of ours, the client only protocol, the
-daemon not the CLI nor the client's private modules) and that no module circle comes back.
+daemon not the CLI nor the client's private modules, the search library no tier) and that no
+module circle comes back.
 """
 
 from __future__ import annotations
@@ -114,6 +115,19 @@ def test_the_layers_point_one_way() -> None:
     wrong = [
         (a, b) for a, b in g.edges
         if not a.endswith("__main__") and _top(b) != _top(a) and _top(b) not in allowed[_top(a)]
+    ]
+    assert not wrong, wrong
+
+
+def test_the_search_library_imports_no_tier() -> None:
+    """daemon/retrieval/ is below every tier: tier 4, the conversation tier, the skills registry
+    and the jobs import it, never the other way round."""
+    g = graph()
+    tiers = ("daemon.memory", "daemon.conversation", "daemon.skills", "daemon.jobs", "daemon.tiers", "daemon.tier")
+    assert any(a.startswith("daemon.retrieval") for a, _ in g.edges)
+    wrong = [
+        (a, b) for a, b in g.edges
+        if a.startswith("daemon.retrieval") and any(b == t or b.startswith(t + ".") for t in tiers)
     ]
     assert not wrong, wrong
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from eurekamem.daemon.memory.vectors import MAGIC, VectorFileError, VectorStore, read_header
+from eurekamem.daemon.retrieval.vectors import MAGIC, VectorFileError, VectorStore, read_header
 
 
 def unit(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
@@ -398,7 +398,7 @@ def test_re_adding_a_vector_unchanged_leaves_the_index_alone() -> None:
 def test_ef_grows_with_the_collection(monkeypatch) -> None:
     """hnswlib searches with ef max(ef_search, EF_AT_100K * sqrt(n / 100k)), then goes back to
     ef_search; a larger ef finds at least as much."""
-    from eurekamem.daemon.memory import vectors as _vectors
+    from eurekamem.daemon.retrieval import vectors as _vectors
 
     assert VectorStore(8, model="t").ef_for(1_000) == 64
     assert VectorStore(8, model="t").ef_for(100_000) == 100

@@ -36,8 +36,7 @@ import trio
 
 from ...protocol import Call, ProtocolError
 from ...protocol import _methods as m
-from ..memory.actor import remove_unnamed_vector_files
-from ..memory.vectors import VectorStore
+from ..retrieval.vectors import VectorStore, remove_unnamed_vector_files
 from ..storage.files import RealFiles, atomic_write
 from ..storage.journal_actor import JournalUnavailable
 from ..tier import MAX_BATCH, TierActor, Work, handles

@@ -36,11 +36,11 @@ import numpy as np
 
 from ...protocol import ProtocolError, domain_slug, normalize_timestamp
 from ...protocol import _methods as m
-from ..memory.format import estimate_tokens
-from ..memory.fusion import boost_named, fuse_scores
-from ..memory.lexical import TOKENIZER_VERSION, LexicalDump, tokenize
-from ..memory.vectors import VectorStore
 from ..primitives import Histogram
+from ..retrieval.fusion import boost_named, fuse_scores
+from ..retrieval.lexical import TOKENIZER_VERSION, LexicalDump, tokenize
+from ..retrieval.text import estimate_tokens
+from ..retrieval.vectors import VectorStore
 from ..tier import TierState, Undo, handles
 from .text import STEMMER_VERSION, StemmedIndex, date_text, name_tokens
 

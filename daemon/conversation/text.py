@@ -1,7 +1,7 @@
 """What the conversation tier indexes: stemmed tokens, and each message's lexical and dense documents.
 
 Rules kept here:
-- Tokens are tier 4's (`daemon.memory.lexical.tokenize`: lower-cased runs of letters and digits,
+- Tokens are the search library's (`daemon.retrieval.lexical.tokenize`, as tier 4's: lower-cased runs of letters and digits,
   English stop words dropped, CJK runs as character bigrams), then each token made only of Latin
   letters is reduced by the Snowball English stemmer ("running", "runs" -> "run"). Digits,
   CJK bigrams and other scripts are kept as they are. The same function serves documents and
@@ -12,7 +12,7 @@ Rules kept here:
   question that names a speaker, or a date, finds the turn. Both documents are pure functions of
   the messages, so a late message changes its neighbours' documents and nothing else.
 
-The tokens and the stemmer are tier 4's (daemon/memory/lexical.py: `stemmed_tokenize`,
+The tokens and the stemmer are the search library's (daemon/retrieval/lexical.py: `stemmed_tokenize`,
 `LexicalIndex(stem=True)`); this module re-exports them under the names the tier has used.
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime as _dt
 from collections.abc import Iterable
 
-from ..memory.lexical import (
+from ..retrieval.lexical import (
     STEMMER_VERSION,
     LexicalIndex,
     name_tokens,

@@ -57,7 +57,8 @@ from ...protocol import _methods as m
 from ..llm import LLMError
 from ..memory.format import fingerprint
 from ..memory.review import propose
-from ..memory.state import EMBED_WINDOW, MIN_CONFIDENCE, MemoryState, passage_windows, pooled
+from ..memory.state import MIN_CONFIDENCE, MemoryState
+from ..retrieval.text import EMBED_WINDOW, passage_windows, pooled
 from ..tiers.graph import GraphState, PutEdge, PutNode
 from ..tiers.persistent import PersistentState
 from .actor import JobContext

@@ -31,7 +31,8 @@ from msgspec import Meta
 
 from ...protocol import Memory, domain_slug
 from ..memory.format import fingerprint
-from ..memory.state import MemoryState, embed_text
+from ..memory.state import MemoryState
+from ..retrieval.text import embed_text
 from .actor import JobContext
 from .outcome import JobFailed
 

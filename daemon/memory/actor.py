@@ -25,7 +25,7 @@ back vectors and timings as the return value of `trio.to_thread.run_sync`. sys.s
 `_publish` copied under the lock after each batch and internal call, never the state itself.
 
 Writes take one of two lanes, so that no request holds up other clients' writes for long (each
-memory's embedded text is bounded too: state.passage_windows). The fast lane takes every write with at
+memory's embedded text is bounded too: retrieval/text.py). The fast lane takes every write with at
 most FAST_LANE_CHARS characters to embed (by its params alone: state.write_cost), in arrival order,
 in batches. The bulk lane takes the larger ones and works through them a slice at a time (at most
 SLICE_ITEMS items and SLICE_CHARS characters of a memory.add_many, each slice embedded, applied and
@@ -72,7 +72,10 @@ from ...protocol import _methods as m
 from ...protocol._readable import render_readable
 from ..primitives import Histogram, PendingSync
 from ..redact import redact_text
+from ..retrieval.text import pooled
+from ..retrieval.vectors import VectorStore, remove_unnamed_vector_files
 from ..storage.files import RealFiles, atomic_write
+from ..storage.watched import FileSig, digest, read_files, signature
 from ..tier import MAX_BATCH, Internal, TierActor, Work
 from .format import index_entry, memory_files, render_markdown
 from .records import MemorySnapshot, PutMemory
@@ -83,25 +86,19 @@ from .state import (
     add_cost,
     messages_to_fetch,
     own_abstract,
-    pooled,
     query_to_embed,
     wants_summary,
     write_cost,
 )
-from .vectors import VectorStore
 from .watch import (
     FULL_SCAN_FACTOR,
     PLAN_CHUNK,
     Change,
-    FileSig,
     Tree,
     Watcher,
     apply_changes,
-    digest,
     plan,
-    read_files,
     scan_tree,
-    signature,
 )
 
 log = logging.getLogger("eurekamem.memory")
@@ -1049,22 +1046,6 @@ def load_vectors(vectors_dir: Path, stem: str, model: str, dim: int) -> VectorSt
     if not vectors_dir.exists():
         return None
     return VectorStore.load(str(vectors_dir), stem, dim=dim, model=model)
-
-
-def remove_unnamed_vector_files(vectors_dir: Path, keep: set[str]) -> None:
-    """Delete the vector files and temporaries of every stem but `keep` (older generations, a
-    retired model, what a crash during a save left)."""
-    stems = set()
-    for path in vectors_dir.iterdir():
-        name = path.name
-        for ext in (".vectors", ".hnsw"):
-            if name.endswith(ext) and not name.startswith("."):
-                stems.add(name[: -len(ext)])
-        if name.startswith(".") and name.endswith(".tmp"):  # .<stem>.hnsw.<hex>.tmp
-            stems.add(name[1:].rsplit(".", 3)[0])
-    for stem in stems - keep:  # an older generation: routine after a snapshot that wrote a new one
-        log.debug("tier 4: removing vector files %s.* (no snapshot names them)", stem)
-        VectorStore.delete_files(str(vectors_dir), stem)
 
 
 def import_eurekaclaw_memories(

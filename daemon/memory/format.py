@@ -75,12 +75,6 @@ def derive_overview(content: str, max_words: int = 80) -> str:
     return " ".join(words)
 
 
-def estimate_tokens(text: str) -> int:
-    """A cheap, stated estimate: 4 ASCII characters a token, 1 token for every other character."""
-    ascii_chars = sum(1 for ch in text if ord(ch) < 128)
-    return (ascii_chars + 3) // 4 + (len(text) - ascii_chars)
-
-
 _PLAIN = re.compile(r"^[\w .,()/+\-–—'’]*$", re.UNICODE)
 
 

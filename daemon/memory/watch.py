@@ -19,7 +19,6 @@ plans run in worker threads, the plans with the state lock (internal calls), as 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import os
@@ -33,6 +32,7 @@ import msgspec
 
 from ...protocol import Memory
 from ..redact import redact_text
+from ..storage.watched import FileSig, signature
 from .format import (
     READABLE_FILES,
     derive_abstract,
@@ -47,8 +47,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("eurekamem.memory")
 
 
-FileSig = tuple[int, int, int]  # (size, mtime_ns, inode): a file changed when one of them did
-
 # scans take at most about 1/SCAN_FACTOR of the time: the next one starts after max(watch_interval,
 # SCAN_FACTOR x the last one's stats), so that a tree of many hot files (a bulk write) slows them down
 SCAN_FACTOR = 20
@@ -60,14 +58,6 @@ FULL_SCAN_FACTOR = 50
 PLAN_CHUNK = 256  # files planned per internal call (each is parsed with the state lock held)
 
 MALFORMED_SHOWN = 20  # malformed files listed in sys.stats (all are counted)
-
-
-def signature(st: os.stat_result) -> FileSig:
-    return (st.st_size, st.st_mtime_ns, st.st_ino)
-
-
-def digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 HOT_SECONDS = 600.0  # a file changed this recently is stat-ed at every scan (see scan_tree)
@@ -176,40 +166,6 @@ def _list_folder(path: str, relative: str) -> dict[str, FileSig]:
                 out[f"{relative}/{name}"] = signature(entry.stat(follow_symlinks=False))
         except FileNotFoundError:
             continue
-    return out
-
-
-@dataclass
-class Read:
-    """One file as a scan read it: its bytes and signature (None: it went away), or why not."""
-
-    relative: str
-    data: bytes | None
-    sig: FileSig | None
-    error: str = ""
-
-
-def read_files(root: Path, relatives: Iterable[str]) -> list[Read]:
-    """Read each file; one that changes while it is read (its signature before and after differ)
-    is left for the next scan (data None, no error)."""
-    out: list[Read] = []
-    for relative in relatives:
-        path = root / relative
-        try:
-            with open(path, "rb") as f:
-                before = signature(os.fstat(f.fileno()))
-                data = f.read()
-            after = signature(os.stat(path))
-        except FileNotFoundError:
-            out.append(Read(relative, None, None))
-            continue
-        except OSError as exc:
-            out.append(Read(relative, None, None, f"unreadable: {exc.strerror or exc}"))
-            continue
-        if before != after:
-            out.append(Read(relative, None, None))  # being written: next scan
-            continue
-        out.append(Read(relative, data, after))
     return out
 
 

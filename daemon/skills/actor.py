@@ -33,10 +33,10 @@ import msgspec
 import trio
 
 from ...protocol import Call, Skill
-from ..memory.watch import FileSig, digest, signature
 from ..primitives import PendingSync
 from ..redact import shown
 from ..storage.files import RealFiles, atomic_write
+from ..storage.watched import FileSig, digest, signature
 from ..tier import TierActor
 from .format import name_problem, parse_skill
 from .state import (

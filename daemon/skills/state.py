@@ -30,12 +30,11 @@ import numpy as np
 from ...protocol import ProtocolError, Skill, normalize_timestamp
 from ...protocol import _methods as m
 from ...protocol._blocks import skill_element, skills_block
-from ..memory.format import estimate_tokens
-from ..memory.fusion import fuse
-from ..memory.lexical import LexicalIndex
-from ..memory.state import DEFAULT_RRF_FUSION, FETCH, RRF_FUSION, RRF_K
-from ..memory.vectors import VectorStore
 from ..primitives import Histogram
+from ..retrieval.fusion import DEFAULT_RRF_FUSION, FETCH, RRF_FUSION, RRF_K, fuse
+from ..retrieval.lexical import LexicalIndex
+from ..retrieval.text import estimate_tokens
+from ..retrieval.vectors import VectorStore
 from ..tier import TierState, Undo, handles
 from .format import (
     clean_body,

@@ -14,11 +14,12 @@ a restart, by rendering their skill (a read, no commit). A file that is not UTF-
 be read, or a folder no skill may be named after, is reported once and left as it is; skills/ itself gone removes nothing (every file is
 written again).
 
-As memories/ is scanned (daemon/memory/watch.py): every watch_interval seconds a partial scan stats
-skills/, each skill's folder, the SKILL.md files of the folders that changed and of the files
-changed lately; every watch_full_interval a full scan stats every SKILL.md (an edit in place long
-after the last). `SkillsWatcher` is owned by the skills actor and touched only under its projection
-lock; the reads run in a worker thread, the changes in one internal call (the state's owner).
+As memories/ is scanned (daemon/memory/watch.py; the signatures and the reads are
+daemon/storage/watched.py's): every watch_interval seconds a partial scan stats skills/, each
+skill's folder, the SKILL.md files of the folders that changed and of the files changed lately;
+every watch_full_interval a full scan stats every SKILL.md (an edit in place long after the last).
+`SkillsWatcher` is owned by the skills actor and touched only under its projection lock; the reads
+run in a worker thread, the changes in one internal call (the state's owner).
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ..memory.watch import FileSig, read_files, signature
 from ..redact import shown
+from ..storage.watched import FileSig, read_files, signature
 from .format import name_problem, parse_skill, render_skill
 
 if TYPE_CHECKING:

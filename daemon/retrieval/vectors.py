@@ -667,6 +667,21 @@ def _remove_temporaries(folder: str, stem: str) -> bool:
     return found
 
 
+def remove_unnamed_vector_files(vectors_dir: StrPath, keep: set[str]) -> None:
+    """Delete the vector files and temporaries of every stem but `keep` (older generations, a
+    retired model, what a crash during a save left)."""
+    stems = set()
+    for name in os.listdir(vectors_dir):
+        for ext in (".vectors", ".hnsw"):
+            if name.endswith(ext) and not name.startswith("."):
+                stems.add(name[: -len(ext)])
+        if name.startswith(".") and name.endswith(".tmp"):  # .<stem>.hnsw.<hex>.tmp
+            stems.add(name[1:].rsplit(".", 3)[0])
+    for stem in stems - keep:  # an older generation: routine after a snapshot that wrote a new one
+        log.debug("removing vector files %s.* (no snapshot names them)", stem)
+        VectorStore.delete_files(vectors_dir, stem)
+
+
 _HNSW_HEADER = struct.Struct("<QQQQQQiIQQQdQ")  # hnswlib's saveIndex header (hnswalg.h), 96 bytes
 
 

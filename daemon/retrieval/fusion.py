@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -87,6 +87,20 @@ FUSIONS: tuple[str, ...] = ("zscore", "minmax", "rrf")
 
 
 RRF_K = 60
+
+
+FETCH = 100  # each retriever's top list that fusion sees (as in BASELINES.md)
+
+
+# Weighted reciprocal rank fusion as tier 4 had it before issue 18 (dense 0.25: on LoCoMo .689 any@10
+# with e5-small against BM25 .674); the skills registry's search still fuses this way.
+RRF_FUSION: dict[str, dict[str, Any]] = {
+    "e5-small": {"dense": 0.25, "lexical": 1.0, "floor": True},
+    "usem3": {"dense": 0.25, "lexical": 1.0, "floor": False},
+}
+
+
+DEFAULT_RRF_FUSION: dict[str, Any] = {"dense": 0.5, "lexical": 1.0, "floor": True}
 
 
 class Fused:
