@@ -618,8 +618,9 @@ def in_process(data: Path, queries: list[str], recall_queries: list[str], daemon
     query's embedding, its parts, the raw hnswlib anchor, exact search and recall."""
     import hnswlib
 
+    from eurekamem.daemon.memory.prepared import Prepared
     from eurekamem.daemon.memory.records import MemorySnapshot
-    from eurekamem.daemon.memory.state import MemoryState, Prepared
+    from eurekamem.daemon.memory.state import MemoryState
     from eurekamem.daemon.retrieval.fusion import fuse_scores
     from eurekamem.daemon.retrieval.vectors import VectorStore, _parse_vectors
     from eurekamem.protocol import _methods as m
@@ -640,7 +641,7 @@ def in_process(data: Path, queries: list[str], recall_queries: list[str], daemon
     state = MemoryState(emb)
     state.load_snapshot(doc, store)
     t3 = time.perf_counter()
-    from eurekamem.daemon.memory.state import memory_text
+    from eurekamem.daemon.memory.data import memory_text
     from eurekamem.daemon.retrieval.lexical import LexicalIndex
 
     bulk = LexicalIndex(stem=True)  # as tier 4 builds it
@@ -681,7 +682,7 @@ def in_process(data: Path, queries: list[str], recall_queries: list[str], daemon
         a = time.perf_counter()
         state.search(p)
         handler.append(time.perf_counter() - a)
-    from eurekamem.daemon.memory import state as _memories
+    from eurekamem.daemon.memory import search as _memories
 
     fusion = _memories.FUSION.get(emb.name, _memories.DEFAULT_FUSION)  # the daemon's own weights
     weights = {"dense": fusion["dense"], "lexical": fusion["lexical"]}

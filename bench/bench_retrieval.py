@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import eurekamem
     from eurekamem.daemon.memory.format import derive_abstract, derive_overview, fingerprint, title_slug
-    from eurekamem.daemon.memory.state import MemoryState, Prepared
+    from eurekamem.daemon.memory.prepared import Prepared
+    from eurekamem.daemon.memory.state import MemoryState
     from eurekamem.daemon.retrieval.embed import make_embedder
     from eurekamem.protocol import Memory, domain_slug
     from eurekamem.protocol import _methods as m

@@ -482,8 +482,8 @@ def ablations(embedder: str, convs: list[dict[str, Any]], questions: list[dict[s
     classes: is the dia_id title + derived abstract that the daemon adds to each document helping?"""
     import numpy as np
 
+    from eurekamem.daemon.memory.data import memory_text
     from eurekamem.daemon.memory.format import derive_abstract
-    from eurekamem.daemon.memory.state import memory_text
     from eurekamem.daemon.retrieval.embed import make_embedder
     from eurekamem.daemon.retrieval.lexical import LexicalIndex
     from eurekamem.daemon.retrieval.text import embed_text
@@ -605,7 +605,8 @@ def memory_levers(out: dict[str, Any], convs: list[dict[str, Any]], questions: l
     turn is stored at once: their strengths are equal to within the rounding)."""
     import numpy as np
 
-    from eurekamem.daemon.memory import state as _memories
+    from eurekamem.daemon.memory import search as _memories
+    from eurekamem.daemon.memory.data import memory_text
     from eurekamem.daemon.memory.format import derive_abstract
     from eurekamem.daemon.retrieval.fusion import FETCH, boost_named, fuse_scores
     from eurekamem.daemon.retrieval.lexical import LexicalIndex, name_tokens, tokenize
@@ -627,7 +628,7 @@ def memory_levers(out: dict[str, Any], convs: list[dict[str, Any]], questions: l
 
     def daemon_text(dia: str, text: str) -> str:
         text = text.strip()
-        return _memories.memory_text(SimpleNamespace(title=dia.strip(), content=text, abstract=derive_abstract(text).strip()))  # type: ignore[arg-type]
+        return memory_text(SimpleNamespace(title=dia.strip(), content=text, abstract=derive_abstract(text).strip()))  # type: ignore[arg-type]
 
     indexes: dict[tuple[bool, str], tuple[LexicalIndex, LexicalIndex]] = {}
 
@@ -1168,7 +1169,7 @@ def main(argv: list[str] | None = None) -> int:
         f"evidence normalised {len(notes['normalised'])}, unknown ids dropped {len(notes['unknown_ids_dropped'])}, "
         f"questions without evidence {len(notes['questions_without_evidence'])}")
 
-    from eurekamem.daemon.memory import state as _memories
+    from eurekamem.daemon.memory import search as _memories
     from eurekamem.daemon.retrieval import embed as _embed
 
     rng = random.Random(args.seed)

@@ -361,9 +361,9 @@ def write_memory_root(root: Path, items: list[dict[str, Any]], store: Any, model
     daemon's own kind of snapshot (a snapshot without `lexical` makes the daemon re-tokenise every
     memory at start), without ingesting through the embedder first. No .md projection is written
     (the daemon does not read it when a snapshot exists). Returns the seconds of each part."""
+    from eurekamem.daemon.memory.data import memory_text
     from eurekamem.daemon.memory.format import derive_abstract, derive_overview, fingerprint, title_slug
     from eurekamem.daemon.memory.records import MemorySnapshot
-    from eurekamem.daemon.memory.state import memory_text
     from eurekamem.daemon.retrieval.lexical import LexicalIndex
     from eurekamem.daemon.storage.files import RealFiles, atomic_write
     from eurekamem.protocol import Memory, domain_slug
@@ -529,8 +529,9 @@ def memory_state_split(root: Path, queries: list[str], qv: np.ndarray, truth: li
     of its vectors_stem, MemoryState.load_snapshot; gc.freeze as after recovery), then
     MemoryState.search in dense mode with the query vectors prepared. Also checks that the BM25
     index came from the snapshot (lexical_from), not from re-tokenising."""
+    from eurekamem.daemon.memory.prepared import Prepared
     from eurekamem.daemon.memory.records import MemorySnapshot
-    from eurekamem.daemon.memory.state import MemoryState, Prepared
+    from eurekamem.daemon.memory.state import MemoryState
     from eurekamem.daemon.retrieval.vectors import VectorStore
     from eurekamem.protocol import _methods as m
 
@@ -813,7 +814,7 @@ def sec_recovery(ctx: dict[str, Any]) -> dict[str, Any]:
 
 
 def sec_quality(ctx: dict[str, Any]) -> dict[str, Any]:
-    from eurekamem.daemon.memory import state as _memories
+    from eurekamem.daemon.memory import search as _memories
     from eurekamem.daemon.retrieval.embed import make_embedder
 
     data = Path(ctx["args"].locomo_data)

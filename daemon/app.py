@@ -56,7 +56,7 @@ from .listener import open_listener, socket_access
 from .llm import LLM, LLMConfigError, resolve
 from .memory.actor import MemoryActor
 from .memory.maintenance import Maintenance, schedule
-from .memory.state import GroupSummary
+from .memory.prepared import GroupSummary
 from .memory.strength import StrengthSettings
 from .memory.watch import SCAN_FACTOR
 from .paths import OWN_FOLDERS, Paths, acquire_lock, claim_data_root

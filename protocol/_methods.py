@@ -176,7 +176,7 @@ def free_form_problem(params: Any) -> str | None:
 def group_problem(group: str) -> str | None:
     """Why `group` cannot be a conversation group, or None: a group names its memories' domain,
     and a domain with a NUL or a `.` or `..` path segment (`/` and `\\` separate them) would name a
-    folder outside its own; the memory tier refuses such a domain (daemon/memory/state.py,
+    folder outside its own; the memory tier refuses such a domain (daemon/memory/params.py,
     validate_domain), so a group's extraction could never keep anything."""
     if "\x00" in group:
         return "has a NUL character"

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from eurekamem.daemon.memory import state as memory_state
+from eurekamem.daemon.memory import params as memory_params
+from eurekamem.daemon.memory import search as memory_search
 from eurekamem.daemon.retrieval import fusion as retrieval_fusion
 from eurekamem.daemon.retrieval.embed import DEFAULT_REMOTE_THRESHOLDS, E5_SMALL_THRESHOLDS, USEM3_THRESHOLDS
 from eurekamem.daemon.retrieval.lexical import LexicalIndex
@@ -29,7 +30,7 @@ def test_fusion_weights_and_floors_are_the_codes() -> None:
     assert set(table) == {"e5-small", "usem3", "any other"}
     thresholds = {"e5-small": E5_SMALL_THRESHOLDS, "usem3": USEM3_THRESHOLDS}
     for model, (dense, lexical, floor) in table.items():
-        fusion = memory_state.FUSION.get(model, memory_state.DEFAULT_FUSION)
+        fusion = memory_search.FUSION.get(model, memory_search.DEFAULT_FUSION)
         assert (dense, lexical) == (fusion["dense"], fusion["lexical"]), model
         if model == "any other":
             assert fusion["floor"] and f"{DEFAULT_REMOTE_THRESHOLDS.floor}" in floor
@@ -37,7 +38,7 @@ def test_fusion_weights_and_floors_are_the_codes() -> None:
             assert not fusion["floor"], model
         else:
             assert fusion["floor"] and float(floor) == thresholds[model].floor, model
-    assert memory_state.FUSION.keys() == {"e5-small", "usem3"}  # a new model needs a row
+    assert memory_search.FUSION.keys() == {"e5-small", "usem3"}  # a new model needs a row
 
 
 def test_rrf_k_depth_and_bm25_parameters_are_the_codes() -> None:
@@ -54,7 +55,7 @@ def test_dedup_thresholds_are_the_codes() -> None:
         f"(e5-small {E5_SMALL_THRESHOLDS.duplicate}, usem3 {USEM3_THRESHOLDS.duplicate}, "
         f"an OpenAI-compatible model {DEFAULT_REMOTE_THRESHOLDS.duplicate} unless calibrated)"
     ) in text
-    assert f"`confidence` below {memory_state.MIN_CONFIDENCE}" in text
+    assert f"`confidence` below {memory_params.MIN_CONFIDENCE}" in text
 
 
 def test_the_io_layers_look_after_a_pass_is_the_documented_one() -> None:

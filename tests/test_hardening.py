@@ -416,7 +416,7 @@ def test_an_erased_vector_is_not_in_the_saved_hnsw_file(tmp_path: Path) -> None:
 def test_churn_reclaims_terms_labels_and_vector_slots() -> None:
     """Purging what was added keeps the vocabulary at the live memories' words and reuses labels,
     so the label-indexed arrays and hnswlib's slots stop growing."""
-    from eurekamem.daemon.memory.state import memory_text
+    from eurekamem.daemon.memory.data import memory_text
 
     rng = random.Random(16)
     state = MemoryState(CountingEmbedder())

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from test_envelope import _minimal
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
-from eurekamem.daemon.memory.state import validate_domain
+from eurekamem.daemon.memory.params import validate_domain
 from eurekamem.protocol import METHODS, Call, Codec, ProtocolError, Rejected
 from eurekamem.protocol import _methods as m
 

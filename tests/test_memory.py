@@ -270,7 +270,7 @@ def test_a_snapshot_without_a_usable_lexical_index_rebuilds_it() -> None:
     other = MemoryState(state.embedder)
     other.lexical.add(0, "something else entirely")
     # a dump of the same memories from before stemming (issue 18): unstemmed terms, rebuilt stemmed
-    from eurekamem.daemon.memory.state import memory_text
+    from eurekamem.daemon.memory.data import memory_text
     from eurekamem.daemon.retrieval.lexical import LexicalIndex
 
     unstemmed = LexicalIndex()
@@ -293,7 +293,8 @@ def test_a_query_naming_a_person_boosts_their_memories() -> None:
     import numpy as np
     import pytest
 
-    from eurekamem.daemon.memory.state import PERSON_BOOST, MemoryState
+    from eurekamem.daemon.memory.search import PERSON_BOOST
+    from eurekamem.daemon.memory.state import MemoryState
     from eurekamem.daemon.retrieval.embed import make_embedder
     from eurekamem.protocol import _methods as m
 
@@ -322,7 +323,7 @@ def test_a_query_naming_a_person_boosts_their_memories() -> None:
     assert dict(named)["m3"] > 0 and dict(named)["m1"] == 0.0  # m3 matches "caroline" in its text
     # hybrid: the boost holds beside a dense side that ranks nobody higher (the query's vector is
     # orthogonal to every memory's, so their cosines tie)
-    from eurekamem.daemon.memory.state import Prepared
+    from eurekamem.daemon.memory.prepared import Prepared
 
     used = {int(np.argmax(state.vectors.get(state._label[i]))) for i in ids.values()}
     query_vector = np.zeros(state.embedder.dim, dtype=np.float32)
@@ -344,7 +345,8 @@ def test_keyword_overlap_sees_a_memory_as_it_is_now() -> None:
     its new text, never by words it no longer has."""
     import numpy as np
 
-    from eurekamem.daemon.memory.state import MemoryState, Prepared
+    from eurekamem.daemon.memory.prepared import Prepared
+    from eurekamem.daemon.memory.state import MemoryState
     from eurekamem.daemon.retrieval.embed import make_embedder
     from eurekamem.daemon.retrieval.text import embed_text
     from eurekamem.protocol import _methods as m
@@ -436,7 +438,8 @@ def test_a_smaller_k_answers_the_prefix_of_a_larger_one() -> None:
 
     import numpy as np
 
-    from eurekamem.daemon.memory.state import MemoryState, Prepared
+    from eurekamem.daemon.memory.prepared import Prepared
+    from eurekamem.daemon.memory.state import MemoryState
     from eurekamem.daemon.retrieval.embed import make_embedder
     from eurekamem.protocol import Memory
     from eurekamem.protocol import _methods as m
@@ -480,7 +483,7 @@ def _prepared_with(state, title: str, content: str):  # type: ignore[no-untyped-
 
     import numpy as np
 
-    from eurekamem.daemon.memory.state import Prepared
+    from eurekamem.daemon.memory.prepared import Prepared
     from eurekamem.daemon.retrieval.text import embed_text
 
     prepared = Prepared()

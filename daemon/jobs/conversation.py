@@ -42,7 +42,8 @@ from ...protocol import _methods as m
 from ..conversation.clean import Stripped, usable_text
 from ..conversation.state import ConversationState, Message, Pending, Summary, Window
 from ..conversation.text import date_text
-from ..memory.state import MIN_CONFIDENCE, MemoryState, validate_domain
+from ..memory.params import MIN_CONFIDENCE, validate_domain
+from ..memory.state import MemoryState
 from ..memory.strength import epoch
 from ..redact import shown as shown_id
 from .actor import JobContext

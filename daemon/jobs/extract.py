@@ -56,8 +56,9 @@ from ...protocol import (
 from ...protocol import _methods as m
 from ..llm import LLMError
 from ..memory.format import fingerprint
+from ..memory.params import MIN_CONFIDENCE
 from ..memory.review import propose
-from ..memory.state import MIN_CONFIDENCE, MemoryState
+from ..memory.state import MemoryState
 from ..retrieval.text import EMBED_WINDOW, passage_windows, pooled
 from ..tiers.graph import GraphState, PutEdge, PutNode
 from ..tiers.persistent import PersistentState

@@ -77,19 +77,19 @@ from ..retrieval.vectors import VectorStore, remove_unnamed_vector_files
 from ..storage.files import RealFiles, atomic_write
 from ..storage.watched import FileSig, digest, read_files, signature
 from ..tier import MAX_BATCH, Internal, TierActor, Work
+from .data import own_abstract
 from .format import index_entry, memory_files, render_markdown
-from .records import MemorySnapshot, PutMemory
-from .state import (
+from .prepared import (
     GroupSummary,
-    MemoryState,
     Prepared,
     add_cost,
     messages_to_fetch,
-    own_abstract,
     query_to_embed,
     wants_summary,
     write_cost,
 )
+from .records import MemorySnapshot, PutMemory
+from .state import MemoryState
 from .watch import (
     FULL_SCAN_FACTOR,
     PLAN_CHUNK,

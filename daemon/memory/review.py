@@ -20,8 +20,8 @@ Rules kept here:
   deciding a request that is no longer pending, approving one whose memory changed since it was
   asked (its fingerprint), was archived or purged, are invalid_params.
 - The four methods' handlers are registered here (@handles, daemon/tier.py's HANDLERS) and run as
-  the memory tier's own, in its batches. memory/state.py imports this module; this one takes
-  PutMemory from memory/records.py and reaches the state only through the object it is given.
+  the memory tier's own, in its batches. memory/data.py and state.py import this module; this one
+  takes PutMemory from memory/records.py and reaches the state only through the object it is given.
 - Requests hold no text of the memory (only its id, domain and fingerprint), so a purge erases the
   memory's words from the queue too; views add the memory as it is now (null once purged).
 """

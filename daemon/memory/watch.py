@@ -40,6 +40,7 @@ from .format import (
     fingerprint,
     render_markdown,
 )
+from .projection import memory_from_text
 
 if TYPE_CHECKING:
     from .state import MemoryState
@@ -247,8 +248,6 @@ def plan(
     whose memory the projection still owes is "pending" (the projection writes it); a file gone
     with its whole domain folder is "rewrite" (the projection writes it again: a removed folder is
     no removal of its memories, one by one)."""
-    from .state import memory_from_text
-
     out: list[Change] = []
     gone_set = set(gone)
     for relative, text, mtime in reads:

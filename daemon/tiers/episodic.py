@@ -41,7 +41,7 @@ from ...protocol import (
 )
 from ...protocol import _methods as m
 from ..jobs.extract import KIND, capture, session_key
-from ..memory.state import validate_domain
+from ..memory.params import validate_domain
 from ..paths import Paths
 from ..redact import folder_name, shown
 from ..storage.files import RealFiles, atomic_write
