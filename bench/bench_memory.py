@@ -622,7 +622,8 @@ def in_process(data: Path, queries: list[str], recall_queries: list[str], daemon
     from eurekamem.daemon.memory.records import MemorySnapshot
     from eurekamem.daemon.memory.state import MemoryState
     from eurekamem.daemon.retrieval.fusion import fuse_scores
-    from eurekamem.daemon.retrieval.vectors import VectorStore, _parse_vectors
+    from eurekamem.daemon.retrieval.vector_files import parse_vectors
+    from eurekamem.daemon.retrieval.vectors import VectorStore
     from eurekamem.protocol import _methods as m
 
     out: dict[str, Any] = {}
@@ -723,7 +724,7 @@ def in_process(data: Path, queries: list[str], recall_queries: list[str], daemon
 
     # anchors: raw hnswlib on the same vectors (a fresh build from the .vectors rows, same M /
     # ef_construction / ef), and the daemon's own saved graph loaded by hnswlib directly
-    head, labs, rows = _parse_vectors((vec_dir / f"{stem}.vectors").read_bytes(), dim=emb.dim, model=emb.name)
+    head, labs, rows = parse_vectors((vec_dir / f"{stem}.vectors").read_bytes(), dim=emb.dim, model=emb.name)
     labs = np.asarray(labs, dtype=np.int64)
     rows = np.ascontiguousarray(rows, dtype=np.float32)
     log(f"anchor: building an hnswlib index of {len(labs):,} x {emb.dim} (M={store.M}, ef_construction={store.ef_construction})")

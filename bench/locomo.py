@@ -609,7 +609,8 @@ def memory_levers(out: dict[str, Any], convs: list[dict[str, Any]], questions: l
     from eurekamem.daemon.memory.data import memory_text
     from eurekamem.daemon.memory.format import derive_abstract
     from eurekamem.daemon.retrieval.fusion import FETCH, boost_named, fuse_scores
-    from eurekamem.daemon.retrieval.lexical import LexicalIndex, name_tokens, tokenize
+    from eurekamem.daemon.retrieval.lexical import LexicalIndex
+    from eurekamem.daemon.retrieval.tokens import name_tokens, tokenize
 
     t_start = time.perf_counter()
     fusion = _memories.FUSION.get(out["embedder"], _memories.DEFAULT_FUSION)

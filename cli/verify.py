@@ -52,7 +52,8 @@ def verify_root(root: Path) -> Report:
     from ..daemon.memory.records import MemorySnapshot, PurgeMemory, PutMemory
     from ..daemon.paths import Paths
     from ..daemon.recovery import decode_mutation
-    from ..daemon.retrieval.vectors import MAGIC, VectorStore, read_header
+    from ..daemon.retrieval.vector_files import MAGIC, read_header
+    from ..daemon.retrieval.vectors import VectorStore
     from ..daemon.storage import eurekaclaw
     from ..daemon.storage.journal import check_segment, scan_segment
     from ..daemon.tier import RTYPE_MUTATION

@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 from eurekamem.daemon.retrieval import lexical as _lexical
+from eurekamem.daemon.retrieval import tokens as _tokens
 from eurekamem.daemon.retrieval.fusion import fuse
-from eurekamem.daemon.retrieval.lexical import STOP_WORDS, LexicalIndex, stemmed_tokenize, tokenize
+from eurekamem.daemon.retrieval.lexical import LexicalIndex
+from eurekamem.daemon.retrieval.tokens import STOP_WORDS, stemmed_tokenize, tokenize
 
 # --- tokenize ---------------------------------------------------------------------------------
 
@@ -242,7 +244,7 @@ def test_restored_index_answers_and_changes_like_the_original(stem: bool, prunin
     ref.add(2000, "")
     queries = [" ".join(rng.choices(VOCAB, k=rng.randrange(1, 6))) for _ in range(40)]
     back = _round_trip(ix)
-    assert back.stem is stem and ix.dump().stemmer == (_lexical.STEMMER_VERSION if stem else 0)
+    assert back.stem is stem and ix.dump().stemmer == (_tokens.STEMMER_VERSION if stem else 0)
     assert back.stats() == {**ix.stats(), "pruned_searches": 0}
     assert back.labels().tolist() == ix.labels().tolist() and len(back) == len(ix)
     for q in queries:
@@ -284,7 +286,7 @@ def test_a_dump_from_another_tokenizer_or_torn_is_refused() -> None:
     with pytest.raises(ValueError, match="do not fit"):
         LexicalIndex.restore(msgspec.structs.replace(dump, vocab=dump.vocab[:-1]))
     with pytest.raises(ValueError, match="stemmer version"):
-        LexicalIndex.restore(msgspec.structs.replace(dump, stemmer=_lexical.STEMMER_VERSION + 1))
+        LexicalIndex.restore(msgspec.structs.replace(dump, stemmer=_tokens.STEMMER_VERSION + 1))
     # a dump from before stemming has no `stemmer` field: it reads as plain tokens
     old = msgspec.msgpack.encode({k: v for k, v in msgspec.structs.asdict(dump).items() if k != "stemmer"})
     assert LexicalIndex.restore(msgspec.msgpack.decode(old, type=_lexical.LexicalDump)).stem is False

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from eurekamem.daemon.retrieval.vectors import MAGIC, VectorFileError, VectorStore, read_header
+from eurekamem.daemon.retrieval.vector_files import MAGIC, VectorFileError, read_header
+from eurekamem.daemon.retrieval.vectors import VectorStore
 
 
 def unit(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:

@@ -36,7 +36,8 @@ import trio
 
 from ...protocol import Call, ProtocolError
 from ...protocol import _methods as m
-from ..retrieval.vectors import VectorStore, remove_unnamed_vector_files
+from ..retrieval.vector_files import remove_unnamed_vector_files
+from ..retrieval.vectors import VectorStore
 from ..storage.files import RealFiles, atomic_write
 from ..storage.journal_actor import JournalUnavailable
 from ..tier import MAX_BATCH, TierActor, Work, handles

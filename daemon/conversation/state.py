@@ -38,8 +38,9 @@ from ...protocol import ProtocolError, domain_slug, normalize_timestamp
 from ...protocol import _methods as m
 from ..primitives import Histogram
 from ..retrieval.fusion import boost_named, fuse_scores
-from ..retrieval.lexical import TOKENIZER_VERSION, LexicalDump, tokenize
+from ..retrieval.lexical import LexicalDump
 from ..retrieval.text import estimate_tokens
+from ..retrieval.tokens import TOKENIZER_VERSION, tokenize
 from ..retrieval.vectors import VectorStore
 from ..tier import TierState, Undo, handles
 from .text import STEMMER_VERSION, StemmedIndex, date_text, name_tokens

@@ -1,18 +1,18 @@
 """What the conversation tier indexes: stemmed tokens, and each message's lexical and dense documents.
 
 Rules kept here:
-- Tokens are the search library's (`daemon.retrieval.lexical.tokenize`, as tier 4's: lower-cased runs of letters and digits,
-  English stop words dropped, CJK runs as character bigrams), then each token made only of Latin
-  letters is reduced by the Snowball English stemmer ("running", "runs" -> "run"). Digits,
-  CJK bigrams and other scripts are kept as they are. The same function serves documents and
-  queries, so a query and a message meet on the same stems.
+- Tokens are the search library's (`daemon.retrieval.tokens.tokenize`, as tier 4's: lower-cased runs
+  of letters and digits, English stop words dropped, CJK runs as character bigrams), then each token
+  made only of Latin letters is reduced by the Snowball English stemmer ("running", "runs" ->
+  "run"). Digits, CJK bigrams and other scripts are kept as they are. The same function serves
+  documents and queries, so a query and a message meet on the same stems.
 - A message's lexical document is its own line plus the previous and next message of the same
   session (the message itself is what search returns); its dense document is the previous line
   plus its own. A line is "Sender (8 May 2023): text" (the role when there is no sender), so a
   question that names a speaker, or a date, finds the turn. Both documents are pure functions of
   the messages, so a late message changes its neighbours' documents and nothing else.
 
-The tokens and the stemmer are the search library's (daemon/retrieval/lexical.py: `stemmed_tokenize`,
+The tokens and the stemmer are the search library's (daemon/retrieval/tokens.py: `stemmed_tokenize`,
 `LexicalIndex(stem=True)`); this module re-exports them under the names the tier has used.
 """
 
@@ -21,13 +21,8 @@ from __future__ import annotations
 import datetime as _dt
 from collections.abc import Iterable
 
-from ..retrieval.lexical import (
-    STEMMER_VERSION,
-    LexicalIndex,
-    name_tokens,
-    stem_tokens,
-    stemmed_tokenize,
-)
+from ..retrieval.lexical import LexicalIndex
+from ..retrieval.tokens import STEMMER_VERSION, name_tokens, stem_tokens, stemmed_tokenize
 
 __all__ = ["STEMMER_VERSION", "StemmedIndex", "date_text", "name_tokens", "stem_tokens", "stemmed_tokenize"]
 

@@ -73,7 +73,8 @@ from ...protocol._readable import render_readable
 from ..primitives import Histogram, PendingSync
 from ..redact import redact_text
 from ..retrieval.text import pooled
-from ..retrieval.vectors import VectorStore, remove_unnamed_vector_files
+from ..retrieval.vector_files import remove_unnamed_vector_files
+from ..retrieval.vectors import VectorStore
 from ..storage.files import RealFiles, atomic_write
 from ..storage.watched import FileSig, digest, read_files, signature
 from ..tier import MAX_BATCH, Internal, TierActor, Work

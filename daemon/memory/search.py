@@ -22,7 +22,7 @@ from ...protocol import _methods as m
 from ..primitives import Histogram
 from ..retrieval import calibration
 from ..retrieval.fusion import FETCH, boost_named, fuse_scores
-from ..retrieval.lexical import name_tokens, tokenize
+from ..retrieval.tokens import name_tokens, tokenize
 from .data import MemoryData
 from .params import time_param
 from .prepared import Prepared

@@ -32,18 +32,6 @@ which keeps recall@10 at 0.95-0.97 on the benchmark's collections (see EF_AT_100
 scoring works in slices of 512 rows: a single large matrix-vector product lets OpenBLAS start its
 threads, which on a busy machine costs 10x more.
 
-Files (``save`` / ``load``), all integers little-endian:
-
-    <stem>.hnsw     hnswlib's own ``save_index`` format (written to a temporary name, checked
-                    complete against its own header, fsynced; renamed with the .vectors file)
-    <stem>.vectors  header  magic b"EUMVECS1" | version u32 | dim u32 | count u64 |
-                            fingerprint u64 | hnsw_size u64 | hnsw_crc u32 | body_crc u32 |
-                            model_len u16 | model (utf-8) | header_crc u32 (of all bytes before it)
-                    body    labels int64[count] (ascending) | rows float32[count, dim]
-                    body_crc = crc32 of the body; hnsw_crc/hnsw_size describe the .hnsw file
-                    saved together with it. Streamed in slices to a temporary file,
-                    datasynced, renamed after the .hnsw (then the folder is fsynced).
-
 The fingerprint is an order-independent 64-bit digest of the live (label, vector) pairs (the sum
 of blake2b-64 of each pair), kept up to date on every add and remove, so ``fingerprint()`` is O(1)
 and it changes when a vector is replaced, not only when the label set changes. The caller stores
@@ -54,6 +42,9 @@ To survive a crash between writing these files and writing the snapshot that nam
 each snapshot generation its own stem and ``delete_files`` the previous one once the new
 snapshot is durable.
 
+The files' format and their checks are vector_files.py's; ``save`` and ``load`` write and read
+them, a save to temporary names first.
+
 Threads: every method is blocking and none is thread-safe. hnswlib's ``add_items`` and
 ``knn_query`` release the GIL, so the owner must never search while another thread adds, removes
 or saves: the memory actor serialises all calls (one worker-thread call at a time).
@@ -61,14 +52,12 @@ or saves: the memory actor serialises all calls (one worker-thread call at a tim
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import itertools
 import logging
 import math
 import os
 import secrets
-import struct
 import zlib
 from collections.abc import Iterator
 from typing import Any
@@ -77,38 +66,23 @@ import hnswlib
 import numpy as np
 
 from ..storage.files import RealFiles, StrPath
+from .vector_files import (
+    VectorFileError,
+    check_hnsw_file,
+    delete_files,
+    parse_vectors,
+    remove_temporaries,
+    sync_and_crc,
+    vectors_header,
+)
 
 log = logging.getLogger("eurekamem.vectors")
 
 
-__all__ = ["MAGIC", "MAX_LABEL", "VectorStore", "VectorFileError", "read_header"]
+__all__ = ["MAX_LABEL", "VectorStore"]
 
 
 MAX_LABEL = 2**31 - 1
-
-
-MAGIC = b"EUMVECS1"
-
-
-VERSION = 1
-
-
-_HEAD = struct.Struct("<8sIIQQQIIH")
-
-
-_U32 = struct.Struct("<I")
-
-
-def read_header(path: str | os.PathLike[str]) -> tuple[bytes, int, int]:
-    """A .vectors file's (magic, version, dimension), read from its first bytes alone, for a reader
-    that needs the dimension before it can call VectorStore.load (`eurekamem verify`); the magic is
-    returned unchecked (compare it with MAGIC). OSError if unreadable, VectorFileError if too short."""
-    with open(path, "rb") as f:
-        head = f.read(_HEAD.size)
-    if len(head) < _HEAD.size:
-        raise VectorFileError(f"too short ({len(head)} bytes)")
-    magic, version, dim = _HEAD.unpack_from(head)[:3]
-    return magic, version, dim
 
 
 _MASK64 = (1 << 64) - 1
@@ -125,10 +99,6 @@ OVERFETCH_MIN_FRACTION = 0.2  # filtered hnswlib search: over-fetch from here, f
 # 200), recall@10 of the top 10: 100k ef 64 0.941, ef 100 0.972; 1M ef 100 0.824, ef 200 0.921,
 # ef 300 0.956, ef 400 0.973 (p99 1.2 / 1.7 / 4.5 / 5.1 ms for the top 100, one thread).
 EF_AT_100K = 100
-
-
-class VectorFileError(ValueError):
-    """A .vectors file that cannot be used (bad magic, version, checksum, dimension or model)."""
 
 
 def _item_hash(label: int, row: np.ndarray) -> int:
@@ -472,7 +442,7 @@ class VectorStore:
         """Write ``<stem>.hnsw`` and ``<stem>.vectors``; returns ``fingerprint()``.
 
         Both go to temporary names first, each complete (hnswlib does not report a failed write,
-        so its file is checked against its own header: `_check_hnsw_file`) and datasynced, and are
+        so its file is checked against its own header: `check_hnsw_file`) and datasynced, and are
         renamed into place only then (the .hnsw first, the .vectors that vouches for it second),
         then the folder is fsynced. On any failure (a full disk) the temporaries are removed and
         the error raised: no file of `stem` is left under its final name with less than it should
@@ -480,14 +450,14 @@ class VectorStore:
         fs = RealFiles()
         folder = os.fspath(directory)
         fs.makedirs(folder)
-        _remove_temporaries(folder, stem)  # left by a crash during an earlier save
+        remove_temporaries(folder, stem)  # left by a crash during an earlier save
         token = secrets.token_hex(6)
         hnsw_tmp = os.path.join(folder, f".{stem}.hnsw.{token}.tmp")
         vectors_tmp = os.path.join(folder, f".{stem}.vectors.{token}.tmp")
         try:
             self._index.save_index(hnsw_tmp)
-            _check_hnsw_file(hnsw_tmp, int(self._index.element_count))
-            hnsw_size, hnsw_crc = _sync_and_crc(hnsw_tmp)
+            check_hnsw_file(hnsw_tmp, int(self._index.element_count))
+            hnsw_size, hnsw_crc = sync_and_crc(hnsw_tmp)
             labs = self.labels()
 
             def body() -> Iterator[bytes]:  # in slices: no second full copy of the matrix in memory
@@ -498,11 +468,7 @@ class VectorStore:
             body_crc = 0
             for chunk in body():
                 body_crc = zlib.crc32(chunk, body_crc)
-            model = self.model.encode("utf-8")
-            head = _HEAD.pack(
-                MAGIC, VERSION, self.dim, labs.size, self._hash, hnsw_size, hnsw_crc, body_crc, len(model)
-            ) + model
-            head += _U32.pack(zlib.crc32(head))
+            head = vectors_header(self.dim, labs.size, self._hash, hnsw_size, hnsw_crc, body_crc, self.model)
             with fs.open_append(vectors_tmp) as f:
                 for chunk in itertools.chain([head], body()):
                     f.write(chunk)
@@ -524,16 +490,7 @@ class VectorStore:
     @staticmethod
     def delete_files(directory: StrPath, stem: str) -> None:
         """Remove ``<stem>.vectors``, ``<stem>.hnsw`` and temporaries if present (then fsync the folder)."""
-        folder = os.fspath(directory)
-        removed = _remove_temporaries(folder, stem)
-        for ext in (".vectors", ".hnsw"):
-            try:
-                os.unlink(os.path.join(folder, stem + ext))
-                removed = True
-            except FileNotFoundError:
-                pass
-        if removed:
-            RealFiles().fsync_dir(folder)
+        delete_files(directory, stem)
 
     @classmethod
     def load(
@@ -564,7 +521,7 @@ class VectorStore:
             log.warning("%s: unreadable: %s", vpath, e)
             return None
         try:
-            head, labs, rows = _parse_vectors(data, dim=dim, model=model)
+            head, labs, rows = parse_vectors(data, dim=dim, model=model)
         except VectorFileError as e:
             log.warning("%s: %s", vpath, e)
             return None
@@ -589,7 +546,7 @@ class VectorStore:
 
     def _load_index(self, path: str, head: dict[str, Any]) -> bool:
         try:
-            size, crc = _sync_and_crc(path, sync=False)
+            size, crc = sync_and_crc(path, sync=False)
         except FileNotFoundError:
             log.info("%s: missing; rebuilding the index from the vectors", path)
             return False
@@ -648,135 +605,3 @@ class VectorStore:
             grown = np.zeros(new_cap, dtype=bool)
             grown[:cap] = old
             setattr(self, name, grown)
-
-
-def _remove_temporaries(folder: str, stem: str) -> bool:
-    """Unlink the temporary files a save of `stem` may have left; True if there were any."""
-    try:
-        names = os.listdir(folder)
-    except FileNotFoundError:
-        return False
-    found = False
-    for name in names:
-        if name.endswith(".tmp") and (name.startswith(f".{stem}.hnsw.") or name.startswith(f".{stem}.vectors.")):
-            try:
-                os.unlink(os.path.join(folder, name))
-                found = True
-            except FileNotFoundError:
-                pass
-    return found
-
-
-def remove_unnamed_vector_files(vectors_dir: StrPath, keep: set[str]) -> None:
-    """Delete the vector files and temporaries of every stem but `keep` (older generations, a
-    retired model, what a crash during a save left)."""
-    stems = set()
-    for name in os.listdir(vectors_dir):
-        for ext in (".vectors", ".hnsw"):
-            if name.endswith(ext) and not name.startswith("."):
-                stems.add(name[: -len(ext)])
-        if name.startswith(".") and name.endswith(".tmp"):  # .<stem>.hnsw.<hex>.tmp
-            stems.add(name[1:].rsplit(".", 3)[0])
-    for stem in stems - keep:  # an older generation: routine after a snapshot that wrote a new one
-        log.debug("removing vector files %s.* (no snapshot names them)", stem)
-        VectorStore.delete_files(vectors_dir, stem)
-
-
-_HNSW_HEADER = struct.Struct("<QQQQQQiIQQQdQ")  # hnswlib's saveIndex header (hnswalg.h), 96 bytes
-
-
-def _check_hnsw_file(path: str, elements: int) -> None:
-    """Raise OSError unless `path` is a whole hnswlib index file of `elements` elements.
-
-    hnswlib writes with an unchecked std::ofstream: on a full disk its save "succeeds" and leaves a
-    short file. Its layout is the header, then `cur_element_count * size_data_per_element` bytes,
-    then one u32 size (a multiple of 4) and that many bytes of links per element: walked here, so
-    a file cut anywhere is caught."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        head = f.read(_HNSW_HEADER.size)
-        problem = ""
-        if len(head) < _HNSW_HEADER.size:
-            problem = f"{size} bytes, not even hnswlib's header"
-        else:
-            count, per_element = _HNSW_HEADER.unpack(head)[2:4]
-            links_at = _HNSW_HEADER.size + count * per_element
-            if count != elements:
-                problem = f"it holds {count} elements, the index {elements}"
-            elif size < links_at or (size - links_at) % 4:
-                problem = f"{size} bytes, cut in the element data"
-            else:
-                f.seek(links_at)
-                words = np.frombuffer(f.read(), dtype="<u4").tolist()
-                i = n = 0
-                while n < count and i < len(words):
-                    i += 1 + words[i] // 4
-                    n += 1
-                if n != count or i != len(words):
-                    problem = f"{size} bytes, cut in the links of element {n} of {count}"
-    if problem:
-        free = _free_bytes(os.path.dirname(path))
-        raise OSError(
-            errno.ENOSPC if free is not None and free < (1 << 20) else errno.EIO,
-            f"hnswlib wrote an incomplete index file ({problem}; {free if free is not None else '?'} bytes free on its disk)",
-            path,
-        )
-
-
-def _free_bytes(folder: str) -> int | None:
-    try:
-        st = os.statvfs(folder or ".")
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
-
-
-def _sync_and_crc(path: str, *, sync: bool = True) -> tuple[int, int]:
-    """(size, crc32) of a file, read in chunks; fsync it first when `sync`."""
-    crc = 0
-    size = 0
-    with open(path, "rb") as f:
-        if sync:
-            os.fsync(f.fileno())
-        while True:
-            chunk = f.read(1 << 22)
-            if not chunk:
-                break
-            crc = zlib.crc32(chunk, crc)
-            size += len(chunk)
-    return size, crc
-
-
-def _parse_vectors(data: bytes, *, dim: int, model: str) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
-    if len(data) < _HEAD.size + 4:
-        raise VectorFileError(f"too short ({len(data)} bytes)")
-    magic, version, fdim, count, fingerprint, hnsw_size, hnsw_crc, body_crc, model_len = _HEAD.unpack_from(data)
-    if magic != MAGIC:
-        raise VectorFileError("not a vectors file (bad magic)")
-    if version != VERSION:
-        raise VectorFileError(f"version {version}, expected {VERSION}")
-    head_end = _HEAD.size + model_len
-    if len(data) < head_end + 4:
-        raise VectorFileError("truncated header")
-    (head_crc,) = _U32.unpack_from(data, head_end)
-    if zlib.crc32(data[:head_end]) != head_crc:
-        raise VectorFileError("header checksum mismatch")
-    fmodel = data[_HEAD.size : head_end].decode("utf-8", errors="replace")
-    if fdim != dim:
-        raise VectorFileError(f"dimension {fdim}, expected {dim}")
-    if fmodel != model:
-        raise VectorFileError(f"model {fmodel!r}, expected {model!r}")
-    start = head_end + 4
-    expected_len = start + count * 8 + count * dim * 4
-    if len(data) != expected_len:
-        raise VectorFileError(f"{len(data)} bytes, expected {expected_len} for {count} vectors")
-    body = memoryview(data)[start:]
-    if zlib.crc32(body) != body_crc:
-        raise VectorFileError("body checksum mismatch")
-    labs = np.frombuffer(data, dtype="<i8", count=count, offset=start).astype(np.int64)
-    rows = np.frombuffer(data, dtype="<f4", count=count * dim, offset=start + count * 8)
-    rows = rows.astype(np.float32).reshape(count, dim)
-    head = {"fingerprint": fingerprint, "hnsw_size": hnsw_size, "hnsw_crc": hnsw_crc}
-    return head, labs, rows
-
-
