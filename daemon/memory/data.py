@@ -1,5 +1,6 @@
 """Tier 4's data: the memories, their labels, filter columns, vectors and BM25 index, and the
-reads every part of the state shares (MemoryData, the base of MemoryState).
+reads every part of the state shares (MemoryData, the base of MemoryState), among them the
+embeddings a batch needs (computed before its handlers run, kept in `Prepared`).
 
 Rule kept here: this is the data MemoryState owns (memory/state.py's rule: one owner, changed only
 through `apply`); the parts built on it (search.py, dedup.py, projection.py) add only the state
@@ -18,13 +19,15 @@ from typing import Any
 import numpy as np
 
 from ...protocol import Memory, ProtocolError, domain_slug
+from ...protocol import _methods as m
 from ..retrieval.lexical import LexicalIndex
 from ..retrieval.text import EMBED_WINDOW, EMBED_WINDOWS, passage_windows, pooled
 from ..retrieval.vectors import VectorStore
 from ..tier import TierState
 from .columns import FilterColumns
-from .format import derive_abstract, title_slug
-from .prepared import Prepared
+from .format import derive_abstract, fingerprint, title_slug
+from .params import MIN_CONFIDENCE, updated_text
+from .prepared import Prepared, query_to_embed
 from .records import MaintenanceRecord, PutMemory, VersionEntry
 from .review import ReviewQueue
 from .strength import StrengthSettings, rfc3339, strength
@@ -152,6 +155,55 @@ class MemoryData(TierState):
         if memory is None:
             raise ProtocolError("not_found", f"no memory with id {memory_id!r}", id=memory_id)
         return memory
+
+    # --- a batch's embeddings: computed before its handlers run, or here when one is missing ----
+
+    def texts_to_embed(self, calls: list[Any]) -> tuple[list[str], list[str]]:
+        passages: dict[str, None] = {}
+        queries: dict[str, None] = {}
+        for call in calls:
+            name, p = call.spec.name, call.params
+            if name == "memory.add":
+                self._want_passage(p, passages)
+            elif name == "memory.add_many":
+                for item in p.items:
+                    self._want_passage(item, passages)
+            elif name == "memory.update" and (p.title is not None or p.content is not None):
+                old = self.memories.get(p.id)
+                if old is not None:
+                    passages.update(dict.fromkeys(self.passage_texts(*updated_text(old, p))))
+            else:
+                query = query_to_embed(call)
+                if query is not None:
+                    queries[query] = None
+        return list(passages), list(queries)
+
+    def _want_passage(self, p: m.MemoryAdd, out: dict[str, None]) -> None:
+        if p.dedup and p.confidence < MIN_CONFIDENCE:
+            return
+        if p.dedup and (domain_slug(p.domain), fingerprint(p.title, p.content)) in self._fingerprints:
+            return
+        out.update(dict.fromkeys(self.passage_texts(p.title, p.content, p.abstract)))
+
+    def prepare(self, calls: list[Any]) -> Prepared:
+        prepared = Prepared()
+        passages, queries = self.texts_to_embed(calls)
+        if passages:
+            rows = self.embedder.embed_passages(passages)
+            prepared.passages = dict(zip(passages, rows))
+        if queries:
+            prepared.queries = dict(zip(queries, self.embedder.embed_queries(queries)))
+        return prepared
+
+    def use_passages(self, passages: dict[str, np.ndarray]) -> None:
+        """Embeddings computed elsewhere (a job embeds off the actor) for the adds that follow."""
+        prepared = Prepared()
+        prepared.passages = dict(passages)
+        self._prepared = prepared
+
+    def forget_prepared(self) -> None:
+        """Drop the last batch's embeddings (and the texts they are keyed by)."""
+        self._prepared = Prepared()
 
     def _passage_vector(self, title: str, content: str, abstract: str | None) -> np.ndarray:
         texts = self.passage_texts(title, content, abstract)

@@ -51,7 +51,7 @@ from .params import (
     validate_domain,
     validity,
 )
-from .prepared import Prepared, query_to_embed
+from .prepared import Prepared
 from .projection import Projection, memory_from_text
 from .records import MaintenanceRecord, MemorySnapshot, PurgeMemory, PutMemory, VersionEntry
 from .review import PutReview, apply_review
@@ -72,56 +72,9 @@ class MemoryState(Search, Dedup, Projection):
 
     name = "memory"
 
-    def texts_to_embed(self, calls: list[Any]) -> tuple[list[str], list[str]]:
-        passages: dict[str, None] = {}
-        queries: dict[str, None] = {}
-        for call in calls:
-            name, p = call.spec.name, call.params
-            if name == "memory.add":
-                self._want_passage(p, passages)
-            elif name == "memory.add_many":
-                for item in p.items:
-                    self._want_passage(item, passages)
-            elif name == "memory.update" and (p.title is not None or p.content is not None):
-                old = self.memories.get(p.id)
-                if old is not None:
-                    passages.update(dict.fromkeys(self.passage_texts(*updated_text(old, p))))
-            else:
-                query = query_to_embed(call)
-                if query is not None:
-                    queries[query] = None
-        return list(passages), list(queries)
-
-    def _want_passage(self, p: m.MemoryAdd, out: dict[str, None]) -> None:
-        if p.dedup and p.confidence < MIN_CONFIDENCE:
-            return
-        if p.dedup and (domain_slug(p.domain), fingerprint(p.title, p.content)) in self._fingerprints:
-            return
-        out.update(dict.fromkeys(self.passage_texts(p.title, p.content, p.abstract)))
-
-    def prepare(self, calls: list[Any]) -> Prepared:
-        prepared = Prepared()
-        passages, queries = self.texts_to_embed(calls)
-        if passages:
-            rows = self.embedder.embed_passages(passages)
-            prepared.passages = dict(zip(passages, rows))
-        if queries:
-            prepared.queries = dict(zip(queries, self.embedder.embed_queries(queries)))
-        return prepared
-
-    def use_passages(self, passages: dict[str, np.ndarray]) -> None:
-        """Embeddings computed elsewhere (a job embeds off the actor) for the adds that follow."""
-        prepared = Prepared()
-        prepared.passages = dict(passages)
-        self._prepared = prepared
-
     def run(self, name: str, params: Any, prepared: Prepared) -> Any:
         self._prepared = prepared
         return HANDLERS[name].fn(self, params)
-
-    def forget_prepared(self) -> None:
-        """Drop the last batch's embeddings (and the texts they are keyed by)."""
-        self._prepared = Prepared()
 
     @handles("memory.add")
     def do_add(self, p: m.MemoryAdd) -> dict[str, Any]:
