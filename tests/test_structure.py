@@ -132,6 +132,17 @@ def test_the_search_library_imports_no_tier() -> None:
     assert not wrong, wrong
 
 
+def test_the_conversation_tier_and_the_skills_registry_borrow_nothing_of_tier_4() -> None:
+    """They search with daemon/retrieval/ as tier 4 does; only the jobs, which write memories, and
+    the daemon's wiring import daemon/memory/."""
+    g = graph()
+    wrong = [
+        (a, b) for a, b in g.edges
+        if a.startswith(("daemon.conversation", "daemon.skills")) and b.startswith("daemon.memory")
+    ]
+    assert not wrong, wrong
+
+
 def test_no_module_imports_another_in_a_circle() -> None:
     """A circle means neither module can be read, tested or moved without the other; a lazy import
     inside a function hides one at run time, not here."""
