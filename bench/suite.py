@@ -199,8 +199,8 @@ def sec_socket(ctx: dict[str, Any]) -> dict[str, Any]:
             pipelined(ctx, out, sock, ("daemon", daemon.pid), method, method, w)
     daemon.stop()
 
-    # the floors: the per-connection echo server (one task per connection, as io = "tasks") and the
-    # bulk-reading one (one task reads every ready socket per pass, as io = "bulk", the default)
+    # the floors: the per-connection echo server (one task per connection) and the bulk-reading one
+    # (one task reads every ready socket per pass, as the daemon's I/O layer does)
     for key, script, label in (("echo", "echo_server.py", "echo server"), ("echo bulk", "echo_bulk.py", "echo bulk")):
         echo_sock = str(tmp / f"{key.replace(' ', '-')}.sock")
         echo = ctx["launch"](Server(f"trio {label}", [PY, str(HERE / script), echo_sock], "serving on"))

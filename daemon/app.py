@@ -63,7 +63,7 @@ from .paths import OWN_FOLDERS, Paths, acquire_lock, claim_data_root
 from .recovery import Recovered, recover
 from .redact import Redactor
 from .retrieval.embed import Embedder, make_embedder, preload_embedder
-from .server import IN_ORDER_TIERS, Connection, Limits
+from .server import IN_ORDER_TIERS, Limits
 from .skills.actor import SkillsActor
 from .stats import RequestStats
 from .storage import eurekaclaw
@@ -168,9 +168,9 @@ class Daemon:
         self.stats = RequestStats()
         self.started_at = now_rfc3339()
         self._shutdown = trio.Event()
-        self._connections: set[Connection | BulkConnection] = set()
+        self._connections: set[BulkConnection] = set()
         self._connection_closed = trio.Event()  # set (and replaced) as each connection closes
-        self.io_layer: IOLayer | None = None  # config.io == "bulk": the layer that reads and writes every socket
+        self.io_layer: IOLayer | None = None  # the layer that reads and writes every socket (set in serve)
         self._snapshot_lock = trio.Lock()
         self._resume_lock = trio.Lock()
         self._snapshot_seq = -1
@@ -263,9 +263,8 @@ class Daemon:
         # the Journal is handed to the journal actor here (its writer thread's, or under fsync=always where
         # the kernel can make the fdatasync, trio's: daemon/storage/journal_kernel.py); under io = bulk the
         # journal's acknowledgements come back through the I/O layer's passes
-        acks = "poller" if self.config.io == "bulk" else "trio"
         self.journal_actor = make_journal_actor(
-            journal, self.config.fsync, self.config.batch_interval, acks=acks, sync=self.config.journal_sync
+            journal, self.config.fsync, self.config.batch_interval, acks="poller", sync=self.config.journal_sync
         )
         self.memory_actor = MemoryActor(recovered.memory, self.journal_actor, self.paths.root)
         self.memory_actor.redactor = self.redactor  # for the learning loop's proposals (MemoryActor.propose)
@@ -335,17 +334,16 @@ class Daemon:
                 self._system = system
                 async with trio.open_nursery() as connections:
                     io_scope = trio.CancelScope()
-                    if self.config.io == "bulk":
-                        self.io_layer = IOLayer(
-                            self.limits, self.dispatch, self.stats, ordered_tiers=IN_ORDER_TIERS, on_close=self._closed,
-                        )
-                        assert self.journal_actor.ack_fd is not None  # acks="poller" (made so above)
-                        self.io_layer.add_waker(
-                            self.journal_actor.ack_fd, self.journal_actor.drain_acks, self.journal_actor.poller_stopped
-                        )
-                        connections.start_soon(self._run_io, self.io_layer, io_scope)
+                    self.io_layer = IOLayer(
+                        self.limits, self.dispatch, self.stats, ordered_tiers=IN_ORDER_TIERS, on_close=self._closed,
+                    )
+                    assert self.journal_actor.ack_fd is not None  # acks="poller" (made so above)
+                    self.io_layer.add_waker(
+                        self.journal_actor.ack_fd, self.journal_actor.drain_acks, self.journal_actor.poller_stopped
+                    )
+                    connections.start_soon(self._run_io, self.io_layer, io_scope)
                     accept_scope = trio.CancelScope()
-                    connections.start_soon(self._accept_loop, listener, connections, accept_scope)
+                    connections.start_soon(self._accept_loop, listener, self.io_layer, connections, accept_scope)
                     log.info(
                         "ready: serving on %s%s (data root %s, fsync %s, journal sync: %s, started in %.2f s)",
                         self.config.socket_path, " (socket activation)" if activated else "", self.paths.root,
@@ -395,7 +393,7 @@ class Daemon:
             await trio.to_thread.run_sync(journal.close)  # the journal actor's writer thread has ended
             log.info("stopped after %s up", _duration(trio.current_time() - self._started_clock))
 
-    async def _accept_loop(self, listener: Any, nursery: trio.Nursery, scope: trio.CancelScope) -> None:
+    async def _accept_loop(self, listener: Any, layer: IOLayer, nursery: trio.Nursery, scope: trio.CancelScope) -> None:
         with scope:
             while True:
                 await trio.lowlevel.wait_readable(listener)
@@ -413,12 +411,9 @@ class Daemon:
                 if uid is None:
                     continue
                 sock.setblocking(False)
-                if self.io_layer is not None:
-                    self._connections.add(self.io_layer.add(sock, uid))
-                    self.stats.connections_total += 1
-                    self.stats.connections_open += 1
-                else:
-                    nursery.start_soon(self._serve_connection, sock, uid)
+                self._connections.add(layer.add(sock, uid))
+                self.stats.connections_total += 1
+                self.stats.connections_open += 1
 
     def _peer_allowed(self, sock: stdlib_socket.socket, nursery: trio.Nursery) -> int | None:
         """Let in the daemon's own uid and Config.allowed_uids; refuse anyone else (SO_PEERCRED).
@@ -537,25 +532,11 @@ class Daemon:
                 stuck.append(name)
         return sorted(stuck)
 
-    async def _serve_connection(self, sock: stdlib_socket.socket, uid: int | None = None) -> None:
-        stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
-        conn = Connection(stream, sock, self.limits, self.dispatch, self.stats, peer_uid=uid)
-        self._connections.add(conn)
-        self.stats.connections_total += 1
-        self.stats.connections_open += 1
-        try:
-            async with stream:
-                await conn.serve()
-        except Exception:
-            log.exception("connection failed")
-        finally:
-            self._closed(conn)
-
     async def _run_io(self, layer: IOLayer, scope: trio.CancelScope) -> None:
         with scope:
             await layer.run()
 
-    def _closed(self, conn: Connection | BulkConnection) -> None:
+    def _closed(self, conn: BulkConnection) -> None:
         self._connections.discard(conn)
         self.stats.connections_open -= 1
         self._connection_closed.set()
@@ -788,14 +769,14 @@ class Daemon:
         }
 
     def io_statistics(self) -> dict[str, Any]:
-        """The I/O design (Config.io) and, under bulk, its passes: how many found work, how many
-        ready sockets (and wakers) they handled (events per pass: the requests one wake-up serves),
-        and the looks after a pass that went on looking (IOLayer._spin) and found something."""
+        """The I/O layer's passes: how many found work, how many ready sockets (and wakers) they
+        handled (events per pass: the requests one wake-up serves), and the looks after a pass that
+        went on looking (IOLayer._spin) and found something. `mode` is always "bulk" (the one layer)."""
         layer = self.io_layer
         if layer is None:
-            return {"mode": self.config.io}
+            return {"mode": "bulk"}
         return {
-            "mode": self.config.io,
+            "mode": "bulk",
             "passes": layer.passes,
             "events": layer.events,
             "spins": layer.spins,

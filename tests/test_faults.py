@@ -21,8 +21,6 @@ from conftest import tmpfs
 from daemon_process import DaemonProcess
 from eurekamem.client import Client, ReadOnly
 
-pytestmark = pytest.mark.usefixtures("io_mode")  # every test under io = bulk and io = tasks
-
 DISK_BYTES = 1024 * 1024
 FILLER_BYTES = 256 * 1024
 VALUE = "v" * 16_000  # one journal record of about 16 KB

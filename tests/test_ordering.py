@@ -20,8 +20,6 @@ from conftest import IO_TIMEOUT, HeldJournal, RawConnection, running_daemon
 from eurekamem.daemon.server import IN_ORDER_TIERS
 from eurekamem.daemon.tier import TierActor
 
-pytestmark = pytest.mark.usefixtures("io_mode")  # every test under io = bulk and io = tasks
-
 
 def _frame(request_id: int, method: str, params: dict[str, Any]) -> str:
     return json.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})

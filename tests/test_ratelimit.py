@@ -12,10 +12,9 @@ import trio
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from eurekamem.daemon.config import build_config, load
-from eurekamem.daemon.server import Connection, Limits
+from eurekamem.daemon.io_layer import IOLayer
+from eurekamem.daemon.server import Limits
 from eurekamem.daemon.stats import RequestStats
-
-pytestmark = pytest.mark.usefixtures("io_mode")  # every test under io = bulk and io = tasks
 
 
 def _pong(call: Any, reply: Any, started_ns: int) -> None:
@@ -43,13 +42,13 @@ async def test_token_bucket_refuses_the_excess_then_allows_again(autojump_clock:
     server_sock.setblocking(False)
     stats = RequestStats()
     limits = Limits(max_requests_per_second=10, request_burst=5)
-    server_stream = trio.SocketStream(trio.socket.from_stdlib_socket(server_sock))
-    conn = Connection(server_stream, server_sock, limits, _pong, stats)
+    layer = IOLayer(limits, _pong, stats)
+    layer.add(server_sock)
     client = trio.SocketStream(trio.socket.from_stdlib_socket(client_sock))
     buf = bytearray()
     with trio.fail_after(IO_TIMEOUT + 100):  # virtual seconds: the test sleeps about 63 of them
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(conn.serve)
+            nursery.start_soon(layer.run)
             # within the burst: all pass
             await client.send_all(_pings(1, 5))
             assert all("result" in a for a in await _read_answers(client, buf, 5))
@@ -82,6 +81,8 @@ async def test_token_bucket_refuses_the_excess_then_allows_again(autojump_clock:
             batch = (await _read_answers(client, buf, 1))[0]
             assert sorted("result" in a for a in batch) == [False, False, True, True, True]
             await client.send_eof()
+            assert await client.receive_some(65536) == b""  # every answer given, the connection closed
+            nursery.cancel_scope.cancel()
         assert stats.summary()["rate_limited"] == 7
 
 
@@ -89,16 +90,19 @@ async def test_without_a_limit_nothing_is_refused(autojump_clock: trio.abc.Clock
     server_sock, client_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     server_sock.setblocking(False)
     stats = RequestStats()
-    conn = Connection(trio.SocketStream(trio.socket.from_stdlib_socket(server_sock)), server_sock, Limits(), _pong, stats)
+    layer = IOLayer(Limits(), _pong, stats)
+    conn = layer.add(server_sock)
     client = trio.SocketStream(trio.socket.from_stdlib_socket(client_sock))
     assert conn.protocol.rate_limiter is None
     buf = bytearray()
     with trio.fail_after(IO_TIMEOUT):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(conn.serve)
+            nursery.start_soon(layer.run)
             await client.send_all(_pings(1, 1000))
             assert all("result" in a for a in await _read_answers(client, buf, 1000))
             await client.send_eof()
+            assert await client.receive_some(65536) == b""  # every answer given, the connection closed
+            nursery.cancel_scope.cancel()
     assert stats.rate_limited == 0
 
 

@@ -26,8 +26,6 @@ from daemon_process import DaemonProcess
 from eurekamem.cli.main import main as cli_main
 from eurekamem.daemon import systemd as sd
 
-pytestmark = pytest.mark.usefixtures("io_mode")  # every test under io = bulk and io = tasks
-
 
 class NotifiedDaemon(DaemonProcess):
     """DaemonProcess with extra environment and, for socket activation, one passed listening socket."""
