@@ -243,7 +243,7 @@ def anchor_lines(rounds: list[dict[str, Any]], names: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--design", action="append", required=True, help="NAME=PYTHON:TREE[:IO], two or more")
+    ap.add_argument("--design", action="append", required=True, help="NAME=PYTHON:TREE[:VAR=VALUE...], two or more")
     ap.add_argument("--ratio", action="append", default=[], metavar="B/A",
                     help="a table of B ÷ A (design names); default: every design against the first")
     ap.add_argument("--pairs", type=int, default=4)

@@ -240,12 +240,13 @@ async def routed(actor, method: str):  # type: ignore[no-untyped-def]
 
 class HeldJournal:
     """The journal's next group held before it is durable (a slow disk), whichever way the actor
-    syncs: the writer thread's write waits in that thread (JournalActor._write); the kernel's
-    completion is kept, unread, until `release` (journal_kernel.py). With `fail_errno` the held
+    syncs: the writer thread's write waits in that thread (journal_thread.WriterThreadSync._write);
+    the kernel's completion is kept, unread, until `release` (journal_kernel.KernelSync). With `fail_errno` the held
     group's sync fails with it at release, and so does every later one while held."""
 
     def __init__(self, actor: Any, fail_errno: int | None = None) -> None:
         self.actor = actor
+        self.backend = actor.backend  # the journal actor's sync back-end, whose steps are held
         self.fail_errno = fail_errno
         self.entered = threading.Event()  # a group waits (set from the writer thread, or from trio's)
         self.durable = False  # the held group was made durable
@@ -257,15 +258,15 @@ class HeldJournal:
         assert await trio.to_thread.run_sync(self.entered.wait, IO_TIMEOUT), "no journal group came to be held"
 
     def __enter__(self) -> HeldJournal:
-        actor = self.actor
-        if actor.sync == "kernel":
-            def completed(result: int) -> None:  # caio's callback, inside drain_acks: keep the result
+        backend = self.backend
+        if backend.name == "kernel":
+            def completed(result: int) -> None:  # caio's callback, inside drain: keep the result
                 self._held.append(result)
                 self.entered.set()
 
-            actor._completed = completed
+            backend._completed = completed
             return self
-        self._write = write = actor._write
+        self._write = write = backend._write
 
         def held_write(records: Any) -> Any:  # in the writer thread
             self.entered.set()
@@ -276,24 +277,24 @@ class HeldJournal:
             self.durable = True
             return last
 
-        actor._write = held_write
+        backend._write = held_write
         return self
 
     def release(self) -> None:
         """Let the held group go on: its sync completes (or fails) now."""
-        actor = self.actor
-        if actor.sync != "kernel":
+        backend = self.backend
+        if backend.name != "kernel":
             self._go.set()
             return
-        if "_completed" in vars(actor):
-            del actor._completed  # the actor's own method again
+        if "_completed" in vars(backend):
+            del backend._completed  # the back-end's own method again
         for result in self._held:
-            actor._result = result if self.fail_errno is None else (1 << 64) - self.fail_errno
-            actor.drain_acks()  # on trio's thread, as the poller's pass would
+            backend._result = result if self.fail_errno is None else (1 << 64) - self.fail_errno
+            self.actor.drain_acks()  # on trio's thread, as the poller's pass would
             self.durable = self.fail_errno is None
         self._held.clear()
 
     def __exit__(self, *exc: object) -> None:
         self.release()
         if self._write is not None:
-            self.actor._write = self._write
+            self.backend._write = self._write

@@ -79,13 +79,14 @@ async def test_a_failed_write_fails_its_group_and_every_later_write() -> None:
 
 async def test_batch_policy_syncs_at_close() -> None:
     fs = FakeFiles()
-    actor = JournalActor(_journal(fs), "batch", batch_interval=3600)
+    journal = _journal(fs)
+    actor = JournalActor(journal, "batch", batch_interval=3600)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(actor.run)
         await actor.submit([(1, b"a")])
-        assert actor._unsynced
+        assert journal.unsynced  # written, not synced (the writer thread is idle: nothing else touches it)
         actor.close()
-    assert not actor._unsynced
+    assert not journal.unsynced
     assert [r[2] for r in Journal.open(J, fs=fs.crash())[1]] == [b"a"]
 
 

@@ -18,7 +18,8 @@ from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from eurekamem.daemon.config import config_default
 from eurekamem.daemon.storage.journal import Journal
 from eurekamem.daemon.storage.journal_actor import JournalActor, JournalUnavailable
-from eurekamem.daemon.storage.journal_kernel import KernelSyncJournalActor, kernel_sync_problem, make_journal_actor
+from eurekamem.daemon.storage.journal_kernel import KernelSync, kernel_sync_problem, make_journal_actor
+from eurekamem.daemon.storage.journal_thread import WriterThreadSync
 from fakefiles import FakeFiles
 
 
@@ -42,9 +43,14 @@ def _writer_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "journal-writer"]
 
 
+def _kernel_actor(journal: Journal, acks: str = "actor") -> JournalActor:
+    """The journal actor's front composed with the kernel's back-end (fsync=always: no batch timer)."""
+    return JournalActor(journal, "always", 0.0, acks=acks, backend=KernelSync)
+
+
 async def test_writes_are_durable_in_order_grouped_and_calls_run_between_them(journal, tmp_path) -> None:
     actor = make_journal_actor(journal, "always", config_default("batch_interval"), sync=config_default("journal_sync"))
-    assert type(actor) is KernelSyncJournalActor and actor.statistics()["sync"] == "kernel"
+    assert type(actor.backend) is KernelSync and actor.statistics()["sync"] == "kernel"
     seqs: list[int] = []
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
@@ -79,7 +85,7 @@ async def test_a_full_segment_rolls_in_a_worker_thread_and_nothing_is_lost(tmp_p
     journal = Journal.open(tmp_path / "journal", segment_bytes=600)[0]
     if kernel_sync_problem(journal) is not None:
         pytest.skip("the kernel cannot make the fdatasync here")
-    actor = KernelSyncJournalActor(journal)
+    actor = _kernel_actor(journal)
     threads: set[str] = set()
     roll = journal.rotate
 
@@ -100,13 +106,14 @@ async def test_a_full_segment_rolls_in_a_worker_thread_and_nothing_is_lost(tmp_p
 
 
 async def test_a_failed_fdatasync_fails_its_group_and_later_writes_until_resume(journal, tmp_path, monkeypatch) -> None:
-    actor = KernelSyncJournalActor(journal)
+    actor = _kernel_actor(journal)
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(actor.run)
             assert await actor.submit([(1, b"ok")]) == 1
             # the kernel answers EIO for the next fdatasync (the result as caio passes it: unsigned)
-            monkeypatch.setattr(actor, "_completed", lambda result: setattr(actor, "_result", (1 << 64) - errno.EIO))
+            kernel = actor.backend
+            monkeypatch.setattr(kernel, "_completed", lambda result: setattr(kernel, "_result", (1 << 64) - errno.EIO))
             with pytest.raises(JournalUnavailable, match="journal write failed"):
                 await actor.submit([(1, b"lost")])
             monkeypatch.undo()
@@ -122,7 +129,7 @@ async def test_a_failed_fdatasync_fails_its_group_and_later_writes_until_resume(
 
 
 async def test_a_refused_submission_fails_the_group_and_the_journal(journal) -> None:
-    actor = KernelSyncJournalActor(journal)
+    actor = _kernel_actor(journal)
 
     def refuse(*operations: object) -> int:
         raise ValueError("The file descriptor specified in the first iocb is invalid [EBADF]")
@@ -130,11 +137,12 @@ async def test_a_refused_submission_fails_the_group_and_the_journal(journal) -> 
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(actor.run)
-            context = actor._context
-            actor._context = _Refusing(context, refuse)
+            kernel = actor.backend
+            context = kernel._context
+            kernel._context = _Refusing(context, refuse)
             with pytest.raises(JournalUnavailable, match="fdatasync not submitted"):
                 await actor.submit([(1, b"never synced")])
-            actor._context = context
+            kernel._context = context
             assert journal.failed and actor.statistics()["failed"]
             with pytest.raises(ZeroDivisionError):  # a call that raises reaches its caller, as with the thread
                 await actor.run_exclusive(lambda journal: 1 / 0)
@@ -156,7 +164,7 @@ class _Refusing:
 async def test_poller_completions_come_back_through_the_poll_and_through_the_actor_once_it_stops(journal) -> None:
     """acks="poller": a group's completion waits behind ack_fd until a poller drains it (as the bulk I/O
     layer's pass does); after poller_stopped the actor's task reads completions itself."""
-    actor = KernelSyncJournalActor(journal, acks="poller")
+    actor = _kernel_actor(journal, acks="poller")
     assert actor.ack_fd is not None
     poll = select.epoll()
     poll.register(actor.ack_fd, select.EPOLLIN)
@@ -184,7 +192,7 @@ async def test_poller_completions_come_back_through_the_poll_and_through_the_act
 
 
 async def test_close_waits_for_the_group_in_the_kernel_and_answers_it(journal, tmp_path) -> None:
-    actor = KernelSyncJournalActor(journal)
+    actor = _kernel_actor(journal)
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(actor.run)
@@ -201,14 +209,16 @@ async def test_close_waits_for_the_group_in_the_kernel_and_answers_it(journal, t
 def test_the_thread_is_kept_where_the_kernel_cannot_or_should_not_sync(journal) -> None:
     fake = Journal.open("/j", fs=FakeFiles())[0]
     assert kernel_sync_problem(fake) == "the journal's file layer has no file descriptor"
-    assert type(make_journal_actor(fake, "always", config_default("batch_interval"), sync=config_default("journal_sync"))) is JournalActor
+    assert type(make_journal_actor(fake, "always", config_default("batch_interval"), sync=config_default("journal_sync")).backend) is WriterThreadSync
     for fsync, sync in (("batch", "auto"), ("off", "auto"), ("always", "thread")):
         actor = make_journal_actor(journal, fsync, config_default("batch_interval"), sync=sync)
-        assert type(actor) is JournalActor and actor.statistics()["sync"] == "thread"
+        assert type(actor.backend) is WriterThreadSync and actor.statistics()["sync"] == "thread"
         if actor.ack_fd is not None:
             os.close(actor.ack_fd)
     with pytest.raises(ValueError, match="auto or thread"):
         make_journal_actor(journal, "always", config_default("batch_interval"), sync="kernel")
+    with pytest.raises(ValueError, match="fsync=always only"):  # the kernel's back-end syncs every group
+        JournalActor(journal, "batch", config_default("batch_interval"), backend=KernelSync)
 
 
 # --- the daemon ----------------------------------------------------------------------------------

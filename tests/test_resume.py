@@ -16,6 +16,7 @@ import trio
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from eurekamem.daemon.storage.journal import Journal, JournalWriteError
+from eurekamem.daemon.storage.journal_sync import sync_if_unsynced
 from fakefiles import FakeFiles
 
 J = "/j"
@@ -162,7 +163,7 @@ async def test_sys_resume_under_fsync_batch_snapshots_what_was_acknowledged(data
             await conn.result("persistent.remember", _remember("later", 3))
             # the fsync that fsync=batch runs within batch_interval: run now in the writer thread
             # unless the periodic one already did (either way "later" is on disk before the crash)
-            await journal_actor.run_exclusive(journal_actor._sync_if_unsynced)
+            await journal_actor.run_exclusive(sync_if_unsynced)
             assert fake.stats["datasync"]
             await conn.aclose()
             daemon.snapshot = _no_snapshot

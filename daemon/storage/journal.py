@@ -493,6 +493,12 @@ class Journal:
     def failed(self) -> bool:
         return self._error is not None
 
+    @property
+    def unsynced(self) -> bool:
+        """Records were appended since the last successful sync (fsync=batch's periodic sync and the
+        final one at close look at this)."""
+        return self.last_seq > self._synced_seq
+
     # -- writing ----------------------------------------------------------------------------
 
     def _check_writable(self) -> None:
