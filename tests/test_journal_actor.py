@@ -123,3 +123,21 @@ async def test_poller_acks_come_back_through_the_poll_and_through_the_actor_once
     poll.close()
     assert not _writer_threads() and actor.ack_fd is None  # closed with the thread
     assert len(Journal.open(J, fs=fs.crash())[1]) == 2
+
+
+async def test_a_cancelled_run_still_answers_what_was_queued_before_close() -> None:
+    """The front runs its back-end shielded: cancelling the actor's run after close() still makes
+    every queued write durable and answers it, then stops the thread and gives back its eventfd."""
+    fs = FakeFiles()
+    actor = JournalActor(_journal(fs), "always", config_default("batch_interval"))
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(actor.run)
+            await trio.testing.wait_all_tasks_blocked()
+            first = actor.submit_nowait([(1, b"a")])
+            second = actor.submit_nowait([(1, b"b")])
+            actor.close()
+            nursery.cancel_scope.cancel()
+        assert await first.wait() == 1 and await second.wait() == 2
+    assert not _writer_threads() and actor.ack_fd is None
+    assert [r[2] for r in Journal.open(J, fs=fs.crash())[1]] == [b"a", b"b"]
