@@ -261,7 +261,7 @@ class Daemon:
         recovered.memory.settings = StrengthSettings.from_config(self.config)
         recovered.memory.wall = self.wall
         # the Journal is handed to the journal actor here (its writer thread's, or under fsync=always where
-        # the kernel can make the fdatasync, trio's: daemon/storage/journal_kernel.py); under io = bulk the
+        # the kernel can make the fdatasync, trio's: daemon/storage/journal_kernel.py); the
         # journal's acknowledgements come back through the I/O layer's passes
         self.journal_actor = make_journal_actor(
             journal, self.config.fsync, self.config.batch_interval, acks="poller", sync=self.config.journal_sync
@@ -343,7 +343,7 @@ class Daemon:
                     )
                     connections.start_soon(self._run_io, self.io_layer, io_scope)
                     accept_scope = trio.CancelScope()
-                    connections.start_soon(self._accept_loop, listener, self.io_layer, connections, accept_scope)
+                    connections.start_soon(self._accept_loop, listener, connections, accept_scope)
                     log.info(
                         "ready: serving on %s%s (data root %s, fsync %s, journal sync: %s, started in %.2f s)",
                         self.config.socket_path, " (socket activation)" if activated else "", self.paths.root,
@@ -393,7 +393,7 @@ class Daemon:
             await trio.to_thread.run_sync(journal.close)  # the journal actor's writer thread has ended
             log.info("stopped after %s up", _duration(trio.current_time() - self._started_clock))
 
-    async def _accept_loop(self, listener: Any, layer: IOLayer, nursery: trio.Nursery, scope: trio.CancelScope) -> None:
+    async def _accept_loop(self, listener: Any, nursery: trio.Nursery, scope: trio.CancelScope) -> None:
         with scope:
             while True:
                 await trio.lowlevel.wait_readable(listener)
@@ -411,9 +411,10 @@ class Daemon:
                 if uid is None:
                     continue
                 sock.setblocking(False)
-                self._connections.add(layer.add(sock, uid))
-                self.stats.connections_total += 1
-                self.stats.connections_open += 1
+                if self.io_layer is not None:
+                    self._connections.add(self.io_layer.add(sock, uid))
+                    self.stats.connections_total += 1
+                    self.stats.connections_open += 1
 
     def _peer_allowed(self, sock: stdlib_socket.socket, nursery: trio.Nursery) -> int | None:
         """Let in the daemon's own uid and Config.allowed_uids; refuse anyone else (SO_PEERCRED).
