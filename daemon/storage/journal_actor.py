@@ -14,9 +14,9 @@ This module is the front: the queueing, the waiters, the failure, the statistics
 and the periodic sync, the same whoever makes the syncs. It is composed with one back-end that
 owns the Journal and makes groups durable (daemon/storage/journal_sync.py is the seam): a writer
 thread (journal_thread.py, any policy) or the kernel's fdatasync through Linux AIO, no thread
-(journal_kernel.py, fsync=always; `make_journal_actor` there picks). The front never touches the
-Journal: it knows it only through `facts` (JournalFacts, a copy the back-end sends with every
-completion).
+(journal_kernel.py, fsync=always; `make_journal_actor` there picks). The front reads the Journal
+once, for its first facts, before handing it over; from then on it knows it only through `facts`
+(JournalFacts, a copy the back-end sends with every completion).
 
 Ownership: the attributes trio reads (acked_seq, failed, the histogram, `facts`) are written by
 trio alone, from the back-end's completions, which wait behind the back-end's `ack_fd` (an

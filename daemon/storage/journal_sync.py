@@ -7,11 +7,12 @@ through what this module names, so either back-end can sit behind the one front:
 
 - front -> back-end: `SyncBackend.enqueue(op)` with one `JournalOp` at a time, in queue order,
   on trio's thread; `close()` once, after the last op; `run()` for the actor's life.
-- back-end -> front: the `JournalFront` methods, always on trio's thread and always from
+- back-end -> front: the `JournalFront` methods, always on trio's thread: from
   `SyncBackend.drain` (the completions wait behind `ack_fd`, an eventfd: the bulk I/O layer's pass
-  or the actor's own task finds it readable and drains) or from `enqueue`/`close` themselves, each
-  with a `JournalFacts` copy made by the Journal's owner, so a woken waiter already sees the facts
-  of its own op.
+  or the actor's own task finds it readable and drains), from `enqueue`/`close` themselves (a
+  write the kernel's back-end could not start), or from the back-end's `run` (the kernel's
+  back-end, once a call it lent to a worker thread is back); each with a `JournalFacts` copy made
+  by the Journal's owner, so a woken waiter already sees the facts of its own op.
 
 A back-end writes consecutive writes as one group covered by one sync, runs a call alone between
 groups, and reports every op's outcome exactly once; the front decides what an outcome means to
