@@ -164,12 +164,23 @@ class ServiceManager:
 
 
 class Progress:
-    """What recovery is doing now; set from its worker thread, read by the trio task that reports it."""
+    """What recovery is doing now, for the trio task that reports it.
+
+    Made, written and read on trio's thread only. Recovery runs in a worker thread and hands each
+    change over with `set`, which queues the assignment to trio's thread (`run_sync_soon`, the one
+    documented way a value crosses): `text` is never written from the worker."""
 
     def __init__(self, text: str = "starting") -> None:
+        import trio
+
         self.text = text
+        self._trio = trio.lowlevel.current_trio_token()
 
     def set(self, text: str) -> None:
+        """From any thread: `text` becomes this on trio's thread, in the order of the calls."""
+        self._trio.run_sync_soon(self._set, text)
+
+    def _set(self, text: str) -> None:
         self.text = text
 
 

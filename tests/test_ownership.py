@@ -1,5 +1,7 @@
-"""One owner per piece of state: sys.stats reads what the actors publish, never their state, and
-every method of the protocol has exactly one handler in daemon/tier.py's HANDLERS."""
+"""One owner per piece of state: sys.stats reads what the actors publish, never their state;
+every method of the protocol has exactly one handler in daemon/tier.py's HANDLERS; and each value
+that crosses a thread goes through the hand-off ARCHITECTURE.md names (a queue, `run_sync_soon`, or
+what `trio.to_thread.run_sync` returns), never a shared attribute written from the other side."""
 
 from __future__ import annotations
 
@@ -10,8 +12,10 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
+from eurekamem.daemon import systemd as sd
 from eurekamem.daemon.memory.state import MemoryState
 from eurekamem.daemon.storage.journal import Journal
 from eurekamem.daemon.tier import HANDLERS
@@ -171,3 +175,41 @@ def test_tier_counts_kept_incrementally_equal_a_full_count() -> None:
         counts = state.counts()
         assert counts["events"] == sum(len(ring) for ring in state.sessions.values())
         assert counts["sessions"] == len(state.sessions) <= 4
+
+class _Manager(sd.ServiceManager):
+    """A service manager that keeps what it would send (no NOTIFY_SOCKET needed)."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.lines: list[str] = []
+
+    def notify(self, *lines: str) -> None:
+        self.lines.extend(lines)
+
+
+async def test_recovery_progress_is_written_on_trios_thread_only(autojump_clock: trio.testing.MockClock) -> None:
+    progress = sd.Progress("loading snapshots")
+    seen_in_worker: list[str] = []
+    written_by: list[str] = []
+    original = progress._set
+
+    def spy(text: str) -> None:
+        written_by.append(threading.current_thread().name)
+        original(text)
+
+    progress._set = spy  # type: ignore[method-assign]
+
+    def recovery() -> None:  # as daemon/recovery.py calls its callback, from a worker thread
+        progress.set("replaying the journal")
+        seen_in_worker.append(progress.text)  # not yet: the change is queued to trio's thread
+
+    manager = _Manager()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sd.report_recovery, manager, progress, 1.0)
+        await trio.to_thread.run_sync(recovery)
+        await trio.sleep(1.5)  # one report, after the hand-off ran
+        nursery.cancel_scope.cancel()
+    assert seen_in_worker == ["loading snapshots"]
+    assert written_by == [threading.current_thread().name]  # trio's thread
+    assert progress.text == "replaying the journal"
+    assert any(line.startswith("STATUS=recovering: replaying the journal") for line in manager.lines)
