@@ -213,3 +213,31 @@ async def test_recovery_progress_is_written_on_trios_thread_only(autojump_clock:
     assert written_by == [threading.current_thread().name]  # trio's thread
     assert progress.text == "replaying the journal"
     assert any(line.startswith("STATUS=recovering: replaying the journal") for line in manager.lines)
+
+
+# ConversationActor's methods that run as the state's owner: the actor's batches and internal calls
+# (in the worker thread they await, or between batches), and construction
+_CONVERSATION_OWNER_METHODS = {"__init__", "handle_calls", "_process", "_search_now", "_call_on_state", "_publish"}
+
+
+@pytest.mark.unit
+def test_the_conversation_actors_side_tasks_never_read_its_state() -> None:
+    """The query pipeline, the background embedder, retention and flush run beside the actor's
+    batches: they reach the state only through internal calls (whose value comes back), never
+    `self.state`, which a batch in a worker thread may be changing at that moment."""
+    import ast
+    import inspect
+
+    from eurekamem.daemon.conversation import actor
+
+    tree = ast.parse(inspect.getsource(actor.ConversationActor))
+    readers = {
+        method.name
+        for method in ast.walk(tree)
+        if isinstance(method, ast.FunctionDef | ast.AsyncFunctionDef)
+        for node in ast.walk(method)
+        if isinstance(node, ast.Attribute) and node.attr == "state"
+        and isinstance(node.value, ast.Name) and node.value.id == "self"
+    }
+    assert readers, "the reader found no self.state at all: it is broken"
+    assert readers <= _CONVERSATION_OWNER_METHODS, readers - _CONVERSATION_OWNER_METHODS

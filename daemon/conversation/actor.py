@@ -70,6 +70,9 @@ class ConversationActor(TierActor):
     def __init__(self, state: ConversationState, journal: Any, *, retention_days: float = 0.0) -> None:
         self._work: dict[str, Any] = state.statistics()  # published by the actor only (_publish)
         super().__init__(state, journal, inline=True)
+        # the state's embedder, taken once here: the query pipeline and the background embedder run
+        # beside the actor's batches, so they never read the state (the embedder is thread-safe)
+        self.embedder = state.embedder
         self.retention_days = retention_days
         self._query_send, self._query_recv = trio.open_memory_channel[Work](math.inf)
         self._query_vectors: dict[int, tuple[np.ndarray | None, str | None]] = {}  # id(call) -> (vector, error)
@@ -107,7 +110,7 @@ class ConversationActor(TierActor):
 
     async def _query_pipeline(self) -> None:
         """Embed the queries of the searches waiting (one call for all), then queue the searches."""
-        embedder = self.state.embedder
+        embedder = self.embedder
         async for first in self._query_recv:
             batch = [first]
             while len(batch) < MAX_BATCH:
@@ -124,7 +127,7 @@ class ConversationActor(TierActor):
                     vectors = dict(zip(queries, rows))
                 except Exception as exc:
                     log.error("conversation search: the query could not be embedded: %s", exc)
-                    error = f"the embedder {self.state.model} failed: {exc}"
+                    error = f"the embedder {embedder.name} failed: {exc}"
             for work in batch:
                 self._query_vectors[id(work.call)] = (vectors.get(work.call.params.query), error)
                 try:
@@ -219,8 +222,7 @@ class ConversationActor(TierActor):
         todo = await self.run_internal(lambda s: s.take_to_embed(limit))
         if not todo:
             return 0
-        embedder = self.state.embedder
-        vectors = await trio.to_thread.run_sync(embedder.embed_passages, [text for _, text, _ in todo])
+        vectors = await trio.to_thread.run_sync(self.embedder.embed_passages, [text for _, text, _ in todo])
         stored = await self.run_internal(lambda s: s.put_vectors(todo, vectors))
         result: int = max(stored, 1)  # texts that changed meanwhile are taken again on the next call
         return result
@@ -251,15 +253,16 @@ class ConversationActor(TierActor):
         """Drop the messages extracted more than retention_days ago (journaled); how many were dropped."""
         when = now or _dt.datetime.now(_dt.UTC)
 
-        def prune(state: ConversationState) -> int:
+        def prune(state: ConversationState) -> tuple[int, bool]:
             expired = state.expired(when, self.retention_days)
             for group, seqs in expired.items():
                 state.drop(group, seqs)
-            return sum(len(seqs) for seqs in expired.values())
+            # read here, by the owner: the neighbours of what went have new documents to embed
+            return sum(len(seqs) for seqs in expired.values()), bool(state.to_embed)
 
-        dropped = await self.run_internal(prune)
+        dropped, to_embed = await self.run_internal(prune)
         self.dropped += dropped
-        if self.state.to_embed:  # the neighbours of what went have new documents
+        if to_embed:
             self._wake.set()
         return dropped
 
