@@ -155,19 +155,21 @@ class Embedder(abc.ABC):
 
     def __init__(self) -> None:
         self._load_lock = threading.Lock()
-        self._loaded = False
+        # set once the model is loaded (by the embedder-load thread, or the first embedding thread),
+        # read by trio's tasks (is it worth waiting for?): an Event is the hand-off, not a bare flag
+        self._ready = threading.Event()
 
     # ---- loading ----
     @property
     def loaded(self) -> bool:
-        return self._loaded
+        return self._ready.is_set()
 
     def load(self) -> None:
         """Load the model (or connect) once; idempotent and thread-safe. Raises EmbedderError."""
-        if self._loaded:
+        if self._ready.is_set():
             return
         with self._load_lock:
-            if self._loaded:
+            if self._ready.is_set():
                 return
             try:
                 self._load()
@@ -177,7 +179,7 @@ class Embedder(abc.ABC):
                 raise EmbedderError(
                     f"{self.name}: loading the model failed: {type(e).__name__}: {e}"
                 ) from e
-            self._loaded = True
+            self._ready.set()
 
     def close(self) -> None:  # noqa: B027 - a no-op by default: only network embedders hold something
         """Release what `load` acquired (network clients); a later call loads again."""
@@ -403,7 +405,7 @@ class OpenAIEmbedder(Embedder):
     def close(self) -> None:
         with self._load_lock:
             client, self._client = self._client, None
-            self._loaded = False
+            self._ready.clear()
         if client is not None:
             client.close()
 
