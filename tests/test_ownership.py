@@ -241,3 +241,53 @@ def test_the_conversation_actors_side_tasks_never_read_its_state() -> None:
     }
     assert readers, "the reader found no self.state at all: it is broken"
     assert readers <= _CONVERSATION_OWNER_METHODS, readers - _CONVERSATION_OWNER_METHODS
+
+
+class _CheckedIndex:
+    """An hnswlib index that, on each add or query, asks another thread whether it could take the
+    store's lock now (it must not: the call runs under it)."""
+
+    def __init__(self, index: Any, guard: Any) -> None:
+        self._index, self._guard = index, guard
+        self.free_during: list[bool] = []
+
+    def _probe(self) -> None:
+        def probe() -> None:
+            got = self._guard.acquire(blocking=False)
+            if got:
+                self._guard.release()
+            self.free_during.append(got)
+
+        thread = threading.Thread(target=probe)
+        thread.start()
+        thread.join()
+
+    def add_items(self, *args: Any, **kwargs: Any) -> Any:
+        self._probe()
+        return self._index.add_items(*args, **kwargs)
+
+    def knn_query(self, *args: Any, **kwargs: Any) -> Any:
+        self._probe()
+        return self._index.knn_query(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._index, name)
+
+
+@pytest.mark.unit
+def test_a_vector_store_never_searches_while_another_thread_writes() -> None:
+    """hnswlib releases the GIL in add_items and knn_query, which must not overlap (tier 4 runs a
+    hybrid search's dense side in its own thread): each holds the store's lock, so another thread
+    cannot enter the store meanwhile."""
+    import numpy as np
+
+    from eurekamem.daemon.retrieval.vectors import VectorStore
+
+    rng = np.random.default_rng(5)
+    store = VectorStore(8, model="test", exact_max=0)  # every search through hnswlib
+    checked = _CheckedIndex(store._index, store._guard)
+    store._index = checked  # type: ignore[assignment]
+    store.add(np.arange(50), rng.standard_normal((50, 8)).astype(np.float32))
+    labels, _ = store.search(rng.standard_normal(8).astype(np.float32), 5)
+    assert len(labels) == 5
+    assert checked.free_during and not any(checked.free_during), checked.free_during

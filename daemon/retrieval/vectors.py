@@ -45,22 +45,26 @@ snapshot is durable.
 The files' format and their checks are vector_files.py's; ``save`` and ``load`` write and read
 them, a save to temporary names first.
 
-Threads: every method is blocking and none is thread-safe. hnswlib's ``add_items`` and
-``knn_query`` release the GIL, so the owner must never search while another thread adds, removes
-or saves: the memory actor serialises all calls (one worker-thread call at a time).
+Threads: every method is blocking. hnswlib's ``add_items`` and ``knn_query`` release the GIL and
+must never overlap, so each method that reads or changes the matrix or the index holds the store's
+lock (``_guard``): a search in one thread (tier 4's dense-search thread) and a write in another
+cannot interleave, whatever the caller does. The owners serialise their calls anyway (one batch
+at a time), so the lock is uncontended: it makes the rule hold by construction, not by convention.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import logging
 import math
 import os
 import secrets
+import threading
 import zlib
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import hnswlib
 import numpy as np
@@ -119,6 +123,20 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _guarded(method: _F) -> _F:
+    """Run `method` holding the store's lock (see Threads in the module docstring)."""
+
+    @functools.wraps(method)
+    def run(self: VectorStore, *args: Any, **kwargs: Any) -> Any:
+        with self._guard:
+            return method(self, *args, **kwargs)
+
+    return run  # type: ignore[return-value]
+
+
 def _empty() -> tuple[np.ndarray, np.ndarray]:
     return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
 
@@ -158,6 +176,7 @@ class VectorStore:
         self._hi = 0  # 1 + the largest label ever stored
         self._count = 0
         self._hash = 0
+        self._guard = threading.RLock()  # held by every method that reads or changes the matrix or index
         self._index = self._new_index(cap)
 
     # -- basics ---------------------------------------------------------------------------
@@ -180,6 +199,7 @@ class VectorStore:
         return self._ef_search
 
     @ef_search.setter
+    @_guarded
     def ef_search(self, value: int) -> None:
         self._ef_search = int(value)
         self._index.set_ef(self._ef_search)
@@ -188,6 +208,7 @@ class VectorStore:
         """The ef a search of n live vectors uses (hnswlib also never goes below k)."""
         return max(self._ef_search, int(EF_AT_100K * math.sqrt(n / 100_000)))
 
+    @_guarded
     def get(self, label: int) -> np.ndarray:
         """A copy of the stored (unit-length) vector of `label`; KeyError if absent."""
         if label not in self:
@@ -195,6 +216,7 @@ class VectorStore:
         result: np.ndarray = self._vecs[int(label)].copy()
         return result
 
+    @_guarded
     def labels(self) -> np.ndarray:
         """The live labels, ascending (int64)."""
         return np.flatnonzero(self._live[: self._hi]).astype(np.int64)
@@ -203,6 +225,7 @@ class VectorStore:
         """Digest of the live (label, vector) pairs: ``"<count>:<16 hex digits>"``. O(1)."""
         return f"{self._count}:{self._hash:016x}"
 
+    @_guarded
     def stats(self) -> dict[str, int]:
         return {
             "count": self._count,
@@ -213,6 +236,7 @@ class VectorStore:
 
     # -- writes ---------------------------------------------------------------------------
 
+    @_guarded
     def add(self, labels: np.ndarray | list[int], vectors: np.ndarray) -> None:
         """Insert or replace vectors. `labels`: int64 (n,); `vectors`: (n, dim) or (dim,) for n=1.
 
@@ -294,6 +318,7 @@ class VectorStore:
         self._known[labs] = True
         self._hi = max(self._hi, int(labs.max()) + 1)
 
+    @_guarded
     def remove(self, label: int, *, erase: bool = False) -> bool:
         """Delete `label` (a tombstone in the index). Idempotent; True if it was present.
 
@@ -313,6 +338,7 @@ class VectorStore:
         self._vecs[lab] = 0.0
         return True
 
+    @_guarded
     def rebuild(self) -> None:
         """Build a fresh hnswlib index from the matrix (drops all tombstones)."""
         labs = self.labels()
@@ -325,6 +351,7 @@ class VectorStore:
 
     # -- search ---------------------------------------------------------------------------
 
+    @_guarded
     def search(
         self, query: np.ndarray, k: int, allowed: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -349,6 +376,7 @@ class VectorStore:
             return self._exact(q, k, rows)
         return self._approx(q, k, rows)
 
+    @_guarded
     def exact_search(
         self, query: np.ndarray, k: int, allowed: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -438,6 +466,7 @@ class VectorStore:
 
     # -- persistence ----------------------------------------------------------------------
 
+    @_guarded
     def save(self, directory: StrPath, stem: str) -> str:
         """Write ``<stem>.hnsw`` and ``<stem>.vectors``; returns ``fingerprint()``.
 
