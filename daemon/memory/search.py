@@ -66,8 +66,9 @@ class Search(MemoryData):
 
     def _dense_searcher(self) -> ThreadPoolExecutor:
         """This state's one thread that runs a hybrid search's hnswlib query while the caller's thread
-        runs BM25. Safe because both run inside one batch of the memory actor: nothing adds to the
-        VectorStore meanwhile (hnswlib must not search while it adds), and the batch waits for it."""
+        runs BM25. hnswlib must not search while it adds: the VectorStore's own lock keeps a write in
+        any other thread out while the search runs (retrieval/vectors.py), and the batch waits for
+        the search's result before it goes on."""
         if self._dense_pool is None:
             self._dense_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dense-search")
             weakref.finalize(self, self._dense_pool.shutdown, wait=False)
