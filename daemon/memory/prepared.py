@@ -59,6 +59,9 @@ class Prepared:
     def __init__(self) -> None:
         self.passages: dict[str, np.ndarray] = {}
         self.queries: dict[str, np.ndarray] = {}
+        # while the model changes: each query by the old model too, for the memories not re-embedded
+        # yet (memory/search.py's dense_prev side), so no search embeds inside the batch
+        self.previous_queries: dict[str, np.ndarray] = {}
         # memory.inject's raw messages (conversation.search hits), keyed by (group, query, count); or the error
         self.messages: dict[tuple[str, str, int], list[dict[str, Any]] | str] = {}
         self.summaries: dict[str, GroupSummary] = {}

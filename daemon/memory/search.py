@@ -269,9 +269,9 @@ class Search(MemoryData):
         if allowed is not None:
             waiting = np.intersect1d(waiting, allowed)
         waiting = waiting[[int(label) in store for label in waiting]] if len(waiting) else waiting
-        if not len(waiting):
+        vector = self._prepared.previous_queries.get(query)
+        if not len(waiting) or vector is None:  # None: the old model failed, or retired as the batch was prepared
             return []
-        vector = embedder.embed_queries([query])[0]
         labels, scores = store.search(vector, FETCH, waiting)
         floor = embedder.thresholds.floor if mode == "hybrid" and FUSION.get(model, DEFAULT_FUSION)["floor"] else -1.0
         return [(int(label), float(score)) for label, score in zip(labels, scores) if score >= floor]
