@@ -13,10 +13,11 @@ from typing import Any
 # loaded yet, as in `eurekamem serve`; an OPENBLAS_NUM_THREADS already set is kept.
 _os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from .app import VERSION, Daemon
+from .app import Daemon
 from .config import Config
 from .errors import StartupError
 from .recovery import recover
+from .stats import VERSION
 from .storage.journal import JournalCorrupt
 
 __all__ = ["Config", "Daemon", "JournalCorrupt", "StartupError", "VERSION", "recover", "serve_daemon"]

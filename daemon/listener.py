@@ -10,7 +10,7 @@ not in it (by the user and group databases), or a folder on the way that a liste
 search (by its mode bits; ACLs are not read). The daemon changes only the socket's own folder: one
 it makes, or one of its user's that holds nothing but the socket; any other folder on the path must
 already let the listed uids through. Under socket activation the .socket unit's SocketMode= and
-SocketGroup= decide instead, and none of this applies (SO_PEERCRED still does, daemon/app.py).
+SocketGroup= decide instead, and none of this applies (SO_PEERCRED still does, daemon/accept.py).
 """
 
 from __future__ import annotations

@@ -1,15 +1,24 @@
-"""Where the daemon keeps everything under the data root, and the LOCK that keeps a second daemon out."""
+"""Where the daemon keeps everything under the data root, and the LOCK that keeps a second daemon out.
+
+Rule kept here: everything the daemon creates is its user's alone (folders 0700, files 0600: the
+journal, the snapshots and the memory files hold every memory), for as long as it runs (`owned_root`).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
+import functools
 import logging
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import trio
+
 from .errors import StartupError
-from .storage.files import unsafe_root_reason
+from .storage.files import PRIVATE_UMASK, RealFiles, atomic_write, make_private, unsafe_root_reason
 
 log = logging.getLogger("eurekamem")
 
@@ -76,3 +85,30 @@ def acquire_lock(paths: Paths) -> int:
     return fd
 
 
+
+
+@contextlib.asynccontextmanager
+async def owned_root(paths: Paths, made_by: str) -> AsyncIterator[None]:
+    """The data root, claimed (a shared folder refused), locked against a second daemon and made
+    private, for the body's length; the umask is restored and the lock released after."""
+    umask = os.umask(PRIVATE_UMASK)
+    try:
+        made_here = claim_data_root(paths)
+        lock_fd = acquire_lock(paths)
+        try:
+            if made_here:
+                atomic_write(RealFiles(), str(paths.made_here), f"made by {made_by}\n".encode())
+            ours = paths.made_here.exists()
+            only = None if ours else OWN_FOLDERS
+            tightened = await trio.to_thread.run_sync(functools.partial(make_private, paths.root, only=only))
+            if tightened:
+                log.warning(
+                    "data root %s: removed group and other permissions from %d files and folders%s "
+                    "(now 0700 folders, 0600 files: only this user may read the memories)", paths.root, tightened,
+                    "" if ours else f" in {', '.join(OWN_FOLDERS)} (a folder the daemon did not make: nothing else in it is changed)",
+                )
+            yield
+        finally:
+            os.close(lock_fd)
+    finally:
+        os.umask(umask)

@@ -232,3 +232,17 @@ def _edge(from_id: str, to_id: str, relation: str) -> Any:
     return PutEdge(from_id, to_id, relation)
 
 
+
+
+def recovery_line(recovery: dict[str, Any]) -> str:
+    """What recovery found, in words: the checkpoint, the records replayed, what was imported."""
+    imported = {name: n for name, n in (recovery.get("imported") or {}).items() if n}
+    text = (
+        f"recovered in {recovery['seconds']:.2f} s: snapshot covers journal seq {recovery['checkpoint_seq']}, "
+        f"replayed {recovery['replayed']:,} journal records"
+    )
+    if imported:
+        text += "; imported from EurekaClaw's files: " + ", ".join(f"{n:,} {name}" for name, n in imported.items())
+    if recovery.get("interrupted_jobs"):
+        text += f"; {recovery['interrupted_jobs']:,} interrupted jobs queued again"
+    return text

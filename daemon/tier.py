@@ -389,6 +389,36 @@ class TierActor:
 Undo = Callable[[], None]
 
 
+BUSY_LIMIT = 900.0  # seconds one batch may take before the watchdog calls its actor stuck
+
+
+async def stuck_actors(actors: Mapping[str, TierActor], timeout: float, busy_limit: float = BUSY_LIMIT) -> list[str]:
+    """The names of the actors that did not answer within `timeout` (each runs a no-op between
+    batches), for systemd's watchdog. An actor inside one long batch (a large memory.add_many
+    embedding in its thread) is busy, not stuck, for up to `busy_limit` seconds."""
+    missing = set(actors)
+
+    async def beat(name: str, actor: TierActor) -> None:
+        try:
+            await actor.run_internal(lambda state: None)
+        except Exception as exc:  # closed at shutdown, or failing: not an answer
+            log.debug("heartbeat to %s failed: %s", name, exc)
+            return
+        missing.discard(name)
+
+    with trio.move_on_after(timeout):
+        async with trio.open_nursery() as nursery:
+            for name, actor in actors.items():
+                nursery.start_soon(beat, name, actor)
+    now = trio.current_time()
+    stuck = []
+    for name in missing:
+        busy_since = actors[name].busy_since
+        if busy_since is None or now - busy_since > busy_limit:
+            stuck.append(name)
+    return sorted(stuck)
+
+
 RTYPE_MUTATION = 1  # journal record type of a msgpack-encoded mutation (the union is in daemon/app.py)
 
 

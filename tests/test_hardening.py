@@ -343,14 +343,14 @@ async def test_a_purge_snapshots_at_once_so_the_journal_forgets_the_text(data_di
     with trio.fail_after(IO_TIMEOUT):
         async with running_daemon(data_dir, sock, **FAST) as daemon:
             done = trio.Event()
-            original = daemon.snapshot
+            original = daemon.snapshots.snapshot  # the scheduler's (daemon/snapshots.py)
 
             async def watched(force: bool = False) -> int:
                 seq = await original(force)
                 done.set()
                 return seq
 
-            daemon.snapshot = watched  # type: ignore[method-assign]
+            daemon.snapshots.snapshot = watched  # type: ignore[method-assign]
             conn = await RawConnection.open(sock)
             secret = (await conn.result("memory.add", memory("Secret", f"password {SENTINEL}")))["memory"]
             assert _holding(data_dir / "memory" / "journal", SENTINEL)

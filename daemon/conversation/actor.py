@@ -12,7 +12,9 @@ Rules kept here:
   from BM25 alone at once (the failure is named in `why.dense_error`).
 - conversation.flush never holds the actor: it is answered by a task of its own that reads the
   group through an internal call (so it sees every write sent before it) and asks the job queue
-  (daemon/jobs/conversation.py: ConversationTrigger.request, set as `flush` by the daemon).
+  (daemon/jobs/conversation.py: ConversationTrigger.request; the actor makes its trigger at
+  construction, and runs its periodic extraction as a loop of its own, stopped before the final
+  snapshot by stop_loops).
 - Message vectors are computed in the background, in batches: the texts to embed are taken from
   the state (an internal call), embedded without it, and stored by a second internal call only
   for messages whose dense text is still the one embedded. Vectors are not journaled (they are
@@ -28,7 +30,7 @@ import re
 import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import numpy as np
@@ -61,25 +63,56 @@ SEARCH = "conversation.search"
 FLUSH = "conversation.flush"
 
 
+class ExtractionTrigger(Protocol):
+    """Asks the job queue for conversation extractions (daemon/jobs/conversation.py's
+    ConversationTrigger): conversation.flush's and the periodic one's."""
+
+    async def request(self, group: str, trigger: str) -> str | None: ...
+
+    async def periodic(self, interval: float, min_chars: int) -> None: ...
+
+    def statistics(self) -> dict[str, Any]: ...
+
+
 class ConversationActor(TierActor):
     state: ConversationState
     # a search enters the queue only once its query is embedded, so a write sent after it may run
     # first: the connection keeps one connection's order for this tier (protocol/_connection.py)
     ARRIVAL_ORDER = False
 
-    def __init__(self, state: ConversationState, journal: Any, *, retention_days: float = 0.0) -> None:
+    def __init__(
+        self,
+        state: ConversationState,
+        journal: Any,
+        *,
+        retention_days: float = 0.0,
+        session_gap: float | None = None,
+        trigger: Callable[[ConversationActor], ExtractionTrigger] | None = None,
+        extract_interval: float = 0.0,
+        extract_min_chars: int = 0,
+    ) -> None:
+        if session_gap is not None:
+            state.session_gap = session_gap  # before anything reads the state (Config.conversation_session_gap)
         self._work: dict[str, Any] = state.statistics()  # published by the actor only (_publish)
         super().__init__(state, journal, inline=True)
         # the state's embedder, taken once here: the query pipeline and the background embedder run
         # beside the actor's batches, so they never read the state (the embedder is thread-safe)
         self.embedder = state.embedder
         self.retention_days = retention_days
+        # the extraction's triggers (conversation.flush, the periodic one), made for this actor
+        self.trigger = trigger(self) if trigger is not None else None
+        self.extract_interval = extract_interval
+        self.extract_min_chars = extract_min_chars
+        self._loops_scope = trio.CancelScope()  # the periodic extraction: stop_loops, or the actor's end
         self._query_send, self._query_recv = trio.open_memory_channel[Work](math.inf)
         self._query_vectors: dict[int, tuple[np.ndarray | None, str | None]] = {}  # id(call) -> (vector, error)
         self._wake = trio.Event()  # set when messages may need vectors
         self.embed_errors = 0
         self.dropped = 0  # messages removed by retention since start
-        self.flush: Callable[[str], Awaitable[str | None]] | None = None  # ConversationTrigger.request, by the daemon
+        self.flush: Callable[[str], Awaitable[str | None]] | None = None  # the trigger's request for conversation.flush
+        if self.trigger is not None:
+            trigger_of = self.trigger
+            self.flush = lambda group: trigger_of.request(group, FLUSH)
         self._nursery: trio.Nursery | None = None
 
     # --- the queue -------------------------------------------------------------------------------
@@ -105,8 +138,51 @@ class ConversationActor(TierActor):
             nursery.start_soon(self._embed_loop)
             if self.retention_days > 0:
                 nursery.start_soon(self._retention_loop)
+            if self.trigger is not None:
+                nursery.start_soon(self._periodic_extraction, self.trigger)
             await super().run()
             nursery.cancel_scope.cancel()
+
+    def stop_loops(self) -> None:
+        """At shutdown, before the final snapshot: the periodic extraction asks for no more jobs."""
+        self._loops_scope.cancel()
+
+    def trigger_statistics(self) -> dict[str, Any] | None:
+        """jobs.conversation in sys.stats: what the trigger counted (None without one)."""
+        return self.trigger.statistics() if self.trigger is not None else None
+
+    async def _periodic_extraction(self, trigger: ExtractionTrigger) -> None:
+        """The periodic conversation extraction (daemon/jobs/conversation.py), until shutdown."""
+        with self._loops_scope:
+            await trigger.periodic(self.extract_interval, self.extract_min_chars)
+
+    # --- reads for tier 4 (MemoryActor's ConversationReads) ------------------------------------------
+
+    async def group_summaries(self, slugs: list[str]) -> dict[str, str]:
+        """The summary of each group whose domain slug is in `slugs` (a domain that is a
+        conversation group), as an internal call, for tier 4's MEMORY.md."""
+        wanted = set(slugs)
+
+        def read(state: ConversationState) -> dict[str, str]:
+            return {g.slug: g.summary.summary for g in state.groups.values() if g.slug in wanted and g.summary.summary}
+
+        result: dict[str, str] = await self.run_internal(read)
+        return result
+
+    async def summaries_and_intents(self, slugs: list[str]) -> dict[str, tuple[str, list[str]]]:
+        """The summary and intents of each group whose domain slug is in `slugs`, as an internal
+        call (memory.inject's include_summary)."""
+        wanted = set(slugs)
+
+        def read(state: ConversationState) -> dict[str, tuple[str, list[str]]]:
+            return {
+                g.slug: (g.summary.summary, list(g.summary.intents))
+                for g in state.groups.values()
+                if g.slug in wanted and (g.summary.summary or g.summary.intents)
+            }
+
+        result: dict[str, tuple[str, list[str]]] = await self.run_internal(read)
+        return result
 
     async def _query_pipeline(self) -> None:
         """Embed the queries of the searches waiting (one call for all), then queue the searches."""

@@ -52,6 +52,7 @@ here (a connection's max_inflight bounds what it may queue).
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import logging
 import math
@@ -60,8 +61,9 @@ import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import numpy as np
@@ -71,15 +73,17 @@ from ...protocol import Call, Memory, ProtocolError, domain_slug
 from ...protocol import _methods as m
 from ...protocol._readable import render_readable
 from ..primitives import Histogram, PendingSync
-from ..redact import redact_text
+from ..redact import Redactor, redact_text
 from ..retrieval.text import pooled
 from ..retrieval.vector_files import remove_unnamed_vector_files
 from ..retrieval.vectors import VectorStore
+from ..stats import EmbeddingProgress
 from ..storage.files import RealFiles, atomic_write
-from ..storage.watched import FileSig, digest, read_files, signature
+from ..storage.watched import SCAN_FACTOR, FileSig, digest, read_files, signature
 from ..tier import MAX_BATCH, Internal, TierActor, Work
 from .data import own_abstract
 from .format import index_entry, memory_files, render_markdown
+from .maintenance import JobQueue, Maintenance, schedule
 from .prepared import (
     GroupSummary,
     Prepared,
@@ -91,6 +95,7 @@ from .prepared import (
 )
 from .records import MemorySnapshot, PutMemory
 from .state import MemoryState
+from .strength import StrengthSettings
 from .watch import (
     FULL_SCAN_FACTOR,
     PLAN_CHUNK,
@@ -143,11 +148,61 @@ MIN_RETRY_MS = 50
 RunSync = Callable[..., Awaitable[Any]]
 
 
+class ConversationReads(Protocol):
+    """What tier 4 reads of the conversation tier (through its actor): MEMORY.md's group summaries,
+    memory.inject's raw messages and its include_summary."""
+
+    async def group_summaries(self, slugs: list[str]) -> dict[str, str]: ...
+
+    async def search_messages(
+        self, group: str, query: str, k: int, vector: np.ndarray | None, error: str | None
+    ) -> list[dict[str, Any]]: ...
+
+    async def summaries_and_intents(self, slugs: list[str]) -> dict[str, tuple[str, list[str]]]: ...
+
+
+@dataclass(frozen=True)
+class MemoryLoops:
+    """The settings of tier 4's background loops (from Config): the projection and re-embedding
+    every projection_interval seconds, the scans of memories/ (watch_interval 0: none), the nightly
+    maintenance schedule ("off": none; catchup 0: no catch-up run after a start)."""
+
+    projection_interval: float
+    watch_interval: float
+    watch_full_interval: float
+    maintenance_at: str
+    maintenance_catchup: float
+
+
 class MemoryActor(TierActor):
     ARRIVAL_ORDER = False  # reads run beside a write that is still embedding (see above)
     state: MemoryState
 
-    def __init__(self, state: MemoryState, journal: Any, root: Path, *, run_sync: RunSync | None = None) -> None:
+    def __init__(
+        self,
+        state: MemoryState,
+        journal: Any,
+        root: Path,
+        *,
+        run_sync: RunSync | None = None,
+        conversation: ConversationReads | None = None,
+        jobs: JobQueue | None = None,
+        redactor: Redactor | None = None,
+        on_purge: Callable[[], None] | None = None,
+        write_backlog: float | None = None,
+        loops: MemoryLoops | None = None,
+        wall: Callable[[], float] | None = None,
+        share_policy: Callable[[str], str] | None = None,
+        strength: StrengthSettings | None = None,
+    ) -> None:
+        # the state's settings, given before anything runs (replay at start does not read them):
+        # the wall clock of its timestamps and strengths, memory.promote's policy per domain, strength's tables
+        if wall is not None:
+            state.wall = wall
+        if share_policy is not None:
+            state.share_policy = share_policy
+        if strength is not None:
+            state.settings = strength
         super().__init__(state, journal)
         # fixed for the state's life, so the embedding threads need not read the state for them
         self.embedder = state.embedder
@@ -168,6 +223,10 @@ class MemoryActor(TierActor):
         self.messages: Callable[[str, str, int, np.ndarray | None, str | None], Awaitable[list[dict[str, Any]]]] | None = None
         # the same groups' summaries and intents for memory.inject's include_summary: slugs -> {slug: GroupSummary}
         self.group_summaries: Callable[[list[str]], Awaitable[dict[str, GroupSummary]]] | None = None
+        if conversation is not None:
+            self.summaries = conversation.group_summaries
+            self.messages = conversation.search_messages
+            self.group_summaries = functools.partial(_summaries_and_intents, conversation)
         # query embeddings recently computed or pre-warmed (the intents an extraction predicted), at
         # most QUERY_CACHE of them, oldest dropped first; read and written on the event loop only
         # (the pipelines' trio tasks and warm_queries), never by a worker thread
@@ -178,9 +237,19 @@ class MemoryActor(TierActor):
         self.projection_errors = 0
         # what the scans of memories/ know (daemon/memory/watch.py): touched under _projection_lock only
         self.watcher = Watcher()
-        self.watching = False  # set by the daemon when it scans memories/ (watch_interval > 0)
+        # the background loops (run_loops) and their settings; None: none run (an actor of a test)
+        self.loops = loops
+        self._loops_scope = trio.CancelScope()  # cancelled by stop_loops, or when the actor ends
+        self.watching = loops is not None and loops.watch_interval > 0  # memories/ is scanned
         self.watch_full_interval = 30.0  # seconds between full scans (Config.watch_full_interval)
-        self.first_scan = trio.Event()  # set once the daemon's scan at start is done (or failed)
+        if loops is not None and self.watching:
+            self.watch_full_interval = loops.watch_full_interval
+        self.first_scan = trio.Event()  # set once the scan at start is done (or failed)
+        # tier 4's background embedding, as sys.stats → memory.embedding shows it; written only by
+        # the background loop, read by sys.stats, both on the event loop
+        self.embedding = EmbeddingProgress()
+        # tier 4's maintenance: jobs of the queue, asked for by sys.maintain and the nightly schedule
+        self.maintenance = Maintenance(jobs, self, wall=state.wall) if jobs is not None else None
         self.reembedded = 0
         # one projection at a time, from taking the changes to writing them: two interleaved ones
         # could write an older version of a file after a newer one (or after its removal)
@@ -193,11 +262,11 @@ class MemoryActor(TierActor):
         # the fast lane's bound (see the module docstring), on the event loop only: characters to
         # embed of the writes routed there and not yet answered (the batch in flight included), the
         # model's measured seconds per character (None until the first write embedding), the bound
-        # in seconds (set by the daemon from Config.memory_write_backlog; None: unbounded), and the
+        # in seconds (Config.memory_write_backlog, given at construction; None: unbounded), and the
         # writes refused
         self._fast_chars = 0
         self.seconds_per_char: float | None = None
-        self.write_backlog: float | None = None
+        self.write_backlog: float | None = write_backlog
         self.writes_refused = 0
         # the lanes (see the module docstring); connections by _connection_of
         self._fast_owed: dict[int, int] = {}  # connection -> its writes in the fast lane, not answered
@@ -206,8 +275,9 @@ class MemoryActor(TierActor):
         self._bulk_turns: collections.deque[int] = collections.deque()  # connections with bulk work, round robin
         self._bulk_wakeup = trio.Event()
         self._closing = False
-        self.on_purge: Callable[[], None] | None = None  # called (on the event loop) after a batch purged a memory
-        self.redactor: Any = None  # the daemon's Redactor (daemon/redact.py), for text stored without a request
+        self._nursery: trio.Nursery | None = None  # run()'s, once running: memory.list readable's tasks
+        self.on_purge: Callable[[], None] | None = on_purge  # called (on the event loop) after a batch purged a memory
+        self.redactor: Redactor | None = redactor  # the daemon's (daemon/redact.py), for text stored without a request
 
     def queue_length(self) -> int:
         return super().queue_length() + self.writes_waiting
@@ -225,12 +295,16 @@ class MemoryActor(TierActor):
         write_send, write_recv = trio.open_memory_channel[list[Work]](math.inf)
         query_send, query_recv = trio.open_memory_channel[list[Work]](math.inf)
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             nursery.start_soon(self._write_pipeline, write_recv)
             nursery.start_soon(self._query_pipeline, query_recv)
             nursery.start_soon(self._bulk_lane)
+            if self.loops is not None:
+                nursery.start_soon(self._run_loops, self.loops)
             try:
                 await self._dispatch(write_send, query_send)
             finally:
+                self._loops_scope.cancel()
                 self._closing = True  # the bulk lane finishes what it has, then ends
                 self._bulk_wakeup.set()
 
@@ -834,6 +908,95 @@ class MemoryActor(TierActor):
         atomic_write(RealFiles(), str(snapshot_path), msgspec.msgpack.encode(doc))
         remove_unnamed_vector_files(vectors_dir, {doc.vectors_stem, doc.previous_stem} - {""})
 
+    # --- memory.list with readable: true ------------------------------------------------------------
+
+    def can_inline(self, call: Call) -> bool:
+        return super().can_inline(call) and not _is_readable_list(call)
+
+    def submit(self, work: Work) -> None:
+        if self._nursery is not None and _is_readable_list(work.call):  # reads the conversation tier too
+            self._nursery.start_soon(self._answer_readable, work)
+            return
+        super().submit(work)
+
+    async def _answer_readable(self, work: Work) -> None:
+        """memory.list with `readable: true`, in a task of its own: the page and the projection's text."""
+        result: Any
+        try:
+            result = await self.list_readable(work.call.params)
+        except ProtocolError as exc:
+            result = exc
+        except Exception as exc:
+            log.exception("memory.list failed")
+            result = ProtocolError("internal", f"memory.list failed: {exc}")
+        work.reply.deliver(work.call, result, work.started_ns)
+        work.reply.flush()
+
+    # --- the background loops -----------------------------------------------------------------------
+
+    def stop_loops(self) -> None:
+        """At shutdown, before the final snapshot: no more projections, scans, embedding or
+        maintenance requests (an embedding batch under way is abandoned: reembed_some)."""
+        self._loops_scope.cancel()
+
+    async def _run_loops(self, loops: MemoryLoops) -> None:
+        with self._loops_scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._background, loops.projection_interval)
+                if loops.watch_interval:
+                    nursery.start_soon(self._watch, loops.watch_interval)
+                if self.maintenance is not None:
+                    nursery.start_soon(schedule, self.maintenance, loops.maintenance_at, loops.maintenance_catchup)
+
+    async def _background(self, interval: float) -> None:
+        """Write changed memory files about every `interval` seconds; embed memories that lack a
+        vector, logging the progress (counts, rate, time left) every EMBED_LOG_EVERY seconds."""
+        progress = self.embedding
+        try:
+            renamed = await self.run_internal(lambda state: state.separate_shared_files())
+            if renamed:
+                log.warning("tier 4: %d memories shared a file with another; each has its own now", len(renamed))
+        except Exception:
+            log.exception("tier 4: could not separate memories that share a file; will try at the next start")
+        while True:
+            await trio.sleep(interval)
+            try:
+                await self.project_files()
+                while True:
+                    pending = self.stats().get("unembedded", 0)
+                    if pending and not progress.running:
+                        progress.begin(trio.current_time(), pending)
+                        log.info("tier 4: embedding %d memories in the background with %s", pending, self.model)
+                    done = await self.reembed_some(progress.batch())
+                    if not done:
+                        break
+                    now = trio.current_time()
+                    progress.add(now, done, self.stats().get("unembedded", 0))
+                    if progress.due(now):
+                        log.info("tier 4: %s", progress.describe(now, self.model))
+                    await self.project_files()
+                if progress.running and not self.stats().get("unembedded", 0):
+                    log.info("tier 4: %s", progress.finish(trio.current_time(), self.model))
+            except trio.ClosedResourceError:
+                return  # the actor closed: the daemon is stopping
+            except Exception:
+                log.exception("memory background work failed; will try again")
+
+    async def _watch(self, interval: float) -> None:
+        """Scan memories/ every `interval` seconds (or more: SCAN_FACTOR) for files other programs
+        wrote, changed or removed (daemon/memory/watch.py); the first scan at once, before the first
+        projection, so that the projection never overwrites a file edited while the daemon was down."""
+        while True:
+            try:
+                await self.scan_files()
+            except trio.ClosedResourceError:
+                return  # the actor closed: the daemon is stopping
+            except Exception:
+                log.exception("tier 4: the scan of memories/ failed; will try again")
+            finally:
+                self.first_scan.set()
+            await trio.sleep(max(interval, SCAN_FACTOR * self.watcher.last_stat_seconds))
+
     def statistics(self) -> dict[str, Any]:
         """memory.* in sys.stats: the actor's counters and what _publish copied (never the state).
         `search` is memory.search's own time (index, BM25, fusion), `query_embedding` the query's
@@ -856,6 +1019,16 @@ class MemoryActor(TierActor):
             "query_embedding": self.query_embedding_time.summary(),
             "query_cache": {"size": len(self._query_cache), "hits": self.query_cache_hits, "warmed": self.warmed},
         }
+
+
+async def _summaries_and_intents(conversation: ConversationReads, slugs: list[str]) -> dict[str, GroupSummary]:
+    """memory.inject's include_summary: each conversation group's summary and intents, as tier 4's GroupSummary."""
+    found = await conversation.summaries_and_intents(slugs)
+    return {slug: GroupSummary(summary, intents) for slug, (summary, intents) in found.items()}
+
+
+def _is_readable_list(call: Call) -> bool:
+    return call.spec.name == "memory.list" and bool(call.params.readable)
 
 
 def _new_stem(model: str) -> str:

@@ -32,7 +32,7 @@ import datetime as _dt
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import numpy as np
@@ -392,13 +392,25 @@ def _record(job_id: str, report: dict[str, Any]) -> Any:
     return MaintenanceRecord(job_id=job_id, started_at=report["started_at"], finished_at=report["finished_at"], report=report)
 
 
+class Internals(Protocol):
+    """An actor's internal call: fn(state) between its batches (daemon/tier.py)."""
+
+    async def run_internal(self, fn: Callable[[Any], Any]) -> Any: ...
+
+
+class JobQueue(Internals, Protocol):
+    """What maintenance asks of the job queue (the JobsActor): a look at its jobs, a new job."""
+
+    async def accept(self, kind: str, key: str, job_input: Any) -> str: ...
+
+
 class Maintenance:
     """When tier 4's maintenance runs: every run is a `memory.maintain` job of the job queue
     (daemon/jobs), asked for by sys.maintain, the nightly schedule or a catch-up after a start;
-    while one is queued or running, asking again answers its id."""
+    while one is queued or running, asking again answers its id. Tier 4's actor makes it."""
 
-    def __init__(self, jobs: Any, memory: Any, *, wall: Callable[[], float] = time.time) -> None:
-        self.jobs = jobs  # the JobsActor
+    def __init__(self, jobs: JobQueue, memory: Internals, *, wall: Callable[[], float] = time.time) -> None:
+        self.jobs = jobs
         self.memory = memory  # the MemoryActor (when the last run finished)
         self.wall = wall
         self.next_at: float | None = None  # when the schedule asks next (seconds since 1970)

@@ -48,10 +48,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("eurekamem.memory")
 
 
-# scans take at most about 1/SCAN_FACTOR of the time: the next one starts after max(watch_interval,
-# SCAN_FACTOR x the last one's stats), so that a tree of many hot files (a bulk write) slows them down
-SCAN_FACTOR = 20
-
 # full scans take at most about 1/FULL_SCAN_FACTOR of the time: the next one is due after
 # max(watch_full_interval, FULL_SCAN_FACTOR x the last one's duration)
 FULL_SCAN_FACTOR = 50

@@ -36,7 +36,7 @@ from ...protocol import Call, Skill
 from ..primitives import PendingSync
 from ..redact import shown
 from ..storage.files import RealFiles, atomic_write
-from ..storage.watched import FileSig, digest, signature
+from ..storage.watched import SCAN_FACTOR, FileSig, digest, signature
 from ..tier import TierActor
 from .format import name_problem, parse_skill
 from .state import (
@@ -66,7 +66,16 @@ MIN_EMBED_PAUSE, MAX_EMBED_PAUSE = 1.0, 60.0  # seconds between attempts while b
 
 
 class SkillsActor(TierActor):
-    def __init__(self, state: SkillsState, journal: Any, root: Path, *, projection_interval: float) -> None:
+    def __init__(
+        self,
+        state: SkillsState,
+        journal: Any,
+        root: Path,
+        *,
+        projection_interval: float,
+        watch_interval: float,
+        watch_full_interval: float,
+    ) -> None:
         super().__init__(state, journal)
         self.state: SkillsState = state
         # fixed for the state's life: the embedding thread and statistics need not read the state for them
@@ -83,18 +92,27 @@ class SkillsActor(TierActor):
         self._projection_lock = trio.Lock()  # one projection at a time, from taking the changes to writing them
         self._unsynced = PendingSync()  # written or removed since the last durable projection
         self.watcher = SkillsWatcher()  # what the scans of skills/ know (daemon/skills/watch.py)
-        self.watching = False  # set by the daemon when it scans skills/ (watch_interval > 0)
-        self.watch_full_interval = 30.0  # seconds between full scans (the daemon sets its config's)
+        self.watch_interval = watch_interval  # seconds between scans of skills/ (0: none)
+        self.watching = watch_interval > 0
+        self.watch_full_interval = watch_full_interval  # seconds between full scans (Config.watch_full_interval)
+        self._loops_scope = trio.CancelScope()  # the background loops: stop_loops, or the actor's end
         self._scanned = trio.Event()  # set (and replaced) after each scan
         self._note_work()
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._background)
+            if self.watching:
+                nursery.start_soon(self._watch)
             try:
                 await super().run()
             finally:
                 nursery.cancel_scope.cancel()
+
+    def stop_loops(self) -> None:
+        """At shutdown, before the final snapshot: no more scans of skills/ (the projector goes on
+        until the actor closes: the snapshot's project_files(durable=True) waits for its lock)."""
+        self._loops_scope.cancel()
 
     # --- batches ------------------------------------------------------------------------------------
 
@@ -152,6 +170,19 @@ class SkillsActor(TierActor):
                 self._work.set()
             else:
                 pause = 0.0
+
+    async def _watch(self) -> None:
+        """Scan skills/ every watch_interval seconds (or more: SCAN_FACTOR times the last scan's
+        length) for SKILL.md files other programs wrote, changed or removed; the first at once."""
+        with self._loops_scope:
+            while True:
+                try:
+                    await self.scan_files()
+                except trio.ClosedResourceError:
+                    return  # the actor closed: the daemon is stopping
+                except Exception:
+                    log.exception("skills: the scan of skills/ failed; will try again")
+                await trio.sleep(max(self.watch_interval, SCAN_FACTOR * self.watcher.last_scan_ms / 1000))
 
     async def put_draft(self, name: str, body: str, **fields: Any) -> Skill:
         """For the learning loop's extraction job: store a distilled skill as a draft (status draft,

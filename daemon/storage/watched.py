@@ -15,6 +15,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+# scans take at most about 1/SCAN_FACTOR of the time: the next one starts after max(watch_interval,
+# SCAN_FACTOR x the last one's stats), so that a tree of many hot files (a bulk write) slows them down
+SCAN_FACTOR = 20
+
 FileSig = tuple[int, int, int]  # (size, mtime_ns, inode): a file changed when one of them did
 
 

@@ -28,7 +28,7 @@ import math
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import trio
@@ -195,6 +195,12 @@ def _utc_timestamp(value: str) -> str:
     return parsed.astimezone(_dt.UTC).isoformat()
 
 
+class ExtractionQueue(Protocol):
+    """What session.close asks of the job queue (the JobsActor): a session's extraction job."""
+
+    async def accept(self, kind: str, key: str, job_input: Any) -> str: ...
+
+
 class EpisodicActor(TierActor):
     """Tier 1: RAM only; every end of a session writes its events to runs/<session_id>/episodic.json.
 
@@ -212,6 +218,7 @@ class EpisodicActor(TierActor):
         *,
         idle_close: float | None = None,
         run_io: Callable[..., Awaitable[Any]] = trio.to_thread.run_sync,
+        jobs: ExtractionQueue | None = None,
     ) -> None:
         super().__init__(state, journal, inline=True)
         self.paths = paths
@@ -222,7 +229,7 @@ class EpisodicActor(TierActor):
                 idle_close = getattr(config, "session_idle_close", None)
         self.idle_close = DEFAULT_IDLE_CLOSE if idle_close is None else idle_close
         self.write_errors = 0
-        self.jobs: Any = None  # the JobsActor: session.close queues extractions (set by the daemon)
+        self.jobs = jobs  # the job queue: session.close queues extractions (None: it queues none)
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
