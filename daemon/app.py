@@ -29,7 +29,6 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import msgspec
-import outcome
 import trio
 
 from ..protocol import Call, now_rfc3339
@@ -46,7 +45,7 @@ from .llm import LLM, LLMConfigError, resolve
 from .memory.actor import MemoryActor, MemoryLoops
 from .memory.strength import StrengthSettings
 from .paths import Paths, owned_root
-from .recovery import Recovered, recover, recovery_line
+from .recovery import Recovered, recover_reporting, recovery_line
 from .redact import Redactor
 from .retrieval.embed import Embedder, make_embedder, preload_embedder
 from .skills.actor import SkillsActor
@@ -182,19 +181,9 @@ class Daemon:
         # the model loads in a thread of its own while recovery reads the snapshots (2 cores: the
         # first search after a restart need not wait for both one after the other)
         threading.Thread(target=_load_and_log, args=(embedder,), name="embedder-load", daemon=True).start()
-        gc.disable()  # recovery allocates millions of objects that all live on: collecting them is waste
-        try:
-            recovered = await self._recover(embedder)
-        finally:
-            gc.enable()
+        recovered = await recover_reporting(self.paths, self.fs, embedder, self.redactor, self.systemd)
         self.redactor.counted(recovered.redacted)  # what a first start's import replaced (recovery's thread handed it back)
-        self.recovery = {
-            "checkpoint_seq": recovered.checkpoint_seq,
-            "replayed": recovered.replayed,
-            "imported": recovered.imported,
-            "seconds": round(trio.current_time() - started, 3),
-            "interrupted_jobs": recovered.interrupted_jobs,
-        }
+        self.recovery = recovered.summary(trio.current_time() - started)
         log.info("%s", recovery_line(self.recovery))
         with _gc_tuned():
             await self._serve_recovered(recovered, task_status, first_llm)
@@ -369,20 +358,6 @@ class Daemon:
                 pass
             await trio.to_thread.run_sync(journal.close)  # the journal actor's writer thread has ended
             log.info("stopped after %s up", duration(trio.current_time() - self._started_clock))
-
-    async def _recover(self, embedder: Embedder) -> Recovered:
-        """recover() in a worker thread; meanwhile systemd hears progress and grants more start-up time."""
-        progress = systemd.Progress("loading snapshots")
-        self.systemd.notify("STATUS=recovering: loading snapshots and replaying the journal", f"EXTEND_TIMEOUT_USEC={systemd.RECOVERY_EXTEND_USEC}")
-        async with trio.open_nursery() as nursery:
-            if self.systemd.enabled:
-                nursery.start_soon(systemd.report_recovery, self.systemd, progress)
-            result = await outcome.acapture(
-                trio.to_thread.run_sync, recover, self.paths, self.fs, embedder, progress.set, self.redactor
-            )
-            nursery.cancel_scope.cancel()
-        recovered: Recovered = result.unwrap()
-        return recovered
 
     async def _feed_watchdog(self, scope: trio.CancelScope) -> None:
         with scope:

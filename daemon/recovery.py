@@ -10,6 +10,7 @@ queued again once the journal is replayed.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -18,10 +19,13 @@ from pathlib import Path
 from typing import Any, Union
 
 import msgspec
+import outcome
+import trio
 
 from ..protocol import (
     now_rfc3339,
 )
+from . import systemd
 from .config import config_default
 from .conversation.actor import load_snapshot as load_conversations
 from .conversation.state import ConversationState, DropMessages, MoveMark, PutMessages, PutSummary
@@ -98,6 +102,16 @@ class Recovered:
         self.imported: dict[str, int] = {}
         self.interrupted_jobs = 0
         self.redacted: list[str] = []  # the kinds redaction replaced in what a first start imported
+
+    def summary(self, seconds: float) -> dict[str, Any]:
+        """sys.stats → recovery (and recovery_line's words): what this recovery found, and how long it took."""
+        return {
+            "checkpoint_seq": self.checkpoint_seq,
+            "replayed": self.replayed,
+            "imported": self.imported,
+            "seconds": round(seconds, 3),
+            "interrupted_jobs": self.interrupted_jobs,
+        }
 
 
 def _read_snapshot(path: Path, reader: Any, has_checkpoint: bool) -> Any:
@@ -246,3 +260,23 @@ def recovery_line(recovery: dict[str, Any]) -> str:
     if recovery.get("interrupted_jobs"):
         text += f"; {recovery['interrupted_jobs']:,} interrupted jobs queued again"
     return text
+
+
+async def recover_reporting(
+    paths: Paths, fs: Any, embedder: Any, redactor: Any, manager: systemd.ServiceManager
+) -> Recovered:
+    """recover() in a worker thread; meanwhile systemd hears progress and grants more start-up time.
+    The collector is off while it runs: recovery allocates millions of objects that all live on."""
+    progress = systemd.Progress("loading snapshots")
+    manager.notify("STATUS=recovering: loading snapshots and replaying the journal", f"EXTEND_TIMEOUT_USEC={systemd.RECOVERY_EXTEND_USEC}")
+    gc.disable()
+    try:
+        async with trio.open_nursery() as nursery:
+            if manager.enabled:
+                nursery.start_soon(systemd.report_recovery, manager, progress)
+            result = await outcome.acapture(trio.to_thread.run_sync, recover, paths, fs, embedder, progress.set, redactor)
+            nursery.cancel_scope.cancel()
+    finally:
+        gc.enable()
+    recovered: Recovered = result.unwrap()
+    return recovered

@@ -79,7 +79,7 @@ from ..retrieval.vector_files import remove_unnamed_vector_files
 from ..retrieval.vectors import VectorStore
 from ..stats import EmbeddingProgress
 from ..storage.files import RealFiles, atomic_write
-from ..storage.watched import SCAN_FACTOR, FileSig, digest, read_files, signature
+from ..storage.watched import SCAN_FACTOR, FileSig, digest, read_files, scan_every, signature
 from ..tier import MAX_BATCH, Internal, TierActor, Work
 from .data import own_abstract
 from .format import index_entry, memory_files, render_markdown
@@ -986,16 +986,12 @@ class MemoryActor(TierActor):
         """Scan memories/ every `interval` seconds (or more: SCAN_FACTOR) for files other programs
         wrote, changed or removed (daemon/memory/watch.py); the first scan at once, before the first
         projection, so that the projection never overwrites a file edited while the daemon was down."""
-        while True:
-            try:
-                await self.scan_files()
-            except trio.ClosedResourceError:
-                return  # the actor closed: the daemon is stopping
-            except Exception:
-                log.exception("tier 4: the scan of memories/ failed; will try again")
-            finally:
-                self.first_scan.set()
-            await trio.sleep(max(interval, SCAN_FACTOR * self.watcher.last_stat_seconds))
+        await scan_every(
+            self.scan_files,
+            lambda: max(interval, SCAN_FACTOR * self.watcher.last_stat_seconds),
+            "tier 4: the scan of memories/",
+            after=self.first_scan.set,
+        )
 
     def statistics(self) -> dict[str, Any]:
         """memory.* in sys.stats: the actor's counters and what _publish copied (never the state).

@@ -36,7 +36,7 @@ from ...protocol import Call, Skill
 from ..primitives import PendingSync
 from ..redact import shown
 from ..storage.files import RealFiles, atomic_write
-from ..storage.watched import SCAN_FACTOR, FileSig, digest, signature
+from ..storage.watched import SCAN_FACTOR, FileSig, digest, scan_every, signature
 from ..tier import TierActor
 from .format import name_problem, parse_skill
 from .state import (
@@ -102,7 +102,7 @@ class SkillsActor(TierActor):
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._background)
-            if self.watching:
+            if self.watch_interval > 0:  # by the setting (a test may turn `watching` on to drive the scans itself)
                 nursery.start_soon(self._watch)
             try:
                 await super().run()
@@ -175,14 +175,11 @@ class SkillsActor(TierActor):
         """Scan skills/ every watch_interval seconds (or more: SCAN_FACTOR times the last scan's
         length) for SKILL.md files other programs wrote, changed or removed; the first at once."""
         with self._loops_scope:
-            while True:
-                try:
-                    await self.scan_files()
-                except trio.ClosedResourceError:
-                    return  # the actor closed: the daemon is stopping
-                except Exception:
-                    log.exception("skills: the scan of skills/ failed; will try again")
-                await trio.sleep(max(self.watch_interval, SCAN_FACTOR * self.watcher.last_scan_ms / 1000))
+            await scan_every(
+                self.scan_files,
+                lambda: max(self.watch_interval, SCAN_FACTOR * self.watcher.last_scan_ms / 1000),
+                "skills: the scan of skills/",
+            )
 
     async def put_draft(self, name: str, body: str, **fields: Any) -> Skill:
         """For the learning loop's extraction job: store a distilled skill as a draft (status draft,

@@ -10,16 +10,39 @@ next pass). Shared by the scans of memories/ (daemon/memory/watch.py) and skills
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import trio
+
+log = logging.getLogger("eurekamem")
 
 # scans take at most about 1/SCAN_FACTOR of the time: the next one starts after max(watch_interval,
 # SCAN_FACTOR x the last one's stats), so that a tree of many hot files (a bulk write) slows them down
 SCAN_FACTOR = 20
 
 FileSig = tuple[int, int, int]  # (size, mtime_ns, inode): a file changed when one of them did
+
+
+async def scan_every(scan: Callable[[], Awaitable[Any]], pause: Callable[[], float], what: str, after: Callable[[], None] | None = None) -> None:
+    """An actor's scan loop (memories/, skills/): scan() now, then again after pause() seconds each
+    time, until the actor closes; a failed scan is logged ("<what> failed") and tried at the next
+    turn; after() runs after each scan, failed or not."""
+    while True:
+        try:
+            await scan()
+        except trio.ClosedResourceError:
+            return  # the actor closed: the daemon is stopping
+        except Exception:
+            log.exception("%s failed; will try again", what)
+        finally:
+            if after is not None:
+                after()
+        await trio.sleep(pause())
 
 
 def signature(st: os.stat_result) -> FileSig:
