@@ -38,7 +38,7 @@ from .config import Config
 from .conversation.actor import ConversationActor
 from .errors import StartupError
 from .io_layer import BulkConnection, IOLayer
-from .jobs import JobsActor, LLMHandle, default_kinds
+from .jobs import JobKind, JobsActor, LLMHandle, default_kinds
 from .jobs.conversation import ConversationTrigger
 from .listener import socket_access
 from .llm import LLM, LLMConfigError, resolve
@@ -51,10 +51,11 @@ from .retrieval.embed import Embedder, make_embedder, preload_embedder
 from .skills.actor import SkillsActor
 from .snapshots import PurgeSignal, Snapshots
 from .stats import VERSION, RequestStats, duration, startup_line
+from .storage.files import FileLayer
 from .storage.journal_actor import JournalActor
 from .storage.journal_kernel import make_journal_actor
 from .sys_calls import SysCalls
-from .tier import HANDLERS, TierActor, Work, stuck_actors
+from .tier import HANDLERS, Reply, TierActor, Work, stuck_actors
 from .tiers.episodic import EpisodicActor, EpisodicState
 
 log = logging.getLogger("eurekamem")
@@ -95,12 +96,12 @@ class Daemon:
     def __init__(
         self,
         config: Config,
-        fs: Any = None,
+        fs: FileLayer | None = None,
         service_manager: systemd.ServiceManager | None = None,
         embedder: Embedder | None = None,
         *,
         environ: Mapping[str, str] | None = None,
-        job_kinds: dict[str, Any] | None = None,
+        job_kinds: dict[str, JobKind] | None = None,
         llm_factory: Callable[[], LLMHandle] | None = None,
         wall_clock: Callable[[], float] | None = None,
     ) -> None:
@@ -369,7 +370,7 @@ class Daemon:
 
     # --- routing ------------------------------------------------------------------------------------
 
-    def dispatch(self, call: Call, reply: Any, started_ns: int) -> None:
+    def dispatch(self, call: Call, reply: Reply, started_ns: int) -> None:
         if call.spec.name in self._intercepted:  # the one choke point: nothing below sees the text unredacted
             self._intercept(call, reply)
         tier = call.spec.tier
@@ -382,7 +383,7 @@ class Daemon:
             return
         HANDLERS[call.spec.name].fn(self.sys_calls, call, reply, started_ns)
 
-    def _intercept(self, call: Call, reply: Any) -> None:
+    def _intercept(self, call: Call, reply: Reply) -> None:
         """Before a write reaches its tier: its free text redacted (daemon/redact.py) and, for the
         review methods, who asked stamped in as the kernel reports it (a peer_uid sent is replaced)."""
         self.redactor.call(call)

@@ -36,7 +36,7 @@ from .snapshots import DISK_ERRNOS, Snapshots
 from .stats import VERSION, RequestStats
 from .storage.journal import JournalWriteError
 from .storage.journal_actor import JournalActor, JournalUnavailable
-from .tier import TierActor, handles
+from .tier import Reply, TierActor, handles
 
 log = logging.getLogger("eurekamem")
 
@@ -93,32 +93,32 @@ class SysCalls:
     # --- the handlers ---------------------------------------------------------------------------------
 
     @handles("sys.ping", "sys")
-    def _sys_ping(self, call: Call, reply: Any, started_ns: int) -> None:
+    def _sys_ping(self, call: Call, reply: Reply, started_ns: int) -> None:
         reply.deliver(call, {"pong": True}, started_ns)
 
     @handles("sys.hello", "sys")
-    def _sys_hello(self, call: Call, reply: Any, started_ns: int) -> None:
+    def _sys_hello(self, call: Call, reply: Reply, started_ns: int) -> None:
         reply.deliver(call, self.hello(), started_ns)
 
     @handles("sys.stats", "sys")
-    def _sys_stats(self, call: Call, reply: Any, started_ns: int) -> None:
+    def _sys_stats(self, call: Call, reply: Reply, started_ns: int) -> None:
         reply.deliver(call, self.statistics(), started_ns)
 
     @handles("sys.snapshot", "sys")
-    def _sys_snapshot(self, call: Call, reply: Any, started_ns: int) -> None:
+    def _sys_snapshot(self, call: Call, reply: Reply, started_ns: int) -> None:
         self.nursery.start_soon(self._answer_snapshot, call, reply, started_ns)
 
     @handles("sys.resume", "sys")
-    def _sys_resume(self, call: Call, reply: Any, started_ns: int) -> None:
+    def _sys_resume(self, call: Call, reply: Reply, started_ns: int) -> None:
         self.nursery.start_soon(self._answer_resume, call, reply, started_ns)
 
     @handles("sys.maintain", "sys")
-    def _sys_maintain(self, call: Call, reply: Any, started_ns: int) -> None:
+    def _sys_maintain(self, call: Call, reply: Reply, started_ns: int) -> None:
         self.nursery.start_soon(self._answer_maintain, call, reply, started_ns)
 
     # --- the calls that wait ------------------------------------------------------------------------
 
-    async def _answer_snapshot(self, call: Call, reply: Any, started_ns: int) -> None:
+    async def _answer_snapshot(self, call: Call, reply: Reply, started_ns: int) -> None:
         try:
             seq = await self.snapshots.snapshot(force=True)
             result: Any = {"seq": seq}
@@ -134,7 +134,7 @@ class SysCalls:
         reply.deliver(call, result, started_ns)
         reply.flush()
 
-    async def _answer_resume(self, call: Call, reply: Any, started_ns: int) -> None:
+    async def _answer_resume(self, call: Call, reply: Reply, started_ns: int) -> None:
         try:
             result: Any = await self.resume()
         except JournalUnavailable as exc:
@@ -145,7 +145,7 @@ class SysCalls:
         reply.deliver(call, result, started_ns)
         reply.flush()
 
-    async def _answer_maintain(self, call: Call, reply: Any, started_ns: int) -> None:
+    async def _answer_maintain(self, call: Call, reply: Reply, started_ns: int) -> None:
         """sys.maintain: {"job_id"} of the memory.maintain job queued now (journaled before the
         answer), or of the one queued or running already; its report is that job's result."""
         maintenance = self.memory.maintenance

@@ -62,6 +62,7 @@ import trio
 
 from ...protocol import Call, Job, ProtocolError, new_id
 from ..llm import LLMError, LLMFailed, LLMUnavailable, report_waits
+from ..redact import Redactor
 from ..storage.journal_actor import JournalActor, JournalUnavailable
 from ..tier import RTYPE_MUTATION, Internal, Stage, TierActor, Work, handles, mutation_encoder
 from .outcome import COMMIT_ORDER, JobFailed, Outcome
@@ -193,7 +194,7 @@ class JobsActor(TierActor):
         max_attempts: int,
         rng: random.Random | None = None,
         environ: Any = None,
-        redactor: Any = None,
+        redactor: Redactor | None = None,
     ) -> None:
         super().__init__(state, journal, inline=True)
         self.tiers = tiers
