@@ -6,8 +6,9 @@ closes: the contract has no "permission" kind; the closest is `invalid_request` 
 connection as a whole is not a request this daemon takes. So that a client which sends its request
 before reading gets the line rather than a broken pipe, what it sends is read and dropped for up to
 REFUSAL_LINGER seconds before the close (at most MAX_LINGERING such connections at once; past that
-they close at once). Under socket activation the socket systemd passed is used as it is, never
-unlinked (daemon/foreground.py's caller owns it), and its checks are daemon/systemd.py's.
+they close at once). Under socket activation the socket systemd passed is used as it is (checked
+by daemon/systemd.py) and never unlinked: it is systemd's; our own socket file is removed after
+serving, if it is still ours (the same inode).
 
 Ownership: the Acceptor's set of open connections and its counters are trio's (the accept loop,
 the connections' close callbacks, shutdown), read by sys.stats through `refused_peers` and the
@@ -69,8 +70,39 @@ class Acceptor:
         self.connections: set[BulkConnection] = set()
         self._connection_closed = trio.Event()  # set (and replaced) as each connection closes
         self.io_layer: IOLayer | None = None  # the layer that reads and writes every socket (start_io)
+        self._listener: stdlib_socket.socket | None = None
+        self._listener_stat: os.stat_result | None = None  # of our own socket file (None: systemd's socket)
+        self._accepting = trio.CancelScope()
 
-    async def listener(self) -> tuple[stdlib_socket.socket, bool]:
+    async def open(self) -> bool:
+        """Open the listener (the module's rule); True when systemd passed it."""
+        self._listener, activated = await self._open_listener()
+        self._listener_stat = None if activated else os.stat(self.config.socket_path)
+        return activated
+
+    def start_accepting(self, nursery: trio.Nursery) -> None:
+        """Accept connections in `nursery` (the connections' own tasks run there too)."""
+        assert self._listener is not None  # open() first
+        nursery.start_soon(self._accept_loop, self._listener, nursery)
+
+    def stop_accepting(self) -> None:
+        """At shutdown: no new connections (those open still get their answers)."""
+        self._accepting.cancel()
+        if self._listener is not None:
+            trio.lowlevel.notify_closing(self._listener)
+            self._listener.close()
+
+    def close(self) -> None:
+        """After serving: the listener closed, and our own socket file removed if it is still ours."""
+        if self._listener is not None:
+            self._listener.close()
+        try:
+            if self._listener_stat is not None and os.stat(self.config.socket_path).st_ino == self._listener_stat.st_ino:
+                os.unlink(self.config.socket_path)
+        except FileNotFoundError:
+            pass
+
+    async def _open_listener(self) -> tuple[stdlib_socket.socket, bool]:
         """The socket passed by socket activation (used as is; the first if several), else our own;
         and whether it was passed."""
         try:
@@ -107,8 +139,8 @@ class Acceptor:
         with scope:
             await layer.run()
 
-    async def accept_loop(self, listener: Any, nursery: trio.Nursery, scope: trio.CancelScope) -> None:
-        with scope:
+    async def _accept_loop(self, listener: stdlib_socket.socket, nursery: trio.Nursery) -> None:
+        with self._accepting:
             while True:
                 await trio.lowlevel.wait_readable(listener)
                 try:

@@ -282,8 +282,7 @@ class Daemon:
         assert journal is not None
         self._build(recovered, first_llm, PurgeSignal())
         acceptor = self.acceptor
-        listener, activated = await acceptor.listener()
-        listener_stat = None if activated else os.stat(self.config.socket_path)
+        activated = await acceptor.open()
         try:
             async with trio.open_nursery() as system:
                 system.start_soon(self.journal_actor.run)
@@ -315,8 +314,7 @@ class Daemon:
                 async with trio.open_nursery() as connections:
                     io_scope = trio.CancelScope()
                     acceptor.start_io(self.journal_actor, connections, io_scope)
-                    accept_scope = trio.CancelScope()
-                    connections.start_soon(acceptor.accept_loop, listener, connections, accept_scope)
+                    acceptor.start_accepting(connections)
                     log.info(
                         "ready: serving on %s%s (data root %s, fsync %s, journal sync: %s, started in %.2f s)",
                         self.config.socket_path, " (socket activation)" if activated else "", self.paths.root,
@@ -327,9 +325,7 @@ class Daemon:
                     await self._shutdown.wait()
                     self.systemd.stopping("stopping: finishing answers, then a final snapshot")
                     log.info("shutting down: no new connections, finishing answers")
-                    accept_scope.cancel()
-                    trio.lowlevel.notify_closing(listener)
-                    listener.close()
+                    acceptor.stop_accepting()
                     await self.jobs_actor.stop()  # running attempts stay queued in the journal; jobs.wait answers now
                     if not await acceptor.finish_connections(self.config.shutdown_grace):
                         connections.cancel_scope.cancel()
@@ -351,12 +347,7 @@ class Daemon:
                     self.journal_actor.close()
                     system.cancel_scope.deadline = trio.current_time() + self.config.shutdown_grace
         finally:
-            listener.close()
-            try:  # a socket passed by systemd is systemd's: never unlink it
-                if listener_stat is not None and os.stat(self.config.socket_path).st_ino == listener_stat.st_ino:
-                    os.unlink(self.config.socket_path)
-            except FileNotFoundError:
-                pass
+            acceptor.close()  # a socket passed by systemd is systemd's: never unlinked
             await trio.to_thread.run_sync(journal.close)  # the journal actor's writer thread has ended
             log.info("stopped after %s up", duration(trio.current_time() - self._started_clock))
 
