@@ -41,7 +41,7 @@ from ...protocol import _methods as m
 from ..retrieval.vector_files import remove_unnamed_vector_files
 from ..retrieval.vectors import VectorStore
 from ..storage.files import RealFiles, atomic_write
-from ..storage.journal_actor import JournalUnavailable
+from ..storage.journal_actor import JournalActor, JournalUnavailable
 from ..tier import MAX_BATCH, TierActor, Work, handles
 from .state import ConversationSnapshot, ConversationState, PutSummary, Window
 
@@ -83,7 +83,7 @@ class ConversationActor(TierActor):
     def __init__(
         self,
         state: ConversationState,
-        journal: Any,
+        journal: JournalActor,
         *,
         retention_days: float = 0.0,
         session_gap: float | None = None,

@@ -79,6 +79,7 @@ from ..retrieval.vector_files import remove_unnamed_vector_files
 from ..retrieval.vectors import VectorStore
 from ..stats import EmbeddingProgress
 from ..storage.files import RealFiles, atomic_write
+from ..storage.journal_actor import JournalActor
 from ..storage.watched import SCAN_FACTOR, FileSig, digest, read_files, scan_every, signature
 from ..tier import MAX_BATCH, Internal, TierActor, Work
 from .data import own_abstract
@@ -181,7 +182,7 @@ class MemoryActor(TierActor):
     def __init__(
         self,
         state: MemoryState,
-        journal: Any,
+        journal: JournalActor,
         root: Path,
         *,
         run_sync: RunSync | None = None,

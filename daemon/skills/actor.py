@@ -36,6 +36,7 @@ from ...protocol import Call, Skill
 from ..primitives import PendingSync
 from ..redact import shown
 from ..storage.files import RealFiles, atomic_write
+from ..storage.journal_actor import JournalActor
 from ..storage.watched import SCAN_FACTOR, FileSig, digest, scan_every, signature
 from ..tier import TierActor
 from .format import name_problem, parse_skill
@@ -69,7 +70,7 @@ class SkillsActor(TierActor):
     def __init__(
         self,
         state: SkillsState,
-        journal: Any,
+        journal: JournalActor,
         root: Path,
         *,
         projection_interval: float,
