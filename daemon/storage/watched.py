@@ -4,7 +4,7 @@ Rule kept here: a file changed when its signature (size, mtime_ns, inode) did, a
 known by its SHA-256; a read returns a file's bytes only when its signature before and after the
 read are the same, so a scan never takes a half-written file for an edit (it looks again at its
 next pass). Shared by the scans of memories/ (daemon/memory/watch.py) and skills/
-(daemon/skills/watch.py).
+(daemon/skills/watch.py), and so is the loop each actor runs them in (`scan_every`).
 """
 
 from __future__ import annotations
