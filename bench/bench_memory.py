@@ -624,7 +624,7 @@ def in_process(data: Path, queries: list[str], recall_queries: list[str], daemon
     from eurekamem.daemon.retrieval.fusion import fuse_scores
     from eurekamem.daemon.retrieval.vector_files import parse_vectors
     from eurekamem.daemon.retrieval.vectors import VectorStore
-    from eurekamem.protocol import _methods as m
+    from eurekamem.protocol import methods as m
 
     out: dict[str, Any] = {}
     vec_dir = data / "memory" / "vectors"

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     from eurekamem.daemon.memory.state import MemoryState
     from eurekamem.daemon.retrieval.embed import make_embedder
     from eurekamem.protocol import Memory, domain_slug
-    from eurekamem.protocol import _methods as m
+    from eurekamem.protocol import methods as m
 
     corpus = Corpus(SEED)
     items = corpus.memories(args.n, "retrieval", dedup=False)

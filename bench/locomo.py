@@ -994,7 +994,7 @@ def conversation_ablations(embedder_name: str, sessions: dict[str, list[list[dic
     from eurekamem.daemon.config import config_default
     from eurekamem.daemon.conversation.state import ConversationState, Tuning
     from eurekamem.daemon.retrieval.embed import make_embedder
-    from eurekamem.protocol import _methods as m
+    from eurekamem.protocol import methods as m
 
     t_start = time.perf_counter()
     emb = make_embedder(embedder_name)

@@ -533,7 +533,7 @@ def memory_state_split(root: Path, queries: list[str], qv: np.ndarray, truth: li
     from eurekamem.daemon.memory.records import MemorySnapshot
     from eurekamem.daemon.memory.state import MemoryState
     from eurekamem.daemon.retrieval.vectors import VectorStore
-    from eurekamem.protocol import _methods as m
+    from eurekamem.protocol import methods as m
 
     memory_dir = root / "memory"
     t0 = time.perf_counter()

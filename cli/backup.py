@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from .common import Progress, _client, _effective, _err
+from .common import Progress, connect, effective_config, fail
 
 log = logging.getLogger("eurekamem.admin")
 
@@ -85,7 +85,7 @@ def _tree_files(root: Path, tree: str) -> list[Path]:
     return [p for p in sorted(base.rglob("*")) if p.is_file() and not p.is_symlink() and not _is_temporary(p.name)]
 
 
-def _segment_files(root: Path) -> list[Path]:
+def segment_files(root: Path) -> list[Path]:
     journal = root / "memory" / "journal"
     if not journal.is_dir():
         return []
@@ -122,7 +122,7 @@ def write_backup(root: Path, target: Path, progress_stream: TextIO | None = None
         before = {p: _identity(p) for p in snapshot_files}
         checkpoint = _read_checkpoint(root)
         others = [p for tree in BACKUP_TREES[1:] for p in _tree_files(root, tree)]
-        segments = _segment_files(root)
+        segments = segment_files(root)
         total = sum((_identity(p) or (0, 0, 0))[1] for p in snapshot_files + others + segments)
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         progress = Progress(total, "backup", progress_stream)
@@ -185,19 +185,19 @@ def cmd_backup(args: argparse.Namespace) -> int:
 
     target = Path(args.path).expanduser()
     if not target.name.endswith((".tar", ".tar.gz", ".tgz")):
-        return _err(f"{target}: the archive's name must end in .tar, .tar.gz or .tgz")
+        return fail(f"{target}: the archive's name must end in .tar, .tar.gz or .tgz")
     if not target.parent.is_dir():
-        return _err(f"{target.parent} is not a folder")
+        return fail(f"{target.parent} is not a folder")
     try:
-        with _client(args) as client:
+        with connect(args) as client:
             seq = client.call("sys.snapshot", {})["seq"]
             root = Path(client.call("sys.stats", {})["data_dir"])
     except (EurekamemError, ConnectionLost, OSError) as exc:
-        return _err(f"backup needs the running daemon (for a snapshot): {exc}")
+        return fail(f"backup needs the running daemon (for a snapshot): {exc}")
     try:
         manifest = write_backup(root, target)
     except (OSError, RuntimeError) as exc:
-        return _err(f"backup failed: {exc}")
+        return fail(f"backup failed: {exc}")
     print(
         f"wrote {target} ({manifest['bytes']:,} bytes, {len(manifest['files'])} files) from {root}: "
         f"snapshot at seq {seq}, checkpoint {manifest['checkpoint_seq']}, journal segments {len(manifest['journal_segments'])}"
@@ -243,15 +243,15 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
     archive = Path(args.path).expanduser()
     if not archive.is_file():
-        return _err(f"{archive} does not exist")
+        return fail(f"{archive} does not exist")
     try:
-        target = Path(_effective(args, ("data_dir",))["data_dir"])
+        target = Path(effective_config(args, ("data_dir",))["data_dir"])
     except ConfigError as exc:
-        return _err(str(exc))
+        return fail(str(exc))
     try:
         manifest = restore_backup(archive, target)
     except (ValueError, OSError, tarfile.TarError) as exc:
-        return _err(f"restore failed: {exc}")
+        return fail(f"restore failed: {exc}")
     print(
         f"restored {len(manifest.get('files', []))} files into {target} (checkpoint seq {manifest.get('checkpoint_seq')}, "
         f"backup written {manifest.get('written_at')}); start it with: eurekamem serve --data-dir {target}"

@@ -15,18 +15,18 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .common import _duration, client_socket, timeout_help
+from .common import client_socket, duration_text, timeout_help
 
 # --- calling -----------------------------------------------------------------------------------------
 
 
-def _client(args: argparse.Namespace) -> Any:
+def connect(args: argparse.Namespace) -> Any:
     from ..client import Client
 
     return Client(client_socket(args), timeout=args.timeout)
 
 
-def _err(message: str) -> int:
+def fail(message: str) -> int:
     print(f"eurekamem: {message}", file=sys.stderr)
     return 1
 
@@ -36,7 +36,7 @@ def _call_reporting(args: argparse.Namespace, method: str, params: dict[str, Any
     from ..client import ConnectionLost, EurekamemError
 
     try:
-        with _client(args) as client:
+        with connect(args) as client:
             return True, client.call(method, params)
     except (ConnectionLost, OSError) as exc:
         print(f"eurekamem: cannot reach the daemon: {exc}", file=sys.stderr)
@@ -68,10 +68,10 @@ def cmd_call(args: argparse.Namespace) -> int:
 
         close = difflib.get_close_matches(args.method, list(METHODS), n=3)
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        return _err(f"unknown method {args.method!r}{hint}; `eurekamem call --help` lists them")
+        return fail(f"unknown method {args.method!r}{hint}; `eurekamem call --help` lists them")
     spec = METHODS[args.method]
     if args.method_help:
-        from ..protocol._describe import method_help
+        from ..protocol import method_help
 
         print(method_help(spec.name, spec.params, spec.doc, spec.writes))
         return 0
@@ -79,9 +79,9 @@ def cmd_call(args: argparse.Namespace) -> int:
     try:
         params = json.loads(text) if text else {}
     except ValueError as exc:
-        return _err(f"params are not JSON: {exc}")
+        return fail(f"params are not JSON: {exc}")
     if not isinstance(params, dict):
-        return _err("params must be a JSON object")
+        return fail("params must be a JSON object")
     ok, result = _call_reporting(args, args.method, params)
     if not ok:
         return 1
@@ -111,7 +111,7 @@ def embedding_line(stats: dict[str, Any]) -> str | None:
     if progress.get("per_second"):
         text += f", {progress['per_second']:.1f}/s"
     if progress.get("eta_seconds") is not None:
-        text += f", about {_duration(progress['eta_seconds'])} left"
+        text += f", about {duration_text(progress['eta_seconds'])} left"
     return text
 
 
@@ -119,10 +119,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     from ..client import ConnectionLost, EurekamemError
 
     try:
-        with _client(args) as client:
+        with connect(args) as client:
             stats = client.call("sys.stats", {})
     except (EurekamemError, ConnectionLost, OSError) as exc:
-        return _err(f"not running or not reachable: {exc}")
+        return fail(f"not running or not reachable: {exc}")
     journal = stats["journal"]
     print(f"eurekamem {stats['version']}  pid {stats['pid']}  since {stats['started_at']}")
     print(f"  data     {stats['data_dir']}")
@@ -235,12 +235,12 @@ def _run_memories(args: argparse.Namespace, body: Callable[[Any], int]) -> int:
     from ..client import ConnectionLost, EurekamemError
 
     try:
-        with _client(args) as client:
+        with connect(args) as client:
             return body(client)
     except (ConnectionLost, OSError) as exc:
-        return _err(f"cannot reach the daemon: {exc}")
+        return fail(f"cannot reach the daemon: {exc}")
     except EurekamemError as exc:
-        return _err(f"{exc.kind}: {exc.message}")
+        return fail(f"{exc.kind}: {exc.message}")
 
 
 def cmd_memories_list(args: argparse.Namespace) -> int:
@@ -318,7 +318,7 @@ def cmd_memories_show(args: argparse.Namespace) -> int:
 
     given = sum((args.target is not None, args.domain is not None, args.globally))
     if given != 1:
-        return _err("memories show takes one of: a memory id (or its start), a domain, --domain DOMAIN, --global")
+        return fail("memories show takes one of: a memory id (or its start), a domain, --domain DOMAIN, --global")
     return _run_memories(args, body)
 
 
@@ -340,7 +340,7 @@ def cmd_memories_search(args: argparse.Namespace) -> int:
             rows = [[f"{hit['score']:.3f}", *_memory_row(hit["memory"])] for hit in hits]
             print(table(("SCORE", *MEMORY_HEADERS), rows))
         else:
-            from ..protocol._readable import render_hits
+            from ..protocol.readable import render_hits
 
             sys.stdout.write(render_hits(args.query, args.domain, hits))
         return 0
@@ -432,7 +432,7 @@ def add_client_commands(
         p.add_argument("--json", action="store_true", help="print the daemon's JSON answer instead of a table")
         p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help=timeout_help(60.0))
 
-    from ..protocol._records import MEMORY_CATEGORIES
+    from ..protocol import MEMORY_CATEGORIES
 
     listing = msub.add_parser("list", help="memories newest first, as a table")
     memory_common(listing)

@@ -54,19 +54,19 @@ def client_socket(args: argparse.Namespace) -> str:
         raise SystemExit(1) from None
 
 
-def _err(message: str) -> int:
+def fail(message: str) -> int:
     print(f"eurekamem: {message}", file=sys.stderr)
     return 1
 
 
-def _effective(args: argparse.Namespace, names: Iterable[str] = ("data_dir", "socket")) -> Any:
+def effective_config(args: argparse.Namespace, names: Iterable[str] = ("data_dir", "socket")) -> Any:
     from ..daemon import config as _config
 
     flags = {name: getattr(args, name, None) for name in names}
     return _config.load(flags, getattr(args, "config", None))
 
 
-def _client(args: argparse.Namespace) -> Any:
+def connect(args: argparse.Namespace) -> Any:
     """A Client for the daemon's socket, found as `serve` finds it, without importing the daemon."""
     from ..client import Client
 
@@ -116,7 +116,7 @@ class Progress:
             text += f", {self.done / elapsed:.1f}/s"
         eta = self.eta(now)
         if eta is not None and self.done < self.total:
-            text += f", about {_duration(eta)} left"
+            text += f", about {duration_text(eta)} left"
         return text
 
     def draw(self, final: bool = False) -> None:
@@ -147,7 +147,7 @@ class Progress:
             self.stream.flush()
 
 
-def _duration(seconds: float) -> str:
+def duration_text(seconds: float) -> str:
     seconds = int(round(seconds))
     if seconds < 60:
         return f"{seconds} s"

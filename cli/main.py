@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .common import CONFIG_HELP, DATA_DIR_HELP, _err, location_flags, timeout_flag
-from .common import _effective as effective
+from .common import CONFIG_HELP, DATA_DIR_HELP, fail, location_flags, timeout_flag
+from .common import effective_config as effective
 
 DAEMON_FLAG_COMMANDS = ("serve", "config")  # the commands that take every setting as a flag (daemon/config.py)
 
@@ -44,7 +44,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
     try:
         paths = Paths(Path(effective(args, ("data_dir",))["data_dir"]))
     except ConfigError as exc:
-        return _err(str(exc))
+        return fail(str(exc))
     try:
         fd = acquire_lock(paths)
     except StartupError as exc:
@@ -121,7 +121,7 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     try:
         effective = _config.load(_config.flags_from_args(None, args), args.config)
     except _config.ConfigError as exc:
-        return _err(str(exc))
+        return fail(str(exc))
     if args.json:
         doc = {
             "config_file": str(effective.config_file) if effective.config_file else None,

@@ -58,7 +58,7 @@ def _protocol_fields(method: str) -> dict[str, dict[str, Any]]:
 
 
 def _argument(method: str, field: str, *, without: tuple[str, ...] = (), **tool: Any) -> dict[str, Any]:
-    """A tool argument's schema: `field` of `method`'s params Struct (protocol/_methods.py, the one
+    """A tool argument's schema: `field` of `method`'s params Struct (protocol/methods.py, the one
     source of its bounds), less the keywords `without` names, then what the tool adds itself (its
     description, its own default, the order of an enum's values, which must be the Struct's)."""
     schema = {k: v for k, v in _protocol_fields(method)[field].items() if k not in without}
@@ -341,7 +341,7 @@ class Proxy:
 
 def same_domain(a: str, b: str) -> bool:
     """The daemon's rule: domains are the same when their slugs are."""
-    from ..protocol._readable import domain_slug
+    from ..protocol.readable import domain_slug
 
     return domain_slug(a) == domain_slug(b)
 

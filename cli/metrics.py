@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from .common import _client, _err
+from .common import connect, fail
 
 log = logging.getLogger("eurekamem.admin")
 
@@ -170,10 +170,10 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     from ..client import ConnectionLost, EurekamemError
 
     try:
-        with _client(args) as client:
+        with connect(args) as client:
             stats = client.call("sys.stats", {})
     except (EurekamemError, ConnectionLost, OSError) as exc:
-        return _err(f"not running or not reachable: {exc}")
+        return fail(f"not running or not reachable: {exc}")
     sys.stdout.write(render_metrics(stats))
     return 0
 
@@ -259,12 +259,12 @@ def cmd_top(args: argparse.Namespace) -> int:
     previous_at = 0.0
     done = 0
     try:
-        with _client(args) as client, _Keys() as keys:
+        with connect(args) as client, _Keys() as keys:
             while True:
                 try:
                     stats = client.call("sys.stats", {})
                 except (EurekamemError, ConnectionLost, OSError) as exc:
-                    return _err(f"not running or not reachable: {exc}")
+                    return fail(f"not running or not reachable: {exc}")
                 now = time.monotonic()
                 sys.stdout.write(CLEAR + render_top(stats, previous, now - previous_at) + "\n")
                 sys.stdout.flush()

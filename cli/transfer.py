@@ -25,8 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, TextIO
 
-from .backup import _segment_files
-from .common import Progress, _client, _err
+from .backup import segment_files
+from .common import Progress, connect, fail
 
 log = logging.getLogger("eurekamem.admin")
 
@@ -47,7 +47,7 @@ def _results(client: Any, calls: list[tuple[str, dict[str, Any]]]) -> list[Any]:
 
 def export_records(client: Any, progress_stream: TextIO | None = None) -> Iterator[dict[str, Any]]:
     """Every persistent record, graph node and edge, memory and skill, as {"tier": ..., **record}."""
-    from ..protocol._methods import MAX_LIMIT
+    from ..protocol.methods import MAX_LIMIT
 
     keys = client.call("persistent.keys", {"limit": MAX_LIMIT})["keys"]
     if len(keys) >= MAX_LIMIT:
@@ -91,13 +91,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.format == "eurekaclaw":
         return _export_eurekaclaw(args)
     if args.dir:
-        return _err(f"{args.dir}: a folder is written only with --format eurekaclaw; JSON lines go to stdout or --out")
+        return fail(f"{args.dir}: a folder is written only with --format eurekaclaw; JSON lines go to stdout or --out")
     out: IO[Any]
     counts: dict[str, int] = {}
     target = Path(args.out).expanduser() if args.out else None
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp") if target else None
     try:
-        with _client(args) as client:
+        with connect(args) as client:
             out = open_private(tmp, "w", encoding="utf-8") if tmp else sys.stdout  # 0600: it holds every memory
             try:
                 for item in export_records(client):
@@ -109,7 +109,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     except (EurekamemError, ConnectionLost, OSError) as exc:
         if tmp:
             tmp.unlink(missing_ok=True)
-        return _err(f"export failed: {exc}")
+        return fail(f"export failed: {exc}")
     if tmp and target:
         os.replace(tmp, target)
     summary = ", ".join(f"{n} {tier}" for tier, n in counts.items()) or "nothing"
@@ -122,17 +122,17 @@ def _export_eurekaclaw(args: argparse.Namespace) -> int:
 
     where = args.out or args.dir
     if not where:
-        return _err("export --format eurekaclaw needs the folder to write: eurekamem export --format eurekaclaw DIR")
+        return fail("export --format eurekaclaw needs the folder to write: eurekamem export --format eurekaclaw DIR")
     target = Path(where).expanduser()
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        return _err(f"{target} exists and is not an empty folder: an EurekaClaw root is written only into a new or empty one")
+        return fail(f"{target} exists and is not an empty folder: an EurekaClaw root is written only into a new or empty one")
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        with _client(args) as client:
+        with connect(args) as client:
             counts = write_eurekaclaw_root(export_records(client), tmp)
     except (EurekamemError, ConnectionLost, OSError) as exc:
         _remove_tree(tmp)
-        return _err(f"export failed: {exc}")
+        return fail(f"export failed: {exc}")
     if target.is_dir():
         target.rmdir()  # empty, checked above
     os.replace(tmp, target)
@@ -242,7 +242,7 @@ class Importer:
         """What the daemon holds now: its graph (one graph.export) and its memories' ids and fingerprints."""
         from ..daemon.memory.format import fingerprint
         from ..protocol import domain_slug
-        from ..protocol._methods import MAX_LIMIT
+        from ..protocol.methods import MAX_LIMIT
 
         data = self.client.call("graph.export", {"format": "node_link"})["data"]
         for node in data.get("nodes", []):
@@ -444,7 +444,7 @@ def read_eurekaclaw_root(root: Path) -> tuple[dict[str, list[Any]], list[str]]:
     """A plain EurekaClaw data root: persistent.json, knowledge_graph.json, memories/*/*.md, skills/*/SKILL.md."""
     from ..daemon.memory.format import memory_files, parse_markdown
     from ..daemon.storage import eurekaclaw
-    from ..protocol._records import MEMORY_CATEGORIES
+    from ..protocol import MEMORY_CATEGORIES
 
     notes: list[str] = []
     groups: dict[str, list[Any]] = {"persistent": [], "graph_node": [], "graph_edge": [], "memory": [], "skill": []}
@@ -461,7 +461,7 @@ def read_eurekaclaw_root(root: Path) -> tuple[dict[str, list[Any]], list[str]]:
                                          "domain": node.domain, "session_id": node.session_id, "tags": node.tags, "created_at": node.created_at})
         groups["graph_edge"].extend(edges)
     journal = root / "memory" / "journal"
-    if _segment_files(root) and any(p.stat().st_size > 26 for p in _segment_files(root)):
+    if segment_files(root) and any(p.stat().st_size > 26 for p in segment_files(root)):
         notes.append(f"{journal} holds journal records: if a daemon ran there, stop it cleanly first so its snapshots are current")
     base = root / "memories"
     paths = memory_files(base) if base.is_dir() else []  # not MEMORY.md / GLOBAL.md (the readable projection)
@@ -569,16 +569,16 @@ def cmd_import(args: argparse.Namespace) -> int:
         elif source.is_file():
             groups = read_jsonl(source)
         else:
-            return _err(f"{source} does not exist")
+            return fail(f"{source} does not exist")
     except (ValueError, KeyError, OSError, SnapshotReadError) as exc:
-        return _err(f"cannot read {source}: {exc}")
+        return fail(f"cannot read {source}: {exc}")
     for note in notes:
         print(f"eurekamem: note: {note}", file=sys.stderr)
     try:
-        with _client(args) as client:
+        with connect(args) as client:
             importer = import_groups(client, groups)
     except (EurekamemError, ConnectionLost, OSError) as exc:
-        return _err(f"import failed: {exc}")
+        return fail(f"import failed: {exc}")
     summary = ", ".join(f"{n} {tier}" for tier, n in importer.counts.items())
     print(f"imported {summary} from {source}")
     if any(importer.skipped.values()):

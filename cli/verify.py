@@ -13,8 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .backup import _segment_files
-from .common import _effective, _err
+from .backup import segment_files
+from .common import effective_config, fail
 
 log = logging.getLogger("eurekamem.admin")
 
@@ -76,7 +76,7 @@ def verify_root(root: Path) -> Report:
     records: list[tuple[int, int, bytes]] = []
     last_seq: int | None = None
     expected: int | None = None
-    segments = _segment_files(root)
+    segments = segment_files(root)
     journal_ok = True
     for index, path in enumerate(segments):
         name_seq = int(path.name[:20])
@@ -235,16 +235,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from ..daemon.paths import Paths, acquire_lock
 
     try:
-        root = Path(_effective(args, ("data_dir",))["data_dir"])
+        root = Path(effective_config(args, ("data_dir",))["data_dir"])
     except ConfigError as exc:
-        return _err(str(exc))
+        return fail(str(exc))
     if not (root / "memory").is_dir():
-        return _err(f"{root} holds no memory/ folder; nothing to verify")
+        return fail(f"{root} holds no memory/ folder; nothing to verify")
     paths = Paths(root)
     try:
         fd = acquire_lock(paths)
     except StartupError as exc:
-        return _err(f"{exc} (verify reads the files while no daemon runs)")
+        return fail(f"{exc} (verify reads the files while no daemon runs)")
     try:
         report = verify_root(root)
     finally:

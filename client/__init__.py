@@ -36,6 +36,7 @@ from ..protocol import (
     SkillsInjection,
 )
 from ._async import AsyncClient, current_async_library
+from ._autostart import daemon_answers
 from ._conversation import AsyncConversationMemory, ConversationMemory
 from ._errors import (
     ConnectionLost,
@@ -54,10 +55,21 @@ from ._errors import (
     error_from_wire,
 )
 from ._manager import MemoryManager
-from ._paths import ConfigFileError, data_root, default_config_path, default_socket_path, resolve_locations
+from ._paths import (
+    ConfigFileError,
+    data_root,
+    default_config_path,
+    default_socket_path,
+    eurekaclaw_dir,
+    resolve_locations,
+    root_socket_path,
+)
 from ._sync import Client
 
 __all__ = [
+    "daemon_answers",
+    "eurekaclaw_dir",
+    "root_socket_path",
     "AsyncClient",
     "AsyncConversationMemory",
     "Client",

@@ -47,8 +47,8 @@ import msgspec
 from ..protocol import CrossRunRecord as WireRecord
 from ..protocol import EpisodicEntry as WireEntry
 from ..protocol import KnowledgeNode as WireNode
-from ..protocol import _methods as limits
-from ..protocol._blocks import escape_block_tags, escape_entry_headings
+from ..protocol import methods as limits
+from ..protocol.blocks import escape_block_tags, escape_entry_headings
 from . import _common as C
 from ._autostart import autostart_allowed, daemon_answers
 from ._errors import ConnectionLost, EurekamemError, Timeout
@@ -138,7 +138,7 @@ def _unreachable(result: Any) -> bool:
 
 def _memories_block(bodies: list[str]) -> str:
     """EurekaClaw's block: "<memories>", each body cut at 400 characters, "</memories>", joined by
-    blank lines; stored text closes no block, starts no entry (protocol/_blocks.py)."""
+    blank lines; stored text closes no block, starts no entry (protocol/blocks.py)."""
     parts = ["<memories>"]
     for body in bodies:
         heading, newline, rest = escape_block_tags(body[:400]).partition("\n")

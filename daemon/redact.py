@@ -5,7 +5,7 @@ Rules kept here:
 - One choke point. Every request reaches its tier through Daemon.dispatch, and dispatch passes the
   params of every method in the plan below through `Redactor.call` first, so the journal, the
   snapshots, the .md files, runs/ and the logs only ever see redacted text. The plan is derived
-  from protocol/_methods.py: FREE_TEXT names the free-text fields of each params Struct, KEPT the
+  from protocol/methods.py: FREE_TEXT names the free-text fields of each params Struct, KEPT the
   fields stored as sent (ids, keys, names, enums: what lookups match on), and tests/test_redact.py
   fails when a method that stores anything has a text field in neither. Work that writes without
   a request (the learning loop's jobs) calls `Redactor.value` on what it stores.
@@ -46,9 +46,8 @@ from typing import Any
 import msgspec
 from ahocorasick_rs import AhoCorasick, BytesAhoCorasick
 
-from ..protocol import METHODS, Call, domain_slug
-from ..protocol import _methods as m
-from ..protocol._records import CrossRunRecord, KnowledgeNode
+from ..protocol import METHODS, Call, CrossRunRecord, KnowledgeNode, domain_slug
+from ..protocol import methods as m
 
 log = logging.getLogger("eurekamem.redact")
 

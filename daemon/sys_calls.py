@@ -21,7 +21,7 @@ from typing import Any
 import trio
 
 from ..protocol import METHODS, PROTOCOL_VERSION, Call, ProtocolError
-from ..protocol import _methods as limits_module
+from ..protocol import methods as limits_module
 from .accept import Acceptor
 from .config import Config
 from .conversation.actor import ConversationActor

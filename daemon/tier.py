@@ -80,7 +80,7 @@ R = TypeVar("R")
 def handles(method: str, kind: HandlerKind = "state") -> Callable[[F], F]:
     """Register the decorated function as the one handler of `method` (a name in protocol METHODS)."""
     if method not in METHODS:
-        raise KeyError(f"{method!r} is not a method of the protocol (protocol/_methods.py METHODS)")
+        raise KeyError(f"{method!r} is not a method of the protocol (protocol/methods.py METHODS)")
 
     def register(fn: F) -> F:
         if method in HANDLERS:

@@ -13,6 +13,7 @@ from ._connection import (
     ServerConnection,
     ordering_key,
 )
+from ._describe import method_help
 from ._envelope import (
     Call,
     Codec,
@@ -35,9 +36,6 @@ from ._framing import (
     frame_binary,
     frame_ndjson,
 )
-from ._methods import *  # noqa: F401,F403  (params Structs)
-from ._methods import METHODS, RELATIONS, FailedAttempt, LemmaNode, MethodSpec, ProofRecord, TheoryState
-from ._readable import domain_slug
 from ._records import (
     ASSISTANT_CATEGORIES,
     JOB_STATES,
@@ -78,10 +76,14 @@ from ._records import (
     normalize_timestamp,
     now_rfc3339,
 )
+from .methods import *  # noqa: F401,F403  (params Structs)
+from .methods import METHODS, RELATIONS, FailedAttempt, LemmaNode, MethodSpec, ProofRecord, TheoryState
+from .readable import domain_slug
 
 PROTOCOL_VERSION = 1
 
 __all__ = [
+    "method_help",
     "ASSISTANT_CATEGORIES",
     "AssistantCategory",
     "MemoryCategory",

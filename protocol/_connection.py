@@ -51,7 +51,7 @@ from msgspec import UNSET
 from ._envelope import Call, Codec, Incoming, Rejected, failure, framing_error_line, success
 from ._errors import ProtocolError
 from ._framing import DEFAULT_MAX_FRAME_BYTES, Decoder, FrameTooLarge, decoder_for_first_byte
-from ._methods import METHODS
+from .methods import METHODS
 
 log = logging.getLogger("eurekamem.connection")
 

@@ -29,7 +29,7 @@ from msgspec import UNSET, UnsetType
 from ._describe import allowed_values_hint
 from ._errors import ProtocolError
 from ._framing import frame_binary, frame_ndjson
-from ._methods import METHODS, MethodSpec, free_form_problem, value_ok
+from .methods import METHODS, MethodSpec, free_form_problem, value_ok
 
 RequestId = int | str | None
 
@@ -314,7 +314,7 @@ class Codec:
             raise ProtocolError("invalid_params", f"invalid params: {exc}") from None
         except RecursionError:
             raise ProtocolError("too_large", f"too large: {_TOO_DEEP} in params") from None
-        problem = free_form_problem(params)  # JSON's data model only (protocol/_methods.py)
+        problem = free_form_problem(params)  # JSON's data model only (protocol/methods.py)
         if problem is not None:
             raise _params_error(ValueError(problem), params_type)
         return params

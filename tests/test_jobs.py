@@ -40,7 +40,7 @@ from eurekamem.daemon.llm import (
 from eurekamem.daemon.tiers.graph import PutNode
 from eurekamem.daemon.tiers.persistent import PutRecord
 from eurekamem.protocol import ProtocolError
-from eurekamem.protocol import _methods as m
+from eurekamem.protocol import methods as m
 
 LONG = 4000  # virtual seconds for tests whose back-off is long (the clock jumps; nothing really waits)
 
@@ -340,7 +340,7 @@ async def test_a_cancel_after_the_commit_began_finds_the_job_done(autojump_clock
 
 def _recall_call() -> Any:
     from eurekamem.protocol import METHODS, Call
-    from eurekamem.protocol import _methods as m
+    from eurekamem.protocol import methods as m
 
     return Call(1, METHODS["persistent.recall"], m.PersistentKey(key="test.note.s1"))
 

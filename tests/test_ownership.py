@@ -158,7 +158,7 @@ async def test_journal_statistics_read_no_journal_attribute(data_dir: Path, sock
 def test_tier_counts_kept_incrementally_equal_a_full_count() -> None:
     """counts() is O(1) (kept by the changes), so it must equal what a scan of the state gives."""
     from eurekamem.daemon.tiers.episodic import EpisodicState
-    from eurekamem.protocol import _methods as m
+    from eurekamem.protocol import methods as m
 
     rng = random.Random(3)
     state = EpisodicState(max_sessions=4, clock=lambda: 0.0)

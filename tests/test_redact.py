@@ -36,8 +36,8 @@ from eurekamem.daemon.redact import (
     unclassified,
 )
 from eurekamem.protocol import METHODS, Call
-from eurekamem.protocol import _methods as m
-from eurekamem.protocol._blocks import MEMORIES_NOTE, SKILLS_NOTE, escape_block_tags
+from eurekamem.protocol import methods as m
+from eurekamem.protocol.blocks import MEMORIES_NOTE, SKILLS_NOTE, escape_block_tags
 
 rng = random.Random(20261201)
 ALNUM = string.ascii_letters + string.digits

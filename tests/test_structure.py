@@ -7,8 +7,8 @@ packages (how many imports each way) and every import circle between modules:
     python tests/test_structure.py
 
 As tests it keeps the layering (protocol imports nothing of ours, the client only protocol, the
-daemon not the CLI nor the client's private modules, the search library no tier) and that no
-module circle comes back.
+daemon not the CLI, the search library no tier), that no module circle comes back, and that no
+module imports another package's private module or another module's private name.
 """
 
 from __future__ import annotations
@@ -149,12 +149,47 @@ def test_no_module_imports_another_in_a_circle() -> None:
     assert circles(graph()) == []
 
 
+def private_imports() -> list[str]:
+    """Imports that reach past a package's public surface: a module whose name starts with `_` taken
+    from outside the package that holds it, or a `_name` taken from another module."""
+    known = modules()
+    wrong = []
+    for name, path in known.items():
+        package = _package_of(name, path)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                target = [*package[: len(package) - node.level + 1], *(node.module.split(".") if node.module else [])]
+            elif node.module and node.module.split(".")[0] == "eurekamem":
+                target = node.module.split(".")[1:]
+            else:
+                continue
+            for alias in node.names:
+                whole = [*target, alias.name]
+                module = whole if ".".join(whole) in known else target
+                private = [i for i, part in enumerate(module) if part.startswith("_") and not part.startswith("__")]
+                if private and name.split(".")[: private[0]] != module[: private[0]]:
+                    wrong.append(f"{name} imports the private module {'.'.join(module)}")
+                elif module is target and alias.name.startswith("_") and not alias.name.startswith("__"):
+                    wrong.append(f"{name} imports the private name {alias.name} of {'.'.join(target)}")
+    return wrong
+
+
+def test_no_module_imports_past_a_package_surface() -> None:
+    """A private module (`protocol/_records.py`) is read through its package's `__init__`, and a
+    private name stays in its module: otherwise the underscore promises nothing, and a module cannot
+    change its insides without a search through every importer."""
+    assert private_imports() == []
+
+
 def test_the_import_reader_sees_the_arrows_it_should() -> None:
     """A guard on the reader itself: known arrows must be found, or the other tests prove nothing."""
     g = graph()
     assert g.has_edge("daemon.app", "daemon.config")
     assert g.has_edge("client", "protocol")
     assert g.number_of_edges() > 200
+    assert "protocol._records" in modules() and "client._paths" in modules()  # the private modules it guards
 
 
 if __name__ == "__main__":

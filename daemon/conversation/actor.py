@@ -37,7 +37,7 @@ import numpy as np
 import trio
 
 from ...protocol import Call, ProtocolError
-from ...protocol import _methods as m
+from ...protocol import methods as m
 from ..retrieval.vector_files import remove_unnamed_vector_files
 from ..retrieval.vectors import VectorStore
 from ..storage.files import RealFiles, atomic_write

@@ -15,7 +15,7 @@ Rule kept here: the model that extracts memories never sees
 so that what memory.inject returned, fed back through a conversation, never becomes a memory again
 (the recall -> re-extraction loop that fills peer systems with copies of one hallucination).
 
-Tags are matched as a reader sees them, as protocol/_blocks.py escapes them (one list of names and
+Tags are matched as a reader sees them, as protocol/blocks.py escapes them (one list of names and
 one scanner for both): on a normalised view (each character NFKC-normalised, homoglyphs read as the
 Latin letter they show, case ignored, zero-width, format and combining characters skipped, any
 look-alike of `<`), while the cuts are made in the message's own text: what the model reads is the
@@ -33,7 +33,7 @@ import bisect
 import dataclasses
 import re
 
-from ...protocol._blocks import BLOCK_TAGS, CLOSERS, HARNESS_TAGS, Tag, TagNames, find_tags, is_unseen
+from ...protocol.blocks import BLOCK_TAGS, CLOSERS, HARNESS_TAGS, Tag, TagNames, find_tags, is_unseen
 
 SKIPPED_ROLES = frozenset({"system", "tool"})
 

@@ -35,7 +35,7 @@ import msgspec
 import numpy as np
 
 from ...protocol import ProtocolError, domain_slug, normalize_timestamp
-from ...protocol import _methods as m
+from ...protocol import methods as m
 from ..primitives import Histogram
 from ..retrieval.fusion import boost_named, fuse_scores
 from ..retrieval.lexical import LexicalDump

@@ -38,7 +38,7 @@ import msgspec
 import trio
 
 from ...protocol import ProtocolError, normalize_timestamp, now_rfc3339
-from ...protocol import _methods as m
+from ...protocol import methods as m
 from ..conversation.clean import Stripped, usable_text
 from ..conversation.state import ConversationState, Message, Pending, Summary, Window
 from ..conversation.text import date_text

@@ -53,7 +53,7 @@ from ...protocol import (
     domain_slug,
     new_id,
 )
-from ...protocol import _methods as m
+from ...protocol import methods as m
 from ..llm import LLMError
 from ..memory.format import fingerprint
 from ..memory.params import MIN_CONFIDENCE

@@ -34,7 +34,7 @@ from typing import Any, TypeAlias
 import msgspec
 
 from ...protocol import EpisodicEntry, Job, JobTokens, ProtocolError, TheoryState, now_rfc3339
-from ...protocol import _methods as m
+from ...protocol import methods as m
 from ..conversation.state import MoveMark, PutSummary
 from ..memory.records import MaintenanceRecord, PutMemory
 from ..memory.review import PutReview

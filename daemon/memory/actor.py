@@ -70,8 +70,8 @@ import numpy as np
 import trio
 
 from ...protocol import Call, Memory, ProtocolError, domain_slug
-from ...protocol import _methods as m
-from ...protocol._readable import render_readable
+from ...protocol import methods as m
+from ...protocol.readable import render_readable
 from ..primitives import Histogram, PendingSync
 from ..redact import Redactor, redact_text
 from ..retrieval.text import pooled

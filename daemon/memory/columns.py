@@ -12,8 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ...protocol import Memory
-from ...protocol._records import MEMORY_CATEGORIES
+from ...protocol import MEMORY_CATEGORIES, Memory
 from .strength import StrengthSettings, epoch, strengths
 
 _CATEGORY_INDEX = {name: i for i, name in enumerate(MEMORY_CATEGORIES)}

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ...protocol import Memory, ProtocolError, domain_slug
-from ...protocol import _methods as m
+from ...protocol import methods as m
 from ..retrieval.lexical import LexicalIndex
 from ..retrieval.text import EMBED_WINDOW, EMBED_WINDOWS, passage_windows, pooled
 from ..retrieval.vectors import VectorStore

@@ -15,7 +15,7 @@ import msgspec
 import numpy as np
 
 from ...protocol import Memory
-from ...protocol import _methods as m
+from ...protocol import methods as m
 from .data import MemoryData
 from .format import derive_abstract, derive_overview, fingerprint, word_overlap, word_set
 from .params import time_param

@@ -3,7 +3,7 @@
 Rule kept here: the block is built from what it is given alone (the memories chosen, the
 conversation summary, the messages found), never from the state, and every piece of stored text in
 it is data: a tag that would close or forge the block, or a line that would read as an entry's
-heading, is escaped (protocol/_blocks.py); each part counts by retrieval/text.py's estimate_tokens.
+heading, is escaped (protocol/blocks.py); each part counts by retrieval/text.py's estimate_tokens.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...protocol import Memory
-from ...protocol._blocks import MEMORIES_NOTE, escape_block_tags, escape_stored
+from ...protocol.blocks import MEMORIES_NOTE, escape_block_tags, escape_stored
 from ..retrieval.text import estimate_tokens
 from .prepared import GroupSummary
 
@@ -58,7 +58,7 @@ def fit_memories(chosen: list[Memory], budget: int | None, head: str | None = No
     """The summary section first (when given and it fits), then each memory's full text, else its
     overview, else its abstract, within the token budget; stored text is data: a tag that would
     close or forge the block, or a line that would read as an entry's heading, is escaped
-    (protocol/_blocks.py)."""
+    (protocol/blocks.py)."""
     frame = estimate_tokens(f"<memories>\n\n{MEMORIES_NOTE}\n\n\n\n</memories>")
     spent = frame
     parts: list[str] = []

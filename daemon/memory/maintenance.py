@@ -256,7 +256,7 @@ def apply_merges(state: Any, plans: list[MergePlan], judged: dict[str, Any] | No
 
 def _rewrite(state: Any, survivor: Memory, member: Memory, verdict: Any) -> Memory:
     """The judge's MERGE: the survivor's text rewritten to hold the member's too (merge_rewritten)."""
-    from ...protocol import _methods as m
+    from ...protocol import methods as m
 
     p = msgspec.convert({"domain": member.domain, "category": member.category, "title": member.title,
                          "content": member.content, "confidence": member.confidence, "tags": list(member.tags),

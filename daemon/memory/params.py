@@ -10,7 +10,7 @@ from __future__ import annotations
 import unicodedata
 
 from ...protocol import Memory, ProtocolError, normalize_timestamp
-from ...protocol import _methods as m
+from ...protocol import methods as m
 from ..redact import SECRET_KINDS, detect
 from .strength import epoch
 

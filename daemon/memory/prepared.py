@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from ...protocol import _methods as m
+from ...protocol import methods as m
 from .params import MIN_CONFIDENCE
 
 

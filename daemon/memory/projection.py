@@ -17,9 +17,8 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from ...protocol import Memory, domain_slug, normalize_timestamp
-from ...protocol import _methods as m
-from ...protocol._records import MEMORY_CATEGORIES
+from ...protocol import MEMORY_CATEGORIES, Memory, domain_slug, normalize_timestamp
+from ...protocol import methods as m
 from .data import MemoryData
 from .format import derive_abstract, derive_overview, fingerprint, parse_markdown
 from .records import PutMemory

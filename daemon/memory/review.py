@@ -34,7 +34,7 @@ from typing import Any
 import msgspec
 
 from ...protocol import Memory, ProtocolError, ReviewItem, ReviewView, domain_slug, new_id
-from ...protocol import _methods as m
+from ...protocol import methods as m
 from ..redact import detect
 from ..tier import handles
 from .records import PutMemory

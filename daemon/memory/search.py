@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ...protocol import Memory, ProtocolError, domain_slug
-from ...protocol import _methods as m
+from ...protocol import methods as m
 from ..primitives import Histogram
 from ..retrieval import calibration
 from ..retrieval.fusion import FETCH, boost_named, fuse_scores

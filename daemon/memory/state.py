@@ -31,8 +31,8 @@ import numpy as np
 from msgspec import UNSET
 
 from ...protocol import Memory, MemoryVersion, ProtocolError, domain_slug
-from ...protocol import _methods as m
-from ...protocol._blocks import MEMORIES_NOTE
+from ...protocol import methods as m
+from ...protocol.blocks import MEMORIES_NOTE
 from ..retrieval.lexical import LexicalIndex
 from ..retrieval.text import estimate_tokens
 from ..retrieval.vectors import VectorStore

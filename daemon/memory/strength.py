@@ -30,8 +30,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from ...protocol import Memory
-from ...protocol._records import MEMORY_CATEGORIES
+from ...protocol import MEMORY_CATEGORIES, Memory
 
 DAY = 86400.0
 

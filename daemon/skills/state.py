@@ -28,8 +28,8 @@ import msgspec
 import numpy as np
 
 from ...protocol import ProtocolError, Skill, normalize_timestamp
-from ...protocol import _methods as m
-from ...protocol._blocks import skill_element, skills_block
+from ...protocol import methods as m
+from ...protocol.blocks import skill_element, skills_block
 from ..primitives import Histogram
 from ..retrieval.fusion import DEFAULT_RRF_FUSION, FETCH, RRF_FUSION, RRF_K, fuse
 from ..retrieval.lexical import LexicalIndex

@@ -26,7 +26,7 @@ from ...protocol import (
     normalize_timestamp,
     now_rfc3339,
 )
-from ...protocol._methods import MAX_KEY
+from ...protocol.methods import MAX_KEY
 
 log = logging.getLogger("eurekamem.import")
 

@@ -39,7 +39,7 @@ from ...protocol import (
     ProtocolError,
     new_id,
 )
-from ...protocol import _methods as m
+from ...protocol import methods as m
 from ..jobs.extract import KIND, capture, session_key
 from ..memory.params import validate_domain
 from ..paths import Paths

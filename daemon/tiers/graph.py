@@ -19,7 +19,7 @@ from ...protocol import (
     ProtocolError,
     new_id,
 )
-from ...protocol import _methods as m
+from ...protocol import methods as m
 from ..tier import TierState, Undo, handles
 
 

@@ -17,7 +17,7 @@ from ...protocol import (
     new_id,
     normalize_timestamp,
 )
-from ...protocol import _methods as m
+from ...protocol import methods as m
 from ..tier import TierState, Undo, handles
 
 

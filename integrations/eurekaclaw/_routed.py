@@ -47,13 +47,14 @@ from ...client import (
     SkillsInjection,
     Timeout,
     current_async_library,
+    daemon_answers,
+    default_socket_path,
+    root_socket_path,
 )
 from ...client import MemoryManager as ClientMemoryManager
-from ...client._autostart import daemon_answers
-from ...client._paths import default_socket_path, root_socket_path
-from ...client._paths import eurekaclaw_dir as eurekaclaw_dir_from_env
-from ...protocol import _methods as limits
-from ...protocol._blocks import skill_element, skills_block
+from ...client import eurekaclaw_dir as eurekaclaw_dir_from_env
+from ...protocol import methods as limits
+from ...protocol.blocks import skill_element, skills_block
 from ._options import current as options
 
 __all__ = ["BUS_KEY", "CONDUIT_SESSION", "close_links", "configured_link", "eurekaclaw_root", "link_for", "make", "unrouted_methods"]
