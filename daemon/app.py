@@ -253,7 +253,9 @@ class Daemon:
             watch_full_interval=config.watch_full_interval,
         )
         tiers.update(
-            episodic=EpisodicActor(EpisodicState(), None, self.paths, config, jobs=jobs),  # session.close queues extractions
+            episodic=EpisodicActor(
+                EpisodicState(config.max_open_sessions), None, self.paths, idle_close=config.session_idle_close, jobs=jobs
+            ),  # session.close queues extractions
             persistent=TierActor(recovered.persistent, journal_actor, inline=True),
             graph=TierActor(recovered.graph, journal_actor, inline=True),
             memory=memory,

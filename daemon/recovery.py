@@ -96,7 +96,7 @@ class Recovered:
         self.skills = SkillsState(embedder)
         # the same embedder object: one model in memory; the daemon sets its configured gap before serving
         self.conversation = ConversationState(embedder, session_gap=config_default("conversation_session_gap"))
-        self.jobs = JobsState()
+        self.jobs = JobsState(config_default("jobs_max_attempts"))
         self.checkpoint_seq = 0
         self.replayed = 0
         self.imported: dict[str, int] = {}

@@ -17,6 +17,7 @@ import msgspec
 import trio
 import trio.testing
 
+from eurekamem.daemon.config import config_default
 from eurekamem.daemon.jobs import JobContext, JobsActor, JobsState, Outcome, SessionInput
 from eurekamem.daemon.jobs.state import CommitJob
 from eurekamem.daemon.llm import StructuredResult, Usage
@@ -149,7 +150,7 @@ class Harness:
         self.persistent = TierActor(PersistentState(), self.journal, inline=True)  # type: ignore[arg-type]
         self.graph = TierActor(GraphState(), self.journal, inline=True)  # type: ignore[arg-type]
         self.jobs = JobsActor(
-            JobsState(),
+            JobsState(config_default("jobs_max_attempts")),
             self.journal,  # type: ignore[arg-type]
             tiers={"persistent": self.persistent, "graph": self.graph},
             kinds=kinds,

@@ -616,7 +616,7 @@ class Conversations:
         self.state = ConversationState(BagOfWords(), session_gap=config_default("conversation_session_gap"))
         self.conversation = InlineConversationActor(self.state, self.journal)
         self.jobs = JobsActor(
-            JobsState(),
+            JobsState(config_default("jobs_max_attempts")),
             self.journal,  # type: ignore[arg-type]
             tiers={"conversation": self.conversation},
             kinds={KIND: NoContext(config_default("conversation_extract_token_budget"))},

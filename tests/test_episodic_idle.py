@@ -251,7 +251,8 @@ def test_the_options_are_settings_like_every_other(tmp_path: Path, monkeypatch: 
     monkeypatch.setenv("EUREKAMEM_SESSION_IDLE_CLOSE", "120")
     config = build_config(load({"data_dir": str(tmp_path), "max_open_sessions": 8}, None))
     assert config.session_idle_close == 120.0 and config.max_open_sessions == 8
-    actor = EpisodicActor(EpisodicState(), None, Paths(tmp_path), config)
+    # as the daemon builds tier 1 (daemon/app.py): both values from the Config, nothing in between
+    actor = EpisodicActor(EpisodicState(config.max_open_sessions), None, Paths(tmp_path), idle_close=config.session_idle_close)
     assert actor.idle_close == 120.0 and actor.state.max_sessions == 8
     monkeypatch.setenv("EUREKAMEM_SESSION_IDLE_CLOSE", "-1")
     with pytest.raises(ConfigError, match="session_idle_close|SESSION_IDLE_CLOSE"):

@@ -17,6 +17,7 @@ from jobs_helpers import FakeLLM, Gate, NoteKind, harness, note_input
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from eurekamem.daemon import Config
+from eurekamem.daemon.config import config_default
 from eurekamem.daemon.jobs.state import (
     AcceptJob,
     CommitJob,
@@ -221,7 +222,7 @@ async def test_a_job_failing_max_attempts_times_is_failed_until_retried(
 
 
 def test_interruptions_count_towards_the_cap() -> None:
-    state = JobsState()
+    state = JobsState(config_default("jobs_max_attempts"))
     state.max_attempts = 2
     state.accept("test.note", "k", note_input("s1"), "j1")
     for attempt in (1, 2):
@@ -404,7 +405,7 @@ async def test_stop_queues_a_running_job_again(autojump_clock: trio.testing.Mock
                 await h.jobs.stop()
             assert waiting[0].state == "running"  # answered at once at shutdown, as it was
     assert gate.cancelled and llm.closed
-    replayed = JobsState()
+    replayed = JobsState(config_default("jobs_max_attempts"))
     for mutation in h.journal.mutations():
         replayed.apply(mutation)
     # an orderly shutdown journals it queued: not an interruption, no failure counted
@@ -412,7 +413,7 @@ async def test_stop_queues_a_running_job_again(autojump_clock: trio.testing.Mock
     assert replayed.load_finished() == 0 and replayed.jobs[job_id].failures == 0
     assert replayed.inputs[job_id] == note_input("s1")
     # what a crash leaves (the journal without that last record): queued again at start, one failure
-    crashed = JobsState()
+    crashed = JobsState(config_default("jobs_max_attempts"))
     for mutation in h.journal.mutations()[:-1]:
         crashed.apply(mutation)
     assert crashed.jobs[job_id].state == "running"
@@ -424,7 +425,7 @@ async def test_stop_queues_a_running_job_again(autojump_clock: trio.testing.Mock
 
 
 def test_replay_is_idempotent_and_done_jobs_drop_their_input() -> None:
-    state = JobsState()
+    state = JobsState(config_default("jobs_max_attempts"))
     state.begin_batch()
     record, created = state.accept("test.note", "k", note_input("s1"), "job-1")
     assert created
@@ -436,7 +437,7 @@ def test_replay_is_idempotent_and_done_jobs_drop_their_input() -> None:
     state.apply(mutations[-1])
     assert "job-1" not in state.inputs  # done: its input is no longer kept
     for _ in range(2):  # replayed twice over a state that has it all: the same state
-        again = JobsState()
+        again = JobsState(config_default("jobs_max_attempts"))
         for mutation in mutations + mutations:
             again.apply(mutation)
         assert again.jobs == state.jobs and again.inputs == {} and again.by_key == {"k": "job-1"}
@@ -444,12 +445,12 @@ def test_replay_is_idempotent_and_done_jobs_drop_their_input() -> None:
 
 
 def test_the_jobs_snapshot_round_trips() -> None:
-    state = JobsState()
+    state = JobsState(config_default("jobs_max_attempts"))
     state.begin_batch()
     state.accept("test.note", "a", SessionInput(session_id="s1", domain="bandits", events_dropped=3), "j1")
     state.accept("test.note", "b", note_input("s2"), "j2")
     state.start("j2")
-    copy = JobsState()
+    copy = JobsState(config_default("jobs_max_attempts"))
     load_snapshot(copy, snapshot_of(state))
     assert copy.jobs == state.jobs and copy.inputs == state.inputs and copy.by_key == state.by_key
     assert copy.load_finished() == 1 and copy.jobs["j2"].state == "queued"
@@ -627,6 +628,5 @@ def test_the_documented_job_figures_are_the_codes() -> None:
     assert f"the {extract.MAX_FAILURES_KEPT} most recent kept" in text
     assert f"`jobs_concurrency` jobs (default {config_default('jobs_concurrency')})" in text
     assert f"`jobs_max_attempts` (default {config_default('jobs_max_attempts')})" in text
-    assert config_default("jobs_max_attempts") == state.DEFAULT_MAX_ATTEMPTS
     assert f"a run of 2 to {distill.MAX_LENGTH} consecutive tool steps" in text and distill.MIN_REPEATS == 2
     assert "least twice without overlapping" in text

@@ -126,7 +126,7 @@ class Tier:
         self.actor = MemoryActor(self.state, self.journal, root, run_sync=inline)
         self.llm = FakeLLM(available=False, reason="none configured")
         self.jobs = JobsActor(
-            JobsState(), self.journal, tiers={"memory": self.actor}, kinds={KIND: MemoryMaintenance()},  # type: ignore[arg-type]
+            JobsState(config_default("jobs_max_attempts")), self.journal, tiers={"memory": self.actor}, kinds={KIND: MemoryMaintenance()},  # type: ignore[arg-type]
             llm_factory=lambda: self.llm, embedder=self.state.embedder, environ={},
             concurrency=config_default("jobs_concurrency"), max_attempts=config_default("jobs_max_attempts"),
         )

@@ -46,7 +46,6 @@ from ..tiers.persistent import PutRecord
 ACTIVE = ("queued", "running")
 FINISHED = ("done", "failed", "cancelled")
 MAX_FINISHED = 10_000
-DEFAULT_MAX_ATTEMPTS = 5  # Config.jobs_max_attempts
 
 
 class StaleAttempt(Exception):
@@ -133,7 +132,9 @@ class JobsState(TierState):
 
     name = "jobs"
 
-    def __init__(self) -> None:
+    def __init__(self, max_attempts: int) -> None:
+        """`max_attempts`: counted failures before a job fails (Config.jobs_max_attempts; recovery
+        builds the state with Config's default, and the JobsActor, its owner, sets the configured one)."""
         super().__init__()
         self.jobs: dict[str, JobRecord] = {}
         self.inputs: dict[str, JobInput] = {}
@@ -142,7 +143,7 @@ class JobsState(TierState):
         # why a queued or running job waits (not durable): the JobsActor, which owns this state, sets the hook
         self.why_waiting: Callable[[str], str | None] = lambda job_id: None
         self.cancelled_running: list[str] = []  # running jobs jobs.cancel cancelled in the batch in progress
-        self.max_attempts = DEFAULT_MAX_ATTEMPTS  # counted failures before a job fails (set by the actor)
+        self.max_attempts = max_attempts
 
     def now(self) -> str:
         """Jobs change through internal calls as well as batches: always the current time."""

@@ -50,8 +50,6 @@ from ..tier import TierActor, TierState, Undo, handles
 
 log = logging.getLogger("eurekamem")
 
-DEFAULT_IDLE_CLOSE = 3600.0  # seconds without an event before a session is closed (0: never)
-DEFAULT_MAX_SESSIONS = 256  # open sessions held in RAM at most (each up to RING events)
 WRITE_RETRY = 30.0  # seconds before writing runs/ again after it failed
 
 
@@ -62,7 +60,8 @@ class EpisodicState(TierState):
     RING = 500
     changes_counts_inline = True  # episodic.log runs on the fast path: the actor publishes counts after it
 
-    def __init__(self, max_sessions: int = DEFAULT_MAX_SESSIONS, clock: Callable[[], float] | None = None) -> None:
+    def __init__(self, max_sessions: int, clock: Callable[[], float] | None = None) -> None:
+        """`max_sessions`: open sessions held in RAM at most (Config.max_open_sessions)."""
         super().__init__()
         if max_sessions < 1:
             raise ValueError("max_sessions must be at least 1")
@@ -204,7 +203,8 @@ class ExtractionQueue(Protocol):
 class EpisodicActor(TierActor):
     """Tier 1: RAM only; every end of a session writes its events to runs/<session_id>/episodic.json.
 
-    idle_close: seconds without an event after which a session is closed (0 or less: never).
+    idle_close: seconds without an event after which a session is closed (0 or less: never;
+    Config.session_idle_close).
     """
 
     state: EpisodicState
@@ -214,20 +214,15 @@ class EpisodicActor(TierActor):
         state: EpisodicState,
         journal: None,
         paths: Paths,
-        config: Any = None,
         *,
-        idle_close: float | None = None,
+        idle_close: float,
         run_io: Callable[..., Awaitable[Any]] = trio.to_thread.run_sync,
         jobs: ExtractionQueue | None = None,
     ) -> None:
         super().__init__(state, journal, inline=True)
         self.paths = paths
         self.run_io = run_io  # how file writes run: a worker thread (tests pass one that runs them inline)
-        if config is not None:
-            state.max_sessions = getattr(config, "max_open_sessions", state.max_sessions)
-            if idle_close is None:
-                idle_close = getattr(config, "session_idle_close", None)
-        self.idle_close = DEFAULT_IDLE_CLOSE if idle_close is None else idle_close
+        self.idle_close = idle_close
         self.write_errors = 0
         self.jobs = jobs  # the job queue: session.close queues extractions (None: it queues none)
 
