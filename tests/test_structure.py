@@ -92,6 +92,13 @@ def report() -> str:
         sizes = sorted(((g.nodes[n]["lines"], n) for n in names), reverse=True)
         largest = ", ".join(f"{n or '__init__'} {lines}" for lines, n in sizes[:5])
         out.append(f"  {package:<13} {sum(s for s, _ in sizes):>6}  {len(names):>3} modules  {largest}")
+    out.append("the daemon's parts (lines; modules; the largest):")
+    parts = sorted({n.split(".")[1] if n.count(".") >= 2 else "(its own modules)" for n in g if _top(n) == "daemon"})
+    for part in parts:
+        names = [n for n in g if _top(n) == "daemon" and (n.split(".")[1] if n.count(".") >= 2 else "(its own modules)") == part]
+        sizes = sorted(((g.nodes[n]["lines"], n) for n in names), reverse=True)
+        largest = ", ".join(f"{n.removeprefix('daemon.')} {lines}" for lines, n in sizes[:3])
+        out.append(f"  {part:<18} {sum(s for s, _ in sizes):>6}  {len(names):>3}  {largest}")
     arrows = Counter((_top(a), _top(b)) for a, b in g.edges if _top(a) != _top(b))
     out.append("arrows between packages (imports):")
     out += [f"  {a} -> {b}: {count}" for (a, b), count in sorted(arrows.items())]
