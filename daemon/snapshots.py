@@ -24,6 +24,7 @@ from ..protocol import now_rfc3339
 from .conversation.actor import ConversationActor
 from .jobs.state import snapshot_of as jobs_snapshot_of
 from .memory.actor import MemoryActor
+from .memory.snapshot import save_snapshot
 from .paths import Paths
 from .skills.actor import SkillsActor
 from .storage import eurekaclaw
@@ -112,7 +113,7 @@ class Snapshots:
                 start = journal_actor.acked_seq + 1
             covered = start - 1
             memory = self.memory
-            await memory.run_internal(lambda s: memory.save_snapshot(s, self.paths.memory_snapshot, self.paths.vectors))
+            await memory.run_internal(lambda s: save_snapshot(s, self.paths.memory_snapshot, self.paths.vectors))
             await memory.project_files(durable=True)  # the .md files and _index.json are current and durable too
             await self.skills.project_files(durable=True)  # the SKILL.md files are the skills' snapshot
             await self.conversation.save_snapshot(self.paths.conversation_snapshot, self.paths.conversation_vectors)

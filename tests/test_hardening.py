@@ -34,7 +34,7 @@ import trio.testing
 from conftest import IO_TIMEOUT, RawConnection, routed, running_daemon, tmpfs
 from daemon_process import DaemonProcess
 from eurekamem.client import Client, ReadOnly
-from eurekamem.daemon.memory.actor import read_memory_snapshot
+from eurekamem.daemon.memory.snapshot import read_memory_snapshot
 from eurekamem.daemon.memory.state import MemoryState
 from eurekamem.daemon.retrieval.embed import Thresholds
 from eurekamem.daemon.retrieval.lexical import LexicalIndex

@@ -57,8 +57,6 @@ import json
 import logging
 import math
 import os
-import re
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -75,8 +73,6 @@ from ...protocol.readable import render_readable
 from ..primitives import Histogram, PendingSync
 from ..redact import Redactor, redact_text
 from ..retrieval.text import pooled
-from ..retrieval.vector_files import remove_unnamed_vector_files
-from ..retrieval.vectors import VectorStore
 from ..stats import EmbeddingProgress
 from ..storage.files import RealFiles, atomic_write
 from ..storage.journal_actor import JournalActor
@@ -94,7 +90,7 @@ from .prepared import (
     wants_summary,
     write_cost,
 )
-from .records import MemorySnapshot, PutMemory
+from .records import PutMemory
 from .state import MemoryState
 from .strength import StrengthSettings
 from .watch import (
@@ -890,25 +886,6 @@ class MemoryActor(TierActor):
         self.reembedded += done
         return done
 
-    def save_snapshot(self, state: MemoryState, snapshot_path: Path, vectors_dir: Path) -> None:
-        """Runs in the actor's thread: the vectors when they changed (under a new stem), then
-        memories.snapshot naming them, then the files no snapshot names any more (the caller
-        then projects). A crash at any point leaves a snapshot whose vector files exist."""
-        vectors_dir.mkdir(parents=True, exist_ok=True)
-        fingerprint = state.vectors.fingerprint()
-        if not (state.vectors_stem and fingerprint == state.saved_fingerprint and (vectors_dir / f"{state.vectors_stem}.vectors").exists()):
-            stem = _new_stem(state.model)
-            state.vectors.save(str(vectors_dir), stem)
-            state.vectors_stem, state.saved_fingerprint = stem, fingerprint
-        if state.previous is not None and state.previous[1].fingerprint() != state.previous_saved_fingerprint:
-            # a purge erased a vector of the old model too: its files must not keep it
-            previous_fingerprint, stem = state.previous[1].fingerprint(), _new_stem(state.previous[0])
-            state.previous[1].save(str(vectors_dir), stem)
-            state.previous_stem, state.previous_saved_fingerprint = stem, previous_fingerprint
-        doc = state.snapshot_document()
-        atomic_write(RealFiles(), str(snapshot_path), msgspec.msgpack.encode(doc))
-        remove_unnamed_vector_files(vectors_dir, {doc.vectors_stem, doc.previous_stem} - {""})
-
     # --- memory.list with readable: true ------------------------------------------------------------
 
     def can_inline(self, call: Call) -> bool:
@@ -1026,11 +1003,6 @@ async def _summaries_and_intents(conversation: ConversationReads, slugs: list[st
 
 def _is_readable_list(call: Call) -> bool:
     return call.spec.name == "memory.list" and bool(call.params.readable)
-
-
-def _new_stem(model: str) -> str:
-    """A new generation's file stem: the model's name made safe (openai:org/model too), a random suffix."""
-    return f"{re.sub(r'[^A-Za-z0-9_-]', '_', model)}.{secrets.token_hex(4)}"
 
 
 def _connection_of(work: Work) -> int:
@@ -1218,18 +1190,6 @@ def _write_index(fs: Any, folder: Path, slug: str, memories: list[Any]) -> bool:
         return False
     atomic_write(fs, str(path), json.dumps(entries, indent=2).encode(), sync=False)  # as EurekaClaw writes it: ASCII escapes
     return True
-
-
-def read_memory_snapshot(path: Path) -> MemorySnapshot | None:
-    if not path.exists():
-        return None
-    return msgspec.msgpack.decode(path.read_bytes(), type=MemorySnapshot)
-
-
-def load_vectors(vectors_dir: Path, stem: str, model: str, dim: int) -> VectorStore | None:
-    if not vectors_dir.exists():
-        return None
-    return VectorStore.load(str(vectors_dir), stem, dim=dim, model=model)
 
 
 def import_eurekaclaw_memories(
