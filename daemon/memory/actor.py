@@ -24,29 +24,10 @@ thread it awaits meanwhile). The embedding threads never touch it: they get the 
 back vectors and timings as the return value of `trio.to_thread.run_sync`. sys.stats reads what
 `_publish` copied under the lock after each batch and internal call, never the state itself.
 
-Writes take one of two lanes, so that no request holds up other clients' writes for long (each
-memory's embedded text is bounded too: retrieval/text.py). The fast lane takes every write with at
-most FAST_LANE_CHARS characters to embed (by its params alone: state.write_cost), in arrival order,
-in batches. The bulk lane takes the larger ones and works through them a slice at a time (at most
-SLICE_ITEMS items and SLICE_CHARS characters of a memory.add_many, each slice embedded, applied and
-journaled on its own; the answer comes after the last), round robin between connections, while
-the fast lane goes on beside it. Writes of one connection keep their order: once a connection has
-a write in the bulk lane its later writes follow it there, and a bulk write waits for its
-connection's earlier fast-lane writes. Writes of different connections that overlap in time may be
-applied in either order.
-
-The fast lane is bounded in time, not in requests (issue 30): every write waiting there is
-embedded in the batch after the one in flight (one model call for all of them), so a write routed
-there waits for what is ahead of it, and nothing else. The time that takes is the model's: e5-small
-costs ~95 ms of CPU per 50-token passage whatever the batch (its C engine only spreads a batch over
-the cores: bench/README.md, "memory.add under load"), so 2 cores embed ~20 memories a second and
-32 clients adding one after the other would queue for seconds. The actor measures the model's
-seconds per character on every write embedding (`seconds_per_char`, the wall time of the worker
-thread's call, so a busy machine counts) and refuses a write whose embedding would wait longer
-than `write_backlog` seconds (Config.memory_write_backlog) with `overloaded` and `retry_after_ms`,
-before anything of it is stored; a write that needs no embedding, or one that finds the lane
-empty, is never refused. The bulk lane answers each write after its last slice and is not bounded
-here (a connection's max_inflight bounds what it may queue).
+Writes take one of two lanes, a fast one for small writes, bounded by the time its embedding
+would wait (`overloaded` beyond Config.memory_write_backlog), and a bulk one that works through
+large writes a slice at a time, round robin between connections: the rules and sizes are in
+daemon/memory/lanes.py, the lanes' queues here.
 """
 
 from __future__ import annotations
@@ -80,16 +61,9 @@ from ..storage.watched import SCAN_FACTOR, FileSig, digest, read_files, scan_eve
 from ..tier import MAX_BATCH, Internal, TierActor, Work
 from .data import own_abstract
 from .format import index_entry, memory_files, render_markdown
+from .lanes import FAST_LANE_CHARS, BulkJob, backlog_refusal, connection_of, smoothed, with_waiting
 from .maintenance import JobQueue, Maintenance, schedule
-from .prepared import (
-    GroupSummary,
-    Prepared,
-    add_cost,
-    messages_to_fetch,
-    query_to_embed,
-    wants_summary,
-    write_cost,
-)
+from .prepared import GroupSummary, Prepared, messages_to_fetch, query_to_embed, wants_summary, write_cost
 from .records import PutMemory
 from .state import MemoryState
 from .strength import StrengthSettings
@@ -119,27 +93,6 @@ QUERY_CACHE = 256  # query embeddings kept (see MemoryActor._query_cache)
 # write batches of at most this many memories find what to embed on the event loop (fingerprints
 # and dict lookups, ~2 us a memory), larger ones in a worker thread
 INLINE_CHECK_ITEMS = 64
-
-
-# a write with at most this many characters to embed goes the fast lane (a memory of a paragraph or
-# two: e5-small embeds it in ~0.1-0.3 s on the shared 2-core machine); a larger one the bulk lane
-FAST_LANE_CHARS = 1024
-
-
-# the bulk lane's slice: at most this many items and characters to embed (~2-4 s of e5-small there;
-# its apply holds the state for at most SLICE_ITEMS adds)
-SLICE_ITEMS = 64
-
-
-SLICE_CHARS = 8192
-
-
-# the smoothing of the measured seconds per character (an exponential moving average over the
-# write embeddings), and the shortest retry hint an `overloaded` answer gives
-RATE_SMOOTHING = 0.3
-
-
-MIN_RETRY_MS = 50
 
 
 RunSync = Callable[..., Awaitable[Any]]
@@ -256,7 +209,7 @@ class MemoryActor(TierActor):
         self._state_lock = trio.StrictFIFOLock()  # one batch or internal call on the state at a time
         self._embedded: tuple[Prepared, str | None] | None = None  # for the write batch about to run
         self.writes_waiting = 0  # write requests in the pipeline, not yet applied
-        # the fast lane's bound (see the module docstring), on the event loop only: characters to
+        # the fast lane's bound (daemon/memory/lanes.py), on the event loop only: characters to
         # embed of the writes routed there and not yet answered (the batch in flight included), the
         # model's measured seconds per character (None until the first write embedding), the bound
         # in seconds (Config.memory_write_backlog, given at construction; None: unbounded), and the
@@ -265,10 +218,10 @@ class MemoryActor(TierActor):
         self.seconds_per_char: float | None = None
         self.write_backlog: float | None = write_backlog
         self.writes_refused = 0
-        # the lanes (see the module docstring); connections by _connection_of
+        # the lanes (daemon/memory/lanes.py); connections by lanes.connection_of
         self._fast_owed: dict[int, int] = {}  # connection -> its writes in the fast lane, not answered
         self._fast_changed = trio.Event()  # set (and replaced) whenever fast-lane writes were answered
-        self._bulk: dict[int, collections.deque[_BulkJob]] = {}  # connection -> its bulk-lane writes, in order
+        self._bulk: dict[int, collections.deque[BulkJob]] = {}  # connection -> its bulk-lane writes, in order
         self._bulk_turns: collections.deque[int] = collections.deque()  # connections with bulk work, round robin
         self._bulk_wakeup = trio.Event()
         self._closing = False
@@ -354,27 +307,17 @@ class MemoryActor(TierActor):
         if not budget or rate is None or not self._fast_chars:
             return None
         cost = write_cost(work.call, self.state.embed_chars)
-        if not cost or cost > FAST_LANE_CHARS or _connection_of(work) in self._bulk:
+        if not cost or cost > FAST_LANE_CHARS or connection_of(work) in self._bulk:
             return None
-        wait = (self._fast_chars + cost) * rate
-        if wait <= budget:
-            return None
-        self.writes_refused += 1
-        # the hint: when the writes ahead should be embedded (not the first moment this one would
-        # fit: clients that all came back then would find the lane full again, and again)
-        retry_ms = max(MIN_RETRY_MS, math.ceil(self._fast_chars * rate * 1000))
-        return ProtocolError(
-            "overloaded",
-            f"tier 4 is embedding {self._fast_chars} characters of earlier writes: this write would wait about "
-            f"{wait:.1f} s for the model (memory_write_backlog is {budget:g} s); nothing was stored, try again "
-            f"in {retry_ms} ms",
-            retry_after_ms=retry_ms,
-        )
+        refusal = backlog_refusal(self._fast_chars, cost, rate, budget)
+        if refusal is not None:
+            self.writes_refused += 1
+        return refusal
 
     def _to_bulk(self, work: Work) -> bool:
         """Route a write: True when it went to the bulk lane, False when it is for the fast lane."""
         self.writes_waiting += 1
-        key = _connection_of(work)
+        key = connection_of(work)
         queue = self._bulk.get(key)
         cost = write_cost(work.call, self.state.embed_chars)
         if queue is None and cost <= FAST_LANE_CHARS:
@@ -384,7 +327,7 @@ class MemoryActor(TierActor):
         if queue is None:
             queue = self._bulk[key] = collections.deque()
             self._bulk_turns.append(key)
-        queue.append(_BulkJob(work, self.state.embed_chars))
+        queue.append(BulkJob(work, self.state.embed_chars))
         self._bulk_wakeup.set()
         return True
 
@@ -392,7 +335,7 @@ class MemoryActor(TierActor):
         """The fast lane: writes in arrival order, in batches: embed what they need (no lock held),
         then apply and journal."""
         async for first in recv:
-            batch = _with_waiting(first, recv)
+            batch = with_waiting(first, recv)
             embedded = await self._embed_writes(batch)
             try:
                 await self._run_embedded(batch, embedded)
@@ -400,7 +343,7 @@ class MemoryActor(TierActor):
                 self.writes_waiting -= len(batch)
                 self._fast_chars -= sum(write_cost(work.call, self.state.embed_chars) for work in batch)
                 for work in batch:
-                    key = _connection_of(work)
+                    key = connection_of(work)
                     left = self._fast_owed[key] - 1
                     if left:
                         self._fast_owed[key] = left
@@ -423,7 +366,7 @@ class MemoryActor(TierActor):
         return await self._embedded_for(passages, queries)
 
     async def _bulk_lane(self) -> None:
-        """Large writes, a slice at a time, round robin between connections (see the module docstring)."""
+        """Large writes, a slice at a time, round robin between connections (daemon/memory/lanes.py)."""
         while True:
             if not self._bulk_turns:
                 if self._closing:
@@ -437,7 +380,7 @@ class MemoryActor(TierActor):
                 await self._fast_changed.wait()
             job = queue[0]
             try:
-                done = await job.step(self)
+                done = await job.step(self._embed_and_run)
             except BaseException:
                 self.writes_waiting -= len(queue)
                 del self._bulk[key]
@@ -454,7 +397,7 @@ class MemoryActor(TierActor):
         """Reads that need a query embedded (or, for an inject with include_summary, their domain's
         conversation summary read): embed and read (no lock held), then run with the state."""
         async for first in recv:
-            batch = _with_waiting(first, recv)
+            batch = with_waiting(first, recv)
             queries = [q for q in dict.fromkeys(query_to_embed(work.call) for work in batch) if q is not None]
             embedded = await self._embedded_for([], queries)
             await self._fetch_messages(batch, embedded)
@@ -501,7 +444,8 @@ class MemoryActor(TierActor):
             self._embed_texts, passages, missing, previous, queries
         )
         if passages_s is not None:
-            self._measured(passages_s / max(1, sum(len(text) for text in passages)))
+            # the fast lane's estimate of the model's rate (lanes.py)
+            self.seconds_per_char = smoothed(self.seconds_per_char, passages_s / max(1, sum(len(text) for text in passages)))
         if each_query_us is not None:
             for _ in missing:
                 self.query_embedding_time.add(each_query_us)
@@ -509,11 +453,6 @@ class MemoryActor(TierActor):
             self._remember_queries(prepared.queries)
             prepared.queries.update(cached)
         return prepared, error
-
-    def _measured(self, seconds_per_char: float) -> None:
-        """Fold one write embedding's seconds per character into the fast lane's estimate."""
-        old = self.seconds_per_char
-        self.seconds_per_char = seconds_per_char if old is None else old + RATE_SMOOTHING * (seconds_per_char - old)
 
     def _remember_queries(self, vectors: dict[str, Any]) -> None:
         for query, vector in vectors.items():
@@ -534,6 +473,10 @@ class MemoryActor(TierActor):
         self._remember_queries(prepared.queries)
         self.warmed += len(missing)
         return len(missing)
+
+    async def _embed_and_run(self, batch: list[Work]) -> None:
+        """A bulk-lane slice: embed what the writes need (no lock held), then run them on the state."""
+        await self._run_embedded(batch, await self._embed_writes(batch))
 
     async def _run_embedded(self, batch: list[Work], embedded: tuple[Prepared, str | None]) -> None:
         """Run a batch on the state with the embeddings a pipeline computed for it."""
@@ -1003,94 +946,6 @@ async def _summaries_and_intents(conversation: ConversationReads, slugs: list[st
 
 def _is_readable_list(call: Call) -> bool:
     return call.spec.name == "memory.list" and bool(call.params.readable)
-
-
-def _connection_of(work: Work) -> int:
-    """Which connection a request came from: its reply is the connection, or a JSON-RPC batch's
-    collector that names it (`conn`)."""
-    return id(getattr(work.reply, "conn", work.reply))
-
-
-class _Collected:
-    """The Reply of one bulk-lane slice: keeps the result for the job."""
-
-    __slots__ = ("result",)
-
-    def __init__(self) -> None:
-        self.result: Any = None
-
-    def deliver(self, call: Call, result: Any, started_ns: int) -> None:
-        self.result = result
-
-    def flush(self) -> None:
-        pass
-
-
-class _BulkJob:
-    """One write in the bulk lane: its slices (a memory.add_many's items cut into slices, any other
-    write whole), the results so far, and the answer once the last slice ran."""
-
-    def __init__(self, work: Work, limit: int) -> None:
-        self.work = work
-        call = work.call
-        self.slices: list[Call] = [call]
-        if call.spec.name == "memory.add_many":
-            self.slices = [Call(call.id, call.spec, m.MemoryAddMany(items=part)) for part in _slices(call.params.items, limit)]
-        self.done = 0
-        self.results: list[Any] = []
-
-    async def step(self, actor: MemoryActor) -> bool:
-        """Embed, apply and journal the next slice; True once the write is answered."""
-        call = self.slices[self.done]
-        collected = _Collected()
-        part = [Work(call, collected, self.work.started_ns)]
-        await actor._run_embedded(part, await actor._embed_writes(part))
-        self.done += 1
-        result = collected.result
-        if len(self.slices) == 1:
-            return self._answer(result)
-        if isinstance(result, ProtocolError):  # the journal failed (read_only), or a bug (internal)
-            if not self.results:
-                return self._answer(result)  # nothing was added: the request fails as a whole
-            missing = sum(len(c.params.items) for c in self.slices[self.done - 1 :])
-            error = {"decision": "error", "memory": None, "reason": result.message, "kind": result.kind}
-            return self._answer(self.results + [dict(error) for _ in range(missing)])
-        self.results.extend(result)
-        return self._answer(self.results) if self.done == len(self.slices) else False
-
-    def _answer(self, result: Any) -> bool:
-        self.work.reply.deliver(self.work.call, result, self.work.started_ns)
-        self.work.reply.flush()
-        return True
-
-
-def _slices(items: list[m.MemoryAdd], limit: int) -> list[list[m.MemoryAdd]]:
-    """Consecutive slices of at most SLICE_ITEMS items and SLICE_CHARS characters to embed (one
-    item at least)."""
-    out: list[list[m.MemoryAdd]] = []
-    part: list[m.MemoryAdd] = []
-    chars = 0
-    for item in items:
-        cost = add_cost(item, limit)
-        if part and (len(part) >= SLICE_ITEMS or chars + cost > SLICE_CHARS):
-            out.append(part)
-            part, chars = [], 0
-        part.append(item)
-        chars += cost
-    if part:
-        out.append(part)
-    return out
-
-
-def _with_waiting(first: list[Work], recv: Any) -> list[Work]:
-    """`first` and the batches already waiting behind it on a pipeline, up to MAX_BATCH."""
-    batch = list(first)
-    while len(batch) < MAX_BATCH:
-        try:
-            batch.extend(recv.receive_nowait())
-        except (trio.WouldBlock, trio.EndOfChannel):
-            break
-    return batch
 
 
 class Written(msgspec.Struct):
