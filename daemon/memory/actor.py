@@ -20,9 +20,9 @@ reads) are answered (protocol/_connection.py), so a client sees its own writes i
 never overtake each other.
 
 Ownership: whoever holds the state lock owns the state (a trio task of this actor, or the worker
-thread it awaits meanwhile). The embedding threads never touch it: they get the texts and give
-back vectors and timings as the return value of `trio.to_thread.run_sync`. sys.stats reads what
-`_publish` copied under the lock after each batch and internal call, never the state itself.
+thread it awaits meanwhile). The embedding threads never touch it (daemon/memory/embedding.py).
+sys.stats reads what `_publish` copied under the lock after each batch and internal call, never
+the state itself.
 
 Writes take one of two lanes, a fast one for small writes, bounded by the time its embedding
 would wait (`overloaded` beyond Config.memory_write_backlog), and a bulk one that works through
@@ -60,6 +60,7 @@ from ..storage.journal_actor import JournalActor
 from ..storage.watched import SCAN_FACTOR, FileSig, digest, read_files, scan_every, signature
 from ..tier import MAX_BATCH, Internal, TierActor, Work
 from .data import own_abstract
+from .embedding import Embeddings
 from .format import index_entry, memory_files, render_markdown
 from .lanes import FAST_LANE_CHARS, BulkJob, backlog_refusal, connection_of, smoothed, with_waiting
 from .maintenance import JobQueue, Maintenance, schedule
@@ -85,9 +86,6 @@ _WHAT = {"new": "was written by another program", "edit": "was edited by another
 
 
 REEMBED_BATCH = 64
-
-
-QUERY_CACHE = 256  # query embeddings kept (see MemoryActor._query_cache)
 
 
 # write batches of at most this many memories find what to embed on the event loop (fingerprints
@@ -158,7 +156,6 @@ class MemoryActor(TierActor):
         self.embedder = state.embedder
         self.model = state.model
         self.embed_window = state.embed_window  # fixed with the model: a job embeds a memory's windows as add does
-        self.query_embedding_time = Histogram()  # trio's: fed by what the query pipeline's thread returns
         self._timings: dict[str, Histogram] = {}
         self._lexical_from = state.lexical_from
         self._publish()
@@ -177,12 +174,8 @@ class MemoryActor(TierActor):
             self.summaries = conversation.group_summaries
             self.messages = conversation.search_messages
             self.group_summaries = functools.partial(_summaries_and_intents, conversation)
-        # query embeddings recently computed or pre-warmed (the intents an extraction predicted), at
-        # most QUERY_CACHE of them, oldest dropped first; read and written on the event loop only
-        # (the pipelines' trio tasks and warm_queries), never by a worker thread
-        self._query_cache: collections.OrderedDict[str, Any] = collections.OrderedDict()
-        self.query_cache_hits = 0
-        self.warmed = 0
+        # the texts embedded off the event loop, and the query cache (daemon/memory/embedding.py)
+        self.embeddings = Embeddings(self.embedder, self.model, self._run_sync)
         self.files_written = 0
         self.projection_errors = 0
         # what the scans of memories/ know (daemon/memory/watch.py): touched under _projection_lock only
@@ -428,51 +421,19 @@ class MemoryActor(TierActor):
                 prepared.messages[key] = f"the conversation search failed: {type(exc).__name__}: {exc}"
 
     async def _embedded_for(self, passages: list[str], queries: list[str]) -> tuple[Prepared, str | None]:
-        """Embed in a worker thread (queries in the query cache are not embedded again); the query
-        timing it hands back is recorded here, in trio."""
-        cached = {q: self._query_cache[q] for q in queries if q in self._query_cache}
-        for q in cached:
-            self._query_cache.move_to_end(q)
-        self.query_cache_hits += len(cached)
-        missing = [q for q in queries if q not in cached]
-        previous = self._previous_embedder if queries else None
-        if not (passages or missing or previous):
-            prepared = Prepared()
-            prepared.queries = cached
-            return prepared, None
-        prepared, error, each_query_us, passages_s = await self._run_sync(
-            self._embed_texts, passages, missing, previous, queries
+        """Embed in a worker thread (daemon/memory/embedding.py); a write embedding's time feeds the
+        fast lane's estimate of the model's rate (lanes.py)."""
+        prepared, error, passages_s = await self.embeddings.embed(
+            passages, queries, self._previous_embedder if queries else None
         )
         if passages_s is not None:
-            # the fast lane's estimate of the model's rate (lanes.py)
             self.seconds_per_char = smoothed(self.seconds_per_char, passages_s / max(1, sum(len(text) for text in passages)))
-        if each_query_us is not None:
-            for _ in missing:
-                self.query_embedding_time.add(each_query_us)
-        if error is None:
-            self._remember_queries(prepared.queries)
-            prepared.queries.update(cached)
         return prepared, error
 
-    def _remember_queries(self, vectors: dict[str, Any]) -> None:
-        for query, vector in vectors.items():
-            self._query_cache[query] = vector
-            self._query_cache.move_to_end(query)
-        while len(self._query_cache) > QUERY_CACHE:
-            self._query_cache.popitem(last=False)
-
     async def warm_queries(self, queries: list[str]) -> int:
-        """Embed the queries not in the query cache (a worker thread) and keep them there: a later
+        """Embed the queries not in the query cache and keep them there (Embeddings.warm): a later
         search or inject with one of them as its query embeds nothing. How many were embedded."""
-        missing = [q for q in dict.fromkeys(queries) if q and q not in self._query_cache]
-        if not missing:
-            return 0
-        prepared, error, _, _ = await self._run_sync(self._embed_texts, [], missing)
-        if error is not None:
-            raise RuntimeError(error)
-        self._remember_queries(prepared.queries)
-        self.warmed += len(missing)
-        return len(missing)
+        return await self.embeddings.warm(queries)
 
     async def _embed_and_run(self, batch: list[Work]) -> None:
         """A bulk-lane slice: embed what the writes need (no lock held), then run them on the state."""
@@ -486,37 +447,6 @@ class MemoryActor(TierActor):
                 await self._run_batch(batch)
             finally:
                 self._embedded = None
-
-    def _embed_texts(
-        self, passages: list[str], queries: list[str], previous: Any = None, previous_queries: list[str] | None = None
-    ) -> tuple[Prepared, str | None, float | None, float | None]:
-        """Runs in a worker thread and touches neither the state nor the actor: the embedder is
-        thread-safe; returns the vectors, an error, each query's embedding time (us) and the
-        passages' (s, all of them: one model call). With `previous` (the old model's embedder while
-        the model changes), `previous_queries` are embedded by it too; its failure costs only the
-        old index's side of those searches."""
-        prepared = Prepared()
-        embedder = self.embedder
-        each: float | None = None
-        passages_s: float | None = None
-        try:
-            if passages:
-                started = time.perf_counter()
-                prepared.passages = dict(zip(passages, embedder.embed_passages(passages)))
-                passages_s = time.perf_counter() - started
-            if queries:
-                started = time.perf_counter_ns()
-                prepared.queries = dict(zip(queries, embedder.embed_queries(queries)))
-                each = (time.perf_counter_ns() - started) / 1000 / len(queries)
-        except Exception as exc:  # the embedder failed: calls that need it answer `unavailable`
-            log.error("embedding failed: %s", exc)
-            return Prepared(), f"the embedder {self.model} failed: {exc}", None, None
-        if previous is not None and previous_queries:
-            try:
-                prepared.previous_queries = dict(zip(previous_queries, previous.embed_queries(previous_queries)))
-            except Exception as exc:  # the new model's side still answers
-                log.error("embedding with the previous model %s failed: %s", previous.name, exc)
-        return prepared, None, each, passages_s
 
     async def handle_calls(self, calls: list[Call]) -> list[Any]:
         results = await self._run_sync(self._process, calls, self._embedded)
@@ -933,8 +863,7 @@ class MemoryActor(TierActor):
             "embed_us_per_char": None if self.seconds_per_char is None else round(self.seconds_per_char * 1e6, 2),
             "lexical_index_from": self._lexical_from,  # "snapshot", "rebuilt" (from the texts) or "new"
             "search": {mode: histogram.summary() for mode, histogram in self._timings.items()},
-            "query_embedding": self.query_embedding_time.summary(),
-            "query_cache": {"size": len(self._query_cache), "hits": self.query_cache_hits, "warmed": self.warmed},
+            **self.embeddings.statistics(),
         }
 
 
