@@ -68,7 +68,7 @@ def scans(root: Path, repeat: int, partial: bool) -> list[float]:
     for _ in range(repeat):
         started = time.perf_counter()
         tree = scan_tree(root, tree if partial else None)
-        if tree.full:  # as MemoryActor._scan compares
+        if tree.full:  # as MemoryFiles._scan compares
             seen = tree.flat()
             changed = [f for f, sig in seen.items() if known.get(f) != sig]
             gone = [f for f in known if f not in seen]

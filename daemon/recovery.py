@@ -32,7 +32,7 @@ from .conversation.state import ConversationState, DropMessages, MoveMark, PutMe
 from .errors import StartupError
 from .jobs.state import AcceptJob, CommitJob, JobsState, PurgeJob, PutJob
 from .jobs.state import load_snapshot as load_jobs_snapshot
-from .memory.actor import import_eurekaclaw_memories
+from .memory.files import import_eurekaclaw_memories
 from .memory.records import MaintenanceRecord, PurgeMemory, PutMemory
 from .memory.review import PutReview
 from .memory.snapshot import load_vectors, read_memory_snapshot

@@ -32,7 +32,8 @@ from eurekamem.daemon.config import Config, ConfigError, build_config, config_de
 from eurekamem.daemon.jobs import JobsActor, JobsState
 from eurekamem.daemon.jobs.state import CommitJob
 from eurekamem.daemon.llm import LLMFailed
-from eurekamem.daemon.memory.actor import MemoryActor, import_eurekaclaw_memories
+from eurekamem.daemon.memory.actor import MemoryActor
+from eurekamem.daemon.memory.files import import_eurekaclaw_memories
 from eurekamem.daemon.memory.format import parse_markdown, render_markdown
 from eurekamem.daemon.memory.maintenance import (
     KIND,

@@ -1,10 +1,10 @@
-"""The tier 4 actor and its background work: embedding, the file projection, re-embedding.
+"""The tier 4 actor and its background work: the write lanes, the query pipeline, re-embedding and
+the loops (projection, scans of memories/, maintenance).
 
 Rule kept here: the memory state is touched only from inside this actor, one batch or one
 internal call at a time (the state lock), and in a worker thread for anything heavier than a few
 lookups (embedding, hnswlib and BM25 are heavy), so the event loop keeps serving every other tier
-meanwhile. The .md files and _index.json follow the journal: a projector writes what changed
-within about a second, and every snapshot flushes it.
+meanwhile.
 
 Nothing waits for an embedding while holding the state: writes go through a pipeline that embeds
 their passages without the state lock (the embedder touches no state), then takes the lock,
@@ -27,62 +27,46 @@ the state itself.
 Writes take one of two lanes, a fast one for small writes, bounded by the time its embedding
 would wait (`overloaded` beyond Config.memory_write_backlog), and a bulk one that works through
 large writes a slice at a time, round robin between connections: the rules and sizes are in
-daemon/memory/lanes.py, the lanes' queues here.
+daemon/memory/lanes.py, the lanes' queues here. The files in memories/ (the projection, the scans
+of what others wrote there) are MemoryFiles' (daemon/memory/files.py), the snapshot's files
+daemon/memory/snapshot.py's; both touch the state only through this actor's internal calls.
 """
 
 from __future__ import annotations
 
 import collections
 import functools
-import json
 import logging
 import math
-import os
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import msgspec
 import numpy as np
 import trio
 
 from ...protocol import Call, Memory, ProtocolError, domain_slug
 from ...protocol import methods as m
 from ...protocol.readable import render_readable
-from ..primitives import Histogram, PendingSync
-from ..redact import Redactor, redact_text
+from ..primitives import Histogram
+from ..redact import Redactor
 from ..retrieval.text import pooled
 from ..stats import EmbeddingProgress
-from ..storage.files import RealFiles, atomic_write
 from ..storage.journal_actor import JournalActor
-from ..storage.watched import SCAN_FACTOR, FileSig, digest, read_files, scan_every, signature
 from ..tier import MAX_BATCH, Internal, TierActor, Work
 from .data import own_abstract
 from .embedding import Embeddings
-from .format import index_entry, memory_files, render_markdown
+from .files import MemoryFiles
 from .lanes import FAST_LANE_CHARS, BulkJob, backlog_refusal, connection_of, smoothed, with_waiting
 from .maintenance import JobQueue, Maintenance, schedule
 from .prepared import GroupSummary, Prepared, messages_to_fetch, query_to_embed, wants_summary, write_cost
 from .records import PutMemory
 from .state import MemoryState
 from .strength import StrengthSettings
-from .watch import (
-    FULL_SCAN_FACTOR,
-    PLAN_CHUNK,
-    Change,
-    Tree,
-    Watcher,
-    apply_changes,
-    plan,
-    scan_tree,
-)
+from .watch import Watcher
 
 log = logging.getLogger("eurekamem.memory")
-
-
-_WHAT = {"new": "was written by another program", "edit": "was edited by another program", "move": "was moved here by another program"}
 
 
 REEMBED_BATCH = 64
@@ -159,7 +143,6 @@ class MemoryActor(TierActor):
         self._timings: dict[str, Histogram] = {}
         self._lexical_from = state.lexical_from
         self._publish()
-        self.root = root
         # how work leaves the event loop: a worker thread (tests on trio's virtual clock run it inline)
         self._run_sync: RunSync = run_sync or trio.to_thread.run_sync
         # the conversation tier's group summaries for MEMORY.md: slugs -> {slug: summary}; None
@@ -176,29 +159,27 @@ class MemoryActor(TierActor):
             self.group_summaries = functools.partial(_summaries_and_intents, conversation)
         # the texts embedded off the event loop, and the query cache (daemon/memory/embedding.py)
         self.embeddings = Embeddings(self.embedder, self.model, self._run_sync)
-        self.files_written = 0
-        self.projection_errors = 0
-        # what the scans of memories/ know (daemon/memory/watch.py): touched under _projection_lock only
-        self.watcher = Watcher()
         # the background loops (run_loops) and their settings; None: none run (an actor of a test)
         self.loops = loops
         self._loops_scope = trio.CancelScope()  # cancelled by stop_loops, or when the actor ends
         self.watching = loops is not None and loops.watch_interval > 0  # memories/ is scanned
-        self.watch_full_interval = 30.0  # seconds between full scans (Config.watch_full_interval)
-        if loops is not None and self.watching:
-            self.watch_full_interval = loops.watch_full_interval
-        self.first_scan = trio.Event()  # set once the scan at start is done (or failed)
+        # the memory files: the projector and the scans of memories/ (daemon/memory/files.py)
+        self.files = MemoryFiles(
+            root,
+            run_internal=self.run_internal,
+            run_sync=self._run_sync,
+            summaries=self._summaries,
+            embedder=self.embedder,
+            redactor=redactor,
+            # seconds between full scans (Config.watch_full_interval)
+            watch_full_interval=loops.watch_full_interval if loops is not None and self.watching else 30.0,
+        )
         # tier 4's background embedding, as sys.stats → memory.embedding shows it; written only by
         # the background loop, read by sys.stats, both on the event loop
         self.embedding = EmbeddingProgress()
         # tier 4's maintenance: jobs of the queue, asked for by sys.maintain and the nightly schedule
         self.maintenance = Maintenance(jobs, self, wall=state.wall) if jobs is not None else None
         self.reembedded = 0
-        # one projection at a time, from taking the changes to writing them: two interleaved ones
-        # could write an older version of a file after a newer one (or after its removal)
-        self._projection_lock = trio.Lock()
-        self._unsynced = PendingSync()  # files written (or removed) since the last durable projection
-        self._projected = trio.Event()  # set (and replaced) after each projection that wrote files
         self._state_lock = trio.StrictFIFOLock()  # one batch or internal call on the state at a time
         self._embedded: tuple[Prepared, str | None] | None = None  # for the write batch about to run
         self.writes_waiting = 0  # write requests in the pipeline, not yet applied
@@ -517,204 +498,26 @@ class MemoryActor(TierActor):
     # --- background work ---------------------------------------------------------------------------
 
     async def project_files(self, durable: bool = False) -> int:
-        """Write the .md files and _index.json that changed; returns the number of files written.
-
-        The files are renamed into place (a reader never sees half of one) but not fsynced: the
-        journal has every change they show. durable=True (a snapshot, before its checkpoint lets
-        the journal forget those changes) fsyncs everything written since the last durable call,
-        each file and folder once, however often it was rewritten meanwhile.
-        """
-        async with self._projection_lock:
-            written = await self._project_files()
-            if durable and self._unsynced:
-                await self._unsynced.sync()
-            return written
-
-    async def _project_files(self) -> int:
-        readable, (changed, removed, indexes) = await self.run_internal(
-            lambda state: (state.take_readable(), state.take_projection())  # in this order: see take_readable
-        )
-        if not (changed or removed or indexes or readable):
-            return 0
-        summaries = await self._summaries([file.split("/")[-2] for file, _, _, _ in readable if file.endswith("/MEMORY.md")])
-        documents = [(*item, summaries.get(item[0].split("/")[-2])) for item in readable]
-        touched = [self.root / m.file for m in changed] + [self.root / f for f in removed]
-        touched += [self.root / "memories" / slug / "_index.json" for slug in indexes]
-        touched += [self.root / item[0] for item in documents]
-        self._unsynced.update(touched)  # before writing: a failure half-way still leaves them to sync
-        # what the scans last saw of the files this writes or removes: one that changed since (another
-        # program wrote it) is left as it is, for the next scan (None: unknown; no check before the first scan)
-        known = self.watcher.known
-        expected = {f: known[f][0] if f in known else None for f in [m.file for m in changed] + removed} if self.watcher.scans else None
-        try:
-            result = await self._run_sync(write_projection, self.root, changed, removed, indexes, documents, expected)
-        except OSError as exc:
-            self.projection_errors += 1
-            log.error("could not write memory files (the journal has them; will retry): %s", exc)
-            ids = [memory.id for memory in changed]
-            domains = list(indexes) + [item[0].split("/")[-2] for item in documents if item[0].endswith("/MEMORY.md")]
-            again_global = any(item[0].endswith("/GLOBAL.md") for item in documents)
-            await self.run_internal(lambda state: state.redirty(ids, removed, domains, again_global))
-            return 0
-        self.watcher.wrote(result.files, result.removed)
-        for relative in result.left:
-            log.warning("tier 4: %s changed on disk since the last scan; left as it is (the next scan reads it)", relative)
-        self.files_written += result.written
-        self._projected.set()
-        self._projected = trio.Event()
-        written: int = result.written
-        return written
+        """Write the memory files that changed (MemoryFiles.project: durably when a snapshot asks); the number written."""
+        return await self.files.project(durable)
 
     async def scan_files(self, full: bool = False) -> dict[str, int]:
-        """One scan of memories/ (daemon/memory/watch.py; a full one when asked, the first, and every
-        watch_full_interval): files another program wrote, changed or removed since the last scan
-        become journaled changes of tier 4; then, if there were any, the projection writes what
-        they owe (_index.json, archived copies). Returns the counts of what it did."""
-        async with self._projection_lock:
-            started = time.perf_counter_ns()
-            counts = await self._scan(full)
-            self.watcher.scans += 1
-            if any(counts.values()):
-                await self._project_files()
-            self.watcher.last_scan_us = (time.perf_counter_ns() - started) / 1000
-            return counts
-
-    async def _scan(self, full: bool) -> dict[str, int]:
-        watcher = self.watcher
-        first = watcher.scans == 0
-        now = trio.current_time()
-        full = full or watcher.tree is None or now >= watcher.last_full + max(
-            self.watch_full_interval, FULL_SCAN_FACTOR * watcher.last_full_seconds
-        )
-        before = None if full else watcher.tree
-        started = time.perf_counter()
-        tree: Tree = await self._run_sync(scan_tree, self.root, before)
-        watcher.last_stat_seconds = time.perf_counter() - started
-        if full:
-            watcher.last_full, watcher.last_full_seconds = now, watcher.last_stat_seconds
-            watcher.full_scans += 1
-        watcher.tree = tree
-        folders = tree.domain_folders()
-        watcher.last_files = tree.count()
-        known, malformed = watcher.known, watcher.malformed
-        if full:  # every file compared with what the scans know
-            seen = tree.flat()
-            for relative in [f for f in malformed if f not in seen]:
-                del malformed[relative]
-            candidates: dict[str, FileSig] = seen
-            gone = [f for f in known if f not in seen]
-        else:  # the files this scan looked at, and those it found gone
-            candidates = {f: sig for f in tree.looked if (sig := tree.sig(f)) is not None}
-            gone = [f for f in dict.fromkeys(tree.vanished) if f in known or f in malformed]
-            for relative in gone:
-                malformed.pop(relative, None)
-        changed = [
-            f for f, sig in candidates.items()
-            if (f not in known or known[f][0] != sig) and not (f in malformed and malformed[f][0] == sig)
-        ]
-        if first:  # files removed while the daemon was down: the memories whose file is not there
-            present = candidates
-            gone += await self.run_internal(
-                lambda s: [m.file for m in s.memories.values() if m.status == "active" and m.file not in present]
-            )
-        counts = {"new": 0, "edit": 0, "move": 0, "archive": 0, "bad": 0}
-        if not (changed or gone):
-            return counts
-        reads = await self._run_sync(read_files, self.root, changed)
-        texts: list[tuple[str, str, float]] = []
-        sigs: dict[str, tuple[FileSig, str]] = {}
-        for read in reads:
-            if read.error:
-                self._malformed(read.relative, candidates[read.relative], read.error)
-                counts["bad"] += 1
-                continue
-            if read.data is None or read.sig is None or not read.data:
-                continue  # gone, being written, or empty so far: the next scan looks again
-            sha = digest(read.data)
-            if read.relative in known and known[read.relative][1] == sha:
-                known[read.relative] = (read.sig, sha)  # touched, same bytes
-                continue
-            try:
-                text = read.data.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                self._malformed(read.relative, read.sig, f"not UTF-8 text ({exc.reason} at byte {exc.start})")
-                counts["bad"] += 1
-                continue
-            sigs[read.relative] = (read.sig, sha)
-            texts.append((read.relative, text, read.sig[1] / 1e9))
-        on_disk = tree.flat() if not full else candidates
-        changes: list[Change] = []
-        kinds: frozenset[str] = self.redactor.unknown_domain if self.redactor is not None else frozenset()
-        for at in range(0, max(len(texts), 1), PLAN_CHUNK):
-            chunk = texts[at : at + PLAN_CHUNK]
-            lost = gone if at == 0 else []
-
-            def planned(s: MemoryState, chunk: list[tuple[str, str, float]] = chunk, lost: list[str] = lost) -> list[Change]:
-                return plan(s, chunk, lost, on_disk, folders, kinds)
-
-            changes += await self.run_internal(planned)
-        for change in changes:
-            if change.kind == "redacted" and self.redactor is not None:
-                self.redactor.counted(change.reason.split(","))
-        changes = [change for change in changes if change.kind != "redacted"]
-        vectors = await self._embed_changes(changes)
-        retry = set(await self.run_internal(lambda s: apply_changes(s, changes, vectors)))
-        for change in changes:
-            relative = change.relative
-            if change.kind == "archive":
-                known.pop(relative, None)
-                log.info("tier 4: %s was removed by another program: memory %s archived", relative, change.memory and change.memory.id)
-            elif change.kind == "rewrite":
-                known.pop(relative, None)
-            elif change.kind == "bad":
-                self._malformed(relative, sigs[relative][0], change.reason)
-            elif relative not in retry:
-                sig, sha = sigs[relative]
-                known[relative] = (sig, "" if change.kind == "pending" else sha)
-                malformed.pop(relative, None)
-                if change.kind in ("new", "edit", "move"):
-                    log.info("tier 4: %s %s: memory %s", relative, _WHAT[change.kind], change.memory and change.memory.id)
-            if change.kind in counts and relative not in retry:
-                counts[change.kind] += 1
-        for relative in gone:  # archived, moved, nobody's, or owed by the projection (which records it anew)
-            known.pop(relative, None)
-        watcher.imported += counts["new"]
-        watcher.updated += counts["edit"]
-        watcher.moved += counts["move"]
-        watcher.archived += counts["archive"]
-        return counts
-
-    def _malformed(self, relative: str, sig: FileSig, why: str) -> None:
-        """Report a file that is no memory (once per version of it) and leave it as it is."""
-        if self.watcher.malformed.get(relative, (None, ""))[0] != sig:
-            log.warning("tier 4: %s is not a memory file (%s); left as it is", relative, why)
-        self.watcher.malformed[relative] = (sig, why)
-        self.watcher.known.pop(relative, None)
-
-    async def _embed_changes(self, changes: list[Change]) -> dict[int, bytes]:
-        """The vectors of the changes whose text is new, by change index; none if the embedder fails
-        (those memories are committed without one and embedded in the background)."""
-        wanted = [(at, change.texts) for at, change in enumerate(changes) if change.texts]
-        if not wanted:
-            return {}
-        flat = [text for _, texts in wanted for text in texts or ()]
-        try:
-            rows = await trio.to_thread.run_sync(self.embedder.embed_passages, flat, abandon_on_cancel=True)
-        except Exception as exc:
-            log.error("tier 4: could not embed %d files another program wrote (embedded later): %s", len(wanted), exc)
-            return {}
-        out: dict[int, bytes] = {}
-        position = 0
-        for at, texts in wanted:
-            n = len(texts or ())
-            out[at] = pooled(list(rows[position : position + n])).astype("float32").tobytes()
-            position += n
-        return out
+        """One scan of memories/ (MemoryFiles.scan): the counts of what it found others wrote."""
+        return await self.files.scan(full)
 
     async def wait_projected(self) -> None:
-        """Return after the next projection that writes files (the projector's, a snapshot's or
-        anyone's): for a reader that wants the files to show a change it made."""
-        await self._projected.wait()
+        """Return after the next projection that writes files (MemoryFiles.wait_projected)."""
+        await self.files.wait_projected()
+
+    @property
+    def watcher(self) -> Watcher:
+        """What the scans of memories/ know (MemoryFiles owns it)."""
+        return self.files.watcher
+
+    @property
+    def first_scan(self) -> trio.Event:
+        """Set once the scan at start is done (or failed)."""
+        return self.files.first_scan
 
     async def _summaries(self, slugs: list[str]) -> dict[str, str]:
         """The group summaries of these domains (see `summaries`); none when that fails."""
@@ -795,7 +598,7 @@ class MemoryActor(TierActor):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._background, loops.projection_interval)
                 if loops.watch_interval:
-                    nursery.start_soon(self._watch, loops.watch_interval)
+                    nursery.start_soon(self.files.watch, loops.watch_interval)
                 if self.maintenance is not None:
                     nursery.start_soon(schedule, self.maintenance, loops.maintenance_at, loops.maintenance_catchup)
 
@@ -833,26 +636,15 @@ class MemoryActor(TierActor):
             except Exception:
                 log.exception("memory background work failed; will try again")
 
-    async def _watch(self, interval: float) -> None:
-        """Scan memories/ every `interval` seconds (or more: SCAN_FACTOR) for files other programs
-        wrote, changed or removed (daemon/memory/watch.py); the first scan at once, before the first
-        projection, so that the projection never overwrites a file edited while the daemon was down."""
-        await scan_every(
-            self.scan_files,
-            lambda: max(interval, SCAN_FACTOR * self.watcher.last_stat_seconds),
-            "tier 4: the scan of memories/",
-            after=self.first_scan.set,
-        )
-
     def statistics(self) -> dict[str, Any]:
         """memory.* in sys.stats: the actor's counters and what _publish copied (never the state).
         `search` is memory.search's own time (index, BM25, fusion), `query_embedding` the query's
         embedding (per query, before the search runs), in microseconds; `watch` the scans of
         memories/ (files others wrote)."""
         return {
-            "files_written": self.files_written,
+            "files_written": self.files.files_written,
             "watch": {"enabled": self.watching, **self.watcher.statistics()},
-            "projection_errors": self.projection_errors,
+            "projection_errors": self.files.projection_errors,
             "reembedded": self.reembedded,
             "model": self.model,
             "writes_waiting": self.writes_waiting,
@@ -875,130 +667,5 @@ async def _summaries_and_intents(conversation: ConversationReads, slugs: list[st
 
 def _is_readable_list(call: Call) -> bool:
     return call.spec.name == "memory.list" and bool(call.params.readable)
-
-
-class Written(msgspec.Struct):
-    """What write_projection did: files written, the memory files' signatures and hashes as written,
-    the memory files removed, and those left alone because another program changed them."""
-
-    written: int
-    files: dict[str, tuple[FileSig, str]]
-    removed: list[str]
-    left: list[str]
-
-
-def _unchanged(path: Path, expected: FileSig | None) -> bool:
-    """Is the file at `path` as the last scan saw it (absent, when it saw none)?"""
-    try:
-        sig = signature(os.stat(path))
-    except FileNotFoundError:
-        return True
-    return sig == expected
-
-
-def write_projection(
-    root: Path,
-    changed: list[Any],
-    removed: list[str],
-    indexes: dict[str, list[Any]],
-    documents: list[tuple[str, str, list[Any], bool, str | None]] = [],  # noqa: B006 (read only)
-    expected: dict[str, FileSig | None] | None = None,
-) -> Written:
-    """The .md files, removals, _index.json files and the readable projection (MEMORY.md and
-    GLOBAL.md: (file, domain, [(memory, strength)], whether GLOBAL.md lists any, summary),
-    rendered here, off the event loop), each renamed into place whole.
-
-    With `expected` (the scans' signatures, daemon/memory/watch.py), a memory file that changed
-    since the last scan is neither overwritten nor removed: another program wrote it. _index.json
-    keeps what others wrote: entries of files in the folder that no memory here lists, and the
-    keys of an entry besides ours (EurekaClaw's embedding, while the memory's text is the same);
-    it is written only when that changes it."""
-    fs = RealFiles()
-    written = 0
-    files: dict[str, tuple[FileSig, str]] = {}
-    gone: list[str] = []
-    left: list[str] = []
-    for memory in changed:
-        path = root / memory.file
-        if expected is not None and not _unchanged(path, expected.get(memory.file)):
-            left.append(memory.file)
-            continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data = render_markdown(memory).encode()
-        atomic_write(fs, str(path), data, sync=False)
-        files[memory.file] = (signature(os.stat(path)), digest(data))
-        written += 1
-    for relative in removed:
-        path = root / relative
-        if expected is not None and not _unchanged(path, expected.get(relative)):
-            left.append(relative)
-            continue
-        if path.is_file():
-            os.unlink(path)
-        gone.append(relative)
-    for slug, memories in indexes.items():
-        folder = root / "memories" / slug
-        folder.mkdir(parents=True, exist_ok=True)
-        if _write_index(fs, folder, slug, memories):
-            written += 1
-    for relative, domain, listed, has_global, summary in documents:
-        text = render_readable(domain, listed, is_global=relative.endswith("/GLOBAL.md"), has_global=has_global, summary=summary)
-        path = root / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(fs, str(path), text.encode(), sync=False)
-        written += 1
-    return Written(written, files, gone, left)
-
-
-def _write_index(fs: Any, folder: Path, slug: str, memories: list[Any]) -> bool:
-    """memories/<slug>/_index.json: our memories whose file is in this folder, merged into what is
-    there (see write_projection); True when it was written."""
-    path = folder / "_index.json"
-    try:
-        existing = msgspec.json.decode(path.read_bytes())
-    except (FileNotFoundError, msgspec.DecodeError):
-        existing = None
-    before: dict[str, Any] = existing if isinstance(existing, dict) else {}
-    prefix = f"memories/{slug}/"
-    ours: dict[str, Any] = {}
-    for memory in memories:
-        name = memory.file.removeprefix(prefix)
-        if "/" in name or not memory.file.startswith(prefix):
-            continue  # archived, or a file in another folder (a domain written under another slug)
-        ours[name] = index_entry(memory, before.get(name))  # another program's entry kept as it wrote it
-    entries = dict(ours)
-    for name, entry in before.items():  # another program's entries for files that are there
-        if name not in ours and (folder / name).is_file():
-            entries[name] = entry
-    if existing is not None and entries == before:
-        return False
-    atomic_write(fs, str(path), json.dumps(entries, indent=2).encode(), sync=False)  # as EurekaClaw writes it: ASCII escapes
-    return True
-
-
-def import_eurekaclaw_memories(
-    state: MemoryState, root: Path, redact: frozenset[str] = frozenset(), replaced: list[str] | None = None
-) -> int:
-    """Every memories/<domain>/*.md (and _archive/) that EurekaClaw or we wrote, as memories; each
-    file's text redacted first (`redact`: the kinds, as the scans of memories/ do; the kinds
-    replaced are added to `replaced`): the memory holds no secret, the file stays as its writer left it."""
-    base = root / "memories"
-    if not base.is_dir():
-        return 0
-    count = 0
-    for path in memory_files(base):  # never MEMORY.md / GLOBAL.md: the daemon's readable projection
-        relative = path.relative_to(root).as_posix()
-        try:
-            text = path.read_text(encoding="utf-8", errors="replace")
-        except OSError as exc:
-            log.warning("could not read %s: %s", path, exc)
-            continue
-        if redact:
-            text, hits = redact_text(text, redact)
-            if replaced is not None:
-                replaced += hits
-        if state.import_file(relative, text, path.stat().st_mtime) is not None:
-            count += 1
-    return count
 
 
