@@ -49,6 +49,7 @@ import trio
 from ...protocol import Call, Memory, ProtocolError, domain_slug
 from ...protocol import methods as m
 from ...protocol.readable import render_readable
+from ..config import config_default
 from ..primitives import Histogram
 from ..redact import Redactor
 from ..retrieval.text import pooled
@@ -171,8 +172,9 @@ class MemoryActor(TierActor):
             summaries=self._summaries,
             embedder=self.embedder,
             redactor=redactor,
-            # seconds between full scans (Config.watch_full_interval)
-            watch_full_interval=loops.watch_full_interval if loops is not None and self.watching else 30.0,
+            # seconds between full scans (Config.watch_full_interval; an actor without loops, a test's,
+            # scans when asked, with Config's default)
+            watch_full_interval=loops.watch_full_interval if loops is not None else config_default("watch_full_interval"),
         )
         # tier 4's background embedding, as sys.stats → memory.embedding shows it; written only by
         # the background loop, read by sys.stats, both on the event loop
