@@ -212,8 +212,6 @@ def render_top(stats: dict[str, Any], previous: dict[str, Any] | None, elapsed: 
             f"    {name:<22} {entry['count']:>9} {per_second:>8.0f} {entry['p50_us']:>10} {entry['p99_us']:>10} "
             f"{entry['max_us']:>10} {sum(entry['errors'].values()):>7}"
         )
-    lines.append("")
-    lines.append("q or Ctrl-C quits")
     return "\n".join(lines)
 
 
@@ -258,6 +256,10 @@ def cmd_top(args: argparse.Namespace) -> int:
     previous: dict[str, Any] | None = None
     previous_at = 0.0
     done = 0
+    # a terminal gets a screen redrawn in place until q; a pipe or a file gets plain frames, no
+    # screen codes: one, or --iterations of them, a blank line apart
+    terminal = sys.stdout.isatty()
+    iterations = args.iterations or (0 if terminal else 1)
     try:
         with connect(args) as client, _Keys() as keys:
             while True:
@@ -266,11 +268,15 @@ def cmd_top(args: argparse.Namespace) -> int:
                 except (EurekamemError, ConnectionLost, OSError) as exc:
                     return fail(f"not running or not reachable: {exc}")
                 now = time.monotonic()
-                sys.stdout.write(CLEAR + render_top(stats, previous, now - previous_at) + "\n")
+                frame = render_top(stats, previous, now - previous_at)
+                if terminal:
+                    sys.stdout.write(CLEAR + frame + "\n\nq or Ctrl-C quits\n")
+                else:
+                    sys.stdout.write(("\n" if done else "") + frame + "\n")
                 sys.stdout.flush()
                 previous, previous_at = stats, now
                 done += 1
-                if args.iterations and done >= args.iterations:
+                if iterations and done >= iterations:
                     return 0
                 if "q" in keys.wait(args.interval).lower():
                     return 0

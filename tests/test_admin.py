@@ -160,6 +160,37 @@ def test_progress_bar_draws_only_when_asked() -> None:
 # --- the commands against subprocess daemons -------------------------------------------------------
 
 
+def top_on_a_terminal(sock: Path, *args: str) -> str:
+    """`eurekamem top` with a pseudo-terminal as its stdout: what a person's screen receives."""
+    import pty
+
+    main_fd, child_fd = pty.openpty()
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("EUREKAMEM_") and k != "EUREKACLAW_DIR"}
+        env["XDG_CONFIG_HOME"] = "/nonexistent-eurekamem-test"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "eurekamem.daemon", "top", "--socket", str(sock), *args],
+            stdout=child_fd, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env,
+        )
+        os.close(child_fd)
+        child_fd = -1
+        out = b""
+        while True:
+            try:
+                chunk = os.read(main_fd, 65536)
+            except OSError:  # the child closed its end: Linux reports EIO
+                break
+            if not chunk:
+                break
+            out += chunk
+        assert proc.wait(timeout=TIMEOUT) == 0, proc.stderr.read() if proc.stderr else ""
+    finally:
+        os.close(main_fd)
+        if child_fd >= 0:
+            os.close(child_fd)
+    return out.decode()
+
+
 def test_metrics_status_and_top_commands(data_dir: Path, sock_dir: Path) -> None:
     sock = sock_dir / "s.sock"
     proc = start(data_dir, sock)
@@ -172,11 +203,15 @@ def test_metrics_status_and_top_commands(data_dir: Path, sock_dir: Path) -> None
         assert ({"tier": "memory", "kind": "memories"}, 1.0) in samples["eurekamem_tier_items"]
         done = cli("status", "--socket", str(sock))
         assert done.returncode == 0 and "memory" in done.stdout and "memories 1" in done.stdout
-        done = cli("top", "--socket", str(sock), "--iterations", "1")
+        done = cli("top", "--socket", str(sock))  # into a pipe: one plain frame, then it exits
         assert done.returncode == 0, done.stderr
-        assert done.stdout.startswith(_metrics.CLEAR) and "memory.add" in done.stdout and "q or Ctrl-C quits" in done.stdout
+        assert "memory.add" in done.stdout and "\x1b" not in done.stdout and "q or Ctrl-C" not in done.stdout
+        assert done.stdout.count("eurekamem ") == 1
         done = cli("top", "--socket", str(sock), "--iterations", "2", "--interval", "0.01")
-        assert done.returncode == 0 and done.stdout.count(_metrics.CLEAR) == 2 and "req/s" in done.stdout
+        assert done.returncode == 0 and done.stdout.count("connections ") == 2 and "req/s" in done.stdout
+        assert "\x1b" not in done.stdout
+        screen = top_on_a_terminal(sock, "--iterations", "2", "--interval", "0.01")  # redrawn in place
+        assert screen.count(_metrics.CLEAR) == 2 and "q or Ctrl-C quits" in screen and "req/s" in screen
     finally:
         proc.terminate()
     assert cli("metrics", "--socket", str(sock)).returncode == 1

@@ -156,7 +156,7 @@ def test_no_key_then_the_key_then_done(data_dir: Path, sock_dir: Path, stub: Stu
             assert job["state"] == "queued" and job["attempts"] == 0
             assert (
                 job["waiting_reason"]
-                == "no LLM: no LLM provider configured (set [llm] provider, or ANTHROPIC_API_KEY for Anthropic)"
+                == "no LLM: no LLM provider configured (set llm_provider in the config file or EUREKAMEM_LLM_PROVIDER, or ANTHROPIC_API_KEY for Anthropic)"
             )
             stats = c.call("sys.stats")
             assert stats["jobs"]["waiting_reason"] == job["waiting_reason"] and stats["jobs"]["queued"] == 1

@@ -109,7 +109,7 @@ async def test_concurrency_is_bounded_and_the_rest_say_why(autojump_clock: trio.
 
 async def test_no_provider_keeps_jobs_queued_until_one_is_given(autojump_clock: trio.testing.MockClock) -> None:
     none = FakeLLM(
-        available=False, reason="no LLM provider configured (set [llm] provider, or ANTHROPIC_API_KEY for Anthropic)"
+        available=False, reason="no LLM provider configured (set llm_provider in the config file or EUREKAMEM_LLM_PROVIDER, or ANTHROPIC_API_KEY for Anthropic)"
     )
     with trio.fail_after(LONG):
         async with harness(none) as h:

@@ -734,3 +734,28 @@ async def test_the_key_never_appears_in_logs_stats_or_errors(
     for text in texts:
         assert KEY not in text
     assert "retrying" in caplog.text and "llm call failed" in caplog.text  # the logs were really captured
+
+
+def _named_settings(hint: str) -> list[str]:
+    """The config keys (`llm_model`) and variables (`EUREKAMEM_LLM_MODEL`) a hint tells a person to set."""
+    import re
+
+    keys = re.findall(r"\b(llm_[a-z_]+)\b", hint)
+    variables = [name.removeprefix("EUREKAMEM_").lower() for name in re.findall(r"\bEUREKAMEM_[A-Z_]+\b", hint)]
+    return keys + variables
+
+
+def test_every_llm_hint_names_settings_the_config_accepts() -> None:
+    """A hint that says what to set must name a key of the config file (and its variable): `[llm]`
+    sections are refused by the config, so a hint naming one sends a person to a dead end."""
+    from eurekamem.daemon.config import Config
+
+    fields = set(Config.__struct_fields__)
+    not_configured = resolve(None, {}).unavailable_reason
+    with pytest.raises(LLMConfigError) as no_model:
+        resolve(LLMConfig(provider="openai", base_url="http://127.0.0.1:11434/v1"), {})
+    for hint in (not_configured, str(no_model.value)):
+        named = _named_settings(hint)
+        assert named, hint  # each says what to set
+        assert set(named) <= fields, (hint, set(named) - fields)
+        assert "[llm]" not in hint, hint

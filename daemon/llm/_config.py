@@ -130,7 +130,7 @@ def resolve(config: LLMConfig | None, environ: Mapping[str, str]) -> ResolvedLLM
     }
     if provider == "none":
         reason = (
-            "no LLM provider configured (set [llm] provider, or ANTHROPIC_API_KEY for Anthropic)"
+            "no LLM provider configured (set llm_provider in the config file or EUREKAMEM_LLM_PROVIDER, or ANTHROPIC_API_KEY for Anthropic)"
             if config.provider is None
             else "the LLM provider is configured as none"
         )
@@ -140,7 +140,7 @@ def resolve(config: LLMConfig | None, environ: Mapping[str, str]) -> ResolvedLLM
     model = config.model or environ.get(FAST_MODEL_VARIABLE, "")
     if not model:
         if provider != "anthropic":
-            raise LLMConfigError(f"llm: provider {provider} needs a model ([llm] model or {FAST_MODEL_VARIABLE})")
+            raise LLMConfigError(f"llm: provider {provider} needs a model (llm_model in the config file, EUREKAMEM_LLM_MODEL or {FAST_MODEL_VARIABLE})")
         model = DEFAULT_ANTHROPIC_MODEL
     default_url = DEFAULT_ANTHROPIC_URL if provider == "anthropic" else DEFAULT_OPENAI_URL
     base_url = (config.base_url or environ.get(BASE_URL_VARIABLES[provider], "") or default_url).rstrip("/")
