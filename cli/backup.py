@@ -192,6 +192,8 @@ def cmd_backup(args: argparse.Namespace) -> int:
         with connect(args) as client:
             seq = client.call("sys.snapshot", {})["seq"]
             root = Path(client.call("sys.stats", {})["data_dir"])
+    except BrokenPipeError:  # stdout's reader went away, not the daemon: main() ends quietly
+        raise
     except (EurekamemError, ConnectionLost, OSError) as exc:
         return fail(f"backup needs the running daemon (for a snapshot): {exc}")
     try:

@@ -38,6 +38,8 @@ def _call_reporting(args: argparse.Namespace, method: str, params: dict[str, Any
     try:
         with connect(args) as client:
             return True, client.call(method, params)
+    except BrokenPipeError:  # stdout's reader went away, not the daemon: main() ends quietly
+        raise
     except (ConnectionLost, OSError) as exc:
         print(f"eurekamem: cannot reach the daemon: {exc}", file=sys.stderr)
     except EurekamemError as exc:
@@ -121,6 +123,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         with connect(args) as client:
             stats = client.call("sys.stats", {})
+    except BrokenPipeError:  # stdout's reader went away, not the daemon: main() ends quietly
+        raise
     except (EurekamemError, ConnectionLost, OSError) as exc:
         return fail(f"not running or not reachable: {exc}")
     journal = stats["journal"]
@@ -237,6 +241,8 @@ def _run_memories(args: argparse.Namespace, body: Callable[[Any], int]) -> int:
     try:
         with connect(args) as client:
             return body(client)
+    except BrokenPipeError:  # stdout's reader went away, not the daemon: main() ends quietly
+        raise
     except (ConnectionLost, OSError) as exc:
         return fail(f"cannot reach the daemon: {exc}")
     except EurekamemError as exc:

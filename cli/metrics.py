@@ -172,6 +172,8 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     try:
         with connect(args) as client:
             stats = client.call("sys.stats", {})
+    except BrokenPipeError:  # stdout's reader went away, not the daemon: main() ends quietly
+        raise
     except (EurekamemError, ConnectionLost, OSError) as exc:
         return fail(f"not running or not reachable: {exc}")
     sys.stdout.write(render_metrics(stats))
@@ -265,6 +267,8 @@ def cmd_top(args: argparse.Namespace) -> int:
             while True:
                 try:
                     stats = client.call("sys.stats", {})
+                except BrokenPipeError:  # stdout's reader went away, not the daemon: main() ends quietly
+                    raise
                 except (EurekamemError, ConnectionLost, OSError) as exc:
                     return fail(f"not running or not reachable: {exc}")
                 now = time.monotonic()

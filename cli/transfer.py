@@ -106,6 +106,8 @@ def cmd_export(args: argparse.Namespace) -> int:
             finally:
                 if tmp:
                     out.close()
+    except BrokenPipeError:  # stdout's reader went away, not the daemon: main() ends quietly
+        raise
     except (EurekamemError, ConnectionLost, OSError) as exc:
         if tmp:
             tmp.unlink(missing_ok=True)
@@ -130,6 +132,8 @@ def _export_eurekaclaw(args: argparse.Namespace) -> int:
     try:
         with connect(args) as client:
             counts = write_eurekaclaw_root(export_records(client), tmp)
+    except BrokenPipeError:  # stdout's reader went away, not the daemon: main() ends quietly
+        raise
     except (EurekamemError, ConnectionLost, OSError) as exc:
         _remove_tree(tmp)
         return fail(f"export failed: {exc}")
@@ -577,6 +581,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     try:
         with connect(args) as client:
             importer = import_groups(client, groups)
+    except BrokenPipeError:  # stdout's reader went away, not the daemon: main() ends quietly
+        raise
     except (EurekamemError, ConnectionLost, OSError) as exc:
         return fail(f"import failed: {exc}")
     summary = ", ".join(f"{n} {tier}" for tier, n in importer.counts.items())

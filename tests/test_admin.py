@@ -217,6 +217,37 @@ def test_metrics_status_and_top_commands(data_dir: Path, sock_dir: Path) -> None
     assert cli("metrics", "--socket", str(sock)).returncode == 1
 
 
+def test_output_into_a_closed_pipe_ends_quietly(data_dir: Path, sock_dir: Path) -> None:
+    """`eurekamem ... | head -1`: when the reader has gone, a command ends as Unix tools do (the
+    status of SIGPIPE, 141, and nothing on stderr), never "cannot reach the daemon" nor a traceback.
+    The pipe's read end is closed before the command starts, so its first write fails every time."""
+    sock = sock_dir / "s.sock"
+    proc = start(data_dir, sock)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EUREKAMEM_") and k != "EUREKACLAW_DIR"}
+    env["XDG_CONFIG_HOME"] = "/nonexistent-eurekamem-test"
+    try:
+        with Client(sock, timeout=TIMEOUT) as client:
+            client.call("memory.add", {"domain": "d", "category": "fact", "title": "t", "content": "c"})
+        for args in (
+            ("memories", "list", "--socket", str(sock)),
+            ("call", "--socket", str(sock), "memory.list", '{"domain": "d"}'),
+            ("status", "--socket", str(sock)),
+            ("metrics", "--socket", str(sock)),
+            ("top", "--socket", str(sock)),
+            ("call", "--help"),
+        ):
+            read_end, write_end = os.pipe()
+            os.close(read_end)
+            try:
+                done = subprocess.run([sys.executable, "-m", "eurekamem.daemon", *args], stdout=write_end,
+                                      stderr=subprocess.PIPE, text=True, timeout=TIMEOUT, env=env)
+            finally:
+                os.close(write_end)
+            assert (done.returncode, done.stderr) == (141, ""), (args, done.returncode, done.stderr)
+    finally:
+        proc.terminate()
+
+
 def test_backup_of_a_running_daemon_restores_into_an_empty_root(tmp_path: Path, sock_dir: Path) -> None:
     source, target = tmp_path / "a", tmp_path / "b"
     proc = start(source, sock_dir / "a.sock")
