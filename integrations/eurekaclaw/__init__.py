@@ -16,9 +16,12 @@ Rules kept here:
   copies the patched name. Nothing of EurekaClaw is imported by install(): a defining module not
   imported yet is patched right after it is (a post-import hook on sys.meta_path, for those module
   names only), so EurekaClaw's import cost and order stay its own.
+- A class EurekaClaw subclasses (BaseAgent) is not replaced: the few methods in METHODS are set on the class itself, each a
+  routed function that calls the original (kept to put back).
 - install() twice is install() once; uninstall() puts every original back (in every module that
-  holds a routed class) and removes the hook. The routed classes subclass the originals, so
-  annotations and isinstance checks in EurekaClaw's code still hold.
+  holds a routed class, on every class that holds a routed method) and removes the hook. The
+  routed classes subclass the originals, so annotations and isinstance checks in EurekaClaw's code
+  still hold.
 - Importing this package imports only the standard library; the client comes with install().
 """
 
@@ -37,7 +40,7 @@ from typing import Any
 from . import _options
 from ._options import Options
 
-__all__ = ["ENV", "TARGETS", "install", "install_from_env", "installed", "uninstall"]
+__all__ = ["ENV", "METHODS", "TARGETS", "install", "install_from_env", "installed", "uninstall"]
 
 log = logging.getLogger("eurekamem.integrations.eurekaclaw")
 
@@ -52,6 +55,12 @@ TARGETS: dict[str, str] = {
     "eurekaclaw.learning.memory_extractor": "SessionMemoryExtractor",
 }
 
+# module -> (class name, method names): methods routed in place (see _routed.py's routed_method)
+METHODS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "eurekaclaw.agents.base": ("BaseAgent", ("build_system_prompt",)),
+}
+_HOOKED = frozenset(TARGETS) | frozenset(METHODS)
+
 
 class _State:
     def __init__(self) -> None:
@@ -59,6 +68,7 @@ class _State:
         self.installed = False
         self.finder: _PatchOnImport | None = None
         self.routed: dict[type, type] = {}  # original class -> its routed subclass (made once)
+        self.methods: dict[tuple[type, str], Any] = {}  # (class, method name) -> EurekaClaw's own function
 
 
 _state = _State()
@@ -88,7 +98,7 @@ def install(
         _state.finder = _PatchOnImport()
         sys.meta_path.insert(0, _state.finder)
         _state.installed = True
-        for name in TARGETS:
+        for name in _HOOKED:
             module = sys.modules.get(name)
             if module is not None:
                 _patch(name, module)
@@ -112,6 +122,9 @@ def uninstall() -> None:
             for attr, value in list(vars(module).items()):
                 if isinstance(value, type) and value in back:
                     setattr(module, attr, back[value])
+        for (cls, method), function in _state.methods.items():
+            setattr(cls, method, function)
+        _state.methods.clear()
         _routed.close_links()
 
 
@@ -137,6 +150,36 @@ def _eurekaclaw_modules() -> list[ModuleType]:
 
 
 def _patch(module_name: str, module: ModuleType) -> None:
+    """Route what `module` holds: its METHODS in place, its TARGETS class by the routed subclass."""
+    if module_name in METHODS:
+        _patch_methods(module_name, module)
+    if module_name in TARGETS:
+        _patch_class(module_name, module)
+
+
+def _patch_methods(module_name: str, module: ModuleType) -> None:
+    """Set each routed method of METHODS on the module's class, the original kept for uninstall()."""
+    from . import _routed
+
+    class_name, methods = METHODS[module_name]
+    cls = getattr(module, class_name, None)
+    if not isinstance(cls, type):
+        log.error("%s has no class %s: not routed (an EurekaClaw version this integration does not know)",
+                  module_name, class_name)
+        return
+    for method in methods:
+        own = vars(cls).get(method)
+        if not callable(own):
+            log.error("%s.%s has no method %s: not routed (an EurekaClaw version this integration does not know)",
+                      module_name, class_name, method)
+            continue
+        if (cls, method) in _state.methods:
+            continue  # already routed
+        _state.methods[(cls, method)] = own
+        setattr(cls, method, _routed.routed_method(class_name, method, own))
+
+
+def _patch_class(module_name: str, module: ModuleType) -> None:
     """Replace the target class of `module` by its routed subclass, there and wherever an imported
     eurekaclaw module bound the original."""
     from . import _routed
@@ -187,12 +230,12 @@ class _PatchingLoader(importlib.abc.Loader):
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """For the four target modules only: find them as the other finders do, patch after they run."""
+    """For the target modules only: find them as the other finders do, patch after they run."""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in TARGETS:
+        if fullname not in _HOOKED:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):

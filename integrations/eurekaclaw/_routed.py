@@ -21,17 +21,24 @@ Rules kept here:
   the daemon's job. A session always becomes memories: when the daemon says it has no LLM, or its
   job fails or does not finish within the bound, EurekaClaw's own extraction call runs here with
   the agent's LLM client and session.learned completes the job with its items (exactly once).
+- What a session learned reaches the next one (the routed methods, set on EurekaClaw's classes in
+  place): every prompt BaseAgent.build_system_prompt builds carries the brief's domain memories
+  (`load_for_injection(domain, k=4, query=<the task's description>)`, EurekaClaw's documented
+  session-start injection, inside its own block after the skills).
+  Each only when the agent's memory is a routed MemoryManager; otherwise EurekaClaw's own code runs.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import importlib
 import logging
 import os
 import threading
 import weakref
 from collections.abc import Callable
+from contextvars import ContextVar
 from enum import Enum
 from pathlib import Path
 from types import SimpleNamespace
@@ -57,7 +64,10 @@ from ...protocol import methods as limits
 from ...protocol.blocks import skill_element, skills_block
 from ._options import current as options
 
-__all__ = ["BUS_KEY", "CONDUIT_SESSION", "close_links", "configured_link", "eurekaclaw_root", "link_for", "make", "unrouted_methods"]
+__all__ = [
+    "BUS_KEY", "CONDUIT_SESSION", "close_links", "configured_link", "eurekaclaw_root", "link_for", "make",
+    "routed_method", "unrouted_methods",
+]
 
 log = logging.getLogger("eurekamem.integrations.eurekaclaw")
 
@@ -456,8 +466,9 @@ class RoutedSkillInjector:
     the tag strategy asks skills.inject with the task's name and description as the query (role and
     stage, then BM25 and vectors, then use; the selected skills first) and the block is the
     daemon's (the note marking the skills as reference material, tags in bodies escaped). For a
-    domain, render_for_prompt adds the memories block of the routed MemoryManager. Over any other
-    registry, or with the daemon unable to answer, EurekaClaw's own retrieval runs."""
+    domain, render_for_prompt adds the memories block of the routed MemoryManager; given none inside
+    a routed BaseAgent.build_system_prompt, the brief's domain's (the task's description the query).
+    Over any other registry, or with the daemon unable to answer, EurekaClaw's own retrieval runs."""
 
     _original: type
     registry: Any
@@ -505,10 +516,14 @@ class RoutedSkillInjector:
             self._injected.update(s.meta.name for s in skills)
         elif skills:  # EurekaClaw's own block (no domain: the memories are added below)
             parts.append(cast(str, cast(Any, self._original).render_for_prompt(self, skills)))
+        query = None
+        asked = _prompt_memories.get()
+        if not domain and asked is not None:  # inside a routed build_system_prompt: the brief's domain
+            domain, query = asked
         if domain:
             try:  # looked up where EurekaClaw looks it up: the routed class once installed
                 manager = importlib.import_module("eurekaclaw.memory.manager").MemoryManager
-                block = manager(session_id="injector").load_for_injection(domain, k=4)
+                block = manager(session_id="injector").load_for_injection(domain, k=4, query=query)
                 if block:
                     parts.append(block)
             except Exception as exc:  # as EurekaClaw: memories never block a prompt
@@ -732,6 +747,43 @@ async def _in_worker_thread(fn: Callable[..., T], *args: Any) -> T:
     import asyncio
 
     return await asyncio.to_thread(fn, *args)
+
+
+# --- what a session learned, in the next one's prompts (the routed methods) ---------------------
+
+_prompt_memories: ContextVar[tuple[str, str | None] | None] = ContextVar("eurekamem_prompt_memories", default=None)
+
+
+def _routed_build_system_prompt(own: Callable[..., str]) -> Callable[..., str]:
+    def build_system_prompt(self: Any, task: Any) -> str:
+        """EurekaClaw's prompt; with a routed memory, the research brief's domain memories in it
+        (EurekaClaw's injector block, queried with the task's description)."""
+        brief = self.bus.get_research_brief() if isinstance(getattr(self, "memory", None), RoutedMemoryManager) else None
+        domain = str(getattr(brief, "domain", "") or "")
+        if not domain:
+            return own(self, task)
+        query = str(getattr(task, "description", "") or getattr(brief, "query", "") or "") or None
+        if not isinstance(getattr(self, "skill_injector", None), RoutedSkillInjector):
+            block = self.memory.load_for_injection(domain, k=4, query=query)
+            prompt = own(self, task)
+            return f"{prompt}\n\n{block}" if block else prompt
+        token = _prompt_memories.set((domain, query))
+        try:
+            return own(self, task)
+        finally:
+            _prompt_memories.reset(token)
+
+    return build_system_prompt
+
+
+_METHOD_ROUTES: dict[tuple[str, str], Callable[[Callable[..., Any]], Callable[..., Any]]] = {
+    ("BaseAgent", "build_system_prompt"): _routed_build_system_prompt,
+}
+
+
+def routed_method(class_name: str, method: str, own: Callable[..., Any]) -> Callable[..., Any]:
+    """The routed function for EurekaClaw's `class_name.method` (its own function `own`)."""
+    return functools.wraps(own)(_METHOD_ROUTES[(class_name, method)](own))
 
 
 _MIXINS: dict[str, type] = {

@@ -1,5 +1,7 @@
 """eurekaclaw.agents.base.BaseAgent: build_system_prompt as EurekaClaw's (selected skills, top_k,
-render_for_prompt, injected_skills on the bus); a tool call is logged to memory as its loop does."""
+render_for_prompt without a domain, injected_skills on the bus, the domain plugin's workflow hint);
+a tool call is logged to memory as its tool loop (run_agent_loop) does: "Tool <name>: <result[:200]>",
+no metadata."""
 
 from __future__ import annotations
 
@@ -64,6 +66,9 @@ class BaseAgent(ABC):
         parts = [self._role_system_prompt(task)]
         if skill_block:
             parts.append(skill_block)
+        workflow_hint: str = self.bus.get("domain_workflow_hint") or ""
+        if workflow_hint:
+            parts.append(f"<domain_guidance>\n{workflow_hint}\n</domain_guidance>")
         return "\n\n".join(parts)
 
     def _role_system_prompt(self, task: Task) -> str:

