@@ -1,11 +1,13 @@
 """What a session learns reaches the next one (issue 27, section 6), against the stand-in EurekaClaw
 (tests/fake_eurekaclaw) over a real daemon subprocess: BaseAgent.build_system_prompt carries the
 brief's domain memories in EurekaClaw's block (its documented session-start injection, which its own
-code never makes: it passes the injector no domain). uninstall() gives EurekaClaw its own methods back.
+code never makes: it passes the injector no domain); the theory loop's prover is told the failed
+strategies the daemon keeps for the lemma at hand. uninstall() gives EurekaClaw its own methods back.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import sys
@@ -18,6 +20,7 @@ import pytest
 
 from daemon_process import DaemonProcess
 from eurekamem.client import Client
+from eurekamem.daemon.jobs.extract import failures_key
 from eurekamem.integrations import eurekaclaw as integration
 
 FAKE = Path(__file__).resolve().parent / "fake_eurekaclaw"
@@ -113,4 +116,60 @@ def test_each_roles_system_prompt_carries_the_briefs_domain_memories_after_its_s
     integration.uninstall()  # EurekaClaw's own method again: no domain, no memories
     assert BaseAgent.build_system_prompt is own
     assert "<memories>" not in agent.build_system_prompt(task)
+
+
+def test_the_prover_is_told_the_failed_strategies_the_daemon_keeps_for_the_lemma(client: Client) -> None:
+    from eurekamem.protocol import domain_slug
+
+    domain = unique("Bandit Theory")
+    # the record the daemon's extraction job keeps (daemon/jobs/extract.py apply_failures), oldest first
+    client.remember(
+        failures_key(domain, "L_tail"),
+        {
+            "lemma_id": "L_tail", "domain": domain, "statement": "Tail bound",
+            "attempts": [
+                {"session_id": "before", "iteration": 1, "reason": "variance unbounded", "attempt": "Bernstein"},
+                {"session_id": "before", "iteration": 2, "reason": "increments unbounded", "attempt": "Azuma"},
+            ],
+        },
+        tags=["failed_strategy", domain_slug(domain)],
+    )
+    from eurekaclaw.agents.theory.inner_loop_yaml import LemmaDeveloper, TheoryInnerLoopYaml
+    from eurekaclaw.agents.theory.prover import Prover
+
+    own = (LemmaDeveloper.run_iterative, Prover.attempt)
+    integration.install()
+    from eurekaclaw.knowledge_bus.bus import KnowledgeBus
+    from eurekaclaw.llm import LLMClient
+    from eurekaclaw.memory.manager import MemoryManager
+    from eurekaclaw.types.artifacts import LemmaNode, TheoryState
+
+    session = unique("s")
+    bus = KnowledgeBus(session)
+    loop = TheoryInnerLoopYaml(bus, memory=MemoryManager(session_id=session))
+    developer = loop._instantiate("LemmaDeveloper")  # EurekaClaw compares classes with `is`: still its own
+    assert type(developer) is LemmaDeveloper and isinstance(developer.prover, Prover)
+    llm = developer.prover.client = LLMClient()
+    state = TheoryState(
+        session_id=session, theorem_id="thm",
+        lemma_dag={"L_tail": LemmaNode(lemma_id="L_tail", statement="Tail bound"),
+                   "L_conc": LemmaNode(lemma_id="L_conc", statement="Hoeffding")},
+        open_goals=["L_tail", "L_conc"],
+    )
+    asyncio.run(developer.run_iterative(state, 1, 3, domain=domain))
+
+    prompts = {call["messages"][0]["content"].split("Lemma ID: ")[1].split("\n")[0]: call["messages"][0]["content"]
+               for call in llm.calls}
+    tail = prompts["L_tail"]
+    assert "PREVIOUS FAILED APPROACHES (avoid repeating these):" in tail
+    assert tail.index("increments unbounded") < tail.index("variance unbounded")  # the newest first
+    assert "PREVIOUS FAILED APPROACHES" not in prompts["L_conc"]  # nothing kept for this lemma
+
+    # outside a routed lemma loop the prover is EurekaClaw's own
+    alone = Prover(client=LLMClient())
+    asyncio.run(alone.attempt(state, "L_tail"))
+    assert "PREVIOUS FAILED" not in alone.client.calls[0]["messages"][0]["content"]
+
+    integration.uninstall()
+    assert (LemmaDeveloper.run_iterative, Prover.attempt) == own
 

@@ -16,7 +16,8 @@ Rules kept here:
   copies the patched name. Nothing of EurekaClaw is imported by install(): a defining module not
   imported yet is patched right after it is (a post-import hook on sys.meta_path, for those module
   names only), so EurekaClaw's import cost and order stay its own.
-- A class EurekaClaw subclasses (BaseAgent) is not replaced: the few methods in METHODS are set on the class itself, each a
+- A class EurekaClaw subclasses or keeps by identity (BaseAgent, its theory loop's LemmaDeveloper
+  and Prover) is not replaced: the few methods in METHODS are set on the class itself, each a
   routed function that calls the original (kept to put back).
 - install() twice is install() once; uninstall() puts every original back (in every module that
   holds a routed class, on every class that holds a routed method) and removes the hook. The
@@ -58,6 +59,8 @@ TARGETS: dict[str, str] = {
 # module -> (class name, method names): methods routed in place (see _routed.py's routed_method)
 METHODS: dict[str, tuple[str, tuple[str, ...]]] = {
     "eurekaclaw.agents.base": ("BaseAgent", ("build_system_prompt",)),
+    "eurekaclaw.agents.theory.inner_loop_yaml": ("LemmaDeveloper", ("run_iterative",)),
+    "eurekaclaw.agents.theory.prover": ("Prover", ("attempt",)),
 }
 _HOOKED = frozenset(TARGETS) | frozenset(METHODS)
 

@@ -24,7 +24,9 @@ Rules kept here:
 - What a session learned reaches the next one (the routed methods, set on EurekaClaw's classes in
   place): every prompt BaseAgent.build_system_prompt builds carries the brief's domain memories
   (`load_for_injection(domain, k=4, query=<the task's description>)`, EurekaClaw's documented
-  session-start injection, inside its own block after the skills).
+  session-start injection, inside its own block after the skills); the theory loop's prover is told
+  the failed strategies the daemon keeps for the lemma at hand (theory.failed_strategies.<domain
+  slug>.<lemma id>) among its "previous failed approaches".
   Each only when the agent's memory is a routed MemoryManager; otherwise EurekaClaw's own code runs.
 """
 
@@ -33,6 +35,7 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 import importlib
+import inspect
 import logging
 import os
 import threading
@@ -60,6 +63,7 @@ from ...client import (
 )
 from ...client import MemoryManager as ClientMemoryManager
 from ...client import eurekaclaw_dir as eurekaclaw_dir_from_env
+from ...protocol import domain_slug
 from ...protocol import methods as limits
 from ...protocol.blocks import skill_element, skills_block
 from ._options import current as options
@@ -752,6 +756,8 @@ async def _in_worker_thread(fn: Callable[..., T], *args: Any) -> T:
 # --- what a session learned, in the next one's prompts (the routed methods) ---------------------
 
 _prompt_memories: ContextVar[tuple[str, str | None] | None] = ContextVar("eurekamem_prompt_memories", default=None)
+_lemma_lessons: ContextVar[tuple[Any, str] | None] = ContextVar("eurekamem_lemma_lessons", default=None)
+FAILURES_SHOWN = 3  # EurekaClaw's prover shows the first three past failures
 
 
 def _routed_build_system_prompt(own: Callable[..., str]) -> Callable[..., str]:
@@ -776,8 +782,65 @@ def _routed_build_system_prompt(own: Callable[..., str]) -> Callable[..., str]:
     return build_system_prompt
 
 
+def _routed_run_iterative(own: Callable[..., Any]) -> Callable[..., Any]:
+    signature = inspect.signature(own)
+
+    async def run_iterative(self: Any, *args: Any, **kwargs: Any) -> Any:
+        """EurekaClaw's lemma loop; with a routed memory its prover learns the lemma's earlier failures."""
+        memory = getattr(self, "memory", None)
+        if not isinstance(memory, RoutedMemoryManager):
+            return await own(self, *args, **kwargs)
+        domain = str(signature.bind(self, *args, **kwargs).arguments.get("domain", "") or "")
+        token = _lemma_lessons.set((memory, domain))
+        try:
+            return await own(self, *args, **kwargs)
+        finally:
+            _lemma_lessons.reset(token)
+
+    return run_iterative
+
+
+def _routed_attempt(own: Callable[..., Any]) -> Callable[..., Any]:
+    async def attempt(
+        self: Any, state: Any, lemma_id: str, past_failures: list[str] | None = None,
+        cross_session_hint: str | None = None, skill_context: str = "",
+    ) -> Any:
+        """EurekaClaw's proof attempt; inside a routed lemma loop, the failed strategies the daemon
+        keeps for this lemma follow this session's own failures (freshest first)."""
+        lessons = _lemma_lessons.get()
+        if lessons is not None:
+            memory, domain = lessons
+            earlier = await _in_worker_thread(failed_strategies, memory, domain, lemma_id)
+            known = list(past_failures or [])
+            past_failures = (known + [r for r in earlier if r not in known]) or None
+        return await own(self, state, lemma_id, past_failures, cross_session_hint, skill_context)
+
+    return attempt
+
+
+def failed_strategies(memory: Any, domain: str, lemma_id: str) -> list[str]:
+    """The reasons the daemon's theory.failed_strategies record for (domain, lemma) holds, newest
+    first (also a record EurekaClaw itself wrote there: a reason, or a text)."""
+    try:
+        value = memory.recall(f"theory.failed_strategies.{domain_slug(domain)}.{lemma_id}")
+    except Exception as exc:  # as EurekaClaw's: memory never blocks a proof attempt
+        log.warning("failed strategies for %r not read: %s", lemma_id, exc)
+        return []
+    if isinstance(value, str):
+        return [value] if value.strip() else []
+    if not isinstance(value, dict):
+        return []
+    attempts = value.get("attempts")
+    reasons = [str(a.get("reason", "")) for a in attempts if isinstance(a, dict)] if isinstance(attempts, list) else []
+    if isinstance(value.get("reason"), str):
+        reasons.append(value["reason"])
+    return list(dict.fromkeys(r for r in reversed(reasons) if r.strip()))[:FAILURES_SHOWN]
+
+
 _METHOD_ROUTES: dict[tuple[str, str], Callable[[Callable[..., Any]], Callable[..., Any]]] = {
     ("BaseAgent", "build_system_prompt"): _routed_build_system_prompt,
+    ("LemmaDeveloper", "run_iterative"): _routed_run_iterative,
+    ("Prover", "attempt"): _routed_attempt,
 }
 
 
