@@ -2,7 +2,8 @@
 (tests/fake_eurekaclaw) over a real daemon subprocess: BaseAgent.build_system_prompt carries the
 brief's domain memories in EurekaClaw's block (its documented session-start injection, which its own
 code never makes: it passes the injector no domain); the theory loop's prover is told the failed
-strategies the daemon keeps for the lemma at hand. uninstall() gives EurekaClaw its own methods back.
+strategies the daemon keeps for the lemma at hand; EurekaClaw's "Tool X: ..." events reach the
+daemon with the metadata skill distillation reads. uninstall() gives EurekaClaw its own methods back.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pytest
 
 from daemon_process import DaemonProcess
 from eurekamem.client import Client
+from eurekamem.daemon.jobs.distill import find_pattern
 from eurekamem.daemon.jobs.extract import failures_key
 from eurekamem.integrations import eurekaclaw as integration
 
@@ -173,3 +175,24 @@ def test_the_prover_is_told_the_failed_strategies_the_daemon_keeps_for_the_lemma
     integration.uninstall()
     assert (LemmaDeveloper.run_iterative, Prover.attempt) == own
 
+
+def test_eurekaclaws_tool_results_reach_the_daemon_as_tool_steps_distillation_finds(client: Client) -> None:
+    integration.install()
+    session = unique("s")
+    agent, _ = _agent(session, DOMAIN)
+    for _ in range(2):  # what EurekaClaw's tool loop logs: f"Tool {name}: {result[:200]}", no metadata
+        agent.log_tool_call("lean4_verify", "L_conc checks")
+        agent.log_tool_call("arxiv_search", "found Auer et al. 2002")
+    agent.log_tool_call("wolfram_alpha", "Error running tool 'wolfram_alpha': no app id")
+    agent.memory.log_event("theory", "Theory loop: proved, 2 lemmas proved, 0 open")
+    agent.memory.log_event("theory", "Tool custom: ran", {"tool": "named_by_caller", "ok": True})
+
+    events = client.recent(session, n=20)
+    assert [e.metadata.get("tool") for e in events] == [
+        "lean4_verify", "arxiv_search", "lean4_verify", "arxiv_search", "wolfram_alpha", None, "named_by_caller",
+    ]
+    assert [e.metadata.get("success") for e in events[:5]] == [True, True, True, True, False]
+    assert events[6].metadata == {"tool": "named_by_caller", "ok": True}  # a caller's own metadata is kept
+    assert events[5].metadata == {}
+    pattern = find_pattern(events)  # what the daemon's distillation reads from the session's events
+    assert pattern is not None and pattern.tools == ("lean4_verify", "arxiv_search") and len(pattern.occurrences) == 2

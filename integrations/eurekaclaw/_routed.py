@@ -26,7 +26,8 @@ Rules kept here:
   (`load_for_injection(domain, k=4, query=<the task's description>)`, EurekaClaw's documented
   session-start injection, inside its own block after the skills); the theory loop's prover is told
   the failed strategies the daemon keeps for the lemma at hand (theory.failed_strategies.<domain
-  slug>.<lemma id>) among its "previous failed approaches".
+  slug>.<lemma id>) among its "previous failed approaches"; a "Tool X: ..." event (EurekaClaw's tool
+  loop logs no metadata) goes out with metadata `tool` and `success`, what skill distillation reads.
   Each only when the agent's memory is a routed MemoryManager; otherwise EurekaClaw's own code runs.
 """
 
@@ -38,6 +39,7 @@ import importlib
 import inspect
 import logging
 import os
+import re
 import threading
 import weakref
 from collections.abc import Callable
@@ -269,6 +271,12 @@ class RoutedMemoryManager(ClientMemoryManager):
             **extra,
         )
         _managers.add(self)
+
+    def log_event(self, agent_role: str, content: str, metadata: dict[str, Any] | None = None) -> Any:
+        """EurekaClaw's log_event; a tool result as its tool loop logs it ("Tool <name>: <result>",
+        no metadata) also says which tool and whether it succeeded (EurekaClaw's ToolRegistry.call
+        answers "Error..." for a failure), in the metadata skill distillation reads."""
+        return super().log_event(agent_role, content, tool_metadata(content, metadata))
 
 
 class RoutedSkillRegistry:
@@ -757,7 +765,19 @@ async def _in_worker_thread(fn: Callable[..., T], *args: Any) -> T:
 
 _prompt_memories: ContextVar[tuple[str, str | None] | None] = ContextVar("eurekamem_prompt_memories", default=None)
 _lemma_lessons: ContextVar[tuple[Any, str] | None] = ContextVar("eurekamem_lemma_lessons", default=None)
+_TOOL_RESULT = re.compile(r"Tool (\S+?): ", re.DOTALL)  # EurekaClaw's tool loop: f"Tool {name}: {result[:200]}"
+_TOOL_KEYS = ("tool", "tool_name", "action")  # what skill distillation reads as the tool (daemon/jobs/distill.py)
 FAILURES_SHOWN = 3  # EurekaClaw's prover shows the first three past failures
+
+
+def tool_metadata(content: str, metadata: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The metadata of an event, with `tool` and `success` added for EurekaClaw's tool-result line
+    when the metadata names no tool."""
+    found = _TOOL_RESULT.match(content) if isinstance(content, str) else None
+    if found is None or (metadata and any(metadata.get(k) for k in _TOOL_KEYS)):
+        return metadata
+    result = content[found.end():]
+    return {**(metadata or {}), "tool": found.group(1), "success": not result.startswith("Error")}
 
 
 def _routed_build_system_prompt(own: Callable[..., str]) -> Callable[..., str]:
