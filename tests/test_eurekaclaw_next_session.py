@@ -142,31 +142,38 @@ def test_each_roles_system_prompt_carries_the_briefs_domain_memories_after_its_s
     assert "<memories>" not in agent.build_system_prompt(task)
 
 
-def test_the_prover_is_told_the_failed_strategies_the_daemon_keeps_for_the_lemma(client: Client) -> None:
-    from eurekamem.protocol import domain_slug
-
-    domain = unique("Bandit Theory")
-    # the record the daemon's extraction job keeps (daemon/jobs/extract.py apply_failures), oldest first
-    client.remember(
-        failures_key(domain, "L_tail"),
-        {
-            "lemma_id": "L_tail", "domain": domain, "statement": "Tail bound",
-            "attempts": [
-                {"session_id": "before", "iteration": 1, "reason": "variance unbounded", "attempt": "Bernstein"},
-                {"session_id": "before", "iteration": 2, "reason": "increments unbounded", "attempt": "Azuma"},
-            ],
-        },
-        tags=["failed_strategy", domain_slug(domain)],
-    )
+def test_the_prover_is_told_the_failed_strategies_the_daemon_keeps_for_the_lemma(
+    client: Client, stub: StubLLMServer
+) -> None:
+    integration.install()  # before EurekaClaw's theory modules are imported: patched as they are
     from eurekaclaw.agents.theory.inner_loop_yaml import LemmaDeveloper, TheoryInnerLoopYaml
     from eurekaclaw.agents.theory.prover import Prover
-
-    own = (LemmaDeveloper.run_iterative, Prover.attempt)
-    integration.install()
     from eurekaclaw.knowledge_bus.bus import KnowledgeBus
+    from eurekaclaw.learning.memory_extractor import SessionMemoryExtractor
     from eurekaclaw.llm import LLMClient
     from eurekaclaw.memory.manager import MemoryManager
-    from eurekaclaw.types.artifacts import LemmaNode, TheoryState
+    from eurekaclaw.types.artifacts import FailedAttempt, LemmaNode, ResearchBrief, TheoryState
+
+    own = (LemmaDeveloper.run_iterative.__wrapped__, Prover.attempt.__wrapped__)
+    domain = unique("Bandit Theory")
+    # an earlier session failed on L_tail twice: its post-run learning has the daemon keep the record
+    before = KnowledgeBus(unique("before"))
+    before.put_research_brief(ResearchBrief(session_id=before.session_id, input_mode="detailed", domain=domain, query="q"))
+    before.put_theory_state(TheoryState(
+        session_id=before.session_id, theorem_id="thm", informal_statement="UCB1 regret",
+        lemma_dag={"L_tail": LemmaNode(lemma_id="L_tail", statement="Tail bound")},
+        failed_attempts=[
+            FailedAttempt(lemma_id="L_tail", attempt_text="Bernstein", failure_reason="variance unbounded", iteration=1),
+            FailedAttempt(lemma_id="L_tail", attempt_text="Azuma", failure_reason="increments unbounded", iteration=2),
+        ],
+    ))
+    stub.script.extend([by_tool, by_tool])
+    asyncio.run(SessionMemoryExtractor(client=LLMClient()).extract_and_save(before))
+    job = client.wait_job(before.get(_routed.BUS_KEY)["job_id"], timeout=TIMEOUT)
+    stub.script.clear()
+    assert job.state == "done", job
+    record = client.recall(failures_key(domain, "L_tail"))
+    assert record is not None and [a["reason"] for a in record.value["attempts"]] == ["variance unbounded", "increments unbounded"]
 
     session = unique("s")
     bus = KnowledgeBus(session)
