@@ -1,6 +1,6 @@
 """EurekaClaw on eurekamem: one call (`install()`) routes EurekaClaw's MemoryManager, its post-run
-learning (SessionMemoryExtractor) and its SkillRegistry / SkillInjector to the daemon, without a
-line of EurekaClaw's code changed.
+learning (SessionMemoryExtractor) and its SkillRegistry / SkillInjector to the daemon, and has its
+prompts carry what earlier sessions learned (METHODS), without a line of EurekaClaw's code changed.
 
     from eurekamem.integrations import eurekaclaw
     eurekaclaw.install()          # before or after EurekaClaw is imported
@@ -90,7 +90,7 @@ def install(
     *, socket_path: str | os.PathLike[str] | None = None, timeout: float | None = None, autostart: bool | None = None
 ) -> None:
     """Route EurekaClaw's MemoryManager, SessionMemoryExtractor, SkillRegistry and SkillInjector to
-    the daemon: those already imported now, the others as they are imported. Idempotent (a second
+    the daemon, and its METHODS: those already imported now, the others as they are imported. Idempotent (a second
     call changes nothing, options included); EurekaClaw need not be importable yet."""
     with _state.lock:
         if _state.installed:
