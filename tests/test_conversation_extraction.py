@@ -301,6 +301,46 @@ async def test_the_next_window_starts_past_the_mark_with_the_summary_and_the_kep
     assert "Memories already kept for this group" in prompt and "goal: Caroline plans to study counseling" in prompt
 
 
+class QueriesSeen:
+    """The jobs actor's embedder, recording the queries it embeds (the rest passes through)."""
+
+    def __init__(self, embedder: Any) -> None:
+        self.embedder = embedder
+        self.queries: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.embedder, name)
+
+    def embed_queries(self, texts: list[str]) -> Any:
+        self.queries += texts
+        return self.embedder.embed_queries(texts)
+
+
+async def test_a_groups_first_extraction_embeds_no_context_query(
+    data_dir: Path, sock_dir: Path, stub: StubLLMServer
+) -> None:
+    """The context query (the window's newest 2000 characters: the dearest text a job embeds) is
+    embedded only when the group's domain holds memories it could find; the first window has none."""
+    stub.script.extend([answer(ENGLISH_ANSWER), answer(summary_answer("more"))])
+    with trio.fail_after(IO_TIMEOUT * 2):
+        async with conversation_daemon(data_dir, sock_dir, stub) as daemon:
+            seen = QueriesSeen(daemon.jobs_actor.embedder)
+            daemon.jobs_actor.embedder = seen
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            await conn.result("conversation.append", {"group": GROUP, "messages": ENGLISH})
+            first = await finished(conn, (await conn.result("conversation.flush", {"group": GROUP}))["job_id"])
+            assert first["state"] == "done" and len(first["result"]["memories"]) == 3
+            assert seen.queries == []  # nothing kept for the group yet: nothing to look for
+            later = [dict(ENGLISH[0], id="d2-1", text="I sent my application to two counseling programs.")]
+            await conn.result("conversation.append", {"group": GROUP, "messages": later})
+            second = await finished(conn, (await conn.result("conversation.flush", {"group": GROUP}))["job_id"])
+            assert second["state"] == "done"
+            [query] = seen.queries  # now the kept memories are looked up, with the window's text
+            assert query.startswith("[M1] Caroline") and "I sent my application" in query
+            await conn.aclose()
+    assert "goal: Caroline plans to study counseling" in prompt_of(stub.requests[1])
+
+
 async def test_a_near_duplicate_goes_to_the_judge_and_a_merge_keeps_both_sources(
     data_dir: Path, sock_dir: Path, stub: StubLLMServer
 ) -> None:

@@ -298,7 +298,11 @@ class ConversationExtraction:
         return Outcome(stages, result)
 
     async def context(self, ctx: JobContext, group: str, shown: Shown) -> list[dict[str, Any]]:
-        """The kept memories of the group's domain nearest to the window's newest text."""
+        """The kept memories of the group's domain nearest to the window's newest text. A domain
+        that holds no memory yet (a group's first extraction) has none to show: its query, one long
+        text and the dearest embedding of the job, is not embedded then."""
+        if not await ctx.read("memory", lambda state: state.holds_domain(group)):
+            return []
         text = "\n".join(shown.lines)[-CONTEXT_QUERY_CHARS:]
         embedder = ctx.actor.embedder
         try:

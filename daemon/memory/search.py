@@ -87,6 +87,11 @@ class Search(MemoryData):
         finally:
             self.search_time[p.mode].add((time.perf_counter_ns() - started) / 1000)
 
+    def holds_domain(self, domain: str) -> bool:
+        """Whether any memory (of any status) is in `domain`: a search confined to a domain that
+        holds none finds nothing, so its query need not be embedded."""
+        return bool(self._domains.get(domain_slug(domain)))
+
     def nearest_for_context(self, text: str, vector: np.ndarray | None, domain: str, k: int) -> list[dict[str, Any]]:
         """A read for the conversation extraction: the domain's own active memories nearest to `text`
         (hybrid with the query vector given, lexical without), as {id, category, title, content}."""
