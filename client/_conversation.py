@@ -14,7 +14,11 @@ has acknowledged it: a turn whose send failed (the daemon restarting, a timeout)
 sent again, with the same id and timestamp, before the next call, so a resend is never stored twice
 (conversation.append ignores ids it has). Replaying the same conversation through a new helper gives
 the same ids. What `inject` returns is never appended as a turn: the daemon would not extract from
-it anyway, and it is not the conversation.
+it anyway, and it is not the conversation. Until the group's first extraction has run (its
+conversation.summary has no `updated_at`) the group has no memories of its own yet, so `inject`
+also asks for the group's raw messages most relevant to the query (without one, to the newest
+turn): a new chat is not blind for the first extraction's 600 s. Once an extraction is seen, the
+helper stops asking (and stops reading the summary for it).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ __all__ = ["AsyncConversationMemory", "ConversationMemory", "turn_id"]
 
 ROLES = ("user", "assistant", "system", "tool")
 FLUSH_TIMEOUT = 60.0  # seconds flush() waits for the extraction job by default
+MAX_QUERY = 4096  # characters of memory.inject's query
 
 
 def turn_id(group: str, session: str | None, number: int, role: str, sender: str | None, text: str) -> str:
@@ -71,6 +76,8 @@ class _Turns:
         self.turns = first_turn  # turns added so far (the number of the next)
         self.pending: list[dict[str, Any]] = []  # added, not yet acknowledged, in order
         self.last_injection: Injection | None = None
+        self.extracted = False  # an extraction of the group has been seen (its summary has a time)
+        self.newest_text: str | None = None  # the newest turn's text: the raw messages' query without one
 
     def add(self, role: str, text: str, id: str | None, sender: str | None, timestamp: str | float | None) -> str:
         if role not in ROLES:
@@ -83,6 +90,8 @@ class _Turns:
             message["session"] = self.session
         self.pending.append(message)
         self.turns += 1
+        if text.strip():
+            self.newest_text = text.strip()[:MAX_QUERY]
         return ident
 
     def acknowledge(self, batch: list[dict[str, Any]]) -> None:
@@ -91,9 +100,20 @@ class _Turns:
         sent = {m["id"] for m in batch}
         self.pending = [m for m in self.pending if m["id"] not in sent]
 
-    def inject_params(self, query: str | None) -> dict[str, Any]:
-        return {"domain": self.domain, "k": self.k, "query": query, "token_budget": self.token_budget,
-                "include_summary": self.include_summary}
+    def wants_messages(self, summary: dict[str, Any]) -> bool:
+        """Whether inject should add raw messages, from the group's conversation.summary: until the
+        group's first extraction (no `updated_at`), and never again once one is seen."""
+        if summary.get("updated_at") is not None:
+            self.extracted = True
+        return not self.extracted
+
+    def inject_params(self, query: str | None, messages: bool = False) -> dict[str, Any]:
+        params = {"domain": self.domain, "k": self.k, "query": query, "token_budget": self.token_budget,
+                  "include_summary": self.include_summary}
+        wanted = query or self.newest_text
+        if messages and wanted:  # before the first extraction: the group's messages nearest to it
+            params.update(query=wanted, group=self.group, messages=self.k)
+        return params
 
 
 class _Memory:
@@ -178,10 +198,12 @@ class ConversationMemory(_Memory):
 
     def inject(self, query: str | None = None) -> str:
         """The block to put before the next model call: the group's summary and intents and its
-        memories best for `query` (the newest without one), within the token budget; "" when there
-        is nothing yet. Pending turns are sent first."""
+        memories best for `query` (the newest without one), within the token budget; before the
+        group's first extraction, also its raw messages nearest to `query` (or to the newest turn);
+        "" when there is nothing yet. Pending turns are sent first."""
         self.send()
-        self._turns.last_injection = self.client.inject(**self._turns.inject_params(query))
+        messages = not self._turns.extracted and self._turns.wants_messages(self.client.summary(self.group))
+        self._turns.last_injection = self.client.inject(**self._turns.inject_params(query, messages))
         return self._turns.last_injection.text
 
     def flush(self, wait: bool = True, timeout: float = FLUSH_TIMEOUT) -> Job | str | None:
@@ -235,7 +257,8 @@ class AsyncConversationMemory(_Memory):
 
     async def inject(self, query: str | None = None) -> str:
         await self.send()
-        self._turns.last_injection = await self.client.inject(**self._turns.inject_params(query))
+        messages = not self._turns.extracted and self._turns.wants_messages(await self.client.summary(self.group))
+        self._turns.last_injection = await self.client.inject(**self._turns.inject_params(query, messages))
         return self._turns.last_injection.text
 
     async def flush(self, wait: bool = True, timeout: float = FLUSH_TIMEOUT) -> Job | str | None:

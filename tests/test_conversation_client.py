@@ -29,12 +29,14 @@ from eurekamem.protocol import Injection
 
 
 class FakeClient:
-    """The four calls ConversationMemory makes, recorded; `fail_next` makes the next append raise."""
+    """The calls ConversationMemory makes, recorded; `fail_next` makes the next append raise;
+    `extracted_at`: the group's summary's updated_at (None: no extraction has run yet)."""
 
-    def __init__(self) -> None:
+    def __init__(self, extracted_at: str | None = "2023-05-08T10:00:00+00:00") -> None:
         self.calls: list[tuple[str, Any]] = []
         self.stored: dict[str, dict[str, Any]] = {}
         self.fail_next = 0
+        self.extracted_at = extracted_at
 
     def append_messages(self, group: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
         self.calls.append(("append", [dict(m) for m in messages]))
@@ -46,8 +48,18 @@ class FakeClient:
             self.stored[m["id"]] = m
         return {"appended": len(new), "ignored": len(messages) - len(new)}
 
-    def inject(self, domain: str, k: int, query: str | None, token_budget: int | None, include_summary: bool) -> Injection:
-        self.calls.append(("inject", (domain, k, query, token_budget, include_summary)))
+    def inject(
+        self,
+        domain: str,
+        k: int,
+        query: str | None,
+        token_budget: int | None,
+        include_summary: bool,
+        group: str | None = None,
+        messages: int | None = None,
+    ) -> Injection:
+        raw = {"group": group, "messages": messages} if messages else {}
+        self.calls.append(("inject", (domain, k, query, token_budget, include_summary, *raw.values())))
         return Injection(text=f"<memories>{query}</memories>", ids=["m1"], tokens=7)
 
     def flush(self, group: str, wait: bool = False, timeout: float | None = None) -> Any:
@@ -55,7 +67,8 @@ class FakeClient:
         return "job-1" if not wait else Job(id="job-1", kind="conversation.extract", state="done", created_at="")
 
     def summary(self, group: str) -> dict[str, Any]:
-        return {"summary": "s", "intents": [], "updated_at": None}
+        self.calls.append(("summary", group))
+        return {"summary": "s" if self.extracted_at else "", "intents": [], "updated_at": self.extracted_at}
 
 
 class FakeAsyncClient(FakeClient):
@@ -68,6 +81,9 @@ class FakeAsyncClient(FakeClient):
 
     async def flush(self, group: str, wait: bool = False, timeout: float | None = None) -> Any:  # type: ignore[override]
         return FakeClient.flush(self, group, wait, timeout)
+
+    async def summary(self, group: str) -> dict[str, Any]:  # type: ignore[override]
+        return FakeClient.summary(self, group)
 
 
 def test_turn_ids_are_stable_and_distinct() -> None:
@@ -114,10 +130,38 @@ def test_inject_sends_pending_turns_first_and_asks_for_the_summary() -> None:
     with pytest.raises(ConnectionLost):
         memory.user("We ship on Friday.")
     block = memory.inject("when do we ship?")
-    assert [c[0] for c in fake.calls] == ["append", "append", "inject"]
+    assert [c[0] for c in fake.calls] == ["append", "append", "summary", "inject"]
     assert fake.calls[-1][1] == ("team chat", 5, "when do we ship?", 800, True)
     assert block == "<memories>when do we ship?</memories>"
     assert memory.last_injection is not None and memory.last_injection.ids == ["m1"]
+    memory.inject("and then?")  # an extraction was seen: the summary is not read for it again
+    assert [c[0] for c in fake.calls[-2:]] == ["inject", "inject"]
+
+
+def test_before_the_first_extraction_inject_adds_the_groups_raw_messages() -> None:
+    fake = FakeClient(extracted_at=None)
+    memory = ConversationMemory(fake, "team chat", k=5, token_budget=800)
+    assert memory.inject() == "<memories>None</memories>"  # no turn yet: nothing to look for
+    assert fake.calls[-1] == ("inject", ("team chat", 5, None, 800, True))
+    memory.user("We ship on Friday.")
+    memory.inject("when do we ship?")  # the messages nearest to the query
+    assert fake.calls[-1] == ("inject", ("team chat", 5, "when do we ship?", 800, True, "team chat", 5))
+    memory.assistant("Friday it is.")
+    memory.inject()  # without a query: those nearest to the newest turn
+    assert fake.calls[-1] == ("inject", ("team chat", 5, "Friday it is.", 800, True, "team chat", 5))
+    fake.extracted_at = "2023-05-08T10:00:00+00:00"  # the first extraction has run
+    memory.inject("when?")
+    assert fake.calls[-2:] == [("summary", "team chat"), ("inject", ("team chat", 5, "when?", 800, True))]
+    memory.inject("when?")
+    assert [c[0] for c in fake.calls[-2:]] == ["inject", "inject"]
+
+
+async def test_the_async_helper_adds_raw_messages_before_the_first_extraction() -> None:
+    fake = FakeAsyncClient(extracted_at=None)
+    memory = AsyncConversationMemory(fake, "g", k=3)  # type: ignore[arg-type]
+    await memory.user("I like tea.")
+    await memory.inject()
+    assert fake.calls[-1] == ("inject", ("g", 3, "I like tea.", 1500, True, "g", 3))
 
 
 def test_flush_waits_by_default_and_gives_the_id_without() -> None:
@@ -253,6 +297,9 @@ def test_an_agent_loop_through_the_real_daemon(daemon_with_loopback: DaemonProce
         again = ConversationMemory(client, "family chat")  # a restarted agent replays the same turns
         assert again.user("I moved to Lisbon in March.", sender="Ana", timestamp="2023-05-08T10:00:00+00:00") == first
         assert len(client.conversation_get("family chat")) == 3
+        early = memory.inject("when did Ana move to Lisbon?")  # before any extraction: the raw messages
+        assert "# Messages of family chat" in early and "Ana (2023-05-08T10:00:00+00:00): I moved to Lisbon" in early
+        assert memory.last_injection is not None and first in [m["id"] for m in memory.last_injection.messages]
         job = memory.flush(timeout=IO_TIMEOUT)
         assert isinstance(job, Job) and job.state == "done", job
         assert memory.flush(wait=False) == job.id  # nothing new since: the done job covers it (debounce)
@@ -261,6 +308,7 @@ def test_an_agent_loop_through_the_real_daemon(daemon_with_loopback: DaemonProce
         assert "Lisbon" in summary["summary"]
         block = memory.inject("where does Ana live?")
         assert "Lisbon" in block and block.startswith("<memories>")
+        assert "# Messages of" not in block  # extracted now: the memories alone
         hits = client.search_memories("Lisbon", domain="family chat", k=5)
         assert hits and first in hits[0].memory.source_message_ids
         assert hits[0].memory.attributed_to == "Ana"
