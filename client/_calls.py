@@ -227,11 +227,13 @@ class Calls:
         group: str | None = None,
         messages: int | None = None,
         include_summary: bool | None = None,
+        min_score: float | None = None,
     ) -> Injection:
         """memory.inject: EurekaClaw's <memories> block (`text`), the `ids` in it and its estimated `tokens`;
         with `group` and `messages` (and a query), also that many of the group's best raw messages (`messages`);
-        `include_summary`: a conversation group's rolling summary and predicted intents ahead of the memories."""
-        return self._run(C.op_inject(domain, k, query, token_budget, group, messages, include_summary))
+        `include_summary`: a conversation group's rolling summary and predicted intents ahead of the memories;
+        `min_score` (with a query): only memories the search scores at least that, fewer than k if so."""
+        return self._run(C.op_inject(domain, k, query, token_budget, group, messages, include_summary, min_score))
 
     def promote_memory(self, memory_id: str, reason: str | None = None, by: str | None = None) -> Promotion:
         """memory.promote: ask for a local memory to become global: the request's `review_id`, its `state`

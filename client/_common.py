@@ -339,10 +339,11 @@ def op_inject(
     group: str | None = None,
     messages: int | None = None,
     include_summary: bool | None = None,
+    min_score: float | None = None,
 ) -> Op[Injection]:
     params = _drop_none(
         domain=domain, k=k, query=query, token_budget=token_budget, group=group, messages=messages,
-        include_summary=include_summary,
+        include_summary=include_summary, min_score=min_score,
     )
     return Op("memory.inject", params, Injection)
 

@@ -64,6 +64,7 @@ class _Turns:
         token_budget: int | None,
         include_summary: bool,
         first_turn: int,
+        min_score: float | None = None,
     ) -> None:
         if not group:
             raise ValueError("a conversation needs a group")
@@ -73,6 +74,7 @@ class _Turns:
         self.k = k
         self.token_budget = token_budget
         self.include_summary = include_summary
+        self.min_score = min_score
         self.turns = first_turn  # turns added so far (the number of the next)
         self.pending: list[dict[str, Any]] = []  # added, not yet acknowledged, in order
         self.last_injection: Injection | None = None
@@ -113,6 +115,8 @@ class _Turns:
         wanted = query or self.newest_text
         if messages and wanted:  # before the first extraction: the group's messages nearest to it
             params.update(query=wanted, group=self.group, messages=self.k)
+        if self.min_score is not None and params["query"]:  # a floor needs a query's scores
+            params["min_score"] = self.min_score
         return params
 
 
@@ -130,11 +134,12 @@ class _Memory:
         token_budget: int | None = 1500,
         include_summary: bool = True,
         first_turn: int = 0,
+        min_score: float | None = None,
     ) -> None:
         self.client = client
         self._turns = _Turns(
             group, domain=domain, session=session, k=k, token_budget=token_budget,
-            include_summary=include_summary, first_turn=first_turn,
+            include_summary=include_summary, first_turn=first_turn, min_score=min_score,
         )
 
     @property
@@ -160,7 +165,8 @@ class ConversationMemory(_Memory):
     and predicted intents); `flush()` when the agent compacts its context or finishes a task runs
     extraction now. `domain`: where the group's memories are (default: the group's own domain);
     `session`: the client's session name for every turn (default: the daemon's, by time gaps);
-    `k`, `token_budget`: memory.inject's; `first_turn`: the number of the first turn (for ids).
+    `k`, `token_budget`, `min_score`: memory.inject's (with `min_score`, an inject with a query
+    gives only the memories at least that relevant, fewer than k if so); `first_turn`: the number of the first turn (for ids).
     """
 
     client: Client

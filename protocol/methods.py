@@ -433,6 +433,8 @@ class MemoryInject(Params):
     group: Annotated[str, Meta(min_length=1, max_length=MAX_ID)] | None = None
     messages: Annotated[int, Meta(ge=0, le=MAX_K)] = 0
     include_summary: bool = False  # the domain's conversation group summary and intents head the block
+    # with a query: only the search's hits of at least this score (as memory.search's), no fallback to the strongest
+    min_score: Confidence | None = None
 
     def __post_init__(self) -> None:
         check_group(self.group)

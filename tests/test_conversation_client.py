@@ -57,9 +57,11 @@ class FakeClient:
         include_summary: bool,
         group: str | None = None,
         messages: int | None = None,
+        min_score: float | None = None,
     ) -> Injection:
         raw = {"group": group, "messages": messages} if messages else {}
-        self.calls.append(("inject", (domain, k, query, token_budget, include_summary, *raw.values())))
+        floor = (min_score,) if min_score is not None else ()
+        self.calls.append(("inject", (domain, k, query, token_budget, include_summary, *raw.values(), *floor)))
         return Injection(text=f"<memories>{query}</memories>", ids=["m1"], tokens=7)
 
     def flush(self, group: str, wait: bool = False, timeout: float | None = None) -> Any:
@@ -154,6 +156,15 @@ def test_before_the_first_extraction_inject_adds_the_groups_raw_messages() -> No
     assert fake.calls[-2:] == [("summary", "team chat"), ("inject", ("team chat", 5, "when?", 800, True))]
     memory.inject("when?")
     assert [c[0] for c in fake.calls[-2:]] == ["inject", "inject"]
+
+
+def test_a_score_floor_goes_with_every_inject_that_has_a_query() -> None:
+    fake = FakeClient()
+    memory = ConversationMemory(fake, "g", k=3, min_score=0.5)
+    memory.inject()  # no query: no score to floor
+    assert fake.calls[-1] == ("inject", ("g", 3, None, 1500, True))
+    memory.inject("tea")
+    assert fake.calls[-1] == ("inject", ("g", 3, "tea", 1500, True, 0.5))
 
 
 async def test_the_async_helper_adds_raw_messages_before_the_first_extraction() -> None:

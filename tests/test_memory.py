@@ -155,6 +155,30 @@ async def test_inject_block_budget_and_access_counts(data_dir: Path, sock_dir: P
             await conn.aclose()
 
 
+async def test_inject_with_a_score_floor_stops_at_what_is_relevant(data_dir: Path, sock_dir: Path) -> None:
+    """Without min_score whatever the search ranks (or the strongest) fills the slots; with it, only
+    the search's hits that score at least the floor, as memory.search's min_score keeps them."""
+    with trio.fail_after(IO_TIMEOUT):
+        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST):
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            await add(conn, domain="d", category="fact", title="UCB regret via peeling",
+                      content="The UCB regret bound is proved with a peeling argument over the arms.")
+            for i, topic in enumerate(["sourdough bread", "mountain hiking", "jazz piano"]):
+                await add(conn, domain="d", category="fact", title=f"Hobby {i}", content=f"The user enjoys {topic}.")
+            query = "UCB regret peeling argument"
+            full = await conn.result("memory.inject", {"domain": "d", "k": 4, "query": query})
+            hits = await conn.result("memory.search", {"query": query, "domain": "d", "k": 4, "min_score": 0.5})
+            floored = await conn.result("memory.inject", {"domain": "d", "k": 4, "query": query, "min_score": 0.5})
+            assert floored["ids"] == [h["memory"]["id"] for h in hits] and 1 <= len(floored["ids"]) < len(full["ids"])
+            assert "UCB regret via peeling" in floored["text"] and "Hobby" not in floored["text"]
+            nothing = await conn.result("memory.inject", {"domain": "d", "k": 4, "query": "quantum chromodynamics", "min_score": 0.5})
+            assert nothing == {"text": "", "ids": [], "tokens": 0}  # no fallback to the strongest under a floor
+            unfloored = await conn.result("memory.inject", {"domain": "d", "k": 4, "query": "quantum chromodynamics"})
+            assert unfloored["ids"]  # without a floor, what is nearest goes in, relevant or not
+            assert await conn.error_kind("memory.inject", {"domain": "d", "min_score": 0.5}) == "invalid_params"
+            await conn.aclose()
+
+
 async def test_get_list_update_delete_purge(data_dir: Path, sock_dir: Path) -> None:
     with trio.fail_after(IO_TIMEOUT):
         async with running_daemon(data_dir, sock_dir / "s.sock", **FAST):

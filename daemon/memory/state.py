@@ -340,12 +340,14 @@ class MemoryState(Search, Dedup, Projection):
         if p.messages and (p.group is None or p.query is None):
             field = "group" if p.group is None else "query"
             raise ProtocolError("invalid_params", f"invalid params: messages needs a group and a query ({field} is missing)", field=field)
+        if p.min_score is not None and p.query is None:
+            raise ProtocolError("invalid_params", "invalid params: min_score needs a query (it floors the search's score)", field="query")
         if p.query is not None:
-            hits = self.search(m.MemorySearch(query=p.query, domain=p.domain, k=p.k))
+            hits = self.search(m.MemorySearch(query=p.query, domain=p.domain, k=p.k, min_score=p.min_score))
             chosen = [hit["memory"] for hit in hits]
         else:
             chosen = []
-        if not chosen:  # no query, or nothing matched: the strongest first, then the newest
+        if not chosen and p.min_score is None:  # no query, or nothing matched: the strongest first, then the newest
             at = self.wall()
             labels = self.columns.labels(slug=domain_slug(p.domain), include_global=True, valid_at=at)  # active, valid now
             newest = sorted((self.memories[self._id_of[label]] for label in labels.tolist()), key=lambda mem: mem.created_at, reverse=True)
