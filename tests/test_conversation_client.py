@@ -352,6 +352,26 @@ def test_the_loopback_extracts_users_first_person_statements_citing_their_lines(
     assert out.intents == ["Where do you work now?"]
 
 
+def test_the_loopback_tells_a_statement_in_good_third_person_english() -> None:
+    from eurekamem.daemon.jobs.conversation_schema import ConversationInsights
+
+    said = [
+        ("I'm a backend developer and my team ships on Fridays.", "Lena is a backend developer and Lena's team ships on Fridays."),
+        ("I love hiking and I really enjoy the mountains.", "Lena loves hiking and Lena really enjoys the mountains."),
+        ("I've got two cats; I watch them play.", "Lena has got two cats; Lena watches them play."),
+        ("I study Portuguese because I'll move to Porto.", "Lena studies Portuguese because Lena will move to Porto."),
+        ("I went to Rome and I can't wait to go back.", "Lena went to Rome and Lena can't wait to go back."),
+        ("We're moving to Berlin; tell me what our options are.", "Lena and the group are moving to Berlin; tell Lena what Lena's options are."),
+    ]
+    prompt = "\n".join(
+        [f"[M{i}] Lena (user, 8 May 2023 10:0{i}): {text}" for i, (text, _) in enumerate(said, 1)]
+    )
+    schema = tool_spec(ConversationInsights, name="conversation_memories").schema
+    out = msgspec.convert(answer_for("conversation_memories", schema, prompt), ConversationInsights)
+    assert [m.content for m in out.memories] == [told for _, told in said]
+    assert all(m.attributed_to == "Lena" for m in out.memories)
+
+
 async def test_the_async_helper_through_the_real_daemon(daemon_with_loopback: DaemonProcess) -> None:
     from eurekamem.client import AsyncClient
 

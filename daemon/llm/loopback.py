@@ -14,7 +14,9 @@ What it answers, by the schema's name:
 - conversation extraction (a schema with `memories`, `summary` and `intents`): each message line
   of the window (`[M3] Sender (user, 8 May 2023 10:00): text`) said by a user that states
   something in the first person ("I", "my", "we", ...; not a question) becomes one memory citing
-  that line's local id, attributed to its sender, dated with the message's date; what the
+  that line's local id, attributed to its sender, dated with the message's date, its statement
+  told in the third person ("I'm a developer" -> "Lena is a developer", "I love tea" -> "Lena
+  loves tea", "my" and "our" -> "Lena's", "we" -> "Lena and the group"); what the
   assistant, the system or a tool said, and lines inside a `<memories>` block, are passed over;
   the summary is the previous one (when the prompt shows it) plus the new memories' abstracts, cut
   to its bound; the intents are the window's last questions;
@@ -302,6 +304,65 @@ def words(text: str) -> list[str]:
     return [w for w in (m.group(0).lower() for m in _WORD.finditer(text)) if w not in _STOP]
 
 
+# --- the third-person rewrite of a statement -------------------------------------------------------
+
+_CONTRACTED = {"'m": "is", "'ve": "has", "'ll": "will", "'d": "would"}  # after "I"
+_WE_CONTRACTED = {"'re": "are", "'ve": "have", "'ll": "will", "'d": "would"}  # after "we"
+_AS_IS = frozenset(  # verbs whose form is the same after "she": modals, pasts that do not end in -ed
+    "can could will would shall should may might must was had did went got made took saw came said felt "
+    "found bought left met ran began thought knew grew became gave wrote sent spent built lost won told "
+    "heard kept read put set paid sold brought taught caught fell drove rode flew ate drank sang swam "
+    "slept stood sat understood broke chose forgot spoke woke wore used".split()
+)
+_ADVERBS = frozenset("also just often always never still really usually sometimes already only even "
+                     "mostly rarely actually finally recently mainly".split())
+_IRREGULAR = {"am": "is", "are": "is", "have": "has", "do": "does", "go": "goes", "'m": "is"}
+_SUBJECT = re.compile(r"\b(?P<who>I|[Ww]e)(?P<tail>'m|'ve|'ll|'d|'re)?\b(?P<rest>(?:\s+(?!I\b|I')[A-Za-z']+){0,2})")
+_POSSESSIVE = re.compile(r"\b(?:[Mm]y|[Mm]ine|[Oo]ur|[Oo]urs)\b")
+_OBJECT = re.compile(r"\b(?:me|myself)\b")
+_US = re.compile(r"\b(?:us|ourselves)\b")
+
+
+def _third_person_verb(verb: str) -> str:
+    """The form a verb takes after "she": "love" -> "loves", "study" -> "studies", "watch" ->
+    "watches", "am" -> "is"; modals, past tenses and what is not a plain verb stay."""
+    low = verb.lower()
+    if low in _IRREGULAR:
+        return _IRREGULAR[low]
+    if low in _AS_IS or low.endswith(("ed", "s", "ing")) or not low.isalpha() or verb != low:
+        return verb
+    if low.endswith(("sh", "ch", "x", "z", "o")):
+        return verb + "es"
+    if len(low) > 1 and low.endswith("y") and low[-2] not in "aeiou":
+        return verb[:-1] + "ies"
+    return verb + "s"
+
+
+def _subject(found: re.Match[str], about: str) -> str:
+    """"I" or "we" and the verb after it, told of `about`: "I'm" -> "Lena is", "I really like" ->
+    "Lena really likes", "we're" -> "Lena and the group are" (a plural: its verb stays)."""
+    tail, rest = found.group("tail"), found.group("rest") or ""
+    if found.group("who").lower() == "we":
+        return f"{about} and the group" + (f" {_WE_CONTRACTED[tail]}" if tail in _WE_CONTRACTED else tail or "") + rest
+    if tail:
+        return f"{about} {_CONTRACTED.get(tail, tail)}{rest}"
+    words_after = rest.split()
+    for index, word in enumerate(words_after):  # the first word that is not an adverb is the verb
+        if word.lower() not in _ADVERBS:
+            words_after[index] = _third_person_verb(word)
+            break
+    return " ".join([about, *words_after])
+
+
+def third_person(statement: str, about: str) -> str:
+    """A first-person statement as said of `about` ("I'm a backend developer and my team ships on
+    Fridays" -> "Lena is a backend developer and Lena's team ships on Fridays")."""
+    out = _SUBJECT.sub(lambda found: _subject(found, about), statement)
+    out = _POSSESSIVE.sub(f"{about}'s", out)
+    out = _OBJECT.sub(about, out)
+    return _US.sub(f"{about} and the group", out)
+
+
 def _kind_of(text: str) -> str:
     low = text.lower()
     if re.search(r"\b(love|like|prefer|favou?rite|enjoy|hate|can't stand)\b", low):
@@ -371,7 +432,7 @@ def conversation_answer(prompt: str) -> dict[str, Any]:
         about = "" if who.lower() in ("user", "assistant") else who
         statement = sentence
         if about:
-            statement = re.sub(r"^\s*(?:I|We)\b", about, re.sub(r"^\s*(?:My|Our)\b", f"{about}'s", statement))
+            statement = third_person(statement, about)
         memories.append({
             "type": _kind_of(text),
             "title": _title(text),
