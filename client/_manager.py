@@ -17,7 +17,9 @@ Rules kept here:
 - Writes of every kind go to the root's spool (client/_spool.py: on disk before the call returns,
   delivered in order and once, with the ids and times already handed out, by the next process if
   this one exits first) while the daemon is away, and before any other call once it answers again.
-  A node made meanwhile has a client-made id, mapped to the daemon's on delivery.
+  A spooled write carries what the daemon would have given it then (a node's id, made here for
+  every node as EurekaClaw makes its own; a record's and a node's times, the call's), so a write
+  delivered later makes the same record as one the daemon answered at once.
 - Reads while the daemon is away answer from the root's files as EurekaClaw's own manager reads
   them (client/_files.py), with what this process has spooled on top. `recent_events` also sees
   this manager's own last 500 events (EurekaClaw's ring is per manager too).
@@ -53,7 +55,7 @@ from . import _common as C
 from ._autostart import autostart_allowed, daemon_answers
 from ._errors import ConnectionLost, EurekamemError, Timeout
 from ._files import RootFiles
-from ._models import CrossRunRecord, EpisodicEntry, KnowledgeNode, from_wire
+from ._models import CrossRunRecord, EpisodicEntry, KnowledgeNode, from_wire, naive_utc
 from ._paths import default_socket_path, eurekaclaw_dir, root_socket_path
 from ._spool import SpoolEntry, spool_for, spools
 from ._sync import Client
@@ -446,10 +448,17 @@ class MemoryManager:
                 return False, exc
 
     def _write(
-        self, method: str, params: dict[str, Any], result_type: Any = Any, *, client_id: str | None = None
+        self,
+        method: str,
+        params: dict[str, Any],
+        result_type: Any = Any,
+        *,
+        client_id: str | None = None,
+        history: dict[str, Any] | None = None,
     ) -> tuple[bool, Any]:
         """A spooled write: sent now if the spool is delivered and the daemon answers, else spooled
-        (on disk before this returns)."""
+        (on disk before this returns) with `history` added: the times the daemon would have given
+        the record had it answered now, so that the write delivered later makes the same record."""
         with self._lock, self._spool.lock:
             client = self._reach()
             maybe_sent = False
@@ -466,7 +475,7 @@ class MemoryManager:
             try:
                 self._spool.add(
                     method,
-                    params,
+                    {**params, **(history or {})},
                     owner=self._token,
                     maybe_sent=maybe_sent,
                     client_id=client_id,
@@ -580,7 +589,8 @@ class MemoryManager:
             params["tags"] = fitted
         if source_session:
             params["source_session"] = self._names.fit(source_session, limits.MAX_ID)
-        self._write("persistent.remember", params)
+        now = _dt.datetime.now(_dt.UTC).isoformat()  # spooled: a new key's times are the call's (an old key keeps created_at)
+        self._write("persistent.remember", params, history={"created_at": now, "updated_at": now})
 
     def recall(self, key: str) -> Any | None:
         """The value stored under key, or None. While the daemon is unreachable: what this process
@@ -602,7 +612,7 @@ class MemoryManager:
             p = entry.params
             key = self._names.back(p["key"])
             old = records.get(key)
-            at = _dt.datetime.fromisoformat(entry.at)
+            at = _dt.datetime.fromisoformat(p.get("updated_at") or entry.at)
             records[key] = CrossRunRecord(
                 record_id=old.record_id if old is not None else "",
                 key=key,
@@ -640,9 +650,10 @@ class MemoryManager:
         session_id: str = "",
         tags: list[str] | None = None,
     ) -> KnowledgeNode:
-        """As EurekaClaw's (an empty theorem_name is fine). While the daemon is unreachable the node
-        is made here, with an id of ours, and spooled; on delivery the daemon gives it its own id
-        (graph.add_theorem takes none), which this process's later calls with ours reach."""
+        """As EurekaClaw's (an empty theorem_name is fine). The node's id is made here, as
+        EurekaClaw's KnowledgeNode makes its own, and the daemon takes it; while the daemon is
+        unreachable the node is made here, its created_at the call's, and spooled: delivered later,
+        it is the same node (id and time) that the caller was given."""
         params: dict[str, Any] = {
             "theorem_name": self._names.fit(theorem_name, limits.MAX_KEY),
             "formal_statement": self._text(formal_statement, "formal statement"),
@@ -654,8 +665,10 @@ class MemoryManager:
         fitted = self._tags(tags)
         if fitted:
             params["tags"] = fitted
-        node_id = str(uuid.uuid4())
-        ok, node = self._write("graph.add_theorem", params, WireNode, client_id=node_id)
+        node_id = params["node_id"] = str(uuid.uuid4())
+        made = _utcnow_naive()
+        history = {"created_at": made.replace(tzinfo=_dt.UTC).isoformat()}
+        ok, node = self._write("graph.add_theorem", params, WireNode, client_id=node_id, history=history)
         if ok:
             return self._node(node)
         return KnowledgeNode(
@@ -665,6 +678,7 @@ class MemoryManager:
             domain=domain,
             session_id=session_id,
             tags=list(tags or []),
+            created_at=made,
         )
 
     def link_theorems(self, from_id: str, to_id: str, relation: str = "uses") -> None:
@@ -725,7 +739,7 @@ class MemoryManager:
                 domain=self._names.back(p.get("domain", "")),
                 session_id=self._names.back(p.get("session_id", "")),
                 tags=[self._names.back(t) for t in p.get("tags", [])],
-                created_at=_dt.datetime.fromisoformat(entry.at).replace(tzinfo=None),
+                created_at=naive_utc(p.get("created_at") or entry.at),
             )
         for entry in self._spooled("graph.link"):
             p = entry.params

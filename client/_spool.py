@@ -9,14 +9,18 @@ Rules kept here:
   per batch) before the entry leaves the spool, and the file is removed once nothing is left.
   A write whose answer was lost (the connection broke, the daemon hung, the process died between
   the daemon's answer and the ack) is sent again: episodic.log carries its entry_id and timestamp
-  (a repeat answers the same entry), persistent.remember and skills.put are upserts of the same
-  values, graph.link twice is one edge. graph.add_theorem takes no node_id, so a repeat is first
-  looked for (graph.search: a node with the same name, statement, domain, session and tags, made
-  since the entry was spooled) and taken as delivered when found. skills.record_use has no id:
-  a use whose answer was lost may count twice.
-- A node made while the daemon was away has a client-made id; the daemon gives it another on
-  delivery. The spool keeps client id -> daemon id (in the ack lines too) so that links spooled
-  after it, and this process's later calls with the old id, reach the delivered node.
+  (a repeat answers the same entry), persistent.remember (with its times) and skills.put are
+  upserts of the same values, graph.link twice is one edge. graph.add_theorem carries its node_id
+  (the daemon refuses a held one), so a repeat is first looked for with graph.get and taken as
+  delivered when the node is there. skills.record_use has no id: a use whose answer was lost may
+  count twice.
+- The params are sent as spooled: the manager puts in them what the daemon would have given the
+  write had it answered at once (a node's id and created_at, a record's times), so a delivered
+  write is the record the agent was handed. A file of an older client may hold a graph.add_theorem
+  without node_id: the daemon names that node on delivery, a lost answer's repeat is looked for
+  with graph.search (same name, statement, domain, session and tags, made since it was spooled),
+  and the spool keeps client id -> daemon id (in the ack lines too) so that links spooled after
+  it, and this process's later calls with the old id, reach the delivered node.
 - A file left by a process that exited first is delivered by the next process (or manager) on
   that root to reach the daemon, in its own order, before this process's own entries.
 """
@@ -327,6 +331,11 @@ class Spool:
     def _already_there(self, entry: SpoolEntry, run: Runner) -> str | None:
         """The node a lost answer's graph.add_theorem made, if the daemon has it (the rules)."""
         p = entry.params
+        if isinstance(p.get("node_id"), str):
+            (held,) = run([("graph.get", {"node_id": p["node_id"]})])
+            if isinstance(held, (ConnectionLost, Timeout)):
+                raise held
+            return p["node_id"] if isinstance(held, dict) else None
         query = {"query": p["theorem_name"], "limit": 10_000}
         if p.get("domain"):
             query["domain"] = p["domain"]

@@ -62,9 +62,12 @@ mm.link_theorems(b.node_id, a.node_id, "uses")
 # the routed SkillRegistry's writes go through the same path (Link.write is the conduit's _write)
 mm._write("skills.put", {"name": "ucb-proof", "body": "# UCB\\n\\nPeel the horizon.", "source": "manual"})
 related = [n.node_id for n in mm.find_related_theorems(b.node_id)]
+(best,) = mm.recall_by_tag("bandits")
 print(json.dumps({
     "events": [[e.entry_id, e.timestamp.isoformat()] for e in events],
     "a": a.node_id, "b": b.node_id, "related": related, "buffered": mm.buffered,
+    "nodes": {n.node_id: n.created_at.isoformat() for n in (a, b)},
+    "best": [best.created_at.isoformat(), best.updated_at.isoformat()],
 }))
 """
 
@@ -91,13 +94,19 @@ def _state(proc: DaemonProcess) -> dict[str, Any]:
             "event_times": [
                 dt.datetime.fromisoformat(e.timestamp).replace(tzinfo=None) for e in c.recent("run-7", 500)
             ],
-            # persistent.remember takes no time of the client's: a repeat moves updated_at only
-            "best": (lambda r: r and (r.record_id, r.value, r.tags, r.created_at))(c.recall("theory.best")),
+            "best": (lambda r: r and (r.record_id, r.value, r.tags, r.created_at, r.updated_at))(c.recall("theory.best")),
+            "nodes": {n["node_id"]: n["created_at"] for n in nodes},
             "names": sorted(n["theorem_name"] for n in nodes),
             "related_to_hoeffding": [n["theorem_name"] for n in related],
             "edges": c.call("graph.stats")["edges"],
             "skill": c.call("skills.get", {"name": "ucb-proof"})["body"],
         }
+
+
+def _naive(text: str) -> dt.datetime:
+    """A time as naive UTC, whichever form it was given in (EurekaClaw's naive, the wire's aware)."""
+    when = dt.datetime.fromisoformat(text)
+    return when.astimezone(dt.UTC).replace(tzinfo=None) if when.tzinfo is not None else when
 
 
 def test_writes_of_every_kind_survive_the_agents_exit_and_arrive_exactly_once(tmp_path: Path, sock_dir: Path) -> None:
@@ -118,6 +127,9 @@ def test_writes_of_every_kind_survive_the_agents_exit_and_arrive_exactly_once(tm
     assert [eid for eid, _ in state["events"]] == [eid for eid, _ in out["events"]]  # their ids, once each
     assert state["event_times"] == [dt.datetime.fromisoformat(t) for _, t in out["events"]]  # when they happened
     assert state["best"][1:3] == ({"bound": 2}, ["bandits"])
+    # delivered later, the same records the agent was handed: the nodes' ids and times, the record's times
+    assert {i: _naive(t) for i, t in state["nodes"].items()} == {i: _naive(t) for i, t in out["nodes"].items()}
+    assert [_naive(t) for t in state["best"][3:5]] == [_naive(t) for t in out["best"]]
     assert state["names"] == ["Hoeffding", "UCB regret"] and state["related_to_hoeffding"] == ["UCB regret"]
     assert state["edges"] == 1 and state["skill"] == "# UCB\n\nPeel the horizon."
     assert list((root / "run" / "spool").iterdir()) == []
