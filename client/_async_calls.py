@@ -365,6 +365,11 @@ class AsyncCalls:
         """skills.confirm: a draft becomes active (and injectable)."""
         return await self._run(C.op_confirm_skill(name))
 
+    async def scan_skills(self) -> dict[str, int]:
+        """skills.scan: read skills/ now (SKILL.md files others wrote, changed or removed); the counts
+        {"new", "edit", "removed", "bad"}."""
+        return await self._run(C.op_scan_skills())
+
     async def inject_skills(
         self,
         agent_role: str,

@@ -372,6 +372,11 @@ class Calls:
         """skills.confirm: a draft becomes active (and injectable)."""
         return self._run(C.op_confirm_skill(name))
 
+    def scan_skills(self) -> dict[str, int]:
+        """skills.scan: read skills/ now (SKILL.md files others wrote, changed or removed); the counts
+        {"new", "edit", "removed", "bad"}."""
+        return self._run(C.op_scan_skills())
+
     def inject_skills(
         self,
         agent_role: str,

@@ -395,6 +395,10 @@ def op_memory_feedback(ids: list[str], signal: str) -> Op[MemoryFeedbackResult]:
     return Op("memory.feedback", {"ids": list(ids), "signal": signal}, MemoryFeedbackResult)
 
 
+def op_scan_skills() -> Op[dict[str, int]]:
+    return Op("skills.scan", {})
+
+
 def op_maintain() -> Op[str]:
     return Op("sys.maintain", {}, post=lambda r: r.get("job_id") if isinstance(r, dict) else r)
 

@@ -1,4 +1,5 @@
-"""The `sys.*` methods: ping, hello, stats, snapshot, resume, maintain.
+"""The `sys.*` methods: ping, hello, stats, snapshot, resume, maintain; and skills.scan, which
+waits for a scan of skills/ as they wait.
 
 Rule kept here: sys.stats reads only what the actors publish (`TierActor.stats()`,
 `MemoryActor.statistics()`, `JournalActor.statistics()` and `.facts`), never a tier's state, so it
@@ -116,6 +117,10 @@ class SysCalls:
     def _sys_maintain(self, call: Call, reply: Reply, started_ns: int) -> None:
         self.nursery.start_soon(self._answer_maintain, call, reply, started_ns)
 
+    @handles("skills.scan", "sys")
+    def _skills_scan(self, call: Call, reply: Reply, started_ns: int) -> None:
+        self.nursery.start_soon(self._answer_skills_scan, call, reply, started_ns)
+
     # --- the calls that wait ------------------------------------------------------------------------
 
     async def _answer_snapshot(self, call: Call, reply: Reply, started_ns: int) -> None:
@@ -159,6 +164,24 @@ class SysCalls:
             result = ProtocolError("read_only", f"read-only: {exc}")
         except Exception as exc:
             result = internal_error("sys.maintain", exc)
+        reply.deliver(call, result, started_ns)
+        reply.flush()
+
+    async def _answer_skills_scan(self, call: Call, reply: Reply, started_ns: int) -> None:
+        """skills.scan: one full scan of skills/ now (every SKILL.md stat-ed: an edit in place is
+        seen too), as EurekaClaw's SkillRegistry reads the whole folder on load and after
+        reload(); the routed registry asks for this first. The counts of what it found;
+        `unavailable` when skills/ is not watched (watch_interval 0)."""
+        try:
+            if not self.skills.watching:
+                raise ProtocolError("unavailable", "skills/ is not watched by this daemon (watch_interval is 0)")
+            result: Any = await self.skills.scan_files(full=True)
+        except ProtocolError as exc:
+            result = exc
+        except JournalUnavailable as exc:
+            result = ProtocolError("read_only", f"read-only: {exc}")
+        except Exception as exc:
+            result = internal_error("skills.scan", exc)
         reply.deliver(call, result, started_ns)
         reply.flush()
 

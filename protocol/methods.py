@@ -737,6 +737,7 @@ METHODS: dict[str, MethodSpec] = dict(
         _spec("skills.record_use", SkillsRecordUse, "skills", True, "count a use; success rate as EurekaClaw's EMA"),
         _spec("skills.confirm", SkillRef, "skills", True, "make a draft skill active"),
         _spec("skills.inject", SkillsInject, "skills", False, "EurekaClaw's <skills> block for an agent's prompt"),
+        _spec("skills.scan", Empty, "sys", False, "read skills/ now: SKILL.md files others wrote, changed or removed"),
         _spec("memory.promote", MemoryPromote, "memory", True, "ask for a local memory to become global (a review request)"),
         _spec("review.list", ReviewList, "memory", False, "promotion requests by state, oldest first"),
         _spec("review.approve", ReviewDecide, "memory", True, "approve a pending request: its memory becomes global"),

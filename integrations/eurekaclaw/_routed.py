@@ -341,7 +341,19 @@ class RoutedSkillRegistry:
             return []
         return list(self._skills.values())
 
+    def _ensure_loaded(self) -> None:
+        """EurekaClaw's registry reads skills/ on its first access and on the first after reload():
+        the daemon is asked to scan the folder then (skills.scan), so a SKILL.md written by hand
+        just before is seen at once, as EurekaClaw's own registry sees it. Asked once per load, as
+        EurekaClaw reads once; the daemon away (or not watching skills/), its own scan will do."""
+        if self._loaded:
+            return
+        ok, counts = self._link.call("skills.scan", {})
+        if ok or not _unreachable(counts):  # answered (a refusal too): loaded, as EurekaClaw's _load
+            self._loaded = True
+
     def _active(self, **filters: Any) -> list[Any]:
+        self._ensure_loaded()
         ok, skills = self._link.call("skills.list", {"status": "active", **filters}, list[Skill])
         if ok:
             return [self._record(s) for s in skills]
@@ -360,6 +372,7 @@ class RoutedSkillRegistry:
     def get(self, name: str) -> Any | None:
         if not isinstance(name, str) or not _ident(name):
             return None
+        self._ensure_loaded()
         ok, skill = self._link.call("skills.get", {"name": name}, Skill)
         if ok:
             return self._record(skill) if skill.status == "active" else None
@@ -408,7 +421,7 @@ class RoutedSkillRegistry:
         self._link.write("skills.record_use", {"name": name, "success": bool(success)}, Skill)
 
     def reload(self) -> None:
-        """Nothing to reload: every call asks the daemon."""
+        """As EurekaClaw's: the next access reads skills/ again (the daemon scans it first)."""
         self._loaded = False
 
     # --- ours -------------------------------------------------------------------------------
