@@ -469,3 +469,29 @@ def test_the_sitecustomize_line_imports_nothing_while_the_variable_is_unset() ->
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=TIMEOUT,
                           check=True)
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_a_routed_managers_records_are_eurekaclaws_own_pydantic_types(routed_to: Client) -> None:
+    """EurekaClaw's callers get eurekaclaw.types.memory's models from its manager (isinstance,
+    pydantic's API): the routed manager returns those, built from the daemon's answers."""
+    integration.install()
+    from eurekaclaw.memory.manager import MemoryManager
+    from eurekaclaw.types.memory import CrossRunRecord, EpisodicEntry, KnowledgeNode
+
+    memory = MemoryManager(session_id=unique("types"))
+    marker = object()
+    entry = memory.log_event("theory", "a step", {"obj": marker})
+    assert type(entry) is EpisodicEntry and entry.metadata["obj"] is marker  # the caller's objects, as EurekaClaw's
+    assert [type(e) for e in memory.recent_events(5)] == [EpisodicEntry]
+    tag, domain = unique("tag"), unique("domain")
+    memory.remember(unique("theory.k"), {"bound": 2}, tags=[tag])
+    (record,) = memory.recall_by_tag(tag)
+    assert type(record) is CrossRunRecord and record.value == {"bound": 2} and record.created_at.tzinfo is None
+    a = memory.add_theorem("Azuma", "martingale differences bounded", domain=domain)
+    b = memory.add_theorem("Freedman", "martingale variance bound", domain=domain)
+    memory.link_theorems(b.node_id, a.node_id)
+    assert type(a) is KnowledgeNode and a.created_at.tzinfo is None
+    assert [(type(n), n.node_id) for n in memory.find_related_theorems(a.node_id)] == [(KnowledgeNode, b.node_id)]
+    found = memory.retrieve_relevant_theorems("martingale variance", domain=domain)
+    assert [(type(n), n.node_id) for n in found] == [(KnowledgeNode, b.node_id), (KnowledgeNode, a.node_id)]
+    assert KnowledgeNode.model_validate_json(found[0].model_dump_json()) == found[0]  # pydantic's own API

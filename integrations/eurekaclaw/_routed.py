@@ -12,6 +12,8 @@ Rules kept here:
   pass `tempfile.TemporaryDirectory()` folders, whose parent is $TMPDIR. A MemoryManager or
   SkillRegistry given another folder is routed only to a daemon that already serves exactly that
   folder (its sys.stats `data_dir`); without one it is EurekaClaw's own class on that folder's files.
+- A routed MemoryManager answers EurekaClaw's own records (eurekaclaw.types.memory's pydantic
+  EpisodicEntry, CrossRunRecord, KnowledgeNode), built from the drop-in's with the same values.
 - Never an exception where EurekaClaw expects none. With the daemon away, the registry reads the
   SKILL.md files (the daemon writes them in EurekaClaw's format) with EurekaClaw's own loader, skill
   writes wait in the spool and go out in order once it is back (a use whose answer was lost may
@@ -276,7 +278,45 @@ class RoutedMemoryManager(ClientMemoryManager):
         """EurekaClaw's log_event; a tool result as its tool loop logs it ("Tool <name>: <result>",
         no metadata) also says which tool and whether it succeeded (EurekaClaw's ToolRegistry.call
         answers "Error..." for a failure), in the metadata skill distillation reads."""
-        return super().log_event(agent_role, content, tool_metadata(content, metadata))
+        return eurekaclaws(super().log_event(agent_role, content, tool_metadata(content, metadata)))
+
+    # The records, as EurekaClaw's own pydantic types (eurekaclaw.types.memory): what its callers
+    # get from its manager (isinstance, validators, pydantic's whole API), built from ours.
+
+    def recent_events(self, n: int = 20, agent_role: str | None = None) -> list[Any]:
+        return [eurekaclaws(e) for e in super().recent_events(n, agent_role)]
+
+    def recall_by_tag(self, tag: str) -> list[Any]:
+        return [eurekaclaws(r) for r in super().recall_by_tag(tag)]
+
+    def add_theorem(
+        self,
+        theorem_name: str,
+        formal_statement: str,
+        domain: str = "",
+        session_id: str = "",
+        tags: list[str] | None = None,
+    ) -> Any:
+        return eurekaclaws(super().add_theorem(theorem_name, formal_statement, domain, session_id, tags))
+
+    def find_related_theorems(self, node_id: str, depth: int = 2) -> list[Any]:
+        return [eurekaclaws(n) for n in super().find_related_theorems(node_id, depth)]
+
+    def retrieve_relevant_theorems(self, query: str, domain: str = "", limit: int = 5) -> list[Any]:
+        return [eurekaclaws(n) for n in super().retrieve_relevant_theorems(query, domain, limit)]
+
+
+def eurekaclaws(record: Any) -> Any:
+    """One of our records (client/_models.py) as EurekaClaw's pydantic model of the same name, with
+    the fields that model declares (the same values: the caller's metadata objects too); ours
+    when EurekaClaw's types cannot be imported."""
+    try:
+        model = getattr(importlib.import_module("eurekaclaw.types.memory"), type(record).__name__)
+    except (ImportError, AttributeError) as exc:
+        log.debug("EurekaClaw's %s not importable (%s): ours", type(record).__name__, exc)
+        return record
+    declared = model.model_fields
+    return model.model_validate({f: getattr(record, f) for f in record.__struct_fields__ if f in declared})
 
 
 class RoutedSkillRegistry:
