@@ -495,3 +495,22 @@ def test_a_routed_managers_records_are_eurekaclaws_own_pydantic_types(routed_to:
     found = memory.retrieve_relevant_theorems("martingale variance", domain=domain)
     assert [(type(n), n.node_id) for n in found] == [(KnowledgeNode, b.node_id), (KnowledgeNode, a.node_id)]
     assert KnowledgeNode.model_validate_json(found[0].model_dump_json()) == found[0]  # pydantic's own API
+
+
+def test_a_routed_managers_session_is_eurekaclaws_episodic_memory_api(routed_to: Client) -> None:
+    """EurekaClaw's MemoryManager has `.session` (its EpisodicMemory): the routed one answers the
+    same calls over the session's events."""
+    integration.install()
+    from eurekaclaw.memory.manager import MemoryManager
+    from eurekaclaw.types.memory import EpisodicEntry
+
+    session_id = unique("view")
+    memory = MemoryManager(session_id=session_id)
+    session = memory.session
+    assert session.session_id == session_id and len(session) == 0 and session.get_all() == []
+    first = session.record("theory", "Tried Hoeffding first")
+    memory.log_event("survey", "Read the UCB paper")
+    assert type(first) is EpisodicEntry and first.session_id == session_id
+    assert [e.content for e in session.get_all()] == ["Tried Hoeffding first", "Read the UCB paper"]
+    assert [e.content for e in session.get_recent(5, agent_role="survey")] == ["Read the UCB paper"]
+    assert [e.entry_id for e in session.search("hoeffding")] == [first.entry_id] and len(session) == 2
