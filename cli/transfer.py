@@ -213,7 +213,7 @@ def _write_private(path: Path, data: bytes) -> None:
 _SKILL_FIELDS = ("name", "body", "version", "tags", "agent_roles", "pipeline_stages", "description", "source", "status",
                  "created_at", "usage_count", "success_rate")  # what skills.put takes: the whole skill
 _MEMORY_FIELDS = ("domain", "category", "title", "content", "confidence", "tags", "source_session", "scope", "abstract", "overview",
-                  "valid_from", "valid_until", "pinned",  # the lifecycle fields memory.add takes (issue 13)
+                  "valid_from", "valid_until", "pinned", "raw",  # the lifecycle fields memory.add takes (issue 13)
                   "id", "created_at", "updated_at")  # and its history (issue 27): ids, times and file names kept
 _RECORD_HISTORY = ("record_id", "created_at", "updated_at")
 _NODE_HISTORY = ("node_id", "created_at")
@@ -447,6 +447,7 @@ def read_jsonl(path: Path) -> dict[str, list[Any]]:
 def read_eurekaclaw_root(root: Path) -> tuple[dict[str, list[Any]], list[str]]:
     """A plain EurekaClaw data root: persistent.json, knowledge_graph.json, memories/*/*.md, skills/*/SKILL.md."""
     from ..daemon.memory.format import memory_files, parse_markdown
+    from ..daemon.memory.projection import frontmatter_flag
     from ..daemon.storage import eurekaclaw
     from ..protocol import MEMORY_CATEGORIES
 
@@ -501,6 +502,7 @@ def read_eurekaclaw_root(root: Path) -> tuple[dict[str, list[Any]], list[str]]:
             "source_session": str(fields.get("source_session") or "")[:256],
             "scope": "global" if fields.get("scope") == "global" else "local",
             "status": "archived" if path.parent.name == "_archive" else "active",
+            "raw": frontmatter_flag(fields.get("raw")),  # EurekaClaw's insights: curated; a daemon's root: its flag
         })
     groups["skill"] = _read_skills(root, notes)
     return groups, notes

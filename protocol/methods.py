@@ -391,6 +391,9 @@ class MemoryAdd(Params):
     abstract: Annotated[str, Meta(max_length=MAX_KEY)] | None = None
     overview: Annotated[str, Meta(max_length=MAX_TEXT)] | None = None
     dedup: bool = True
+    # raw material (maintenance never merges it); null: raw exactly when dedup is off. An import
+    # passes the memory's own flag, so a curated memory stays curated whatever dedup it was added with
+    raw: bool | None = None
     valid_from: Instant | None = None  # null: from now (the memory's created_at)
     valid_until: Instant | None = None  # null: still true
     pinned: bool = False

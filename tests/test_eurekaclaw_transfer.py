@@ -112,6 +112,7 @@ def held(client: Client) -> dict[str, Any]:
         "records": {key: dict(client.call("persistent.recall", {"key": key})) for key in client.keys("")},
         "nodes": sorted((dict(client.call("graph.get", {"node_id": n["id"]})) for n in nodes), key=lambda n: n["node_id"]),
         "memories": sorted((m["id"], m["created_at"], m["updated_at"], m["file"], m["title"], m["status"]) for m in memories),
+        "raw": [m["raw"] for m in sorted(memories, key=lambda m: m["id"])],
         "skills": [(s["name"], s["created_at"], s["usage_count"], s["success_rate"], s["body"]) for s in
                    client.call("skills.list", {"status": "any"})],
     }
@@ -299,6 +300,7 @@ async def test_importing_a_eurekaclaw_root_keeps_its_ids_and_times(tmp_path: Pat
     assert sorted(m[3] for m in got["memories"]) == ["memories/analysis/20240301_holder_first.md",
                                                      "memories/analysis/20240302_young_split.md"]
     assert sorted(m[1] for m in got["memories"]) == ["2024-03-01T10:00:00.123456+01:00", "2024-03-02T10:00:00.654321+01:00"]
+    assert got["raw"] == [False, False]  # EurekaClaw's insights are curated, not raw material: maintenance may merge them
 
 
 async def test_an_imports_history_is_checked_and_a_held_id_refused(data_dir: Path, sock_dir: Path) -> None:

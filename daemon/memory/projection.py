@@ -180,7 +180,7 @@ def memory_from_text(relative: str, text: str, mtime: float) -> Memory | None:
         status="archived" if archived else "active",
         file=relative,
         # the lifecycle fields, as render_markdown writes them (absent in EurekaClaw's files)
-        pinned=_flag(fields.get("pinned")),
+        pinned=frontmatter_flag(fields.get("pinned")),
         valid_from=_timestamp_or(fields.get("valid_from"), None),
         valid_until=_timestamp_or(fields.get("valid_until"), None),
         superseded_by=str(fields["superseded_by"]) if fields.get("superseded_by") else None,
@@ -189,7 +189,7 @@ def memory_from_text(relative: str, text: str, mtime: float) -> Memory | None:
         ignored_count=_count(fields.get("ignored_count")),
         wrong_count=_count(fields.get("wrong_count")),
         archived_reason=str(fields.get("archived_reason") or "") if archived else "",
-        raw=_flag(fields.get("raw")),
+        raw=frontmatter_flag(fields.get("raw")),
         attributed_to=str(fields["attributed_to"]) if fields.get("attributed_to") else None,
         source_message_ids=_id_list(fields.get("source_message_ids")),
         refers_to=_timestamp_or(fields.get("refers_to"), None),
@@ -213,7 +213,7 @@ def _timestamp_or(value: Any, fallback: Any) -> Any:
         return fallback
 
 
-def _flag(value: Any) -> bool:
+def frontmatter_flag(value: Any) -> bool:
     """A frontmatter boolean, read leniently (true / yes / 1)."""
     return value is True or str(value).strip().lower() in ("true", "yes", "1")
 

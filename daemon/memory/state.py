@@ -134,7 +134,7 @@ class MemoryState(Search, Dedup, Projection):
             pinned=p.pinned,
             valid_from=valid_from,
             valid_until=valid_until,
-            raw=not p.dedup,
+            raw=(not p.dedup) if p.raw is None else p.raw,
             source_message_ids=list(dict.fromkeys(p.source_message_ids)),
             attributed_to=(p.attributed_to or "").strip() or None,
             refers_to=time_param("refers_to", p.refers_to),
