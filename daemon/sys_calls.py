@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import trio
@@ -153,35 +153,41 @@ class SysCalls:
     async def _answer_maintain(self, call: Call, reply: Reply, started_ns: int) -> None:
         """sys.maintain: {"job_id"} of the memory.maintain job queued now (journaled before the
         answer), or of the one queued or running already; its report is that job's result."""
-        maintenance = self.memory.maintenance
-        try:
+
+        async def queue() -> Any:
+            maintenance = self.memory.maintenance
             if maintenance is None:  # a memory actor made without the job queue (never the daemon's)
                 raise ProtocolError("unavailable", "tier 4's maintenance is not running in this daemon")
-            result: Any = {"job_id": await maintenance.request("sys.maintain")}
-        except ProtocolError as exc:
-            result = exc
-        except JournalUnavailable as exc:
-            result = ProtocolError("read_only", f"read-only: {exc}")
-        except Exception as exc:
-            result = internal_error("sys.maintain", exc)
-        reply.deliver(call, result, started_ns)
-        reply.flush()
+            return {"job_id": await maintenance.request("sys.maintain")}
+
+        await self._answer_awaited(call, reply, started_ns, queue)
 
     async def _answer_skills_scan(self, call: Call, reply: Reply, started_ns: int) -> None:
         """skills.scan: one full scan of skills/ now (every SKILL.md stat-ed: an edit in place is
         seen too), as EurekaClaw's SkillRegistry reads the whole folder on load and after
         reload(); the routed registry asks for this first. The counts of what it found;
         `unavailable` when skills/ is not watched (watch_interval 0)."""
-        try:
+
+        async def scan() -> Any:
             if not self.skills.watching:
                 raise ProtocolError("unavailable", "skills/ is not watched by this daemon (watch_interval is 0)")
-            result: Any = await self.skills.scan_files(full=True)
+            return await self.skills.scan_files(full=True)
+
+        await self._answer_awaited(call, reply, started_ns, scan)
+
+    async def _answer_awaited(
+        self, call: Call, reply: Reply, started_ns: int, work: Callable[[], Awaitable[Any]]
+    ) -> None:
+        """Answer `call` with what `work` returns once it is done: a ProtocolError as itself, a
+        journal that cannot be written as `read_only`, anything else as `internal` (logged)."""
+        try:
+            result: Any = await work()
         except ProtocolError as exc:
             result = exc
         except JournalUnavailable as exc:
             result = ProtocolError("read_only", f"read-only: {exc}")
         except Exception as exc:
-            result = internal_error("skills.scan", exc)
+            result = internal_error(call.spec.name, exc)
         reply.deliver(call, result, started_ns)
         reply.flush()
 
