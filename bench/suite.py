@@ -740,7 +740,7 @@ def write_journal(root: Path, records: int, keys: int) -> dict[str, Any]:
     """`records` persistent.put mutations over `keys` keys, written with the daemon's own Journal
     (segments of 64 MiB, CRCs, one sync at the end) and mutation encoder."""
     from eurekamem.daemon.storage.journal import Journal
-    from eurekamem.daemon.tier import RTYPE_MUTATION, mutation_encoder
+    from eurekamem.daemon.storage.store import RTYPE_MUTATION, mutation_encoder
     from eurekamem.daemon.tiers.persistent import PutRecord
     from eurekamem.protocol import CrossRunRecord
 

@@ -56,7 +56,7 @@ def verify_root(root: Path) -> Report:
     from ..daemon.retrieval.vectors import VectorStore
     from ..daemon.storage import eurekaclaw
     from ..daemon.storage.journal import check_segment, scan_segment
-    from ..daemon.tier import RTYPE_MUTATION
+    from ..daemon.storage.store import RTYPE_MUTATION
 
     report = Report()
     paths = Paths(root)

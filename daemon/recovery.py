@@ -44,7 +44,7 @@ from .skills.state import PutSkill, RemoveSkill, SkillsState
 from .storage import eurekaclaw
 from .storage.files import RealFiles
 from .storage.journal import Journal
-from .tier import RTYPE_MUTATION
+from .storage.store import RTYPE_MUTATION
 from .tiers.graph import GraphState, PutEdge, PutNode
 from .tiers.persistent import DeleteKey, PersistentState, PutRecord
 

@@ -6,11 +6,11 @@ Rules kept here:
   applying one twice, or re-applying those already folded into a snapshot, gives the same state.
   `apply` returns an undo closure so that a batch whose journal write failed leaves no trace.
   Handlers validate first and raise ProtocolError before changing anything.
-- An actor takes everything waiting on its channel as one batch, runs the handlers, sends the
-  batch's mutations to the journal actor in one submit, and answers nobody in the batch before that
-  submit returned. While it waits nobody else can read its state, so no client ever sees a write
-  that is not durable; if the journal fails, the batch is rolled back and its writes answer
-  `read_only`.
+- An actor takes everything waiting on its channel as one batch, runs the handlers, hands the
+  batch's mutations to its store in one commit (daemon/storage/store.py: the journal actor, or
+  PostgreSQL), and answers nobody in the batch before that commit returned. While it waits nobody
+  else can read its state, so no client ever sees a write that is not durable; if the commit fails,
+  the batch is rolled back and its writes answer what the store said (`read_only`, `unavailable`).
 - Fast path (actors made with inline=True): a call that journals nothing (a read, or any tier-1
   call but session.close) may be run by the connection's reader itself, synchronously, but only
   while the actor owes nothing: no item submitted and not yet answered (`_owed == 0`), so no batch
@@ -43,7 +43,6 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Literal, NamedTuple, Protocol, TypeVar
 
-import msgspec
 import trio
 
 from ..protocol import (
@@ -53,7 +52,7 @@ from ..protocol import (
     now_rfc3339,
 )
 from .primitives import Waiter
-from .storage.journal_actor import JournalActor, JournalUnavailable
+from .storage.store import Store, StoreUnavailable
 
 log = logging.getLogger("eurekamem.actor")
 
@@ -161,9 +160,9 @@ class TierActor:
     # that wraps it): then a connection need not hold a request behind its own earlier ones for this tier.
     ARRIVAL_ORDER = True
 
-    def __init__(self, state: TierState, journal: JournalActor | None, *, inline: bool = False) -> None:
+    def __init__(self, state: TierState, store: Store | None, *, inline: bool = False) -> None:
         self.state = state
-        self.journal = journal
+        self.store = store  # where durable mutations go (daemon/storage/store.py); None: tier 1
         self._counts: Mapping[str, int] = MappingProxyType(state.counts())  # published by the actor only
         self._send, self._recv = trio.open_memory_channel[Any](math.inf)
         self.batches = 0
@@ -299,10 +298,10 @@ class TierActor:
             return
         mutations = self.state.take_pending()
         if mutations:
-            assert self.journal is not None, f"{self.name} is not journaled but changed durable state"
+            assert self.store is not None, f"{self.name} is not journaled but changed durable state"
             try:
-                await self.journal.submit([(RTYPE_MUTATION, mutation_encoder.encode(m)) for m in mutations])
-            except JournalUnavailable as exc:
+                await self.store.commit(mutations)
+            except StoreUnavailable as exc:
                 await self._call_on_state(lambda state: state.rollback())
                 item.waiter.fail(exc)
                 return
@@ -347,12 +346,12 @@ class TierActor:
             self.busy_since = None
         mutations = state.take_pending()
         if mutations:
-            assert self.journal is not None, f"{self.name} is not journaled but changed durable state"
+            assert self.store is not None, f"{self.name} is not journaled but changed durable state"
             try:
-                await self.journal.submit([(RTYPE_MUTATION, mutation_encoder.encode(m)) for m in mutations])
-            except JournalUnavailable as exc:
+                await self.store.commit(mutations)
+            except StoreUnavailable as exc:
                 await self._call_on_state(lambda s: s.rollback())
-                error = ProtocolError("read_only", f"read-only: {exc}")
+                error = exc.error()
                 first_write = next(i for i, call in enumerate(calls) if call.spec.writes)
                 results[first_write:] = [error] * (len(batch) - first_write)
             else:
@@ -417,12 +416,6 @@ async def stuck_actors(actors: Mapping[str, TierActor], timeout: float, busy_lim
         if busy_since is None or now - busy_since > busy_limit:
             stuck.append(name)
     return sorted(stuck)
-
-
-RTYPE_MUTATION = 1  # journal record type of a msgpack-encoded mutation (the union is in daemon/app.py)
-
-
-mutation_encoder = msgspec.msgpack.Encoder()
 
 
 class TierState:

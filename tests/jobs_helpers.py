@@ -22,6 +22,7 @@ from eurekamem.daemon.jobs import JobContext, JobsActor, JobsState, Outcome, Ses
 from eurekamem.daemon.jobs.state import CommitJob
 from eurekamem.daemon.llm import StructuredResult, Usage
 from eurekamem.daemon.storage.journal_actor import JournalUnavailable
+from eurekamem.daemon.storage.store import RTYPE_MUTATION, mutation_encoder
 from eurekamem.daemon.tier import TierActor, Work
 from eurekamem.daemon.tiers.graph import GraphState
 from eurekamem.daemon.tiers.persistent import PersistentState
@@ -80,6 +81,12 @@ class FakeJournal:
         self.gate: trio.Event | None = None
         self.fail: str | None = None
         self.entered = trio.Event()
+
+    store_name = "journal"
+
+    async def commit(self, mutations: Any) -> None:
+        """The Store seam (daemon/storage/store.py), as the journal actor makes it."""
+        await self.submit([(RTYPE_MUTATION, mutation_encoder.encode(m)) for m in mutations])
 
     async def submit(self, payloads: list[tuple[int, bytes]]) -> int:
         self.entered.set()

@@ -30,7 +30,7 @@ from eurekamem.daemon.conversation.state import ConversationState, DropMessages,
 from eurekamem.daemon.conversation.text import StemmedIndex, date_text, name_tokens, stemmed_tokenize
 from eurekamem.daemon.recovery import MUTATION_TIER, mutation_decoder
 from eurekamem.daemon.retrieval.fusion import fuse_scores
-from eurekamem.daemon.tier import mutation_encoder
+from eurekamem.daemon.storage.store import mutation_encoder
 from eurekamem.protocol import ProtocolError
 from eurekamem.protocol import methods as m
 

@@ -49,6 +49,7 @@ from eurekamem.daemon.memory.state import MemoryState
 from eurekamem.daemon.memory.strength import DAY, StrengthSettings, epoch, rfc3339, strength
 from eurekamem.daemon.recovery import MUTATION_TIER, mutation_decoder
 from eurekamem.daemon.retrieval.embed import Embedder, Thresholds
+from eurekamem.daemon.storage.store import RTYPE_MUTATION, mutation_encoder
 from eurekamem.daemon.tier import Work
 from eurekamem.protocol import METHODS, Call, Memory, ProtocolError
 from eurekamem.protocol import methods as m
@@ -79,6 +80,12 @@ class Journal:
 
     def __init__(self) -> None:
         self.records: list[bytes] = []
+
+    store_name = "journal"
+
+    async def commit(self, mutations: Any) -> None:
+        """The Store seam (daemon/storage/store.py), as the journal actor makes it."""
+        await self.submit([(RTYPE_MUTATION, mutation_encoder.encode(m)) for m in mutations])
 
     async def submit(self, records: list[tuple[int, bytes]]) -> int:
         self.records.extend(payload for _, payload in records)

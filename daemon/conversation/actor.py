@@ -41,7 +41,7 @@ from ...protocol import methods as m
 from ..retrieval.vector_files import remove_unnamed_vector_files
 from ..retrieval.vectors import VectorStore
 from ..storage.files import RealFiles, atomic_write
-from ..storage.journal_actor import JournalActor, JournalUnavailable
+from ..storage.store import Store, StoreUnavailable
 from ..tier import MAX_BATCH, TierActor, Work, handles
 from .state import ConversationSnapshot, ConversationState, PutSummary, Window
 
@@ -83,7 +83,7 @@ class ConversationActor(TierActor):
     def __init__(
         self,
         state: ConversationState,
-        journal: JournalActor,
+        store: Store,
         *,
         retention_days: float = 0.0,
         session_gap: float | None = None,
@@ -94,7 +94,7 @@ class ConversationActor(TierActor):
         if session_gap is not None:
             state.session_gap = session_gap  # before anything reads the state (Config.conversation_session_gap)
         self._work: dict[str, Any] = state.statistics()  # published by the actor only (_publish)
-        super().__init__(state, journal, inline=True)
+        super().__init__(state, store, inline=True)
         # the state's embedder, taken once here: the query pipeline and the background embedder run
         # beside the actor's batches, so they never read the state (the embedder is thread-safe)
         self.embedder = state.embedder
@@ -220,8 +220,8 @@ class ConversationActor(TierActor):
             result = {"job_id": await self.flush(work.call.params.group)}
         except ProtocolError as exc:
             result = exc
-        except JournalUnavailable as exc:
-            result = ProtocolError("read_only", f"read-only: {exc}")
+        except StoreUnavailable as exc:
+            result = exc.error()
         except (trio.ClosedResourceError, trio.EndOfChannel):
             result = ProtocolError("unavailable", "the daemon is shutting down")
         except Exception as exc:  # a bug: answer `internal`, keep serving
@@ -309,7 +309,7 @@ class ConversationActor(TierActor):
         return await self.run_internal(lambda s: s.window(group, token_budget))
 
     async def move_mark(self, group: str, mark: int) -> None:
-        """Set the group's high-water mark; journaled before this returns (JournalUnavailable if not)."""
+        """Set the group's high-water mark; journaled before this returns (StoreUnavailable if not)."""
         await self.run_internal(lambda s: s.move_mark(group, mark))
 
     async def set_summary(self, group: str, summary: str, intents: list[str]) -> PutSummary:

@@ -63,8 +63,8 @@ import trio
 from ...protocol import Call, Job, ProtocolError, new_id
 from ..llm import LLMError, LLMFailed, LLMUnavailable, report_waits
 from ..redact import Redactor
-from ..storage.journal_actor import JournalActor, JournalUnavailable
-from ..tier import RTYPE_MUTATION, Internal, Stage, TierActor, Work, handles, mutation_encoder
+from ..storage.store import Store, StoreUnavailable
+from ..tier import Internal, Stage, TierActor, Work, handles
 from .outcome import COMMIT_ORDER, JobFailed, Outcome
 from .state import (
     ACTIVE,
@@ -178,12 +178,12 @@ class JobsActor(TierActor):
     ARRIVAL_ORDER = False  # jobs.wait is answered when its job finishes, after later requests
 
     state: JobsState
-    journal: JournalActor
+    store: Store
 
     def __init__(
         self,
         state: JobsState,
-        journal: JournalActor,
+        store: Store,
         *,
         tiers: dict[str, TierActor],
         kinds: dict[str, JobKind],
@@ -196,7 +196,7 @@ class JobsActor(TierActor):
         environ: Any = None,
         redactor: Redactor | None = None,
     ) -> None:
-        super().__init__(state, journal, inline=True)
+        super().__init__(state, store, inline=True)
         self.tiers = tiers
         self.kinds = kinds
         self.llm_factory = llm_factory
@@ -288,7 +288,7 @@ class JobsActor(TierActor):
         if stopped:  # queued again in the journal: a shutdown is no failure of theirs (state.py's rule)
             try:
                 await self.run_internal(lambda state: state.requeue_stopped(stopped))
-            except (JournalUnavailable, trio.ClosedResourceError) as exc:
+            except (StoreUnavailable, trio.ClosedResourceError) as exc:
                 log.warning("jobs: %d stopped jobs stay running in the journal (%s)", len(stopped), exc)
         for llm in [self.llm, *self._old_llms]:
             if llm is not None:
@@ -363,8 +363,8 @@ class JobsActor(TierActor):
         mutations = self.state.take_pending()
         if mutations:
             try:
-                await self.journal.submit([(RTYPE_MUTATION, mutation_encoder.encode(m)) for m in mutations])
-            except JournalUnavailable as exc:
+                await self.store.commit(mutations)
+            except StoreUnavailable as exc:
                 self.state.rollback()
                 for item, _, _ in outcomes:
                     item.waiter.fail(exc)
@@ -417,9 +417,9 @@ class JobsActor(TierActor):
             result = await self.learned(p.job_id, list(p.items))
         except ProtocolError as exc:
             result = exc
-        except JournalUnavailable as exc:
+        except StoreUnavailable as exc:
             self.read_only = str(exc)
-            result = ProtocolError("read_only", f"read-only: {exc}")
+            result = exc.error()
         except (trio.ClosedResourceError, trio.EndOfChannel):
             result = ProtocolError("unavailable", "the daemon is shutting down")
         work.reply.deliver(work.call, result, work.started_ns)
@@ -537,7 +537,7 @@ class JobsActor(TierActor):
                 continue  # its lane's job runs: it starts after it (the module's rule)
             try:
                 started = await self.run_internal(functools.partial(JobsState.start, job_id=job_id))
-            except JournalUnavailable as exc:
+            except StoreUnavailable as exc:
                 self.read_only = str(exc)
                 break
             if started is not None:
@@ -565,7 +565,7 @@ class JobsActor(TierActor):
     async def _fail_now(self, job_id: str, error: str) -> None:
         try:
             await self.run_internal(lambda state: state.finish(state.jobs[job_id], "failed", error=error))
-        except JournalUnavailable as exc:
+        except StoreUnavailable as exc:
             self.read_only = str(exc)
 
     # --- one attempt --------------------------------------------------------------------------------
@@ -596,7 +596,7 @@ class JobsActor(TierActor):
                     )
                 except StaleAttempt:
                     log.info("job %s: attempt %d was cancelled before its commit; nothing applied", job_id, attempt)
-                except JournalUnavailable as exc:
+                except StoreUnavailable as exc:
                     self.read_only = str(exc)
                     await self.run_internal(lambda s: self._requeue_in_memory(s, job_id, attempt))
                 except Exception as exc:
@@ -630,7 +630,7 @@ class JobsActor(TierActor):
         self._backoff[job_id] = (trio.current_time() + delay, failures, reason)  # before the job is queued
         try:
             after = await self.run_internal(lambda s: s.requeue(job_id, attempt, tokens.pair(), counted))
-        except JournalUnavailable as exc2:
+        except StoreUnavailable as exc2:
             self.read_only = str(exc2)
             await self.run_internal(lambda s: self._requeue_in_memory(s, job_id, attempt))
             return
@@ -653,7 +653,7 @@ class JobsActor(TierActor):
         self._backoff.pop(job_id, None)
         try:
             await self.run_internal(lambda s: s.fail(job_id, attempt, error, tokens.pair()))
-        except JournalUnavailable as exc:
+        except StoreUnavailable as exc:
             self.read_only = str(exc)
             await self.run_internal(lambda s: self._requeue_in_memory(s, job_id, attempt))
 
@@ -709,7 +709,7 @@ class JobsActor(TierActor):
                 raise errors[0]
             done = own.extend(complete)
             record = CommitJob(done, [mutation for stage in stages[1:] for mutation in stage.mutations])
-            await self.journal.submit([(RTYPE_MUTATION, mutation_encoder.encode(record))])
+            await self.store.commit([record])
         except BaseException:
             for stage in stages:
                 stage.release(False)

@@ -54,7 +54,7 @@ from ..primitives import Histogram
 from ..redact import Redactor
 from ..retrieval.text import pooled
 from ..stats import EmbeddingProgress
-from ..storage.journal_actor import JournalActor
+from ..storage.store import Store
 from ..tier import MAX_BATCH, Internal, TierActor, Work
 from .data import own_abstract
 from .embedding import Embeddings
@@ -114,7 +114,7 @@ class MemoryActor(TierActor):
     def __init__(
         self,
         state: MemoryState,
-        journal: JournalActor,
+        store: Store,
         root: Path,
         *,
         run_sync: RunSync | None = None,
@@ -136,7 +136,7 @@ class MemoryActor(TierActor):
             state.share_policy = share_policy
         if strength is not None:
             state.settings = strength
-        super().__init__(state, journal)
+        super().__init__(state, store)
         # fixed for the state's life, so the embedding threads need not read the state for them
         self.embedder = state.embedder
         self.model = state.model

@@ -36,7 +36,7 @@ from ...protocol import Call, Skill
 from ..primitives import PendingSync
 from ..redact import shown
 from ..storage.files import RealFiles, atomic_write
-from ..storage.journal_actor import JournalActor
+from ..storage.store import Store
 from ..storage.watched import SCAN_FACTOR, FileSig, digest, scan_every, signature
 from ..tier import TierActor
 from .format import name_problem, parse_skill
@@ -70,14 +70,14 @@ class SkillsActor(TierActor):
     def __init__(
         self,
         state: SkillsState,
-        journal: JournalActor,
+        store: Store,
         root: Path,
         *,
         projection_interval: float,
         watch_interval: float,
         watch_full_interval: float,
     ) -> None:
-        super().__init__(state, journal)
+        super().__init__(state, store)
         self.state: SkillsState = state
         # fixed for the state's life: the embedding thread and statistics need not read the state for them
         self.embedder = state.embedder

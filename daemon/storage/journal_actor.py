@@ -31,7 +31,7 @@ back-end is done, so the waiters of every write hear how it went.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, get_args
 
 import trio
@@ -41,6 +41,7 @@ from ..primitives import Histogram, Waiter
 from .journal import Journal, JournalWriteError
 from .journal_sync import BackendFactory, JournalFacts, JournalOp, SyncBackend, sync_if_unsynced
 from .journal_thread import WriterThreadSync
+from .store import RTYPE_MUTATION, StoreUnavailable, mutation_encoder
 
 log = logging.getLogger("eurekamem.journal")
 
@@ -51,8 +52,8 @@ FSYNC_POLICIES: tuple[str, ...] = get_args(FsyncPolicy)
 __all__ = ["FSYNC_POLICIES", "FsyncPolicy", "JournalActor", "JournalFacts", "JournalUnavailable"]
 
 
-class JournalUnavailable(Exception):
-    """The journal cannot be written; the daemon is read-only."""
+class JournalUnavailable(StoreUnavailable):
+    """The journal cannot be written; the daemon is read-only (code `read_only`)."""
 
 
 class JournalActor:
@@ -100,6 +101,13 @@ class JournalActor:
         return self.backend.ack_fd
 
     # --- the API of other actors ----------------------------------------------------------------
+
+    store_name = "journal"
+
+    async def commit(self, mutations: Sequence[Any]) -> None:
+        """The Store seam (daemon/storage/store.py): one batch's mutations as journal records,
+        durable under the policy when this returns; JournalUnavailable (read_only) when not."""
+        await self.submit([(RTYPE_MUTATION, mutation_encoder.encode(m)) for m in mutations])
 
     async def submit(self, payloads: list[tuple[int, bytes]]) -> int:
         """Journal (rtype, payload) records; returns the last seq once durable under the policy."""
@@ -248,7 +256,7 @@ class JournalActor:
         self.facts = facts
         if not self.failed:
             self._set_failed(f"journal write failed: {error}")
-        unavailable = JournalUnavailable(self.failed)
+        unavailable = JournalUnavailable(self.failed or f"journal write failed: {error}")
         for op in writes:
             op.waiter.fail(unavailable)
 

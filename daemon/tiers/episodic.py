@@ -45,7 +45,7 @@ from ..memory.params import validate_domain
 from ..paths import Paths
 from ..redact import folder_name, shown
 from ..storage.files import RealFiles, atomic_write
-from ..storage.journal_actor import JournalUnavailable
+from ..storage.store import StoreUnavailable
 from ..tier import TierActor, TierState, Undo, handles
 
 log = logging.getLogger("eurekamem")
@@ -212,14 +212,14 @@ class EpisodicActor(TierActor):
     def __init__(
         self,
         state: EpisodicState,
-        journal: None,
+        store: None,
         paths: Paths,
         *,
         idle_close: float,
         run_io: Callable[..., Awaitable[Any]] = trio.to_thread.run_sync,
         jobs: ExtractionQueue | None = None,
     ) -> None:
-        super().__init__(state, journal, inline=True)
+        super().__init__(state, store, inline=True)
         self.paths = paths
         self.run_io = run_io  # how file writes run: a worker thread (tests pass one that runs them inline)
         self.idle_close = idle_close
@@ -310,7 +310,7 @@ class EpisodicActor(TierActor):
             return True
         try:
             job_id = await self.jobs.accept(KIND, session_key(session_id, "", None, job_input.events), job_input)
-        except JournalUnavailable as exc:
+        except StoreUnavailable as exc:
             log.error("session %s is idle; its extraction job cannot be journaled (%s): kept open", shown(session_id), exc)
             return False
         log.info("session %s idle: extraction job %s queued", shown(session_id), job_id)
@@ -353,8 +353,8 @@ class EpisodicActor(TierActor):
             key = session_key(session_id, domain, job_input.theory_state, job_input.events)
             try:
                 job_id = await self.jobs.accept(KIND, key, job_input)
-            except JournalUnavailable as exc:
-                return ProtocolError("read_only", f"read-only: {exc}")
+            except StoreUnavailable as exc:
+                return exc.error()
         if not events:
             self.state.close_session(session_id)
             return {"job_id": job_id, "events_written": 0, "path": None}
