@@ -45,6 +45,7 @@ from .llm import LLM, LLMConfigError, resolve
 from .memory.actor import MemoryActor, MemoryLoops
 from .memory.strength import StrengthSettings
 from .paths import Paths, owned_root
+from .postgres.store import open_postgres
 from .recovery import Recovered, recover_reporting, recovery_line
 from .redact import Redactor
 from .retrieval.embed import Embedder, make_embedder, preload_embedder
@@ -54,6 +55,7 @@ from .stats import VERSION, RequestStats, duration, startup_line
 from .storage.files import FileLayer
 from .storage.journal_actor import JournalActor
 from .storage.journal_kernel import make_journal_actor
+from .storage.store import Store
 from .sys_calls import SysCalls
 from .tier import HANDLERS, Reply, TierActor, Work, stuck_actors
 from .tiers.episodic import EpisodicActor, EpisodicState
@@ -86,6 +88,8 @@ def _gc_tuned() -> Iterator[None]:
 class Daemon:
     # made once recovery is done (serve), each with what it needs
     journal_actor: JournalActor
+    store_in_use: Store  # where the tiers commit: the journal actor, or the PostgresStore
+    store: Any  # store = postgres: the PostgresStore, opened before recovery (daemon/postgres/store.py)
     memory_actor: MemoryActor
     skills_actor: SkillsActor
     conversation_actor: ConversationActor
@@ -182,12 +186,20 @@ class Daemon:
         # the model loads in a thread of its own while recovery reads the snapshots (2 cores: the
         # first search after a restart need not wait for both one after the other)
         threading.Thread(target=_load_and_log, args=(embedder,), name="embedder-load", daemon=True).start()
-        recovered = await recover_reporting(self.paths, self.fs, embedder, self.redactor, self.systemd)
+        if self.config.store == "postgres":
+            self.store = await open_postgres(self.config)
+        recovered = await recover_reporting(
+            self.paths, self.fs, embedder, self.redactor, self.systemd, self.store if self.config.store == "postgres" else None
+        )
         self.redactor.counted(recovered.redacted)  # what a first start's import replaced (recovery's thread handed it back)
         self.recovery = recovered.summary(trio.current_time() - started)
         log.info("%s", recovery_line(self.recovery))
-        with _gc_tuned():
-            await self._serve_recovered(recovered, task_status, first_llm)
+        try:
+            with _gc_tuned():
+                await self._serve_recovered(recovered, task_status, first_llm)
+        finally:
+            if self.config.store == "postgres":
+                await trio.to_thread.run_sync(self.store.close)
 
     def _build(self, recovered: Recovered, first_llm: LLMHandle, purged: PurgeSignal) -> None:
         """Every actor, each made with what it needs (the jobs actor first: the tiers queue jobs;
@@ -201,10 +213,13 @@ class Daemon:
         journal_actor = self.journal_actor = make_journal_actor(
             journal, config.fsync, config.batch_interval, acks="poller", sync=config.journal_sync
         )
+        # where the tiers commit (daemon/storage/store.py): the journal, or PostgreSQL (opened before recovery)
+        store: Store = journal_actor if config.store == "journal" else self.store
+        self.store_in_use = store
         tiers: dict[str, TierActor] = {}  # what the job queue's attempts read and stage through
         jobs = self.jobs_actor = JobsActor(
             recovered.jobs,
-            journal_actor,
+            store,
             tiers=tiers,
             kinds=self.job_kinds if self.job_kinds is not None else default_kinds(config.conversation_extract_token_budget),
             llm=first_llm,
@@ -217,7 +232,7 @@ class Daemon:
         )
         conversation = self.conversation_actor = ConversationActor(
             recovered.conversation,
-            journal_actor,
+            store,
             retention_days=config.conversation_retention_days,
             session_gap=config.conversation_session_gap,
             trigger=functools.partial(ConversationTrigger, jobs),
@@ -226,7 +241,7 @@ class Daemon:
         )
         memory = self.memory_actor = MemoryActor(
             recovered.memory,
-            journal_actor,
+            store,
             self.paths.root,
             conversation=conversation,  # MEMORY.md's group summaries, memory.inject's messages and summaries
             jobs=jobs,  # tier 4's maintenance runs as jobs
@@ -246,7 +261,7 @@ class Daemon:
         )
         skills = self.skills_actor = SkillsActor(
             recovered.skills,
-            journal_actor,
+            store,
             self.paths.root,
             projection_interval=config.projection_interval,
             watch_interval=config.watch_interval,  # skills/ is scanned as memories/ is
@@ -256,8 +271,8 @@ class Daemon:
             episodic=EpisodicActor(
                 EpisodicState(config.max_open_sessions), None, self.paths, idle_close=config.session_idle_close, jobs=jobs
             ),  # session.close queues extractions
-            persistent=TierActor(recovered.persistent, journal_actor, inline=True),
-            graph=TierActor(recovered.graph, journal_actor, inline=True),
+            persistent=TierActor(recovered.persistent, store, inline=True),
+            graph=TierActor(recovered.graph, store, inline=True),
             memory=memory,
             skills=skills,
             conversation=conversation,
@@ -299,6 +314,7 @@ class Daemon:
                     recovery=self.recovery,
                     actors=self.actors,
                     journal_actor=self.journal_actor,
+                    store=self.store_in_use,
                     memory=self.memory_actor,
                     skills=self.skills_actor,
                     conversation=self.conversation_actor,

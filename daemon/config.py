@@ -164,6 +164,9 @@ _BASE: list[Setting] = [
     ),
     Setting("fsync", "journal fsync policy: always, batch or off"),
     Setting("batch_interval", "seconds between fsyncs under fsync=batch"),
+    Setting("store", "where the durable tiers live: journal (files in the data root) or postgres (postgres_dsn's database)"),
+    Setting("postgres_dsn", "store = postgres: the database, as a libpq connection string or URI (multi-host allowed)"),
+    Setting("postgres_pool_size", "store = postgres: connections to the database (commits in flight at once)"),
     Setting("journal_sync", "who makes the journal's fdatasync under fsync=always: auto (the kernel, Linux AIO, where it works; else a writer thread) or thread"),
     Setting("max_frame_bytes", "largest request frame, in bytes"),
     Setting("max_inflight", "requests in flight per connection"),
@@ -676,6 +679,9 @@ class Config(msgspec.Struct, kw_only=True):
     fsync: FsyncPolicy = "always"
     batch_interval: Seconds = 1.0  # seconds between fsyncs under --fsync batch
     journal_sync: Literal["auto", "thread"] = "auto"  # daemon/storage/journal_kernel.py
+    store: Literal["journal", "postgres"] = "journal"  # daemon/storage/store.py
+    postgres_dsn: str = ""  # store = postgres (daemon/postgres/store.py); never logged with its password
+    postgres_pool_size: Annotated[int, Meta(ge=1, le=64)] = 4
     max_frame_bytes: Annotated[int, Meta(ge=1024)] = _LIMITS.max_frame_bytes
     max_inflight: PositiveInt = _LIMITS.max_inflight
     max_requests_per_second: Annotated[float, Meta(ge=0)] = _LIMITS.max_requests_per_second  # 0 = unlimited
@@ -733,6 +739,8 @@ class Config(msgspec.Struct, kw_only=True):
     def __post_init__(self) -> None:
         if self.fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, not {self.fsync!r}")
+        if self.store == "postgres" and not self.postgres_dsn:
+            raise ValueError("store = postgres needs postgres_dsn (the database's connection string)")
         if self.journal_sync not in ("auto", "thread"):
             raise ValueError(f"journal_sync must be auto or thread, not {self.journal_sync!r}")
         if self.share_policy not in SHARE_POLICIES:

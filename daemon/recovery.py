@@ -42,13 +42,15 @@ from .retrieval.embed import make_embedder
 from .skills.actor import load_skill_files
 from .skills.state import PutSkill, RemoveSkill, SkillsState
 from .storage import eurekaclaw
-from .storage.files import RealFiles
+from .storage.files import RealFiles, atomic_write
 from .storage.journal import Journal
 from .storage.store import RTYPE_MUTATION
 from .tiers.graph import GraphState, PutEdge, PutNode
 from .tiers.persistent import DeleteKey, PersistentState, PutRecord
 
 log = logging.getLogger("eurekamem")
+
+STORE_MARKER = "STORE"  # memory/journal/STORE: "postgres" where the data root's store is PostgreSQL
 
 
 MUTATION_TIER: dict[type, str] = {
@@ -131,6 +133,7 @@ def recover(
     embedder: Any = None,
     progress: Callable[[str], None] | None = None,
     redactor: Any = None,
+    store: Any = None,
 ) -> Recovered:
     """Load the snapshots (EurekaClaw's files on a first start), then replay the journal past them.
 
@@ -138,9 +141,18 @@ def recover(
     an `embedder`, the configuration's default model is used (Config.embedder). `redactor` (the
     daemon's Redactor, daemon/redact.py) redacts what a first start imports from files another
     program wrote, as a write storing it would be (the files themselves are left as they are); the
-    kinds replaced come back in `Recovered.redacted` for the daemon to count."""
+    kinds replaced come back in `Recovered.redacted` for the daemon to count. With `store` (an
+    opened PostgresStore, `store = "postgres"`), every durable tier is loaded from its tables
+    instead, and the data root's own journal must hold nothing."""
     fs = fs or RealFiles()
     progress = progress or (lambda text: None)
+    if store is not None:
+        return _recover_from_store(paths, fs, embedder, progress, store)
+    if (paths.journal / STORE_MARKER).exists():
+        raise StartupError(
+            f"{paths.root} is the local root of a daemon whose store is PostgreSQL (its {STORE_MARKER} file): "
+            "its data is in the database; start with store = \"postgres\" and its postgres_dsn"
+        )
     progress("loading snapshots")
     out = Recovered(embedder or make_embedder(config_default("embedder")))
     has_checkpoint = paths.checkpoint.exists()
@@ -211,22 +223,62 @@ def recover(
             f"the journal in {paths.journal} ends at seq {journal.last_seq}, before the checkpoint's "
             f"seq {out.checkpoint_seq}: journal segments were removed by hand; refusing to reuse their numbers"
         )
+    progress("replaying the journal")
+    replayed = (
+        mutation_decoder.decode(payload)
+        for seq, rtype, payload in entries
+        if seq > out.checkpoint_seq and rtype == RTYPE_MUTATION
+    )
+    return _replay(out, replayed, progress, "replaying the journal: {} records")
+
+
+def _recover_from_store(paths: Paths, fs: Any, embedder: Any, progress: Callable[[str], None], store: Any) -> Recovered:
+    """recover() for a daemon whose store is PostgreSQL: its tables' bodies, in commit order, applied
+    through each tier's own `apply` (daemon/postgres/rows.py's rule), the vectors from pgvector.
+    The local journal stays empty (the daemon journals nothing there; its snapshots write only
+    the files local readers read); one that holds records is a journal root: migrate it first."""
+    out = Recovered(embedder or make_embedder(config_default("embedder")))
+    journal, entries = Journal.open(paths.journal, fs=fs, first_seq=1)
+    marker = paths.journal / STORE_MARKER
+    if not marker.exists():
+        held = sum(1 for _seq, rtype, _payload in entries if rtype == RTYPE_MUTATION)
+        if held or paths.checkpoint.exists():
+            journal.close()
+            raise StartupError(
+                f"{paths.root} holds a journal's data ({held} records past its snapshot): its store is the "
+                "journal; start it with store = \"journal\", or copy it into PostgreSQL with "
+                "`eurekamem migrate --to postgres` and use another data root for this daemon"
+            )
+        atomic_write(fs, str(marker), b"postgres\n")
+    out.journal = journal
+    progress("loading the tiers from PostgreSQL")
+    return _replay(out, _with_vectors(store.rows_in_order()), progress, "loading from PostgreSQL: {} rows")
+
+
+def _with_vectors(rows: Any) -> Any:
+    """The stored bodies as mutations, each memory's vector put back from its pgvector column."""
+    for body, vector in rows:
+        mutation = mutation_decoder.decode(body)
+        if vector and isinstance(mutation, PutMemory):
+            mutation = msgspec.structs.replace(mutation, vector=vector)
+        yield mutation
+
+
+def _replay(out: Recovered, mutations: Any, progress: Callable[[str], None], saying: str) -> Recovered:
+    """Apply mutations in order, each through its tier's `apply` (a CommitJob's parts first, to
+    their own tiers: the module's rule); then the interrupted jobs are queued again."""
     states = {
         "persistent": out.persistent, "graph": out.graph, "memory": out.memory, "skills": out.skills,
         "conversation": out.conversation, "jobs": out.jobs,
     }
-    progress("replaying the journal")
-    for seq, rtype, payload in entries:
-        if seq <= out.checkpoint_seq or rtype != RTYPE_MUTATION:
-            continue
-        mutation = mutation_decoder.decode(payload)
+    for mutation in mutations:
         if isinstance(mutation, CommitJob):
             for part in mutation.parts:
                 states[MUTATION_TIER[type(part)]].apply(part)
         states[MUTATION_TIER[type(mutation)]].apply(mutation)
         out.replayed += 1
         if out.replayed % 10_000 == 0:
-            progress(f"replaying the journal: {out.replayed} records, at seq {seq}")
+            progress(saying.format(out.replayed))
     out.interrupted_jobs = out.jobs.load_finished()
     return out
 
@@ -260,7 +312,7 @@ def recovery_line(recovery: dict[str, Any]) -> str:
 
 
 async def recover_reporting(
-    paths: Paths, fs: Any, embedder: Any, redactor: Any, manager: systemd.ServiceManager
+    paths: Paths, fs: Any, embedder: Any, redactor: Any, manager: systemd.ServiceManager, store: Any = None
 ) -> Recovered:
     """recover() in a worker thread; meanwhile systemd hears progress and grants more start-up time.
     The collector is off while it runs: recovery allocates millions of objects that all live on."""
@@ -271,7 +323,7 @@ async def recover_reporting(
         async with trio.open_nursery() as nursery:
             if manager.enabled:
                 nursery.start_soon(systemd.report_recovery, manager, progress)
-            result = await outcome.acapture(trio.to_thread.run_sync, recover, paths, fs, embedder, progress.set, redactor)
+            result = await outcome.acapture(trio.to_thread.run_sync, recover, paths, fs, embedder, progress.set, redactor, store)
             nursery.cancel_scope.cancel()
     finally:
         gc.enable()

@@ -62,6 +62,7 @@ class SysCalls:
         recovery: dict[str, Any],
         actors: Mapping[str, TierActor],
         journal_actor: JournalActor,
+        store: Any,
         memory: MemoryActor,
         skills: SkillsActor,
         conversation: ConversationActor,
@@ -80,6 +81,7 @@ class SysCalls:
         self.recovery = recovery
         self.actors = actors
         self.journal_actor = journal_actor
+        self.store = store  # the tiers' Store (daemon/storage/store.py): the journal actor, or PostgreSQL
         self.memory = memory
         self.skills = skills
         self.conversation = conversation
@@ -263,6 +265,7 @@ class SysCalls:
             "read_only": bool(self.journal_actor.failed),
             "tiers": tiers,
             "journal": self.journal_actor.statistics(),
+            "store": self.store.statistics() if self.store is not self.journal_actor else {"store": "journal"},
             "memory": {
                 **memory.statistics(),
                 "embedding": memory.embedding.summary(trio.current_time()),

