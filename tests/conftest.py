@@ -118,6 +118,15 @@ def postgres_dsn(postgres_server: Any) -> Iterator[str]:
     postgres_server.drop_database(dsn)
 
 
+@pytest.fixture(params=["journal", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The durable store a tier test runs on, as running_daemon's options: the journal (the
+    default: none) and PostgreSQL (a fresh database of the run's server); a test taking it runs on both."""
+    if request.param == "journal":
+        return {}
+    return {"store": "postgres", "postgres_dsn": request.getfixturevalue("postgres_dsn")}
+
+
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
     root = tmp_path / "root"

@@ -506,9 +506,9 @@ def test_replaying_mutations_twice_and_a_snapshot_give_the_same_state() -> None:
 # --- through the daemon ------------------------------------------------------------------------
 
 
-async def test_append_search_and_bad_input_through_the_socket(data_dir: Path, sock_dir: Path) -> None:
+async def test_append_search_and_bad_input_through_the_socket(data_dir: Path, sock_dir: Path, store: dict[str, Any]) -> None:
     with trio.fail_after(IO_TIMEOUT * 2):
-        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST) as daemon:
+        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST, **store) as daemon:
             conn = await RawConnection.open(sock_dir / "s.sock")
             messages = [
                 msg("1", "I went to the LGBTQ support group yesterday", sender="Caroline", at=at(0)),
@@ -559,14 +559,15 @@ async def test_append_search_and_bad_input_through_the_socket(data_dir: Path, so
             await actor.move_mark("chat", 2)
             await actor.set_summary("chat", "Support group and painting.", ["ask about the painting"])
             await conn.aclose()
-        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST) as daemon:  # the journal replayed
+        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST, **store) as daemon:  # the journal replayed
             conn = await RawConnection.open(sock_dir / "s.sock")
             groups = await conn.result("conversation.groups")
             assert groups[0]["high_water_mark"] == 2 and groups[0]["pending"] == 1
             assert (await conn.result("conversation.summary", {"group": "chat"}))["intents"] == [
                 "ask about the painting"
             ]
-            assert daemon.actors["conversation"].state.lexical_from in ("snapshot", "rebuilt")
+            if not store:  # (PostgreSQL: the index is built as the rows are applied)
+                assert daemon.actors["conversation"].state.lexical_from in ("snapshot", "rebuilt")
             await conn.aclose()
 
 

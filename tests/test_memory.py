@@ -36,9 +36,9 @@ async def add(conn: RawConnection, **params) -> dict:  # type: ignore[no-untyped
     return await conn.result("memory.add", params)
 
 
-async def test_add_writes_eurekaclaw_files(data_dir: Path, sock_dir: Path) -> None:
+async def test_add_writes_eurekaclaw_files(data_dir: Path, sock_dir: Path, store: dict[str, Any]) -> None:
     with trio.fail_after(IO_TIMEOUT):
-        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST):
+        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST, **store):
             conn = await RawConnection.open(sock_dir / "s.sock")
             out = await add(conn, **UCB)
             assert out["decision"] == "created"
@@ -66,9 +66,9 @@ async def test_add_writes_eurekaclaw_files(data_dir: Path, sock_dir: Path) -> No
             await conn.aclose()
 
 
-async def test_dedup_decisions(data_dir: Path, sock_dir: Path) -> None:
+async def test_dedup_decisions(data_dir: Path, sock_dir: Path, store: dict[str, Any]) -> None:
     with trio.fail_after(IO_TIMEOUT):
-        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST):
+        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST, **store):
             conn = await RawConnection.open(sock_dir / "s.sock")
             first = (await add(conn, **UCB))["memory"]
             same = await add(conn, **{**UCB, "title": UCB["title"].upper()})  # the fingerprint ignores case
@@ -179,9 +179,9 @@ async def test_inject_with_a_score_floor_stops_at_what_is_relevant(data_dir: Pat
             await conn.aclose()
 
 
-async def test_get_list_update_delete_purge(data_dir: Path, sock_dir: Path) -> None:
+async def test_get_list_update_delete_purge(data_dir: Path, sock_dir: Path, store: dict[str, Any]) -> None:
     with trio.fail_after(IO_TIMEOUT):
-        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST):
+        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST, **store):
             conn = await RawConnection.open(sock_dir / "s.sock")
             memory = (await add(conn, **UCB))["memory"]
             updated = await conn.result("memory.update", {"id": memory["id"], "content": "A completely different insight about Thompson sampling."})
@@ -238,29 +238,33 @@ async def test_bad_memory_input_changes_nothing(data_dir: Path, sock_dir: Path) 
             await conn.aclose()
 
 
-async def test_add_many_is_one_journal_write_and_survives_restart(data_dir: Path, sock_dir: Path) -> None:
+async def test_add_many_is_one_journal_write_and_survives_restart(data_dir: Path, sock_dir: Path, store: dict[str, Any]) -> None:
     items = [
         {"domain": "conv", "category": "context", "title": f"D1:{i}", "content": f"Caroline (8 May 2023): message number {i} about painting", "dedup": False, "tags": [f"D1:{i}"]}
         for i in range(40)
     ]
     with trio.fail_after(IO_TIMEOUT * 2):
-        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST) as daemon:
+        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST, **store) as daemon:
             conn = await RawConnection.open(sock_dir / "s.sock")
-            batches = daemon.journal_actor.batches
+            def commits() -> int:  # the store's own count of commits
+                return int(daemon.store.commits if store else daemon.journal_actor.batches)
+
+            batches = commits()
             out = await conn.result("memory.add_many", {"items": items})
             assert [r["decision"] for r in out] == ["created"] * 40
-            assert daemon.journal_actor.batches == batches + 1
+            assert commits() == batches + 1
             await conn.result("sys.snapshot", {})
             await add(conn, domain="conv", category="context", title="late", content="after the snapshot: only in the journal", dedup=False)
             await conn.aclose()
             daemon.snapshot = _no_snapshot  # as if killed: no final snapshot
         assert (data_dir / "memory" / "memories.snapshot").exists()
         assert list((data_dir / "memory" / "vectors").iterdir())
-        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST) as daemon:
+        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST, **store) as daemon:
             conn = await RawConnection.open(sock_dir / "s.sock")
             stats = await conn.result("sys.stats", {})
             assert stats["tiers"]["memory"]["memories"] == 41 and stats["tiers"]["memory"]["vectors"] == 41
-            assert daemon.actors["memory"].state.lexical_from == "snapshot"  # not re-tokenised
+            lexical_from = "new" if store else "snapshot"  # PostgreSQL: indexed as its rows are applied
+            assert daemon.actors["memory"].state.lexical_from == lexical_from  # the journal's: not re-tokenised
             hits = await conn.result("memory.search", {"query": "message number 17", "domain": "conv", "k": 1})
             assert hits[0]["memory"]["title"] == "D1:17"
             late = await conn.result("memory.search", {"query": "only in the journal", "domain": "conv", "k": 1})
@@ -269,7 +273,7 @@ async def test_add_many_is_one_journal_write_and_survives_restart(data_dir: Path
             hybrid = timing["search"]["hybrid"]
             assert hybrid["count"] == 2 and timing["query_embedding"]["count"] == 2  # split for sys.stats readers
             assert 0 < hybrid["p50_us"] <= hybrid["max_us"] and timing["search"]["lexical"]["count"] == 0
-            assert timing["lexical_index_from"] == "snapshot"
+            assert timing["lexical_index_from"] == lexical_from
             await conn.aclose()
 
 

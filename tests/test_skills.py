@@ -646,10 +646,10 @@ def test_put_draft_for_the_extraction_job(state: SkillsState) -> None:
 # --- the daemon, in-process: files, snapshots, the async client ---------------------------------------
 
 
-async def test_files_follow_the_journal_and_a_confirm_moves_the_draft(data_dir: Path, sock_dir: Path) -> None:
+async def test_files_follow_the_journal_and_a_confirm_moves_the_draft(data_dir: Path, sock_dir: Path, store: dict[str, Any]) -> None:
     with trio.fail_after(IO_TIMEOUT):
         # the background (projection, embedding) never runs on its own here: snapshots and the test drive it
-        async with running_daemon(data_dir, sock_dir / "s.sock", projection_interval=3600.0, **FAST) as daemon:
+        async with running_daemon(data_dir, sock_dir / "s.sock", projection_interval=3600.0, **FAST, **store) as daemon:
             conn = await RawConnection.open(sock_dir / "s.sock")
             skill = await conn.result("skills.put", {**LATEX, "status": "draft", "source": "distilled"})
             await conn.result("sys.snapshot", {})
