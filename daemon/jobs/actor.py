@@ -174,6 +174,9 @@ def lane_of(kind: Any, job_input: Any) -> str | None:
     return lane(job_input) if lane is not None and job_input is not None else None
 
 
+
+STORE_RETRY = 5.0  # seconds: jobs paused by a store that could not be reached start again after this
+
 class JobsActor(TierActor):
     ARRIVAL_ORDER = False  # jobs.wait is answered when its job finishes, after later requests
 
@@ -230,6 +233,8 @@ class JobsActor(TierActor):
         self.commit_time_us = 0.0
         self.tokens_since_start = Tokens()
         self.read_only: str | None = None  # the journal refused a job's write: wait for sys.resume
+        # the store could not be reached (StoreUnavailable "unavailable": PostgreSQL away): when to try again by itself
+        self._store_retry_at: float | None = None
 
     # --- the API of the daemon and of other actors ------------------------------------------------
 
@@ -273,7 +278,14 @@ class JobsActor(TierActor):
             self.llm = llm
         self._backoff.clear()
         self.read_only = None
+        self._store_retry_at = None
         self._wake.set()
+
+    def _refused(self, exc: StoreUnavailable) -> None:
+        """A job's write was refused: no job starts until sys.resume, or, when the store could only
+        not be reached (its outcome retryable), until STORE_RETRY seconds have passed."""
+        self.read_only = str(exc)
+        self._store_retry_at = trio.current_time() + STORE_RETRY if exc.code == "unavailable" else None
 
     async def stop(self) -> None:
         """Shutdown: no new attempt starts; running ones are cancelled (a commit under way finishes)
@@ -418,7 +430,7 @@ class JobsActor(TierActor):
         except ProtocolError as exc:
             result = exc
         except StoreUnavailable as exc:
-            self.read_only = str(exc)
+            self._refused(exc)
             result = exc.error()
         except (trio.ClosedResourceError, trio.EndOfChannel):
             result = ProtocolError("unavailable", "the daemon is shutting down")
@@ -510,6 +522,8 @@ class JobsActor(TierActor):
         assert llm is not None
         no_llm = None if llm.available else f"no LLM: {llm.unavailable_reason}"
         now = trio.current_time()
+        if self.read_only and self._store_retry_at is not None and now >= self._store_retry_at:
+            self.read_only = self._store_retry_at = None  # the store may be back: the next write says
         next_look = float("inf")
         self._lane_waits = {}
         for job_id, kind, job_input in await self.run_internal(lambda state: state.queued_inputs()):
@@ -538,7 +552,7 @@ class JobsActor(TierActor):
             try:
                 started = await self.run_internal(functools.partial(JobsState.start, job_id=job_id))
             except StoreUnavailable as exc:
-                self.read_only = str(exc)
+                self._refused(exc)
                 break
             if started is not None:
                 record, job_input = started
@@ -547,6 +561,9 @@ class JobsActor(TierActor):
                 self._running[record.id] = scope = trio.CancelScope()
                 runners.start_soon(self._run, record, job_input, scope)
         self._slots_full = False
+        if self.read_only and self._store_retry_at is not None:
+            self.waiting_all = f"the store cannot be reached ({self.read_only}); trying again in {STORE_RETRY:.0f} s"
+            return self._store_retry_at
         if self.read_only:
             self.waiting_all = f"the daemon is read-only ({self.read_only}); sys.resume lets jobs run again"
             return float("inf")
@@ -566,7 +583,7 @@ class JobsActor(TierActor):
         try:
             await self.run_internal(lambda state: state.finish(state.jobs[job_id], "failed", error=error))
         except StoreUnavailable as exc:
-            self.read_only = str(exc)
+            self._refused(exc)
 
     # --- one attempt --------------------------------------------------------------------------------
 
@@ -597,7 +614,7 @@ class JobsActor(TierActor):
                 except StaleAttempt:
                     log.info("job %s: attempt %d was cancelled before its commit; nothing applied", job_id, attempt)
                 except StoreUnavailable as exc:
-                    self.read_only = str(exc)
+                    self._refused(exc)
                     await self.run_internal(lambda s: self._requeue_in_memory(s, job_id, attempt))
                 except Exception as exc:
                     log.exception("job %s (%s) failed", job_id, record.kind)
@@ -631,7 +648,7 @@ class JobsActor(TierActor):
         try:
             after = await self.run_internal(lambda s: s.requeue(job_id, attempt, tokens.pair(), counted))
         except StoreUnavailable as exc2:
-            self.read_only = str(exc2)
+            self._refused(exc2)
             await self.run_internal(lambda s: self._requeue_in_memory(s, job_id, attempt))
             return
         if after is not None and after.state == "failed":
@@ -654,7 +671,7 @@ class JobsActor(TierActor):
         try:
             await self.run_internal(lambda s: s.fail(job_id, attempt, error, tokens.pair()))
         except StoreUnavailable as exc:
-            self.read_only = str(exc)
+            self._refused(exc)
             await self.run_internal(lambda s: self._requeue_in_memory(s, job_id, attempt))
 
     async def _commit(
