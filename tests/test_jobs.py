@@ -346,17 +346,23 @@ def _recall_call() -> Any:
     return Call(1, METHODS["persistent.recall"], m.PersistentKey(key="test.note.s1"))
 
 
-async def test_a_journal_failure_during_the_commit_undoes_every_tier(autojump_clock: trio.testing.MockClock) -> None:
-    llm = FakeLLM()
+async def _refused_commit(h: Any, message: str, code: str) -> str:
+    """A job whose first answer's commit the store refuses (`message`, `code`), the second to come
+    ("kept"): its id, once the refusal was answered."""
     answer = Gate({"text": "lost"})
-    llm.script.extend([answer, {"text": "kept"}])
+    h.llm.script.extend([answer, {"text": "kept"}])
+    job_id: str = await h.jobs.accept("test.note", "k", note_input("s1"))
+    await h.hold_commit(answer)
+    h.journal.fail, h.journal.fail_code = message, code
+    h.journal.gate.set()
+    await trio.testing.wait_all_tasks_blocked()
+    return job_id
+
+
+async def test_a_journal_failure_during_the_commit_undoes_every_tier(autojump_clock: trio.testing.MockClock) -> None:
     with trio.fail_after(IO_TIMEOUT):
-        async with harness(llm) as h:
-            job_id = await h.jobs.accept("test.note", "k", note_input("s1"))
-            await h.hold_commit(answer)
-            h.journal.fail = "journal write failed: disk full"
-            h.journal.gate.set()
-            await trio.testing.wait_all_tasks_blocked()
+        async with harness(FakeLLM()) as h:
+            job_id = await _refused_commit(h, "journal write failed: disk full", "read_only")
             assert not h.persistent.state.records and not h.graph.state.nodes
             job = await h.job(job_id)
             assert job.state == "queued" and "read-only" in job.waiting_reason and "disk full" in job.waiting_reason
@@ -374,16 +380,9 @@ async def test_a_store_that_cannot_be_reached_pauses_the_jobs_and_they_go_on_by_
     the queue tries again after STORE_RETRY seconds, and the job's result is committed then."""
     from eurekamem.daemon.jobs.actor import STORE_RETRY
 
-    llm = FakeLLM()
-    answer = Gate({"text": "lost"})
-    llm.script.extend([answer, {"text": "kept"}])
     with trio.fail_after(IO_TIMEOUT):
-        async with harness(llm) as h:
-            job_id = await h.jobs.accept("test.note", "k", note_input("s1"))
-            await h.hold_commit(answer)
-            h.journal.fail, h.journal.fail_code = "PostgreSQL is not reachable: connection refused", "unavailable"
-            h.journal.gate.set()
-            await trio.testing.wait_all_tasks_blocked()
+        async with harness(FakeLLM()) as h:
+            job_id = await _refused_commit(h, "PostgreSQL is not reachable: connection refused", "unavailable")
             job = await h.job(job_id)
             assert job.state == "queued" and "cannot be reached" in job.waiting_reason and not h.persistent.state.records
             failed_at = trio.current_time()
