@@ -235,3 +235,49 @@ async def test_files_another_program_wrote_reviews_and_skills_are_kept_in_the_da
             assert [(i["memory_id"], i["decided_by"]) for i in approved] == [(memory["id"], "bob")]
             assert (await conn.result("skills.get", {"name": "peeling-trick"}))["body"] == "Peel the horizon."
             await conn.aclose()
+
+
+def test_a_database_refusing_writes_answers_read_only_and_reads_go_on(tmp_path: Path, postgres_dsn: str) -> None:
+    """A read-only server (here: the database's default_transaction_read_only, as on a standby)
+    refuses the transaction: the write answers read_only with the server's words, nothing is kept,
+    reads answer; once it accepts writes again they succeed without a restart."""
+
+    def set_read_only(on: bool) -> None:
+        with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+            name = conn.info.dbname
+            conn.execute("SET default_transaction_read_only = off")  # this session's own, to say it
+            conn.execute(f"ALTER DATABASE {name} SET default_transaction_read_only = {'on' if on else 'off'}")
+            # the daemon's pooled connections keep their settings: end them, so the pool reconnects
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
+
+    proc = _daemon(tmp_path / "root", tmp_path / "s.sock", postgres_dsn).start()
+    try:
+        with Client(proc.socket_path, timeout=TIMEOUT) as c:
+            c.remember("before", 1)
+            set_read_only(True)
+            kinds = []
+            for attempt in range(3):  # a connection the server ended may answer first: unavailable
+                try:
+                    c.remember(f"refused{attempt}", 2)
+                except EurekamemError as exc:
+                    kinds.append(exc.kind)
+                    if exc.kind == "read_only":
+                        assert "read-only transaction" in str(exc)
+                        break
+            assert kinds[-1] == "read_only" and set(kinds) <= {"unavailable", "read_only"}, kinds
+            assert c.recall("before").value == 1
+            assert all(c.recall(f"refused{i}") is None for i in range(3))
+            set_read_only(False)
+            for attempt in range(3):
+                try:
+                    c.remember("after", 3)
+                    break
+                except EurekamemError as exc:
+                    assert exc.kind == "unavailable"  # a connection ended by set_read_only
+            assert c.recall("after").value == 3
+        proc.kill()
+        proc.start()
+        with Client(proc.socket_path, timeout=TIMEOUT) as c:
+            assert c.recall("after").value == 3 and all(c.recall(f"refused{i}") is None for i in range(3))
+    finally:
+        proc.kill()
