@@ -268,7 +268,7 @@ def test_a_database_refusing_writes_answers_read_only_and_reads_go_on(tmp_path: 
             assert c.recall("before").value == 1
             assert all(c.recall(f"refused{i}") is None for i in range(3))
             set_read_only(False)
-            for attempt in range(3):
+            for _attempt in range(3):
                 try:
                     c.remember("after", 3)
                     break
