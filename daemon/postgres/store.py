@@ -159,32 +159,46 @@ class PostgresStore:
         self.commits += 1
 
     def _commit_sync(self, mutations: list[Any]) -> None:
-        from ..storage.store import mutation_encoder
+        import psycopg
 
         if self.pool is None:
             raise StoreUnavailable("PostgreSQL is not connected", "unavailable", store="postgres")
-        try:
-            with self.pool.connection() as conn:
-                with conn.transaction():
-                    seqs = [
-                        row[0]
-                        for row in conn.execute(
-                            "SELECT nextval('mutation_seq') FROM generate_series(1, %s)", (len(mutations),)
-                        ).fetchall()
-                    ]
-                    with conn.cursor() as cur:
-                        cur.executemany(
-                            "INSERT INTO mutations (seq, body) VALUES (%s, %s)",
-                            [(seq, mutation_encoder.encode(m)) for seq, m in zip(seqs, mutations)],
-                        )
-                        for seq, mutation in zip(seqs, mutations):
-                            for pos, op in enumerate(row_ops(mutation)):
-                                sql, args = _statement(op, seq, pos)
-                                cur.execute(sql, args)
-        except StoreUnavailable:
-            raise
-        except Exception as exc:
-            raise _classify(exc) from exc
+        for attempt in (1, 2):
+            began = [False]
+            try:
+                self._transaction(mutations, began)
+                return
+            except Exception as exc:
+                if attempt == 1 and not began[0] and isinstance(exc, psycopg.OperationalError):
+                    # the pooled connection had broken before this transaction did anything (the
+                    # server restarted): nothing was written, so once more on a fresh connection
+                    log.info("PostgreSQL: a pooled connection had broken (%s); trying the commit on another", exc)
+                    continue
+                raise _classify(exc) from exc
+
+    def _transaction(self, mutations: list[Any], began: list[bool]) -> None:
+        """One batch's transaction (the module's rule); began[0] turns True once the server answered
+        its first statement."""
+        from ..storage.store import mutation_encoder
+
+        with self.pool.connection() as conn:
+            with conn.transaction():
+                seqs = [
+                    row[0]
+                    for row in conn.execute(
+                        "SELECT nextval('mutation_seq') FROM generate_series(1, %s)", (len(mutations),)
+                    ).fetchall()
+                ]
+                began[0] = True
+                with conn.cursor() as cur:
+                    cur.executemany(
+                        "INSERT INTO mutations (seq, body) VALUES (%s, %s)",
+                        [(seq, mutation_encoder.encode(m)) for seq, m in zip(seqs, mutations)],
+                    )
+                    for seq, mutation in zip(seqs, mutations):
+                        for pos, op in enumerate(row_ops(mutation)):
+                            sql, args = _statement(op, seq, pos)
+                            cur.execute(sql, args)
 
     # --- start-up -----------------------------------------------------------------------------------
 
