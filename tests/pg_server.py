@@ -37,6 +37,14 @@ def _bin_dir() -> Path:
     return path
 
 
+def _reachable_by_others(path: Path) -> bool:
+    """Whether a user other than the owner may reach `path`: every folder up to it searchable by all."""
+    for folder in [path, *path.parents]:
+        if not folder.stat().st_mode & 0o001:
+            return False
+    return True
+
+
 class PostgresServer:
     """One cluster for a test run: initdb'd in a temporary folder, on a Unix socket."""
 
@@ -53,6 +61,14 @@ class PostgresServer:
         self.logfile = self.root / "log"
         self._names = itertools.count()
         self.as_root = os.geteuid() == 0
+        if self.as_root and not _reachable_by_others(self.bin):
+            # the unprivileged server must be able to run its binaries: a checkout under a private
+            # folder (root's home) is not, so it runs a copy of the bundle (38 MB, well under a second)
+            # (the binaries find their libraries at $ORIGIN/../../../<wheel>.libs: the copy keeps that shape)
+            package = self.bin.parent.parent
+            for folder in [package, *package.parent.glob("pgserver*.libs")]:
+                shutil.copytree(folder, self.root / "bundle" / folder.name, symlinks=True)
+            self.bin = self.root / "bundle" / package.name / "pginstall" / "bin"
 
     def _run(self, *argv: str) -> subprocess.CompletedProcess[str]:
         prefix = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"] if self.as_root else []
