@@ -276,6 +276,16 @@ def add_commands(
     verify.add_argument("--config", help=CONFIG_HELP + " (for its data_dir)")
     verify.set_defaults(func="eurekamem.cli.verify:cmd_verify")
 
+    migrate = sub.add_parser("migrate", help="copy a journal data root into an empty PostgreSQL database (daemon stopped)")
+    migrate.add_argument("--to", required=True, choices=["postgres"], help="the store to copy into")
+    migrate.add_argument("--postgres-dsn", required=True, help="the database's connection string")
+    migrate.add_argument("--data-dir", help=DATA_DIR_HELP)
+    migrate.add_argument("--config", help=CONFIG_HELP + " (for its data_dir)")
+    migrate.add_argument(
+        "--force", action="store_true", help="write into a database that holds data (same ids replaced, others kept)"
+    )
+    migrate.set_defaults(func="eurekamem.cli.migrate:cmd_migrate")
+
 
 def _resolve(func: Any) -> Callable[[argparse.Namespace], int]:
     if callable(func):

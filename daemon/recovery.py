@@ -251,6 +251,13 @@ def _recover_from_store(paths: Paths, fs: Any, embedder: Any, progress: Callable
             )
         atomic_write(fs, str(marker), b"postgres\n")
     out.journal = journal
+    return load_from_store(store, out, progress)
+
+
+def load_from_store(store: Any, out: Recovered, progress: Callable[[str], None] | None = None) -> Recovered:
+    """The tiers of `out` (fresh states) loaded from an opened PostgresStore's tables, with no data
+    root: start-up's loading part, which `eurekamem migrate` also uses to check what it wrote."""
+    progress = progress or (lambda text: None)
     progress("loading the tiers from PostgreSQL")
     return _replay(out, _with_vectors(store.rows_in_order()), progress, "loading from PostgreSQL: {} rows")
 

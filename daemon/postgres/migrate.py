@@ -1,0 +1,154 @@
+"""A journal data root's tiers as the mutations that rebuild them in PostgreSQL (`eurekamem migrate`).
+
+Rule kept here: every tier's state (as daemon/recovery.py's `recover` loads it from snapshots and
+journal) becomes, per record, the mutations whose `apply` in this order makes the same state again;
+PostgreSQL's rows (daemon/postgres/rows.py) keep them, and start-up replays them. `checksums` then
+tells, per tier, whether two loaded states hold the same records (counts and a sha256 over the
+sorted msgpack encodings of the records), so a migration can be checked by loading the database
+back. Nothing here does I/O but `commit_all` (through PostgresStore).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import msgspec
+
+from ..conversation.state import MoveMark, PutMessages, PutSummary
+from ..jobs.state import AcceptJob, PutJob
+from ..memory.records import PutMemory
+from ..memory.review import PutReview
+from ..skills.state import PutSkill
+from ..tiers.graph import PutEdge, PutNode
+from ..tiers.persistent import PutRecord
+
+_encode = msgspec.msgpack.Encoder().encode
+
+
+def persistent_mutations(state: Any) -> Iterator[Any]:
+    for record in state.records.values():
+        yield PutRecord(record)
+
+
+def graph_mutations(state: Any) -> Iterator[Any]:
+    for node in state.nodes.values():
+        yield PutNode(node)
+    for from_id, to_id, relation in state.edges:
+        yield PutEdge(from_id, to_id, relation)
+
+
+def memory_mutations(state: Any) -> Iterator[Any]:
+    """Per memory: its history's older versions as version puts (oldest first: _record_version keeps
+    each entry's memory once the next version arrives), then the current memory with its model and
+    vector; then the review queue and the maintenance runs."""
+    for memory_id, memory in state.memories.items():
+        entries = state.history.get(memory_id) or []
+        model = state.model_of.get(memory_id, "")
+        vector = state.vector_bytes(memory_id) if model else b""
+        for i, entry in enumerate(entries):
+            kept = memory if i == len(entries) - 1 else entry.memory
+            if kept is None:
+                continue
+            # the entry's time is the put's memory's updated_at: a same-version put that followed
+            # (feedback, archive) moved it on, so the version is put as it was, then as it became
+            at_version = msgspec.structs.replace(kept, updated_at=entry.at)
+            vec_model, vec = (model, vector) if kept is memory else ("", b"")
+            yield PutMemory(at_version, vec_model, vec, version=entry.version, decision=entry.decision, reason=entry.reason)
+            if at_version != kept:
+                yield PutMemory(kept, vec_model, vec)
+        if not entries:
+            yield PutMemory(memory, model, vector)
+    for item in state.review.items.values():
+        yield PutReview(item)
+    yield from state.maintenance_runs
+
+
+def skills_mutations(state: Any) -> Iterator[Any]:
+    for name, skill in state.skills.items():
+        yield PutSkill(skill, state.extra.get(name, ""))
+
+
+def conversation_mutations(state: Any) -> Iterator[Any]:
+    messages = sorted(state.messages.values(), key=lambda m: m.seq)
+    for start in range(0, len(messages), 100):
+        yield PutMessages(messages[start : start + 100])
+    for name, group in state.groups.items():
+        for mark, at in group.marks:
+            yield MoveMark(name, mark, at)
+        summary = group.summary
+        if summary is not None and summary.updated_at is not None:
+            yield PutSummary(name, summary.summary, list(summary.intents), summary.updated_at)
+
+
+def jobs_mutations(state: Any) -> Iterator[Any]:
+    for job_id, job in state.jobs.items():
+        job_input = state.inputs.get(job_id)
+        if job_input is not None:
+            yield AcceptJob(job, job_input)
+        yield PutJob(job)
+
+
+TIERS: dict[str, Callable[[Any], Iterator[Any]]] = {
+    "persistent": persistent_mutations,
+    "graph": graph_mutations,
+    "memory": memory_mutations,
+    "skills": skills_mutations,
+    "conversation": conversation_mutations,
+    "jobs": jobs_mutations,
+}
+
+
+def all_mutations(recovered: Any) -> Iterator[Any]:
+    """Every tier's mutations, tier after tier (a Recovered from daemon/recovery.py)."""
+    for tier, make in TIERS.items():
+        yield from make(getattr(recovered, tier))
+
+
+def _digest(items: list[bytes]) -> str:
+    h = hashlib.sha256()
+    for item in sorted(items):
+        h.update(len(item).to_bytes(8, "big"))
+        h.update(item)
+    return h.hexdigest()[:16]
+
+
+def checksums(recovered: Any) -> dict[str, tuple[int, str]]:
+    """Per kind of record: (how many, a checksum of their sorted encodings)."""
+    mem = recovered.memory
+    kinds: dict[str, list[bytes]] = {
+        "records": [_encode(r) for r in recovered.persistent.records.values()],
+        "nodes": [_encode(n) for n in recovered.graph.nodes.values()],
+        "edges": [_encode(list(e)) for e in recovered.graph.edges],
+        "memories": [
+            _encode([m, mem.model_of.get(i, ""), mem.vector_bytes(i) if mem.model_of.get(i) else b""])
+            for i, m in mem.memories.items()
+        ],
+        "history": [_encode([i, entries]) for i, entries in mem.history.items()],
+        "reviews": [_encode(item) for item in mem.review.items.values()],
+        "maintenance": [_encode(run) for run in mem.maintenance_runs],
+        "skills": [_encode([s, recovered.skills.extra.get(n, "")]) for n, s in recovered.skills.skills.items()],
+        "messages": [_encode(m) for m in recovered.conversation.messages.values()],
+        "conversations": [
+            _encode([n, g.mark, g.summary]) for n, g in recovered.conversation.groups.items()
+        ],
+        "jobs": [_encode([j, recovered.jobs.inputs.get(i)]) for i, j in recovered.jobs.jobs.items()],
+    }
+    return {kind: (len(items), _digest(items)) for kind, items in kinds.items()}
+
+
+def commit_all(store: Any, mutations: Iterator[Any], batch: int = 300) -> int:
+    """Commit the mutations through the store's own transaction code, `batch` at a time (blocking)."""
+    done = 0
+    chunk: list[Any] = []
+    for mutation in mutations:
+        chunk.append(mutation)
+        if len(chunk) >= batch:
+            store._commit_sync(chunk)
+            done += len(chunk)
+            chunk = []
+    if chunk:
+        store._commit_sync(chunk)
+        done += len(chunk)
+    return done
