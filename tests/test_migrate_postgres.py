@@ -90,6 +90,9 @@ def test_migrate_a_journal_root_into_postgres(tmp_path: Path, postgres_dsn: str)
     again = _migrate(root, postgres_dsn)
     assert again.returncode == 1
     assert "--force" in again.stderr
+    forced = _migrate(root, postgres_dsn, "--force")  # the same records again: upserts, the same rows
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    assert _counts(forced.stdout) == counts
 
     fresh = DaemonProcess(tmp_path / "pg", tmp_path / "pg.sock", "--store", "postgres", "--postgres-dsn", postgres_dsn).start()
     try:
