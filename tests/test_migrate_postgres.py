@@ -67,7 +67,13 @@ def test_migrate_a_journal_root_into_postgres(tmp_path: Path, postgres_dsn: str)
             c.memory_feedback([m2.id], "used")
             c.delete_memory(m3.id, purge=True)
             c.append_messages("g1", [{"id": "u1", "role": "user", "text": "hello"}, {"id": "u2", "role": "assistant", "text": "hi"}])
+            c.promote_memory(m2.id, reason="true everywhere")  # a review request
+            c.put_skill("azuma_trick", "# Azuma\n\nBound martingale differences, then apply Azuma.")
+            job = c.wait_job(c.maintain(), timeout=TIMEOUT)  # a job and a maintenance run
             before = _state_of(c, [m1.id, m2.id])
+            before["reviews"] = sorted((r.id, r.state) for r in c.reviews(state="any"))
+            before["skill"] = c.skill("azuma_trick").body
+            before["job"] = c.job(job.id).state
             # a daemon runs on the root: migrate refuses, writing nothing
             running = _migrate(root, postgres_dsn)
             assert running.returncode == 1, running.stdout
@@ -85,6 +91,10 @@ def test_migrate_a_journal_root_into_postgres(tmp_path: Path, postgres_dsn: str)
     assert counts["edges"] == (1, 1)
     assert counts["memories"] == (2, 2)
     assert counts["messages"] == (2, 2)
+    assert counts["reviews"] == (1, 1)
+    assert counts["skills"] == (1, 1)
+    assert counts["maintenance"] == (1, 1)
+    assert counts["jobs"][0] >= 1 and counts["jobs"][0] == counts["jobs"][1]
     assert "DIFFERS" not in done.stdout
 
     again = _migrate(root, postgres_dsn)
@@ -97,7 +107,11 @@ def test_migrate_a_journal_root_into_postgres(tmp_path: Path, postgres_dsn: str)
     fresh = DaemonProcess(tmp_path / "pg", tmp_path / "pg.sock", "--store", "postgres", "--postgres-dsn", postgres_dsn).start()
     try:
         with Client(fresh.socket_path, timeout=TIMEOUT) as c:
-            assert _state_of(c, [m1.id, m2.id]) == before
+            after = _state_of(c, [m1.id, m2.id])
+            after["reviews"] = sorted((r.id, r.state) for r in c.reviews(state="any"))
+            after["skill"] = c.skill("azuma_trick").body
+            after["job"] = c.job(job.id).state
+            assert after == before
             with pytest.raises(EurekamemError):
                 c.get_memory(m3.id)
     finally:
