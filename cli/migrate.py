@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .common import effective_config, fail
 
@@ -29,9 +29,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     if args.to != "postgres":
         return fail(f"migrate knows only --to postgres, not {args.to!r}")
     try:
-        root = Path(effective_config(args, ("data_dir",))["data_dir"])
+        config = effective_config(args, ("data_dir",))
     except ConfigError as exc:
         return fail(str(exc))
+    root = Path(config["data_dir"])
     if not (root / "memory").is_dir():
         return fail(f"{root} holds no memory/ folder; nothing to migrate")
     paths = Paths(root)
@@ -40,20 +41,22 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     except StartupError as exc:
         return fail(f"{exc} (migrate reads the data root while no daemon runs: stop it first)")
     try:
-        return _migrate(paths, args.postgres_dsn, args.force)
+        # the daemon's configured model: the root's vectors load only under the model they were made by
+        return _migrate(paths, args.postgres_dsn, args.force, config["embedder"], config.embedder_options())
     finally:
         os.close(fd)
 
 
-def _migrate(paths: Paths, dsn: str, force: bool) -> int:
+def _migrate(paths: Paths, dsn: str, force: bool, model: str, options: dict[str, Any]) -> int:
     from ..daemon import recovery
     from ..daemon.errors import StartupError
     from ..daemon.postgres.migrate import all_mutations, checksums, commit_all
     from ..daemon.postgres.store import PostgresStore, shown_dsn
+    from ..daemon.retrieval.embed import make_embedder
 
     try:
-        source = recovery.recover(paths)
-    except StartupError as exc:
+        source = recovery.recover(paths, embedder=make_embedder(model, **options))
+    except (StartupError, ValueError, TypeError) as exc:
         return fail(str(exc))
     if source.journal is not None:
         source.journal.close()
