@@ -126,6 +126,54 @@ def test_an_outage_answers_unavailable_and_loses_nothing(tmp_path: Path, postgre
         proc.kill()
 
 
+def test_unreachable_at_start_serves_tier_1_then_everything_once_connected(
+    tmp_path: Path, postgres_server: Any, postgres_dsn: str
+) -> None:
+    """PostgreSQL down at start: the daemon listens, says why (log, sys.stats), serves tier 1 and
+    sys.*, answers durable calls unavailable with the reason; once the server is back it connects by
+    itself, loads, and serves everything, nothing lost."""
+    proc = _daemon(tmp_path / "root", tmp_path / "s.sock", postgres_dsn).start()
+    with Client(proc.socket_path, timeout=TIMEOUT) as c:
+        c.remember("before", 1)
+    assert proc.terminate() == 0
+    postgres_server.stop()
+    try:
+        proc.start(expect_ready=False)
+        proc.wait_for_line("listening on")
+        with Client(proc.socket_path, timeout=TIMEOUT) as c:
+            c.log_event("s1", "agent", "tier 1 answers while PostgreSQL is away")
+            assert [e.content for e in c.recent("s1")] == ["tier 1 answers while PostgreSQL is away"]
+            assert c.ping()
+            for refused in (lambda: c.remember("during", 2), lambda: c.recall("before"), c.snapshot,
+                            lambda: c.close_session("s1", extract=True)):
+                with pytest.raises(EurekamemError) as err:
+                    refused()
+                assert err.value.kind == "unavailable"
+                assert err.value.data["store"] == "postgres" and "PostgreSQL is not reachable" in err.value.data["reason"]
+            stats = c.stats()
+            assert stats["store"]["serving"] is False and stats["store"]["connected"] is False
+            assert "PostgreSQL is not reachable" in stats["store"]["reason"]
+            assert "memory" not in stats and stats["tiers"].keys() == {"episodic"}
+        assert "PostgreSQL is not reachable" in proc.output and "serving on" not in proc.output
+    finally:
+        postgres_server.start()
+    proc.wait_for_line("serving on")  # it retried with back-off, connected and loaded by itself
+    try:
+        with Client(proc.socket_path, timeout=TIMEOUT) as c:
+            assert c.recall("before").value == 1
+            c.remember("after", 3)
+            assert [e.content for e in c.recent("s1")] == ["tier 1 answers while PostgreSQL is away"]
+            stats = c.stats()
+            assert stats["store"]["serving"] is True and stats["store"]["connected"] is True
+            assert stats["store"]["attempts"] >= 2 and "memory" in stats
+    finally:
+        assert proc.terminate() == 0
+    proc.start()
+    with Client(proc.socket_path, timeout=TIMEOUT) as c:
+        assert c.recall("before").value == 1 and c.recall("after").value == 3 and c.recall("during") is None
+    assert proc.terminate() == 0
+
+
 def test_a_newer_schema_is_refused_saying_so(tmp_path: Path, postgres_dsn: str) -> None:
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE schema_version (version integer NOT NULL)")
