@@ -310,6 +310,7 @@ class Daemon:
             quiet=config.snapshot_quiet,
             max_delay=config.snapshot_max_delay,
             seq=journal_actor.acked_seq if fresh else -1,
+            local_store=self.store if config.store == "postgres" else None,
         )
         self.extractions.jobs = jobs
         self.actors.update(tiers, jobs=jobs)  # dispatch routes to them from now on

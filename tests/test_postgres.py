@@ -174,6 +174,45 @@ def test_unreachable_at_start_serves_tier_1_then_everything_once_connected(
     assert proc.terminate() == 0
 
 
+def test_the_local_root_gets_only_what_local_readers_read(tmp_path: Path, postgres_dsn: str) -> None:
+    """A postgres daemon's snapshots write EurekaClaw's files, memories/ with MEMORY.md and skills/,
+    never the journal store's own snapshot files (memories.snapshot, vectors, the conversation and
+    jobs snapshots, the checkpoint); its local journal holds no record."""
+    root = tmp_path / "root"
+    proc = _daemon(root, tmp_path / "s.sock", postgres_dsn, "--snapshot-quiet", "0.2").start()
+    try:
+        with Client(proc.socket_path, timeout=TIMEOUT) as c:
+            c.remember("k1", {"why": "loose"})
+            seen = len(proc.log)
+            line = proc.wait_for_line("snapshot: the local files cover", start=seen)  # scheduled by the database's commits
+            if "cover 0 " in line:  # one that began before the write
+                line = proc.wait_for_line("snapshot: the local files cover", start=proc.log.index(line) + 1)
+            assert "k1" in (root / "memory" / "persistent.json").read_text()
+            c.add_theorem("Azuma", "martingale bound", domain="prob")
+            c.add_memory("prob", "proof_strategy", "Azuma", "Use Azuma's inequality for martingales.")
+            c.append_messages("g1", [{"id": "u1", "role": "user", "text": "hello"}])
+            c.put_skill("peeling-trick", "Peel the horizon.")
+            c.snapshot()
+    finally:
+        assert proc.terminate() == 0  # and a final snapshot
+    memory = root / "memory"
+    assert "k1" in (memory / "persistent.json").read_text()
+    assert "Azuma" in (memory / "knowledge_graph.json").read_text()
+    assert (root / "memories" / "prob" / "MEMORY.md").exists() and len(list((root / "memories" / "prob").glob("*.md"))) == 2
+    assert (root / "skills" / "peeling-trick" / "SKILL.md").exists()
+    written = {p.relative_to(memory).as_posix() for p in memory.rglob("*") if p.is_file()}
+    for kept_in_the_database in ("memories.snapshot", "jobs.snapshot", "conversations.snapshot", "journal/checkpoint.json"):
+        assert kept_in_the_database not in written
+    assert not [p for p in written if p.startswith(("vectors/", "conversation/"))], written
+    from eurekamem.daemon.storage.journal import Journal
+
+    journal, entries = Journal.open(memory / "journal", first_seq=1)
+    try:
+        assert list(entries) == []
+    finally:
+        journal.close()
+
+
 def test_a_newer_schema_is_refused_saying_so(tmp_path: Path, postgres_dsn: str) -> None:
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE schema_version (version integer NOT NULL)")
