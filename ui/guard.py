@@ -12,7 +12,7 @@ Rules kept here (a web page on 127.0.0.1 is reachable by every other page the us
   very page; its urlencoded body is read and parsed here, bounded, and handed to the page in the
   scope, so no page can forget the check;
 - every answer says `Content-Security-Policy: default-src 'self'` (with no framing, no base, forms
-  only to self), `nosniff`, no referrer, no caching.
+  only to self), `nosniff`, the referrer only to itself, no caching.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ HEADERS = [
     (b"content-security-policy", b"default-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"),
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"no-referrer"),
+    (b"referrer-policy", b"same-origin"),  # not no-referrer: Chromium then sends `Origin: null` with a form
     (b"cache-control", b"no-store"),
 ]
 
