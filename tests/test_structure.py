@@ -116,7 +116,7 @@ def test_the_layers_point_one_way() -> None:
         "integrations": {"protocol", "client", "(top)"},
         "ui": {"protocol", "client", "(top)"},
         "daemon": {"protocol", "client", "(top)"},
-        "cli": {"protocol", "client", "daemon", "ui", "(top)"},
+        "cli": {"protocol", "client", "daemon", "integrations", "ui", "(top)"},
     }
     # a package's __main__ is a command (`python -m eurekamem.daemon backup` hands the commands other
     # than serve to the CLI), run and never imported: it sits above every layer
