@@ -193,6 +193,28 @@ def test_coverage_reads_the_query_and_the_text_alone() -> None:
     assert index.coverage(QUERY, [1]) == [0.0]
 
 
+def test_coverage_is_exact_through_churn() -> None:
+    """Against the texts' own token sets, through removals, replacements and the index's renumbering
+    (more than half of 3,000 documents removed), for labels indexed, removed and never seen."""
+    rng = random.Random(29)
+    words = [f"w{i}" for i in range(60)]
+    index = LexicalIndex(stem=True)
+    texts = {label: " ".join(rng.choices(words, k=rng.randint(1, 30))) for label in range(3000)}
+    index.add_many(texts.items())
+    for label in range(0, 3000, 3):
+        texts[label] = " ".join(rng.choices(words, k=rng.randint(1, 30)))
+        index.add(label, texts[label])
+    for label in rng.sample(range(3000), 2000):
+        index.remove(label)
+        del texts[label]
+    for _ in range(50):
+        query = " ".join(rng.choices(words, k=rng.randint(1, 6))) + " unseen"
+        terms = set(index.tokenize(query))
+        labels = rng.sample(range(3100), 40)
+        expected = [len(terms & set(index.tokenize(texts[x]))) / len(terms) if x in texts else 0.0 for x in labels]
+        assert index.coverage(query, labels) == pytest.approx(expected, abs=1e-12)
+
+
 def test_the_protocols_coefficients_are_the_codes() -> None:
     """PROTOCOL.md's table of score coefficients is SCORE_MODELS and LEXICAL_ONLY."""
     protocol = (Path(__file__).resolve().parent.parent / "protocol" / "PROTOCOL.md").read_text(encoding="utf-8")
