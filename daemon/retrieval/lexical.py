@@ -390,17 +390,25 @@ class LexicalIndex:
         """Each label's share of the query's distinct terms that its text holds: 0 to 1, 0 for a
         label not indexed and for a query without terms. It reads the query and that text alone,
         never N, df or avgdl, so it is the same whatever else the index holds (what search score
-        calibration reads; BM25's own scores move with the collection)."""
+        calibration reads; BM25's own scores move with the collection). One binary search per
+        query term over the labels' document ids (a term's postings are in ascending order)."""
+        wanted = np.fromiter((int(label) for label in labels), dtype=np.int64)
         terms = list(dict.fromkeys(self.tokenize(query)))
-        held = np.fromiter((t for t in (self._vocab.get(term) for term in terms) if t is not None), dtype=np.int64)
-        out = []
-        for label in labels:
-            lab = int(label)
-            doc = int(self._label_doc[lab]) if 0 <= lab < self._label_doc.shape[0] else -1
-            doc_terms = self._doc_terms[doc] if doc >= 0 else None
-            found = int(np.isin(held, doc_terms).sum()) if doc_terms is not None and held.size else 0
-            out.append(found / len(terms) if terms else 0.0)
-        return out
+        if not terms or not wanted.size:
+            return [0.0] * int(wanted.size)
+        known = (wanted >= 0) & (wanted < self._label_doc.shape[0])
+        docs = np.where(known, self._label_doc[np.where(known, wanted, 0)], -1)  # -1: not indexed
+        found = np.zeros(wanted.size, dtype=np.int64)
+        for term in terms:
+            tid = self._vocab.get(term)
+            p = self._post[tid] if tid is not None else None
+            if p is None:
+                continue
+            posted = p.docs[: p.n]
+            at = np.minimum(np.searchsorted(posted, docs), p.n - 1)
+            found += (posted[at] == docs) & (docs >= 0)
+        result: list[float] = (found / len(terms)).tolist()
+        return result
 
     def remove(self, label: int) -> bool:
         """Forget `label`'s text. Idempotent; True if it was present."""
