@@ -65,7 +65,7 @@ def test_render_is_what_eurekaclaw_upsert_writes() -> None:
         "---\n"
         "agent_roles:\n"
         "- theory\n"
-        "created_at: '2026-03-22T08:19:27.986985+00:00'\n"
+        "created_at: '2026-03-22T08:19:27.986985'\n"  # naive UTC: EurekaClaw's utcnow()
         "description: Apply compactness to reduce infinite problems to finite ones.\n"
         "name: compactness_argument\n"
         "pipeline_stages:\n"

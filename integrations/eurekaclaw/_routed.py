@@ -668,9 +668,11 @@ class RoutedSessionMemoryExtractor:
 EXTRACT_WAIT_VARIABLE = "EUREKAMEM_EXTRACT_WAIT"
 EXTRACT_WAIT = 60.0  # seconds the post-run learning waits for the daemon's job before extracting itself
 _CATEGORIES = ("domain_knowledge", "proof_strategy", "open_problems", "pitfalls")
-_FIX = (
-    "give the daemon an LLM (ANTHROPIC_API_KEY in the daemon's environment, or [llm] in its config "
-    "for an OpenAI-compatible server), then restart it or run `eurekamem call sys.resume`"
+_FIX = (  # names the config keys (and variables) the daemon accepts: a config [llm] table is refused
+    "give the daemon an LLM (ANTHROPIC_API_KEY in the daemon's environment, or llm_provider = \"openai\", "
+    "llm_base_url and llm_model in its config file, EUREKAMEM_LLM_PROVIDER, EUREKAMEM_LLM_BASE_URL and "
+    "EUREKAMEM_LLM_MODEL in its environment, for an OpenAI-compatible server), then restart it or run "
+    "`eurekamem call sys.resume`"
 )
 _warned: set[str] = set()
 _warned_lock = threading.Lock()
