@@ -44,7 +44,7 @@ from .listener import socket_access
 from .llm import LLM, LLMConfigError, resolve
 from .memory.actor import MemoryActor, MemoryLoops
 from .memory.strength import StrengthSettings
-from .paths import Paths, owned_root
+from .paths import Paths, owned_root, record_socket
 from .postgres.store import open_postgres
 from .recovery import Recovered, recover_reporting, recovery_line
 from .redact import Redactor
@@ -300,6 +300,7 @@ class Daemon:
         self._build(recovered, first_llm, PurgeSignal())
         acceptor = self.acceptor
         activated = await acceptor.open()
+        record_socket(self.paths, self.config.socket_path)
         try:
             async with trio.open_nursery() as system:
                 system.start_soon(self.journal_actor.run)
