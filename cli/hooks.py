@@ -15,9 +15,9 @@ from typing import Any
 from .common import fail
 
 
-def add_hooks_commands(sub: Any, command: str | None = "*") -> None:
-    """Register hooks and hook; `hook`'s flags only when it runs or for the whole parser ("*")."""
-    hooks = sub.add_parser("hooks", help="install, remove or show eurekamem's hooks in Claude Code's settings.json")
+def add_hooks(sub: Any, name: str, help_line: str) -> None:
+    """`hooks install|uninstall|status` (cli/main.py's COMMANDS)."""
+    hooks = sub.add_parser(name, help=help_line)
     hooks_sub = hooks.add_subparsers(dest="hooks_command", required=True, metavar="SUBCOMMAND")
 
     install = hooks_sub.add_parser("install", help="add the hooks (SessionStart, UserPromptSubmit, PreCompact, Stop, SessionEnd)")
@@ -43,11 +43,14 @@ def add_hooks_commands(sub: Any, command: str | None = "*") -> None:
     status.add_argument("--json", action="store_true", help="as JSON")
     status.set_defaults(func="eurekamem.cli.hooks:cmd_status")
 
-    hook = sub.add_parser("hook", help="the hook command: one Claude Code hook event on stdin, the answer on stdout (exits 0)")
-    if command in ("hook", "*"):
-        from ..integrations.claude_code.command import add_hook_flags
 
-        add_hook_flags(hook)
+
+def add_hook(sub: Any, name: str, help_line: str) -> None:
+    """`hook`, the command Claude Code runs (cli/main.py's COMMANDS): its flags are the integration's."""
+    from ..integrations.claude_code.command import add_hook_flags
+
+    hook = sub.add_parser(name, help=help_line)
+    add_hook_flags(hook)
     hook.set_defaults(func="eurekamem.cli.hooks:cmd_hook")
 
 

@@ -48,7 +48,7 @@ from .listener import socket_access
 from .llm import LLM, LLMConfigError, resolve
 from .memory.actor import MemoryActor, MemoryLoops
 from .memory.strength import StrengthSettings
-from .paths import Paths, owned_root
+from .paths import Paths, owned_root, record_socket
 from .postgres.store import postgres_store
 from .recovery import Recovered, open_local_root, recover_reporting, recovery_line
 from .redact import Redactor
@@ -371,6 +371,7 @@ class Daemon:
             self._build(recovered, first_llm, PurgeSignal())
         acceptor = self.acceptor
         activated = await acceptor.open()
+        record_socket(self.paths, self.config.socket_path)
         try:
             async with trio.open_nursery() as system:
                 system.start_soon(journal_actor.run)
