@@ -23,8 +23,8 @@ from typing import Any
 
 import msgspec
 
+from .. import protocol as records  # its records (protocol/_records.py), through the package
 from ..protocol import ASSISTANT_CATEGORIES, METHODS, RESEARCH_CATEGORIES
-from ..protocol import _records as records
 
 # The categories each kind of domain uses (PROTOCOL.md, tier 4): a server offers its kind's.
 KIND_CATEGORIES: dict[str, tuple[str, ...]] = {"assistant": ASSISTANT_CATEGORIES, "research": RESEARCH_CATEGORIES}
