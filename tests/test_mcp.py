@@ -27,6 +27,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from daemon_process import DaemonProcess, wait_gone
+from eurekamem.cli.mcp_tools import SEARCH_MIN_SCORE
 from eurekamem.client import Client as DaemonClient
 from eurekamem.client._autostart import daemon_answers
 
@@ -144,11 +145,11 @@ async def test_stdio_handshake_every_tool_resources_and_a_subscription(daemon: D
             assert other["memory"]["category"] == "domain_knowledge" and other["memory"]["domain"] == "assistant"
 
             found = payload(await s.call_tool("memory_search", {"query": "anytime bound with epochs"}))["results"]
-            assert [r["id"] for r in found] == [memory_id] and found[0]["score"] >= 0.3
+            assert [r["id"] for r in found] == [memory_id] and found[0]["score"] >= SEARCH_MIN_SCORE
             # the default floor leaves out what does not match; min_score 0 keeps every hit
             assert payload(await s.call_tool("memory_search", {"query": "zebra crossing at noon"}))["results"] == []
             everything = payload(await s.call_tool("memory_search", {"query": "zebra crossing at noon", "min_score": 0}))
-            assert [r["id"] for r in everything["results"]] == [memory_id] and everything["results"][0]["score"] < 0.3
+            assert [r["id"] for r in everything["results"]] == [memory_id] and everything["results"][0]["score"] < 0.01
             got = payload(await s.call_tool("memory_get", {"id": memory_id}))
             assert got["memory"]["title"] == "Peeling for anytime bounds" and got["memory"]["tags"] == ["concentration"]
             listed = payload(await s.call_tool("memory_list", {}))
