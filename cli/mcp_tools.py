@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import getpass
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -440,6 +441,15 @@ def same_domain(a: str, b: str) -> bool:
     return domain_slug(a) == domain_slug(b)
 
 
+def reviewer_name() -> str:
+    """Who decides a review from this server (review_decide's `by`): the user it runs as."""
+    try:
+        name = getpass.getuser()
+    except (OSError, KeyError):  # no login name, no passwd entry (a container's uid)
+        return f"uid-{os.getuid()}"
+    return name[:256] or f"uid-{os.getuid()}"
+
+
 def _given(args: dict[str, Any], *names: str) -> dict[str, Any]:
     return {name: args[name] for name in names if name in args}
 
@@ -453,7 +463,7 @@ class Proxy:
         self.kind = kind
         self.review = review
         self.specs = {spec.name: spec for spec in tool_specs(default_domain, kind, review)}
-        self.reviewer = getpass.getuser()
+        self.reviewer = reviewer_name()
 
     def _domain(self, args: dict[str, Any]) -> str | None:
         given = args.get("domain")

@@ -355,22 +355,37 @@ async def test_http_refuses_a_request_without_the_token(http_server: HttpServer)
                 answer = await http.post(http_server.url, json=body, headers=headers | auth)
                 assert answer.status_code == 401 and answer.headers["www-authenticate"].startswith("Bearer")
                 assert "tools" not in answer.text
-    with pytest.raises(Exception):  # noqa: B017 - the SDK's client reports the 401 its own way
+    with pytest.raises(BaseExceptionGroup) as caught:  # the SDK's client: the 401 as an MCP error
         with trio.fail_after(30):
             async with http_client(http_server.url, "legacy", token="wrong"):
                 pass
+    assert caught.value.subgroup(MCPError) is not None
 
 
 @pytest.mark.parametrize("mode", ["legacy", MODERN])
-async def test_http_serves_both_eras(http_server: HttpServer, mode: str) -> None:
+async def test_http_serves_both_eras_and_their_subscriptions(http_server: HttpServer, mode: str) -> None:
+    domain = "web " + mode
+    uri = f"eurekamem://memories/{domain.replace(' ', '_').replace('-', '_')}/MEMORY.md"
+    inbox = Inbox()
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
     with trio.fail_after(MCP_TIMEOUT):
-        async with http_client(http_server.url, mode) as s:
+        async with Client(streamable_http_client(http_server.url, http_client=http), mode=mode,
+                          message_handler=inbox.handler) as s:
             assert (s.protocol_version == MODERN) == (mode == MODERN)
             tools = {t.name for t in (await s.list_tools()).tools}
             assert {"memory_add", "memory_purge", "review_decide"} <= tools
             content = f"HTTP clients reach the memory too ({mode})."
-            added = payload(await s.call_tool("memory_add", {"content": content, "domain": "web"}))
-            found = payload(await s.call_tool("memory_search", {"query": content, "domain": "web"}))["results"]
+            if mode == MODERN:  # a subscriptions/listen stream
+                async with s.listen(resource_subscriptions=[uri]) as sub:
+                    added = payload(await s.call_tool("memory_add", {"content": content, "domain": domain}))
+                    assert str((await sub.__anext__()).uri) == uri  # type: ignore[union-attr]
+            else:  # resources/subscribe: the notification comes on the session's own stream
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    await s.subscribe_resource(uri)
+                added = payload(await s.call_tool("memory_add", {"content": content, "domain": domain}))
+                assert await inbox.receive.receive() == uri
+            found = payload(await s.call_tool("memory_search", {"query": content, "domain": domain}))["results"]
             assert found[0]["id"] == added["memory"]["id"]
             assert "invalid arguments" in refused(await s.call_tool("memory_add", {"content": 7}))
 
@@ -442,18 +457,29 @@ async def test_every_tool_schema_refuses_what_it_forbids(http_server: HttpServer
     left: refused with isError naming the tool, and nothing reaches the daemon."""
     before = memory_count(daemon)
     checked = 0
+    failures: list[tuple[str, str, Any]] = []
+
+    limit = trio.CapacityLimiter(8)  # a few calls at a time: their waits overlap
+
+    async def refuse(s: Client, name: str, what: str, arguments: dict[str, Any]) -> None:
+        nonlocal checked
+        async with limit:
+            result = await s.call_tool(name, arguments)
+        text = result.content[0].text if result.content else ""  # type: ignore[union-attr]
+        if not (result.is_error and f"invalid arguments for {name}" in text):
+            failures.append((name, what, arguments))
+        checked += 1
+
     with trio.fail_after(MCP_TIMEOUT):
         async with http_client(http_server.url, MODERN) as s:
-            for tool in (await s.list_tools()).tools:
-                cases = list(_forbidden(tool.input_schema))
-                assert any(what == "an unknown member" for what, _ in cases)
-                for what, arguments in cases:
-                    if not isinstance(arguments, dict):
-                        continue  # not an object at all: the SDK's own params check refuses those
-                    result = await s.call_tool(tool.name, arguments)
-                    assert result.is_error, (tool.name, what, arguments)
-                    assert f"invalid arguments for {tool.name}" in result.content[0].text, (tool.name, what)  # type: ignore[union-attr]
-                    checked += 1
+            async with trio.open_nursery() as nursery:
+                for tool in (await s.list_tools()).tools:
+                    cases = list(_forbidden(tool.input_schema))
+                    assert any(what == "an unknown member" for what, _ in cases)
+                    for what, arguments in cases:
+                        if isinstance(arguments, dict):  # else not an object: the SDK's own params check
+                            nursery.start_soon(refuse, s, tool.name, what, arguments)
+    assert failures == []
     assert checked > 150
     assert memory_count(daemon) == before
 
