@@ -155,8 +155,14 @@ class Resources:
         return (st.st_mtime_ns, st.st_size, st.st_ino)
 
     async def subscribe(self, uri: str, session: Any = None) -> None:
-        """Count a subscriber of `uri` (a 2025 session, or None: a 2026 listen stream)."""
-        parse_uri(uri)
+        """Count a subscriber of `uri` (a 2025 session, or None: a 2026 listen stream). The guide never
+        changes (a subscription to it is taken and never fires); another domain's MEMORY.md is refused
+        to a server with --domain, as its read is."""
+        if uri == GUIDE_URI:
+            return
+        domain = parse_uri(uri)
+        if domain is not None:
+            self.proxy.read_domain(domain)
         if uri not in self.seen:
             self.seen[uri] = await self._signature(uri)
         if session is not None:
@@ -167,6 +173,8 @@ class Resources:
             self._wake.set()
 
     def unsubscribe(self, uri: str, session: Any = None) -> None:
+        if uri == GUIDE_URI:
+            return
         if session is not None:
             self.sessions.get(uri, set()).discard(session)
         elif self.listening.get(uri):
@@ -324,7 +332,7 @@ def build_server(proxy: Any, resources: Resources) -> Any:
         uri = str(params.uri)
         try:
             await resources.subscribe(uri, ctx.session)
-        except (ValueError, *daemon_errors) as exc:
+        except (ToolError, ValueError, *daemon_errors) as exc:
             raise resource_error(uri, exc) from None
         return types.EmptyResult()
 
@@ -339,7 +347,7 @@ def build_server(proxy: Any, resources: Resources) -> Any:
             for uri in uris:
                 await resources.subscribe(uri)
                 taken.append(uri)
-        except (ValueError, *daemon_errors) as exc:
+        except (ToolError, ValueError, *daemon_errors) as exc:
             for uri in taken:
                 resources.unsubscribe(uri)
             raise resource_error(uri, exc) from None

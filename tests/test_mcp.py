@@ -184,6 +184,9 @@ async def test_stdio_handshake_every_tool_resources_and_a_subscription(daemon: D
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # resources/subscribe is the 2025 way, deprecated in 2026
                 await s.subscribe_resource(uri)
+                await s.subscribe_resource("eurekamem://guide")  # taken; it never changes
+                with pytest.raises(MCPError, match="reads the memories of 'bandit theory'"):
+                    await s.subscribe_resource("eurekamem://memories/assistant/MEMORY.md")
             updated = payload(await s.call_tool("memory_update", {
                 "id": memory_id, "title": "Peeling for anytime regret bounds", "pinned": True}))["memory"]
             assert updated["title"] == "Peeling for anytime regret bounds" and updated["pinned"] is True
@@ -232,7 +235,7 @@ async def test_stdio_2026_without_handshake_every_domain_and_a_listen_stream(dae
                 "group", "messages"]  # no --domain to default to
 
             club, shared = "eurekamem://memories/book_club/MEMORY.md", "eurekamem://memories/GLOBAL.md"
-            async with s.listen(resource_subscriptions=[club, shared]) as sub:
+            async with s.listen(resource_subscriptions=[club, shared, "eurekamem://guide"]) as sub:
                 rule = payload(await s.call_tool("memory_add", {"content": "Group chat rule: no spoilers.",
                                                                 "domain": "book club"}))
                 assert rule["memory"]["category"] == "fact"
