@@ -474,6 +474,7 @@ async def serve_http(server: Any, port: int, token: str, token_from: str) -> Non
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
+    sock.listen(128)  # before the line below: a client that read it is queued, never refused
     app = bearer_guard(server.streamable_http_app(host="127.0.0.1"), token)
     config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on", log_level="warning")
     bound = sock.getsockname()[1]
