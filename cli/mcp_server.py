@@ -435,8 +435,9 @@ def bearer_guard(app: Any, token: str) -> Any:
 
 
 def http_token(args: argparse.Namespace, root: Any) -> tuple[str, str]:
-    """The bearer token and where it came from: --token-file, else $EUREKAMEM_MCP_TOKEN, else a new
-    random one written to <data root>/run/mcp-token (mode 0600) for the clients to read."""
+    """The bearer token and where it came from: --token-file, else $EUREKAMEM_MCP_TOKEN, else the
+    data root's run/mcp-token, made (random, mode 0600) when there is none yet and kept across
+    restarts, so that a client configured with it goes on working."""
     import secrets
     from pathlib import Path
 
@@ -447,14 +448,26 @@ def http_token(args: argparse.Namespace, root: Any) -> tuple[str, str]:
         return token, args.token_file
     if os.environ.get(TOKEN_ENV, "").strip():
         return os.environ[TOKEN_ENV].strip(), "$" + TOKEN_ENV
-    token = secrets.token_urlsafe(32)
     path = Path(root) / "run" / "mcp-token"
+    try:
+        kept = path.read_text().strip()
+    except FileNotFoundError:
+        kept = ""
+    if kept and not path.stat().st_mode & 0o077:
+        return kept, str(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        os.fchmod(f.fileno(), 0o600)
-        f.write(token + "\n")
-    return token, str(path)
+        os.fchmod(f.fileno(), 0o600)  # a file others could read is replaced: its token is no secret
+        f.write(secrets.token_urlsafe(32) + "\n")
+    return path.read_text().strip(), str(path)
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be more than 0")
+    return value
 
 
 async def serve_stdio(server: Any) -> None:
@@ -541,9 +554,9 @@ def add_mcp_command(sub: Any, common: Any) -> None:
                      help="also the review tools (approve or reject sharing a memory): for a server a person uses")
     mcp.add_argument("--http", action="store_true", help="streamable HTTP on 127.0.0.1 instead of stdio")
     mcp.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"the HTTP port (default {DEFAULT_PORT}; 0: any free one)")
-    mcp.add_argument("--token-file", help=f"a file holding the HTTP bearer token (else ${TOKEN_ENV}, else a new "
-                                          "one in <data root>/run/mcp-token)")
-    mcp.add_argument("--watch-interval", type=float, default=1.0,
+    mcp.add_argument("--token-file", help=f"a file holding the HTTP bearer token (else ${TOKEN_ENV}, else the one "
+                                          "kept in <data root>/run/mcp-token, made on first use)")
+    mcp.add_argument("--watch-interval", type=_positive, default=1.0,
                      help="seconds between looks for changes of subscribed resources (only while any is subscribed)")
     mcp.add_argument("--timeout", type=float, default=30.0, help="seconds one daemon call may take")
     mcp.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])

@@ -596,6 +596,29 @@ def _bounds(schema: dict[str, Any]) -> set[str]:
     return {key for key in _BOUNDS if key in schema} | nested
 
 
+def test_the_http_token_is_kept_in_the_data_root_and_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from eurekamem.cli.mcp_server import http_token
+
+    monkeypatch.delenv("EUREKAMEM_MCP_TOKEN", raising=False)
+    no_file = argparse.Namespace(token_file=None)
+    token, where = http_token(no_file, tmp_path)
+    path = tmp_path / "run" / "mcp-token"
+    assert where == str(path) and len(token) >= 40 and path.stat().st_mode & 0o777 == 0o600
+    assert http_token(no_file, tmp_path) == (token, where)  # kept across restarts
+    path.chmod(0o644)  # a token others could read is no secret: replaced
+    again, _ = http_token(no_file, tmp_path)
+    assert again != token and path.stat().st_mode & 0o777 == 0o600
+    monkeypatch.setenv("EUREKAMEM_MCP_TOKEN", " from-env ")
+    assert http_token(no_file, tmp_path) == ("from-env", "$EUREKAMEM_MCP_TOKEN")
+    (tmp_path / "t").write_text("from-file\n")
+    assert http_token(argparse.Namespace(token_file=str(tmp_path / "t")), tmp_path) == ("from-file", str(tmp_path / "t"))
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(ValueError, match="holds no token"):
+        http_token(argparse.Namespace(token_file=str(tmp_path / "empty")), tmp_path)
+
+
 def test_a_tool_enum_may_narrow_the_protocols_never_widen_it() -> None:
     from eurekamem.cli.mcp_tools import _argument
 
