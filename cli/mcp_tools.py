@@ -280,6 +280,14 @@ def tool_specs(default_domain: str | None, kind: str = "assistant", review: bool
             "remembered is wrong, or you find it contradicted. To erase it for good, use memory_purge.",
             destructive=False,
         ),
+        ToolSpec(
+            name="memory_restore", title="Restore a forgotten memory",
+            description="Make an archived memory (memory_forget, maintenance, or `wrong` feedback) active again. "
+                        "Call it when the user says a forgotten memory holds after all.",
+            input_schema=_object({"id": memory_id("memory.restore")}, required=("id",)),
+            output_schema=_object({"memory": memory}, required=("memory",)),
+            read_only=False, idempotent=True,
+        ),
         deletion(
             "memory_purge", "Erase a memory for good",
             "Erase a memory from everything the daemon keeps: its file, its vector, its history. It cannot be "
@@ -536,6 +544,11 @@ class Proxy:
 
     async def tool_memory_forget(self, args: dict[str, Any]) -> dict[str, Any]:
         return await self._delete(args["id"], purge=False)
+
+    async def tool_memory_restore(self, args: dict[str, Any]) -> dict[str, Any]:
+        if self.default_domain is not None:
+            await self._get(args["id"])  # not_found for another domain's local memory
+        return {"memory": await self.client.call("memory.restore", {"id": args["id"]})}
 
     async def tool_memory_purge(self, args: dict[str, Any]) -> dict[str, Any]:
         return await self._delete(args["id"], purge=True)

@@ -117,7 +117,7 @@ async def test_stdio_handshake_every_tool_resources_and_a_subscription(daemon: D
 
             tools = {t.name: t for t in (await s.list_tools()).tools}
             assert set(tools) == {"memory_add", "memory_search", "memory_get", "memory_update", "memory_forget",
-                                  "memory_purge", "memory_list", "memory_inject", "conversation_append",
+                                  "memory_restore", "memory_purge", "memory_list", "memory_inject", "conversation_append",
                                   "conversation_flush", "review_list", "review_decide"}
             for tool in tools.values():
                 assert tool.title and tool.description and "call it" in tool.description.lower()
@@ -214,6 +214,9 @@ async def test_stdio_handshake_every_tool_resources_and_a_subscription(daemon: D
             assert payload(await s.call_tool("memory_forget", {"id": memory_id})) == {"id": memory_id, "status": "archived"}
             assert payload(await s.call_tool("memory_list", {}))["total"] == 0
             assert payload(await s.call_tool("memory_get", {"id": memory_id}))["memory"]["status"] == "archived"
+            assert payload(await s.call_tool("memory_restore", {"id": memory_id}))["memory"]["status"] == "active"
+            assert "not archived" in refused(await s.call_tool("memory_restore", {"id": memory_id}))
+            assert "not_found" in refused(await s.call_tool("memory_restore", {"id": hidden}))
             assert payload(await s.call_tool("memory_purge", {"id": memory_id})) == {"id": memory_id, "status": "purged"}
             assert "not_found" in refused(await s.call_tool("memory_get", {"id": memory_id}))
     assert "Traceback" not in stderr.read_text()
@@ -514,6 +517,7 @@ TOOL_METHODS = {
     "memory_list": ("memory.list", {}),
     "memory_forget": ("memory.delete", {"id": "m"}),
     "memory_purge": ("memory.delete", {"id": "m"}),
+    "memory_restore": ("memory.restore", {"id": "m"}),
     "memory_inject": ("memory.inject", {"domain": "d"}),
     "conversation_append": ("conversation.append", {"group": "g", "messages": []}),
     "conversation_flush": ("conversation.flush", {"group": "g"}),
