@@ -525,6 +525,11 @@ class Proxy:
         result: dict[str, Any] = await self.client.call("memory.get", params)
         return result
 
+    async def _visible(self, memory_id: str) -> None:
+        """A change is refused as not_found where a read would be: another domain's local memory."""
+        if self.default_domain is not None:
+            await self._get(memory_id)
+
     async def tool_memory_get(self, args: dict[str, Any]) -> dict[str, Any]:
         return {"memory": await self._get(args["id"])}
 
@@ -532,13 +537,11 @@ class Proxy:
         changes = {k: v for k, v in args.items() if k != "id"}
         if not changes:
             raise ToolError("memory_update: give at least one field to change besides the id")
-        if self.default_domain is not None:
-            await self._get(args["id"])  # not_found for another domain's local memory
+        await self._visible(args["id"])
         return {"memory": await self.client.call("memory.update", {"id": args["id"], **changes})}
 
     async def _delete(self, memory_id: str, purge: bool) -> dict[str, Any]:
-        if self.default_domain is not None:
-            await self._get(memory_id)  # not_found for another domain's local memory
+        await self._visible(memory_id)
         result: dict[str, Any] = await self.client.call("memory.delete", {"id": memory_id, "purge": purge})
         return result
 
@@ -546,8 +549,7 @@ class Proxy:
         return await self._delete(args["id"], purge=False)
 
     async def tool_memory_restore(self, args: dict[str, Any]) -> dict[str, Any]:
-        if self.default_domain is not None:
-            await self._get(args["id"])  # not_found for another domain's local memory
+        await self._visible(args["id"])
         return {"memory": await self.client.call("memory.restore", {"id": args["id"]})}
 
     async def tool_memory_purge(self, args: dict[str, Any]) -> dict[str, Any]:
