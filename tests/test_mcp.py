@@ -27,6 +27,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from daemon_process import DaemonProcess, wait_gone
+from eurekamem.cli.mcp_tools import SEARCH_MIN_SCORE
 from eurekamem.client import Client as DaemonClient
 from eurekamem.client._autostart import daemon_answers
 
@@ -116,7 +117,7 @@ async def test_stdio_handshake_every_tool_resources_and_a_subscription(daemon: D
 
             tools = {t.name: t for t in (await s.list_tools()).tools}
             assert set(tools) == {"memory_add", "memory_search", "memory_get", "memory_update", "memory_forget",
-                                  "memory_purge", "memory_list", "memory_inject", "conversation_append",
+                                  "memory_restore", "memory_purge", "memory_list", "memory_inject", "conversation_append",
                                   "conversation_flush", "review_list", "review_decide"}
             for tool in tools.values():
                 assert tool.title and tool.description and "call it" in tool.description.lower()
@@ -144,11 +145,11 @@ async def test_stdio_handshake_every_tool_resources_and_a_subscription(daemon: D
             assert other["memory"]["category"] == "domain_knowledge" and other["memory"]["domain"] == "assistant"
 
             found = payload(await s.call_tool("memory_search", {"query": "anytime bound with epochs"}))["results"]
-            assert [r["id"] for r in found] == [memory_id] and found[0]["score"] >= 0.3
+            assert [r["id"] for r in found] == [memory_id] and found[0]["score"] >= SEARCH_MIN_SCORE
             # the default floor leaves out what does not match; min_score 0 keeps every hit
             assert payload(await s.call_tool("memory_search", {"query": "zebra crossing at noon"}))["results"] == []
             everything = payload(await s.call_tool("memory_search", {"query": "zebra crossing at noon", "min_score": 0}))
-            assert [r["id"] for r in everything["results"]] == [memory_id] and everything["results"][0]["score"] < 0.3
+            assert [r["id"] for r in everything["results"]] == [memory_id] and everything["results"][0]["score"] < 0.01
             got = payload(await s.call_tool("memory_get", {"id": memory_id}))
             assert got["memory"]["title"] == "Peeling for anytime bounds" and got["memory"]["tags"] == ["concentration"]
             listed = payload(await s.call_tool("memory_list", {}))
@@ -183,6 +184,9 @@ async def test_stdio_handshake_every_tool_resources_and_a_subscription(daemon: D
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # resources/subscribe is the 2025 way, deprecated in 2026
                 await s.subscribe_resource(uri)
+                await s.subscribe_resource("eurekamem://guide")  # taken; it never changes
+                with pytest.raises(MCPError, match="reads the memories of 'bandit theory'"):
+                    await s.subscribe_resource("eurekamem://memories/assistant/MEMORY.md")
             updated = payload(await s.call_tool("memory_update", {
                 "id": memory_id, "title": "Peeling for anytime regret bounds", "pinned": True}))["memory"]
             assert updated["title"] == "Peeling for anytime regret bounds" and updated["pinned"] is True
@@ -210,6 +214,9 @@ async def test_stdio_handshake_every_tool_resources_and_a_subscription(daemon: D
             assert payload(await s.call_tool("memory_forget", {"id": memory_id})) == {"id": memory_id, "status": "archived"}
             assert payload(await s.call_tool("memory_list", {}))["total"] == 0
             assert payload(await s.call_tool("memory_get", {"id": memory_id}))["memory"]["status"] == "archived"
+            assert payload(await s.call_tool("memory_restore", {"id": memory_id}))["memory"]["status"] == "active"
+            assert "not archived" in refused(await s.call_tool("memory_restore", {"id": memory_id}))
+            assert "not_found" in refused(await s.call_tool("memory_restore", {"id": hidden}))
             assert payload(await s.call_tool("memory_purge", {"id": memory_id})) == {"id": memory_id, "status": "purged"}
             assert "not_found" in refused(await s.call_tool("memory_get", {"id": memory_id}))
     assert "Traceback" not in stderr.read_text()
@@ -231,7 +238,7 @@ async def test_stdio_2026_without_handshake_every_domain_and_a_listen_stream(dae
                 "group", "messages"]  # no --domain to default to
 
             club, shared = "eurekamem://memories/book_club/MEMORY.md", "eurekamem://memories/GLOBAL.md"
-            async with s.listen(resource_subscriptions=[club, shared]) as sub:
+            async with s.listen(resource_subscriptions=[club, shared, "eurekamem://guide"]) as sub:
                 rule = payload(await s.call_tool("memory_add", {"content": "Group chat rule: no spoilers.",
                                                                 "domain": "book club"}))
                 assert rule["memory"]["category"] == "fact"
@@ -354,22 +361,37 @@ async def test_http_refuses_a_request_without_the_token(http_server: HttpServer)
                 answer = await http.post(http_server.url, json=body, headers=headers | auth)
                 assert answer.status_code == 401 and answer.headers["www-authenticate"].startswith("Bearer")
                 assert "tools" not in answer.text
-    with pytest.raises(Exception):  # noqa: B017 - the SDK's client reports the 401 its own way
+    with pytest.raises(BaseExceptionGroup) as caught:  # the SDK's client: the 401 as an MCP error
         with trio.fail_after(30):
             async with http_client(http_server.url, "legacy", token="wrong"):
                 pass
+    assert caught.value.subgroup(MCPError) is not None
 
 
 @pytest.mark.parametrize("mode", ["legacy", MODERN])
-async def test_http_serves_both_eras(http_server: HttpServer, mode: str) -> None:
+async def test_http_serves_both_eras_and_their_subscriptions(http_server: HttpServer, mode: str) -> None:
+    domain = "web " + mode
+    uri = f"eurekamem://memories/{domain.replace(' ', '_').replace('-', '_')}/MEMORY.md"
+    inbox = Inbox()
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
     with trio.fail_after(MCP_TIMEOUT):
-        async with http_client(http_server.url, mode) as s:
+        async with Client(streamable_http_client(http_server.url, http_client=http), mode=mode,
+                          message_handler=inbox.handler) as s:
             assert (s.protocol_version == MODERN) == (mode == MODERN)
             tools = {t.name for t in (await s.list_tools()).tools}
             assert {"memory_add", "memory_purge", "review_decide"} <= tools
             content = f"HTTP clients reach the memory too ({mode})."
-            added = payload(await s.call_tool("memory_add", {"content": content, "domain": "web"}))
-            found = payload(await s.call_tool("memory_search", {"query": content, "domain": "web"}))["results"]
+            if mode == MODERN:  # a subscriptions/listen stream
+                async with s.listen(resource_subscriptions=[uri]) as sub:
+                    added = payload(await s.call_tool("memory_add", {"content": content, "domain": domain}))
+                    assert str((await sub.__anext__()).uri) == uri  # type: ignore[union-attr]
+            else:  # resources/subscribe: the notification comes on the session's own stream
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    await s.subscribe_resource(uri)
+                added = payload(await s.call_tool("memory_add", {"content": content, "domain": domain}))
+                assert await inbox.receive.receive() == uri
+            found = payload(await s.call_tool("memory_search", {"query": content, "domain": domain}))["results"]
             assert found[0]["id"] == added["memory"]["id"]
             assert "invalid arguments" in refused(await s.call_tool("memory_add", {"content": 7}))
 
@@ -441,18 +463,29 @@ async def test_every_tool_schema_refuses_what_it_forbids(http_server: HttpServer
     left: refused with isError naming the tool, and nothing reaches the daemon."""
     before = memory_count(daemon)
     checked = 0
+    failures: list[tuple[str, str, Any]] = []
+
+    limit = trio.CapacityLimiter(8)  # a few calls at a time: their waits overlap
+
+    async def refuse(s: Client, name: str, what: str, arguments: dict[str, Any]) -> None:
+        nonlocal checked
+        async with limit:
+            result = await s.call_tool(name, arguments)
+        text = result.content[0].text if result.content else ""  # type: ignore[union-attr]
+        if not (result.is_error and f"invalid arguments for {name}" in text):
+            failures.append((name, what, arguments))
+        checked += 1
+
     with trio.fail_after(MCP_TIMEOUT):
         async with http_client(http_server.url, MODERN) as s:
-            for tool in (await s.list_tools()).tools:
-                cases = list(_forbidden(tool.input_schema))
-                assert any(what == "an unknown member" for what, _ in cases)
-                for what, arguments in cases:
-                    if not isinstance(arguments, dict):
-                        continue  # not an object at all: the SDK's own params check refuses those
-                    result = await s.call_tool(tool.name, arguments)
-                    assert result.is_error, (tool.name, what, arguments)
-                    assert f"invalid arguments for {tool.name}" in result.content[0].text, (tool.name, what)  # type: ignore[union-attr]
-                    checked += 1
+            async with trio.open_nursery() as nursery:
+                for tool in (await s.list_tools()).tools:
+                    cases = list(_forbidden(tool.input_schema))
+                    assert any(what == "an unknown member" for what, _ in cases)
+                    for what, arguments in cases:
+                        if isinstance(arguments, dict):  # else not an object: the SDK's own params check
+                            nursery.start_soon(refuse, s, tool.name, what, arguments)
+    assert failures == []
     assert checked > 150
     assert memory_count(daemon) == before
 
@@ -484,6 +517,7 @@ TOOL_METHODS = {
     "memory_list": ("memory.list", {}),
     "memory_forget": ("memory.delete", {"id": "m"}),
     "memory_purge": ("memory.delete", {"id": "m"}),
+    "memory_restore": ("memory.restore", {"id": "m"}),
     "memory_inject": ("memory.inject", {"domain": "d"}),
     "conversation_append": ("conversation.append", {"group": "g", "messages": []}),
     "conversation_flush": ("conversation.flush", {"group": "g"}),
@@ -564,6 +598,29 @@ def _bounds(schema: dict[str, Any]) -> set[str]:
     items = schema.get("items", {})
     nested = {"items." + key for key in _bounds(items)} if "type" in items and "properties" not in items else set()
     return {key for key in _BOUNDS if key in schema} | nested
+
+
+def test_the_http_token_is_kept_in_the_data_root_and_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from eurekamem.cli.mcp_server import http_token
+
+    monkeypatch.delenv("EUREKAMEM_MCP_TOKEN", raising=False)
+    no_file = argparse.Namespace(token_file=None)
+    token, where = http_token(no_file, tmp_path)
+    path = tmp_path / "run" / "mcp-token"
+    assert where == str(path) and len(token) >= 40 and path.stat().st_mode & 0o777 == 0o600
+    assert http_token(no_file, tmp_path) == (token, where)  # kept across restarts
+    path.chmod(0o644)  # a token others could read is no secret: replaced
+    again, _ = http_token(no_file, tmp_path)
+    assert again != token and path.stat().st_mode & 0o777 == 0o600
+    monkeypatch.setenv("EUREKAMEM_MCP_TOKEN", " from-env ")
+    assert http_token(no_file, tmp_path) == ("from-env", "$EUREKAMEM_MCP_TOKEN")
+    (tmp_path / "t").write_text("from-file\n")
+    assert http_token(argparse.Namespace(token_file=str(tmp_path / "t")), tmp_path) == ("from-file", str(tmp_path / "t"))
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(ValueError, match="holds no token"):
+        http_token(argparse.Namespace(token_file=str(tmp_path / "empty")), tmp_path)
 
 
 def test_a_tool_enum_may_narrow_the_protocols_never_widen_it() -> None:
