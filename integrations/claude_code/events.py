@@ -16,7 +16,7 @@ Rules kept here:
   episodic event; with it, SessionEnd also closes the episodic session.
 - The domain is the name of the git root above the working directory (the folder holding `.git`),
   else the working directory's own name, unless the options name one; the group is the domain.
-Only the standard library (and transcript.py, state.py).
+Only the standard library (and transcript.py, state.py, imported by the events that read the transcript).
 """
 
 from __future__ import annotations
@@ -27,9 +27,6 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from .state import SessionState
-from .transcript import Mark, Tools, messages_of, read_since
 
 __all__ = ["EVENTS", "HookOptions", "Call", "Handler", "handle", "project_domain"]
 
@@ -141,6 +138,9 @@ def _session_id(payload: dict[str, Any]) -> str:
 
 def ingest(payload: dict[str, Any], options: HookOptions, root: Path, now: float, deadline: float) -> Handler:
     """The transcript's new lines into the project's group, then conversation.flush (see the module's rules)."""
+    from .state import SessionState  # here, not at the top: a prompt's hook process never needs them
+    from .transcript import Mark, Tools, messages_of, read_since
+
     event = str(payload.get("hook_event_name"))
     sid = _session_id(payload)
     path = _str(payload.get("transcript_path"))
