@@ -99,6 +99,7 @@ def _session_one(t: Transcript) -> None:
     t.tool_result(use, BULK)
     t.user("My deploy target is Fly.io and we ship on Fridays.")
     t.meta("<system-reminder>UserPromptSubmit hook additional context: <memories>\n\n# Old\n\nI was born on Mars.\n\n</memories></system-reminder>")
+    t.attachment("<memories>\n\n# Old\n\nI was born on Mars.\n\n</memories>")
     t.user("Here is what you told me earlier: <memories>\n\nI was born on Mars.\n\n</memories> thanks")
     t.assistant("Noted: pytest, Fly.io, Friday releases.")
     t.summary("Test and deploy conventions")
@@ -127,10 +128,12 @@ def test_a_session_feeds_its_project_and_the_next_session_gets_what_was_learned(
         assert isinstance(job, Job) and job.state == "done", job
         assert job.result["stripped"]["injected_blocks"] >= 1  # the pasted block never reached the model
         assert job.result["memories"] and all("Mars" not in m["title"] for m in job.result["memories"])
+        c.add_memory("personal", "preference", "Answers in British English",
+                     "The user wants every answer in British English.", scope="global")  # the user's, everywhere
     second = world.transcript(project, "11111111-aaaa-4bbb-8ccc-000000000002", seed=2)
     block = _context(world.hook(second.payload("SessionStart", source="startup")), "SessionStart")
     assert block.startswith("<memories>") and "# Conversation summary" in block
-    assert "pytest" in block and "Fly.io" in block and "Mars" not in block
+    assert "pytest" in block and "Fly.io" in block and "British English" in block and "Mars" not in block
     prompt = _context(world.hook(second.payload("UserPromptSubmit", prompt="Which test framework, pytest or unittest?")),
                       "UserPromptSubmit")
     assert "pytest" in prompt and "# Conversation summary" not in prompt
@@ -192,6 +195,9 @@ def test_with_the_daemon_down_each_hook_exits_0_with_one_line_and_loses_nothing(
     bad = subprocess.run([sys.executable, "-m", "eurekamem.integrations.claude_code", "--socket", down],
                          input="not json", capture_output=True, text=True, timeout=60)
     assert bad.returncode == 0 and bad.stdout == "" and len(bad.stderr.splitlines()) == 1
+    flags = subprocess.run([sys.executable, "-m", "eurekamem.integrations.claude_code", "--no-such-flag"],
+                           input="{}", capture_output=True, text=True, timeout=60)
+    assert flags.returncode == 0 and flags.stdout == ""  # never 2, Claude Code's "blocking error"
 
 
 def test_a_hung_daemon_costs_the_prompt_its_budget_and_no_more(world: World, tmp_path: Path) -> None:
@@ -256,7 +262,8 @@ def test_the_agent_sdk_callbacks_give_an_agent_the_same_memory(world: World) -> 
             table = memory.hooks(HookMatcher)
             assert set(table) == {"UserPromptSubmit", "PreCompact", "Stop"}
             t = world.transcript(project, "66666666-aaaa-4bbb-8ccc-000000000001", seed=7)
-            assert await _fire(table, t.payload("UserPromptSubmit", prompt="set up the repo")) == {}  # nothing yet
+            opening = await _fire(table, t.payload("UserPromptSubmit", prompt="set up the repo"))
+            assert "ruff" not in json.dumps(opening)  # nothing of this project yet (the user's global memories may come)
             t.user("I always use ruff for linting.")
             t.assistant("I'll configure ruff.")
             assert await _fire(table, t.payload("PreCompact", trigger="auto", custom_instructions=None)) == {}

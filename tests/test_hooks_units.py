@@ -43,6 +43,8 @@ def test_what_of_a_transcript_becomes_messages(tmp_path: Path) -> None:
     t.compact_summary("This session is being continued from a previous conversation that ran out of context.")
     t.sidechain("a sub-agent's prompt")
     t.system("Compacting conversation")
+    t.attachment("<memories>\n\n# Old\n\nan injected memory\n\n</memories>")
+    t.progress()
     (bad,) = t.assistant(None, [("Edit", {"file_path": "a.py", "old_string": BULK, "new_string": "y"})])
     t.tool_result(bad, "String to replace not found in file.\nmore detail " + BULK, is_error=True)
     messages, _ = _messages(t)

@@ -3,7 +3,8 @@
     python -m eurekamem.integrations.claude_code [--domain D] [--post-tool-use] ...   (or `eurekamem hook`)
 
 Rules kept here:
-- Never in the agent's way: whatever happens (the daemon down, slow or refusing, a payload that is
+- Never in the agent's way (exit status 2 would be Claude Code's "blocking error", which for
+  UserPromptSubmit erases the prompt): whatever happens (the daemon down, slow or refusing, a payload that is
   not the documented shape, a transcript that cannot be read) the process exits 0, prints nothing
   on stdout but a valid answer, and writes ONE line on stderr saying what went wrong and that
   nothing was injected (or stored). Each event has a time budget (events.BUDGET), measured from
@@ -112,5 +113,13 @@ def main(argv: list[str] | None = None) -> int:
         description="eurekamem's Claude Code hook: reads the event's JSON on stdin, answers on stdout, always exits 0.",
     )
     add_hook_flags(parser)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse's exit 2 would be Claude Code's "blocking error": never that
+        return 0 if exc.code in (0, None) else _bad_flags()
     return run(args, sys.stdin, sys.stdout, sys.stderr)
+
+
+def _bad_flags() -> int:
+    print("eurekamem: hook: the command's flags were refused (above); nothing injected", file=sys.stderr)
+    return 0
