@@ -57,9 +57,12 @@ class World:
         path = self.home / ".claude" / "projects" / ("-" + str(project).strip("/").replace("/", "-")) / f"{session}.jsonl"
         return Transcript(path, session, str(project / "src"), seed=seed)
 
-    def hook(self, payload: dict[str, Any], *flags: str, sock: str | None = None) -> subprocess.CompletedProcess[str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("EUREKAMEM_", "EUREKACLAW_", "XDG_"))}
+    def hook(self, payload: dict[str, Any], *flags: str, sock: str | None = None,
+             project_dir: Path | None = None) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("EUREKAMEM_", "EUREKACLAW_", "XDG_", "CLAUDE_"))}
         env.update(HOME=str(self.home), USER="ana")
+        if project_dir is not None:  # as Claude Code sets it for its hooks
+            env["CLAUDE_PROJECT_DIR"] = str(project_dir)
         argv = [sys.executable, "-m", "eurekamem.integrations.claude_code", "--socket", sock or self.socket,
                 "--data-dir", str(self.root), *flags]
         return subprocess.run(argv, input=json.dumps(payload), capture_output=True, text=True, env=env,
@@ -140,7 +143,9 @@ def test_a_session_feeds_its_project_and_the_next_session_gets_what_was_learned(
     assert "pytest" in prompt and "# Conversation summary" not in prompt
     _quiet(world.hook(second.payload("UserPromptSubmit", prompt="zebra marmalade quantum harp")))  # below the floor
     elsewhere = world.project("other-repo")
-    _quiet(world.hook({**second.payload("UserPromptSubmit", prompt="Which test framework, pytest?"), "cwd": str(elsewhere)}))
+    moved = {**second.payload("UserPromptSubmit", prompt="Which test framework, pytest?"), "cwd": str(elsewhere)}
+    _quiet(world.hook(moved))  # another project: none of shop-api's memories
+    assert "pytest" in _context(world.hook(moved, project_dir=project), "UserPromptSubmit")  # the session's project
 
 
 def test_rotated_truncated_and_partial_transcripts_are_stored_once(world: World) -> None:

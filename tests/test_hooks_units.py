@@ -186,6 +186,8 @@ def test_install_merges_is_idempotent_and_uninstall_restores(tmp_path: Path) -> 
     path.parent.mkdir()
     path.write_text(json.dumps(EXISTING, indent=2))
     command = settings.command_line(["--domain", "shop api"])
+    dry = settings.install(path, command, dry_run=True)
+    assert not dry.written and set(dry.events.values()) == {"added"} and json.loads(path.read_text()) == EXISTING
     change = settings.install(path, command)
     assert change.written and set(change.events.values()) == {"added"}
     doc = json.loads(path.read_text())

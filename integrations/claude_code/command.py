@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -52,8 +53,11 @@ def add_hook_flags(p: argparse.ArgumentParser) -> None:
 
 
 def options_from(args: argparse.Namespace) -> HookOptions:
+    """The options of the flags; the project's folder from $CLAUDE_PROJECT_DIR (Claude Code sets it
+    for its hooks: the folder the session started in, where the payload's cwd follows a `cd`)."""
     return HookOptions(domain=args.domain, session_budget=args.session_budget, prompt_budget=args.prompt_budget,
-                       min_score=args.min_score, stop_every=args.stop_every, post_tool_use=args.post_tool_use)
+                       min_score=args.min_score, stop_every=args.stop_every, post_tool_use=args.post_tool_use,
+                       project_dir=os.environ.get("CLAUDE_PROJECT_DIR") or None)
 
 
 def drive(handler: Handler, client: Any, deadline: float) -> dict[str, Any] | None:

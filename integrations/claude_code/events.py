@@ -14,8 +14,10 @@ Rules kept here:
   and how), the mark moves only after the daemon stored them, then conversation.flush queues the
   extraction, never waited for. PostToolUse (when asked for): the tool's name and outcome as an
   episodic event; with it, SessionEnd also closes the episodic session.
-- The domain is the name of the git root above the working directory (the folder holding `.git`),
-  else the working directory's own name, unless the options name one; the group is the domain.
+- The domain is the name of the git root above the project's folder (the folder holding `.git`;
+  the project's folder: `project_dir`, which the hook command takes from Claude Code's
+  $CLAUDE_PROJECT_DIR, else the payload's `cwd`, which moves with a `cd`), else that folder's own
+  name, unless the options name one; the group is the domain.
 Only the standard library (and transcript.py, state.py, imported by the events that read the transcript).
 """
 
@@ -47,6 +49,7 @@ MAX_QUERY = 4096  # memory.inject's query
 @dataclass
 class HookOptions:
     domain: str | None = None  # None: the git root's name (project_domain)
+    project_dir: str | None = None  # where that git root is looked for (default: the payload's cwd)
     session_budget: int = 1500  # tokens SessionStart injects at most
     session_k: int = 8
     prompt_budget: int = 800  # tokens UserPromptSubmit injects at most
@@ -69,7 +72,7 @@ def project_domain(cwd: str | None) -> str:
 
 
 def domain_of(payload: dict[str, Any], options: HookOptions) -> str:
-    return options.domain or project_domain(_str(payload.get("cwd")))
+    return options.domain or project_domain(options.project_dir or _str(payload.get("cwd")))
 
 
 def _str(value: Any) -> str | None:
