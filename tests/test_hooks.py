@@ -320,3 +320,19 @@ def test_the_agent_sdk_callbacks_with_the_daemon_down_answer_nothing_and_warn(
     _quiet(world.hook(t.payload("SessionEnd", reason="other")))  # its mark never moved: stored now
     with world.client() as c:
         assert [m["text"] for m in c.conversation_get("sdk-down")] == ["I like short answers."]
+
+
+async def test_the_agent_sdk_callbacks_under_trio(world: World) -> None:
+    import trio
+
+    t = world.transcript(world.project("sdk-trio"), "88888888-aaaa-4bbb-8ccc-000000000001")
+    t.user("I deploy with Kamal.")
+    with trio.fail_after(IO_TIMEOUT):
+        async with MemoryHooks(socket=world.socket, data_dir=str(world.root)) as memory:
+            table = memory.hooks(HookMatcher, session_events=True)
+            assert set(table) == {"UserPromptSubmit", "PreCompact", "Stop", "SessionStart", "SessionEnd"}
+            await _fire(table, t.payload("SessionStart", source="startup"))
+            assert await _fire(table, t.payload("SessionEnd", reason="other")) == {}
+            assert memory.failures == 0 and memory.sessions == {}
+    with world.client() as c:
+        assert [m["text"] for m in c.conversation_get("sdk-trio")] == ["I deploy with Kamal."]

@@ -266,3 +266,13 @@ def test_the_hooks_commands_on_a_temporary_home_and_project(tmp_path: Path) -> N
     assert gone.returncode == 0 and f"none in {project / '.claude' / 'settings.json'}" in gone.stdout
     assert json.loads((home / ".claude" / "settings.json").read_text()) == EXISTING
     assert json.loads((project / ".claude" / "settings.local.json").read_text()) == {}
+
+
+def test_a_long_transcript_is_sent_in_bounded_appends() -> None:
+    from eurekamem.integrations.claude_code.events import APPEND_BATCH, APPEND_CHARS, _batches
+
+    many = [{"id": str(i), "role": "user", "text": "x"} for i in range(2 * APPEND_BATCH + 1)]
+    assert [len(b) for b in _batches(many)] == [APPEND_BATCH, APPEND_BATCH, 1]
+    big = [{"id": str(i), "role": "user", "text": "y" * (APPEND_CHARS // 2 + 1)} for i in range(3)]
+    assert [len(b) for b in _batches(big)] == [1, 1, 1]  # each append within the characters' bound
+    assert _batches([]) == []
