@@ -211,6 +211,9 @@ def build_parser(command: str | None = ALL) -> argparse.ArgumentParser:
     from .mcp_server import add_mcp_command
 
     add_mcp_command(sub, common)  # mcp: the stdio MCP server
+    from .ui import add_ui_command
+
+    add_ui_command(sub, common)  # ui: the web page (its libraries imported only when it runs)
     from .hooks import add_hooks_commands
 
     add_hooks_commands(sub, command)  # hooks, hook: Claude Code's hooks (integrations/claude_code)

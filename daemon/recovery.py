@@ -11,6 +11,7 @@ queued again once the journal is replayed.
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import logging
 import os
@@ -127,6 +128,26 @@ def _read_snapshot(path: Path, reader: Any, has_checkpoint: bool) -> Any:
         return None
 
 
+def _read_eurekaclaw_json(paths: Paths, out: Recovered, redactor: Any, has_checkpoint: bool) -> dict[str, Any] | None:
+    """persistent.json and knowledge_graph.json into `out`'s tiers; redacted when `redactor` is given
+    and no checkpoint says the daemon wrote them (files another program wrote). The records read."""
+    records: dict[str, Any] | None = _read_snapshot(paths.persistent, eurekaclaw.read_persistent, has_checkpoint)
+    first_import = redactor is not None and not has_checkpoint
+    if records:
+        for record in records.values():
+            out.persistent.apply(eurekaclaw_put(redactor.imported(record, out.redacted) if first_import else record))
+    graph = _read_snapshot(paths.graph, eurekaclaw.read_graph, has_checkpoint)
+    if graph:
+        nodes, edges = graph
+        if first_import:
+            nodes = {node_id: redactor.imported(node, out.redacted) for node_id, node in nodes.items()}
+        out.graph.load(nodes)
+        for edge in edges:
+            out.graph.apply(_edge(*edge))
+        out.graph.keep_copies(edges)  # EurekaClaw's duplicate edges: the file gets them back
+    return records
+
+
 def recover(
     paths: Paths,
     fs: Any = None,
@@ -143,11 +164,11 @@ def recover(
     program wrote, as a write storing it would be (the files themselves are left as they are); the
     kinds replaced come back in `Recovered.redacted` for the daemon to count. With `store` (an
     opened PostgresStore, `store = "postgres"`), every durable tier is loaded from its tables
-    instead, and the data root's own journal must hold nothing."""
+    instead (the data root opened by open_local_root; `Recovered.journal` stays None)."""
     fs = fs or RealFiles()
     progress = progress or (lambda text: None)
     if store is not None:
-        return _recover_from_store(paths, fs, embedder, progress, store)
+        return _recover_from_store(paths, embedder, progress, store, redactor)
     if (paths.journal / STORE_MARKER).exists():
         raise StartupError(
             f"{paths.root} is the local root of a daemon whose store is PostgreSQL (its {STORE_MARKER} file): "
@@ -158,20 +179,7 @@ def recover(
     has_checkpoint = paths.checkpoint.exists()
     if has_checkpoint:
         out.checkpoint_seq = int(json.loads(paths.checkpoint.read_bytes())["seq"])
-    records = _read_snapshot(paths.persistent, eurekaclaw.read_persistent, has_checkpoint)
-    first_import = redactor is not None and not has_checkpoint  # files another program wrote
-    if records:
-        for record in records.values():
-            out.persistent.apply(eurekaclaw_put(redactor.imported(record, out.redacted) if first_import else record))
-    graph = _read_snapshot(paths.graph, eurekaclaw.read_graph, has_checkpoint)
-    if graph:
-        nodes, edges = graph
-        if first_import:
-            nodes = {node_id: redactor.imported(node, out.redacted) for node_id, node in nodes.items()}
-        out.graph.load(nodes)
-        for edge in edges:
-            out.graph.apply(_edge(*edge))
-        out.graph.keep_copies(edges)  # EurekaClaw's duplicate edges: the file gets them back
+    records = _read_eurekaclaw_json(paths, out, redactor, has_checkpoint)
     progress("loading tier 4 and building its index")
     memory_doc = read_memory_snapshot(paths.memory_snapshot)
     if memory_doc is not None:
@@ -232,12 +240,11 @@ def recover(
     return _replay(out, replayed, progress, "replaying the journal: {} records")
 
 
-def _recover_from_store(paths: Paths, fs: Any, embedder: Any, progress: Callable[[str], None], store: Any) -> Recovered:
-    """recover() for a daemon whose store is PostgreSQL: its tables' bodies, in commit order, applied
-    through each tier's own `apply` (daemon/postgres/rows.py's rule), the vectors from pgvector.
-    The local journal stays empty (the daemon journals nothing there; its snapshots write only
-    the files local readers read); one that holds records is a journal root: migrate it first."""
-    out = Recovered(embedder or make_embedder(config_default("embedder")))
+def open_local_root(paths: Paths, fs: Any = None) -> Journal:
+    """The data root of a daemon whose store is PostgreSQL: its journal opened (it stays empty: the
+    daemon journals nothing there) and marked with STORE_MARKER; a root whose journal holds records
+    is a journal root (migrate it first) and is refused (StartupError)."""
+    fs = fs or RealFiles()
     journal, entries = Journal.open(paths.journal, fs=fs, first_seq=1)
     marker = paths.journal / STORE_MARKER
     if not marker.exists():
@@ -250,8 +257,33 @@ def _recover_from_store(paths: Paths, fs: Any, embedder: Any, progress: Callable
                 "`eurekamem migrate --to postgres` and use another data root for this daemon"
             )
         atomic_write(fs, str(marker), b"postgres\n")
-    out.journal = journal
+    return journal
+
+
+def _recover_from_store(
+    paths: Paths, embedder: Any, progress: Callable[[str], None], store: Any, redactor: Any
+) -> Recovered:
+    """recover() for a daemon whose store is PostgreSQL (its root opened by open_local_root): its
+    tables' bodies, in commit order, applied through each tier's own `apply` (daemon/postgres/rows.py's
+    rule), the vectors from pgvector. Into an empty database, a first start first imports EurekaClaw's
+    persistent.json and knowledge_graph.json from the data root, as the journal's first start adopts
+    them (memories/ and skills/ are adopted by the tiers' scans, as files another program writes)."""
+    out = Recovered(embedder or make_embedder(config_default("embedder")))
+    if store.is_empty():
+        _import_into_store(paths, out, store, redactor)
     return load_from_store(store, out, progress)
+
+
+def _import_into_store(paths: Paths, out: Recovered, store: Any, redactor: Any) -> None:
+    from .postgres.migrate import commit_all, graph_mutations, persistent_mutations
+
+    read = Recovered(out.memory.embedder)
+    records = _read_eurekaclaw_json(paths, read, redactor, has_checkpoint=False)
+    if not (records or read.graph.nodes or read.graph.edges):
+        return
+    commit_all(store, itertools.chain(persistent_mutations(read.persistent), graph_mutations(read.graph)))
+    out.imported = {"records": len(records or {}), "nodes": len(read.graph.nodes), "edges": len(read.graph.edges)}
+    out.redacted.extend(read.redacted)
 
 
 def load_from_store(store: Any, out: Recovered, progress: Callable[[str], None] | None = None) -> Recovered:

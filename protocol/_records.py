@@ -213,7 +213,7 @@ class SearchWhy(Record, kw_only=True):
     dense_score: float | None = None
     lexical_score: float | None = None
     cosine: float | None = None  # the query's cosine with the memory's vector (what the score reads)
-    lexical_coverage: float | None = None  # BM25 / the most any document could score for the query
+    lexical_coverage: float | None = None  # share of the query's tokens its text holds (the score reads it)
     fused: float | None = None  # the reciprocal-rank fusion, / its maximum: the hits' relevance
     strength: float | None = None  # the memory's strength (hybrid hits are ordered by fused x its factor)
 

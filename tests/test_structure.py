@@ -21,7 +21,7 @@ from pathlib import Path
 import networkx as nx
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("protocol", "client", "daemon", "cli", "integrations")
+PACKAGES = ("protocol", "client", "daemon", "cli", "integrations", "ui")
 
 
 def modules() -> dict[str, Path]:
@@ -114,8 +114,9 @@ def test_the_layers_point_one_way() -> None:
         "protocol": set(),
         "client": {"protocol", "(top)"},
         "integrations": {"protocol", "client", "(top)"},
+        "ui": {"protocol", "client", "(top)"},
         "daemon": {"protocol", "client", "(top)"},
-        "cli": {"protocol", "client", "daemon", "integrations", "(top)"},
+        "cli": {"protocol", "client", "daemon", "integrations", "ui", "(top)"},
     }
     # a package's __main__ is a command (`python -m eurekamem.daemon backup` hands the commands other
     # than serve to the CLI), run and never imported: it sits above every layer

@@ -92,6 +92,8 @@ class PostgresStore:
         self.commits = 0
         self.failures = 0
         self.last_error: str | None = None
+        self.attempts = 0  # connect_once's, this daemon's life
+        self.next_attempt_in: float | None = None  # connect(): the back-off before the next attempt
 
     # --- life -------------------------------------------------------------------------------------
 
@@ -119,6 +121,36 @@ class PostgresStore:
             open=False,
         )
         self.pool.open(wait=True, timeout=self.timeout)
+
+    async def connect_once(self) -> bool:
+        """One attempt at open(), in a thread: True once connected; False when the server cannot be
+        reached (the reason in last_error). A database of a newer schema stops the daemon (StartupError)."""
+        from ..errors import StartupError
+
+        self.attempts += 1
+        try:
+            await trio.to_thread.run_sync(self.open)
+        except SchemaTooNew as exc:
+            raise StartupError(str(exc)) from None
+        except Exception as exc:
+            self.close()
+            self.last_error = str(_classify(exc))
+            return False
+        self.last_error = None
+        self.next_attempt_in = None
+        log.info("store: PostgreSQL (%s), schema version %d, pool of %d", shown_dsn(self.dsn), SCHEMA_VERSION, self.pool_size)
+        return True
+
+    async def connect(self) -> None:
+        """connect_once until it connects, with back-off (0.5 s doubling to 30 s, each failure logged)."""
+        delay = 0.5
+        while not await self.connect_once():
+            log.warning(
+                "PostgreSQL (%s) cannot be reached: %s; trying again in %.1f s", shown_dsn(self.dsn), self.last_error, delay
+            )
+            self.next_attempt_in = delay
+            await trio.sleep(delay)
+            delay = min(delay * 2, 30.0)
 
     def close(self) -> None:
         if self.pool is not None:
@@ -216,6 +248,11 @@ class PostgresStore:
                 for _seq, _pos, body, vec in cur:
                     yield bytes(body), _vector_bytes(vec)
 
+    def is_empty(self) -> bool:
+        """Whether no mutation was ever committed here (a first start imports EurekaClaw's files). Blocking."""
+        with self.pool.connection() as conn:
+            return bool(conn.execute("SELECT NOT EXISTS (SELECT 1 FROM mutations)").fetchone()[0])
+
     def counts(self) -> dict[str, int]:
         """Rows per table (verify, migrate, sys.stats)."""
         with self.pool.connection() as conn:
@@ -229,6 +266,8 @@ class PostgresStore:
             "last_error": self.last_error,
             "pool_size": self.pool_size,
             "connected": self.pool is not None,
+            "attempts": self.attempts,
+            "next_attempt_in": self.next_attempt_in,
         }
 
 
@@ -285,10 +324,9 @@ def shown_dsn(dsn: str) -> str:
     return make_conninfo(**{k: str(v) for k, v in parts.items()})
 
 
-async def open_postgres(config: Any) -> PostgresStore:
-    """The configured PostgresStore, connected and its schema made: tried again with back-off
-    (0.5 s doubling to 30 s, each failure logged) while the server cannot be reached. A database
-    of a newer schema, or psycopg missing, stops start-up with the reason (StartupError)."""
+def postgres_store(config: Any) -> PostgresStore:
+    """The configured PostgresStore, not connected yet (`connect_once`, `connect`); psycopg missing
+    stops start-up with the reason (StartupError)."""
     from ..errors import StartupError
 
     try:
@@ -299,29 +337,4 @@ async def open_postgres(config: Any) -> PostgresStore:
         raise StartupError(
             f"store = postgres needs psycopg 3, psycopg_pool and pgvector ({exc}): pip install 'eurekamem[postgres]'"
         ) from None
-    store = PostgresStore(config.postgres_dsn, pool_size=config.postgres_pool_size)
-    delay = 0.5
-    while True:
-        try:
-            await trio.to_thread.run_sync(store.open)
-        except SchemaTooNew as exc:
-            raise StartupError(str(exc)) from None
-        except Exception as exc:
-            store.close()
-            store.last_error = str(_classify(exc))
-            log.warning(
-                "PostgreSQL (%s) cannot be reached: %s; trying again in %.1f s",
-                shown_dsn(config.postgres_dsn),
-                store.last_error,
-                delay,
-            )
-            await trio.sleep(delay)
-            delay = min(delay * 2, 30.0)
-            continue
-        log.info(
-            "store: PostgreSQL (%s), schema version %d, pool of %d",
-            shown_dsn(config.postgres_dsn),
-            SCHEMA_VERSION,
-            store.pool_size,
-        )
-        return store
+    return PostgresStore(config.postgres_dsn, pool_size=config.postgres_pool_size)

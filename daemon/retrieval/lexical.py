@@ -386,17 +386,21 @@ class LexicalIndex:
                 p.extend(docs[start:end], tfs[start:end])
         self._df[p_term[starts]] += np.asarray(ends) - np.asarray(starts)
 
-    def ceiling(self, query: str) -> float:
-        """The most a document could score for `query`: each distinct query term's idf times
-        (k1 + 1), a term in no document counting with df 0. BM25 / ceiling is a document's share
-        of it, comparable across queries and collections (what search score calibration reads)."""
-        n_live = self._count
-        total = 0.0
-        for term in dict.fromkeys(self.tokenize(query)):
-            tid = self._vocab.get(term)
-            df = int(self._df[tid]) if tid is not None else 0
-            total += math.log(1.0 + (n_live - df + 0.5) / (df + 0.5)) * (self.k1 + 1.0)
-        return total
+    def coverage(self, query: str, labels: Iterable[int]) -> list[float]:
+        """Each label's share of the query's distinct terms that its text holds: 0 to 1, 0 for a
+        label not indexed and for a query without terms. It reads the query and that text alone,
+        never N, df or avgdl, so it is the same whatever else the index holds (what search score
+        calibration reads; BM25's own scores move with the collection)."""
+        terms = list(dict.fromkeys(self.tokenize(query)))
+        held = np.fromiter((t for t in (self._vocab.get(term) for term in terms) if t is not None), dtype=np.int64)
+        out = []
+        for label in labels:
+            lab = int(label)
+            doc = int(self._label_doc[lab]) if 0 <= lab < self._label_doc.shape[0] else -1
+            doc_terms = self._doc_terms[doc] if doc >= 0 else None
+            found = int(np.isin(held, doc_terms).sum()) if doc_terms is not None and held.size else 0
+            out.append(found / len(terms) if terms else 0.0)
+        return out
 
     def remove(self, label: int) -> bool:
         """Forget `label`'s text. Idempotent; True if it was present."""

