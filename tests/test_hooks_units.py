@@ -276,3 +276,26 @@ def test_a_long_transcript_is_sent_in_bounded_appends() -> None:
     big = [{"id": str(i), "role": "user", "text": "y" * (APPEND_CHARS // 2 + 1)} for i in range(3)]
     assert [len(b) for b in _batches(big)] == [1, 1, 1]  # each append within the characters' bound
     assert _batches([]) == []
+
+
+def test_a_session_held_by_another_hook_is_waited_for_within_the_budget_only(tmp_path: Path) -> None:
+    import time
+
+    from eurekamem.integrations.claude_code.state import Locked, SessionState
+
+    t = _session(tmp_path)
+    (tmp_path / "root").mkdir()
+    holder = SessionState.open(tmp_path / "root", t.session_id, time.monotonic())
+    try:
+        payload = t.payload("PreCompact", trigger="auto", custom_instructions="")
+        with pytest.raises(Locked):
+            next(handle(payload, HookOptions(), tmp_path / "root", wait_lock=False))
+        started = time.monotonic()
+        with pytest.raises(Locked):
+            next(handle(payload, HookOptions(), tmp_path / "root", deadline=started + 0.2))
+        assert time.monotonic() - started < 5
+    finally:
+        holder.close()
+    handler = handle(payload, HookOptions(domain="shop-api"), tmp_path / "root")
+    assert next(handler)[0] == "conversation.append"  # released: the next hook goes on
+    handler.close()
