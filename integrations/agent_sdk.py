@@ -21,7 +21,9 @@ Rules kept here:
   aclose() ends every session it saw as SessionEnd does. `session_start` and `session_end` are
   there for an SDK that has those events (`hooks(..., session_events=True)`).
 - No subprocess per event: one AsyncClient (asyncio or trio), opened on first use, never starting a
-  daemon. Never in the agent's way: a callback that fails (the daemon down or slow, a bad payload)
+  daemon. Nothing here blocks the event loop on a lock: a session whose transcript a callback is
+  sending already is skipped by a second callback (what the first did not read waits for the next
+  event, or aclose()), and the session's file lock is tried, never waited for. Never in the agent's way: a callback that fails (the daemon down or slow, a bad payload)
   answers `{}` within its event's time budget and logs one warning line; the agent goes on.
 - The SDK is not imported here: hooks() takes its HookMatcher class (or any class with its fields).
 """
@@ -34,7 +36,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from .claude_code.events import BUDGET, Handler, HookOptions, handle, user_prompt_submit
+from .claude_code.events import BUDGET, INGEST_EVENTS, Handler, HookOptions, handle, user_prompt_submit
 
 __all__ = ["MemoryHooks"]
 
@@ -73,6 +75,7 @@ class MemoryHooks:
             client = AsyncClient(path)
         self.client = client
         self.sessions: dict[str, dict[str, Any]] = {}  # session id -> its last payload (for aclose)
+        self.ingesting: set[str] = set()  # sessions whose transcript a callback is sending now
         self.failures = 0  # callbacks that answered {} because something failed
 
     # --- the SDK's callbacks -------------------------------------------------------------------
@@ -141,13 +144,25 @@ class MemoryHooks:
         return first
 
     async def _run(self, input_data: dict[str, Any], handler: Handler | None = None) -> dict[str, Any]:
-        from ..client import EurekamemError
-
         event = str(input_data.get("hook_event_name"))
         deadline = time.monotonic() + BUDGET.get(event, 2.0)
+        sid = str(input_data.get("session_id"))
+        if event in INGEST_EVENTS:
+            if sid in self.ingesting:  # another callback of this session is sending: the next event takes the rest
+                return {}
+            self.ingesting.add(sid)
         try:
-            if handler is None:
-                handler = handle(input_data, self.options, self.root, deadline=deadline)
+            return await self._drive(input_data, handler, event, deadline)
+        finally:
+            if event in INGEST_EVENTS:
+                self.ingesting.discard(sid)
+
+    async def _drive(self, input_data: dict[str, Any], handler: Handler | None, event: str, deadline: float) -> dict[str, Any]:
+        from ..client import EurekamemError
+
+        try:
+            if handler is None:  # never waiting for a session's lock: that would block the event loop
+                handler = handle(input_data, self.options, self.root, deadline=deadline, wait_lock=False)
             call = next(handler)
             while True:
                 left = deadline - time.monotonic()

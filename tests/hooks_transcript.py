@@ -5,7 +5,8 @@ One JSON object a line, appended as the session goes (~/.claude/projects/<projec
 output again in `toolUseResult`), `assistant` lines (the API message: `thinking`, `text` and
 `tool_use` blocks, one line per block as the CLI streams them, sharing `message.id`), `summary`
 lines (a title for the session, `leafUuid`), and the harness's own lines: `isMeta` user lines (a
-hook's injected context, command caveats), a compaction's summary (`isCompactSummary`), sidechain
+hook's injected context, command caveats), `attachment` lines (injected context, as recent versions
+record it), `progress` lines (hooks running), a compaction's summary (`isCompactSummary`), sidechain
 lines of a sub-agent, `system` and `file-history-snapshot` entries. Every line carries `uuid`,
 `parentUuid`, `sessionId`, `timestamp`, `cwd`, `version`, `gitBranch`, `userType`, `isSidechain`.
 Seeded: the same calls write the same bytes.
@@ -93,6 +94,15 @@ class Transcript:
             block["is_error"] = True
         return self.write(self._base("user", message={"role": "user", "content": [block]},
                                      toolUseResult={"stdout": output, "stderr": "", "interrupted": False, "isImage": False}))
+
+    def attachment(self, text: str, event: str = "UserPromptSubmit") -> dict[str, Any]:
+        """Context a hook injected, as recent versions record it (a line of its own)."""
+        return self.write(self._base("attachment", attachment={"type": "hook_additional_context", "content": [text],
+                                                               "hookName": event, "hookEvent": event}))
+
+    def progress(self, event: str = "PostToolUse") -> dict[str, Any]:
+        return self.write(self._base("progress", data={"type": "hook_progress", "hookEvent": event,
+                                                       "hookName": f"{event}:Bash", "command": "hook.sh"}))
 
     def summary(self, text: str) -> dict[str, Any]:
         return self.write({"type": "summary", "summary": text, "leafUuid": self.parent})

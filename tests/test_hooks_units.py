@@ -43,6 +43,8 @@ def test_what_of_a_transcript_becomes_messages(tmp_path: Path) -> None:
     t.compact_summary("This session is being continued from a previous conversation that ran out of context.")
     t.sidechain("a sub-agent's prompt")
     t.system("Compacting conversation")
+    t.attachment("<memories>\n\n# Old\n\nan injected memory\n\n</memories>")
+    t.progress()
     (bad,) = t.assistant(None, [("Edit", {"file_path": "a.py", "old_string": BULK, "new_string": "y"})])
     t.tool_result(bad, "String to replace not found in file.\nmore detail " + BULK, is_error=True)
     messages, _ = _messages(t)
@@ -184,6 +186,8 @@ def test_install_merges_is_idempotent_and_uninstall_restores(tmp_path: Path) -> 
     path.parent.mkdir()
     path.write_text(json.dumps(EXISTING, indent=2))
     command = settings.command_line(["--domain", "shop api"])
+    dry = settings.install(path, command, dry_run=True)
+    assert not dry.written and set(dry.events.values()) == {"added"} and json.loads(path.read_text()) == EXISTING
     change = settings.install(path, command)
     assert change.written and set(change.events.values()) == {"added"}
     doc = json.loads(path.read_text())
@@ -262,3 +266,36 @@ def test_the_hooks_commands_on_a_temporary_home_and_project(tmp_path: Path) -> N
     assert gone.returncode == 0 and f"none in {project / '.claude' / 'settings.json'}" in gone.stdout
     assert json.loads((home / ".claude" / "settings.json").read_text()) == EXISTING
     assert json.loads((project / ".claude" / "settings.local.json").read_text()) == {}
+
+
+def test_a_long_transcript_is_sent_in_bounded_appends() -> None:
+    from eurekamem.integrations.claude_code.events import APPEND_BATCH, APPEND_CHARS, _batches
+
+    many = [{"id": str(i), "role": "user", "text": "x"} for i in range(2 * APPEND_BATCH + 1)]
+    assert [len(b) for b in _batches(many)] == [APPEND_BATCH, APPEND_BATCH, 1]
+    big = [{"id": str(i), "role": "user", "text": "y" * (APPEND_CHARS // 2 + 1)} for i in range(3)]
+    assert [len(b) for b in _batches(big)] == [1, 1, 1]  # each append within the characters' bound
+    assert _batches([]) == []
+
+
+def test_a_session_held_by_another_hook_is_waited_for_within_the_budget_only(tmp_path: Path) -> None:
+    import time
+
+    from eurekamem.integrations.claude_code.state import Locked, SessionState
+
+    t = _session(tmp_path)
+    (tmp_path / "root").mkdir()
+    holder = SessionState.open(tmp_path / "root", t.session_id, time.monotonic())
+    try:
+        payload = t.payload("PreCompact", trigger="auto", custom_instructions="")
+        with pytest.raises(Locked):
+            next(handle(payload, HookOptions(), tmp_path / "root", wait_lock=False))
+        started = time.monotonic()
+        with pytest.raises(Locked):
+            next(handle(payload, HookOptions(), tmp_path / "root", deadline=started + 0.2))
+        assert time.monotonic() - started < 5
+    finally:
+        holder.close()
+    handler = handle(payload, HookOptions(domain="shop-api"), tmp_path / "root")
+    assert next(handler)[0] == "conversation.append"  # released: the next hook goes on
+    handler.close()

@@ -3,7 +3,8 @@
     python -m eurekamem.integrations.claude_code [--domain D] [--post-tool-use] ...   (or `eurekamem hook`)
 
 Rules kept here:
-- Never in the agent's way: whatever happens (the daemon down, slow or refusing, a payload that is
+- Never in the agent's way (exit status 2 would be Claude Code's "blocking error", which for
+  UserPromptSubmit erases the prompt): whatever happens (the daemon down, slow or refusing, a payload that is
   not the documented shape, a transcript that cannot be read) the process exits 0, prints nothing
   on stdout but a valid answer, and writes ONE line on stderr saying what went wrong and that
   nothing was injected (or stored). Each event has a time budget (events.BUDGET), measured from
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -51,8 +53,11 @@ def add_hook_flags(p: argparse.ArgumentParser) -> None:
 
 
 def options_from(args: argparse.Namespace) -> HookOptions:
+    """The options of the flags; the project's folder from $CLAUDE_PROJECT_DIR (Claude Code sets it
+    for its hooks: the folder the session started in, where the payload's cwd follows a `cd`)."""
     return HookOptions(domain=args.domain, session_budget=args.session_budget, prompt_budget=args.prompt_budget,
-                       min_score=args.min_score, stop_every=args.stop_every, post_tool_use=args.post_tool_use)
+                       min_score=args.min_score, stop_every=args.stop_every, post_tool_use=args.post_tool_use,
+                       project_dir=os.environ.get("CLAUDE_PROJECT_DIR") or None)
 
 
 def drive(handler: Handler, client: Any, deadline: float) -> dict[str, Any] | None:
@@ -112,5 +117,13 @@ def main(argv: list[str] | None = None) -> int:
         description="eurekamem's Claude Code hook: reads the event's JSON on stdin, answers on stdout, always exits 0.",
     )
     add_hook_flags(parser)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse's exit 2 would be Claude Code's "blocking error": never that
+        return 0 if exc.code in (0, None) else _bad_flags()
     return run(args, sys.stdin, sys.stdout, sys.stderr)
+
+
+def _bad_flags() -> int:
+    print("eurekamem: hook: the command's flags were refused (above); nothing injected", file=sys.stderr)
+    return 0

@@ -14,9 +14,11 @@ Rules kept here:
   and how), the mark moves only after the daemon stored them, then conversation.flush queues the
   extraction, never waited for. PostToolUse (when asked for): the tool's name and outcome as an
   episodic event; with it, SessionEnd also closes the episodic session.
-- The domain is the name of the git root above the working directory (the folder holding `.git`),
-  else the working directory's own name, unless the options name one; the group is the domain.
-Only the standard library (and transcript.py, state.py).
+- The domain is the name of the git root above the project's folder (the folder holding `.git`;
+  the project's folder: `project_dir`, which the hook command takes from Claude Code's
+  $CLAUDE_PROJECT_DIR, else the payload's `cwd`, which moves with a `cd`), else that folder's own
+  name, unless the options name one; the group is the domain.
+Only the standard library (and transcript.py, state.py, imported by the events that read the transcript).
 """
 
 from __future__ import annotations
@@ -28,9 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .state import SessionState
-from .transcript import Mark, Tools, messages_of, read_since
-
 __all__ = ["EVENTS", "HookOptions", "Call", "Handler", "handle", "project_domain"]
 
 Call = tuple[str, dict[str, Any]]
@@ -38,8 +37,9 @@ Handler = Generator[Call, Any, "dict[str, Any] | None"]
 
 INGEST_EVENTS = ("PreCompact", "SessionEnd", "Stop")
 # each event's time budget in seconds: what the hook process spends at most before it gives up
-BUDGET = {"SessionStart": 3.0, "UserPromptSubmit": 1.5, "PreCompact": 15.0, "SessionEnd": 15.0, "Stop": 8.0,
-          "PostToolUse": 1.5, "PostToolUseFailure": 1.5}
+# (from the process's start: on a busy machine the interpreter and its imports alone can take a second)
+BUDGET = {"SessionStart": 5.0, "UserPromptSubmit": 3.0, "PreCompact": 15.0, "SessionEnd": 15.0, "Stop": 8.0,
+          "PostToolUse": 2.0, "PostToolUseFailure": 2.0}
 EVENTS = tuple(BUDGET)
 APPEND_BATCH = 500  # messages per conversation.append
 APPEND_CHARS = 2_000_000  # characters of text per conversation.append
@@ -49,6 +49,7 @@ MAX_QUERY = 4096  # memory.inject's query
 @dataclass
 class HookOptions:
     domain: str | None = None  # None: the git root's name (project_domain)
+    project_dir: str | None = None  # where that git root is looked for (default: the payload's cwd)
     session_budget: int = 1500  # tokens SessionStart injects at most
     session_k: int = 8
     prompt_budget: int = 800  # tokens UserPromptSubmit injects at most
@@ -71,7 +72,7 @@ def project_domain(cwd: str | None) -> str:
 
 
 def domain_of(payload: dict[str, Any], options: HookOptions) -> str:
-    return options.domain or project_domain(_str(payload.get("cwd")))
+    return options.domain or project_domain(options.project_dir or _str(payload.get("cwd")))
 
 
 def _str(value: Any) -> str | None:
@@ -85,8 +86,10 @@ def _context(event: str, text: str) -> dict[str, Any] | None:
 
 
 def handle(payload: dict[str, Any], options: HookOptions, root: Path, *, now: float | None = None,
-           deadline: float | None = None) -> Handler:
-    """The handler of the payload's `hook_event_name` (ValueError for a payload without one)."""
+           deadline: float | None = None, wait_lock: bool = True) -> Handler:
+    """The handler of the payload's `hook_event_name` (ValueError for a payload without one).
+    `wait_lock`: wait (within the deadline) for another hook holding the session's lock, else
+    state.Locked at once (an event loop must not block on it)."""
     event = payload.get("hook_event_name")
     if not isinstance(event, str):
         raise ValueError("the payload has no hook_event_name")
@@ -97,7 +100,7 @@ def handle(payload: dict[str, Any], options: HookOptions, root: Path, *, now: fl
     if event == "UserPromptSubmit":
         return user_prompt_submit(payload, options)
     if event in INGEST_EVENTS:
-        return ingest(payload, options, root, wall, ends)
+        return ingest(payload, options, root, wall, ends, wait_lock)
     if event in ("PostToolUse", "PostToolUseFailure"):
         return tool_event(payload, options)
     return _nothing()
@@ -139,13 +142,17 @@ def _session_id(payload: dict[str, Any]) -> str:
     return sid
 
 
-def ingest(payload: dict[str, Any], options: HookOptions, root: Path, now: float, deadline: float) -> Handler:
+def ingest(payload: dict[str, Any], options: HookOptions, root: Path, now: float, deadline: float,
+           wait_lock: bool = True) -> Handler:
     """The transcript's new lines into the project's group, then conversation.flush (see the module's rules)."""
+    from .state import SessionState  # here, not at the top: a prompt's hook process never needs them
+    from .transcript import Mark, Tools, messages_of, read_since
+
     event = str(payload.get("hook_event_name"))
     sid = _session_id(payload)
     path = _str(payload.get("transcript_path"))
     group = domain_of(payload, options)
-    with SessionState.open(root, sid, deadline) as state:
+    with SessionState.open(root, sid, deadline if wait_lock else 0.0) as state:
         data = state.data
         if event == "Stop":
             since = data.get("last_ingest") or data.get("first_seen")
