@@ -336,3 +336,29 @@ async def test_the_agent_sdk_callbacks_under_trio(world: World) -> None:
             assert memory.failures == 0 and memory.sessions == {}
     with world.client() as c:
         assert [m["text"] for m in c.conversation_get("sdk-trio")] == ["I deploy with Kamal."]
+
+
+def test_a_prompts_hook_imports_the_light_client_only(world: World) -> None:
+    """The hook's process start is its cost (bench/bench_hooks.py): a prompt answered from the daemon
+    imports the standard library and the NDJSON LineClient, never msgspec, trio, numpy or the daemon."""
+    project = world.project("light-client")
+    with world.client() as c:
+        c.add_memory("light-client", "fact", "The staging database is Postgres 17",
+                     "Staging runs PostgreSQL 17 on port 5433.")
+    t = world.transcript(project, "11111111-aaaa-4bbb-8ccc-0000000000aa")
+    payload = t.payload("UserPromptSubmit", prompt="Which Postgres version runs on staging?")
+    probe = ("import atexit, runpy, sys\n"
+             "atexit.register(lambda: sys.stderr.write('MODULES ' + ' '.join(sorted(sys.modules)) + '\\n'))\n"
+             "sys.argv = ['hook', *sys.argv[1:]]\n"
+             "runpy.run_module('eurekamem.integrations.claude_code', run_name='__main__')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EUREKAMEM_", "EUREKACLAW_", "XDG_", "CLAUDE_"))}
+    env.update(HOME=str(world.home), USER="ana")
+    out = subprocess.run([sys.executable, "-c", probe, "--socket", world.socket, "--data-dir", str(world.root)],
+                         input=json.dumps(payload), capture_output=True, text=True, env=env, cwd=payload["cwd"],
+                         timeout=60)
+    assert out.returncode == 0 and "Postgres" in out.stdout, (out.stdout, out.stderr)
+    modules = set(next(line for line in out.stderr.splitlines() if line.startswith("MODULES ")).split()[1:])
+    assert "eurekamem.client._line" in modules
+    heavy = sorted(m for m in modules if m.split(".")[0] in ("msgspec", "trio", "numpy", "hnswlib")
+                   or m.startswith(("eurekamem.daemon", "eurekamem.client._sync")))
+    assert heavy == [], heavy

@@ -11,7 +11,7 @@ Rules kept here:
   the process's start; every call gets what is left of it.
 - It never starts a daemon (a hook must not spawn one per event) and never waits for extraction.
 - Imports: the standard library, events/state/transcript, and the thin client when a call is made
-  (the client imports neither trio nor the daemon), so the process starts fast.
+  (LineClient: the standard library only, no msgspec), so the process starts fast.
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ def options_from(args: argparse.Namespace) -> HookOptions:
 
 
 def drive(handler: Handler, client: Any, deadline: float) -> dict[str, Any] | None:
-    """Run a handler's calls on a blocking Client, each within what is left of `deadline`."""
+    """Run a handler's calls on a blocking client (a LineClient, or a Client), each within what is
+    left of `deadline`."""
     from ...client import EurekamemError
 
     try:
@@ -95,12 +96,12 @@ def run(args: argparse.Namespace, stdin: IO[str], stdout: IO[str], stderr: IO[st
         if not isinstance(payload, dict) or not isinstance(payload.get("hook_event_name"), str):
             raise ValueError("the payload on stdin is not a hook event (a JSON object with hook_event_name)")
         event = payload["hook_event_name"]
-        from ...client import Client, resolve_locations
+        from ...client import LineClient, resolve_locations  # the light client: no msgspec, no thread
 
         root, socket = resolve_locations(args.socket, args.data_dir, None)
         deadline = PROCESS_START + BUDGET.get(event, 2.0)
         handler = handle(payload, options_from(args), Path(root), deadline=deadline)
-        with Client(socket, timeout=max(0.05, deadline - time.monotonic())) as client:
+        with LineClient(socket, timeout=max(0.05, deadline - time.monotonic())) as client:
             output = drive(handler, client, deadline)
     except Exception as exc:  # never in the agent's way: one line, exit 0 (the rule above)
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
