@@ -239,6 +239,48 @@ def test_journal_and_postgres_roots_are_not_mixed(tmp_path: Path, postgres_dsn: 
     assert "store is PostgreSQL" in back.output
 
 
+def test_each_models_vectors_get_an_hnsw_index_and_a_version_1_database_is_migrated(postgres_dsn: str) -> None:
+    """The first vector of a model makes its HNSW index (cosine, on the cast to its dimension, for its
+    rows), which pgvector's own nearest-neighbour query uses; a database of schema version 1 (no
+    index) gets one per stored model when a daemon of version 2 opens it."""
+    from eurekamem.daemon.postgres.store import PostgresStore, vector_index_name
+
+    vecs = np.random.default_rng(7).standard_normal((60, 8)).astype(np.float32)
+    name = vector_index_name("tiny-8", 8)
+
+    def opened() -> PostgresStore:
+        store = PostgresStore(postgres_dsn, pool_size=2)
+        store.open()
+        return store
+
+    store = opened()
+    try:
+        assert store.indexed == set()
+        store._commit_sync([PutMemory(_memory(f"m{i}", f"text {i}"), "tiny-8", vecs[i].tobytes()) for i in range(60)])
+        assert store.indexed == {"tiny-8"}
+        assert store.nearest("tiny-8", vecs[17], 3)[0] == "m17"
+        assert store.nearest("another-model", vecs[17], 3) == []
+    finally:
+        store.close()
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute("SET enable_seqscan = off")  # 60 rows: the planner would rather scan them
+        plan = " ".join(r[0] for r in conn.execute(
+            "EXPLAIN SELECT id FROM memories WHERE model = 'tiny-8' ORDER BY vec::vector(8) <=> %s::vector(8) LIMIT 3",
+            (str(vecs[0].tolist()),)).fetchall())
+        assert name in plan, plan
+        conn.execute(f"DROP INDEX {name}")  # as a version 1 database was
+        conn.execute("DROP TABLE vector_indexes")
+        conn.execute("UPDATE schema_version SET version = 1")
+    store = opened()
+    try:
+        assert store.indexed == {"tiny-8"}
+    finally:
+        store.close()
+    with psycopg.connect(postgres_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_indexes WHERE indexname = %s", (name,)).fetchone()[0] == 1
+        assert conn.execute("SELECT version FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 2
+
+
 def test_the_dsn_is_shown_without_its_password() -> None:
     shown = shown_dsn("host=/tmp/x user=u password=s3cret dbname=d")
     assert "s3cret" not in shown and "dbname=d" in shown

@@ -17,7 +17,9 @@ Rules kept here:
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -29,7 +31,7 @@ from .rows import TABLES, RowOp, row_ops
 
 log = logging.getLogger("eurekamem.postgres")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: an HNSW index per embedding model on memories.vec (vector_indexes)
 
 _BODY = "seq bigint NOT NULL, pos integer NOT NULL, body bytea NOT NULL"
 
@@ -41,6 +43,8 @@ def _schema() -> list[str]:
         "CREATE SEQUENCE IF NOT EXISTS mutation_seq",
         "CREATE TABLE IF NOT EXISTS mutations (seq bigint PRIMARY KEY, at timestamptz NOT NULL DEFAULT now(),"
         " body bytea NOT NULL)",
+        # the models whose vectors have their HNSW index (index_name: vector_index_name)
+        "CREATE TABLE IF NOT EXISTS vector_indexes (model text PRIMARY KEY, dim integer NOT NULL)",
     ]
     for table, keys in TABLES.items():
         columns = [
@@ -56,6 +60,25 @@ def _schema() -> list[str]:
             f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(columns)}, {_BODY}{extra}, PRIMARY KEY ({', '.join(keys)}))"
         )
     return statements
+
+
+def vector_index_name(model: str, dim: int) -> str:
+    """The HNSW index of one model's vectors (a name PostgreSQL takes whatever the model's name)."""
+    return f"memories_vec_{hashlib.sha256(model.encode()).hexdigest()[:16]}_{dim}"
+
+
+def _create_vector_index(conn: Any, model: str, dim: int) -> None:
+    """An HNSW index (cosine) over the vectors of one model: the column holds every model's, of
+    several dimensions, so the index is on the cast to this model's dimension, for its rows alone;
+    pgvector's own search (`PostgresStore.nearest`) uses it. Recorded in vector_indexes."""
+    from psycopg import sql
+
+    conn.execute(
+        sql.SQL("CREATE INDEX IF NOT EXISTS {} ON memories USING hnsw ((vec::vector({})) vector_cosine_ops) WHERE model = {}").format(
+            sql.Identifier(vector_index_name(model, dim)), sql.Literal(dim), sql.Literal(model)
+        )
+    )
+    conn.execute("INSERT INTO vector_indexes VALUES (%s, %s) ON CONFLICT (model) DO NOTHING", (model, dim))
 
 
 class SchemaTooNew(Exception):
@@ -93,6 +116,10 @@ class PostgresStore:
         self.failures = 0
         self.last_error: str | None = None
         self.attempts = 0  # connect_once's, this daemon's life
+        # the models that have their HNSW index: read at open, grown by the commit that brings a
+        # model's first vector (worker threads: under the lock)
+        self.indexed: set[str] = set()
+        self._index_lock = threading.Lock()
         self.next_attempt_in: float | None = None  # connect(): the back-off before the next attempt
 
     # --- life -------------------------------------------------------------------------------------
@@ -173,8 +200,16 @@ class PostgresStore:
             if version < SCHEMA_VERSION:
                 for statement in _schema():
                     conn.execute(statement)
+                # version 1 had no vector index: one per model already stored (a fresh database has none)
+                for model, dim in conn.execute(
+                    "SELECT model, vector_dims(vec) FROM memories WHERE vec IS NOT NULL GROUP BY 1, 2"
+                ).fetchall():
+                    _create_vector_index(conn, model, dim)
                 conn.execute("DELETE FROM schema_version")
                 conn.execute("INSERT INTO schema_version VALUES (%s)", (SCHEMA_VERSION,))
+            indexed = {model for (model,) in conn.execute("SELECT model FROM vector_indexes").fetchall()}
+        with self._index_lock:
+            self.indexed = indexed
 
     # --- the seam -----------------------------------------------------------------------------------
 
@@ -199,6 +234,7 @@ class PostgresStore:
             began = [False]
             try:
                 self._transaction(mutations, began)
+                self._index_new_models(mutations)
                 return
             except Exception as exc:
                 if attempt == 1 and not began[0] and isinstance(exc, psycopg.OperationalError):
@@ -207,6 +243,42 @@ class PostgresStore:
                     log.info("PostgreSQL: a pooled connection had broken (%s); trying the commit on another", exc)
                     continue
                 raise _classify(exc) from exc
+
+    def _index_new_models(self, mutations: list[Any]) -> None:
+        """After a commit that stored the first vector of a model: that model's HNSW index (the
+        index helps pgvector's own queries only; failing to make it fails no write: logged, tried
+        again at the next such commit)."""
+        models = _vector_models(mutations)
+        if not models:
+            return
+        with self._index_lock:
+            for model, dim in models:
+                if model in self.indexed:
+                    continue
+                try:
+                    with self.pool.connection() as conn, conn.transaction():
+                        _create_vector_index(conn, model, dim)
+                except Exception as exc:
+                    log.warning("PostgreSQL: the HNSW index of %s's vectors could not be made: %s", model, exc)
+                    continue
+                self.indexed.add(model)
+                log.info("PostgreSQL: HNSW index %s made for %s's vectors", vector_index_name(model, dim), model)
+
+    def nearest(self, model: str, vector: Any, k: int, ef_search: int = 100) -> list[str]:
+        """pgvector's own nearest memories of one model's vectors (cosine, through its HNSW index):
+        the ids, nearest first. Not what the daemon searches with (its caches); what a reader of the
+        database alone would run, and the benchmark's anchor. Blocking."""
+        from psycopg import sql
+
+        dim = int(np.asarray(vector).shape[0])
+        # the model inlined, not a parameter: a generic plan could not match the partial index's WHERE
+        query = sql.SQL(
+            "SELECT id FROM memories WHERE model = {} ORDER BY vec::vector({}) <=> %s::vector({}) LIMIT %s"
+        ).format(sql.Literal(model), sql.Literal(dim), sql.Literal(dim))
+        with self.pool.connection() as conn, conn.transaction():
+            conn.execute(sql.SQL("SET LOCAL hnsw.ef_search = {}").format(sql.Literal(int(ef_search))))
+            rows = conn.execute(query, (np.asarray(vector, dtype=np.float32), k)).fetchall()
+        return [bytes(row[0]).decode("utf-8", "surrogatepass") for row in rows]
 
     def _transaction(self, mutations: list[Any], began: list[bool]) -> None:
         """One batch's transaction (the module's rule); began[0] turns True once the server answered
@@ -269,6 +341,23 @@ class PostgresStore:
             "attempts": self.attempts,
             "next_attempt_in": self.next_attempt_in,
         }
+
+
+def _vector_models(mutations: list[Any]) -> set[tuple[str, int]]:
+    """The (model, dimension) of every vector the mutations store (a CommitJob's and a review's memories too)."""
+    from ..jobs.state import CommitJob
+    from ..memory.records import PutMemory
+    from ..memory.review import PutReview
+
+    found: set[tuple[str, int]] = set()
+    for mutation in mutations:
+        if isinstance(mutation, CommitJob):
+            found |= _vector_models(list(mutation.parts))
+        elif isinstance(mutation, PutReview) and mutation.memory is not None:
+            found |= _vector_models([mutation.memory])
+        elif isinstance(mutation, PutMemory) and mutation.vector and mutation.model:
+            found.add((mutation.model, len(mutation.vector) // 4))
+    return found
 
 
 def _vector_bytes(value: Any) -> bytes:
