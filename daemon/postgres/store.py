@@ -7,9 +7,12 @@ Rules kept here:
 - The driver is psycopg 3's sync pool, called from trio through `trio.to_thread.run_sync` with a
   CapacityLimiter of the pool's size (psycopg's async API needs asyncio). Nothing else touches the
   pool; each call borrows a connection for its transaction and gives it back.
-- What a failure means (daemon/storage/store.py): a connection that cannot be had or that broke,
-  also during COMMIT, is `unavailable` (retryable; the rows are upserts by id, so a retry leaves
-  the same rows); a server that refuses the write (a full disk, a read-only server, a missing
+- What a failure means (daemon/storage/store.py): a connection that broke (a restarted server's,
+  or one lost during the transaction, COMMIT included) gets the batch once more on a fresh one; a
+  connection that cannot be had, or a second break, is `unavailable` (retryable). Both retries are
+  safe because every row operation is an upsert or a delete by key of whole records: a batch
+  committed twice leaves the same rows (and appears twice in the feed, whose mutations are
+  state-based: applying one twice changes nothing). A server that refuses the write (a full disk, a read-only server, a missing
   permission, any other error it raises) is `read_only`, with the server's message.
 - The schema is created or migrated at start (`schema_version`); a database of a newer version is
   refused, saying so.
@@ -227,20 +230,22 @@ class PostgresStore:
 
     def _commit_sync(self, mutations: list[Any]) -> None:
         import psycopg
+        import psycopg_pool
 
         if self.pool is None:
             raise StoreUnavailable("PostgreSQL is not connected", "unavailable", store="postgres")
         for attempt in (1, 2):
-            began = [False]
             try:
-                self._transaction(mutations, began)
+                self._transaction(mutations)
                 self._index_new_models(mutations)
                 return
             except Exception as exc:
-                if attempt == 1 and not began[0] and isinstance(exc, psycopg.OperationalError):
-                    # the pooled connection had broken before this transaction did anything (the
-                    # server restarted): nothing was written, so once more on a fresh connection
-                    log.info("PostgreSQL: a pooled connection had broken (%s); trying the commit on another", exc)
+                if attempt == 1 and isinstance(exc, psycopg.OperationalError) and not isinstance(exc, psycopg_pool.PoolTimeout):
+                    # a pooled connection that had broken (the server restarted), or one lost during
+                    # the transaction: once more on a fresh one. Safe whatever the first attempt did:
+                    # every row operation is an upsert or a delete by key of whole records (rows.py),
+                    # so a batch committed twice leaves the same rows (the feed holds it twice)
+                    log.info("PostgreSQL: a connection broke during a commit (%s); trying it once on another", exc)
                     continue
                 raise _classify(exc) from exc
 
@@ -280,29 +285,19 @@ class PostgresStore:
             rows = conn.execute(query, (np.asarray(vector, dtype=np.float32), k)).fetchall()
         return [bytes(row[0]).decode("utf-8", "surrogatepass") for row in rows]
 
-    def _transaction(self, mutations: list[Any], began: list[bool]) -> None:
-        """One batch's transaction (the module's rule); began[0] turns True once the server answered
-        its first statement."""
+    def _transaction(self, mutations: list[Any]) -> None:
+        """One batch's transaction (the module's rule), sent at once in psycopg's pipeline mode
+        (BEGIN, every statement in order, COMMIT: one round trip and the commit's flush, where a
+        statement at a time would wait on the server for each): each mutation takes its seq in the
+        feed (nextval) and its row operations take it from currval, in the same session."""
         from ..storage.store import mutation_encoder
 
-        with self.pool.connection() as conn:
-            with conn.transaction():
-                seqs = [
-                    row[0]
-                    for row in conn.execute(
-                        "SELECT nextval('mutation_seq') FROM generate_series(1, %s)", (len(mutations),)
-                    ).fetchall()
-                ]
-                began[0] = True
-                with conn.cursor() as cur:
-                    cur.executemany(
-                        "INSERT INTO mutations (seq, body) VALUES (%s, %s)",
-                        [(seq, mutation_encoder.encode(m)) for seq, m in zip(seqs, mutations)],
-                    )
-                    for seq, mutation in zip(seqs, mutations):
-                        for pos, op in enumerate(row_ops(mutation)):
-                            sql, args = _statement(op, seq, pos)
-                            cur.execute(sql, args)
+        with self.pool.connection() as conn, conn.pipeline(), conn.transaction(), conn.cursor() as cur:
+            for mutation in mutations:
+                cur.execute(_INSERT_MUTATION, (mutation_encoder.encode(mutation),))
+                for pos, op in enumerate(row_ops(mutation)):
+                    sql, args = _statement(op, pos)
+                    cur.execute(sql, args)
 
     # --- start-up -----------------------------------------------------------------------------------
 
@@ -369,18 +364,22 @@ def _vector_bytes(value: Any) -> bytes:
     return np.asarray(value, dtype=np.float32).tobytes()
 
 
-def _statement(op: RowOp, seq: int, pos: int) -> tuple[str, tuple[Any, ...]]:
+_INSERT_MUTATION = "INSERT INTO mutations (seq, body) VALUES (nextval('mutation_seq'), %s)"
+_SEQ = "currval('mutation_seq')"  # the seq of the mutation inserted just before, in this session
+
+
+def _statement(op: RowOp, pos: int) -> tuple[str, tuple[Any, ...]]:
     keys = TABLES[op.table]
     if op.op == "put":
         columns = [*keys, "seq", "pos", "body"]
-        values: list[Any] = [*op.key, seq, pos, op.body]
+        values: list[Any] = [*op.key, pos, op.body]
         if op.table == "memories":
             columns += ["model", "vec"]
             values += [op.model, np.frombuffer(op.vector, dtype=np.float32) if op.vector else None]
         updates = [f"{c} = EXCLUDED.{c}" for c in columns if c not in keys]
         if op.table == "memory_versions":
             updates += ["tail = NULL", "tail_seq = NULL", "tail_pos = NULL"]
-        marks = ", ".join(["%s"] * len(columns))
+        marks = ", ".join([*["%s"] * len(keys), _SEQ, *["%s"] * (len(columns) - len(keys) - 1)])
         sql = (
             f"INSERT INTO {op.table} ({', '.join(columns)}) VALUES ({marks}) "
             f"ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {', '.join(updates)}"
@@ -393,9 +392,9 @@ def _statement(op: RowOp, seq: int, pos: int) -> tuple[str, tuple[Any, ...]]:
         return "DELETE FROM memory_versions WHERE id = %s AND version >= %s", op.key
     if op.op == "version_tail":
         return (
-            "UPDATE memory_versions SET tail = %s, tail_seq = %s, tail_pos = %s WHERE id = %s AND version ="
+            f"UPDATE memory_versions SET tail = %s, tail_seq = {_SEQ}, tail_pos = %s WHERE id = %s AND version ="
             " (SELECT max(version) FROM memory_versions WHERE id = %s)",
-            (op.body, seq, pos, op.key[0], op.key[0]),
+            (op.body, pos, op.key[0], op.key[0]),
         )
     raise ValueError(f"unknown row operation {op.op!r}")
 
