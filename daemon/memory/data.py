@@ -238,6 +238,20 @@ class MemoryData(TierState):
     def new_id() -> str:
         return str(uuid.uuid4())
 
+    def keep_previous(self, model: str, vectors: dict[str, bytes], embedder: Any) -> int:
+        """During a change of model, after a load that kept each memory's latest vector only (the
+        PostgreSQL store): `vectors` of the memories still waiting for the current model's, by the
+        previous `model`, become the store that keeps dense search answering for them (as a
+        snapshot's previous vector file does). How many were kept."""
+        rows = [(self._label[i], v) for i, v in vectors.items() if self.model_of.get(i) == model and i in self._label]
+        if not rows:
+            return 0
+        store = VectorStore(len(rows[0][1]) // 4, model=model)
+        store.add(np.asarray([label for label, _ in rows], dtype=np.int64),
+                  np.frombuffer(b"".join(v for _, v in rows), dtype=np.float32).reshape(len(rows), -1))
+        self.previous = (model, store, embedder)
+        return len(rows)
+
     def vector_bytes(self, memory_id: str) -> bytes:
         """The memory's float32 vector row as a record carries it (empty: none yet)."""
         label = self._label.get(memory_id)
