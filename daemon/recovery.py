@@ -292,24 +292,32 @@ def load_from_store(store: Any, out: Recovered, progress: Callable[[str], None] 
     root: start-up's loading part, which `eurekamem migrate` also uses to check what it wrote."""
     progress = progress or (lambda text: None)
     progress("loading the tiers from PostgreSQL")
-    others: dict[str, tuple[str, bytes]] = {}  # memory id -> a vector of another model than the current one
-    _replay(out, _with_vectors(store.rows_in_order(), out.memory.model, others), progress, "loading from PostgreSQL: {} rows")
+    current: dict[str, bytes] = {}  # memory id -> its vector of the current model
+    others: dict[str, tuple[str, bytes]] = {}  # memory id -> a vector of another model
+    rows = _with_vectors(store.rows_in_order(), out.memory.model, current, others)
+    _replay(out, rows, progress, "loading from PostgreSQL: {} rows")
+    progress("loading from PostgreSQL: building the vector index")
+    out.memory.add_loaded_vectors(current)
     _keep_previous_model(out.memory, others)
     return out
 
 
-def _with_vectors(rows: Any, model: str, others: dict[str, tuple[str, bytes]]) -> Any:
-    """The stored bodies as mutations, each memory's vector put back from its pgvector column; the
-    latest vector of each memory whose model is not `model` is noted in `others`."""
+def _with_vectors(rows: Any, model: str, current: dict[str, bytes], others: dict[str, tuple[str, bytes]]) -> Any:
+    """The stored bodies as mutations. Each memory's latest vector, from its pgvector column: of
+    the current `model`, kept apart in `current` (added in one insert once every row is applied);
+    of another model, put back in its mutation (the memory waits for re-embedding) and noted in `others`."""
     for body, vector in rows:
         mutation = mutation_decoder.decode(body)
-        if isinstance(mutation, PutMemory):
-            if vector:
-                mutation = msgspec.structs.replace(mutation, vector=vector)
-            if vector and mutation.model != model:
-                others[mutation.memory.id] = (mutation.model, vector)
-            else:
-                others.pop(mutation.memory.id, None)
+        if isinstance(mutation, (PutMemory, PurgeMemory)):
+            memory_id = mutation.memory.id if isinstance(mutation, PutMemory) else mutation.id
+            current.pop(memory_id, None)
+            others.pop(memory_id, None)
+            if vector and isinstance(mutation, PutMemory):
+                if mutation.model == model:
+                    current[memory_id] = vector
+                else:
+                    mutation = msgspec.structs.replace(mutation, vector=vector)
+                    others[memory_id] = (mutation.model, vector)
         yield mutation
 
 
