@@ -309,7 +309,7 @@ class PostgresStore:
         parts.append("SELECT tail_seq, tail_pos, tail, NULL::vector FROM memory_versions WHERE tail IS NOT NULL")
         query = " UNION ALL ".join(parts) + " ORDER BY 1, 2"
         with self.pool.connection() as conn:
-            with conn.transaction(), conn.cursor(name="load") as cur:
+            with conn.transaction(), conn.cursor(name="load", binary=True) as cur:  # binary: vectors not parsed from text
                 cur.itersize = 2000
                 cur.execute(query)
                 for _seq, _pos, body, vec in cur:
