@@ -18,7 +18,6 @@ import os
 import random
 import stat
 import subprocess
-import sys
 import threading
 import zlib
 from collections.abc import Callable, Iterator
@@ -32,7 +31,7 @@ import trio
 import trio.testing
 
 from conftest import IO_TIMEOUT, RawConnection, routed, running_daemon, tmpfs
-from daemon_process import DaemonProcess
+from daemon_process import CLI, DaemonProcess
 from eurekamem.client import Client, ReadOnly
 from eurekamem.daemon.memory.snapshot import read_memory_snapshot
 from eurekamem.daemon.memory.state import MemoryState
@@ -478,7 +477,7 @@ def test_the_data_root_backups_and_exports_are_private(tmp_path: Path, sock_dir:
         env = {k: v for k, v in os.environ.items() if not k.startswith("EUREKAMEM_") and k != "EUREKACLAW_DIR"}
         for args in (["backup", "--socket", str(sock), str(tmp_path / "b.tar.gz")],
                      ["export", "--socket", str(sock), "--out", str(tmp_path / "x.jsonl")]):
-            done = subprocess.run([sys.executable, "-m", "eurekamem.daemon", *args], capture_output=True, text=True,
+            done = subprocess.run([*CLI, *args], capture_output=True, text=True,
                                   timeout=CALL_TIMEOUT, env=env, umask=0o022, check=False)
             assert done.returncode == 0, done.stderr
     finally:
