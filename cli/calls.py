@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Callable, Sequence
 
-from .common import client_target, duration_text, location_flags, timeout_flag, timeout_help
+from .common import client_target, duration_text, location_flags, terminal_columns, timeout_flag, timeout_help
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing at run time (a client command's start)
 if TYPE_CHECKING:
@@ -196,18 +195,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def _width() -> int:
-    """The terminal's columns, at least 60: $COLUMNS, else stdout's terminal, else 100 (as
-    shutil.get_terminal_size finds them; shutil itself would import bz2 and lzma for a table)."""
-    try:
-        columns = int(os.environ.get("COLUMNS", "0"))
-    except ValueError:
-        columns = 0
-    if columns <= 0:
-        try:
-            columns = os.get_terminal_size(sys.__stdout__.fileno() if sys.__stdout__ else 1).columns
-        except (AttributeError, ValueError, OSError):
-            columns = 100
-    return max(60, columns or 100)
+    return max(60, terminal_columns(100))
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], stretch: int = -1) -> str:
