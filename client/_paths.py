@@ -6,7 +6,7 @@ and tomllib only when a config file is there to read (a client command starts in
 
 Finding a running daemon: a client tries the socket the rules give; when nothing listens there, the
 socket the daemon holding the data root wrote into the root's LOCK beside its pid (lock_text, written
-at listen and cleared at a clean stop, daemon/paths.py); when neither answers, unreachable() says
+at listen and emptied when it stops, daemon/paths.py); when neither answers, unreachable() says
 which paths were tried and which pid holds the root. One rule for every client: socket_paths().
 """
 
