@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
-from .common import client_target, duration_text, location_flags, timeout_flag, timeout_help
+from .common import client_target, duration_text, location_flags, terminal_columns, timeout_flag, timeout_help
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing at run time (a client command's start)
 if TYPE_CHECKING:
@@ -196,18 +195,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def _width() -> int:
-    """The terminal's columns, at least 60: $COLUMNS, else stdout's terminal, else 100 (as
-    shutil.get_terminal_size finds them; shutil itself would import bz2 and lzma for a table)."""
-    try:
-        columns = int(os.environ.get("COLUMNS", "0"))
-    except ValueError:
-        columns = 0
-    if columns <= 0:
-        try:
-            columns = os.get_terminal_size(sys.__stdout__.fileno() if sys.__stdout__ else 1).columns
-        except (AttributeError, ValueError, OSError):
-            columns = 100
-    return max(60, columns or 100)
+    return max(60, terminal_columns(100))
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], stretch: int = -1) -> str:
@@ -466,6 +454,20 @@ def add_resume(sub: Any, name: str, help_line: str) -> None:
     resume.set_defaults(func="eurekamem.cli.calls:cmd_resume")
 
 
+class _Categories:
+    """The nine categories as argparse's `choices`, read from the protocol only when argparse looks at
+    them (a --category given, help, an error): protocol/categories.py imports typing, which
+    `memories list` alone does not need (a named metavar keeps argparse from listing them at once)."""
+
+    def __iter__(self) -> Iterator[str]:
+        from ..protocol import MEMORY_CATEGORIES
+
+        return iter(MEMORY_CATEGORIES)
+
+    def __contains__(self, value: object) -> bool:
+        return value in tuple(self)
+
+
 def add_memories(sub: Any, name: str, help_line: str) -> None:
     memories = sub.add_parser(name, help=help_line)
     msub = memories.add_subparsers(dest="memories_command", required=True, metavar="SUBCOMMAND", prog="eurekamem memories")
@@ -475,12 +477,12 @@ def add_memories(sub: Any, name: str, help_line: str) -> None:
         p.add_argument("--json", action="store_true", help="print the daemon's JSON answer instead of a table")
         p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help=timeout_help(60.0))
 
-    from ..protocol import MEMORY_CATEGORIES  # protocol/categories.py: typing only, no record, no msgspec
+    categories = _Categories()
 
     listing = msub.add_parser("list", help="memories newest first, as a table")
     memory_common(listing)
     listing.add_argument("--domain", help="only this domain (default: every domain)")
-    listing.add_argument("--category", choices=MEMORY_CATEGORIES, help="only this category")
+    listing.add_argument("--category", choices=categories, metavar="CATEGORY", help="only this category: %(choices)s")
     listing.add_argument("--status", choices=("active", "archived", "any"), default="active", help="(default: active)")
     listing.add_argument("--limit", type=int, default=50, metavar="N", help="at most N memories (default: 50, at most 10000)")
     listing.add_argument("--offset", type=int, default=0, metavar="N", help="skip the first N (default: 0)")
@@ -514,7 +516,8 @@ def add_memories(sub: Any, name: str, help_line: str) -> None:
     search.add_argument("--table", action="store_true",
                         help="a table: score, id, category, domain, confidence, date, title")
     search.add_argument("--domain", help="this domain and every domain's global memories (default: every domain)")
-    search.add_argument("--category", action="append", choices=MEMORY_CATEGORIES, help="only this category (repeatable)")
+    search.add_argument("--category", action="append", choices=categories, metavar="CATEGORY",
+                        help="only this category (repeatable): %(choices)s")
     search.add_argument("-k", type=int, default=10, metavar="N", help="at most N results (default: 10, at most 100)")
     search.add_argument("--mode", choices=("hybrid", "dense", "lexical"), default="hybrid", help="(default: hybrid)")
     search.add_argument(
@@ -526,7 +529,8 @@ def add_memories(sub: Any, name: str, help_line: str) -> None:
     add = msub.add_parser("add", help="add a memory (deduplicated unless --no-dedup)")
     memory_common(add)
     add.add_argument("--domain", default="", help='the domain, such as "bandit theory" (default: "", i.e. general)')
-    add.add_argument("--category", required=True, choices=MEMORY_CATEGORIES, help="one of the nine categories")
+    add.add_argument("--category", required=True, choices=categories, metavar="CATEGORY",
+                     help="one of the nine categories: %(choices)s")
     add.add_argument("--title", required=True, help="a title of 1 to 1024 characters, on one line")
     add.add_argument("--content", required=True, help="the text ('-': read it from stdin)")
     add.add_argument("--confidence", type=float, default=0.8, help="0 to 1; below 0.5 the memory is skipped (default: 0.8)")

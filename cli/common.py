@@ -11,10 +11,10 @@ the data root's LOCK, so the daemon cannot run meanwhile) read or write the file
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Iterable
-from pathlib import Path
 
 DATA_DIR_HELP = "data root (default: $EUREKACLAW_DIR, else the config file's data_dir, else ~/.eurekaclaw)"
 SOCKET_HELP = (
@@ -26,6 +26,37 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing at run t
 if TYPE_CHECKING:
     from typing import Any, TextIO
 CONFIG_HELP = "config file (default: $XDG_CONFIG_HOME/eurekamem/config.toml, else ~/.config/eurekamem/config.toml)"
+
+
+def terminal_columns(fallback: int = 80) -> int:
+    """The terminal's columns as shutil.get_terminal_size finds them ($COLUMNS, else stdout's
+    terminal, else `fallback`), without importing shutil (bz2, lzma: milliseconds of a command's start)."""
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno() if sys.__stdout__ else 1).columns
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or fallback
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's, its width from terminal_columns(): argparse makes a formatter at every
+    add_argument (to check the argument), and its own finds the width through shutil."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None) -> None:
+        super().__init__(prog, indent_increment, max_help_position, width if width is not None else terminal_columns() - 2)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's, with HelpFormatter by default (its subparsers are made of this class too)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(**kwargs)
 
 
 def location_flags(p: argparse.ArgumentParser) -> None:
@@ -49,15 +80,15 @@ def client_socket(args: argparse.Namespace) -> str:
     return client_target(args)[0]
 
 
-def client_target(args: argparse.Namespace) -> tuple[str, Path | None]:
+def client_target(args: argparse.Namespace) -> tuple[str, str | None]:
     """(socket, data root): the socket as `serve` would pick it (--socket, env, config file, default:
     the client's resolve_locations) and the data root whose daemon's recorded socket a client tries
     next when nothing listens there; None with --socket, which names the socket alone."""
-    from ..client import ConfigFileError, resolve_locations
+    from ..client import ConfigFileError, locate
 
     flag = getattr(args, "socket", None)
     try:
-        root, path = resolve_locations(flag, getattr(args, "data_dir", None), getattr(args, "config", None))
+        root, path = locate(flag, getattr(args, "data_dir", None), getattr(args, "config", None))
     except ConfigFileError as exc:
         print(f"eurekamem: {exc}", file=sys.stderr)
         raise SystemExit(1) from None

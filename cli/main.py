@@ -24,9 +24,8 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
-from .common import CONFIG_HELP, DATA_DIR_HELP, fail, location_flags, timeout_flag
+from .common import CONFIG_HELP, DATA_DIR_HELP, ArgumentParser, fail, location_flags, timeout_flag
 from .common import effective_config as effective
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing at run time (a client command's start)
@@ -44,6 +43,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_repair(args: argparse.Namespace) -> int:
     """The data root as `serve` and `verify` find it (--data-dir, $EUREKACLAW_DIR, config.toml, default)."""
+    from pathlib import Path
+
     from ..daemon.config import ConfigError
     from ..daemon.errors import StartupError
     from ..daemon.paths import Paths, acquire_lock
@@ -72,6 +73,8 @@ def cmd_install_service(args: argparse.Namespace) -> int:
     Each choice is printed with its reason: the command (this environment's, unless --command), the
     data root (--data-dir, else $EUREKACLAW_DIR, else ~/.eurekaclaw as systemd's %h/.eurekaclaw) and
     the socket (--socket, else systemd's %t/eurekamem/eurekamem.sock)."""
+    from pathlib import Path
+
     from ..daemon import systemd as _systemd
 
     folder = Path(args.unit_dir).expanduser() if args.unit_dir else _systemd.unit_dir()
@@ -230,13 +233,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def build_parser(command: str | None = ALL) -> argparse.ArgumentParser:
     """The parser; given the `command` being run (None: none named), only that command's parser is
     built (its add_ function imported and called), the others are a name and a help line."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="eurekamem",
         description="The memory service for AI agents: one daemon on a Unix socket, and the commands to use it.",
         epilog="`eurekamem COMMAND --help` describes a command; `eurekamem call --help` lists the methods.",
     )
     parser.add_argument("--version", action=_VersionAction, help="print the version (and this environment) and exit")
-    # prog given: argparse would otherwise make a help formatter now, which imports shutil (bz2, lzma)
+    # prog given: argparse would otherwise format a usage line now
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", prog="eurekamem")
     for name, (help_line, add) in COMMANDS.items():
         if command == ALL or command == name:

@@ -43,7 +43,7 @@ _LAZY = {
     "._manager": "MemoryManager",
     "._paths": (
         "ConfigFileError data_root default_config_path default_socket_path eurekaclaw_dir resolve_locations "
-        "root_socket_path lock_text read_lock recorded_socket find_socket"
+        "root_socket_path lock_text read_lock recorded_socket find_socket locate root_dir"
     ),
     "._sync": "Client",
 }
@@ -101,10 +101,12 @@ if TYPE_CHECKING:
         default_socket_path,
         eurekaclaw_dir,
         find_socket,
+        locate,
         lock_text,
         read_lock,
         recorded_socket,
         resolve_locations,
+        root_dir,
         root_socket_path,
     )
     from ._sync import Client
@@ -174,8 +176,10 @@ __all__ = [
     "default_socket_path",
     "error_from_wire",
     "find_socket",
+    "locate",
     "lock_text",
     "read_lock",
     "recorded_socket",
     "resolve_locations",
+    "root_dir",
 ]

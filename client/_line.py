@@ -18,7 +18,7 @@ import os
 import time
 
 from ._errors import ConnectionLost, InvalidParams, Timeout, error_from_wire
-from ._paths import connect_unix, data_root, default_socket_path, socket_paths, unreachable
+from ._paths import connect_unix, default_socket_path, root_dir, socket_paths, unreachable
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing at run time (a client command's start)
 if TYPE_CHECKING:
@@ -33,7 +33,8 @@ _DEFAULT_TIMEOUT = 60.0  # as the Client's (client/_common.py's DEFAULT_TIMEOUT,
 class LineClient:
     """path, timeout and data_dir as the Client's (no autostart): `path` when given, else
     default_socket_path(data_dir); when nothing listens there, the socket the daemon holding the data
-    root recorded (the data root: `data_dir`, else, with no `path`, data_root())."""
+    root recorded (the data root: `data_dir`, else, with no `path`, data_root(); kept as a string in
+    `root`: pathlib is not imported)."""
 
     def __init__(
         self,
@@ -44,7 +45,7 @@ class LineClient:
     ) -> None:
         self.path = os.fspath(path) if path is not None else default_socket_path(data_dir)
         self.rule_path = self.path
-        self.root = data_root(data_dir) if data_dir is not None or path is None else None
+        self.root = root_dir(data_dir) if data_dir is not None or path is None else None
         self.timeout = _DEFAULT_TIMEOUT if timeout is None else float(timeout)
         if not 0 < self.timeout < float("inf"):
             raise ValueError(f"timeout must be a finite number of seconds above 0, not {timeout!r}")

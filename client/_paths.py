@@ -6,7 +6,7 @@ and tomllib only when a config file is there to read (a client command starts in
 
 Finding a running daemon: a client tries the socket the rules give; when nothing listens there, the
 socket the daemon holding the data root wrote into the root's LOCK beside its pid (lock_text, written
-at listen and cleared at a clean stop, daemon/paths.py); when neither answers, unreachable() says
+at listen and emptied when it stops, daemon/paths.py); when neither answers, unreachable() says
 which paths were tried and which pid holds the root. One rule for every client: socket_paths().
 """
 
@@ -15,13 +15,18 @@ from __future__ import annotations
 import _socket  # the C module: socket.py's import (selectors, enums) would cost a client command milliseconds
 import os
 from collections.abc import Iterator, Mapping
-from pathlib import Path
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without typing; pathlib is imported only where a Path is made
+if TYPE_CHECKING:
+    from pathlib import Path
 
 __all__ = [
     "LOCK_PARTS",
     "ConfigFileError",
     "connect_unix",
     "find_socket",
+    "locate",
+    "root_dir",
     "lock_text",
     "read_lock",
     "recorded_socket",
@@ -43,14 +48,22 @@ def _env(name: str, environ: Mapping[str, str] | None = None) -> str | None:
     return value if value else None  # an empty variable counts as unset
 
 
-def data_root(data_dir: str | os.PathLike[str] | None = None, *, environ: Mapping[str, str] | None = None) -> Path:
-    """The data root: `data_dir` if given (`--data-dir`), else $EUREKACLAW_DIR, else ~/.eurekaclaw."""
+def root_dir(data_dir: str | os.PathLike[str] | None = None, *, environ: Mapping[str, str] | None = None) -> str:
+    """data_root() as a string: the rules on strings, so that a client command never imports pathlib
+    (with urllib.parse and ipaddress, a tenth of its start)."""
     if data_dir is not None and os.fspath(data_dir):
-        return Path(data_dir).expanduser()
+        return os.path.expanduser(os.fspath(data_dir))
     env = _env("EUREKACLAW_DIR", environ)
     if env is not None:
-        return Path(env).expanduser()
-    return Path.home() / ".eurekaclaw"
+        return os.path.expanduser(env)
+    return os.path.join(os.path.expanduser("~"), ".eurekaclaw")
+
+
+def data_root(data_dir: str | os.PathLike[str] | None = None, *, environ: Mapping[str, str] | None = None) -> Path:
+    """The data root: `data_dir` if given (`--data-dir`), else $EUREKACLAW_DIR, else ~/.eurekaclaw."""
+    from pathlib import Path
+
+    return Path(root_dir(data_dir, environ=environ))
 
 
 def default_socket_path(
@@ -70,43 +83,73 @@ def default_socket_path(
     runtime = _env("XDG_RUNTIME_DIR", environ)
     if runtime is not None and os.path.isabs(runtime):
         return os.path.join(runtime, "eurekamem", SOCKET_NAME)
-    return str(data_root(data_dir, environ=environ) / "run" / SOCKET_NAME)
+    return root_socket_path(root_dir(data_dir, environ=environ))
 
 
 class ConfigFileError(ValueError):
     """The config file named by --config is missing, or a config file cannot be read as TOML."""
 
 
+def _config_file(environ: Mapping[str, str] | None = None) -> str:
+    base = _env("XDG_CONFIG_HOME", environ) or ""
+    folder = base if os.path.isabs(base) else os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(folder, "eurekamem", "config.toml")
+
+
 def default_config_path(environ: Mapping[str, str] | None = None) -> Path:
     """$XDG_CONFIG_HOME/eurekamem/config.toml (an absolute $XDG_CONFIG_HOME), else ~/.config/eurekamem/config.toml."""
-    base = _env("XDG_CONFIG_HOME", environ) or ""
-    folder = Path(base) if os.path.isabs(base) else Path.home() / ".config"
-    return folder / "eurekamem" / "config.toml"
+    from pathlib import Path
+
+    return Path(_config_file(environ))
 
 
 def _file_locations(config: str | os.PathLike[str] | None, environ: Mapping[str, str] | None) -> dict[str, str]:
     """data_dir and socket from the config file (relative paths from the file's folder, `~` expanded)."""
     if config is not None:
-        path = Path(config).expanduser()
-        if not path.is_file():
+        path = os.path.expanduser(os.fspath(config))
+        if not os.path.isfile(path):
             raise ConfigFileError(f"config file {path} (from --config) does not exist")
     else:
-        path = default_config_path(environ)
-        if not path.is_file():
+        path = _config_file(environ)
+        if not os.path.isfile(path):
             return {}
     import tomllib  # here: ~10 ms of a command's start, and most users have no config file
 
     try:
-        doc = tomllib.loads(path.read_bytes().decode("utf-8"))
+        with open(path, "rb") as f:
+            doc = tomllib.loads(f.read().decode("utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigFileError(f"config file {path}: cannot be read as TOML: {exc}") from None
     out = {}
     for key in ("data_dir", "socket"):
         value = doc.get(key)
         if isinstance(value, str) and value:
-            p = Path(value).expanduser()
-            out[key] = str(p if p.is_absolute() else path.parent / p)
+            out[key] = os.path.join(os.path.dirname(path), os.path.expanduser(value))  # an absolute value stays
     return out
+
+
+def locate(
+    socket: str | os.PathLike[str] | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+    config: str | os.PathLike[str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[str, str]:
+    """resolve_locations() as strings (for the commands, which leave pathlib out)."""
+    from_file = _file_locations(config, environ)
+    if data_dir is not None and os.fspath(data_dir) or _env("EUREKACLAW_DIR", environ) is not None:
+        root = root_dir(data_dir, environ=environ)
+    elif "data_dir" in from_file:
+        root = from_file["data_dir"]
+    else:
+        root = root_dir(None, environ={})  # ~/.eurekaclaw
+    if socket is not None and os.fspath(socket):
+        path = os.path.expanduser(os.fspath(socket))
+    elif _env("EUREKAMEM_SOCKET", environ) is None and "socket" in from_file:
+        path = from_file["socket"]
+    else:
+        path = default_socket_path(root, environ=environ)
+    return root, path
 
 
 def resolve_locations(
@@ -125,30 +168,19 @@ def resolve_locations(
     library, so `eurekamem socket` and `eurekamem call` start in a few tens of milliseconds.
     Raises ConfigFileError for a missing --config file or a file that is not TOML.
     """
-    from_file = _file_locations(config, environ)
-    if data_dir is not None and os.fspath(data_dir):
-        root = Path(data_dir).expanduser()
-    elif _env("EUREKACLAW_DIR", environ) is not None:
-        root = data_root(None, environ=environ)
-    elif "data_dir" in from_file:
-        root = Path(from_file["data_dir"])
-    else:
-        root = Path.home() / ".eurekaclaw"
-    if socket is not None and os.fspath(socket):
-        path = os.path.expanduser(os.fspath(socket))
-    elif _env("EUREKAMEM_SOCKET", environ) is None and "socket" in from_file:
-        path = from_file["socket"]
-    else:
-        path = default_socket_path(root, environ=environ)
-    return root, path
+    from pathlib import Path
+
+    root, path = locate(socket, data_dir, config, environ=environ)
+    return Path(root), path
 
 
-def _read_dotenv(path: Path) -> dict[str, str]:
+def _read_dotenv(path: str) -> dict[str, str]:
     """KEY=VALUE lines as python-dotenv reads them (what EurekaClaw's pydantic-settings uses):
     `export ` prefixes, single or double quotes, `#` comments after unquoted values."""
     out: dict[str, str] = {}
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
     except (OSError, UnicodeDecodeError):
         return out
     for raw in text.splitlines():
@@ -175,10 +207,12 @@ def eurekaclaw_dir(cwd: str | os.PathLike[str] | None = None) -> Path:
     """EurekaClaw's data root as its own settings find it: EUREKACLAW_DIR from the environment, else
     from the `.env` file in the working directory, else ~/.eurekaclaw (names case-insensitive, as
     pydantic-settings matches them; `~` expanded)."""
+    from pathlib import Path
+
     for name, value in os.environ.items():
         if name.upper() == "EUREKACLAW_DIR" and value:
             return Path(value).expanduser()
-    dotenv = _read_dotenv(Path(cwd if cwd is not None else os.getcwd()) / ".env")
+    dotenv = _read_dotenv(os.path.join(os.fspath(cwd) if cwd is not None else os.getcwd(), ".env"))
     for name, value in dotenv.items():
         if name.upper() == "EUREKACLAW_DIR" and value:
             return Path(value).expanduser()
@@ -187,7 +221,7 @@ def eurekaclaw_dir(cwd: str | os.PathLike[str] | None = None) -> Path:
 
 def root_socket_path(root: str | os.PathLike[str]) -> str:
     """The socket a daemon started on demand for `root` listens on: <root>/run/eurekamem.sock."""
-    return str(Path(root) / "run" / SOCKET_NAME)
+    return os.path.join(os.fspath(root), "run", SOCKET_NAME)
 
 
 # --- the running daemon's own record: <data root>/memory/journal/LOCK ------------------------------
@@ -196,8 +230,8 @@ LOCK_PARTS = ("memory", "journal", "LOCK")  # the file the daemon holds an flock
 _SOCKET_LINE = "socket "
 
 
-def lock_file(root: str | os.PathLike[str]) -> Path:
-    return Path(root).joinpath(*LOCK_PARTS)
+def lock_file(root: str | os.PathLike[str]) -> str:
+    return os.path.join(os.fspath(root), *LOCK_PARTS)
 
 
 def lock_text(pid: int, socket: str | None = None) -> str:

@@ -89,7 +89,9 @@ def acquire_lock(paths: Paths) -> int:
 def record_socket(paths: Paths, socket_path: str | os.PathLike[str]) -> None:
     """Name the socket in the LOCK after the pid, once listening: clients whose rules point elsewhere
     find the daemon there (client/_paths.py). One write of a longer text over the pid line: a reader
-    sees the pid alone or both lines; owned_root empties the file at a clean stop."""
+    sees the pid alone or both lines (the LOCK cannot be replaced by a rename: the flock is on its
+    inode). owned_root empties the file when the daemon stops; a kill leaves a dead pid, which
+    clients ignore."""
     fd = os.open(paths.lock, os.O_WRONLY | os.O_CLOEXEC)
     try:
         os.pwrite(fd, lock_text(os.getpid(), os.path.abspath(socket_path)).encode(), 0)
