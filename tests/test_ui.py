@@ -265,6 +265,10 @@ async def test_jobs_cancel_and_retry(daemon: DaemonProcess, client: Client) -> N
         assert (await post(web, f"/jobs/{job_id}/retry", page)).status_code == 303
         assert client.call("jobs.get", id=job_id)["state"] == "queued"
         client.call("jobs.cancel", id=job_id)
+        maintained = client.call("sys.maintain")["job_id"]  # needs no LLM: it runs, and its report is shown
+        assert client.call("jobs.wait", id=maintained, timeout=30)["state"] == "done"
+        done = (await web.get("/jobs?state=done")).text
+        assert f'id="job-{maintained}"' in done and "<summary>result</summary>" in done
 
 
 @pytest.mark.trio
@@ -330,3 +334,17 @@ def test_the_command_serves_real_http_on_loopback_only(daemon: DaemonProcess) ->
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_the_command_names_the_extra_it_needs(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without the web libraries, `eurekamem ui` says which extra installs them (and starts nothing)."""
+    import importlib.util
+
+    from eurekamem.cli import ui as command
+    from eurekamem.cli.main import build_parser
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "hypercorn" else found(name, *a))
+    args = build_parser("ui").parse_args(["ui", "--port", "0"])
+    assert command.cmd_ui(args) == 1
+    assert "needs hypercorn: pip install 'eurekamem[ui]'" in capsys.readouterr().err

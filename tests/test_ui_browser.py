@@ -69,6 +69,12 @@ def served() -> Iterator[tuple[str, Client, dict[str, str]]]:
                         domain="concentration")
         azuma = add("graph.add_theorem", theorem_name="Azuma", formal_statement="martingale differences", domain="concentration")
         add("graph.link", from_id=azuma["node_id"], to_id=hoeffding["node_id"], relation="generalizes")
+        more = {name: add("graph.add_theorem", theorem_name=name, formal_statement=f"{name}'s inequality",
+                          domain="concentration")["node_id"] for name in ("Freedman", "Bernstein", "McDiarmid", "Chernoff")}
+        add("graph.link", from_id=more["Freedman"], to_id=azuma["node_id"], relation="generalizes")
+        add("graph.link", from_id=more["Bernstein"], to_id=hoeffding["node_id"], relation="specializes")
+        add("graph.link", from_id=more["McDiarmid"], to_id=hoeffding["node_id"], relation="uses")
+        add("graph.link", from_id=more["Chernoff"], to_id=more["Bernstein"], relation="contradicts")
         ui = subprocess.Popen(
             [sys.executable, "-m", "eurekamem.cli.main", "ui", "--socket", str(daemon.socket_path),
              "--data-dir", str(daemon.data_dir)],
@@ -181,7 +187,11 @@ def test_open_the_graph(served: tuple[str, Client, dict[str, str]], browser: Web
     url, _, ids = served
     browser.get(f"{base(url)}/graph?domain=concentration")
     svg = WebDriverWait(browser, WAIT).until(expected_conditions.presence_of_element_located((By.CSS_SELECTOR, "#graph svg")))
-    assert len(svg.find_elements(By.CSS_SELECTOR, "a.node")) == 2 and len(svg.find_elements(By.CSS_SELECTOR, "line.edge")) == 1
+    assert len(svg.find_elements(By.CSS_SELECTOR, "a.node")) == 6 and len(svg.find_elements(By.CSS_SELECTOR, "line.edge")) == 5
+    browser.get(f"{base(url)}/graph?node={ids['azuma']}&depth=1")  # Azuma's neighbours: Hoeffding, Freedman
+    svg = WebDriverWait(browser, WAIT).until(expected_conditions.presence_of_element_located((By.CSS_SELECTOR, "#graph svg")))
+    assert len(svg.find_elements(By.CSS_SELECTOR, "a.node")) == 3
+    browser.get(f"{base(url)}/graph?domain=concentration")
     shot(browser, "graph")
     browser.get(f"{base(url)}/graph/node/{ids['azuma']}")
     assert "martingale differences" in browser.find_element(By.TAG_NAME, "main").text

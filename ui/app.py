@@ -31,6 +31,7 @@ from .guard import CSRF_KEY, FORM_KEY, Guard, guarded
 
 HERE = Path(__file__).resolve().parent
 PAGE = 50  # memories per page
+RECENT = 1000  # the home page lists the domains of this many newest memories
 CATEGORIES = [*RESEARCH_CATEGORIES, *ASSISTANT_CATEGORIES]  # MEMORY.md's order
 DONE = {  # the notes a change leaves on the page it returns to (?done=...): fixed texts, never echoed input
     "updated": "Saved.", "pinned": "Pinned: it never fades.", "unpinned": "Unpinned.",
@@ -127,9 +128,10 @@ class UI:
 
     async def index(self, request: Request) -> Response:
         groups = await self.call("conversation.groups")
-        recent = await self.call("memory.list", limit=1000, status="any")
+        # the protocol has no list of domains: those of the newest memories (one paged read) and the groups'
+        recent = await self.call("memory.list", limit=RECENT, status="any")
         domains = sorted({m["domain"] for m in recent["memories"]} | {g["domain"] for g in groups}, key=str.lower)
-        return await self.render(request, "index.html", domains=domains, groups=groups, total=recent["total"])
+        return await self.render(request, "index.html", domains=domains, groups=groups, total=recent["total"], recent=RECENT)
 
     async def domain(self, request: Request) -> Response:
         q = request.query_params
