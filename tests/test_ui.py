@@ -348,3 +348,16 @@ def test_the_command_names_the_extra_it_needs(monkeypatch: pytest.MonkeyPatch, c
     args = build_parser("ui").parse_args(["ui", "--port", "0"])
     assert command.cmd_ui(args) == 1
     assert "needs hypercorn: pip install 'eurekamem[ui]'" in capsys.readouterr().err
+
+
+@pytest.mark.trio
+async def test_a_daemon_that_does_not_answer_is_a_page_not_a_crash(tmp_path: Path) -> None:
+    guard = Guard(port=PORT)
+    with trio.fail_after(30):
+        async with AsyncClient(str(tmp_path / "nobody.sock"), timeout=5) as away:
+            app = make_app(away, guard)
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=BASE) as web:
+                assert (await web.get(guard.url().removeprefix(BASE))).status_code == 200
+                for path in ("/", "/search?q=x", "/graph"):
+                    answer = await web.get(path)
+                    assert answer.status_code == 502 and "The daemon did not answer" in answer.text, path

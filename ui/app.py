@@ -24,7 +24,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..client import AsyncClient, EurekamemError
+from ..client import AsyncClient, EurekamemError, NotFound
 from ..protocol import ASSISTANT_CATEGORIES, RESEARCH_CATEGORIES
 from . import graph_svg
 from .guard import CSRF_KEY, FORM_KEY, Guard, guarded
@@ -212,7 +212,7 @@ class UI:
             method, params = calls[action]
             await self.call(method, id=memory_id, **params)
         else:
-            return await self.render(request, "error.html", code=404, error=f"no action {action!r}")
+            raise NotFound(f"no action {action!r}")
         return self.back(f"/memory/{memory_id}", done[action])
 
     async def purge_form(self, request: Request) -> Response:
@@ -268,7 +268,7 @@ class UI:
     async def decide(self, request: Request) -> Response:
         review_id, decision = request.path_params["id"], request.path_params["decision"]
         if decision not in ("approve", "reject"):
-            return await self.render(request, "error.html", code=404, error=f"no decision {decision!r}")
+            raise NotFound(f"no decision {decision!r}")
         if decision == "approve":
             await self.call("review.approve", id=review_id, by=self.by)
             return self.back("/review", "approved")
@@ -286,7 +286,7 @@ class UI:
     async def job_action(self, request: Request) -> Response:
         job_id, action = request.path_params["id"], request.path_params["action"]
         if action not in ("retry", "cancel"):
-            return await self.render(request, "error.html", code=404, error=f"no action {action!r}")
+            raise NotFound(f"no action {action!r}")
         await self.call("jobs.retry" if action == "retry" else "jobs.cancel", id=job_id)
         return self.back("/jobs", "retried" if action == "retry" else "cancelled")
 
