@@ -5,7 +5,7 @@ one that reaches the page under another host name (DNS rebinding, by Chromium's 
 a form sent without its CSRF token are refused.
 
 Skips, saying why, where chromium or chromedriver is absent (`apt-get install chromium
-chromium-driver`). EUREKAMEM_UI_SCREENSHOTS=DIR keeps the pages' screenshots there (the README's
+chromium-driver`), unless EUREKAMEM_REQUIRE_BROWSER=1 (CI), which makes that an error. EUREKAMEM_UI_SCREENSHOTS=DIR keeps the pages' screenshots there (the README's
 comes from bench/results/ui/)."""
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from eurekamem.client import Client
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
 if not (CHROMIUM and DRIVER):
-    pytest.skip(
-        "no system Chromium for the browser tests (apt-get install chromium chromium-driver): "
-        f"chromium {CHROMIUM or 'missing'}, chromedriver {DRIVER or 'missing'}",
-        allow_module_level=True,
-    )
+    WHY = ("no system Chromium for the browser tests (apt-get install chromium chromium-driver): "
+           f"chromium {CHROMIUM or 'missing'}, chromedriver {DRIVER or 'missing'}")
+    if os.environ.get("EUREKAMEM_REQUIRE_BROWSER") == "1":  # CI, which installs them: fail, never skip
+        raise RuntimeError(WHY)
+    pytest.skip(WHY, allow_module_level=True)
 
 from selenium import webdriver  # noqa: E402  (after the skip: selenium is of no use without the browser)
 from selenium.webdriver.chrome.service import Service  # noqa: E402
