@@ -306,6 +306,12 @@ async def test_skills_and_conversation_groups(daemon: DaemonProcess, client: Cli
         assert "team chat" in groups
         group = (await web.get("/group?name=team+chat")).text
         assert "We ship on Monday." in group and "carol" in group and "No summary yet" in group
+        assert 'id="message-t1"' in group
+        # a memory extracted from the group links to its source messages
+        extracted = client.call("memory.add", domain="team chat", category="fact", title="Shipping day",
+                                content="The team ships on Monday.", source_message_ids=["t1"])["memory"]
+        page = (await web.get(f"/memory/{extracted['id']}")).text
+        assert 'href="/group?name=team+chat#message-t1"' in page
         strip = (await web.get("/")).text
         assert 'id="strip"' in strip and "store: journal" in strip and "model: usem3" in strip and "no LLM usable" in strip
 
