@@ -386,3 +386,26 @@ async def test_the_pages_work_on_the_postgres_store(postgres_dsn: str, sock_dir:
             assert c.call("memory.get", id=memory["id"])["status"] == "archived"
     finally:
         proc.terminate()
+
+
+@pytest.mark.trio
+async def test_bad_input_is_a_clear_error_page_never_a_crash(daemon: DaemonProcess, client: Client) -> None:
+    memory = add(client, "odd input", "Left alone", "Odd requests change nothing.")
+    async with browser(daemon) as (web, _):
+        for path, status in [
+            ("/domain?name=../etc", 400), ("/domain?name=x&page=abc&status=weird", 200), ("/search?q=" + "x" * 5000, 413),
+            ("/search?q=x&category=nonsense", 400), ("/graph?depth=99&node=unknown", 200), ("/graph/node/unknown", 404),
+            ("/memory/unknown", 404), ("/review?state=bogus", 200), ("/jobs?state=bogus", 200), ("/group?name=", 400),
+            ("/readable?domain=a/../b", 400), ("/nowhere", 404),
+        ]:
+            answer = await web.get(path)
+            assert answer.status_code == status, (path, answer.status_code, answer.text[-300:])
+        page = (await web.get(f"/memory/{memory['id']}/edit")).text
+        for fields in ({"confidence": "5"}, {"category": "nonsense"}, {"content": "   "}):
+            answer = await post(web, f"/memory/{memory['id']}/edit", page, title="Left alone", **fields)
+            assert answer.status_code == 400, (fields, answer.text[-300:])
+        for path in ("/jobs/unknown/retry", "/skills/unknown/confirm", "/review/unknown/approve", "/memory/unknown/pin"):
+            assert (await post(web, path, page)).status_code == 404, path
+    after = client.call("memory.get", id=memory["id"])
+    assert (after["title"], after["content"], after["confidence"], after["category"]) == (
+        "Left alone", "Odd requests change nothing.", memory["confidence"], memory["category"])
