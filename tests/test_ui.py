@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -337,9 +338,13 @@ def test_the_command_serves_real_http_on_loopback_only(daemon: DaemonProcess) ->
             assert home.status_code == 200 and "Domains" in home.text
             rebound = web.get(found.group(1), headers={"host": f"attacker.example:{found.group(2)}"})
             assert rebound.status_code == 400
+        proc.send_signal(signal.SIGINT)  # Ctrl-C: a quiet end
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0 and "Traceback" not in err, err
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
 
 
 def test_the_command_names_the_extra_it_needs(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
