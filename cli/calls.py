@@ -1,29 +1,36 @@
 """The commands that only talk to a running daemon: call, status, socket, resume and memories.
 
-Rule kept here: nothing here imports eurekamem.daemon (nor trio or numpy): only the client, the
-protocol and the standard library, so each of these commands starts and answers in well under
-0.15 s (tests/test_cli.py checks the imports in a subprocess). The socket is found by
-client/_paths.py's resolve_locations, the same order `eurekamem serve` applies.
+Rule kept here: nothing here imports eurekamem.daemon (nor trio, numpy or msgspec): they talk through
+the light client (client/_line.py: NDJSON, the standard library only) and read the protocol's light
+modules (categories, readable), so each of these commands answers within a few tens of milliseconds
+(tests/test_cli.py checks the imports in a subprocess, bench/bench_cli.py times them). Only their
+help and error paths import the methods' table (`call --help`, an unknown method). The socket is
+found by client/_paths.py's rules, the order `eurekamem serve` applies, then the data root's record.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
+import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
 
-from .common import client_socket, duration_text, timeout_help
+from .common import client_target, duration_text, location_flags, timeout_flag, timeout_help
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing at run time (a client command's start)
+if TYPE_CHECKING:
+    from typing import Any
 
 # --- calling -----------------------------------------------------------------------------------------
 
 
 def connect(args: argparse.Namespace) -> Any:
-    from ..client import Client
+    """A LineClient for the daemon (found as client_target says), with the command's --timeout."""
+    from ..client import LineClient
 
-    return Client(client_socket(args), timeout=args.timeout)
+    path, root = client_target(args)
+    return LineClient(path, timeout=args.timeout, data_dir=root)
 
 
 def fail(message: str) -> int:
@@ -33,7 +40,7 @@ def fail(message: str) -> int:
 
 def _call_reporting(args: argparse.Namespace, method: str, params: dict[str, Any]) -> tuple[bool, Any]:
     """(True, result), or (False, None) after printing the error the daemon answered or why it is unreachable."""
-    from ..client import ConnectionLost, EurekamemError
+    from ..client import ConnectionLost, EurekamemError, MethodNotFound
 
     try:
         with connect(args) as client:
@@ -41,10 +48,27 @@ def _call_reporting(args: argparse.Namespace, method: str, params: dict[str, Any
     except BrokenPipeError:  # stdout's reader went away, not the daemon: main() ends quietly
         raise
     except (ConnectionLost, OSError) as exc:
-        print(f"eurekamem: cannot reach the daemon: {exc}", file=sys.stderr)
+        unknown = _unknown_method(method)  # said first: no daemon would know it either
+        print(f"eurekamem: {unknown or f'cannot reach the daemon: {exc}'}", file=sys.stderr)
+    except MethodNotFound as exc:
+        print(f"eurekamem: {_unknown_method(method) or f'{exc.kind}: {exc.message}'}", file=sys.stderr)
     except EurekamemError as exc:
         print(f"eurekamem: {exc.kind}: {exc.message}", file=sys.stderr)
     return False, None
+
+
+def _unknown_method(method: str) -> str | None:
+    """The error for a method name the protocol does not have (with the names it is close to), else
+    None. Asked only after a call failed: the methods' table costs the params Structs' import."""
+    from ..protocol import METHODS
+
+    if method in METHODS:
+        return None
+    import difflib
+
+    close = difflib.get_close_matches(method, list(METHODS), n=3)
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    return f"unknown method {method!r}{hint}; `eurekamem call --help` lists them"
 
 
 def methods_listing() -> str:
@@ -58,23 +82,18 @@ def methods_listing() -> str:
 
 
 def cmd_call(args: argparse.Namespace) -> int:
-    from ..protocol import METHODS
-
     if args.help or not args.method:
         args.parser.print_help()
         print()
         print(methods_listing())
         return 0 if args.help else 2
-    if args.method not in METHODS:
-        import difflib
-
-        close = difflib.get_close_matches(args.method, list(METHODS), n=3)
-        hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        return fail(f"unknown method {args.method!r}{hint}; `eurekamem call --help` lists them")
-    spec = METHODS[args.method]
     if args.method_help:
-        from ..protocol import method_help
+        from ..protocol import METHODS, method_help
 
+        unknown = _unknown_method(args.method)
+        if unknown:
+            return fail(unknown)
+        spec = METHODS[args.method]
         print(method_help(spec.name, spec.params, spec.doc, spec.writes))
         return 0
     text = sys.stdin.read() if args.params == "-" else args.params
@@ -92,8 +111,12 @@ def cmd_call(args: argparse.Namespace) -> int:
 
 
 def cmd_socket(args: argparse.Namespace) -> int:
-    """Print the socket path the other commands connect to (and `eurekamem serve` listens on)."""
-    print(client_socket(args))
+    """Print the socket path the other commands connect to: the rules' path (where `eurekamem serve`
+    listens by the same rules), else the socket the daemon holding the data root records, when
+    something listens there and not on the rules' path; --socket is printed as given."""
+    from ..client import find_socket
+
+    print(find_socket(*client_target(args)))
     return 0
 
 
@@ -173,7 +196,18 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def _width() -> int:
-    return max(60, shutil.get_terminal_size((100, 24)).columns)
+    """The terminal's columns, at least 60: $COLUMNS, else stdout's terminal, else 100 (as
+    shutil.get_terminal_size finds them; shutil itself would import bz2 and lzma for a table)."""
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno() if sys.__stdout__ else 1).columns
+        except (AttributeError, ValueError, OSError):
+            columns = 100
+    return max(60, columns or 100)
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], stretch: int = -1) -> str:
@@ -392,53 +426,56 @@ def cmd_memories_forget(args: argparse.Namespace) -> int:
 # --- the parser ---------------------------------------------------------------------------------------
 
 
-def add_client_commands(
-    sub: Any,
-    common: Callable[[argparse.ArgumentParser], None],
-    timeout: Callable[[argparse.ArgumentParser, float], None],
-    command: str | None,
-) -> None:
-    """Register call, status, socket, resume and memories."""
+def add_call(sub: Any, name: str, help_line: str) -> None:
     call = sub.add_parser(
-        "call", add_help=False, help="call one method and print its JSON result (`call --help` lists the methods)",
+        name, add_help=False, help=help_line,
         usage="eurekamem call [options] METHOD [PARAMS]\n       eurekamem call METHOD --help",
         description="Call one method of the daemon and print its JSON result; an error goes to stderr with exit status 1.",
     )
     call.add_argument("-h", "--help", action="store_true", help="show this help (with METHOD: that method's params) and exit")
-    common(call)
+    location_flags(call)
     call.add_argument("method", nargs="?", metavar="METHOD", help="a method name, such as sys.ping or memory.search")
     call.add_argument("params", nargs="?", metavar="PARAMS", help="the params as a JSON object ('-': read it from stdin)")
     call.add_argument("--pretty", action="store_true", help="indent the JSON output")
-    timeout(call, 30.0)
+    timeout_flag(call, 30.0)
     call.set_defaults(func=_call_entry, parser=call, method_help=False)
 
-    status = sub.add_parser("status", help="a short human summary of the running daemon")
-    common(status)
-    timeout(status, 5.0)
+
+def add_status(sub: Any, name: str, help_line: str) -> None:
+    status = sub.add_parser(name, help=help_line)
+    location_flags(status)
+    timeout_flag(status, 5.0)
     status.set_defaults(func="eurekamem.cli.calls:cmd_status")
 
+
+def add_socket(sub: Any, name: str, help_line: str) -> None:
     socket = sub.add_parser(
-        "socket", help="print the socket path the daemon listens on and the commands connect to",
-        description="Print the socket path, found as `eurekamem serve` finds it: for socat and other clients, "
-        "e.g. socat - UNIX-CONNECT:$(eurekamem socket)",
+        name, help=help_line,
+        description="Print the socket path, found as the other commands find it: by the rules `eurekamem serve` applies, "
+        "else (when nothing listens there) the socket the daemon holding the data root records in its LOCK. "
+        "For socat and other clients, e.g. socat - UNIX-CONNECT:$(eurekamem socket)",
     )
-    common(socket)
+    location_flags(socket)
     socket.set_defaults(func="eurekamem.cli.calls:cmd_socket")
 
-    resume = sub.add_parser("resume", help="after a disk-full or I/O error made the daemon read-only: write again")
-    common(resume)
-    timeout(resume, 60.0)
+
+def add_resume(sub: Any, name: str, help_line: str) -> None:
+    resume = sub.add_parser(name, help=help_line)
+    location_flags(resume)
+    timeout_flag(resume, 60.0)
     resume.set_defaults(func="eurekamem.cli.calls:cmd_resume")
 
-    memories = sub.add_parser("memories", help="what the agents know: list, show, search, add or forget domain memories")
-    msub = memories.add_subparsers(dest="memories_command", required=True, metavar="SUBCOMMAND")
+
+def add_memories(sub: Any, name: str, help_line: str) -> None:
+    memories = sub.add_parser(name, help=help_line)
+    msub = memories.add_subparsers(dest="memories_command", required=True, metavar="SUBCOMMAND", prog="eurekamem memories")
 
     def memory_common(p: argparse.ArgumentParser) -> None:
-        common(p)
+        location_flags(p)
         p.add_argument("--json", action="store_true", help="print the daemon's JSON answer instead of a table")
         p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help=timeout_help(60.0))
 
-    from ..protocol import MEMORY_CATEGORIES
+    from ..protocol import MEMORY_CATEGORIES  # protocol/categories.py: typing only, no record, no msgspec
 
     listing = msub.add_parser("list", help="memories newest first, as a table")
     memory_common(listing)

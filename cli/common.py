@@ -11,19 +11,20 @@ the data root's LOCK, so the daemon cannot run meanwhile) read or write the file
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import time
 from collections.abc import Iterable
-from typing import Any, TextIO
-
-log = logging.getLogger("eurekamem.admin")
+from pathlib import Path
 
 DATA_DIR_HELP = "data root (default: $EUREKACLAW_DIR, else the config file's data_dir, else ~/.eurekaclaw)"
 SOCKET_HELP = (
     "the daemon's socket (default: $EUREKAMEM_SOCKET, else the config file's socket, else "
     "$XDG_RUNTIME_DIR/eurekamem/eurekamem.sock, else <data root>/run/eurekamem.sock; `eurekamem socket` prints it)"
 )
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing at run time (a client command's start)
+if TYPE_CHECKING:
+    from typing import Any, TextIO
 CONFIG_HELP = "config file (default: $XDG_CONFIG_HOME/eurekamem/config.toml, else ~/.config/eurekamem/config.toml)"
 
 
@@ -45,13 +46,22 @@ def timeout_flag(p: argparse.ArgumentParser, default: float) -> None:
 
 def client_socket(args: argparse.Namespace) -> str:
     """The daemon's socket as `serve` would pick it: --socket, env, config file, default (the client's resolve_locations)."""
+    return client_target(args)[0]
+
+
+def client_target(args: argparse.Namespace) -> tuple[str, Path | None]:
+    """(socket, data root): the socket as `serve` would pick it (--socket, env, config file, default:
+    the client's resolve_locations) and the data root whose daemon's recorded socket a client tries
+    next when nothing listens there; None with --socket, which names the socket alone."""
     from ..client import ConfigFileError, resolve_locations
 
+    flag = getattr(args, "socket", None)
     try:
-        return resolve_locations(getattr(args, "socket", None), getattr(args, "data_dir", None), getattr(args, "config", None))[1]
+        root, path = resolve_locations(flag, getattr(args, "data_dir", None), getattr(args, "config", None))
     except ConfigFileError as exc:
         print(f"eurekamem: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
+    return path, (None if flag else root)
 
 
 def fail(message: str) -> int:
@@ -67,10 +77,11 @@ def effective_config(args: argparse.Namespace, names: Iterable[str] = ("data_dir
 
 
 def connect(args: argparse.Namespace) -> Any:
-    """A Client for the daemon's socket, found as `serve` finds it, without importing the daemon."""
+    """A Client for the daemon's socket, found as client_target says, without importing the daemon."""
     from ..client import Client
 
-    return Client(client_socket(args), timeout=getattr(args, "timeout", 60.0))
+    path, root = client_target(args)
+    return Client(path, timeout=getattr(args, "timeout", 60.0), data_dir=root)
 
 
 class Progress:

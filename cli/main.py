@@ -1,29 +1,37 @@
 """The `eurekamem` command: the parser, and the commands that run or touch the daemon's own files.
 
-Rule kept here: a command that only talks to a running daemon (call, status, socket, memories,
-resume, metrics, top, backup, export, import) imports the client and the protocol, never
-eurekamem.daemon (nor trio, numpy or a model), so that it answers in a few tens of milliseconds.
-This module imports only the standard library and cli/common.py (itself only the standard
-library) at the top; each command's module is imported when that command runs (COMMANDS names them as "module:function"), and the daemon's setting flags are
-added to the parser only for the commands that take them (serve, config show).
-tests/test_cli.py runs the client-side commands in a subprocess and checks what they imported.
+Rule kept here: `eurekamem COMMAND` imports what COMMAND needs and nothing else, so that a command
+that only talks to a running daemon (call, status, socket, memories, resume, ...) answers in a few
+tens of milliseconds: it imports the light client (client/_line.py) and the standard library, never
+eurekamem.daemon, trio, numpy, msgspec or a model. This module imports only the standard library and
+cli/common.py at the top. tests/test_cli.py runs the client-side commands in a subprocess and fails
+when one imports trio, numpy, hnswlib, the daemon or an embedder; bench/bench_cli.py times them.
+
+Adding a command (keep to this pattern; each step is one place):
+1. Write `add_NAME(sub, name, help)` (here, or in your module if that module imports only the standard
+   library and cli/common.py at its top): it calls `sub.add_parser(name, help=help, ...)`, adds the
+   arguments, and sets `func="eurekamem.cli.MODULE:cmd_NAME"`, a string, so that the command's module
+   is imported only when the command runs.
+2. Add one line to COMMANDS: "NAME": ("the one-line help", "eurekamem.cli.MODULE:add_NAME").
+Only the command being run has its add_ function imported and called (all of them for
+build_parser(ALL)); the others appear in `eurekamem --help` by their line. A client-side command
+also goes into CLIENT_COMMANDS of tests/test_cli.py, which checks what it imports.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
-import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from .common import CONFIG_HELP, DATA_DIR_HELP, fail, location_flags, timeout_flag
 from .common import effective_config as effective
 
-DAEMON_FLAG_COMMANDS = ("serve", "config")  # the commands that take every setting as a flag (daemon/config.py)
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing at run time (a client command's start)
+if TYPE_CHECKING:
+    from typing import Any
 
 # --- the commands that run the daemon or read its files (they import eurekamem.daemon) -----------
 
@@ -163,40 +171,102 @@ def _command_of(argv: list[str]) -> str | None:
 
 ALL = "*"  # build_parser(): every command with every flag
 
+# name: (the line `eurekamem --help` shows, "module:add_function" that builds its parser); in help order
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("run the daemon in the foreground (Ctrl-C or SIGTERM stops it)", "eurekamem.cli.main:add_serve"),
+    "call": ("call one method and print its JSON result (`call --help` lists the methods)", "eurekamem.cli.calls:add_call"),
+    "status": ("a short human summary of the running daemon", "eurekamem.cli.calls:add_status"),
+    "socket": (
+        "print the socket path the daemon listens on and the commands connect to", "eurekamem.cli.calls:add_socket"
+    ),
+    "resume": (
+        "after a disk-full or I/O error made the daemon read-only: write again", "eurekamem.cli.calls:add_resume"
+    ),
+    "memories": (
+        "what the agents know: list, show, search, add or forget domain memories", "eurekamem.cli.calls:add_memories"
+    ),
+    "repair": (
+        "back up and truncate a journal the daemon refuses to open (daemon stopped)", "eurekamem.cli.main:add_repair"
+    ),
+    "install-service": (
+        "write the systemd user units (eurekamem.service, eurekamem.socket) and say what they run",
+        "eurekamem.cli.main:add_install_service",
+    ),
+    "config": ("the effective configuration", "eurekamem.cli.main:add_config"),
+    "metrics": ("sys.stats in Prometheus text format", "eurekamem.cli.main:add_metrics"),
+    "top": ("a live status view, refreshed every second (q or Ctrl-C quits)", "eurekamem.cli.main:add_top"),
+    "backup": ("a consistent archive (.tar or .tar.gz) of the running daemon's data", "eurekamem.cli.main:add_backup"),
+    "restore": ("unpack a backup into an empty data root", "eurekamem.cli.main:add_restore"),
+    "export": (
+        "every record as JSON lines, or as an EurekaClaw data root, read through the daemon",
+        "eurekamem.cli.main:add_export",
+    ),
+    "import": (
+        "add a jsonl export, or a plain EurekaClaw data root, through the daemon (progress on stderr)",
+        "eurekamem.cli.main:add_import",
+    ),
+    "verify": (
+        "check journal, snapshots, vectors and memory files against each other (daemon stopped)",
+        "eurekamem.cli.main:add_verify",
+    ),
+    "migrate": (
+        "copy a journal data root into an empty PostgreSQL database (daemon stopped)", "eurekamem.cli.main:add_migrate"
+    ),
+    "mcp": (
+        "an MCP server on stdio, or streamable HTTP on 127.0.0.1 (Claude Code, Claude Desktop, Cursor, ...)",
+        "eurekamem.cli.main:add_mcp",
+    ),
+    "ui": ("a web page on 127.0.0.1 to see, search, review and correct the memories", "eurekamem.cli.main:add_ui"),
+    "hooks": (
+        "install, remove or show eurekamem's hooks in Claude Code's settings.json", "eurekamem.cli.hooks:add_hooks"
+    ),
+    "hook": (
+        "the hook command: one Claude Code hook event on stdin, the answer on stdout (exits 0)",
+        "eurekamem.cli.hooks:add_hook",
+    ),
+}
+
 
 def build_parser(command: str | None = ALL) -> argparse.ArgumentParser:
-    """The whole parser; given the `command` being run (None: none named), only serve and config
-    show get the daemon's setting flags (which import eurekamem.daemon) and only when they run."""
+    """The parser; given the `command` being run (None: none named), only that command's parser is
+    built (its add_ function imported and called), the others are a name and a help line."""
     parser = argparse.ArgumentParser(
         prog="eurekamem",
         description="The memory service for AI agents: one daemon on a Unix socket, and the commands to use it.",
         epilog="`eurekamem COMMAND --help` describes a command; `eurekamem call --help` lists the methods.",
     )
     parser.add_argument("--version", action=_VersionAction, help="print the version (and this environment) and exit")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    daemon_flags = command == ALL or command in DAEMON_FLAG_COMMANDS
+    # prog given: argparse would otherwise make a help formatter now, which imports shutil (bz2, lzma)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", prog="eurekamem")
+    for name, (help_line, add) in COMMANDS.items():
+        if command == ALL or command == name:
+            _imported(add)(sub, name, help_line)
+        else:
+            sub.add_parser(name, help=help_line)  # `eurekamem --help` lists it; running it builds its parser
+    return parser
 
-    common, timeout = location_flags, timeout_flag
-    serve = sub.add_parser("serve", help="run the daemon in the foreground (Ctrl-C or SIGTERM stops it)")
-    common(serve)
-    if daemon_flags:
-        from ..daemon.config import add_serve_flags
 
-        add_serve_flags(serve)  # a flag per setting (--fsync, --embedder, --log-level, ...): flag > env > file > default
+# --- each command's parser (the add_ functions of COMMANDS) ------------------------------------------
+
+
+def add_serve(sub: Any, name: str, help_line: str) -> None:
+    from ..daemon.config import add_serve_flags
+
+    serve = sub.add_parser(name, help=help_line)
+    location_flags(serve)
+    add_serve_flags(serve)  # a flag per setting (--fsync, --embedder, --log-level, ...): flag > env > file > default
     serve.set_defaults(func="eurekamem.cli.main:cmd_serve")
 
-    from . import calls
 
-    calls.add_client_commands(sub, common, timeout, command)
-
-    rep = sub.add_parser("repair", help="back up and truncate a journal the daemon refuses to open (daemon stopped)")
+def add_repair(sub: Any, name: str, help_line: str) -> None:
+    rep = sub.add_parser(name, help=help_line)
     rep.add_argument("--data-dir", help=DATA_DIR_HELP)
     rep.add_argument("--config", help=CONFIG_HELP + " (for its data_dir)")
     rep.set_defaults(func="eurekamem.cli.main:cmd_repair")
 
-    install = sub.add_parser(
-        "install-service", help="write the systemd user units (eurekamem.service, eurekamem.socket) and say what they run"
-    )
+
+def add_install_service(sub: Any, name: str, help_line: str) -> None:
+    install = sub.add_parser(name, help=help_line)
     install.add_argument("--dry-run", action="store_true", help="print the units and where they would go; write nothing")
     install.add_argument("--unit-dir", help="folder for the units (default: $XDG_CONFIG_HOME/systemd/user, else ~/.config/systemd/user)")
     install.add_argument("--data-dir", help="the service's data root (default: $EUREKACLAW_DIR, else ~/.eurekaclaw)")
@@ -207,79 +277,79 @@ def build_parser(command: str | None = ALL) -> argparse.ArgumentParser:
     )
     install.set_defaults(func="eurekamem.cli.main:cmd_install_service")
 
-    add_commands(sub, common, timeout, daemon_flags)
-    from .mcp_server import add_mcp_command
 
-    add_mcp_command(sub, common)  # mcp: the stdio MCP server
-    from .ui import add_ui_command
+def add_config(sub: Any, name: str, help_line: str) -> None:
+    from ..daemon.config import add_serve_flags
 
-    add_ui_command(sub, common)  # ui: the web page (its libraries imported only when it runs)
-    return parser
-
-
-def add_commands(
-    sub: Any, common: Callable[[argparse.ArgumentParser], None], timeout: Callable[[argparse.ArgumentParser, float], None],
-    daemon_flags: bool = True,
-) -> None:
-    """Register config show, metrics, top, backup, restore, export, import and verify."""
-    config = sub.add_parser("config", help="the effective configuration")
+    config = sub.add_parser(name, help=help_line)
     config_sub = config.add_subparsers(dest="config_command", required=True, metavar="SUBCOMMAND")
     show = config_sub.add_parser("show", help="print every setting, its value and where it came from (default, file, env, flag)")
-    common(show)
-    if daemon_flags:
-        from ..daemon.config import add_serve_flags
-
-        add_serve_flags(show)
+    location_flags(show)
+    add_serve_flags(show)
     show.add_argument("--json", action="store_true", help="as JSON")
     show.set_defaults(func="eurekamem.cli.main:cmd_config_show")
 
-    metrics = sub.add_parser("metrics", help="sys.stats in Prometheus text format")
-    common(metrics)
-    timeout(metrics, 5.0)
+
+def add_metrics(sub: Any, name: str, help_line: str) -> None:
+    metrics = sub.add_parser(name, help=help_line)
+    location_flags(metrics)
+    timeout_flag(metrics, 5.0)
     metrics.set_defaults(func="eurekamem.cli.metrics:cmd_metrics")
 
-    top = sub.add_parser("top", help="a live status view, refreshed every second (q or Ctrl-C quits)")
-    common(top)
+
+def add_top(sub: Any, name: str, help_line: str) -> None:
+    top = sub.add_parser(name, help=help_line)
+    location_flags(top)
     top.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="seconds between refreshes (default: 1)")
     top.add_argument("--iterations", type=int, default=0, metavar="N", help="stop after N refreshes (default: 0, until q)")
-    timeout(top, 5.0)
+    timeout_flag(top, 5.0)
     top.set_defaults(func="eurekamem.cli.metrics:cmd_top")
 
-    backup = sub.add_parser("backup", help="a consistent archive (.tar or .tar.gz) of the running daemon's data")
-    common(backup)
+
+def add_backup(sub: Any, name: str, help_line: str) -> None:
+    backup = sub.add_parser(name, help=help_line)
+    location_flags(backup)
     backup.add_argument("path", help="the archive to write: NAME.tar or NAME.tar.gz")
-    timeout(backup, 600.0)
+    timeout_flag(backup, 600.0)
     backup.set_defaults(func="eurekamem.cli.backup:cmd_backup")
 
-    restore = sub.add_parser("restore", help="unpack a backup into an empty data root")
+
+def add_restore(sub: Any, name: str, help_line: str) -> None:
+    restore = sub.add_parser(name, help=help_line)
     restore.add_argument("path", help="the archive written by eurekamem backup")
     restore.add_argument("--data-dir", help="the empty data root to fill (default: $EUREKACLAW_DIR, else ~/.eurekaclaw)")
     restore.add_argument("--config", help=CONFIG_HELP + " (for its data_dir)")
     restore.set_defaults(func="eurekamem.cli.backup:cmd_restore")
 
-    export = sub.add_parser("export", help="every record as JSON lines, or as an EurekaClaw data root, read through the daemon")
-    common(export)
+
+def add_export(sub: Any, name: str, help_line: str) -> None:
+    export = sub.add_parser(name, help=help_line)
+    location_flags(export)
     export.add_argument("--format", choices=["jsonl", "eurekaclaw"], default="jsonl",
                         help="jsonl (default), or eurekaclaw: a data root EurekaClaw's own code reads, ids and times kept")
     export.add_argument("--out", metavar="PATH", help="write here instead of stdout (eurekaclaw: the new or empty folder)")
     export.add_argument("dir", nargs="?", metavar="DIR", help="with --format eurekaclaw: the new or empty folder to write")
-    timeout(export, 600.0)
+    timeout_flag(export, 600.0)
     export.set_defaults(func="eurekamem.cli.transfer:cmd_export")
 
-    imp = sub.add_parser(
-        "import", help="add a jsonl export, or a plain EurekaClaw data root, through the daemon (progress on stderr)"
-    )
-    common(imp)
+
+def add_import(sub: Any, name: str, help_line: str) -> None:
+    imp = sub.add_parser(name, help=help_line)
+    location_flags(imp)
     imp.add_argument("source", help="a .jsonl file from eurekamem export, or an EurekaClaw data root folder")
-    timeout(imp, 600.0)
+    timeout_flag(imp, 600.0)
     imp.set_defaults(func="eurekamem.cli.transfer:cmd_import")
 
-    verify = sub.add_parser("verify", help="check journal, snapshots, vectors and memory files against each other (daemon stopped)")
+
+def add_verify(sub: Any, name: str, help_line: str) -> None:
+    verify = sub.add_parser(name, help=help_line)
     verify.add_argument("--data-dir", help=DATA_DIR_HELP)
     verify.add_argument("--config", help=CONFIG_HELP + " (for its data_dir)")
     verify.set_defaults(func="eurekamem.cli.verify:cmd_verify")
 
-    migrate = sub.add_parser("migrate", help="copy a journal data root into an empty PostgreSQL database (daemon stopped)")
+
+def add_migrate(sub: Any, name: str, help_line: str) -> None:
+    migrate = sub.add_parser(name, help=help_line)
     migrate.add_argument("--to", required=True, choices=["postgres"], help="the store to copy into")
     migrate.add_argument("--postgres-dsn", required=True, help="the database's connection string")
     migrate.add_argument("--data-dir", help=DATA_DIR_HELP)
@@ -290,12 +360,27 @@ def add_commands(
     migrate.set_defaults(func="eurekamem.cli.migrate:cmd_migrate")
 
 
+def add_mcp(sub: Any, name: str, help_line: str) -> None:
+    from .mcp_server import add_mcp_command
+
+    add_mcp_command(sub, location_flags)  # mcp: the MCP server (its parser is the server module's)
+
+
+def add_ui(sub: Any, name: str, help_line: str) -> None:
+    from .ui import add_ui_command
+
+    add_ui_command(sub, location_flags)  # ui: the web page (its libraries imported only when it runs)
+
+
+def _imported(spec: str) -> Any:
+    """The function a "module:function" string names, imported now (by __import__: importlib's
+    import_module goes around the interpreter's import timing, which `python -X importtime` reports)."""
+    module, _, name = spec.partition(":")
+    return getattr(__import__(module, fromlist=[name]), name)
+
+
 def _resolve(func: Any) -> Callable[[argparse.Namespace], int]:
-    if callable(func):
-        result: Callable[[argparse.Namespace], int] = func
-        return result
-    module, _, name = func.partition(":")
-    result = getattr(importlib.import_module(module), name)
+    result: Callable[[argparse.Namespace], int] = func if callable(func) else _imported(func)
     return result
 
 
@@ -310,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
+        import signal  # here: its enums cost every command's start
+
         return 128 + signal.SIGPIPE
 
 

@@ -25,7 +25,7 @@ from . import _common as C
 from ._async_calls import AsyncCalls
 from ._autostart import Starter
 from ._errors import ConnectionLost, EurekamemError, Timeout, error_from_wire
-from ._paths import data_root, default_socket_path
+from ._paths import data_root, default_socket_path, socket_paths, unreachable
 
 if TYPE_CHECKING:  # both are imported only by the event loop that runs the client
     import asyncio
@@ -278,6 +278,8 @@ class AsyncClient(AsyncCalls):
         data_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.path = os.fspath(path) if path is not None else default_socket_path(data_dir)
+        self.rule_path = self.path  # tried first; the recorded socket next (the Client's rule, _paths.socket_paths)
+        self.root = data_root(data_dir) if data_dir is not None or path is None else None
         self.timeout = C.bounded_timeout(timeout)
         self.starter = Starter(data_root(data_dir)) if autostart else None
         self._conn: _Conn | None = None
@@ -335,15 +337,7 @@ class AsyncClient(AsyncCalls):
             conn = self._conn
             if conn is not None and conn.dead is None:
                 return conn
-            try:
-                stream = await self._connect_or_start(backend)
-            except OSError as exc:
-                hint = " (is the daemon running? `eurekamem serve`)" if isinstance(
-                    exc, (FileNotFoundError, ConnectionRefusedError)
-                ) else ""
-                raise ConnectionLost(
-                    f"cannot connect to eurekamem at {self.path}: {exc.strerror or exc}{hint}"
-                ) from exc
+            stream = await self._connect_or_start(backend)
             conn = self._conn = _Conn(stream, backend, token)
             return conn
 
@@ -450,18 +444,32 @@ class AsyncClient(AsyncCalls):
         return slot.reply  # type: ignore[return-value]
 
     async def _connect_or_start(self, backend: Any) -> Any:
-        """Connect; when nothing listens and autostart is on, start the daemon (in a thread), then connect."""
+        """Connect (the rules' socket, then the one the data root's daemon recorded); when nothing
+        listens and autostart is on, start the daemon (in a thread), then connect."""
         def what() -> str:
             return f"timed out after {self.timeout}s connecting to {self.path}"
 
+        tried: list[tuple[str, BaseException]] = []
+        for path in socket_paths(self.rule_path, self.root):
+            try:
+                async with backend.deadline(self.timeout, what):
+                    stream = await backend.connect(path)
+            except (FileNotFoundError, ConnectionRefusedError) as exc:
+                tried.append((path, exc))
+                continue
+            except OSError as exc:
+                raise ConnectionLost(unreachable([*tried, (path, exc)], self.root)) from exc
+            self.path = path
+            return stream
+        if self.starter is None or not await backend.in_thread(self.starter.start, self.rule_path):
+            raise ConnectionLost(unreachable(tried, self.root)) from tried[0][1]
         try:
             async with backend.deadline(self.timeout, what):
-                return await backend.connect(self.path)
-        except (FileNotFoundError, ConnectionRefusedError):
-            if self.starter is None or not await backend.in_thread(self.starter.start, self.path):
-                raise
-        async with backend.deadline(self.timeout, what):
-            return await backend.connect(self.path)
+                stream = await backend.connect(self.rule_path)
+        except OSError as exc:
+            raise ConnectionLost(unreachable([(self.rule_path, exc)], self.root)) from exc
+        self.path = self.rule_path
+        return stream
 
     @contextlib.asynccontextmanager
     async def _bounded(self, extra_wait: float = 0.0) -> AsyncIterator[None]:

@@ -6,9 +6,11 @@ first and by `code` when the kind is missing or unknown.
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..protocol import ERROR_CODES, KIND_BY_CODE
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing at run time (a client command's start)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = [
     "ConnectionLost",

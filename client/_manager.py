@@ -33,6 +33,7 @@ import datetime as _dt
 import hashlib
 import itertools
 import logging
+import math
 import os
 import re
 import threading
@@ -59,6 +60,7 @@ from ._models import CrossRunRecord, EpisodicEntry, KnowledgeNode, from_wire, na
 from ._paths import default_socket_path, eurekaclaw_dir, root_socket_path
 from ._spool import SpoolEntry, spool_for, spools
 from ._sync import Client
+from ._views import GraphView, PersistentView, SessionView
 
 __all__ = ["Breaker", "MemoryManager", "breaker_for"]
 
@@ -116,6 +118,33 @@ def _lenient(value: Any) -> Any:
     """Metadata as JSON data; what has no JSON form is sent as its str() (EurekaClaw's episodic
     events live in RAM, so it accepts anything there)."""
     return msgspec.to_builtins(value, enc_hook=_enc_or_str, str_keys=True)
+
+
+def _storable(key: str, value: Any) -> Any:
+    """A value for persistent.remember as EurekaClaw's persistent.json keeps it (pydantic's JSON mode:
+    tuples and sets as arrays, datetimes as ISO strings, NaN and the infinities as null); ValueError
+    when eurekamem cannot keep it exactly (an integer outside -2**63 .. 2**64-1: MessagePack, the
+    journal's framing, has no such integer; EurekaClaw's JSON file has)."""
+    wire = _json_mode(C.to_wire(value), 0)
+    problem = limits.value_problem(wire, "value")
+    if problem is not None:
+        raise ValueError(
+            f"remember({key[:80]!r}): eurekamem cannot keep this value exactly ({problem}); "
+            "store such an integer as a string (str(n)), and read it back with int()"
+        )
+    return wire
+
+
+def _json_mode(value: Any, depth: int) -> Any:
+    if type(value) is float:
+        return value if math.isfinite(value) else None
+    if depth > limits.MAX_VALUE_DEPTH:  # value_problem says so
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_json_mode(v, depth + 1) for v in value]
+    if isinstance(value, dict):
+        return {k: _json_mode(v, depth + 1) for k, v in value.items()}
+    return value
 
 
 def _enc_or_str(obj: Any) -> Any:
@@ -374,6 +403,31 @@ class MemoryManager:
         if value <= time.monotonic():
             self._breaker.close_now()  # try the daemon on the next call, as the probe would
 
+    # --- EurekaClaw's tier objects, as views of this manager (client/_views.py) --------------------
+
+    @property
+    def session(self) -> SessionView:
+        """EurekaClaw's `MemoryManager.session` (its EpisodicMemory), answered by this manager."""
+        return SessionView(self)
+
+    @property
+    def persistent(self) -> PersistentView:
+        """EurekaClaw's `MemoryManager.persistent` (its PersistentMemory), answered by this manager."""
+        return PersistentView(self)
+
+    @property
+    def graph(self) -> GraphView:
+        """EurekaClaw's `MemoryManager.graph` (its KnowledgeGraph), answered by this manager."""
+        return GraphView(self)
+
+    @property
+    def _memory_dir(self) -> Path:
+        return self.memory_dir if self.memory_dir is not None else self.data_dir / "memory"
+
+    def _export(self, record: Any) -> Any:
+        """A record as this manager answers it (the routed manager: as EurekaClaw's pydantic type)."""
+        return record
+
     # --- reaching the daemon --------------------------------------------------------------------
 
     def _choose_socket(self) -> str:
@@ -582,15 +636,76 @@ class MemoryManager:
         """As EurekaClaw's. Differences: overwriting a key keeps its record_id and created_at (EurekaClaw
         makes a new record); duplicate tags are kept once; keys over 1024 characters (tags, sessions
         over 256) are stored under a shortened form, found again by the same long name; a value
-        comes back as its JSON form (as EurekaClaw's own do after a restart)."""
-        params: dict[str, Any] = {"key": self._key(key), "value": C.to_wire(value)}
+        comes back as its JSON form (as EurekaClaw's own do after a restart: NaN and the infinities
+        as None, which is what EurekaClaw's persistent.json holds for them). A value eurekamem
+        cannot keep exactly (an integer outside -2**63 .. 2**64-1, which EurekaClaw stores) raises
+        ValueError naming the key and where in the value, and nothing is stored or spooled."""
+        self._put(key, value, tags, source_session)
+
+    def _put(self, key: str, value: Any, tags: list[str] | None, source_session: str) -> CrossRunRecord:
+        """remember(), answering the record (EurekaClaw's PersistentMemory.put): the daemon's, or the
+        one a spooled write will make (the daemon away; an old key's id and created_at then as
+        this process last saw them)."""
+        fitted_key = self._key(key)
+        params: dict[str, Any] = {"key": fitted_key, "value": _storable(key, value)}
         fitted = self._tags(tags)
         if fitted:
             params["tags"] = fitted
         if source_session:
             params["source_session"] = self._names.fit(source_session, limits.MAX_ID)
-        now = _dt.datetime.now(_dt.UTC).isoformat()  # spooled: a new key's times are the call's (an old key keeps created_at)
-        self._write("persistent.remember", params, history={"created_at": now, "updated_at": now})
+        now = _dt.datetime.now(_dt.UTC)  # spooled: a new key's id and times are the call's (an old key keeps its own)
+        history = {"record_id": str(uuid.uuid4()), "created_at": now.isoformat(), "updated_at": now.isoformat()}
+        ok, record = self._write("persistent.remember", params, WireRecord, history=history)
+        if ok:
+            return self._record(record)
+        at_hand = self._records_at_hand().get(key) if record is None else None  # spooled: on the file's record
+        if at_hand is not None:
+            return at_hand
+        return CrossRunRecord(  # neither sent nor spooled (refused, or a disk that took nothing): logged
+            record_id=history["record_id"],
+            key=key,
+            value=params["value"],
+            tags=[self._names.back(t) for t in fitted],
+            source_session=source_session,
+            created_at=now.replace(tzinfo=None),
+            updated_at=now.astimezone(),
+        )
+
+    def _forget(self, key: str) -> None:
+        """persistent.forget (EurekaClaw's PersistentMemory.delete): spooled while the daemon is away."""
+        self._write("persistent.forget", {"key": self._key(key)})
+
+    def _stored_records(self, prefix: str = "") -> list[CrossRunRecord]:
+        """The records whose key starts with prefix (EurekaClaw's PersistentMemory.search_keys; "" for
+        all_records), first stored first (created_at: EurekaClaw's dict order), at most 10,000;
+        while the daemon is unreachable, persistent.json's with this process's spooled writes."""
+        ok, listed = self._call("persistent.keys", {"prefix": prefix[: limits.MAX_KEY], "limit": _ALL})
+        if not ok:
+            if not _unreachable(listed):
+                return []
+            return [r for r in self._records_at_hand().values() if r.key.startswith(prefix)]
+        keys = listed.get("keys", []) if isinstance(listed, dict) else []
+        answers = self._call_batch([("persistent.recall", {"key": k}) for k in keys])
+        if answers is None:  # gone between the two calls: the files
+            return [r for r in self._records_at_hand().values() if r.key.startswith(prefix)]
+        out = [self._record(msgspec.convert(a, WireRecord)) for a in answers if isinstance(a, dict)]
+        out = [r for r in out if r.key.startswith(prefix)]
+        out.sort(key=lambda r: r.created_at)
+        return out
+
+    def _call_batch(self, calls: list[tuple[str, dict[str, Any]]]) -> list[Any] | None:
+        """Read calls pipelined on one connection: each answer (or its error), None when unreachable."""
+        if not calls:
+            return []
+        with self._lock:
+            client = self._reach()
+            if client is None:
+                return None
+            try:
+                return self._run_many(client, calls)
+            except (ConnectionLost, Timeout) as exc:
+                self._went_away(exc, client)
+                return None
 
     def recall(self, key: str) -> Any | None:
         """The value stored under key, or None. While the daemon is unreachable: what this process
@@ -606,15 +721,19 @@ class MemoryManager:
         return None if found is None else found.value
 
     def _records_at_hand(self) -> dict[str, CrossRunRecord]:
-        """persistent.json's records with this process's spooled remembers on top (the daemon away)."""
+        """persistent.json's records with this process's spooled remembers and forgets on top, in
+        order (the daemon away)."""
         records = self._files.records()
-        for entry in self._spooled("persistent.remember"):
+        for entry in self._spooled("persistent.remember", "persistent.forget"):
             p = entry.params
             key = self._names.back(p["key"])
+            if entry.method == "persistent.forget":
+                records.pop(key, None)
+                continue
             old = records.get(key)
             at = _dt.datetime.fromisoformat(p.get("updated_at") or entry.at)
             records[key] = CrossRunRecord(
-                record_id=old.record_id if old is not None else "",
+                record_id=old.record_id if old is not None else str(p.get("record_id", "")),
                 key=key,
                 value=p["value"],
                 tags=[self._names.back(t) for t in p.get("tags", [])],
@@ -624,9 +743,9 @@ class MemoryManager:
             )
         return records
 
-    def _spooled(self, method: str) -> list[SpoolEntry]:
+    def _spooled(self, *methods: str) -> list[SpoolEntry]:
         with self._spool.lock:
-            return [e for e in self._spool.pending if e.method == method]
+            return [e for e in self._spool.pending if e.method in methods]
 
     def recall_by_tag(self, tag: str) -> list[CrossRunRecord]:
         """Records carrying the tag, in the order their keys were first stored (EurekaClaw's dict
@@ -747,6 +866,45 @@ class MemoryManager:
             if a in nodes and b in nodes:
                 edges.append((a, b, p.get("relation", "uses")))
         return nodes, edges
+
+    def _graph_nodes(self, domain: str | None = None, tag: str | None = None) -> list[KnowledgeNode]:
+        """The nodes whose domain contains `domain` (case aside) and whose tags hold `tag`, in the
+        order they were added, at most 10,000 (EurekaClaw's KnowledgeGraph.all_nodes,
+        search_by_domain, search_by_tag); while the daemon is unreachable, the file's and this
+        process's spooled ones."""
+        params: dict[str, Any] = {"limit": _ALL}
+        if domain:
+            params["domain"] = domain[: limits.MAX_KEY]
+        if tag is not None:
+            params["tag"] = self._tag(tag)
+        ok, nodes = self._call("graph.search", params, list[WireNode])
+        if ok:
+            return [self._node(n) for n in nodes]
+        if not _unreachable(nodes):
+            return []
+        every = self._graph_at_hand()[0].values()
+        return [n for n in every if (domain or "").lower() in n.domain.lower() and (tag is None or tag in n.tags)]
+
+    def _graph_edges(self) -> list[tuple[str, str, str]]:
+        """(from_id, to_id, relation) of every link (EurekaClaw's KnowledgeGraph edges); while the
+        daemon is unreachable, the file's and this process's spooled ones."""
+        ok, exported = self._call("graph.export", {"format": "node_link"})
+        if ok and isinstance(exported, dict) and isinstance(exported.get("data"), dict):
+            edges = exported["data"].get("edges", [])
+            return [(str(e["source"]), str(e["target"]), str(e["key"])) for e in edges if isinstance(e, dict)]
+        if not ok and _unreachable(exported):
+            return self._graph_at_hand()[1]
+        return []
+
+    def _graph_stats(self) -> dict[str, int]:
+        """{"nodes": n, "edges": n} (EurekaClaw's KnowledgeGraph.stats); the daemon unreachable, the files'."""
+        ok, stats = self._call("graph.stats", {})
+        if ok and isinstance(stats, dict):
+            return {"nodes": int(stats.get("nodes", 0)), "edges": int(stats.get("edges", 0))}
+        if not ok and _unreachable(stats):
+            nodes, edges = self._graph_at_hand()
+            return {"nodes": len(nodes), "edges": len(edges)}
+        return {"nodes": 0, "edges": 0}
 
     def retrieve_relevant_theorems(self, query: str, domain: str = "", limit: int = 5) -> list[KnowledgeNode]:
         """EurekaClaw's lexical retrieval, exactly: words of 3+ characters (stop words aside) shared

@@ -1,18 +1,32 @@
 """Where eurekamem lives on disk and where its socket is (protocol/PROTOCOL.md §1, "The socket").
 
 The daemon uses these too (daemon/config.py, through the names eurekamem.client exports), so that
-both sides agree without talking; this module imports only the standard library, never the daemon.
+both sides agree without talking; this module imports only the standard library, never the daemon,
+and tomllib only when a config file is there to read (a client command starts in tens of ms).
+
+Finding a running daemon: a client tries the socket the rules give; when nothing listens there, the
+socket the daemon holding the data root wrote into the root's LOCK beside its pid (lock_text, written
+at listen and cleared at a clean stop, daemon/paths.py); when neither answers, unreachable() says
+which paths were tried and which pid holds the root. One rule for every client: socket_paths().
 """
 
 from __future__ import annotations
 
+import _socket  # the C module: socket.py's import (selectors, enums) would cost a client command milliseconds
 import os
-import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 __all__ = [
+    "LOCK_PARTS",
     "ConfigFileError",
+    "connect_unix",
+    "find_socket",
+    "lock_text",
+    "read_lock",
+    "recorded_socket",
+    "socket_paths",
+    "unreachable",
     "data_root",
     "default_config_path",
     "default_socket_path",
@@ -80,6 +94,8 @@ def _file_locations(config: str | os.PathLike[str] | None, environ: Mapping[str,
         path = default_config_path(environ)
         if not path.is_file():
             return {}
+    import tomllib  # here: ~10 ms of a command's start, and most users have no config file
+
     try:
         doc = tomllib.loads(path.read_bytes().decode("utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
@@ -172,3 +188,121 @@ def eurekaclaw_dir(cwd: str | os.PathLike[str] | None = None) -> Path:
 def root_socket_path(root: str | os.PathLike[str]) -> str:
     """The socket a daemon started on demand for `root` listens on: <root>/run/eurekamem.sock."""
     return str(Path(root) / "run" / SOCKET_NAME)
+
+
+# --- the running daemon's own record: <data root>/memory/journal/LOCK ------------------------------
+
+LOCK_PARTS = ("memory", "journal", "LOCK")  # the file the daemon holds an flock on while it runs
+_SOCKET_LINE = "socket "
+
+
+def lock_file(root: str | os.PathLike[str]) -> Path:
+    return Path(root).joinpath(*LOCK_PARTS)
+
+
+def lock_text(pid: int, socket: str | None = None) -> str:
+    """The LOCK's content: the holder's pid on the first line, then the socket it listens on (once
+    it listens). The daemon writes it in one write, so a reader sees the old or the new text."""
+    return f"{pid}\n" + (f"{_SOCKET_LINE}{socket}\n" if socket else "")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def read_lock(root: str | os.PathLike[str]) -> tuple[int | None, str | None]:
+    """(pid, socket) from the root's LOCK: the pid of a live process that wrote it (None when the
+    file is missing or empty, as a clean stop leaves it, or that process is gone) and the socket it
+    recorded (None when it recorded none, or is gone). A line without its newline is a write in
+    progress and is not read."""
+    try:
+        with open(lock_file(root), "rb") as f:
+            text = f.read(8192).decode("utf-8", errors="replace")
+    except OSError:
+        return None, None
+    lines = text.split("\n")[:-1]  # whole lines only
+    if not lines or not lines[0].strip().isdigit():
+        return None, None
+    pid = int(lines[0].strip())
+    if pid <= 0 or not _alive(pid):
+        return None, None
+    socket = next((line[len(_SOCKET_LINE) :] for line in lines[1:] if line.startswith(_SOCKET_LINE)), None)
+    return pid, socket or None
+
+
+def recorded_socket(root: str | os.PathLike[str]) -> str | None:
+    """The socket the live daemon holding `root` listens on, as it recorded it; None if none does."""
+    return read_lock(root)[1]
+
+
+def socket_paths(path: str, root: str | os.PathLike[str] | None) -> Iterator[str]:
+    """The sockets a client tries, in order: `path` (the rules' answer, or the caller's own), then,
+    when a data root is known, the one its daemon recorded, if another. The LOCK is read only when
+    the first did not answer (a generator)."""
+    yield path
+    if root is not None:
+        recorded = recorded_socket(root)
+        if recorded is not None and recorded != path:
+            yield recorded
+
+
+def find_socket(path: str, root: str | os.PathLike[str] | None, timeout: float = 1.0) -> str:
+    """The socket a client reaches (`eurekamem socket` prints it): `path` when something listens
+    there or no data root is known, else the one the data root's daemon recorded, if something
+    listens there, else `path`. (A probe connects and closes at once.)"""
+    if root is None:
+        return path
+    for candidate in socket_paths(path, root):
+        try:
+            connect_unix(candidate, timeout).close()
+        except OSError:
+            continue
+        return candidate
+    return path
+
+
+def connect_unix(path: str, timeout: float | None) -> _socket.socket:
+    """A blocking socket connected to `path` (the OSError of connect() otherwise): the C module's
+    socket object, which has what a blocking client needs (sendall, recv, settimeout, close)."""
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        sock.settimeout(None)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    return (exc.strerror if isinstance(exc, OSError) else None) or str(exc) or type(exc).__name__
+
+
+def unreachable(tried: list[tuple[str, BaseException]], root: str | os.PathLike[str] | None) -> str:
+    """Why no daemon could be reached: every path tried and why, and who holds the data root."""
+    first, error = tried[0]
+    text = f"cannot connect to eurekamem at {first}: {_reason(error)}"
+    if len(tried) > 1:
+        text += "; tried " + ", ".join(f"{path} ({_reason(exc)})" for path, exc in tried)
+    if root is None:
+        return text + " (is the daemon running? `eurekamem serve`)"
+    pid, recorded = read_lock(root)
+    if pid is None:
+        return text + f" (no daemon holds the data root {root}: is the daemon running? `eurekamem serve`)"
+    if recorded is None:
+        return text + (
+            f" (pid {pid} holds the data root {root} and records no socket: a daemon still starting, "
+            "or `eurekamem verify`/`repair`/`migrate` at work)"
+        )
+    if all(path != recorded for path, _exc in tried):
+        return text + f" (pid {pid} holds the data root {root} and listens on {recorded})"
+    return text + f" (pid {pid} holds the data root {root}: stuck, or stopping?)"

@@ -28,10 +28,9 @@ from ..protocol import (
     FrameTooLarge,
 )
 from . import _common as C
-from ._autostart import Starter
 from ._calls import Calls
 from ._errors import ConnectionLost, EurekamemError, Timeout, error_from_wire
-from ._paths import data_root, default_socket_path
+from ._paths import data_root, default_socket_path, socket_paths, unreachable
 
 __all__ = ["Client"]
 
@@ -120,7 +119,9 @@ if hasattr(os, "register_at_fork"):
 class Client(Calls):
     """A blocking, thread-safe eurekamem client.
 
-    path: the daemon's socket; default_socket_path() when None.
+    path: the daemon's socket; default_socket_path() when None. When nothing listens there, the
+        socket the daemon holding the data root recorded in its LOCK is tried (the data root:
+        `data_dir`, else, with no `path`, data_root()); `path` then names the one reached.
     timeout: seconds a call may take (connecting, sending, waiting for its answer); None means
         C.DEFAULT_TIMEOUT (60 s): no call waits for ever. A call that runs out raises Timeout; the
         connection stays usable and a late answer is dropped. Calls that wait on the server's side
@@ -143,8 +144,14 @@ class Client(Calls):
         data_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.path = os.fspath(path) if path is not None else default_socket_path(data_dir)
+        self.rule_path = self.path  # where the rules (or the caller) point: tried first, and where autostart starts
+        self.root = data_root(data_dir) if data_dir is not None or path is None else None
         self.timeout = C.bounded_timeout(timeout)
-        self.starter = Starter(data_root(data_dir)) if autostart else None
+        self.starter = None
+        if autostart:
+            from ._autostart import Starter  # here: it imports subprocess
+
+            self.starter = Starter(data_root(data_dir))
         self._lock = threading.Lock()
         self._conn: _Conn | None = None
         self._next_id = 1
@@ -190,37 +197,38 @@ class Client(Calls):
         conn = self._conn
         if conn is not None and conn.dead is None and conn.pid == os.getpid():
             return conn
-        try:
-            sock = self._connect_socket()
-        except (FileNotFoundError, ConnectionRefusedError) as exc:
-            if self.starter is None or not self.starter.start(self.path):
-                raise self._connect_error(exc) from exc
+        tried: list[tuple[str, BaseException]] = []
+        for path in socket_paths(self.rule_path, self.root):
             try:
-                sock = self._connect_socket()
+                sock = self._connect_socket(path)
+            except (FileNotFoundError, ConnectionRefusedError) as exc:
+                tried.append((path, exc))
+                continue
+            except OSError as exc:
+                raise ConnectionLost(unreachable([*tried, (path, exc)], self.root)) from exc
+            self.path = path
+            break
+        else:
+            if self.starter is None or not self.starter.start(self.rule_path):
+                raise ConnectionLost(unreachable(tried, self.root)) from tried[0][1]
+            try:
+                sock = self._connect_socket(self.rule_path)
             except OSError as again:
-                raise self._connect_error(again) from again
-        except OSError as exc:
-            raise self._connect_error(exc) from exc
+                raise ConnectionLost(unreachable([(self.rule_path, again)], self.root)) from again
+            self.path = self.rule_path
         conn = self._conn = _Conn(sock)
         return conn
 
-    def _connect_socket(self) -> socket.socket:
+    def _connect_socket(self, path: str) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(self.timeout)
-            sock.connect(self.path)
+            sock.connect(path)
             sock.settimeout(None)  # blocking; our own deadlines go through poll
         except BaseException:
             sock.close()
             raise
         return sock
-
-    def _connect_error(self, exc: OSError) -> ConnectionLost:
-        hint = ""
-        if isinstance(exc, (FileNotFoundError, ConnectionRefusedError)):
-            hint = " (is the daemon running? `eurekamem serve`)"
-        reason = "timed out" if isinstance(exc, socket.timeout) else (exc.strerror or str(exc))
-        return ConnectionLost(f"cannot connect to eurekamem at {self.path}: {reason}{hint}")
 
     # --- killing a connection -------------------------------------------------------------------
 

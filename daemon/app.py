@@ -1,7 +1,11 @@
 """The daemon: it wires the parts together and runs a daemon's life, start-up to shutdown.
 
-Rule kept here: the daemon answers nothing until recovery is complete (newest snapshot, then the
-journal replayed past the snapshot's checkpoint). Every part gets what it needs when it is made
+Rule kept here: no durable tier answers until its state is loaded (newest snapshot, then the
+journal replayed past the snapshot's checkpoint; or PostgreSQL's tables). Under the journal, and
+under PostgreSQL reached at the first attempt, the daemon listens only after that; under PostgreSQL
+not reachable at start it listens at once with tier 1 and sys.* (ping, hello, stats), answering
+every call that needs a durable tier `unavailable` with the reason until the store is connected
+and loaded, then builds and starts the durable tiers' actors (`_serve`). Every part gets what it needs when it is made
 (the actors, their loops' settings and the small protocols they call each other by), before any
 of them runs; what is built here is only wired and started here. On shutdown it stops accepting,
 answers what it has received, stops the background loops, writes a final snapshot and closes the
@@ -44,21 +48,22 @@ from .listener import socket_access
 from .llm import LLM, LLMConfigError, resolve
 from .memory.actor import MemoryActor, MemoryLoops
 from .memory.strength import StrengthSettings
-from .paths import Paths, owned_root
-from .postgres.store import open_postgres
-from .recovery import Recovered, recover_reporting, recovery_line
+from .paths import Paths, owned_root, record_socket
+from .postgres.store import postgres_store
+from .recovery import Recovered, open_local_root, recover_reporting, recovery_line
 from .redact import Redactor
 from .retrieval.embed import Embedder, make_embedder, preload_embedder
 from .skills.actor import SkillsActor
 from .snapshots import PurgeSignal, Snapshots
 from .stats import VERSION, RequestStats, duration, startup_line
 from .storage.files import FileLayer
+from .storage.journal import Journal
 from .storage.journal_actor import JournalActor
 from .storage.journal_kernel import make_journal_actor
-from .storage.store import Store
+from .storage.store import Store, StoreUnavailable
 from .sys_calls import SysCalls
 from .tier import HANDLERS, Reply, TierActor, Work, stuck_actors
-from .tiers.episodic import EpisodicActor, EpisodicState
+from .tiers.episodic import EpisodicActor, EpisodicState, ExtractionQueue
 
 log = logging.getLogger("eurekamem")
 
@@ -89,13 +94,15 @@ class Daemon:
     # made once recovery is done (serve), each with what it needs
     journal_actor: JournalActor
     store_in_use: Store  # where the tiers commit: the journal actor, or the PostgresStore
-    store: Any  # store = postgres: the PostgresStore, opened before recovery (daemon/postgres/store.py)
+    store: Any  # store = postgres: the PostgresStore (daemon/postgres/store.py), connected before the durable tiers load
     memory_actor: MemoryActor
     skills_actor: SkillsActor
     conversation_actor: ConversationActor
     jobs_actor: JobsActor
     snapshots: Snapshots
     sys_calls: SysCalls
+    extractions: Extractions  # tier 1's way to the job queue (there once the durable tiers are built)
+    _scheduler_scope: trio.CancelScope  # the snapshot schedule's (cancelled at shutdown)
 
     def __init__(
         self,
@@ -182,41 +189,55 @@ class Daemon:
                 self.embedder = make_embedder(self.config.embedder, **self.config.embedder_options)
             except (ValueError, TypeError) as exc:
                 raise StartupError(f"embedder {self.config.embedder!r}: {exc}") from None
-        embedder = self.embedder
         # the model loads in a thread of its own while recovery reads the snapshots (2 cores: the
         # first search after a restart need not wait for both one after the other)
-        threading.Thread(target=_load_and_log, args=(embedder,), name="embedder-load", daemon=True).start()
-        if self.config.store == "postgres":
-            self.store = await open_postgres(self.config)
-        recovered = await recover_reporting(
-            self.paths, self.fs, embedder, self.redactor, self.systemd, self.store if self.config.store == "postgres" else None
-        )
-        self.redactor.counted(recovered.redacted)  # what a first start's import replaced (recovery's thread handed it back)
-        self.recovery = recovered.summary(trio.current_time() - started)
-        log.info("%s", recovery_line(self.recovery))
+        threading.Thread(target=_load_and_log, args=(self.embedder,), name="embedder-load", daemon=True).start()
+        recovered: Recovered | None = None
+        if self.config.store == "journal":
+            recovered = await self._recover(started)
+            assert recovered.journal is not None
+            journal = recovered.journal
+        else:
+            self.store = postgres_store(self.config)
+            journal = await trio.to_thread.run_sync(open_local_root, self.paths, self.fs)
+            try:
+                if await self.store.connect_once():
+                    recovered = await self._recover(started)
+            except BaseException:
+                journal.close()
+                raise
         try:
             with _gc_tuned():
-                await self._serve_recovered(recovered, task_status, first_llm)
+                await self._serve(journal, recovered, task_status, first_llm)
         finally:
             if self.config.store == "postgres":
                 await trio.to_thread.run_sync(self.store.close)
 
-    def _build(self, recovered: Recovered, first_llm: LLMHandle, purged: PurgeSignal) -> None:
-        """Every actor, each made with what it needs (the jobs actor first: the tiers queue jobs;
-        its table of tiers is filled here, before any actor runs)."""
-        config = self.config
-        journal = recovered.journal
-        assert journal is not None
-        # the Journal is handed to the journal actor here (its writer thread's, or under fsync=always where
-        # the kernel can make the fdatasync, trio's: daemon/storage/journal_kernel.py); the
-        # journal's acknowledgements come back through the I/O layer's passes
-        journal_actor = self.journal_actor = make_journal_actor(
-            journal, config.fsync, config.batch_interval, acks="poller", sync=config.journal_sync
+    async def _recover(self, began: float) -> Recovered:
+        """The durable tiers' state, from the journal's root, or from PostgreSQL once connected."""
+        store = self.store if self.config.store == "postgres" else None
+        recovered = await recover_reporting(self.paths, self.fs, self.embedder, self.redactor, self.systemd, store)
+        self.redactor.counted(recovered.redacted)  # what a first start's import replaced (recovery's thread handed it back)
+        self.recovery.update(recovered.summary(trio.current_time() - began))
+        log.info("%s", recovery_line(self.recovery))
+        return recovered
+
+    def not_serving(self) -> StoreUnavailable:
+        """What a call needing a durable tier answers before they serve (PostgreSQL not reached yet, or loading)."""
+        reason = self.store.last_error or "loading the durable tiers from PostgreSQL"
+        return StoreUnavailable(
+            f"the durable tiers are not serving yet: {reason}; tier 1 and sys.* answer meanwhile, retry",
+            "unavailable",
+            store="postgres",
+            reason=reason,
         )
-        # where the tiers commit (daemon/storage/store.py): the journal, or PostgreSQL (opened before recovery)
-        store: Store = journal_actor if config.store == "journal" else self.store
-        self.store_in_use = store
-        tiers: dict[str, TierActor] = {}  # what the job queue's attempts read and stage through
+
+    def _build(self, recovered: Recovered, first_llm: LLMHandle, purged: PurgeSignal) -> None:
+        """Every durable tier's actor, each made with what it needs (the jobs actor first: the tiers queue
+        jobs; its table of tiers is filled here, before any actor runs)."""
+        config = self.config
+        store = self.store_in_use
+        tiers: dict[str, TierActor] = {"episodic": self.actors["episodic"]}  # what the job queue's attempts read and stage through
         jobs = self.jobs_actor = JobsActor(
             recovered.jobs,
             store,
@@ -268,16 +289,13 @@ class Daemon:
             watch_full_interval=config.watch_full_interval,
         )
         tiers.update(
-            episodic=EpisodicActor(
-                EpisodicState(config.max_open_sessions), None, self.paths, idle_close=config.session_idle_close, jobs=jobs
-            ),  # session.close queues extractions
             persistent=TierActor(recovered.persistent, store, inline=True),
             graph=TierActor(recovered.graph, store, inline=True),
             memory=memory,
             skills=skills,
             conversation=conversation,
         )
-        self.actors = {**tiers, "jobs": jobs}
+        journal_actor = self.journal_actor
         fresh = recovered.replayed == 0 and not recovered.imported  # the files on disk are current
         self.snapshots = Snapshots(
             self.paths,
@@ -292,82 +310,152 @@ class Daemon:
             quiet=config.snapshot_quiet,
             max_delay=config.snapshot_max_delay,
             seq=journal_actor.acked_seq if fresh else -1,
+            local_store=self.store if config.store == "postgres" else None,
         )
+        self.extractions.jobs = jobs
+        self.actors.update(tiers, jobs=jobs)  # dispatch routes to them from now on
 
-    async def _serve_recovered(self, recovered: Recovered, task_status: Any, first_llm: LLMHandle) -> None:
-        journal = recovered.journal
-        assert journal is not None
-        self._build(recovered, first_llm, PurgeSignal())
+    def _start_durable(self, system: trio.Nursery) -> None:
+        """The durable tiers' actors and the snapshot schedule run; sys.* gets their parts."""
+        for name, actor in self.actors.items():
+            if name != "episodic":
+                system.start_soon(actor.run)
+        self.sys_calls.serve_durable(
+            memory=self.memory_actor,
+            skills=self.skills_actor,
+            conversation=self.conversation_actor,
+            jobs=self.jobs_actor,
+            snapshots=self.snapshots,
+        )
+        system.start_soon(self.snapshots.schedule, self._scheduler_scope)
+
+    async def _load_when_connected(self) -> Recovered | None:
+        """The durable tiers' state once PostgreSQL answers (retried with back-off) and is loaded;
+        None if shutdown was asked for first."""
+        loaded: list[Recovered] = []
+
+        async def load(scope: trio.CancelScope) -> None:
+            await self.store.connect()
+            loaded.append(await self._recover(trio.current_time()))
+            gc.freeze()  # what was loaded lives as long as the daemon (_gc_tuned)
+            scope.cancel()
+
+        async with trio.open_nursery() as race:
+            race.start_soon(load, race.cancel_scope)
+            await self._shutdown.wait()
+            race.cancel_scope.cancel()
+        return loaded[0] if loaded else None
+
+    async def _serve(
+        self, journal: Journal, recovered: Recovered | None, task_status: Any, first_llm: LLMHandle
+    ) -> None:
+        """Serve until shutdown. Tier 1 and sys.* serve from the start; the durable tiers too when
+        `recovered` is there, else (PostgreSQL not reached at start) once it is loaded, their calls
+        answering `unavailable` meanwhile (dispatch, SysCalls)."""
+        config = self.config
+        # the Journal is handed to the journal actor here (its writer thread's, or under fsync=always where
+        # the kernel can make the fdatasync, trio's: daemon/storage/journal_kernel.py); the
+        # journal's acknowledgements come back through the I/O layer's passes
+        journal_actor = self.journal_actor = make_journal_actor(
+            journal, config.fsync, config.batch_interval, acks="poller", sync=config.journal_sync
+        )
+        # where the durable tiers commit (daemon/storage/store.py): the journal, or PostgreSQL
+        self.store_in_use = journal_actor if config.store == "journal" else self.store
+        self.extractions = Extractions(self.not_serving)
+        self.actors["episodic"] = EpisodicActor(
+            EpisodicState(config.max_open_sessions), None, self.paths, idle_close=config.session_idle_close,
+            jobs=self.extractions,  # session.close queues extractions
+        )
+        self._scheduler_scope = trio.CancelScope()
+        if recovered is not None:
+            self._build(recovered, first_llm, PurgeSignal())
         acceptor = self.acceptor
         activated = await acceptor.open()
+        record_socket(self.paths, self.config.socket_path)
         try:
             async with trio.open_nursery() as system:
-                system.start_soon(self.journal_actor.run)
-                for actor in self.actors.values():
-                    system.start_soon(actor.run)
+                system.start_soon(journal_actor.run)
+                system.start_soon(self.actors["episodic"].run)
                 self.sys_calls = SysCalls(
-                    self.config,
+                    config,
                     self.paths,
                     limits=self.limits,
                     stats=self.stats,
                     started_at=self.started_at,
                     recovery=self.recovery,
                     actors=self.actors,
-                    journal_actor=self.journal_actor,
+                    journal_actor=journal_actor,
                     store=self.store_in_use,
-                    memory=self.memory_actor,
-                    skills=self.skills_actor,
-                    conversation=self.conversation_actor,
-                    jobs=self.jobs_actor,
-                    snapshots=self.snapshots,
                     acceptor=acceptor,
                     redactor=self.redactor,
                     llm_factory=self.llm_factory,
                     nursery=system,
+                    not_serving=lambda: self.not_serving().error(),
                 )
-                scheduler_scope = trio.CancelScope()
-                system.start_soon(self.snapshots.schedule, scheduler_scope)
+                if recovered is not None:
+                    self._start_durable(system)
                 watchdog_scope = trio.CancelScope()
                 system.start_soon(self._feed_watchdog, watchdog_scope)
                 async with trio.open_nursery() as connections:
                     io_scope = trio.CancelScope()
-                    acceptor.start_io(self.journal_actor, connections, io_scope)
+                    acceptor.start_io(journal_actor, connections, io_scope)
                     acceptor.start_accepting(connections)
-                    log.info(
-                        "ready: serving on %s%s (data root %s, fsync %s, journal sync: %s, started in %.2f s)",
-                        self.config.socket_path, " (socket activation)" if activated else "", self.paths.root,
-                        self.config.fsync, self.journal_actor.sync, trio.current_time() - self._started_clock,
-                    )
-                    task_status.started(self.config.socket_path)
-                    self.systemd.ready(f"serving on {self.config.socket_path}")
-                    await self._shutdown.wait()
+                    where = f"{config.socket_path}{' (socket activation)' if activated else ''}"
+                    task_status.started(config.socket_path)
+                    if recovered is None:
+                        log.warning(
+                            "listening on %s: tier 1 and sys.* answer; the durable tiers answer unavailable until "
+                            "PostgreSQL is reached and loaded (%s)", where, self.store.last_error,
+                        )
+                        self.systemd.ready(f"tier 1 and sys.* on {config.socket_path}; waiting for PostgreSQL")
+                        recovered = await self._load_when_connected()
+                        if recovered is not None:
+                            self._build(recovered, first_llm, PurgeSignal())
+                            self._start_durable(system)
+                            self.systemd.status(f"serving on {config.socket_path}")
+                    else:
+                        self.systemd.ready(f"serving on {config.socket_path}")
+                    if recovered is not None:
+                        log.info(
+                            "ready: serving on %s (data root %s, store %s, fsync %s, journal sync: %s, started in %.2f s)",
+                            where, self.paths.root, config.store, config.fsync, journal_actor.sync,
+                            trio.current_time() - self._started_clock,
+                        )
+                        await self._shutdown.wait()
                     self.systemd.stopping("stopping: finishing answers, then a final snapshot")
                     log.info("shutting down: no new connections, finishing answers")
                     acceptor.stop_accepting()
-                    await self.jobs_actor.stop()  # running attempts stay queued in the journal; jobs.wait answers now
-                    if not await acceptor.finish_connections(self.config.shutdown_grace):
+                    if recovered is not None:
+                        await self.jobs_actor.stop()  # running attempts stay queued in the journal; jobs.wait answers now
+                    if not await acceptor.finish_connections(config.shutdown_grace):
                         connections.cancel_scope.cancel()
                     io_scope.cancel()
-                scheduler_scope.cancel()
-                # the actors' own loops: projections, scans, embedding, and the schedules that only
-                # ask for jobs (the job queue runs them)
-                self.memory_actor.stop_loops()
-                self.skills_actor.stop_loops()
-                self.conversation_actor.stop_loops()
-                watchdog_scope.cancel()
-                with trio.CancelScope(shield=True):
-                    try:
-                        await self.snapshot(force=True)
-                    except Exception:
-                        log.exception("final snapshot failed; the journal still holds everything")
-                    for actor in self.actors.values():
-                        actor.close()
-                    self.journal_actor.close()
-                    system.cancel_scope.deadline = trio.current_time() + self.config.shutdown_grace
+                await self._stop(recovered is not None, watchdog_scope, system)
         finally:
             acceptor.close()  # a socket passed by systemd is systemd's: never unlinked
             await trio.to_thread.run_sync(journal.close)  # the journal actor's writer thread has ended
             log.info("stopped after %s up", duration(trio.current_time() - self._started_clock))
+
+    async def _stop(self, durable: bool, watchdog_scope: trio.CancelScope, system: trio.Nursery) -> None:
+        """After the connections: the loops stopped, a final snapshot, the actors closed."""
+        self._scheduler_scope.cancel()
+        if durable:
+            # the actors' own loops: projections, scans, embedding, and the schedules that only
+            # ask for jobs (the job queue runs them)
+            self.memory_actor.stop_loops()
+            self.skills_actor.stop_loops()
+            self.conversation_actor.stop_loops()
+        watchdog_scope.cancel()
+        with trio.CancelScope(shield=True):
+            if durable:
+                try:
+                    await self.snapshot(force=True)
+                except Exception:
+                    log.exception("final snapshot failed; the journal still holds everything")
+            for actor in self.actors.values():
+                actor.close()
+            self.journal_actor.close()
+            system.cancel_scope.deadline = trio.current_time() + self.config.shutdown_grace
 
     async def _feed_watchdog(self, scope: trio.CancelScope) -> None:
         with scope:
@@ -384,7 +472,10 @@ class Daemon:
             self._intercept(call, reply)
         tier = call.spec.tier
         if tier != "sys":
-            actor = self.actors[tier]
+            actor = self.actors.get(tier)
+            if actor is None:  # a durable tier before PostgreSQL is reached and loaded
+                reply.deliver(call, self.not_serving().error(), started_ns)
+                return
             if actor.can_inline(call):  # a read (or tier 1) while the actor owes nothing: answer it here
                 reply.deliver(call, actor.handle_inline(call, started_ns), started_ns)
             else:
@@ -398,6 +489,21 @@ class Daemon:
         self.redactor.call(call)
         if call.spec.name in PEER_STAMPED:
             call.params = msgspec.structs.replace(call.params, peer_uid=getattr(reply, "peer_uid", None))
+
+
+class Extractions:
+    """Tier 1's job queue (session.close's extraction jobs): the jobs actor once the durable tiers are
+    built; before that (PostgreSQL not reached yet) a session.close that would queue one answers
+    `unavailable` and an idle session stays open (daemon/tiers/episodic.py), as while the store fails."""
+
+    def __init__(self, not_serving: Callable[[], StoreUnavailable]) -> None:
+        self.jobs: ExtractionQueue | None = None  # set by Daemon._build
+        self.not_serving = not_serving
+
+    async def accept(self, kind: str, key: str, job_input: Any) -> str:
+        if self.jobs is None:
+            raise self.not_serving()
+        return await self.jobs.accept(kind, key, job_input)
 
 
 def _load_and_log(embedder: Embedder) -> None:

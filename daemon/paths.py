@@ -17,6 +17,7 @@ from pathlib import Path
 
 import trio
 
+from ..client import lock_text
 from .errors import StartupError
 from .storage.files import PRIVATE_UMASK, RealFiles, atomic_write, make_private, unsafe_root_reason
 
@@ -72,7 +73,7 @@ def acquire_lock(paths: Paths) -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
-        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+        holder = os.pread(fd, 64, 0).decode(errors="replace").partition("\n")[0].strip() or "?"
         os.close(fd)
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
             raise StartupError(
@@ -81,10 +82,19 @@ def acquire_lock(paths: Paths) -> int:
             ) from None
         raise
     os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    os.pwrite(fd, lock_text(os.getpid()).encode(), 0)
     return fd
 
 
+def record_socket(paths: Paths, socket_path: str | os.PathLike[str]) -> None:
+    """Name the socket in the LOCK after the pid, once listening: clients whose rules point elsewhere
+    find the daemon there (client/_paths.py). One write of a longer text over the pid line: a reader
+    sees the pid alone or both lines; owned_root empties the file at a clean stop."""
+    fd = os.open(paths.lock, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.pwrite(fd, lock_text(os.getpid(), os.path.abspath(socket_path)).encode(), 0)
+    finally:
+        os.close(fd)
 
 
 @contextlib.asynccontextmanager
@@ -109,6 +119,7 @@ async def owned_root(paths: Paths, made_by: str) -> AsyncIterator[None]:
                 )
             yield
         finally:
+            os.ftruncate(lock_fd, 0)  # stopped (listening no more): no pid, no socket left for clients to try
             os.close(lock_fd)
     finally:
         os.umask(umask)

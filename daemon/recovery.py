@@ -10,7 +10,9 @@ queued again once the journal is replayed.
 
 from __future__ import annotations
 
+import collections
 import gc
+import itertools
 import json
 import logging
 import os
@@ -127,6 +129,26 @@ def _read_snapshot(path: Path, reader: Any, has_checkpoint: bool) -> Any:
         return None
 
 
+def _read_eurekaclaw_json(paths: Paths, out: Recovered, redactor: Any, has_checkpoint: bool) -> dict[str, Any] | None:
+    """persistent.json and knowledge_graph.json into `out`'s tiers; redacted when `redactor` is given
+    and no checkpoint says the daemon wrote them (files another program wrote). The records read."""
+    records: dict[str, Any] | None = _read_snapshot(paths.persistent, eurekaclaw.read_persistent, has_checkpoint)
+    first_import = redactor is not None and not has_checkpoint
+    if records:
+        for record in records.values():
+            out.persistent.apply(eurekaclaw_put(redactor.imported(record, out.redacted) if first_import else record))
+    graph = _read_snapshot(paths.graph, eurekaclaw.read_graph, has_checkpoint)
+    if graph:
+        nodes, edges = graph
+        if first_import:
+            nodes = {node_id: redactor.imported(node, out.redacted) for node_id, node in nodes.items()}
+        out.graph.load(nodes)
+        for edge in edges:
+            out.graph.apply(_edge(*edge))
+        out.graph.keep_copies(edges)  # EurekaClaw's duplicate edges: the file gets them back
+    return records
+
+
 def recover(
     paths: Paths,
     fs: Any = None,
@@ -143,11 +165,11 @@ def recover(
     program wrote, as a write storing it would be (the files themselves are left as they are); the
     kinds replaced come back in `Recovered.redacted` for the daemon to count. With `store` (an
     opened PostgresStore, `store = "postgres"`), every durable tier is loaded from its tables
-    instead, and the data root's own journal must hold nothing."""
+    instead (the data root opened by open_local_root; `Recovered.journal` stays None)."""
     fs = fs or RealFiles()
     progress = progress or (lambda text: None)
     if store is not None:
-        return _recover_from_store(paths, fs, embedder, progress, store)
+        return _recover_from_store(paths, embedder, progress, store, redactor)
     if (paths.journal / STORE_MARKER).exists():
         raise StartupError(
             f"{paths.root} is the local root of a daemon whose store is PostgreSQL (its {STORE_MARKER} file): "
@@ -158,20 +180,7 @@ def recover(
     has_checkpoint = paths.checkpoint.exists()
     if has_checkpoint:
         out.checkpoint_seq = int(json.loads(paths.checkpoint.read_bytes())["seq"])
-    records = _read_snapshot(paths.persistent, eurekaclaw.read_persistent, has_checkpoint)
-    first_import = redactor is not None and not has_checkpoint  # files another program wrote
-    if records:
-        for record in records.values():
-            out.persistent.apply(eurekaclaw_put(redactor.imported(record, out.redacted) if first_import else record))
-    graph = _read_snapshot(paths.graph, eurekaclaw.read_graph, has_checkpoint)
-    if graph:
-        nodes, edges = graph
-        if first_import:
-            nodes = {node_id: redactor.imported(node, out.redacted) for node_id, node in nodes.items()}
-        out.graph.load(nodes)
-        for edge in edges:
-            out.graph.apply(_edge(*edge))
-        out.graph.keep_copies(edges)  # EurekaClaw's duplicate edges: the file gets them back
+    records = _read_eurekaclaw_json(paths, out, redactor, has_checkpoint)
     progress("loading tier 4 and building its index")
     memory_doc = read_memory_snapshot(paths.memory_snapshot)
     if memory_doc is not None:
@@ -232,12 +241,11 @@ def recover(
     return _replay(out, replayed, progress, "replaying the journal: {} records")
 
 
-def _recover_from_store(paths: Paths, fs: Any, embedder: Any, progress: Callable[[str], None], store: Any) -> Recovered:
-    """recover() for a daemon whose store is PostgreSQL: its tables' bodies, in commit order, applied
-    through each tier's own `apply` (daemon/postgres/rows.py's rule), the vectors from pgvector.
-    The local journal stays empty (the daemon journals nothing there; its snapshots write only
-    the files local readers read); one that holds records is a journal root: migrate it first."""
-    out = Recovered(embedder or make_embedder(config_default("embedder")))
+def open_local_root(paths: Paths, fs: Any = None) -> Journal:
+    """The data root of a daemon whose store is PostgreSQL: its journal opened (it stays empty: the
+    daemon journals nothing there) and marked with STORE_MARKER; a root whose journal holds records
+    is a journal root (migrate it first) and is refused (StartupError)."""
+    fs = fs or RealFiles()
     journal, entries = Journal.open(paths.journal, fs=fs, first_seq=1)
     marker = paths.journal / STORE_MARKER
     if not marker.exists():
@@ -250,8 +258,33 @@ def _recover_from_store(paths: Paths, fs: Any, embedder: Any, progress: Callable
                 "`eurekamem migrate --to postgres` and use another data root for this daemon"
             )
         atomic_write(fs, str(marker), b"postgres\n")
-    out.journal = journal
+    return journal
+
+
+def _recover_from_store(
+    paths: Paths, embedder: Any, progress: Callable[[str], None], store: Any, redactor: Any
+) -> Recovered:
+    """recover() for a daemon whose store is PostgreSQL (its root opened by open_local_root): its
+    tables' bodies, in commit order, applied through each tier's own `apply` (daemon/postgres/rows.py's
+    rule), the vectors from pgvector. Into an empty database, a first start first imports EurekaClaw's
+    persistent.json and knowledge_graph.json from the data root, as the journal's first start adopts
+    them (memories/ and skills/ are adopted by the tiers' scans, as files another program writes)."""
+    out = Recovered(embedder or make_embedder(config_default("embedder")))
+    if store.is_empty():
+        _import_into_store(paths, out, store, redactor)
     return load_from_store(store, out, progress)
+
+
+def _import_into_store(paths: Paths, out: Recovered, store: Any, redactor: Any) -> None:
+    from .postgres.migrate import commit_all, graph_mutations, persistent_mutations
+
+    read = Recovered(out.memory.embedder)
+    records = _read_eurekaclaw_json(paths, read, redactor, has_checkpoint=False)
+    if not (records or read.graph.nodes or read.graph.edges):
+        return
+    commit_all(store, itertools.chain(persistent_mutations(read.persistent), graph_mutations(read.graph)))
+    out.imported = {"records": len(records or {}), "nodes": len(read.graph.nodes), "edges": len(read.graph.edges)}
+    out.redacted.extend(read.redacted)
 
 
 def load_from_store(store: Any, out: Recovered, progress: Callable[[str], None] | None = None) -> Recovered:
@@ -259,16 +292,50 @@ def load_from_store(store: Any, out: Recovered, progress: Callable[[str], None] 
     root: start-up's loading part, which `eurekamem migrate` also uses to check what it wrote."""
     progress = progress or (lambda text: None)
     progress("loading the tiers from PostgreSQL")
-    return _replay(out, _with_vectors(store.rows_in_order()), progress, "loading from PostgreSQL: {} rows")
+    current: dict[str, bytes] = {}  # memory id -> its vector of the current model
+    others: dict[str, tuple[str, bytes]] = {}  # memory id -> a vector of another model
+    rows = _with_vectors(store.rows_in_order(), out.memory.model, current, others)
+    _replay(out, rows, progress, "loading from PostgreSQL: {} rows")
+    progress("loading from PostgreSQL: building the vector index")
+    out.memory.add_loaded_vectors(current)
+    _keep_previous_model(out.memory, others)
+    return out
 
 
-def _with_vectors(rows: Any) -> Any:
-    """The stored bodies as mutations, each memory's vector put back from its pgvector column."""
+def _with_vectors(rows: Any, model: str, current: dict[str, bytes], others: dict[str, tuple[str, bytes]]) -> Any:
+    """The stored bodies as mutations. Each memory's latest vector, from its pgvector column: of
+    the current `model`, kept apart in `current` (added in one insert once every row is applied);
+    of another model, put back in its mutation (the memory waits for re-embedding) and noted in `others`."""
     for body, vector in rows:
         mutation = mutation_decoder.decode(body)
-        if vector and isinstance(mutation, PutMemory):
-            mutation = msgspec.structs.replace(mutation, vector=vector)
+        if isinstance(mutation, (PutMemory, PurgeMemory)):
+            memory_id = mutation.memory.id if isinstance(mutation, PutMemory) else mutation.id
+            current.pop(memory_id, None)
+            others.pop(memory_id, None)
+            if vector and isinstance(mutation, PutMemory):
+                if mutation.model == model:
+                    current[memory_id] = vector
+                else:
+                    mutation = msgspec.structs.replace(mutation, vector=vector)
+                    others[memory_id] = (mutation.model, vector)
         yield mutation
+
+
+def _keep_previous_model(memory: MemoryState, others: dict[str, tuple[str, bytes]]) -> None:
+    """After a restart in the middle of a change of model: the memories not re-embedded yet still
+    hold the previous model's vector in their row, and keep answering dense search with it until
+    re-embedded (the journal store keeps the previous model's vector file for the same purpose)."""
+    if not others:
+        return
+    model = collections.Counter(m for m, _ in others.values()).most_common(1)[0][0]
+    try:
+        embedder = make_embedder(model)
+    except (ValueError, TypeError) as exc:
+        log.warning("tier 4: the previous model %s cannot serve search meanwhile: %s", model, exc)
+        return
+    kept = memory.keep_previous(model, {i: v for i, (m, v) in others.items() if m == model}, embedder)
+    if kept:
+        log.info("tier 4: %d memories answer dense search with %s's vectors until re-embedded by %s", kept, model, memory.model)
 
 
 def _replay(out: Recovered, mutations: Any, progress: Callable[[str], None], saying: str) -> Recovered:

@@ -6,6 +6,8 @@ renamed only once complete and synced (the vector files too, see VectorStore.sav
 (a full disk) leaves the previous snapshot's files as they were; and journal segments are dropped
 only after the snapshot files and the checkpoint that covers them are durable. One snapshot at a
 time (the lock). A purge snapshots at once: that drops the journal segments that held its text.
+Under PostgreSQL (`local_store`) the database holds everything: a snapshot writes only what local
+readers read (EurekaClaw's two files, `memories/` and MEMORY.md, `skills/`), scheduled by its commits.
 
 Ownership: the Snapshots' seq and purge signal are trio's (the scheduler, sys.snapshot,
 sys.resume and shutdown all run on the event loop).
@@ -83,9 +85,11 @@ class Snapshots:
         quiet: float,
         max_delay: float,
         seq: int = -1,
+        local_store: Any = None,
     ) -> None:
         self.paths = paths
         self.journal_actor = journal_actor
+        self.local_store = local_store  # store = postgres: the PostgresStore (only local readers' files are written)
         self.memory = memory
         self.skills = skills
         self.conversation = conversation
@@ -98,28 +102,39 @@ class Snapshots:
         self.seq = seq  # the journal seq the files on disk cover (-1: none yet)
         self._lock = trio.Lock()
 
+    def written(self) -> int:
+        """How far the store's durable writes go: the journal's acknowledged seq, or under
+        PostgreSQL its count of commits (what the schedule compares with `seq`)."""
+        return self.journal_actor.acked_seq if self.local_store is None else int(self.local_store.commits)
+
     async def snapshot(self, force: bool = False) -> int:
-        """Write persistent.json, knowledge_graph.json and the checkpoint; returns the covered seq."""
+        """Write persistent.json, knowledge_graph.json and the checkpoint; returns the covered seq.
+        Under PostgreSQL (`local_store`), only the files local readers read: no memories.snapshot,
+        vector files, conversation or jobs snapshot, nor checkpoint (the database holds it all)."""
         async with self._lock:
             self.purged.clear()  # this snapshot covers every purge answered so far
             journal_actor = self.journal_actor
-            if not force and journal_actor.acked_seq == self.seq:
+            if not force and self.written() == self.seq:
                 return self.seq
             began = trio.current_time()
-            rotated = not journal_actor.facts.failed  # the journal file takes writes (again, during sys.resume)
+            local_only = self.local_store is not None
+            # the journal file takes writes (again, during sys.resume)
+            rotated = not local_only and not journal_actor.facts.failed
             if rotated:
                 start = await journal_actor.run_exclusive(lambda journal: journal.rotate())
             else:
-                start = journal_actor.acked_seq + 1
+                start = self.written() + 1
             covered = start - 1
             memory = self.memory
-            await memory.run_internal(lambda s: save_snapshot(s, self.paths.memory_snapshot, self.paths.vectors))
+            if not local_only:
+                await memory.run_internal(lambda s: save_snapshot(s, self.paths.memory_snapshot, self.paths.vectors))
             await memory.project_files(durable=True)  # the .md files and _index.json are current and durable too
             await self.skills.project_files(durable=True)  # the SKILL.md files are the skills' snapshot
-            await self.conversation.save_snapshot(self.paths.conversation_snapshot, self.paths.conversation_vectors)
+            if not local_only:
+                await self.conversation.save_snapshot(self.paths.conversation_snapshot, self.paths.conversation_vectors)
             records = await self.persistent.run_internal(lambda s: dict(s.records))
             nodes, edges = await self.graph.run_internal(lambda s: (dict(s.nodes), dict(s.edges)))
-            jobs = await self.jobs.run_internal(jobs_snapshot_of)
+            jobs = None if local_only else await self.jobs.run_internal(jobs_snapshot_of)
             covers = covered if rotated else None
             await trio.to_thread.run_sync(self._write, records, nodes, edges, jobs, covers)
             if rotated:
@@ -127,19 +142,24 @@ class Snapshots:
                 if dropped:
                     log.debug("dropped journal segments %s", dropped)
             self.seq = covered
-            log.info("snapshot: covers journal seq %d (%.0f ms)", covered, (trio.current_time() - began) * 1000)
+            took = (trio.current_time() - began) * 1000
+            if local_only:
+                log.info("snapshot: the local files cover %d PostgreSQL commits (%.0f ms)", covered, took)
+            else:
+                log.info("snapshot: covers journal seq %d (%.0f ms)", covered, took)
             result: int = covered
             return result
 
     def _write(
-        self, records: dict[str, Any], nodes: dict[str, Any], edges: dict[Any, Any], jobs: bytes, covered: int | None
+        self, records: dict[str, Any], nodes: dict[str, Any], edges: dict[Any, Any], jobs: bytes | None, covered: int | None
     ) -> None:
         fs = RealFiles()
         self.paths.memory.mkdir(parents=True, exist_ok=True)
         # EurekaClaw's two files are rewritten only when their content changed (EurekaClaw reads them)
         write_unless_same(fs, str(self.paths.persistent), eurekaclaw.write_persistent(records))
         write_unless_same(fs, str(self.paths.graph), eurekaclaw.write_graph(nodes, edges))
-        atomic_write(fs, str(self.paths.jobs_snapshot), jobs)
+        if jobs is not None:
+            atomic_write(fs, str(self.paths.jobs_snapshot), jobs)
         if covered is not None:
             files = ["persistent.json", "knowledge_graph.json", "jobs.snapshot"]
             doc = {"seq": covered, "written_at": now_rfc3339(), "files": files}
@@ -152,7 +172,7 @@ class Snapshots:
 
     async def _loop(self) -> None:
         poll = min(1.0, self.quiet)
-        last_seen = self.journal_actor.acked_seq
+        last_seen = self.written()
         quiet_for = 0.0
         dirty_for = 0.0
         while True:
@@ -166,7 +186,7 @@ class Snapshots:
                     await trio.sleep(poll)
                 quiet_for = dirty_for = 0.0
                 continue
-            seq = self.journal_actor.acked_seq
+            seq = self.written()
             if seq == self.seq:
                 quiet_for = dirty_for = 0.0
                 last_seen = seq

@@ -49,7 +49,17 @@ def internal_error(what: str, exc: Exception) -> ProtocolError:
 
 
 class SysCalls:
-    """The daemon's own methods, over the actors and the parts a running daemon is made of."""
+    """The daemon's own methods, over the actors and the parts a running daemon is made of.
+
+    The durable tiers' parts come later than the rest (`serve_durable`) where the store was not
+    there at start (PostgreSQL): meanwhile ping, hello and stats answer and the calls that need
+    them answer `unavailable` with the reason."""
+
+    memory: MemoryActor
+    skills: SkillsActor
+    conversation: ConversationActor
+    jobs: JobsActor
+    snapshots: Snapshots
 
     def __init__(
         self,
@@ -63,15 +73,11 @@ class SysCalls:
         actors: Mapping[str, TierActor],
         journal_actor: JournalActor,
         store: Any,
-        memory: MemoryActor,
-        skills: SkillsActor,
-        conversation: ConversationActor,
-        jobs: JobsActor,
-        snapshots: Snapshots,
         acceptor: Acceptor,
         redactor: Redactor,
         llm_factory: Callable[[], LLMHandle],
         nursery: trio.Nursery,
+        not_serving: Callable[[], ProtocolError],
     ) -> None:
         self.config = config
         self.paths = paths
@@ -82,16 +88,37 @@ class SysCalls:
         self.actors = actors
         self.journal_actor = journal_actor
         self.store = store  # the tiers' Store (daemon/storage/store.py): the journal actor, or PostgreSQL
-        self.memory = memory
-        self.skills = skills
-        self.conversation = conversation
-        self.jobs = jobs
-        self.snapshots = snapshots
+        self.serving = False  # the durable tiers' parts are here (serve_durable)
+        self.not_serving = not_serving  # what a call that needs them answers before
         self.acceptor = acceptor
         self.redactor = redactor
         self.llm_factory = llm_factory
         self.nursery = nursery  # the daemon's: where the calls that wait are answered
         self._resume_lock = trio.Lock()
+
+    def serve_durable(
+        self,
+        *,
+        memory: MemoryActor,
+        skills: SkillsActor,
+        conversation: ConversationActor,
+        jobs: JobsActor,
+        snapshots: Snapshots,
+    ) -> None:
+        """The durable tiers' parts, once they are loaded (at start, or once PostgreSQL is reached)."""
+        self.memory = memory
+        self.skills = skills
+        self.conversation = conversation
+        self.jobs = jobs
+        self.snapshots = snapshots
+        self.serving = True
+
+    def _refused(self, call: Call, reply: Reply, started_ns: int) -> bool:
+        """Before the durable tiers serve, a call that needs them is answered `not_serving` (True)."""
+        if self.serving:
+            return False
+        reply.deliver(call, self.not_serving(), started_ns)
+        return True
 
     # --- the handlers ---------------------------------------------------------------------------------
 
@@ -109,19 +136,23 @@ class SysCalls:
 
     @handles("sys.snapshot", "sys")
     def _sys_snapshot(self, call: Call, reply: Reply, started_ns: int) -> None:
-        self.nursery.start_soon(self._answer_snapshot, call, reply, started_ns)
+        if not self._refused(call, reply, started_ns):
+            self.nursery.start_soon(self._answer_snapshot, call, reply, started_ns)
 
     @handles("sys.resume", "sys")
     def _sys_resume(self, call: Call, reply: Reply, started_ns: int) -> None:
-        self.nursery.start_soon(self._answer_resume, call, reply, started_ns)
+        if not self._refused(call, reply, started_ns):
+            self.nursery.start_soon(self._answer_resume, call, reply, started_ns)
 
     @handles("sys.maintain", "sys")
     def _sys_maintain(self, call: Call, reply: Reply, started_ns: int) -> None:
-        self.nursery.start_soon(self._answer_maintain, call, reply, started_ns)
+        if not self._refused(call, reply, started_ns):
+            self.nursery.start_soon(self._answer_maintain, call, reply, started_ns)
 
     @handles("skills.scan", "sys")
     def _skills_scan(self, call: Call, reply: Reply, started_ns: int) -> None:
-        self.nursery.start_soon(self._answer_skills_scan, call, reply, started_ns)
+        if not self._refused(call, reply, started_ns):
+            self.nursery.start_soon(self._answer_skills_scan, call, reply, started_ns)
 
     # --- the calls that wait ------------------------------------------------------------------------
 
@@ -253,10 +284,11 @@ class SysCalls:
         }
 
     def statistics(self) -> dict[str, Any]:
-        """sys.stats: only what the actors published (the module's rule)."""
+        """sys.stats: only what the actors published (the module's rule). Before the durable tiers
+        serve, their sections are absent and `store.serving` is false, with the reason."""
         tiers = {name: actor.stats() for name, actor in self.actors.items()}
-        memory = self.memory
-        return {
+        store = self.store.statistics() if self.store is not self.journal_actor else {"store": "journal"}
+        answer: dict[str, Any] = {
             "version": VERSION,
             "pid": os.getpid(),
             "started_at": self.started_at,
@@ -265,7 +297,18 @@ class SysCalls:
             "read_only": bool(self.journal_actor.failed),
             "tiers": tiers,
             "journal": self.journal_actor.statistics(),
-            "store": self.store.statistics() if self.store is not self.journal_actor else {"store": "journal"},
+            "store": {**store, "serving": self.serving},
+            "recovery": self.recovery,
+            "requests": self.stats.summary(),
+            "io": self.io_statistics(),
+            "access": {"refused": self.acceptor.refused_peers, "allowed_uids": list(self.config.allowed_uids)},
+            "redaction": self.redactor.statistics(),
+        }
+        if not self.serving:
+            answer["store"]["reason"] = self.not_serving().data.get("reason")
+            return answer
+        memory = self.memory
+        answer.update({
             "memory": {
                 **memory.statistics(),
                 "embedding": memory.embedding.summary(trio.current_time()),
@@ -275,12 +318,8 @@ class SysCalls:
             "conversation": self.conversation.statistics(),
             "jobs": {**self.jobs.statistics(), "conversation": self.conversation.trigger_statistics()},
             "snapshot": {"seq": self.snapshots.seq},
-            "recovery": self.recovery,
-            "requests": self.stats.summary(),
-            "io": self.io_statistics(),
-            "access": {"refused": self.acceptor.refused_peers, "allowed_uids": list(self.config.allowed_uids)},
-            "redaction": self.redactor.statistics(),
-        }
+        })
+        return answer
 
     def io_statistics(self) -> dict[str, Any]:
         """The I/O layer's passes: how many found work, how many ready sockets (and wakers) they

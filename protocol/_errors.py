@@ -6,7 +6,10 @@ kind fixes the JSON-RPC code. Nothing else invents codes.
 
 from __future__ import annotations
 
-from typing import Any
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing at run time (a client command's start)
+if TYPE_CHECKING:
+    from typing import Any
+
 
 ERROR_CODES: dict[str, int] = {
     "parse_error": -32700,

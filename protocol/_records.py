@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import random
-from typing import Any, Literal, get_args
+from typing import Any
 
 import msgspec
 
@@ -115,14 +115,7 @@ def normalize_timestamp(value: Any) -> str:
     return parsed.isoformat()
 
 
-# Tier 4's categories, defined here once: the params, the config's per-category settings, the
-# extraction schemas, the MCP tools' enums and the CLI's help are all derived from these.
-ResearchCategory = Literal["domain_knowledge", "proof_strategy", "open_problems", "pitfalls"]  # EurekaClaw's insights
-AssistantCategory = Literal["fact", "preference", "skill", "goal", "context"]  # assistant memories (NanoClaw kind)
-MemoryCategory = Literal[ResearchCategory, AssistantCategory]
-RESEARCH_CATEGORIES: tuple[str, ...] = get_args(ResearchCategory)
-ASSISTANT_CATEGORIES: tuple[str, ...] = get_args(AssistantCategory)
-MEMORY_CATEGORIES: tuple[str, ...] = RESEARCH_CATEGORIES + ASSISTANT_CATEGORIES
+# Tier 4's categories: protocol/categories.py (light, for the CLI's parser).
 
 
 class Memory(Record, kw_only=True):
@@ -213,7 +206,7 @@ class SearchWhy(Record, kw_only=True):
     dense_score: float | None = None
     lexical_score: float | None = None
     cosine: float | None = None  # the query's cosine with the memory's vector (what the score reads)
-    lexical_coverage: float | None = None  # BM25 / the most any document could score for the query
+    lexical_coverage: float | None = None  # share of the query's tokens its text holds (the score reads it)
     fused: float | None = None  # the reciprocal-rank fusion, / its maximum: the hits' relevance
     strength: float | None = None  # the memory's strength (hybrid hits are ordered by fused x its factor)
 

@@ -20,7 +20,7 @@ from typing import Annotated, Any, ClassVar, Literal
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-from ._records import MemoryCategory, ResearchCategory
+from .categories import MemoryCategory, ResearchCategory
 
 # Field limits. A frame is bounded separately (max_frame_bytes, 16 MiB by default).
 MAX_ID = 256  # session ids, roles, node ids, tags

@@ -16,7 +16,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from ._records import MEMORY_CATEGORIES
+from .categories import MEMORY_CATEGORIES
 
 _NON_WORD = re.compile(r"[^\w]")
 

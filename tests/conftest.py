@@ -1,5 +1,5 @@
 """Shared fixtures: short temporary socket paths, an in-process daemon, a raw NDJSON connection;
-and the test layers (markers, see pyproject.toml): each test gets one of unit, trio, e2e, soak."""
+and the test layers (markers, see pyproject.toml): each test gets one of unit, io, trio, e2e, soak."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -26,60 +27,151 @@ IO_TIMEOUT = 20  # seconds; every I/O test runs under trio.fail_after(IO_TIMEOUT
 
 # The layers. A test is `e2e` when it starts a subprocess (the daemon, the eurekamem command, a load
 # generator, `mount`): its own code, a fixture it takes or a helper it calls (in its module, or
-# one of the helpers named in SPAWNING) uses one of SPAWN_MARKS; whole modules in LAYERS are given
+# or a fixture of this file in SPAWNING_FIXTURES) uses one of SPAWN_MARKS; whole modules in LAYERS are given
 # their layer. Any other test is `trio` if it is a coroutine (an in-process daemon or actor, real
-# sockets) and `unit` if not. A test marked by hand keeps its marker.
+# sockets), `io` if it is not but opens a socket or runs an event loop itself (SOCKET_MARKS, found the
+# same way: a Client against a stub server, trio.run of its own), and `unit` if neither. A test marked by hand keeps its marker. The derivation is checked while the
+# tests run (_LayerCheck): a `unit` test that opens a socket or starts a process, or a `trio` or `io`
+# test that starts a process, fails saying which marker it needs. (`trio` is also pytest-trio's marker,
+# which runs a coroutine test: a test that is not one cannot have it, hence `io`.)
 LAYERS = {"test_soak": "soak", "test_faults": "e2e", "test_loadgen": "e2e"}
-LAYER_NAMES = ("unit", "trio", "e2e", "soak")
+LAYER_NAMES = ("unit", "io", "trio", "e2e", "soak")
 SPAWN_MARKS = ("DaemonProcess", "subprocess", "run_process", "Popen", "sys.executable", "NotifiedDaemon")
+SOCKET_MARKS = ("trio.run", "running_daemon", "open_unix_socket", "socket.socket", "socketpair", "RawConnection",
+                "StubLLMServer", "Client(", "AsyncClient", "MemoryManager(", "asyncio.run", "anyio.run", "HTTPServer",
+                "socketserver", "create_connection", "urlopen", "httpx", ".notify(")
 
 
-def _spawning_names(path: str) -> set[str]:
-    """The module's functions (tests, helpers, fixtures) that start a subprocess, directly or through
-    another such function of the module."""
+_MARKS: dict[Path, tuple[set[str], set[str]]] = {}
+
+
+def _module_marks(path: Path) -> tuple[set[str], set[str]]:
+    """The module's functions and classes (tests, helpers, fixtures) that start a subprocess, and those
+    that open a socket or run an event loop, directly or through another such function of the module
+    or one it imports from a helper module of tests/ (tests/jobs_helpers.py...)."""
     import ast
 
-    tree = ast.parse(Path(path).read_text(encoding="utf-8"))
-    functions = {
-        node.name: node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-    }
-    classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
-    spawning = {name for name, node in classes.items() if any(mark in ast.unparse(node) for mark in SPAWN_MARKS)}
-    spawning |= set(SPAWN_MARKS)
-    changed = True
-    while changed:
-        changed = False
-        for name, node in functions.items():
-            if name in spawning:
-                continue
-            used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | {
-                n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
-            }
-            used |= {arg.arg for arg in node.args.args}  # fixtures, by parameter name
-            if used & spawning or any(mark in ast.unparse(node) for mark in SPAWN_MARKS):
-                spawning.add(name)
-                changed = True
-    return spawning
+    if path in _MARKS:
+        return _MARKS[path]
+    _MARKS[path] = (set(), set())  # an import cycle between helpers ends here
+    source = path.read_text(encoding="utf-8")
+    lines = source.splitlines()
+    tree = ast.parse(source)
+    uses: dict[str, set[str]] = {}  # name -> the names and attributes it uses, and its fixtures
+    texts: dict[str, str] = {}
+    imported: tuple[set[str], set[str]] = (set(), set())  # the names imported from a helper that spawn, that open sockets
+    for node in tree.body:
+        helper = path.parent / f"{node.module}.py" if isinstance(node, ast.ImportFrom) and node.module else None
+        if helper is not None and helper.exists():
+            for found, theirs in zip(imported, _module_marks(helper)):
+                found.update(alias.asname or alias.name for alias in node.names if alias.name in theirs)
+    nodes = [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    nodes += [node for node in tree.body if isinstance(node, ast.ClassDef)]
+    for node in nodes:
+        used = uses.setdefault(node.name, set())
+        for n in ast.walk(node):
+            if isinstance(n, ast.Name):
+                used.add(n.id)
+            elif isinstance(n, ast.Attribute):
+                used.add(n.attr)
+        if not isinstance(node, ast.ClassDef):
+            used.update(arg.arg for arg in node.args.args)  # fixtures, by parameter name
+        texts[node.name] = texts.get(node.name, "") + "\n".join(lines[node.lineno - 1 : node.end_lineno])
+
+    def closure(marks: tuple[str, ...], seed: set[str]) -> set[str]:
+        found = set(marks) | seed | {name for name, text in texts.items() if any(mark in text for mark in marks)}
+        changed = True
+        while changed:
+            more = {name for name, used in uses.items() if name not in found and used & found}
+            found |= more
+            changed = bool(more)
+        return found
+
+    _MARKS[path] = closure(SPAWN_MARKS, imported[0]), closure(SOCKET_MARKS, imported[1])
+    return _MARKS[path]
+
+
+SPAWNING_FIXTURES = {"postgres_server"}  # this file's fixtures that start a subprocess
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     import inspect
 
-    spawning: dict[str, set[str]] = {}
     for item in items:
         if any(item.get_closest_marker(name) for name in LAYER_NAMES) or not isinstance(item, pytest.Function):
             continue
         module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
         layer = LAYERS.get(module)
         if layer is None:
-            path = str(item.path)
-            if path not in spawning:
-                spawning[path] = _spawning_names(path)
-            if item.originalname in spawning[path] or set(item.fixturenames) & spawning[path]:
+            spawning, socketing = _module_marks(Path(item.path))
+            names = {item.originalname, *item.fixturenames}
+            on_postgres = any(mark.name == "postgres" for mark in item.own_markers)  # store's postgres param
+            if names & (spawning | SPAWNING_FIXTURES) or on_postgres:
                 layer = "e2e"
+            elif inspect.iscoroutinefunction(item.function):
+                layer = "trio"
+            elif names & socketing:
+                layer = "io"
             else:
-                layer = "trio" if inspect.iscoroutinefunction(item.function) else "unit"
+                layer = "unit"
         item.add_marker(layer)
+
+
+class _LayerCheck:
+    """What the running test does that its layer rules out, seen by an audit hook (sys.addaudithook):
+    a socket made or a process started, in the main thread or a thread started during the test (the
+    threads left by earlier tests, and trio's cached workers, are not this test's)."""
+
+    EVENTS = {"socket.__new__": "opens a socket", "subprocess.Popen": "starts a process", "os.fork": "forks",
+              "os.posix_spawn": "starts a process", "os.exec": "starts a process", "os.system": "starts a process"}
+    ALLOWED = {"unit": (), "io": ("opens a socket",), "trio": ("opens a socket",)}
+
+    def __init__(self) -> None:
+        self.seen: set[str] | None = None  # what the running test did; None between tests
+        self.before: set[int] = set()
+
+    def audit(self, event: str, args: tuple[Any, ...]) -> None:
+        if self.seen is None or event not in self.EVENTS:
+            return
+        if event == "subprocess.Popen" and args[0] == "/sbin/ldconfig":
+            return  # ctypes.util.find_library, as an import may call it
+        ident = threading.get_ident()
+        if ident == threading.main_thread().ident or ident not in self.before:
+            self.seen.add(self.EVENTS[event])
+
+    def start(self) -> None:
+        self.before = {t.ident for t in threading.enumerate() if t.ident is not None}
+        self.seen = set()
+
+    def check(self, item: pytest.Item) -> None:
+        seen, self.seen = self.seen or set(), None
+        layers = {name for name in LAYER_NAMES if item.get_closest_marker(name)}
+        if not seen or layers & {"e2e", "soak"}:
+            return
+        layer = "trio" if "trio" in layers else "io" if "io" in layers else "unit"
+        wrong = seen - set(self.ALLOWED[layer])
+        if wrong:
+            needs = "io" if wrong == {"opens a socket"} else "e2e"
+            pytest.fail(f"this test {' and '.join(sorted(wrong))}, which a `{layer}` test may not: mark it "
+                        f"@pytest.mark.{needs} (or name what it calls in tests/conftest.py's SPAWN_MARKS / "
+                        "SOCKET_MARKS)", pytrace=False)
+
+
+_LAYER_CHECK = _LayerCheck()
+sys.addaudithook(_LAYER_CHECK.audit)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    _LAYER_CHECK.start()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    result = yield
+    _LAYER_CHECK.check(item)
+    return result
 
 
 @pytest.fixture

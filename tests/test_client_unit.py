@@ -903,3 +903,123 @@ def test_async_client_survives_a_new_event_loop(server: FakeServer):
     assert asyncio.run(ping()) is True  # the old loop's connection is replaced
     assert server.connections == 2
 
+
+
+# --- the packages import lazily (protocol/__init__.py, client/__init__.py) ---------------------------
+
+
+@pytest.mark.parametrize("package", ["eurekamem.protocol", "eurekamem.client"])
+def test_a_lazy_package_names_each_name_where_its_type_checking_block_imports_it(package: str) -> None:
+    """_LAZY (what runs) and the block under TYPE_CHECKING (what mypy reads) say the same: every name,
+    from the same module; and every name of __all__ resolves to the very object of its module."""
+    import ast
+    import importlib
+
+    module = importlib.import_module(package)
+    tree = ast.parse(Path(module.__file__ or "").read_text())
+    guarded = next(n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", "") == "TYPE_CHECKING")
+    imported = {
+        alias.name: "." * node.level + (node.module or "")
+        for node in guarded.body if isinstance(node, ast.ImportFrom) and node.module != "typing"
+        for alias in node.names if alias.name != "*"
+    }
+    assert imported == module._WHERE
+    for name in module.__all__:
+        value = getattr(module, name)
+        if name in module._WHERE:
+            where = module._WHERE[name]
+            level = len(where) - len(where.lstrip("."))
+            source = importlib.import_module("." * level + where[level:], package)
+            assert value is getattr(source, name), name
+
+
+def test_the_protocol_still_gives_every_public_name_of_methods() -> None:
+    """What `from .methods import *` gave the package (the params Structs, the limits) it still gives."""
+    from eurekamem import protocol
+    from eurekamem.protocol import methods
+
+    public = [name for name in vars(methods) if not name.startswith("_")]
+    assert len(public) > 50
+    assert all(getattr(protocol, name) is getattr(methods, name) for name in public)
+    with pytest.raises(AttributeError):
+        protocol.NoSuchName  # noqa: B018
+
+
+# --- finding the daemon: the LOCK's record (client/_paths.py) ----------------------------------------
+
+
+def _pid_never_used() -> int:
+    return int(Path("/proc/sys/kernel/pid_max").read_text()) + 1  # above pid_max: no process has it
+
+
+def _lock(root: Path, text: str) -> None:
+    path = root.joinpath("memory", "journal", "LOCK")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_the_lock_names_the_live_holder_and_its_socket(tmp_path: Path) -> None:
+    import os
+
+    from eurekamem.client import lock_text, read_lock, recorded_socket
+
+    me = os.getpid()
+    assert read_lock(tmp_path) == (None, None)  # no LOCK at all
+    _lock(tmp_path, lock_text(me, "/run/x/d.sock"))
+    assert read_lock(tmp_path) == (me, "/run/x/d.sock") and recorded_socket(tmp_path) == "/run/x/d.sock"
+    _lock(tmp_path, lock_text(me))  # locked, not listening yet (or verify, repair, migrate)
+    assert read_lock(tmp_path) == (me, None)
+    _lock(tmp_path, f"{me}\nsocket /run/x/d.so")  # a write in progress: the unfinished line is not read
+    assert read_lock(tmp_path) == (me, None)
+    _lock(tmp_path, lock_text(_pid_never_used(), "/run/x/d.sock"))  # its daemon died without a clean stop
+    assert read_lock(tmp_path) == (None, None)
+    for text in ("", "not a pid\n", "-3\nsocket /x\n"):  # a clean stop empties it; nonsense is no holder
+        _lock(tmp_path, text)
+        assert read_lock(tmp_path) == (None, None), text
+
+
+def test_a_client_tries_the_rules_socket_then_the_recorded_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from eurekamem.client import Client, LineClient, data_root, lock_text
+    from eurekamem.client._paths import socket_paths
+
+    _lock(tmp_path, lock_text(os.getpid(), "/run/x/d.sock"))
+    assert list(socket_paths("/rules.sock", tmp_path)) == ["/rules.sock", "/run/x/d.sock"]
+    assert list(socket_paths("/run/x/d.sock", tmp_path)) == ["/run/x/d.sock"]
+    assert list(socket_paths("/rules.sock", None)) == ["/rules.sock"]  # a socket named alone: only it
+    monkeypatch.setenv("EUREKACLAW_DIR", str(tmp_path))
+    for cls in (Client, LineClient):
+        assert cls().root == data_root() == tmp_path  # no path: the configured data root's record too
+        assert cls("/rules.sock").root is None  # a path named alone
+        assert cls("/rules.sock", data_dir=tmp_path / "d").root == tmp_path / "d"
+
+
+def test_the_error_lists_the_paths_tried_and_who_holds_the_root(tmp_path: Path) -> None:
+    import os
+
+    from eurekamem.client import lock_text
+    from eurekamem.client._paths import unreachable
+
+    gone = FileNotFoundError(2, "No such file or directory")
+    refused = ConnectionRefusedError(111, "Connection refused")
+    text = unreachable([("/a.sock", gone)], None)
+    assert text == "cannot connect to eurekamem at /a.sock: No such file or directory (is the daemon running? `eurekamem serve`)"
+    text = unreachable([("/a.sock", gone)], tmp_path)
+    assert f"(no daemon holds the data root {tmp_path}: is the daemon running? `eurekamem serve`)" in text
+    me = os.getpid()
+    _lock(tmp_path, lock_text(me))
+    assert f"pid {me} holds the data root {tmp_path} and records no socket" in unreachable([("/a.sock", gone)], tmp_path)
+    _lock(tmp_path, lock_text(me, "/b.sock"))
+    text = unreachable([("/a.sock", gone), ("/b.sock", refused)], tmp_path)
+    assert text.startswith("cannot connect to eurekamem at /a.sock: No such file or directory; tried ")
+    assert "/a.sock (No such file or directory), /b.sock (Connection refused)" in text
+    assert f"pid {me} holds the data root {tmp_path}" in text
+
+
+def test_the_line_client_refuses_params_that_are_not_json_before_connecting() -> None:
+    from eurekamem.client import InvalidParams, LineClient
+
+    client = LineClient("/nonexistent/eurekamem.sock")
+    with pytest.raises(InvalidParams, match="not JSON"):
+        client.call("memory.add", {"confidence": float("nan")})

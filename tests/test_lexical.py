@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections import Counter
@@ -169,6 +170,19 @@ def test_pruned_search_is_exact(k: int, stem: bool, lookups: bool, monkeypatch) 
     hybrid search reads). Stemmed: the words are English, and several words share a stem
     ("connected", "connection")."""
     _force_pruning(monkeypatch, lookups)
+    texts, queries, allowed, ref = _pruning_corpus(stem)
+    ix = LexicalIndex(stem=stem)
+    ix.add_many(enumerate(texts))
+    _check_against(ix, ref, queries, k=k)
+    _check_against(ix, ref, queries[:30], k=k, allowed=allowed)
+    assert ix.stats()["pruned_searches"] > 50
+
+
+@functools.cache
+def _pruning_corpus(stem: bool) -> tuple[list[str], list[str], np.ndarray, NaiveBM25]:
+    """test_pruned_search_is_exact's corpus, queries, allowed labels and reference: the same for every
+    k and either way of pruning, so made once for each stemming, and the naive reference (the slow
+    part: a Python scan of every document for each query term) scores each query once."""
     rng = random.Random(5)
     if stem:
         common = ["connected", "connection", "connecting", "running", "runs"]
@@ -186,17 +200,15 @@ def test_pruned_search_is_exact(k: int, stem: bool, lookups: bool, monkeypatch) 
         words += [rng.choice(common) for _ in range(rng.randrange(3))]
         rng.shuffle(words)
         texts.append(" ".join(words))
-    ix, ref = LexicalIndex(stem=stem), NaiveBM25(stem=stem)
-    ix.add_many(enumerate(texts))
+    ref = NaiveBM25(stem=stem)
     for i, t in enumerate(texts):
         ref.add(i, t)
+    ref.scores = functools.cache(ref.scores)  # type: ignore[method-assign]  # read only by _check_against
     queries = [
         " ".join(rng.sample(rare, rng.randrange(1, 3)) + rng.sample(mid, rng.randrange(0, 2)) + rng.sample(common, 3))
         for _ in range(80)
     ]
-    _check_against(ix, ref, queries, k=k)
-    _check_against(ix, ref, queries[:30], k=k, allowed=np.array(rng.sample(range(3000), 1500)))
-    assert ix.stats()["pruned_searches"] > 50
+    return texts, queries, np.array(rng.sample(range(3000), 1500)), ref
 
 
 def test_renumbering_after_mass_removal(pruning: str) -> None:

@@ -319,6 +319,135 @@ def test_retrieve_relevant_theorems_table(daemon: DaemonProcess, case: str) -> N
     assert got == want
 
 
+# --- .persistent and .graph: EurekaClaw's PersistentMemory and KnowledgeGraph calls ---------------
+
+
+def _put_three(m: Any, u: str) -> None:
+    m.persistent.put(f"{u}.b", 1, [u])
+    m.persistent.put(f"{u}.a", {"x": [1.5, None]}, [u, "y"], "s")
+    m.remember(f"{u}.c", "via remember", tags=[u])
+
+
+PERSISTENT_VIEW: dict[str, Script] = {
+    "put answers the record": lambda m, u: m.persistent.put(f"{u}.k", {"a": 1}, [u], "s1"),
+    "put then get": lambda m, u: (m.persistent.put(f"{u}.k", [1, "x"]), m.persistent.get(f"{u}.k"))[1],
+    "get absent": lambda m, u: m.persistent.get(f"{u}.none"),
+    "remember and put are one store": lambda m, u: (m.remember(f"{u}.k", 7), m.persistent.get(f"{u}.k"))[1],
+    "get_by_tag": lambda m, u: (_put_three(m, u), m.persistent.get_by_tag("y") and m.persistent.get_by_tag(u))[1],
+    "search_keys, first stored first": lambda m, u: (_put_three(m, u), m.persistent.search_keys(f"{u}."))[1],
+    "search_keys after an overwrite": lambda m, u: (
+        _put_three(m, u), m.persistent.put(f"{u}.b", 2), [(r.key, r.value) for r in m.persistent.search_keys(u)])[2],
+    "search_keys of nothing": lambda m, u: m.persistent.search_keys(f"{u}.none"),
+    "delete": lambda m, u: (_put_three(m, u), m.persistent.delete(f"{u}.a"), m.persistent.get(f"{u}.a"),
+                            [r.key for r in m.persistent.search_keys(u)], [r.key for r in m.recall_by_tag("y")
+                                                                         if r.key.startswith(u)])[2:],
+    "delete absent": lambda m, u: m.persistent.delete(f"{u}.none"),
+    "all_records holds ours": lambda m, u: (
+        _put_three(m, u), [r.key for r in m.persistent.all_records() if r.key.startswith(u)])[1],
+    "empty key": lambda m, u: (m.persistent.put("", f"e{u}"), [r.value for r in m.persistent.search_keys("")
+                                                              if r.key == "" and r.value == f"e{u}"])[1],
+}
+
+
+@pytest.mark.parametrize("case", PERSISTENT_VIEW, ids=list(PERSISTENT_VIEW))
+def test_persistent_view_table(daemon: DaemonProcess, case: str) -> None:
+    got, want = same(daemon, PERSISTENT_VIEW[case])
+    assert shape(got) == shape(want)
+
+
+def _graph_three(m: Any, u: str) -> list[str]:
+    a = m.graph.add_theorem("Hoeffding", "P(|X-EX|>t) <= 2exp(-2t^2)", f"Probability {u}", "s", [u, "concentration"])
+    b = m.add_theorem("Bernstein", "variance-aware concentration", f"probability {u}", "s", [u])
+    c = m.graph.add_theorem("UCB regret", "O(sqrt(KT log T))", f"bandits {u}", "s", [u])
+    m.graph.add_edge(b.node_id, a.node_id, "generalizes")
+    m.link_theorems(c.node_id, b.node_id)
+    return [a.node_id, b.node_id, c.node_id]
+
+
+def _ours(nodes: list[Any], u: str) -> list[str]:
+    return [n.theorem_name for n in nodes if n.domain.endswith(u)]
+
+
+def _graph_delta(m: Any, u: str) -> dict[str, int]:
+    before = m.graph.stats()
+    _graph_three(m, u)
+    after = m.graph.stats()
+    return {k: after[k] - before[k] for k in ("nodes", "edges")} | {"keys": sorted(after)}  # type: ignore[dict-item]
+
+
+def _networkx(m: Any, u: str) -> Any:
+    ids = _graph_three(m, u)
+    graph = m.graph.to_networkx().subgraph(ids)
+    names = {i: graph.nodes[i]["theorem_name"] for i in ids}
+    return (type(graph).__name__, sorted(names.values()), sorted(graph.nodes[ids[0]]),
+            sorted((names[a], names[b], d["relation"]) for a, b, d in graph.edges(data=True)))
+
+
+GRAPH_VIEW: dict[str, Script] = {
+    "add_theorem answers the node": lambda m, u: m.graph.add_theorem("L1", "x", u, "s", ["lemma"]),
+    "add_edge and find_related": lambda m, u: (lambda ids: by_name(m.graph.find_related(ids[0], 2)))(_graph_three(m, u)),
+    "find_related depth 1": lambda m, u: (lambda ids: by_name(m.graph.find_related(ids[2], 1)))(_graph_three(m, u)),
+    "search_by_domain, case aside": lambda m, u: (_graph_three(m, u), _ours(m.graph.search_by_domain(f"PROBABILITY {u}"), u))[1],
+    "search_by_domain answers the nodes": lambda m, u: (_graph_three(m, u), by_name(m.graph.search_by_domain(f"bandits {u}")))[1],
+    "search_by_tag": lambda m, u: (_graph_three(m, u), _ours(m.graph.search_by_tag("concentration"), u),
+                                   _ours(m.graph.search_by_tag(u), u))[1:],
+    "all_nodes in the order added": lambda m, u: (_graph_three(m, u), _ours(m.graph.all_nodes(), u))[1],
+    "stats": _graph_delta,
+    "to_networkx": _networkx,
+}
+
+
+@pytest.mark.parametrize("case", GRAPH_VIEW, ids=list(GRAPH_VIEW))
+def test_graph_view_table(daemon: DaemonProcess, case: str) -> None:
+    got, want = same(daemon, GRAPH_VIEW[case])
+    assert shape(got) == shape(want)
+
+
+def test_the_views_hold_no_copy(daemon: DaemonProcess) -> None:
+    """EurekaClaw's own PersistentMemory / KnowledgeGraph read their file once and save their copy:
+    another writer's records would be unseen and then overwritten. The views ask the daemon each time."""
+    u = unique()
+    with ours(daemon, f"a-{u}") as first, ours(daemon, f"b-{u}") as second:
+        persistent, graph = first.persistent, first.graph
+        second.remember(f"{u}.other", "theirs", tags=[u])
+        node = second.add_theorem("Azuma", "martingale", u)
+        assert persistent.get(f"{u}.other") == "theirs" and [r.key for r in persistent.search_keys(u)] == [f"{u}.other"]
+        assert [n.node_id for n in graph.search_by_domain(u)] == [node.node_id]
+        persistent.put(f"{u}.mine", 1)
+        assert second.recall(f"{u}.other") == "theirs" and second.recall(f"{u}.mine") == 1
+
+
+REMEMBER_VALUES: dict[str, Script] = {
+    "NaN comes back as EurekaClaw's file has it": lambda m, u: (
+        m.remember(f"{u}.n", {"a": float("nan"), "b": [float("inf"), 1.5]}), getattr(m, "reload", lambda: None)(),
+        m.recall(f"{u}.n"))[2],
+    "a set comes back as a list": lambda m, u: (
+        m.remember(f"{u}.s", {"a": {3}}), getattr(m, "reload", lambda: None)(), m.recall(f"{u}.s"))[2],
+    "the largest integers MessagePack carries": lambda m, u: (
+        m.remember(f"{u}.i", [2**64 - 1, -(2**63)]), m.recall(f"{u}.i"))[1],
+}
+
+
+@pytest.mark.parametrize("case", REMEMBER_VALUES, ids=list(REMEMBER_VALUES))
+def test_remember_values_table(daemon: DaemonProcess, case: str) -> None:
+    got, want = same(daemon, REMEMBER_VALUES[case])
+    assert shape(got) == shape(want)
+
+
+def test_an_integer_beyond_64_bits_is_refused_clearly_and_changes_nothing(daemon: DaemonProcess) -> None:
+    """The deliberate difference: EurekaClaw's JSON file keeps remember(2**70); eurekamem's journal
+    (MessagePack) cannot, so the call raises ValueError naming the key, the path and what to do,
+    and nothing is stored, sent or spooled; the key keeps its old value."""
+    u = unique()
+    with ours(daemon, u) as mm:
+        mm.remember(f"{u}.k", "old")
+        with pytest.raises(ValueError, match=r"remember\('u.*\.k'\).*Integer out of range.*`\$\.value\.tried\[1\]`.*str\(n\)"):
+            mm.remember(f"{u}.k", {"tried": [1, 2**70]})
+        with pytest.raises(ValueError, match="Integer out of range"):
+            mm.persistent.put(f"{u}.k", -(2**63) - 1)
+        assert mm.buffered == 0 and mm.recall(f"{u}.k") == "old"
+
+
 # --- load_for_injection ---------------------------------------------------------------------------
 
 

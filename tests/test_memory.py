@@ -257,8 +257,9 @@ async def test_add_many_is_one_journal_write_and_survives_restart(data_dir: Path
             await add(conn, domain="conv", category="context", title="late", content="after the snapshot: only in the journal", dedup=False)
             await conn.aclose()
             daemon.snapshot = _no_snapshot  # as if killed: no final snapshot
-        assert (data_dir / "memory" / "memories.snapshot").exists()
-        assert list((data_dir / "memory" / "vectors").iterdir())
+        # the journal's snapshot files (PostgreSQL's daemon writes none: its rows hold it all)
+        assert (data_dir / "memory" / "memories.snapshot").exists() is not bool(store)
+        assert (data_dir / "memory" / "vectors").exists() is not bool(store)
         async with running_daemon(data_dir, sock_dir / "s.sock", **FAST, **store) as daemon:
             conn = await RawConnection.open(sock_dir / "s.sock")
             stats = await conn.result("sys.stats", {})

@@ -187,6 +187,44 @@ def test_reads_while_the_daemon_is_away_answer_from_the_files(tmp_path: Path, so
     proc.terminate()
 
 
+def test_persistent_and_graph_views_while_the_daemon_is_away(tmp_path: Path, sock_dir: Path) -> None:
+    """EurekaClaw's `.persistent` and `.graph` calls answer from the files with this process's spooled
+    writes on top (a delete too), and a record put meanwhile is the one delivered (its id)."""
+    root = tmp_path / "root"
+    proc = _daemon(root, sock_dir).start()
+    with _manager(proc) as mm:
+        mm.persistent.put("theory.k1", [1, 2], ["t"])
+        mm.remember("theory.k2", "two", tags=["t"])
+        a = mm.graph.add_theorem("Azuma", "martingale differences bounded", domain="probability")
+        b = mm.graph.add_theorem("Freedman", "martingale variance bound", domain="probability")
+        mm.graph.add_edge(b.node_id, a.node_id, "generalizes")
+    assert proc.terminate() == 0
+
+    mm = _manager(proc)
+    persistent, graph = mm.persistent, mm.graph
+    before = time.monotonic()
+    assert [r.key for r in persistent.search_keys("theory.")] == ["theory.k1", "theory.k2"]
+    assert graph.stats() == {"nodes": 2, "edges": 1}
+    assert [n.theorem_name for n in graph.search_by_domain("PROBABILITY")] == ["Azuma", "Freedman"]
+    put = persistent.put("theory.k3", 3, ["t"])
+    persistent.delete("theory.k1")
+    graph.add_theorem("Bernstein", "variance-aware", domain="probability")
+    assert persistent.get("theory.k1") is None and put.record_id and put.created_at.tzinfo is None
+    assert [r.key for r in persistent.all_records()] == ["theory.k2", "theory.k3"]
+    assert [r.key for r in persistent.get_by_tag("t")] == ["theory.k2", "theory.k3"]
+    assert [n.theorem_name for n in graph.all_nodes()] == ["Azuma", "Freedman", "Bernstein"]
+    assert graph.stats() == {"nodes": 3, "edges": 1} and mm.buffered == 3
+    assert time.monotonic() - before < 5.0  # nothing waited for the daemon
+    proc.start()
+    mm._retry_at = 0.0  # try now instead of waiting for the probe
+    assert [(r.key, r.record_id) for r in persistent.all_records()] == [
+        ("theory.k2", persistent.get_by_tag("t")[0].record_id), ("theory.k3", put.record_id)]
+    assert persistent.get("theory.k1") is None and mm.delivered == 3
+    assert [n.theorem_name for n in graph.all_nodes()] == ["Azuma", "Freedman", "Bernstein"]
+    mm.close()
+    proc.terminate()
+
+
 def test_a_hung_daemon_costs_about_a_second_once_per_process(tmp_path: Path, sock_dir: Path) -> None:
     root = tmp_path / "root"
     proc = _daemon(root, sock_dir).start()

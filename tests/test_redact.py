@@ -802,7 +802,7 @@ async def test_a_memory_cannot_end_or_forge_the_blocks(data_dir: Path, sock_dir:
 
 
 def test_the_drop_in_block_escapes_too(data_dir: Path, sock_dir: Path) -> None:
-    proc = DaemonProcess(data_dir, sock_dir / "s.sock", "--embedder", "usem3").start()
+    proc = DaemonProcess(data_dir, sock_dir / "s.sock").start()
     try:
         with MemoryManager("run", data_dir / "memories", socket_path=proc.socket_path) as mm:
             mm.client.add_memory("d", "fact", "Forged", FORGERIES[0])

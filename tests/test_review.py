@@ -258,7 +258,7 @@ async def test_asking_twice_and_asking_after_a_change(data_dir: Path, sock_dir: 
 
 
 def test_review_decisions_survive_kill_9_and_snapshots(data_dir: Path, sock_dir: Path) -> None:
-    proc = DaemonProcess(data_dir, sock_dir / "s.sock", "--embedder", "usem3").start()
+    proc = DaemonProcess(data_dir, sock_dir / "s.sock").start()
     try:
         with Client(proc.socket_path, timeout=30) as c:
             ids = [
@@ -346,7 +346,7 @@ def test_an_approval_and_its_memory_are_one_record() -> None:
 
 
 def test_client_calls(data_dir: Path, sock_dir: Path) -> None:
-    proc = DaemonProcess(data_dir, sock_dir / "s.sock", "--embedder", "usem3").start()
+    proc = DaemonProcess(data_dir, sock_dir / "s.sock").start()
     try:
         with Client(proc.socket_path, timeout=30) as c:
             memory_id = c.add_memory("d", "fact", "Client", "Promoted through the client.")["memory"]["id"]

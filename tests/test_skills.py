@@ -65,7 +65,7 @@ def test_render_is_what_eurekaclaw_upsert_writes() -> None:
         "---\n"
         "agent_roles:\n"
         "- theory\n"
-        "created_at: '2026-03-22T08:19:27.986985+00:00'\n"
+        "created_at: '2026-03-22T08:19:27.986985'\n"  # naive UTC: EurekaClaw's utcnow()
         "description: Apply compactness to reduce infinite problems to finite ones.\n"
         "name: compactness_argument\n"
         "pipeline_stages:\n"
@@ -795,7 +795,7 @@ async def test_async_client_skill_calls(data_dir: Path, sock_dir: Path) -> None:
 def daemon(data_dir: Path, sock_dir: Path):  # type: ignore[no-untyped-def]
     # snapshots only when a test asks (or at a clean stop): what a restart replays is then known
     proc = DaemonProcess(
-        data_dir, sock_dir / "s.sock", "--embedder", "usem3", "--snapshot-quiet", "3600", "--snapshot-max-delay", "3600"
+        data_dir, sock_dir / "s.sock", "--snapshot-quiet", "3600", "--snapshot-max-delay", "3600"
     )
     yield proc
     proc.kill()

@@ -78,7 +78,6 @@ def add(client: Client, domain: str, title: str, content: str, **extra: Any) -> 
     return result
 
 
-@pytest.mark.trio
 async def test_the_guard_refuses_what_is_not_this_users_page(daemon: DaemonProcess, client: Client) -> None:
     memory = add(client, "guard", "Guarded memory", "Nothing may change it without the form's token.")
     async with browser(daemon, login=False) as (web, guard):
@@ -118,7 +117,6 @@ async def test_the_guard_refuses_what_is_not_this_users_page(daemon: DaemonProce
     assert client.call("memory.get", id=memory["id"])["status"] == "archived"
 
 
-@pytest.mark.trio
 async def test_stored_markup_is_shown_as_text_on_every_page(daemon: DaemonProcess, client: Client) -> None:
     memory = add(client, "markup <b>domain</b>", f"Title {MARKUP}", f"Content {MARKUP}", tags=["<i>tag</i>"])
     review = client.call("memory.promote", id=memory["id"], reason=f"share {MARKUP}")
@@ -141,7 +139,6 @@ async def test_stored_markup_is_shown_as_text_on_every_page(daemon: DaemonProces
     assert review["state"] == "pending"
 
 
-@pytest.mark.trio
 async def test_a_memorys_page_and_its_actions(daemon: DaemonProcess, client: Client) -> None:
     memory = add(client, "actions", "Median of means", "Hoeffding needs bounded rewards; use median of means instead.")
     mid = memory["id"]
@@ -191,7 +188,6 @@ async def test_a_memorys_page_and_its_actions(daemon: DaemonProcess, client: Cli
         assert client.call("memory.get", id=other["id"])["title"] == "Kept as it was"
 
 
-@pytest.mark.trio
 async def test_domains_list_memories_by_category_paged(daemon: DaemonProcess, client: Client) -> None:
     items = [{"domain": "paged", "category": "fact" if i % 3 else "goal", "title": f"Fact number {i}",
               "content": f"The value of item {i} is {i * 7}.", "dedup": False} for i in range(120)]
@@ -209,7 +205,6 @@ async def test_domains_list_memories_by_category_paged(daemon: DaemonProcess, cl
         assert "# " in readable and "Fact number 1" in readable
 
 
-@pytest.mark.trio
 async def test_search_explains_each_hit_and_filters(daemon: DaemonProcess, client: Client) -> None:
     add(client, "searching", "Peeling for anytime bounds", "A peeling argument over doubling epochs gives anytime regret bounds.")
     client.call("memory.add", domain="searching", category="fact", title="Peeling potatoes",
@@ -230,7 +225,6 @@ async def test_search_explains_each_hit_and_filters(daemon: DaemonProcess, clien
         assert bad.status_code == 400
 
 
-@pytest.mark.trio
 async def test_review_approve_and_reject_as_the_daemons_peer(daemon: DaemonProcess, client: Client) -> None:
     shared = add(client, "reviewing", "Share me", "Doubling trick: restart with twice the horizon.")
     kept = add(client, "reviewing", "Keep me local", "A local convention of this project only.")
@@ -251,7 +245,6 @@ async def test_review_approve_and_reject_as_the_daemons_peer(daemon: DaemonProce
     assert items[second]["state"] == "refused" and items[second]["decision_reason"] == "too local"
 
 
-@pytest.mark.trio
 async def test_jobs_cancel_and_retry(daemon: DaemonProcess, client: Client) -> None:
     client.call("conversation.append", group="jobs chat", messages=[
         {"id": "j1", "role": "user", "sender": "bob", "text": "Remember that the deadline moved to Friday."}])
@@ -272,7 +265,6 @@ async def test_jobs_cancel_and_retry(daemon: DaemonProcess, client: Client) -> N
         assert f'id="job-{maintained}"' in done and "<summary>result</summary>" in done
 
 
-@pytest.mark.trio
 async def test_the_graph_is_an_svg_with_neighbourhoods(daemon: DaemonProcess, client: Client) -> None:
     names = ["Hoeffding", "Azuma", "Freedman", "Bernstein"]
     ids = [client.call("graph.add_theorem", theorem_name=n, formal_statement=f"{n}'s inequality", domain="concentration")["node_id"] for n in names]
@@ -291,7 +283,6 @@ async def test_the_graph_is_an_svg_with_neighbourhoods(daemon: DaemonProcess, cl
         assert "Azuma&#39;s inequality" in statement and "Hoeffding" in statement and "Freedman" in statement
 
 
-@pytest.mark.trio
 async def test_skills_and_conversation_groups(daemon: DaemonProcess, client: Client) -> None:
     client.call("skills.put", name="ucb_regret", body="# UCB\nSplit the regret.", status="draft", description="UCB1 regret")
     client.call("skills.put", name="used_skill", body="# Used\nA skill in use.")
@@ -361,7 +352,6 @@ def test_the_command_names_the_extra_it_needs(monkeypatch: pytest.MonkeyPatch, c
     assert "needs hypercorn: pip install 'eurekamem[ui]'" in capsys.readouterr().err
 
 
-@pytest.mark.trio
 async def test_a_daemon_that_does_not_answer_is_a_page_not_a_crash(tmp_path: Path) -> None:
     guard = Guard(port=PORT)
     with trio.fail_after(30):
@@ -375,7 +365,6 @@ async def test_a_daemon_that_does_not_answer_is_a_page_not_a_crash(tmp_path: Pat
 
 
 @pytest.mark.postgres
-@pytest.mark.trio
 async def test_the_pages_work_on_the_postgres_store(postgres_dsn: str, sock_dir: Path) -> None:
     """The UI speaks only the protocol: the same pages and forms over a daemon whose store is PostgreSQL."""
     proc = DaemonProcess(sock_dir / "data", sock_dir / "s.sock", "--store", "postgres", "--postgres-dsn", postgres_dsn,
@@ -393,7 +382,6 @@ async def test_the_pages_work_on_the_postgres_store(postgres_dsn: str, sock_dir:
         proc.terminate()
 
 
-@pytest.mark.trio
 async def test_bad_input_is_a_clear_error_page_never_a_crash(daemon: DaemonProcess, client: Client) -> None:
     memory = add(client, "odd input", "Left alone", "Odd requests change nothing.")
     async with browser(daemon) as (web, _):

@@ -238,6 +238,42 @@ class MemoryData(TierState):
     def new_id() -> str:
         return str(uuid.uuid4())
 
+    def add_loaded_vectors(self, vectors: dict[str, bytes]) -> int:
+        """The current model's vectors of a load that applied its memories without them (the
+        PostgreSQL store), in one insert: hnswlib builds its graph on every core at once, where an
+        insert per memory took most of the start-up. Those of memories no longer held are left out;
+        how many were added."""
+        labels, matrix = self._rows_of(vectors)
+        if not len(labels):
+            return 0
+        self.vectors.add(labels, matrix)
+        for memory_id in vectors:
+            if memory_id in self._label:
+                self._set_model(memory_id, self.model)
+        return len(labels)
+
+    def keep_previous(self, model: str, vectors: dict[str, bytes], embedder: Any) -> int:
+        """During a change of model, after a load that kept each memory's latest vector only (the
+        PostgreSQL store): `vectors` of the memories still waiting for the current model's, by the
+        previous `model`, become the store that keeps dense search answering for them (as a
+        snapshot's previous vector file does). How many were kept."""
+        labels, matrix = self._rows_of({i: v for i, v in vectors.items() if self.model_of.get(i) == model})
+        if not len(labels):
+            return 0
+        store = VectorStore(matrix.shape[1], model=model)
+        store.add(labels, matrix)
+        self.previous = (model, store, embedder)
+        return len(labels)
+
+    def _rows_of(self, vectors: dict[str, bytes]) -> tuple[np.ndarray, np.ndarray]:
+        """The labels of the memories held among `vectors` (float32 rows) and their rows as a matrix."""
+        held = [memory_id for memory_id in vectors if memory_id in self._label]
+        labels = np.fromiter((self._label[i] for i in held), dtype=np.int64, count=len(held))
+        if not held:
+            return labels, np.empty((0, 0), dtype=np.float32)
+        matrix = np.frombuffer(b"".join(vectors[i] for i in held), dtype=np.float32).reshape(len(held), -1)
+        return labels, matrix
+
     def vector_bytes(self, memory_id: str) -> bytes:
         """The memory's float32 vector row as a record carries it (empty: none yet)."""
         label = self._label.get(memory_id)

@@ -181,8 +181,9 @@ class Search(MemoryData):
         # times (1 - w + w x strength), w = strength_weight (0: the fusion's order alone). Only hybrid
         # searches weigh strength (dense and lexical are the retrievers alone, for evaluation); the
         # sort is stable, so ties keep fusion's order. The top k of that order are the hits; each
-        # hit's score is calibrated from its own evidence (calibration.py), and min_score drops those
-        # below it.
+        # hit's score is calibrated from its own evidence alone (its cosine with the query, the share
+        # of the query's terms its text holds: calibration.py), never from the other candidates, so
+        # it does not move with what else is stored; min_score drops those below it.
         labels = np.fromiter((item.label for item in fused), dtype=np.int64, count=len(fused))
         raw_fused = np.fromiter((item.score for item in fused), dtype=np.float64, count=len(fused))
         hi, lo = float(raw_fused[0]), float(raw_fused.min())
@@ -190,13 +191,13 @@ class Search(MemoryData):
         power = self.columns.strengths(labels, now, self.settings)
         order = relevance * rank_factor(power, self.settings) if p.mode == "hybrid" else relevance
         score_model = calibration.score_model(self.model, self.thresholds.floor)
-        ceiling = self.lexical.ceiling(p.query)
+        top = np.argsort(-order, kind="stable")[: p.k].tolist()
+        coverages = self.lexical.coverage(p.query, [fused[i].label for i in top])
         out = []
-        for i in np.argsort(-order, kind="stable")[: p.k].tolist():
+        for i, coverage in zip(top, coverages):
             item = fused[i]
             label, ranks = item.label, item.ranks
             cosine = float(np.dot(self.vectors.get(label), query)) if query is not None and label in self.vectors else None
-            coverage = lexical_scores.get(label, 0.0) / ceiling if ceiling > 0 else 0.0
             calibrated = calibration.calibrated_score(score_model, cosine, coverage)
             if p.min_score is not None and calibrated < p.min_score:
                 continue

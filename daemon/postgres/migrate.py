@@ -5,7 +5,8 @@ journal) becomes, per record, the mutations whose `apply` in this order makes th
 PostgreSQL's rows (daemon/postgres/rows.py) keep them, and start-up replays them. `checksums` then
 tells, per tier, whether two loaded states hold the same records (counts and a sha256 over the
 sorted msgpack encodings of the records), so a migration can be checked by loading the database
-back. Nothing here does I/O but `commit_all` (through PostgresStore).
+back (the vectors compared apart, within float32 rounding: `vector_drift`). Nothing here does I/O
+but `commit_all` (through PostgresStore).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from ..conversation.state import MoveMark, PutMessages, PutSummary
 from ..jobs.state import AcceptJob, PutJob
@@ -121,10 +123,9 @@ def checksums(recovered: Any) -> dict[str, tuple[int, str]]:
         "records": [_encode(r) for r in recovered.persistent.records.values()],
         "nodes": [_encode(n) for n in recovered.graph.nodes.values()],
         "edges": [_encode(list(e)) for e in recovered.graph.edges],
-        "memories": [
-            _encode([m, mem.model_of.get(i, ""), mem.vector_bytes(i) if mem.model_of.get(i) else b""])
-            for i, m in mem.memories.items()
-        ],
+        # the vectors apart (vector_drift): hnswlib renormalises each vector it is given (cosine), so
+        # one loaded again can differ from the root's in the last bit of a float32
+        "memories": [_encode([m, mem.model_of.get(i, "")]) for i, m in mem.memories.items()],
         "history": [_encode([i, entries]) for i, entries in mem.history.items()],
         "reviews": [_encode(item) for item in mem.review.items.values()],
         "maintenance": [_encode(run) for run in mem.maintenance_runs],
@@ -136,6 +137,23 @@ def checksums(recovered: Any) -> dict[str, tuple[int, str]]:
         "jobs": [_encode([j, recovered.jobs.inputs.get(i)]) for i, j in recovered.jobs.jobs.items()],
     }
     return {kind: (len(items), _digest(items)) for kind, items in kinds.items()}
+
+
+def vector_drift(a: Any, b: Any) -> float:
+    """The largest difference between a memory's vector in two loaded states (a Recovered each),
+    over the memories with a vector in either; inf when one has a vector the other lacks."""
+    ma, mb = a.memory, b.memory
+    drift = 0.0
+    for memory_id in set(ma.memories) | set(mb.memories):
+        va = ma.vector_bytes(memory_id) if ma.model_of.get(memory_id) else b""
+        vb = mb.vector_bytes(memory_id) if mb.model_of.get(memory_id) else b""
+        if not va and not vb:
+            continue
+        if len(va) != len(vb) or ma.model_of.get(memory_id) != mb.model_of.get(memory_id):
+            return float("inf")
+        diff = np.abs(np.frombuffer(va, dtype=np.float32) - np.frombuffer(vb, dtype=np.float32))
+        drift = max(drift, float(diff.max()))
+    return drift
 
 
 def commit_all(store: Any, mutations: Iterator[Any], batch: int = 300) -> int:

@@ -7,9 +7,12 @@ Rules kept here:
 - The driver is psycopg 3's sync pool, called from trio through `trio.to_thread.run_sync` with a
   CapacityLimiter of the pool's size (psycopg's async API needs asyncio). Nothing else touches the
   pool; each call borrows a connection for its transaction and gives it back.
-- What a failure means (daemon/storage/store.py): a connection that cannot be had or that broke,
-  also during COMMIT, is `unavailable` (retryable; the rows are upserts by id, so a retry leaves
-  the same rows); a server that refuses the write (a full disk, a read-only server, a missing
+- What a failure means (daemon/storage/store.py): a connection that broke (a restarted server's,
+  or one lost during the transaction, COMMIT included) gets the batch once more on a fresh one; a
+  connection that cannot be had, or a second break, is `unavailable` (retryable). Both retries are
+  safe because every row operation is an upsert or a delete by key of whole records: a batch
+  committed twice leaves the same rows (and appears twice in the feed, whose mutations are
+  state-based: applying one twice changes nothing). A server that refuses the write (a full disk, a read-only server, a missing
   permission, any other error it raises) is `read_only`, with the server's message.
 - The schema is created or migrated at start (`schema_version`); a database of a newer version is
   refused, saying so.
@@ -17,7 +20,9 @@ Rules kept here:
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -29,7 +34,7 @@ from .rows import TABLES, RowOp, row_ops
 
 log = logging.getLogger("eurekamem.postgres")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: an HNSW index per embedding model on memories.vec (vector_indexes)
 
 _BODY = "seq bigint NOT NULL, pos integer NOT NULL, body bytea NOT NULL"
 
@@ -41,6 +46,8 @@ def _schema() -> list[str]:
         "CREATE SEQUENCE IF NOT EXISTS mutation_seq",
         "CREATE TABLE IF NOT EXISTS mutations (seq bigint PRIMARY KEY, at timestamptz NOT NULL DEFAULT now(),"
         " body bytea NOT NULL)",
+        # the models whose vectors have their HNSW index (index_name: vector_index_name)
+        "CREATE TABLE IF NOT EXISTS vector_indexes (model text PRIMARY KEY, dim integer NOT NULL)",
     ]
     for table, keys in TABLES.items():
         columns = [
@@ -56,6 +63,25 @@ def _schema() -> list[str]:
             f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(columns)}, {_BODY}{extra}, PRIMARY KEY ({', '.join(keys)}))"
         )
     return statements
+
+
+def vector_index_name(model: str, dim: int) -> str:
+    """The HNSW index of one model's vectors (a name PostgreSQL takes whatever the model's name)."""
+    return f"memories_vec_{hashlib.sha256(model.encode()).hexdigest()[:16]}_{dim}"
+
+
+def _create_vector_index(conn: Any, model: str, dim: int) -> None:
+    """An HNSW index (cosine) over the vectors of one model: the column holds every model's, of
+    several dimensions, so the index is on the cast to this model's dimension, for its rows alone;
+    pgvector's own search (`PostgresStore.nearest`) uses it. Recorded in vector_indexes."""
+    from psycopg import sql
+
+    conn.execute(
+        sql.SQL("CREATE INDEX IF NOT EXISTS {} ON memories USING hnsw ((vec::vector({})) vector_cosine_ops) WHERE model = {}").format(
+            sql.Identifier(vector_index_name(model, dim)), sql.Literal(dim), sql.Literal(model)
+        )
+    )
+    conn.execute("INSERT INTO vector_indexes VALUES (%s, %s) ON CONFLICT (model) DO NOTHING", (model, dim))
 
 
 class SchemaTooNew(Exception):
@@ -92,6 +118,12 @@ class PostgresStore:
         self.commits = 0
         self.failures = 0
         self.last_error: str | None = None
+        self.attempts = 0  # connect_once's, this daemon's life
+        # the models that have their HNSW index: read at open, grown by the commit that brings a
+        # model's first vector (worker threads: under the lock)
+        self.indexed: set[str] = set()
+        self._index_lock = threading.Lock()
+        self.next_attempt_in: float | None = None  # connect(): the back-off before the next attempt
 
     # --- life -------------------------------------------------------------------------------------
 
@@ -120,6 +152,36 @@ class PostgresStore:
         )
         self.pool.open(wait=True, timeout=self.timeout)
 
+    async def connect_once(self) -> bool:
+        """One attempt at open(), in a thread: True once connected; False when the server cannot be
+        reached (the reason in last_error). A database of a newer schema stops the daemon (StartupError)."""
+        from ..errors import StartupError
+
+        self.attempts += 1
+        try:
+            await trio.to_thread.run_sync(self.open)
+        except SchemaTooNew as exc:
+            raise StartupError(str(exc)) from None
+        except Exception as exc:
+            self.close()
+            self.last_error = str(_classify(exc))
+            return False
+        self.last_error = None
+        self.next_attempt_in = None
+        log.info("store: PostgreSQL (%s), schema version %d, pool of %d", shown_dsn(self.dsn), SCHEMA_VERSION, self.pool_size)
+        return True
+
+    async def connect(self) -> None:
+        """connect_once until it connects, with back-off (0.5 s doubling to 30 s, each failure logged)."""
+        delay = 0.5
+        while not await self.connect_once():
+            log.warning(
+                "PostgreSQL (%s) cannot be reached: %s; trying again in %.1f s", shown_dsn(self.dsn), self.last_error, delay
+            )
+            self.next_attempt_in = delay
+            await trio.sleep(delay)
+            delay = min(delay * 2, 30.0)
+
     def close(self) -> None:
         if self.pool is not None:
             self.pool.close()
@@ -141,8 +203,16 @@ class PostgresStore:
             if version < SCHEMA_VERSION:
                 for statement in _schema():
                     conn.execute(statement)
+                # version 1 had no vector index: one per model already stored (a fresh database has none)
+                for model, dim in conn.execute(
+                    "SELECT model, vector_dims(vec) FROM memories WHERE vec IS NOT NULL GROUP BY 1, 2"
+                ).fetchall():
+                    _create_vector_index(conn, model, dim)
                 conn.execute("DELETE FROM schema_version")
                 conn.execute("INSERT INTO schema_version VALUES (%s)", (SCHEMA_VERSION,))
+            indexed = {model for (model,) in conn.execute("SELECT model FROM vector_indexes").fetchall()}
+        with self._index_lock:
+            self.indexed = indexed
 
     # --- the seam -----------------------------------------------------------------------------------
 
@@ -160,45 +230,74 @@ class PostgresStore:
 
     def _commit_sync(self, mutations: list[Any]) -> None:
         import psycopg
+        import psycopg_pool
 
         if self.pool is None:
             raise StoreUnavailable("PostgreSQL is not connected", "unavailable", store="postgres")
         for attempt in (1, 2):
-            began = [False]
             try:
-                self._transaction(mutations, began)
+                self._transaction(mutations)
+                self._index_new_models(mutations)
                 return
             except Exception as exc:
-                if attempt == 1 and not began[0] and isinstance(exc, psycopg.OperationalError):
-                    # the pooled connection had broken before this transaction did anything (the
-                    # server restarted): nothing was written, so once more on a fresh connection
-                    log.info("PostgreSQL: a pooled connection had broken (%s); trying the commit on another", exc)
+                if attempt == 1 and isinstance(exc, psycopg.OperationalError) and not isinstance(exc, psycopg_pool.PoolTimeout):
+                    # a pooled connection that had broken (the server restarted), or one lost during
+                    # the transaction: once more on a fresh one. Safe whatever the first attempt did:
+                    # every row operation is an upsert or a delete by key of whole records (rows.py),
+                    # so a batch committed twice leaves the same rows (the feed holds it twice)
+                    log.info("PostgreSQL: a connection broke during a commit (%s); trying it once on another", exc)
                     continue
                 raise _classify(exc) from exc
 
-    def _transaction(self, mutations: list[Any], began: list[bool]) -> None:
-        """One batch's transaction (the module's rule); began[0] turns True once the server answered
-        its first statement."""
+    def _index_new_models(self, mutations: list[Any]) -> None:
+        """After a commit that stored the first vector of a model: that model's HNSW index (the
+        index helps pgvector's own queries only; failing to make it fails no write: logged, tried
+        again at the next such commit)."""
+        models = _vector_models(mutations)
+        if not models:
+            return
+        with self._index_lock:
+            for model, dim in models:
+                if model in self.indexed:
+                    continue
+                try:
+                    with self.pool.connection() as conn, conn.transaction():
+                        _create_vector_index(conn, model, dim)
+                except Exception as exc:
+                    log.warning("PostgreSQL: the HNSW index of %s's vectors could not be made: %s", model, exc)
+                    continue
+                self.indexed.add(model)
+                log.info("PostgreSQL: HNSW index %s made for %s's vectors", vector_index_name(model, dim), model)
+
+    def nearest(self, model: str, vector: Any, k: int, ef_search: int = 100) -> list[str]:
+        """pgvector's own nearest memories of one model's vectors (cosine, through its HNSW index):
+        the ids, nearest first. Not what the daemon searches with (its caches); what a reader of the
+        database alone would run, and the benchmark's anchor. Blocking."""
+        from psycopg import sql
+
+        dim = int(np.asarray(vector).shape[0])
+        # the model inlined, not a parameter: a generic plan could not match the partial index's WHERE
+        query = sql.SQL(
+            "SELECT id FROM memories WHERE model = {} ORDER BY vec::vector({}) <=> %s::vector({}) LIMIT %s"
+        ).format(sql.Literal(model), sql.Literal(dim), sql.Literal(dim))
+        with self.pool.connection() as conn, conn.transaction():
+            conn.execute(sql.SQL("SET LOCAL hnsw.ef_search = {}").format(sql.Literal(int(ef_search))))
+            rows = conn.execute(query, (np.asarray(vector, dtype=np.float32), k)).fetchall()
+        return [bytes(row[0]).decode("utf-8", "surrogatepass") for row in rows]
+
+    def _transaction(self, mutations: list[Any]) -> None:
+        """One batch's transaction (the module's rule), sent at once in psycopg's pipeline mode
+        (BEGIN, every statement in order, COMMIT: one round trip and the commit's flush, where a
+        statement at a time would wait on the server for each): each mutation takes its seq in the
+        feed (nextval) and its row operations take it from currval, in the same session."""
         from ..storage.store import mutation_encoder
 
-        with self.pool.connection() as conn:
-            with conn.transaction():
-                seqs = [
-                    row[0]
-                    for row in conn.execute(
-                        "SELECT nextval('mutation_seq') FROM generate_series(1, %s)", (len(mutations),)
-                    ).fetchall()
-                ]
-                began[0] = True
-                with conn.cursor() as cur:
-                    cur.executemany(
-                        "INSERT INTO mutations (seq, body) VALUES (%s, %s)",
-                        [(seq, mutation_encoder.encode(m)) for seq, m in zip(seqs, mutations)],
-                    )
-                    for seq, mutation in zip(seqs, mutations):
-                        for pos, op in enumerate(row_ops(mutation)):
-                            sql, args = _statement(op, seq, pos)
-                            cur.execute(sql, args)
+        with self.pool.connection() as conn, conn.pipeline(), conn.transaction(), conn.cursor() as cur:
+            for mutation in mutations:
+                cur.execute(_INSERT_MUTATION, (mutation_encoder.encode(mutation),))
+                for pos, op in enumerate(row_ops(mutation)):
+                    sql, args = _statement(op, pos)
+                    cur.execute(sql, args)
 
     # --- start-up -----------------------------------------------------------------------------------
 
@@ -210,11 +309,16 @@ class PostgresStore:
         parts.append("SELECT tail_seq, tail_pos, tail, NULL::vector FROM memory_versions WHERE tail IS NOT NULL")
         query = " UNION ALL ".join(parts) + " ORDER BY 1, 2"
         with self.pool.connection() as conn:
-            with conn.transaction(), conn.cursor(name="load") as cur:
+            with conn.transaction(), conn.cursor(name="load", binary=True) as cur:  # binary: vectors not parsed from text
                 cur.itersize = 2000
                 cur.execute(query)
                 for _seq, _pos, body, vec in cur:
                     yield bytes(body), _vector_bytes(vec)
+
+    def is_empty(self) -> bool:
+        """Whether no mutation was ever committed here (a first start imports EurekaClaw's files). Blocking."""
+        with self.pool.connection() as conn:
+            return bool(conn.execute("SELECT NOT EXISTS (SELECT 1 FROM mutations)").fetchone()[0])
 
     def counts(self) -> dict[str, int]:
         """Rows per table (verify, migrate, sys.stats)."""
@@ -229,7 +333,26 @@ class PostgresStore:
             "last_error": self.last_error,
             "pool_size": self.pool_size,
             "connected": self.pool is not None,
+            "attempts": self.attempts,
+            "next_attempt_in": self.next_attempt_in,
         }
+
+
+def _vector_models(mutations: list[Any]) -> set[tuple[str, int]]:
+    """The (model, dimension) of every vector the mutations store (a CommitJob's and a review's memories too)."""
+    from ..jobs.state import CommitJob
+    from ..memory.records import PutMemory
+    from ..memory.review import PutReview
+
+    found: set[tuple[str, int]] = set()
+    for mutation in mutations:
+        if isinstance(mutation, CommitJob):
+            found |= _vector_models(list(mutation.parts))
+        elif isinstance(mutation, PutReview) and mutation.memory is not None:
+            found |= _vector_models([mutation.memory])
+        elif isinstance(mutation, PutMemory) and mutation.vector and mutation.model:
+            found.add((mutation.model, len(mutation.vector) // 4))
+    return found
 
 
 def _vector_bytes(value: Any) -> bytes:
@@ -241,18 +364,22 @@ def _vector_bytes(value: Any) -> bytes:
     return np.asarray(value, dtype=np.float32).tobytes()
 
 
-def _statement(op: RowOp, seq: int, pos: int) -> tuple[str, tuple[Any, ...]]:
+_INSERT_MUTATION = "INSERT INTO mutations (seq, body) VALUES (nextval('mutation_seq'), %s)"
+_SEQ = "currval('mutation_seq')"  # the seq of the mutation inserted just before, in this session
+
+
+def _statement(op: RowOp, pos: int) -> tuple[str, tuple[Any, ...]]:
     keys = TABLES[op.table]
     if op.op == "put":
         columns = [*keys, "seq", "pos", "body"]
-        values: list[Any] = [*op.key, seq, pos, op.body]
+        values: list[Any] = [*op.key, pos, op.body]
         if op.table == "memories":
             columns += ["model", "vec"]
             values += [op.model, np.frombuffer(op.vector, dtype=np.float32) if op.vector else None]
         updates = [f"{c} = EXCLUDED.{c}" for c in columns if c not in keys]
         if op.table == "memory_versions":
             updates += ["tail = NULL", "tail_seq = NULL", "tail_pos = NULL"]
-        marks = ", ".join(["%s"] * len(columns))
+        marks = ", ".join([*["%s"] * len(keys), _SEQ, *["%s"] * (len(columns) - len(keys) - 1)])
         sql = (
             f"INSERT INTO {op.table} ({', '.join(columns)}) VALUES ({marks}) "
             f"ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {', '.join(updates)}"
@@ -265,9 +392,9 @@ def _statement(op: RowOp, seq: int, pos: int) -> tuple[str, tuple[Any, ...]]:
         return "DELETE FROM memory_versions WHERE id = %s AND version >= %s", op.key
     if op.op == "version_tail":
         return (
-            "UPDATE memory_versions SET tail = %s, tail_seq = %s, tail_pos = %s WHERE id = %s AND version ="
+            f"UPDATE memory_versions SET tail = %s, tail_seq = {_SEQ}, tail_pos = %s WHERE id = %s AND version ="
             " (SELECT max(version) FROM memory_versions WHERE id = %s)",
-            (op.body, seq, pos, op.key[0], op.key[0]),
+            (op.body, pos, op.key[0], op.key[0]),
         )
     raise ValueError(f"unknown row operation {op.op!r}")
 
@@ -285,10 +412,9 @@ def shown_dsn(dsn: str) -> str:
     return make_conninfo(**{k: str(v) for k, v in parts.items()})
 
 
-async def open_postgres(config: Any) -> PostgresStore:
-    """The configured PostgresStore, connected and its schema made: tried again with back-off
-    (0.5 s doubling to 30 s, each failure logged) while the server cannot be reached. A database
-    of a newer schema, or psycopg missing, stops start-up with the reason (StartupError)."""
+def postgres_store(config: Any) -> PostgresStore:
+    """The configured PostgresStore, not connected yet (`connect_once`, `connect`); psycopg missing
+    stops start-up with the reason (StartupError)."""
     from ..errors import StartupError
 
     try:
@@ -299,29 +425,4 @@ async def open_postgres(config: Any) -> PostgresStore:
         raise StartupError(
             f"store = postgres needs psycopg 3, psycopg_pool and pgvector ({exc}): pip install 'eurekamem[postgres]'"
         ) from None
-    store = PostgresStore(config.postgres_dsn, pool_size=config.postgres_pool_size)
-    delay = 0.5
-    while True:
-        try:
-            await trio.to_thread.run_sync(store.open)
-        except SchemaTooNew as exc:
-            raise StartupError(str(exc)) from None
-        except Exception as exc:
-            store.close()
-            store.last_error = str(_classify(exc))
-            log.warning(
-                "PostgreSQL (%s) cannot be reached: %s; trying again in %.1f s",
-                shown_dsn(config.postgres_dsn),
-                store.last_error,
-                delay,
-            )
-            await trio.sleep(delay)
-            delay = min(delay * 2, 30.0)
-            continue
-        log.info(
-            "store: PostgreSQL (%s), schema version %d, pool of %d",
-            shown_dsn(config.postgres_dsn),
-            SCHEMA_VERSION,
-            store.pool_size,
-        )
-        return store
+    return PostgresStore(config.postgres_dsn, pool_size=config.postgres_pool_size)

