@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import signal
 import sys
 from typing import Any
 
@@ -33,16 +34,18 @@ def cmd_ui(args: argparse.Namespace) -> int:
     client = AsyncClient(socket_path, timeout=args.timeout, autostart=True, data_dir=root)
 
     async def main() -> None:
-        async with client, trio.open_nursery() as nursery:
-            await client.call("sys.ping")  # the daemon first (started on demand), so the link works at once
-            guard = await nursery.start(serve, client, args.port)
-            print(f"eurekamem ui: open {guard.url()}", flush=True)
-            print("(the link works once, in one browser; Ctrl-C stops the page)", flush=True)
+        # Ctrl-C and SIGTERM end the page quietly: the server's tasks are cancelled, the client closed
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with client, trio.open_nursery() as nursery:
+                await client.call("sys.ping")  # the daemon first (started on demand), so the link works at once
+                guard = await nursery.start(serve, client, args.port)
+                print(f"eurekamem ui: open {guard.url()}", flush=True)
+                print("(the link works once, in one browser; Ctrl-C stops the page)", flush=True)
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+                    break
 
-    try:
-        trio.run(main)
-    except KeyboardInterrupt:
-        return 0
+    trio.run(main)
     return 0
 
 

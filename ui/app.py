@@ -24,13 +24,14 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..client import AsyncClient, EurekamemError
+from ..client import AsyncClient, EurekamemError, NotFound
 from ..protocol import ASSISTANT_CATEGORIES, RESEARCH_CATEGORIES
 from . import graph_svg
 from .guard import CSRF_KEY, FORM_KEY, Guard, guarded
 
 HERE = Path(__file__).resolve().parent
 PAGE = 50  # memories per page
+RECENT = 1000  # the home page lists the domains of this many newest memories
 CATEGORIES = [*RESEARCH_CATEGORIES, *ASSISTANT_CATEGORIES]  # MEMORY.md's order
 DONE = {  # the notes a change leaves on the page it returns to (?done=...): fixed texts, never echoed input
     "updated": "Saved.", "pinned": "Pinned: it never fades.", "unpinned": "Unpinned.",
@@ -127,9 +128,10 @@ class UI:
 
     async def index(self, request: Request) -> Response:
         groups = await self.call("conversation.groups")
-        recent = await self.call("memory.list", limit=1000, status="any")
+        # the protocol has no list of domains: those of the newest memories (one paged read) and the groups'
+        recent = await self.call("memory.list", limit=RECENT, status="any")
         domains = sorted({m["domain"] for m in recent["memories"]} | {g["domain"] for g in groups}, key=str.lower)
-        return await self.render(request, "index.html", domains=domains, groups=groups, total=recent["total"])
+        return await self.render(request, "index.html", domains=domains, groups=groups, total=recent["total"], recent=RECENT)
 
     async def domain(self, request: Request) -> Response:
         q = request.query_params
@@ -210,7 +212,7 @@ class UI:
             method, params = calls[action]
             await self.call(method, id=memory_id, **params)
         else:
-            return await self.render(request, "error.html", code=404, error=f"no action {action!r}")
+            raise NotFound(f"no action {action!r}")
         return self.back(f"/memory/{memory_id}", done[action])
 
     async def purge_form(self, request: Request) -> Response:
@@ -266,7 +268,7 @@ class UI:
     async def decide(self, request: Request) -> Response:
         review_id, decision = request.path_params["id"], request.path_params["decision"]
         if decision not in ("approve", "reject"):
-            return await self.render(request, "error.html", code=404, error=f"no decision {decision!r}")
+            raise NotFound(f"no decision {decision!r}")
         if decision == "approve":
             await self.call("review.approve", id=review_id, by=self.by)
             return self.back("/review", "approved")
@@ -284,7 +286,7 @@ class UI:
     async def job_action(self, request: Request) -> Response:
         job_id, action = request.path_params["id"], request.path_params["action"]
         if action not in ("retry", "cancel"):
-            return await self.render(request, "error.html", code=404, error=f"no action {action!r}")
+            raise NotFound(f"no action {action!r}")
         await self.call("jobs.retry" if action == "retry" else "jobs.cancel", id=job_id)
         return self.back("/jobs", "retried" if action == "retry" else "cancelled")
 

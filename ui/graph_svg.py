@@ -18,7 +18,8 @@ import networkx as nx
 RELATIONS = ("uses", "generalizes", "specializes", "contradicts")
 COLOURS = {"uses": "#4a6fa5", "generalizes": "#3c8c5a", "specializes": "#a5784a", "contradicts": "#c0392b"}
 MAX_NODES = 300  # a bigger picture is unreadable and slow to lay out: the page asks for a domain or a theorem
-WIDTH, HEIGHT, MARGIN = 900, 640, 60
+WIDTH, HEIGHT, MARGIN = 900, 640, 40
+LABEL_ROOM = 200  # on the right of the rightmost node: its name (28 characters at most)
 
 
 def build(export: dict[str, Any]) -> nx.MultiDiGraph:
@@ -55,7 +56,7 @@ def _positions(g: nx.MultiDiGraph) -> dict[str, tuple[float, float]]:
     span_x = (max(xs) - min(xs)) or 1.0
     span_y = (max(ys) - min(ys)) or 1.0
     return {
-        n: (MARGIN + (float(p[0]) - min(xs)) / span_x * (WIDTH - 2 * MARGIN),
+        n: (MARGIN + (float(p[0]) - min(xs)) / span_x * (WIDTH - MARGIN - LABEL_ROOM),
             MARGIN + (float(p[1]) - min(ys)) / span_y * (HEIGHT - 2 * MARGIN))
         for n, p in raw.items()
     }
