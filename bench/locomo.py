@@ -981,6 +981,19 @@ def conversation_variants() -> dict[str, dict[str, Any]]:
     }
 
 
+def append_in_process(state: Any, group: str, msgs: list[dict[str, Any]]) -> None:
+    """conversation.append into a ConversationState as its actor runs a call (a batch, the handler,
+    the mutations taken for the journal)."""
+    import msgspec
+
+    from eurekamem.protocol import methods as m
+
+    state.begin_batch()
+    state.do_append(msgspec.convert({"group": group, "messages": msgs}, m.ConversationAppend))
+    state.take_pending()
+    state.forget_undo()
+
+
 def conversation_ablations(embedder_name: str, sessions: dict[str, list[list[dict[str, Any]]]], questions: list[dict[str, Any]],
                            daemon_rankings: list[list[str]] | None, embed_cache: Path | None = None) -> dict[str, Any]:
     """Every variant in-process, with the daemon's own ConversationState (same code as the daemon's
@@ -988,7 +1001,6 @@ def conversation_ablations(embedder_name: str, sessions: dict[str, list[list[dic
     of those embeddings, read when it exists and written after (for repeated runs; never in the repo)."""
     import dataclasses
 
-    import msgspec
     import numpy as np
 
     from eurekamem.daemon.config import config_default
@@ -1008,10 +1020,7 @@ def conversation_ablations(embedder_name: str, sessions: dict[str, list[list[dic
         state = ConversationState(emb, tuning, session_gap=config_default("conversation_session_gap"))
         for sid, convo in sessions.items():
             for msgs in convo:
-                state.begin_batch()
-                state.do_append(msgspec.convert({"group": sid, "messages": msgs}, m.ConversationAppend))
-                state.take_pending()
-                state.forget_undo()
+                append_in_process(state, sid, msgs)
         todo = state.take_to_embed(10**9)
         missing = list(dict.fromkeys(text for _, text, _ in todo if text not in vec_of))
         if missing:

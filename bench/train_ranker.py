@@ -1,0 +1,374 @@
+#!/usr/bin/env python3
+"""Train conversation.search's learned ranker (issue 31) on the LoCoMo development split, and write
+the weights the daemon ships (daemon/conversation/ranker.json).
+
+    .venv/bin/python bench/train_ranker.py [--data PATH] [--embed-cache /tmp/F.npz] [--out DIR]
+                                           [--weights PATH] [--no-write] [--latency]
+
+Every turn of each conversation is appended to the daemon's own ConversationState in-process
+(exactly as bench/locomo.py's conversation levers do: id = dia_id, sender = speaker, session =
+session_N, timestamp = the session's time), each turn's dense document embedded once (the
+embeddings are cached in --embed-cache, outside the repo: e5-small does a few texts a second on
+2 cores). For every question of categories 1-4, `ConversationState.candidate_signals` (the code
+conversation.search runs) gives the candidates, in the old fusion's order, and their signals; the
+evidence turns among them are the positives. Nothing reads the question's category but the
+per-category report.
+
+Models: a linear model over the signals z-scored per query (daemon/retrieval/ranker.py), fit with
+numpy by Newton's method with an L2 penalty, either listwise (softmax over one query's candidates,
+the evidence as the target) or pointwise (logistic, each query weighing the same). The model and
+its L2 are chosen by leave-one-conversation-out (LOCO) MRR@10 only: train on four conversations,
+rank the fifth. Reported next to it: in-sample (train and rank on all five) and the old fusion, as
+any@1/5/10 and MRR@10, overall and per category, and each signal group removed (LOCO). The chosen
+model, refit on all five conversations, is written as the weights file, with its LOCO figures and
+a check set (seeded synthetic signals and the scores this script gives them; tests/test_ranker.py
+checks that the daemon's scoring of the shipped file reproduces them). With --latency, the five
+conversations are also put into one group (~2,760 turns) and each question searched there with the
+fusion and with the ranker (in-process, the query vector given): p50 / p99 of each.
+
+The data is read from --data, else $EUREKAMEM_LOCOMO, else the shared data folder beside the repo;
+it is never copied into the repo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from locomo import CATEGORIES, DEFAULT_DATA_DIR, append_in_process, conversation_sessions, load  # noqa: E402
+
+import _common  # noqa: E402
+from _common import HERE, ROOT, log, percentile  # noqa: E402
+
+_common.set_log_prefix("train_ranker")
+
+L2S = (1e-3, 1e-2, 1e-1)
+KINDS = ("listwise", "logistic")
+CHECK_SEED = 31
+CHECK_ROWS = 40
+METRICS = ("any@1", "any@5", "any@10", "MRR@10")
+
+# signal groups removed one at a time (LOCO) to show what each is worth
+GROUPS = {
+    "BM25 windows": [f for f in ("bm25_0_0", "bm25_1_0", "bm25_0_1", "bm25_2_1", "bm25_1_2", "bm25_2_2")],
+    "BM25 session": ["bm25_session"],
+    "fusion inputs": ["lexical", "lexical_rrf", "dense_rrf", "fusion"],
+    "dense neighbours": ["cos_next", "cos_session_max"],
+    "speaker / person": ["speaker", "names_person", "speaker_x_bm25"],
+    "static": ["question", "log_length", "position"],
+}
+
+
+# --- the data through the daemon's state ---------------------------------------------------------
+
+
+def embedded_state(sessions: dict[str, list[list[dict[str, Any]]]], questions: list[dict[str, Any]],
+                   cache: Path | None, group_of: Callable[[str], str] | None = None) -> tuple[Any, list[np.ndarray]]:
+    """The daemon's ConversationState holding every turn with its vector, and each question's vector.
+    `group_of`: sample_id -> the group its turns go to (default: its own)."""
+    from eurekamem.daemon.config import config_default
+    from eurekamem.daemon.conversation.state import ConversationState, Tuning
+    from eurekamem.daemon.retrieval.embed import make_embedder
+
+    emb = make_embedder("e5-small")
+    vec_of: dict[str, np.ndarray] = {}
+    if cache is not None and cache.exists():
+        with np.load(cache, allow_pickle=False) as cached:
+            if str(cached["model"]) == emb.name:
+                vec_of = dict(zip(cached["texts"].tolist(), cached["vectors"]))
+    known = len(vec_of)
+    state = ConversationState(emb, Tuning(), session_gap=config_default("conversation_session_gap"))
+    for sid, convo in sessions.items():
+        group = group_of(sid) if group_of else sid
+        for msgs in convo:
+            if group != sid:
+                msgs = [{**x, "session": f"{sid}-{x['session']}"} for x in msgs]
+            append_in_process(state, group, msgs)
+    todo = state.take_to_embed(10**9)
+    missing = list(dict.fromkeys(text for _, text, _ in todo if text not in vec_of))
+    if missing:
+        log(f"embedding {len(missing)} messages (cached: {known})")
+        vec_of.update(zip(missing, emb.embed_passages(missing)))
+    state.put_vectors(todo, np.stack([vec_of[text] for _, text, _ in todo]))
+    keys = ["query: " + q["question"] for q in questions]
+    missing_q = [k for k in dict.fromkeys(keys) if k not in vec_of]
+    if missing_q:
+        log(f"embedding {len(missing_q)} questions")
+        vec_of.update(zip(missing_q, emb.embed_queries([k[len("query: "):] for k in missing_q])))
+    if cache is not None and len(vec_of) != known:
+        texts = list(vec_of)
+        np.savez(cache, model=np.array(emb.name), texts=np.array(texts), vectors=np.stack([vec_of[t] for t in texts]))
+    return state, [vec_of[k] for k in keys]
+
+
+def question_sets(state: Any, questions: list[dict[str, Any]], qvecs: list[np.ndarray]) -> list[dict[str, Any]]:
+    """Per question: the candidates' signals (the fusion's order) and which are evidence."""
+    from eurekamem.protocol import methods as m
+
+    out = []
+    for q, qv in zip(questions, qvecs):
+        p = m.ConversationSearch(group=q["sample_id"], query=q["question"], k=20)
+        labels, x = state.candidate_signals(p, qv)
+        ids = [state.messages[lab].id for lab in labels]
+        out.append({"x": x, "y": np.array([i in q["evidence"] for i in ids], dtype=np.float64),
+                    "conv": q["sample_id"], "category": q["category"]})
+    return out
+
+
+# --- models --------------------------------------------------------------------------------------
+
+
+def fit(sets: Sequence[dict[str, Any]], cols: Sequence[int], kind: str, l2: float, iters: int = 30) -> np.ndarray:
+    """Weights over the z-scored signals `cols` (Newton's method with backtracking)."""
+    from eurekamem.daemon.retrieval.ranker import zscored
+
+    data = [(zscored(s["x"][:, cols]), s["y"]) for s in sets if s["y"].any()]
+    f = len(cols)
+    w = np.zeros(f)
+
+    def loss_grad_hess(w: np.ndarray, need: bool) -> tuple[float, np.ndarray, np.ndarray]:
+        loss, grad, hess = 0.0, np.zeros(f), np.zeros((f, f))
+        for z, y in data:
+            s = z @ w
+            if kind == "listwise":
+                s = s - s.max()
+                p = np.exp(s)
+                p /= p.sum()
+                t = y / y.sum()
+                loss -= float(t @ np.log(np.maximum(p, 1e-300)))
+                if need:
+                    grad += z.T @ (p - t)
+                    zp = z.T @ p
+                    hess += (z.T * p) @ z - np.outer(zp, zp)
+            else:
+                n = len(y)
+                p = 1.0 / (1.0 + np.exp(-s))
+                loss += float(-(y * np.log(np.maximum(p, 1e-300)) + (1 - y) * np.log(np.maximum(1 - p, 1e-300))).sum()) / n
+                if need:
+                    grad += z.T @ (p - y) / n
+                    hess += (z.T * (p * (1 - p))) @ z / n
+        q = len(data)
+        return loss / q + 0.5 * l2 * float(w @ w), grad / q + l2 * w, hess / q + l2 * np.eye(f)
+
+    loss, grad, hess = loss_grad_hess(w, True)
+    for _ in range(iters):
+        step = np.linalg.solve(hess, grad)
+        t = 1.0
+        while t > 1e-4:
+            new = loss_grad_hess(w - t * step, False)[0]
+            if new <= loss - 1e-4 * t * float(grad @ step):
+                break
+            t *= 0.5
+        w = w - t * step
+        old = loss
+        loss, grad, hess = loss_grad_hess(w, True)
+        if old - loss < 1e-9:
+            break
+    return w
+
+
+def ranked_metrics(order: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    hits = np.flatnonzero(y[order] > 0)
+    first = int(hits[0]) if hits.size else None
+    return {"any@1": float(first is not None and first < 1), "any@5": float(first is not None and first < 5),
+            "any@10": float(first is not None and first < 10),
+            "MRR@10": 1.0 / (first + 1) if first is not None and first < 10 else 0.0}
+
+
+def rank_by(scores: np.ndarray) -> np.ndarray:
+    """Best first, ties in the fusion's order (the candidates come in it)."""
+    return np.lexsort((np.arange(scores.size), -scores))
+
+
+def evaluate(sets: Sequence[dict[str, Any]], scorer: Callable[[dict[str, Any]], np.ndarray]) -> list[dict[str, float]]:
+    return [ranked_metrics(rank_by(scorer(s)), s["y"]) for s in sets]
+
+
+def summary(rows: Sequence[dict[str, float]], sets: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    def mean(sel: list[dict[str, float]]) -> dict[str, float]:
+        return {k: round(statistics.fmean(r[k] for r in sel), 4) if sel else float("nan") for k in METRICS}
+
+    out: dict[str, Any] = {"all": mean(list(rows)), "n": len(rows), "by_category": {}}
+    for cat, name in CATEGORIES.items():
+        sel = [r for r, s in zip(rows, sets) if s["category"] == cat]
+        out["by_category"][name] = {"n": len(sel), **mean(sel)}
+    return out
+
+
+def linear_scorer(cols: Sequence[int], w: np.ndarray) -> Callable[[dict[str, Any]], np.ndarray]:
+    from eurekamem.daemon.retrieval.ranker import zscored
+
+    return lambda s: zscored(s["x"][:, cols]) @ w
+
+
+def loco(sets: Sequence[dict[str, Any]], cols: Sequence[int], kind: str, l2: float) -> list[dict[str, float]]:
+    """Leave-one-conversation-out: each conversation ranked by a model fit on the others."""
+    rows: list[dict[str, float] | None] = [None] * len(sets)
+    for conv in sorted({s["conv"] for s in sets}):
+        w = fit([s for s in sets if s["conv"] != conv], cols, kind, l2)
+        score = linear_scorer(cols, w)
+        for i, s in enumerate(sets):
+            if s["conv"] == conv:
+                rows[i] = ranked_metrics(rank_by(score(s)), s["y"])
+    return [r for r in rows if r is not None]
+
+
+def check_set(features: Sequence[str], w: np.ndarray) -> dict[str, Any]:
+    """Seeded synthetic signals and this script's scores of them (the test rebuilds the signals)."""
+    x = np.random.default_rng(CHECK_SEED).normal(size=(CHECK_ROWS, len(features)))
+    from eurekamem.daemon.retrieval.ranker import zscored
+
+    return {"seed": CHECK_SEED, "rows": CHECK_ROWS, "generator": "numpy default_rng(seed).normal(size=(rows, features))",
+            "scores": [round(float(v), 9) for v in zscored(x) @ w]}
+
+
+# --- latency at one ~3,000-turn group ------------------------------------------------------------
+
+
+def latency(sessions: dict[str, list[list[dict[str, Any]]]], questions: list[dict[str, Any]], cache: Path | None) -> dict[str, Any]:
+    from eurekamem.protocol import methods as m
+
+    state, qvecs = embedded_state(sessions, questions, cache, group_of=lambda sid: "all")
+    out: dict[str, Any] = {"messages": len(state.messages)}
+    for ranker in ("fusion", "learned", "fusion", "learned"):  # twice each, alternating: the second pass counts
+        times = []
+        for q, qv in zip(questions, qvecs):
+            p = m.ConversationSearch(group="all", query=q["question"], k=10, ranker=ranker)  # type: ignore[arg-type]
+            t0 = time.perf_counter()
+            state.search(p, qv)
+            times.append(time.perf_counter() - t0)
+        out[ranker] = {"p50_ms": round(1e3 * percentile(times, 50), 3), "p99_ms": round(1e3 * percentile(times, 99), 3)}
+    out["added_p50_ms"] = round(out["learned"]["p50_ms"] - out["fusion"]["p50_ms"], 3)
+    out["ratio_p50"] = round(out["learned"]["p50_ms"] / out["fusion"]["p50_ms"], 3)
+    return out
+
+
+# --- report --------------------------------------------------------------------------------------
+
+
+def table(rows: dict[str, dict[str, Any]]) -> list[str]:
+    lines = ["| ranking | " + " | ".join(METRICS) + " |", "|---|" + "---|" * len(METRICS)]
+    for name, r in rows.items():
+        lines.append(f"| {name} | " + " | ".join(f"{r['all'][k]:.3f}" for k in METRICS) + " |")
+    return lines
+
+
+def category_table(rows: dict[str, dict[str, Any]], metric: str) -> list[str]:
+    names = list(CATEGORIES.values())
+    first = next(iter(rows.values()))
+    lines = [f"| ranking ({metric}) | " + " | ".join(f"{c} (n={first['by_category'][c]['n']})" for c in names) + " |",
+             "|---|" + "---|" * len(names)]
+    for name, r in rows.items():
+        lines.append(f"| {name} | " + " | ".join(f"{r['by_category'][c][metric]:.3f}" for c in names) + " |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    from eurekamem.daemon.conversation.signals import FEATURES
+    from eurekamem.daemon.retrieval.ranker import LinearRanker
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", default=None)
+    ap.add_argument("--embed-cache", default="/tmp/eurekamem-ranker-e5-small.npz",
+                    help="a .npz of the embeddings, reused when it exists (outside the repo)")
+    ap.add_argument("--out", default=str(HERE / "results" / f"ranker-{datetime.date.today().isoformat()}"))
+    ap.add_argument("--weights", default=str(ROOT / "daemon" / "conversation" / "ranker.json"))
+    ap.add_argument("--no-write", action="store_true", help="report only; leave the weights file alone")
+    ap.add_argument("--latency", action="store_true", help="also time both rankers at one ~2,760-turn group")
+    args = ap.parse_args(argv)
+    data = Path(args.data or os.environ.get("EUREKAMEM_LOCOMO") or DEFAULT_DATA_DIR)
+    if data.is_dir():
+        data = data / "locomo-dev.json"
+    cache = Path(args.embed_cache) if args.embed_cache else None
+    t_start = time.perf_counter()
+    _, questions, _ = load(data)
+    sessions = conversation_sessions(data)
+    state, qvecs = embedded_state(sessions, questions, cache)
+    sets = question_sets(state, questions, qvecs)
+    log(f"{len(sets)} questions, {sum(s['x'].shape[0] for s in sets)} candidates, "
+        f"{sum(1 for s in sets if s['y'].any())} with evidence among them ({time.perf_counter() - t_start:.0f} s)")
+    all_cols = list(range(len(FEATURES)))
+    fusion_col = FEATURES.index("fusion")
+    rows: dict[str, dict[str, Any]] = {}
+    rows["old fusion (the daemon's default)"] = summary(evaluate(sets, lambda s: -np.arange(s["x"].shape[0], dtype=float)), sets)
+    grid: dict[str, Any] = {}
+    best: tuple[float, str, float] | None = None
+    for kind in KINDS:
+        for l2 in L2S:
+            r = summary(loco(sets, all_cols, kind, l2), sets)
+            grid[f"{kind} l2={l2:g}"] = r["all"]
+            log(f"LOCO {kind} l2={l2:g}: {r['all']}")
+            key = r["all"]["MRR@10"]
+            if best is None or key > best[0]:
+                best = (key, kind, l2)
+    assert best is not None
+    _, kind, l2 = best
+    rows[f"learned, LOCO ({kind}, L2 {l2:g})"] = summary(loco(sets, all_cols, kind, l2), sets)
+    w = fit(sets, all_cols, kind, l2)
+    rows[f"learned, in-sample ({kind}, L2 {l2:g})"] = summary(evaluate(sets, linear_scorer(all_cols, w)), sets)
+    removed: dict[str, Any] = {}
+    for name, feats in GROUPS.items():
+        cols = [i for i, f in enumerate(FEATURES) if f not in feats]
+        removed[name] = summary(loco(sets, cols, kind, l2), sets)["all"]
+        log(f"LOCO without {name}: {removed[name]}")
+    only_fusion = summary(loco(sets, [fusion_col], kind, l2), sets)["all"]
+    loco_row = rows[f"learned, LOCO ({kind}, L2 {l2:g})"]
+    meta = {
+        "trained_by": "bench/train_ranker.py",
+        "trained_on": "LoCoMo development split (conv-26, conv-30, conv-41, conv-42, conv-43), questions of categories 1-4, "
+                      "evidence turns as positives; e5-small vectors",
+        "model": kind, "l2": l2,
+        "loco": loco_row["all"], "in_sample": rows[f"learned, in-sample ({kind}, L2 {l2:g})"]["all"],
+        "fusion": rows["old fusion (the daemon's default)"]["all"],
+        "check": check_set(FEATURES, w),
+    }
+    model = LinearRanker(tuple(FEATURES), w, meta)
+    result: dict[str, Any] = {"rows": rows, "grid": grid, "removed": removed, "fusion_alone_refit": only_fusion,
+                              "weights": dict(zip(FEATURES, [round(float(v), 6) for v in w])), "chosen": {"kind": kind, "l2": l2},
+                              "questions": len(sets), "seconds_to_train_and_evaluate": round(time.perf_counter() - t_start, 1)}
+    if args.latency:
+        result["latency"] = latency(sessions, questions, cache)
+        log(f"latency: {result['latency']}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ranker.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    lines = ["# conversation.search's learned ranker on the LoCoMo dev split (issue 31)", "",
+             f"{len(sets)} questions of categories 1-4 over 5 conversations; the candidates are the old fusion's "
+             "(union of the BM25 and e5-small top 100); metrics over the candidates' ranking. Model and L2 chosen by "
+             "leave-one-conversation-out MRR@10 only.", "", *table(rows), "", "Per category (any@10):", "",
+             *category_table(rows, "any@10"), "", "Per category (MRR@10):", "", *category_table(rows, "MRR@10"), "",
+             "LOCO grid (model, L2):", "", "| model | " + " | ".join(METRICS) + " |", "|---|" + "---|" * len(METRICS)]
+    lines += [f"| {name} | " + " | ".join(f"{r[k]:.3f}" for k in METRICS) + " |" for name, r in grid.items()]
+    lines += ["", "LOCO with one signal group removed:", "", "| removed | " + " | ".join(METRICS) + " |",
+              "|---|" + "---|" * len(METRICS)]
+    lines += [f"| {name} | " + " | ".join(f"{r[k]:.3f}" for k in METRICS) + " |" for name, r in removed.items()]
+    lines += ["", "Weights (over per-query z-scores):", "", "| signal | weight |", "|---|---|"]
+    lines += [f"| {f} | {v:+.4f} |" for f, v in zip(FEATURES, w)]
+    if "latency" in result:
+        lat = result["latency"]
+        lines += ["", f"Query cost in-process (the query vector given) at one group of {lat['messages']} turns, "
+                      f"{len(sets)} questions: fusion p50 {lat['fusion']['p50_ms']:.2f} ms / p99 {lat['fusion']['p99_ms']:.2f} ms; "
+                      f"learned p50 {lat['learned']['p50_ms']:.2f} ms / p99 {lat['learned']['p99_ms']:.2f} ms "
+                      f"(+{lat['added_p50_ms']:.2f} ms p50, ×{lat['ratio_p50']:.2f})."]
+    (out / "README.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print("\n".join(lines))
+    if not args.no_write:
+        Path(args.weights).write_text(model.to_json(), encoding="utf-8")
+        log(f"weights written to {args.weights}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
