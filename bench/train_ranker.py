@@ -54,7 +54,9 @@ from _common import HERE, ROOT, log, percentile  # noqa: E402
 
 _common.set_log_prefix("train_ranker")
 
-L2S = (1e-3, 1e-2, 1e-1)
+L2S = (1e-3, 1e-2, 1e-1, 1.0)
+DEPTHS = (30, 50, 100, None)  # how many of the fusion's candidates the ranker reorders (None: all, up to ~200)
+DEPTH_SLACK = 0.005  # the smallest depth whose LOCO MRR@10 is within this of the best is shipped (cost)
 KINDS = ("listwise", "logistic")
 CHECK_SEED = 31
 CHECK_ROWS = 40
@@ -94,7 +96,7 @@ def embedded_state(sessions: dict[str, list[list[dict[str, Any]]]], questions: l
         group = group_of(sid) if group_of else sid
         for msgs in convo:
             if group != sid:
-                msgs = [{**x, "session": f"{sid}-{x['session']}"} for x in msgs]
+                msgs = [{**x, "id": f"{sid}:{x['id']}", "session": f"{sid}-{x['session']}"} for x in msgs]
             append_in_process(state, group, msgs)
     todo = state.take_to_embed(10**9)
     missing = list(dict.fromkeys(text for _, text, _ in todo if text not in vec_of))
@@ -113,18 +115,22 @@ def embedded_state(sessions: dict[str, list[list[dict[str, Any]]]], questions: l
     return state, [vec_of[k] for k in keys]
 
 
-def question_sets(state: Any, questions: list[dict[str, Any]], qvecs: list[np.ndarray]) -> list[dict[str, Any]]:
-    """Per question: the candidates' signals (the fusion's order) and which are evidence."""
+def question_sets(state: Any, questions: list[dict[str, Any]], qvecs: list[np.ndarray]) -> tuple[list[dict[str, Any]], int]:
+    """Per question: the candidates' signals (the fusion's order) and which are evidence; and for
+    how many questions the candidates' first 20 are conversation.search's answer (all, or the
+    rows are not the daemon's fusion)."""
     from eurekamem.protocol import methods as m
 
     out = []
+    same = 0
     for q, qv in zip(questions, qvecs):
         p = m.ConversationSearch(group=q["sample_id"], query=q["question"], k=20)
         labels, x = state.candidate_signals(p, qv)
+        same += [h["message"].seq for h in state.search(p, qv)] == labels[:20]
         ids = [state.messages[lab].id for lab in labels]
         out.append({"x": x, "y": np.array([i in q["evidence"] for i in ids], dtype=np.float64),
                     "conv": q["sample_id"], "category": q["category"]})
-    return out
+    return out, same
 
 
 # --- models --------------------------------------------------------------------------------------
@@ -225,6 +231,12 @@ def loco(sets: Sequence[dict[str, Any]], cols: Sequence[int], kind: str, l2: flo
     return [r for r in rows if r is not None]
 
 
+def truncated(sets: Sequence[dict[str, Any]], depth: int | None) -> list[dict[str, Any]]:
+    """The fusion's first `depth` candidates of each question (the rest keep the fusion's order, at
+    places >= depth, so any@10 and MRR@10 are those of the head alone for depth >= 10)."""
+    return [{**s, "x": s["x"][:depth], "y": s["y"][:depth]} for s in sets]
+
+
 def check_set(features: Sequence[str], w: np.ndarray) -> dict[str, Any]:
     """Seeded synthetic signals and this script's scores of them (the test rebuilds the signals)."""
     x = np.random.default_rng(CHECK_SEED).normal(size=(CHECK_ROWS, len(features)))
@@ -250,6 +262,11 @@ def latency(sessions: dict[str, list[list[dict[str, Any]]]], questions: list[dic
             state.search(p, qv)
             times.append(time.perf_counter() - t0)
         out[ranker] = {"p50_ms": round(1e3 * percentile(times, 50), 3), "p99_ms": round(1e3 * percentile(times, 99), 3)}
+    cache = state.terms
+    size = sum(sys.getsizeof(c) + sum(sys.getsizeof(t) for t in c) for c, _ in cache.turns.values())
+    size += sum(sys.getsizeof(c) for c, _ in cache.sessions.values())
+    out["term_cache"] = {"turns": len(cache.turns), "sessions": len(cache.sessions), "bytes_approx": size,
+                         "bytes_per_message": round(size / max(len(state.messages), 1))}
     out["added_p50_ms"] = round(out["learned"]["p50_ms"] - out["fusion"]["p50_ms"], 3)
     out["ratio_p50"] = round(out["learned"]["p50_ms"] / out["fusion"]["p50_ms"], 3)
     return out
@@ -276,7 +293,7 @@ def category_table(rows: dict[str, dict[str, Any]], metric: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from eurekamem.daemon.conversation.signals import FEATURES
+    from eurekamem.daemon.conversation.signals import FEATURES, shipped_ranker
     from eurekamem.daemon.retrieval.ranker import LinearRanker
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -287,16 +304,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--weights", default=str(ROOT / "daemon" / "conversation" / "ranker.json"))
     ap.add_argument("--no-write", action="store_true", help="report only; leave the weights file alone")
     ap.add_argument("--latency", action="store_true", help="also time both rankers at one ~2,760-turn group")
+    ap.add_argument("--only", default=None, help="comma-separated sample_ids (a quick look; LOCO needs at least two)")
     args = ap.parse_args(argv)
     data = Path(args.data or os.environ.get("EUREKAMEM_LOCOMO") or DEFAULT_DATA_DIR)
     if data.is_dir():
         data = data / "locomo-dev.json"
     cache = Path(args.embed_cache) if args.embed_cache else None
     t_start = time.perf_counter()
-    _, questions, _ = load(data)
-    sessions = conversation_sessions(data)
+    only = args.only.split(",") if args.only else None
+    _, questions, _ = load(data, only=only)
+    sessions = conversation_sessions(data, only=only)
     state, qvecs = embedded_state(sessions, questions, cache)
-    sets = question_sets(state, questions, qvecs)
+    sets, same = question_sets(state, questions, qvecs)
+    log(f"the candidates' first 20 are conversation.search's (fusion) answer for {same} of {len(sets)} questions")
     log(f"{len(sets)} questions, {sum(s['x'].shape[0] for s in sets)} candidates, "
         f"{sum(1 for s in sets if s['y'].any())} with evidence among them ({time.perf_counter() - t_start:.0f} s)")
     all_cols = list(range(len(FEATURES)))
@@ -315,42 +335,61 @@ def main(argv: list[str] | None = None) -> int:
                 best = (key, kind, l2)
     assert best is not None
     _, kind, l2 = best
-    rows[f"learned, LOCO ({kind}, L2 {l2:g})"] = summary(loco(sets, all_cols, kind, l2), sets)
+    by_depth: dict[str, Any] = {}
+    for depth in DEPTHS:
+        by_depth[str(depth)] = summary(loco(truncated(sets, depth), all_cols, kind, l2), sets)["all"]
+        log(f"LOCO depth {depth}: {by_depth[str(depth)]}")
+    top = max(r["MRR@10"] for r in by_depth.values())
+    depth = next(d for d in DEPTHS if by_depth[str(d)]["MRR@10"] >= top - DEPTH_SLACK)
+    sets = truncated(sets, depth)
+    chosen = f"{kind}, L2 {l2:g}, depth {depth}"
+    rows[f"learned, LOCO ({chosen})"] = summary(loco(sets, all_cols, kind, l2), sets)
     w = fit(sets, all_cols, kind, l2)
-    rows[f"learned, in-sample ({kind}, L2 {l2:g})"] = summary(evaluate(sets, linear_scorer(all_cols, w)), sets)
+    rows[f"learned, in-sample ({chosen})"] = summary(evaluate(sets, linear_scorer(all_cols, w)), sets)
     removed: dict[str, Any] = {}
     for name, feats in GROUPS.items():
         cols = [i for i, f in enumerate(FEATURES) if f not in feats]
         removed[name] = summary(loco(sets, cols, kind, l2), sets)["all"]
         log(f"LOCO without {name}: {removed[name]}")
     only_fusion = summary(loco(sets, [fusion_col], kind, l2), sets)["all"]
-    loco_row = rows[f"learned, LOCO ({kind}, L2 {l2:g})"]
+    loco_row = rows[f"learned, LOCO ({chosen})"]
     meta = {
         "trained_by": "bench/train_ranker.py",
         "trained_on": "LoCoMo development split (conv-26, conv-30, conv-41, conv-42, conv-43), questions of categories 1-4, "
                       "evidence turns as positives; e5-small vectors",
-        "model": kind, "l2": l2,
-        "loco": loco_row["all"], "in_sample": rows[f"learned, in-sample ({kind}, L2 {l2:g})"]["all"],
+        "model": kind, "l2": l2, "depth": depth,
+        "loco": loco_row["all"], "in_sample": rows[f"learned, in-sample ({chosen})"]["all"],
         "fusion": rows["old fusion (the daemon's default)"]["all"],
         "check": check_set(FEATURES, w),
     }
     model = LinearRanker(tuple(FEATURES), w, meta)
-    result: dict[str, Any] = {"rows": rows, "grid": grid, "removed": removed, "fusion_alone_refit": only_fusion,
-                              "weights": dict(zip(FEATURES, [round(float(v), 6) for v in w])), "chosen": {"kind": kind, "l2": l2},
-                              "questions": len(sets), "seconds_to_train_and_evaluate": round(time.perf_counter() - t_start, 1)}
+    result: dict[str, Any] = {"rows": rows, "grid": grid, "by_depth": by_depth, "removed": removed, "fusion_alone_refit": only_fusion,
+                              "weights": dict(zip(FEATURES, [round(float(v), 6) for v in w])), "chosen": {"kind": kind, "l2": l2, "depth": depth},
+                              "questions": len(sets), "fusion_reproduced": same, "seconds_to_train_and_evaluate": round(time.perf_counter() - t_start, 1)}
+    if not args.no_write:
+        Path(args.weights).write_text(model.to_json(), encoding="utf-8")
+        shipped_ranker.cache_clear()  # the latency run below ranks with these weights (when the file is the package's)
+        log(f"weights written to {args.weights}")
     if args.latency:
         result["latency"] = latency(sessions, questions, cache)
         log(f"latency: {result['latency']}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "ranker.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    convs = sorted({s["conv"] for s in sets})
     lines = ["# conversation.search's learned ranker on the LoCoMo dev split (issue 31)", "",
-             f"{len(sets)} questions of categories 1-4 over 5 conversations; the candidates are the old fusion's "
-             "(union of the BM25 and e5-small top 100); metrics over the candidates' ranking. Model and L2 chosen by "
-             "leave-one-conversation-out MRR@10 only.", "", *table(rows), "", "Per category (any@10):", "",
+             f"{len(sets)} questions of categories 1-4 over {len(convs)} conversations ({', '.join(convs)}); the candidates "
+             "are the old fusion's (union of the BM25 and e5-small top 100), computed in-process by the daemon's "
+             f"ConversationState (its top 20 is conversation.search's answer for {same} of {len(sets)} questions); "
+             "metrics over the candidates' ranking. Model and L2 chosen by leave-one-conversation-out MRR@10 only; "
+             "a question whose evidence is not among the candidates counts as a miss everywhere.", "", *table(rows), "", "Per category (any@10):", "",
              *category_table(rows, "any@10"), "", "Per category (MRR@10):", "", *category_table(rows, "MRR@10"), "",
              "LOCO grid (model, L2):", "", "| model | " + " | ".join(METRICS) + " |", "|---|" + "---|" * len(METRICS)]
     lines += [f"| {name} | " + " | ".join(f"{r[k]:.3f}" for k in METRICS) + " |" for name, r in grid.items()]
+    lines += ["", f"LOCO by depth (how many of the fusion's candidates are reordered; {kind}, L2 {l2:g}; the smallest "
+              f"within {DEPTH_SLACK} of the best MRR@10 is shipped):", "", "| depth | " + " | ".join(METRICS) + " |",
+              "|---|" + "---|" * len(METRICS)]
+    lines += [f"| {d} | " + " | ".join(f"{r[k]:.3f}" for k in METRICS) + " |" for d, r in by_depth.items()]
     lines += ["", "LOCO with one signal group removed:", "", "| removed | " + " | ".join(METRICS) + " |",
               "|---|" + "---|" * len(METRICS)]
     lines += [f"| {name} | " + " | ".join(f"{r[k]:.3f}" for k in METRICS) + " |" for name, r in removed.items()]
@@ -361,12 +400,11 @@ def main(argv: list[str] | None = None) -> int:
         lines += ["", f"Query cost in-process (the query vector given) at one group of {lat['messages']} turns, "
                       f"{len(sets)} questions: fusion p50 {lat['fusion']['p50_ms']:.2f} ms / p99 {lat['fusion']['p99_ms']:.2f} ms; "
                       f"learned p50 {lat['learned']['p50_ms']:.2f} ms / p99 {lat['learned']['p99_ms']:.2f} ms "
-                      f"(+{lat['added_p50_ms']:.2f} ms p50, ×{lat['ratio_p50']:.2f})."]
+                      f"(+{lat['added_p50_ms']:.2f} ms p50, ×{lat['ratio_p50']:.2f}). The ranker's term cache after it: "
+                      f"{lat['term_cache']['turns']} turns, {lat['term_cache']['sessions']} sessions, about "
+                      f"{lat['term_cache']['bytes_per_message']} bytes a message."]
     (out / "README.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))
-    if not args.no_write:
-        Path(args.weights).write_text(model.to_json(), encoding="utf-8")
-        log(f"weights written to {args.weights}")
     return 0
 
 

@@ -19,6 +19,7 @@ from test_conversation import FAST, append, at, msg, new_state
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
 from eurekamem.daemon.conversation.signals import FEATURES, shipped_ranker
 from eurekamem.daemon.retrieval.ranker import LinearRanker, zscored
+from eurekamem.daemon.retrieval.vectors import VectorStore
 from eurekamem.protocol import methods as m
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -33,6 +34,9 @@ def test_the_shipped_weights_reproduce_the_training_scripts_scores() -> None:
     assert np.allclose(ranker.score(x), check["scores"], atol=1e-6)
     # and what the script would write for those weights is that file (the same scores from the same code)
     assert train_ranker.check_set(FEATURES, ranker.weights)["scores"] == check["scores"]
+    for key in ("loco", "in_sample", "fusion"):  # the file says what it is worth, and how deep it reranks
+        assert 0.0 <= ranker.meta[key]["any@10"] <= 1.0
+    assert ranker.depth is None or ranker.depth >= 10
 
 
 def test_a_weights_file_for_other_features_is_refused() -> None:
@@ -45,6 +49,13 @@ def test_a_weights_file_for_other_features_is_refused() -> None:
     doc["weights"] = doc["weights"][:-1]
     with pytest.raises(ValueError, match="finite"):
         LinearRanker.from_json(json.dumps(doc), FEATURES)
+
+
+def test_similarities_of_a_few_labels() -> None:
+    store = VectorStore(3, model="t")
+    store.add([2, 5], np.array([[1.0, 0.0, 0.0], [0.0, 2.0, 0.0]], dtype=np.float32))
+    got = store.similarities(np.array([1.0, 1.0, 0.0]), np.array([5, 2, 3, 99, -1]))
+    assert np.allclose(got[:2], [2**-0.5, 2**-0.5]) and np.isnan(got[2:]).all()
 
 
 def test_zscored_columns_and_a_constant_column() -> None:

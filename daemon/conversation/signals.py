@@ -158,22 +158,35 @@ def signal_matrix(
     k1, b = index.k1, index.b
     turn_avg = max(index.mean_length() / (_NEIGHBOUR_TURNS if state.tuning.neighbours else 1.0), 1e-9)
 
-    # each candidate's session and place, and the term counts of its turn and two neighbours each side
+    # each candidate's session and place; the query terms' counts of each turn needed (the candidates
+    # and two neighbours each side), once per turn, as rows of one array (the last row: zeros)
+    names = [t for t, _ in terms]
+    row_of: dict[int, int] = {}
+    turn_tf: list[list[int]] = []
+    turn_len: list[int] = []
     places: list[tuple[str, list[tuple[int, int]], int]] = []
-    tf = np.zeros((n, 5, len(terms)), dtype=np.float64)
-    ln = np.zeros((n, 5), dtype=np.float64)
-    for r, seq in enumerate(labels):
-        session = state.messages[seq].session
-        keys = group.sessions[session]
-        i = bisect.bisect_left(keys, state.keys[seq])
+    window_rows: list[list[int]] = []
+    messages, keys_of, sessions = state.messages, state.keys, group.sessions
+    for seq in labels:
+        session = messages[seq].session
+        keys = sessions[session]
+        i = bisect.bisect_left(keys, keys_of[seq])
         places.append((session, keys, i))
-        for o in range(-2, 3):
-            j = i + o
-            if 0 <= j < len(keys):
-                counts, length = terms_cache.turn(keys[j][1])
-                ln[r, o + 2] = length
-                for ti, (t, _) in enumerate(terms):
-                    tf[r, o + 2, ti] = counts.get(t, 0)
+        lo, hi = max(i - 2, 0), min(i + 3, len(keys))
+        rows = [-1] * (lo - i + 2)
+        for _, other in keys[lo:hi]:
+            r = row_of.get(other)
+            if r is None:
+                counts, length = terms_cache.turn(other)
+                r = row_of[other] = len(turn_tf)
+                turn_tf.append([counts.get(t, 0) for t in names])
+                turn_len.append(length)
+            rows.append(r)
+        window_rows.append(rows + [-1] * (i + 3 - hi))
+    pad = np.zeros((1, len(terms)))
+    at = np.array(window_rows, dtype=np.int64)  # (n, 5); -1 picks the zero row
+    tf = np.concatenate((np.array(turn_tf, dtype=np.float64).reshape(-1, len(terms)), pad))[at]
+    ln = np.append(np.array(turn_len, dtype=np.float64), 0.0)[at]
 
     def bm25(tfs: np.ndarray, lens: np.ndarray, avgdl: float) -> np.ndarray:
         if not terms:
@@ -185,14 +198,19 @@ def signal_matrix(
     for a, after in WINDOWS:
         part = slice(2 - a, 3 + after)
         x[:, col[f"bm25_{a}_{after}"]] = bm25(tf[:, part].sum(axis=1), ln[:, part].sum(axis=1), turn_avg * (a + after + 1))
-    session_terms: dict[str, Terms] = {}
+    session_row: dict[str, int] = {}
+    session_tf: list[list[int]] = []
+    session_len: list[int] = []
     for session, keys, _ in places:
-        if session not in session_terms:
-            session_terms[session] = terms_cache.session(group.name, session, [k[1] for k in keys])
-    s_tf = np.array([[session_terms[s][0].get(t, 0) for t, _ in terms] for s, _, _ in places], dtype=np.float64)
-    s_ln = np.array([session_terms[s][1] for s, _, _ in places], dtype=np.float64)
+        if session not in session_row:
+            counts, length = terms_cache.session(group.name, session, [k[1] for k in keys])
+            session_row[session] = len(session_tf)
+            session_tf.append([counts.get(t, 0) for t in names])
+            session_len.append(length)
+    which = [session_row[session] for session, _, _ in places]
     s_avg = turn_avg * max(len(group.keys) / max(len(group.sessions), 1), 1.0)
-    x[:, col["bm25_session"]] = bm25(s_tf.reshape(n, len(terms)), s_ln, s_avg)
+    s_tf = np.array(session_tf, dtype=np.float64).reshape(-1, len(terms))[which]
+    x[:, col["bm25_session"]] = bm25(s_tf, np.array(session_len, dtype=np.float64)[which], s_avg)
 
     lowest = min(lexical.values()) if lexical else 0.0
     x[:, col["lexical"]] = [lexical.get(seq, lowest) for seq in labels]
@@ -203,18 +221,17 @@ def signal_matrix(
     _dense(state, query_vector, labels, places, x, col)
 
     named = state.named_speakers(query, group)
-    named_stems = {s: frozenset(index.tokenize(s)) for s in named}
-    for r, seq in enumerate(labels):
-        msg = state.messages[seq]
-        counts, length = terms_cache.turn(seq)
-        x[r, col["speaker"]] = float(msg.sender in named_stems)
-        x[r, col["names_person"]] = float(
-            any(s != msg.sender and any(t in counts for t in stems) for s, stems in named_stems.items())
-        )
-        x[r, col["question"]] = float("?" in msg.text)
-        x[r, col["log_length"]] = math.log1p(length)
-        _, keys, i = places[r]
-        x[r, col["position"]] = i / (len(keys) - 1) if len(keys) > 1 else 0.0
+    senders = [messages[seq].sender for seq in labels]
+    x[:, col["speaker"]] = [float(sender in named) for sender in senders]
+    if named:
+        stems = {name: frozenset(index.tokenize(name)) for name in named}
+        x[:, col["names_person"]] = [
+            float(any(name != sender and not stems[name].isdisjoint(terms_cache.turn(seq)[0]) for name in named))
+            for seq, sender in zip(labels, senders)
+        ]
+    x[:, col["question"]] = [float("?" in messages[seq].text) for seq in labels]
+    x[:, col["log_length"]] = np.log1p(ln[:, 2])
+    x[:, col["position"]] = [i / (len(keys) - 1) if len(keys) > 1 else 0.0 for _, keys, i in places]
     x[:, col["speaker_x_bm25"]] = x[:, col["speaker"]] * x[:, col["bm25_1_1"]]
     return x
 

@@ -655,13 +655,20 @@ class ConversationState(TierState):
     def _reranked(
         self, group: Group, query: str, query_vector: np.ndarray | None, sides: Sides, fused: list[Fused]
     ) -> list[Fused]:
-        """The candidates by the shipped linear ranker's score, ties in the fusion's order; each
-        item's score becomes the ranker's."""
-        scores = shipped_ranker().score(self._signals(group, query, query_vector, sides, fused)).tolist()
-        order = sorted(range(len(fused)), key=lambda i: (-scores[i], i))
+        """The fusion's first `depth` candidates (the weights file says how many) by the shipped
+        linear ranker's score, ties in the fusion's order, then the rest in the fusion's order; each
+        item's score becomes the ranker's (the rest: one less each than the one before)."""
+        ranker = shipped_ranker()
+        head, tail = fused[: ranker.depth], fused[ranker.depth :]
+        scores = ranker.score(self._signals(group, query, query_vector, sides, head)).tolist()
+        order = sorted(range(len(head)), key=lambda i: (-scores[i], i))
+        low = min(scores, default=0.0)
         for i in order:
-            fused[i].score = scores[i]
-        return [fused[i] for i in order]
+            head[i].score = scores[i]
+        for item in tail:  # below every reranked one, in the fusion's order
+            low -= 1.0
+            item.score = low
+        return [head[i] for i in order] + tail
 
     def named_speakers(self, query: str, group: Group) -> list[str]:
         """The group's senders whose name the query contains (as a token, unstemmed)."""

@@ -43,6 +43,12 @@ class LinearRanker:
     weights: np.ndarray
     meta: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def depth(self) -> int | None:
+        """How many of the first-stage candidates the ranker reorders (the file's "depth"; None: all)."""
+        depth = self.meta.get("depth")
+        return int(depth) if depth is not None else None
+
     def score(self, signals: np.ndarray) -> np.ndarray:
         """The score of each row of `signals` (its columns in `features`' order)."""
         x = np.asarray(signals, dtype=np.float64)
