@@ -958,7 +958,9 @@ def run_conversation_daemon(embedder: str, sessions: dict[str, list[list[dict[st
 def conversation_variants() -> dict[str, dict[str, Any]]:
     full: dict[str, Any] = {}
     return {
-        "daemon's set (z-score fusion, neighbours, stemming, speaker boost 0.3, dense + previous)": full,
+        "daemon's set (z-score fusion, neighbours, stemming, speaker boost 0.3, dense + previous; with e5-small the "
+        "learned ranker over it)": full,
+        "  the old fusion alone (ranker: fusion; every row below is a lever of it)": {"ranker": "fusion"},
         "− fusion: RRF k60 instead of z-score": {"fusion": "rrf"},
         "  fusion: min-max instead of z-score": {"fusion": "minmax"},
         "− neighbour text (lexical document = the message alone)": {"neighbours": False},
@@ -1039,6 +1041,8 @@ def conversation_ablations(embedder_name: str, sessions: dict[str, list[list[dic
     reproduced = None
     for name, change in conversation_variants().items():
         opts = {k: v for k, v in change.items() if not k.startswith("_")}
+        if change:  # the levers are the fusion's: measured without the learned ranker (issue 31)
+            opts.setdefault("ranker", "fusion")
         tuning = dataclasses.replace(Tuning(), **opts)
         if change.get("_lexical") is False:
             tuning = dataclasses.replace(tuning, w_lexical=0.0)

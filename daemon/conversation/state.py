@@ -132,7 +132,9 @@ class Tuning:
     w_lexical: float = 1.0
     w_dense: float = 0.5
     fetch: int = 100  # each side's top list that fusion normalises over
-    ranker: str = "fusion"  # fusion | learned (issue 31): conversation.search's `ranker` when it names none
+    # conversation.search's `ranker` when it names none (issue 31): fusion | learned; None: learned when
+    # the shipped weights were trained on this embedder's vectors (their "embedder"), else fusion
+    ranker: str | None = None
     k1: float = 1.2
     b: float = 0.75
 
@@ -561,7 +563,7 @@ class ConversationState(TierState):
     def _search(
         self, p: m.ConversationSearch, query_vector: np.ndarray | None, dense_error: str | None
     ) -> list[dict[str, Any]]:
-        ranker = p.ranker or self.tuning.ranker
+        ranker = p.ranker or self.default_ranker()
         got = self._candidates(p, query_vector, everything=ranker == "learned")
         if got is None:
             return []
@@ -594,6 +596,12 @@ class ConversationState(TierState):
                 }
             )
         return out
+
+    def default_ranker(self) -> str:
+        """The ranker of a search that names none (see Tuning.ranker)."""
+        if self.tuning.ranker is not None:
+            return self.tuning.ranker
+        return "learned" if shipped_ranker().meta.get("embedder") == self.model else "fusion"
 
     def _candidates(
         self, p: m.ConversationSearch, query_vector: np.ndarray | None, everything: bool
