@@ -149,6 +149,11 @@ def test_the_default_ranker_is_learned_only_with_the_weights_embedder() -> None:
     assert hits[0]["message"].id == "1" and hits[0]["why"]["fusion"] == "learned"
     hits = state.search(m.ConversationSearch(group="g", query="greyhound", ranker="fusion"), None)
     assert hits[0]["why"]["fusion"] == "zscore"
+    # a query none of whose words is indexed: the dense side alone finds candidates, every BM25 signal is 0
+    vector = state.embedder.embed_queries(["zzz qqq"])[0]
+    state.put_vectors(items := state.take_to_embed(10), state.embedder.embed_passages([t for _, t, _ in items]))
+    hits = state.search(m.ConversationSearch(group="g", query="zzz qqq", ranker="learned"), vector)
+    assert len(hits) == 2 and all(h["why"]["lexical_rank"] is None for h in hits)
 
 
 async def test_learned_ranks_a_planted_turn_first_and_fusion_stays_the_default(data_dir: Path, sock_dir: Path) -> None:

@@ -185,7 +185,7 @@ def signal_matrix(
         window_rows.append(rows + [-1] * (i + 3 - hi))
     pad = np.zeros((1, len(terms)))
     at = np.array(window_rows, dtype=np.int64)  # (n, 5); -1 picks the zero row
-    tf = np.concatenate((np.array(turn_tf, dtype=np.float64).reshape(-1, len(terms)), pad))[at]
+    tf = np.concatenate((np.array(turn_tf, dtype=np.float64).reshape(len(turn_tf), len(terms)), pad))[at]
     ln = np.append(np.array(turn_len, dtype=np.float64), 0.0)[at]
 
     def bm25(tfs: np.ndarray, lens: np.ndarray, avgdl: float) -> np.ndarray:
@@ -209,7 +209,7 @@ def signal_matrix(
             session_len.append(length)
     which = [session_row[session] for session, _, _ in places]
     s_avg = turn_avg * max(len(group.keys) / max(len(group.sessions), 1), 1.0)
-    s_tf = np.array(session_tf, dtype=np.float64).reshape(-1, len(terms))[which]
+    s_tf = np.array(session_tf, dtype=np.float64).reshape(len(session_tf), len(terms))[which]
     x[:, col["bm25_session"]] = bm25(s_tf, np.array(session_len, dtype=np.float64)[which], s_avg)
 
     lowest = min(lexical.values()) if lexical else 0.0
