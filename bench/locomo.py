@@ -958,7 +958,9 @@ def run_conversation_daemon(embedder: str, sessions: dict[str, list[list[dict[st
 def conversation_variants() -> dict[str, dict[str, Any]]:
     full: dict[str, Any] = {}
     return {
-        "daemon's set (z-score fusion, neighbours, stemming, speaker boost 0.3, dense + previous)": full,
+        "daemon's set (z-score fusion, neighbours, stemming, speaker boost 0.3, dense + previous; with e5-small the "
+        "learned ranker over it)": full,
+        "  the old fusion alone (ranker: fusion; every row below is a lever of it)": {"ranker": "fusion"},
         "− fusion: RRF k60 instead of z-score": {"fusion": "rrf"},
         "  fusion: min-max instead of z-score": {"fusion": "minmax"},
         "− neighbour text (lexical document = the message alone)": {"neighbours": False},
@@ -981,6 +983,19 @@ def conversation_variants() -> dict[str, dict[str, Any]]:
     }
 
 
+def append_in_process(state: Any, group: str, msgs: list[dict[str, Any]]) -> None:
+    """conversation.append into a ConversationState as its actor runs a call (a batch, the handler,
+    the mutations taken for the journal)."""
+    import msgspec
+
+    from eurekamem.protocol import methods as m
+
+    state.begin_batch()
+    state.do_append(msgspec.convert({"group": group, "messages": msgs}, m.ConversationAppend))
+    state.take_pending()
+    state.forget_undo()
+
+
 def conversation_ablations(embedder_name: str, sessions: dict[str, list[list[dict[str, Any]]]], questions: list[dict[str, Any]],
                            daemon_rankings: list[list[str]] | None, embed_cache: Path | None = None) -> dict[str, Any]:
     """Every variant in-process, with the daemon's own ConversationState (same code as the daemon's
@@ -988,7 +1003,6 @@ def conversation_ablations(embedder_name: str, sessions: dict[str, list[list[dic
     of those embeddings, read when it exists and written after (for repeated runs; never in the repo)."""
     import dataclasses
 
-    import msgspec
     import numpy as np
 
     from eurekamem.daemon.config import config_default
@@ -1008,10 +1022,7 @@ def conversation_ablations(embedder_name: str, sessions: dict[str, list[list[dic
         state = ConversationState(emb, tuning, session_gap=config_default("conversation_session_gap"))
         for sid, convo in sessions.items():
             for msgs in convo:
-                state.begin_batch()
-                state.do_append(msgspec.convert({"group": sid, "messages": msgs}, m.ConversationAppend))
-                state.take_pending()
-                state.forget_undo()
+                append_in_process(state, sid, msgs)
         todo = state.take_to_embed(10**9)
         missing = list(dict.fromkeys(text for _, text, _ in todo if text not in vec_of))
         if missing:
@@ -1030,6 +1041,8 @@ def conversation_ablations(embedder_name: str, sessions: dict[str, list[list[dic
     reproduced = None
     for name, change in conversation_variants().items():
         opts = {k: v for k, v in change.items() if not k.startswith("_")}
+        if change:  # the levers are the fusion's: measured without the learned ranker (issue 31)
+            opts.setdefault("ranker", "fusion")
         tuning = dataclasses.replace(Tuning(), **opts)
         if change.get("_lexical") is False:
             tuning = dataclasses.replace(tuning, w_lexical=0.0)

@@ -597,6 +597,7 @@ class ConversationSearch(Params):
     k: Annotated[int, Meta(ge=1, le=MAX_K)] = 10
     since: Timestamp | None = None
     until: Timestamp | None = None
+    ranker: Literal["fusion", "learned"] | None = None  # None: learned with the weights' embedder, else fusion
 
     def __post_init__(self) -> None:
         check_group(self.group)

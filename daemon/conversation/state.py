@@ -37,12 +37,13 @@ import numpy as np
 from ...protocol import ProtocolError, domain_slug, normalize_timestamp
 from ...protocol import methods as m
 from ..primitives import Histogram
-from ..retrieval.fusion import boost_named, fuse_scores
+from ..retrieval.fusion import Fused, boost_named, fuse_scores
 from ..retrieval.lexical import LexicalDump
 from ..retrieval.text import estimate_tokens
 from ..retrieval.tokens import TOKENIZER_VERSION, tokenize
 from ..retrieval.vectors import VectorStore
 from ..tier import TierState, Undo, handles
+from .signals import FEATURES, TermCache, shipped_ranker, signal_matrix
 from .text import STEMMER_VERSION, StemmedIndex, date_text, name_tokens
 
 log = logging.getLogger("eurekamem.conversation")
@@ -131,6 +132,9 @@ class Tuning:
     w_lexical: float = 1.0
     w_dense: float = 0.5
     fetch: int = 100  # each side's top list that fusion normalises over
+    # conversation.search's `ranker` when it names none (issue 31): fusion | learned; None: learned when
+    # the shipped weights were trained on this embedder's vectors (their "embedder"), else fusion
+    ranker: str | None = None
     k1: float = 1.2
     b: float = 0.75
 
@@ -159,6 +163,16 @@ def text_digest(text: str) -> int:
 
 
 Key = tuple[int, int]  # (timestamp in microseconds, seq): conversation order
+
+
+@dataclasses.dataclass(frozen=True)
+class Sides:
+    """One search's two top lists (the lexical one with the speaker boost), as fusion saw them."""
+
+    lex_labels: list[int]
+    lex_scores: list[float]
+    boosts: dict[int, float]
+    dense_labels: list[int]
 
 
 class Group:
@@ -238,6 +252,7 @@ class ConversationState(TierState):
         self.search_time = Histogram()
         self.searches = 0
         self.embedded = 0  # vectors computed since start
+        self.terms = TermCache(lambda seq: self.lexical.tokenize(line(self.messages[seq])))  # the ranker's
 
     # --- documents -------------------------------------------------------------------------------
 
@@ -370,6 +385,7 @@ class ConversationState(TierState):
         i = bisect.bisect_left(session, key)
         session.insert(i, key)
         group.senders.setdefault(msg.sender, {})[msg.seq] = None
+        self.terms.forget(msg.seq, msg.group, msg.session)
         group.changed()
         if msg.seq >= self.next_seq:
             self.next_seq = msg.seq + 1
@@ -391,6 +407,7 @@ class ConversationState(TierState):
         session = group.sessions[msg.session]
         i = bisect.bisect_left(session, key)
         del session[i]
+        self.terms.forget(seq, msg.group, msg.session)
         touched = set()
         if i > 0:
             touched.add(session[i - 1][1])
@@ -546,30 +563,17 @@ class ConversationState(TierState):
     def _search(
         self, p: m.ConversationSearch, query_vector: np.ndarray | None, dense_error: str | None
     ) -> list[dict[str, Any]]:
-        since = None if p.since is None else _timestamp_us(p.since, "since")
-        until = None if p.until is None else _timestamp_us(p.until, "until")
-        group = self.groups.get(p.group)
-        if group is None:
+        ranker = p.ranker or self.default_ranker()
+        got = self._candidates(p, query_vector, everything=ranker == "learned")
+        if got is None:
             return []
-        allowed = group.labels(since, until)
-        if allowed.size == 0:
-            return []
+        group, sides, fused = got
+        if ranker == "learned":
+            fused = self._reranked(group, p.query, query_vector, sides, fused)
+        fused = fused[: p.k]
         t = self.tuning
-        whole = since is None and until is None  # every message of the group
-        lex_labels, lex_scores, boosts = self.lexical_side(p.query, group, allowed, whole)
-        dense_labels: list[int] = []
-        dense_scores: list[float] = []
-        if query_vector is not None and len(self.vectors):
-            # the only group, unfiltered: no filter at all (hnswlib then searches without a mask)
-            everything = whole and allowed.size == len(self.messages)
-            labels, scores = self.vectors.search(query_vector, t.fetch, None if everything else allowed)
-            dense_labels, dense_scores = labels.tolist(), scores.tolist()
-        fused = fuse_scores(
-            {"lexical": (lex_labels, lex_scores), "dense": (dense_labels, dense_scores)},
-            {"lexical": t.w_lexical, "dense": t.w_dense},
-            t.fusion,
-            limit=p.k,
-        )
+        fusion = "learned" if ranker == "learned" else t.fusion
+        boosts = sides.boosts
         out = []
         for item in fused:
             prev, nxt = self.neighbours(item.label)
@@ -579,7 +583,7 @@ class ConversationState(TierState):
                 "dense_rank": item.ranks["dense"],
                 "dense_score": _round(item.raw["dense"]),
                 "speaker_boost": _round(boosts.get(item.label, 0.0)),
-                "fusion": t.fusion,
+                "fusion": fusion,
             }
             if dense_error:
                 why["dense_error"] = dense_error
@@ -592,6 +596,87 @@ class ConversationState(TierState):
                 }
             )
         return out
+
+    def default_ranker(self) -> str:
+        """The ranker of a search that names none (see Tuning.ranker)."""
+        if self.tuning.ranker is not None:
+            return self.tuning.ranker
+        return "learned" if shipped_ranker().meta.get("embedder") == self.model else "fusion"
+
+    def _candidates(
+        self, p: m.ConversationSearch, query_vector: np.ndarray | None, everything: bool
+    ) -> tuple[Group, Sides, list[Fused]] | None:
+        """The group, both sides' top lists and their fusion (all of it with `everything`, else
+        the top k); None when nothing can match (no such group, nothing in since/until)."""
+        since = None if p.since is None else _timestamp_us(p.since, "since")
+        until = None if p.until is None else _timestamp_us(p.until, "until")
+        group = self.groups.get(p.group)
+        if group is None:
+            return None
+        allowed = group.labels(since, until)
+        if allowed.size == 0:
+            return None
+        t = self.tuning
+        whole = since is None and until is None  # every message of the group
+        lex_labels, lex_scores, boosts = self.lexical_side(p.query, group, allowed, whole)
+        dense_labels: list[int] = []
+        dense_scores: list[float] = []
+        if query_vector is not None and len(self.vectors):
+            # the only group, unfiltered: no filter at all (hnswlib then searches without a mask)
+            unfiltered = whole and allowed.size == len(self.messages)
+            labels, scores = self.vectors.search(query_vector, t.fetch, None if unfiltered else allowed)
+            dense_labels, dense_scores = labels.tolist(), scores.tolist()
+        fused = fuse_scores(
+            {"lexical": (lex_labels, lex_scores), "dense": (dense_labels, dense_scores)},
+            {"lexical": t.w_lexical, "dense": t.w_dense},
+            t.fusion,
+            limit=None if everything else p.k,
+        )
+        return group, Sides(lex_labels, lex_scores, boosts, dense_labels), fused
+
+    def candidate_signals(
+        self, p: m.ConversationSearch, query_vector: np.ndarray | None
+    ) -> tuple[list[int], np.ndarray]:
+        """Every candidate of a search (the fusion's order) and its signals: what the learned
+        ranker scores, for bench/train_ranker.py (the daemon's own code path)."""
+        got = self._candidates(p, query_vector, everything=True)
+        if got is None:
+            return [], np.zeros((0, len(FEATURES)))
+        group, sides, fused = got
+        return [f.label for f in fused], self._signals(group, p.query, query_vector, sides, fused)
+
+    def _signals(
+        self, group: Group, query: str, query_vector: np.ndarray | None, sides: Sides, fused: list[Fused]
+    ) -> np.ndarray:
+        return signal_matrix(
+            self,
+            group,
+            query,
+            query_vector,
+            [f.label for f in fused],
+            dict(zip(sides.lex_labels, sides.lex_scores)),
+            {lab: i + 1 for i, lab in enumerate(sides.lex_labels)},
+            {lab: i + 1 for i, lab in enumerate(sides.dense_labels)},
+            [f.score for f in fused],
+        )
+
+    def _reranked(
+        self, group: Group, query: str, query_vector: np.ndarray | None, sides: Sides, fused: list[Fused]
+    ) -> list[Fused]:
+        """The fusion's first `depth` candidates (the weights file says how many) by the shipped
+        linear ranker's score, ties in the fusion's order, then the rest in the fusion's order; each
+        item's score becomes the ranker's (the rest: one less each than the one before)."""
+        ranker = shipped_ranker()
+        head, tail = fused[: ranker.depth], fused[ranker.depth :]
+        scores = ranker.score(self._signals(group, query, query_vector, sides, head)).tolist()
+        order = sorted(range(len(head)), key=lambda i: (-scores[i], i))
+        low = min(scores, default=0.0)
+        for i in order:
+            head[i].score = scores[i]
+        for item in tail:  # below every reranked one, in the fusion's order
+            low -= 1.0
+            item.score = low
+        return [head[i] for i in order] + tail
 
     def named_speakers(self, query: str, group: Group) -> list[str]:
         """The group's senders whose name the query contains (as a token, unstemmed)."""

@@ -19,6 +19,7 @@ The tokens and the stemmer are the search library's (daemon/retrieval/tokens.py:
 from __future__ import annotations
 
 import datetime as _dt
+import math
 from collections.abc import Iterable
 
 from ..retrieval.lexical import LexicalIndex
@@ -51,6 +52,18 @@ class StemmedIndex(LexicalIndex):
         self, k1: float = 1.2, b: float = 0.75, *, stop_words: Iterable[str] | None = None, stem: bool = True
     ) -> None:
         super().__init__(k1, b, stop_words=stop_words, stem=stem)
+
+    def idf(self, term: str) -> float:
+        """BM25's idf of a (stemmed) term over the live documents; 0 for a term none holds."""
+        tid = self._vocab.get(term)
+        df = int(self._df[tid]) if tid is not None else 0
+        if df <= 0:
+            return 0.0
+        return math.log(1.0 + (self._count - df + 0.5) / (df + 0.5))
+
+    def mean_length(self) -> float:
+        """The mean token count of the live documents (1.0 when there are none)."""
+        return self._total_len / self._count if self._count else 1.0
 
 
 def date_text(timestamp: str) -> str:

@@ -217,6 +217,19 @@ class VectorStore:
         return result
 
     @_guarded
+    def similarities(self, query: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        """The cosine of `query` with each of `labels`' vectors (float32), NaN where a label has
+        none: what a ranker reads of a few hundred candidates without a search."""
+        q = self._query(query)
+        lab = np.asarray(labels, dtype=np.int64).reshape(-1)
+        out = np.full(lab.size, np.nan, dtype=np.float32)
+        ok = (lab >= 0) & (lab < self._hi)
+        ok[ok] = self._live[lab[ok]]
+        if ok.any():
+            out[ok] = self._vecs[lab[ok]] @ q
+        return out
+
+    @_guarded
     def labels(self) -> np.ndarray:
         """The live labels, ascending (int64)."""
         return np.flatnonzero(self._live[: self._hi]).astype(np.int64)

