@@ -30,7 +30,7 @@ import msgspec
 import numpy as np
 from msgspec import UNSET
 
-from ...protocol import Memory, MemoryVersion, ProtocolError, domain_slug
+from ...protocol import MEMORY_CATEGORIES, Memory, MemoryVersion, ProtocolError, domain_slug
 from ...protocol import methods as m
 from ...protocol.blocks import MEMORIES_NOTE
 from ..retrieval.lexical import LexicalIndex
@@ -161,21 +161,44 @@ class MemoryState(Search, Dedup, Projection):
 
     @handles("memory.list")
     def do_list(self, p: m.MemoryList) -> dict[str, Any]:
+        """Newest first by created_at (as text), ties in the order the memories came. The filter
+        is one numpy pass over the columns and only the newest offset + limit are sorted."""
         if p.domain is not None:
             validate_domain(p.domain)
-            ids = list(self._domains.get(domain_slug(p.domain), ()))
-            if p.include_global:
-                ids += [i for i in self._global if domain_slug(self.memories[i].domain) != domain_slug(p.domain)]
+        labels = self.columns.labels(
+            slug=None if p.domain is None else domain_slug(p.domain),
+            include_global=p.include_global,
+            status=p.status,
+            categories=None if p.category is None else [p.category],
+        )
+        end = p.offset + p.limit
+        newest = self.columns.newest(labels, end)
+        candidates = labels if newest is None else newest
+        candidates = candidates[np.argsort(self.columns.seq[candidates], kind="stable")]
+        chosen = [self.memories[self._id_of[label]] for label in candidates.tolist()]
+        chosen.sort(key=lambda mem: mem.created_at, reverse=True)  # stable: ties keep seq's order
+        return {"total": int(labels.shape[0]), "memories": chosen[p.offset : end]}
+
+    @handles("memory.domains")
+    def do_domains(self, p: m.MemoryDomains) -> dict[str, Any]:
+        """Each domain's memories counted by category and status, and the global ones: one numpy
+        pass over the columns (never a walk over the memories)."""
+        if p.domain is not None:
+            validate_domain(p.domain)
+            slug = domain_slug(p.domain)
+            number = self.columns.domain_ids.get(slug)
+            tables = [] if number is None else [(slug, self.columns.counts(number)[0])]
         else:
-            ids = list(self.memories)
-        chosen = [
-            self.memories[i]
-            for i in ids
-            if (p.status == "any" or self.memories[i].status == p.status)
-            and (p.category is None or self.memories[i].category == p.category)
-        ]
-        chosen.sort(key=lambda mem: mem.created_at, reverse=True)
-        return {"total": len(chosen), "memories": chosen[p.offset : p.offset + p.limit]}
+            counts = self.columns.counts()
+            tables = [(slug, counts[number]) for slug, number in sorted(self.columns.domain_ids.items())]
+        domains = []
+        for slug, table in tables:
+            members = self._domains.get(slug)
+            if not members or not table.any():
+                continue
+            newest_put = self.memories[next(reversed(members))]  # the name the domain was last written with
+            domains.append({"domain": newest_put.domain, "slug": slug, **_count_table(table)})
+        return {"domains": domains, "global": _count_table(self.columns.global_counts()), "total": len(self.memories)}
 
     @handles("memory.update")
     def do_update(self, p: m.MemoryUpdate) -> Memory:
@@ -464,7 +487,7 @@ class MemoryState(Search, Dedup, Projection):
         self.memories[memory.id] = memory
         self._index_person(memory)
         self._active += (memory.status == "active") - (old is not None and old.status == "active")
-        self.columns.set(label, memory, slug)
+        self.columns.set(label, memory, slug, fresh=old is None)
         self._domains.setdefault(slug, {})[memory.id] = None
         if memory.scope == "global":
             self._global[memory.id] = None
@@ -670,3 +693,13 @@ class MemoryState(Search, Dedup, Projection):
         self._put(memory, "", b"", rewrite=False)
         self.history[memory.id] = [VersionEntry(1, memory.updated_at, "imported", f"from {relative}")]
         return memory
+
+
+def _count_table(table: np.ndarray) -> dict[str, Any]:
+    """memory.domains' counts of one domain (or of the global memories) from its [category,
+    (active, archived)] table: totals, and each category's that has any."""
+    active, archived = (int(n) for n in table.sum(axis=0))
+    categories = {
+        name: {"active": int(row[0]), "archived": int(row[1])} for name, row in zip(MEMORY_CATEGORIES, table) if row.any()
+    }
+    return {"total": active + archived, "active": active, "archived": archived, "categories": categories}
