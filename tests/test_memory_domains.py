@@ -6,20 +6,24 @@ through a real daemon."""
 from __future__ import annotations
 
 import random
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import httpx
 import msgspec
 import pytest
 import trio
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
+from eurekamem.client import AsyncClient
 from eurekamem.daemon.memory.records import PurgeMemory, PutMemory
 from eurekamem.daemon.memory.state import MemoryState
 from eurekamem.daemon.retrieval.embed import make_embedder
 from eurekamem.protocol import MEMORY_CATEGORIES, Memory, domain_slug
 from eurekamem.protocol import methods as m
+from eurekamem.ui import Guard, make_app
 
 DOMAINS = ["Bandits", "bandits", "graph theory", "Ops"]  # the first two are one domain (one slug)
 CATEGORIES = list(MEMORY_CATEGORIES[:4]) + ["fact"]
@@ -165,3 +169,22 @@ async def test_domains_through_a_daemon(data_dir: Path, sock_dir: Path) -> None:
             assert await conn.error_kind("memory.domains", {"domain": "x" * (m.MAX_KEY + 1)}) == "too_large"
             assert await conn.error_kind("memory.domains", {"limit": 3}) == "invalid_params"
             await conn.aclose()
+            await _check_the_ui_pages(sock)
+
+
+async def _check_the_ui_pages(sock: Path) -> None:
+    """The ui's home page lists the domains with their counts; a domain's page counts by category
+    for the status asked, both from memory.domains."""
+    guard = Guard(port=8124)
+    base = "http://127.0.0.1:8124"
+    async with AsyncClient(str(sock), timeout=IO_TIMEOUT) as daemon_client:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=make_app(daemon_client, guard)), base_url=base) as web:
+            assert (await web.get(guard.url().removeprefix(base))).status_code == 200
+            home = (await web.get("/")).text
+            assert re.search(r">Bandits</a> <span class=\"muted\">1 active, 1 archived</span>", home), home
+            assert re.search(r">graphs</a> <span class=\"muted\">1 active, 0 archived</span>", home), home
+            assert "3 memories in all" in home
+            archived = (await web.get("/domain?name=bandits&status=archived")).text
+            assert re.search(r">pitfalls</a> 1</li>", archived) and not re.search(r">fact</a>", archived), archived
+            both = (await web.get("/domain?name=Bandits&status=any")).text
+            assert re.search(r">pitfalls</a> 1</li>", both) and re.search(r">fact</a> 1</li>", both), both
