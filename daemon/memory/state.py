@@ -171,13 +171,29 @@ class MemoryState(Search, Dedup, Projection):
             status=p.status,
             categories=None if p.category is None else [p.category],
         )
-        end = p.offset + p.limit
+        return {"total": int(labels.shape[0]), "memories": self._newest_page(labels, p.offset, p.offset + p.limit)}
+
+    def _newest_page(self, labels: np.ndarray, start: int, end: int) -> list[Memory]:
+        """Positions start..end of `labels`' memories by created_at (text) descending, then seq.
+        numpy ranks the newest `end` by the `created` column; the text decides only within a run of
+        equal `created` values that the page touches (the column never orders two texts the other
+        way, see columns.wall_clock), so Python sorts about a page, not the domain."""
         newest = self.columns.newest(labels, end)
-        candidates = labels if newest is None else newest
-        candidates = candidates[np.argsort(self.columns.seq[candidates], kind="stable")]
-        chosen = [self.memories[self._id_of[label]] for label in candidates.tolist()]
-        chosen.sort(key=lambda mem: mem.created_at, reverse=True)  # stable: ties keep seq's order
-        return {"total": int(labels.shape[0]), "memories": chosen[p.offset : end]}
+        if newest is None:  # a created_at the daemon did not write: the text order, all of it
+            ranked = labels[np.argsort(self.columns.seq[labels], kind="stable")]
+            every = [self.memories[self._id_of[label]] for label in ranked.tolist()]
+            every.sort(key=lambda mem: mem.created_at, reverse=True)  # stable: ties keep seq's order
+            return every[start:end]
+        order = np.lexsort((self.columns.seq[newest], -self.columns.created[newest]))
+        ranked, keys = newest[order], -self.columns.created[newest][order]
+        stop = min(end, ranked.shape[0])
+        if start >= stop:
+            return []
+        lo = int(np.searchsorted(keys, keys[start], "left"))
+        hi = int(np.searchsorted(keys, keys[stop - 1], "right"))
+        block = [self.memories[self._id_of[label]] for label in ranked[lo:hi].tolist()]
+        block.sort(key=lambda mem: mem.created_at, reverse=True)  # stable: ties keep seq's order
+        return block[start - lo : stop - lo]
 
     @handles("memory.domains")
     def do_domains(self, p: m.MemoryDomains) -> dict[str, Any]:
