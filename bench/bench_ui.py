@@ -3,7 +3,13 @@
 in one domain, each next to its anchor measured in the same run: the daemon calls the page makes,
 alone (so the ratio is what the UI adds: rendering, the guard, the ASGI app).
 
-    .venv/bin/python bench/bench_ui.py [--n 100000] [--domains 1] [--repeat 30] [--out bench/results]
+    .venv/bin/python bench/bench_ui.py [--n 100000] [--domains 1] [--repeat 30] [--out bench/results] [--data DIR]
+
+--data DIR keeps the loaded data root in DIR and, when DIR already holds one, measures it without
+loading again: run it once per build (another build's interpreter, e.g. a main checkout's
+.venv/bin/python running this file) to compare two builds on the same 100,000 memories. The
+anchors follow the build: with memory.domains (issue 32's follow-up) the pages read their counts
+from it, before it from one memory.list per category.
 
 The memories are loaded quickly: the daemon runs with an OpenAI-compatible embedder pointed at a
 loopback server started here that answers seeded 16-dimension vectors at once (the UI reads no
@@ -122,8 +128,13 @@ async def measure(sock: str, repeat: int, domain: str) -> dict[str, Any]:
             one = (await daemon_client.call("memory.list", {"domain": domain, "limit": 1}))["memories"][0]["id"]
             deep = (await daemon_client.call("memory.list", {"domain": domain, "limit": 1}))["total"] // PAGE // 2 + 1
 
-            counts = [("memory.list", {"domain": domain, "category": c, "status": "active", "limit": 1}) for c in UI_CATEGORIES]
             stats: Step = [("sys.stats", None)]
+            if "memory.domains" in (await daemon_client.call("sys.hello"))["methods"]:
+                counts: Step = [("memory.domains", {"domain": domain})]
+                every_domain: Step = [("memory.domains", None)]
+            else:  # a build from before memory.domains: a count per category, the newest 1,000 for the home page
+                counts = [("memory.list", {"domain": domain, "category": c, "status": "active", "limit": 1}) for c in UI_CATEGORIES]
+                every_domain = [("memory.list", {"limit": 1000, "status": "any"})]
 
             # each page, and the daemon calls it makes (the anchor: the same calls, without the UI)
             pages: list[tuple[str, str, Callable[[], Awaitable[Any]]]] = [
@@ -133,8 +144,7 @@ async def measure(sock: str, repeat: int, domain: str) -> dict[str, Any]:
                 ("domain page 1, one category", f"/domain?name={domain}&category=pitfalls", lambda: calls(daemon_client, stats, counts,
                                     [("memory.list", {"domain": domain, "category": "pitfalls", "limit": PAGE})])),
                 ("a memory", f"/memory/{one}", lambda: calls(daemon_client, stats, [("memory.get", {"id": one})], [("memory.history", {"id": one})])),
-                ("domains (home)", "/", lambda: calls(daemon_client, stats, [("conversation.groups", None)],
-                                    [("memory.list", {"limit": 1000, "status": "any"})])),
+                ("domains (home)", "/", lambda: calls(daemon_client, stats, [("conversation.groups", None)], every_domain)),
                 ("search (lexical)", "/search?q=martingale+peeling&mode=lexical", lambda: calls(daemon_client, stats, [("memory.search", {"query": "martingale peeling", "k": 20, "mode": "lexical"})],
                                     [("conversation.groups", None)])),
             ]
@@ -200,16 +210,29 @@ def main() -> int:
     parser.add_argument("--domains", type=int, default=1, help="spread the memories over this many domains (default 1: the worst case)")
     parser.add_argument("--repeat", type=int, default=30, help="timed requests per page (default 30)")
     parser.add_argument("--out", default=str(_common.HERE / "results"), help="folder of the report")
+    parser.add_argument("--data", help="keep the data root here; reuse it when it is already loaded")
     args = parser.parse_args()
     import trio
 
     tmp = Path(tempfile.mkdtemp(prefix="em-bui-", dir="/tmp"))
+    data = Path(args.data) if args.data else tmp / "data"
+    marker = data / "bench-ui-loaded.json"  # what was loaded: --n and --domains must match
     try:
         with embeddings_server() as url:
-            daemon = Daemon("daemon", tmp / "data", str(tmp / "s.sock"), embedder="openai:stub",
+            daemon = Daemon("daemon", data, str(tmp / "s.sock"), embedder="openai:stub",
                             extra=["--embed-url", url, "--embed-dim", str(DIM)]).start()
             try:
-                loaded = load(daemon.sock, args.n, args.domains)
+                if marker.exists():
+                    loaded = json.loads(marker.read_text())
+                    if (loaded["n"], loaded["domains"]) != (args.n, args.domains):
+                        raise SystemExit(f"{data} holds --n {loaded['n']} --domains {loaded['domains']}")
+                    log(f"reusing {data}: {loaded['created']:,} memories")
+                else:
+                    loaded = {"n": args.n, "domains": args.domains, **load(daemon.sock, args.n, args.domains)}
+                    if args.data:
+                        with contextlib.closing(_common.client(daemon.sock, timeout=600)) as c:
+                            c.call("sys.snapshot")  # the next run starts from the snapshot, not 100,000 journal records
+                        marker.write_text(json.dumps(loaded))
                 results = trio.run(measure, daemon.sock, args.repeat, domain_of(0, args.n, args.domains))
             finally:
                 daemon.stop()

@@ -201,6 +201,11 @@ class Calls:
         text as the daemon would write it now (without a domain: GLOBAL.md's)."""
         return self._run(C.op_list_memories(domain, category, status, limit, offset, readable))
 
+    def memory_domains(self, domain: str | None = None) -> dict[str, Any]:
+        """memory.domains: each domain's memory counts (`total`, `active`, `archived`, and per category
+        `{"active": n, "archived": n}`), those of the global memories, and `total`; with `domain`, that one only."""
+        return self._run(C.op_memory_domains(domain))
+
     def update_memory(self, memory_id: str, **fields: Any) -> Memory:
         """memory.update: change title, content, category, confidence, tags, scope, abstract or overview."""
         return self._run(C.op_update_memory(memory_id, **fields))

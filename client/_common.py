@@ -362,6 +362,10 @@ def op_list_memories(
     return Op("memory.list", params, MemoryPage)
 
 
+def op_memory_domains(domain: str | None) -> Op[dict[str, Any]]:
+    return Op("memory.domains", _drop_none(domain=domain), dict[str, Any])
+
+
 MEMORY_UPDATE_FIELDS = frozenset({
     "title", "content", "category", "confidence", "tags", "scope", "abstract", "overview", "pinned", "valid_from", "valid_until",
     "attributed_to",

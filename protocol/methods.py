@@ -462,6 +462,10 @@ class MemoryList(Params):
     readable: bool = False  # also the readable projection's text: the domain's MEMORY.md (no domain: GLOBAL.md)
 
 
+class MemoryDomains(Params):
+    domain: Domain | None = None  # given: that domain's counts only
+
+
 class MemoryUpdate(Params):
     id: Ident
     title: Title | None = None
@@ -730,6 +734,7 @@ METHODS: dict[str, MethodSpec] = dict(
         _spec("memory.inject", MemoryInject, "memory", False, "EurekaClaw's <memories> block for a prompt"),
         _spec("memory.get", MemoryGet, "memory", False, "one memory"),
         _spec("memory.list", MemoryList, "memory", False, "memories newest first, paged"),
+        _spec("memory.domains", MemoryDomains, "memory", False, "each domain's memory counts by category and status, and the global ones'"),
         _spec("memory.update", MemoryUpdate, "memory", True, "change fields; re-fingerprints and re-embeds"),
         _spec("memory.delete", MemoryDelete, "memory", True, "archive a memory, or purge it for good"),
         _spec("memory.restore", MemoryRef, "memory", True, "make an archived memory active again"),

@@ -25,13 +25,12 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ..client import AsyncClient, EurekamemError, NotFound
-from ..protocol import ASSISTANT_CATEGORIES, RESEARCH_CATEGORIES
+from ..protocol import ASSISTANT_CATEGORIES, RESEARCH_CATEGORIES, domain_slug
 from . import graph_svg
 from .guard import CSRF_KEY, FORM_KEY, Guard, guarded
 
 HERE = Path(__file__).resolve().parent
 PAGE = 50  # memories per page
-RECENT = 1000  # the home page lists the domains of this many newest memories
 CATEGORIES = [*RESEARCH_CATEGORIES, *ASSISTANT_CATEGORIES]  # MEMORY.md's order
 DONE = {  # the notes a change leaves on the page it returns to (?done=...): fixed texts, never echoed input
     "updated": "Saved.", "pinned": "Pinned: it never fades.", "unpinned": "Unpinned.",
@@ -128,10 +127,14 @@ class UI:
 
     async def index(self, request: Request) -> Response:
         groups = await self.call("conversation.groups")
-        # the protocol has no list of domains: those of the newest memories (one paged read) and the groups'
-        recent = await self.call("memory.list", limit=RECENT, status="any")
-        domains = sorted({m["domain"] for m in recent["memories"]} | {g["domain"] for g in groups}, key=str.lower)
-        return await self.render(request, "index.html", domains=domains, groups=groups, total=recent["total"], recent=RECENT)
+        overview = await self.call("memory.domains")  # every domain's counts, without listing memories
+        counted = {d["slug"]: d for d in overview["domains"]}
+        named = {d["domain"]: d for d in overview["domains"]}
+        for g in groups:  # a group's domain that holds no memory yet
+            if domain_slug(g["domain"]) not in counted:
+                named.setdefault(g["domain"], None)
+        domains = sorted(named.items(), key=lambda item: item[0].lower())
+        return await self.render(request, "index.html", domains=domains, groups=groups, total=overview["total"])
 
     async def domain(self, request: Request) -> Response:
         q = request.query_params
@@ -139,18 +142,15 @@ class UI:
         category = q.get("category") or None
         status = q.get("status") if q.get("status") in ("active", "archived", "any") else "active"
         page = _int(q.get("page"), 1, 1, 10**6)
-        counts = await self.client.call_many(
-            [("memory.list", {"domain": name, "category": c, "status": status, "limit": 1}) for c in CATEGORIES]
-        )
-        for answer in counts:
-            if isinstance(answer, Exception):
-                raise answer
+        found = (await self.call("memory.domains", domain=name))["domains"]
+        by_category = found[0]["categories"] if found else {}
+        counts = {c: sum(n for s, n in by_category.get(c, {}).items() if status in ("any", s)) for c in CATEGORIES}
         listing = await self.call(
             "memory.list", domain=name, category=category, status=status, limit=PAGE, offset=(page - 1) * PAGE
         )
         return await self.render(
             request, "domain.html", name=name, category=category, status=status, page=page,
-            counts={c: a["total"] for c, a in zip(CATEGORIES, counts)}, listing=listing,
+            counts=counts, listing=listing,
             pages=max(1, -(-listing["total"] // PAGE)),
         )
 

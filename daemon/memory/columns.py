@@ -2,12 +2,16 @@
 
 Rule kept here: a memory's row is written whenever the memory is (MemoryState._put, set_many at a
 snapshot's load) and cleared when it is purged, so a filter never sees a memory other than as it
-is now; the columns hold copies of the memory's fields and nothing else.
+is now; the columns hold copies of the memory's fields and nothing else (and `seq`, the order
+the memories came in, which memory.list's ties keep). memory.list's top offset + limit and
+memory.domains' counts are read from these rows too, so neither walks the memories.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import math
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -26,7 +30,7 @@ class FilterColumns:
     (last_used, else created_at), updated the memory's updated_at."""
 
     NAMES = ("live", "active", "is_global", "domain", "category", "confidence", "pinned", "raw", "used",
-             "reference", "updated", "valid_from", "valid_until")
+             "reference", "updated", "valid_from", "valid_until", "created", "seq")
 
     def __init__(self) -> None:
         self.live = np.zeros(0, dtype=bool)
@@ -42,6 +46,12 @@ class FilterColumns:
         self.updated = np.zeros(0, dtype=np.float64)
         self.valid_from = np.zeros(0, dtype=np.float64)
         self.valid_until = np.zeros(0, dtype=np.float64)
+        # memory.list's order: `created` is created_at's wall clock (its offset ignored), so that it
+        # never decreases where the created_at strings increase (NaN: not a timestamp); `seq` the
+        # memory's place among the memories in the order they came (ties keep it)
+        self.created = np.zeros(0, dtype=np.float64)
+        self.seq = np.zeros(0, dtype=np.int64)
+        self.next_seq = 0
         self.domain_ids: dict[str, int] = {}  # domain slug -> its number here
 
     def _fit(self, size: int) -> None:
@@ -57,8 +67,13 @@ class FilterColumns:
     def _domain_id(self, slug: str) -> int:
         return self.domain_ids.setdefault(slug, len(self.domain_ids))
 
-    def set(self, label: int, memory: Memory, slug: str) -> None:
+    def set(self, label: int, memory: Memory, slug: str, *, fresh: bool) -> None:
+        """Write a memory's row; `fresh`: it is new among the memories (it gets the next seq)."""
         self._fit(label + 1)
+        if fresh:
+            self.seq[label] = self.next_seq
+            self.next_seq += 1
+        self.created[label] = wall_clock(memory.created_at)
         self.live[label] = True
         self.active[label] = memory.status == "active"
         self.is_global[label] = memory.scope == "global"
@@ -87,6 +102,9 @@ class FilterColumns:
         self.used[at] = np.fromiter((min(m.used_count, 2**31 - 1) for m in memories), dtype=np.int32, count=n)
         times = np.asarray([_times(m) for m in memories], dtype=np.float64).reshape(n, 4)
         self.reference[at], self.updated[at], self.valid_from[at], self.valid_until[at] = times.T
+        self.created[at] = np.fromiter((wall_clock(m.created_at) for m in memories), dtype=np.float64, count=n)
+        self.seq[at] = np.arange(self.next_seq, self.next_seq + n, dtype=np.int64)
+        self.next_seq += n
 
     def clear(self, label: int) -> None:
         if label < self.live.shape[0]:
@@ -132,6 +150,40 @@ class FilterColumns:
                 mask &= self.valid_until > valid_at
         return np.flatnonzero(mask).astype(np.int64)
 
+    def newest(self, labels: np.ndarray, count: int) -> np.ndarray | None:
+        """Labels among `labels` holding the `count` newest by created_at, and perhaps a few more
+        (the ties at the edge), in no order; None when created_at must be compared as text (one is
+        not a timestamp). A superset because `created` never decreases where created_at increases."""
+        created = self.created[labels]
+        if np.isnan(created).any():
+            return None
+        if count >= labels.shape[0]:
+            return labels
+        edge = np.partition(created, labels.shape[0] - count)[labels.shape[0] - count]
+        kept: np.ndarray = labels[created >= edge]
+        return kept
+
+    def counts(self, domain_id: int | None = None) -> np.ndarray:
+        """Live memories by (domain number, category, archived), one numpy pass: an int64 array
+        [domains, categories, 2], column 0 active and 1 archived; `domain_id`: that domain only
+        (shape [1, categories, 2])."""
+        n = self.live.shape[0]
+        live = self.live[:n]
+        if domain_id is not None:
+            live = live & (self.domain[:n] == domain_id)
+        domains = 1 if domain_id is not None else max(len(self.domain_ids), 1)
+        domain = np.zeros(n, dtype=np.int64) if domain_id is not None else self.domain[:n].astype(np.int64)
+        cell = (domain * len(MEMORY_CATEGORIES) + self.category[:n]) * 2 + ~self.active[:n]
+        found = np.bincount(cell[live], minlength=domains * len(MEMORY_CATEGORIES) * 2)
+        return found.reshape(domains, len(MEMORY_CATEGORIES), 2)
+
+    def global_counts(self) -> np.ndarray:
+        """Live global memories by (category, archived): an int64 array [categories, 2]."""
+        n = self.live.shape[0]
+        mine = self.live[:n] & self.is_global[:n]
+        cell = self.category[:n].astype(np.int64) * 2 + ~self.active[:n]
+        return np.bincount(cell[mine], minlength=len(MEMORY_CATEGORIES) * 2).reshape(len(MEMORY_CATEGORIES), 2)
+
     def next_change(self, after: float) -> float:
         """The first time after `after` at which some live memory becomes valid or stops being
         valid (+inf if none will): until then, which memories are valid "now" cannot change."""
@@ -155,6 +207,24 @@ def _times(memory: Memory) -> tuple[float, float, float, float]:
     valid_from = _epoch_or(memory.valid_from, created) if memory.valid_from else created
     valid_until = _epoch_or(memory.valid_until, math.inf) if memory.valid_until else math.inf
     return reference, _epoch_or(memory.updated_at, created), valid_from, valid_until
+
+
+def wall_clock(timestamp: str) -> float:
+    """A timestamp as the daemon writes it (isoformat: every field at a fixed width, then an
+    offset) as seconds, its offset ignored; NaN for any other text. Where two such texts differ,
+    this never orders them the other way: the fields come first, and an offset's sign sorts
+    before a fraction's dot."""
+    if not _ISOFORMAT.fullmatch(timestamp):
+        return math.nan
+    try:
+        parsed = _dt.datetime.fromisoformat(timestamp)
+    except ValueError:
+        return math.nan
+    return (parsed.replace(tzinfo=None) - _EPOCH).total_seconds()
+
+
+_ISOFORMAT = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{6})?[+-]\d\d:\d\d(:\d\d(\.\d{6})?)?", re.ASCII)
+_EPOCH = _dt.datetime(1970, 1, 1)
 
 
 def _epoch_or(timestamp: str | None, fallback: float) -> float:

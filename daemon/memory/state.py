@@ -30,7 +30,7 @@ import msgspec
 import numpy as np
 from msgspec import UNSET
 
-from ...protocol import Memory, MemoryVersion, ProtocolError, domain_slug
+from ...protocol import MEMORY_CATEGORIES, Memory, MemoryVersion, ProtocolError, domain_slug
 from ...protocol import methods as m
 from ...protocol.blocks import MEMORIES_NOTE
 from ..retrieval.lexical import LexicalIndex
@@ -161,21 +161,60 @@ class MemoryState(Search, Dedup, Projection):
 
     @handles("memory.list")
     def do_list(self, p: m.MemoryList) -> dict[str, Any]:
+        """Newest first by created_at (as text), ties in the order the memories came. The filter
+        is one numpy pass over the columns and only the newest offset + limit are sorted."""
         if p.domain is not None:
             validate_domain(p.domain)
-            ids = list(self._domains.get(domain_slug(p.domain), ()))
-            if p.include_global:
-                ids += [i for i in self._global if domain_slug(self.memories[i].domain) != domain_slug(p.domain)]
+        labels = self.columns.labels(
+            slug=None if p.domain is None else domain_slug(p.domain),
+            include_global=p.include_global,
+            status=p.status,
+            categories=None if p.category is None else [p.category],
+        )
+        return {"total": int(labels.shape[0]), "memories": self._newest_page(labels, p.offset, p.offset + p.limit)}
+
+    def _newest_page(self, labels: np.ndarray, start: int, end: int) -> list[Memory]:
+        """Positions start..end of `labels`' memories by created_at (text) descending, then seq.
+        numpy ranks the newest `end` by the `created` column; the text decides only within a run of
+        equal `created` values that the page touches (the column never orders two texts the other
+        way, see columns.wall_clock), so Python sorts about a page, not the domain."""
+        newest = self.columns.newest(labels, end)
+        if newest is None:  # a created_at the daemon did not write: the text order, all of it
+            ranked = labels[np.argsort(self.columns.seq[labels], kind="stable")]
+            every = [self.memories[self._id_of[label]] for label in ranked.tolist()]
+            every.sort(key=lambda mem: mem.created_at, reverse=True)  # stable: ties keep seq's order
+            return every[start:end]
+        order = np.lexsort((self.columns.seq[newest], -self.columns.created[newest]))
+        ranked, keys = newest[order], -self.columns.created[newest][order]
+        stop = min(end, ranked.shape[0])
+        if start >= stop:
+            return []
+        lo = int(np.searchsorted(keys, keys[start], "left"))
+        hi = int(np.searchsorted(keys, keys[stop - 1], "right"))
+        block = [self.memories[self._id_of[label]] for label in ranked[lo:hi].tolist()]
+        block.sort(key=lambda mem: mem.created_at, reverse=True)  # stable: ties keep seq's order
+        return block[start - lo : stop - lo]
+
+    @handles("memory.domains")
+    def do_domains(self, p: m.MemoryDomains) -> dict[str, Any]:
+        """Each domain's memories counted by category and status, and the global ones: one numpy
+        pass over the columns (never a walk over the memories)."""
+        if p.domain is not None:
+            validate_domain(p.domain)
+            slug = domain_slug(p.domain)
+            number = self.columns.domain_ids.get(slug)
+            tables = [] if number is None else [(slug, self.columns.counts(number)[0])]
         else:
-            ids = list(self.memories)
-        chosen = [
-            self.memories[i]
-            for i in ids
-            if (p.status == "any" or self.memories[i].status == p.status)
-            and (p.category is None or self.memories[i].category == p.category)
-        ]
-        chosen.sort(key=lambda mem: mem.created_at, reverse=True)
-        return {"total": len(chosen), "memories": chosen[p.offset : p.offset + p.limit]}
+            counts = self.columns.counts()
+            tables = [(slug, counts[number]) for slug, number in sorted(self.columns.domain_ids.items())]
+        domains = []
+        for slug, table in tables:
+            members = self._domains.get(slug)
+            if not members or not table.any():
+                continue
+            newest_put = self.memories[next(reversed(members))]  # the name the domain was last written with
+            domains.append({"domain": newest_put.domain, "slug": slug, **_count_table(table)})
+        return {"domains": domains, "global": _count_table(self.columns.global_counts()), "total": len(self.memories)}
 
     @handles("memory.update")
     def do_update(self, p: m.MemoryUpdate) -> Memory:
@@ -464,7 +503,7 @@ class MemoryState(Search, Dedup, Projection):
         self.memories[memory.id] = memory
         self._index_person(memory)
         self._active += (memory.status == "active") - (old is not None and old.status == "active")
-        self.columns.set(label, memory, slug)
+        self.columns.set(label, memory, slug, fresh=old is None)
         self._domains.setdefault(slug, {})[memory.id] = None
         if memory.scope == "global":
             self._global[memory.id] = None
@@ -670,3 +709,13 @@ class MemoryState(Search, Dedup, Projection):
         self._put(memory, "", b"", rewrite=False)
         self.history[memory.id] = [VersionEntry(1, memory.updated_at, "imported", f"from {relative}")]
         return memory
+
+
+def _count_table(table: np.ndarray) -> dict[str, Any]:
+    """memory.domains' counts of one domain (or of the global memories) from its [category,
+    (active, archived)] table: totals, and each category's that has any."""
+    active, archived = (int(n) for n in table.sum(axis=0))
+    categories = {
+        name: {"active": int(row[0]), "archived": int(row[1])} for name, row in zip(MEMORY_CATEGORIES, table) if row.any()
+    }
+    return {"total": active + archived, "active": active, "archived": archived, "categories": categories}
