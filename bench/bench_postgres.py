@@ -347,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", type=int, default=None, help="memories for start-up and search (default 10,000; quick 1,000)")
     ap.add_argument("--seconds", type=float, default=None, help="per durable run (default 3; quick 1)")
     ap.add_argument("--only", default="durable,add,startup", help="sections: durable, add, startup (with search)")
+    ap.add_argument("--repeats", type=int, default=None, help="start-ups of each store, alternating (default 2; quick 1)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     set_log_prefix("postgres")
@@ -372,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         "tmp": tmp, "server": server, "launch": launch, "servers": servers, "corpus": c, "embedder": emb, "centres": centres,
         "clients": [1, 8, 32], "seconds": args.seconds or (1.0 if args.quick else 3.0),
         "adds": 20 if args.quick else 100, "size": args.size or (1000 if args.quick else 10_000),
-        "repeats": 1 if args.quick else 2, "queries": c.queries(50 if args.quick else 300, "pg-search"),
+        "repeats": args.repeats or (1 if args.quick else 2), "queries": c.queries(50 if args.quick else 300, "pg-search"),
     }
     rep: dict[str, Any] = {"started": stamp, "machine": machine(), "load_start": os.getloadavg()[0], "clients": ctx["clients"],
                            "errors": {}}

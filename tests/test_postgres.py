@@ -173,6 +173,14 @@ def test_unreachable_at_start_serves_tier_1_then_everything_once_connected(
     with Client(proc.socket_path, timeout=TIMEOUT) as c:
         assert c.recall("before").value == 1 and c.recall("after").value == 3 and c.recall("during") is None
     assert proc.terminate() == 0
+    postgres_server.stop()
+    try:
+        proc.start(expect_ready=False)
+        proc.wait_for_line("listening on")
+        assert proc.terminate() == 0  # asked to stop while it waits for PostgreSQL: a clean exit
+        assert "stopped after" in proc.output
+    finally:
+        postgres_server.start()
 
 
 def test_the_local_root_gets_only_what_local_readers_read(tmp_path: Path, postgres_dsn: str) -> None:
