@@ -174,6 +174,17 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     return result
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Compile the package to bytecode once, before the tests start their ~300 daemon and command
+    subprocesses: where PYTHONDONTWRITEBYTECODE is set (as on some CI machines) each of them would
+    otherwise compile its ~140 modules again (~0.3 s of CPU a process). Up to date: ~0.1 s."""
+    import compileall
+    import re
+
+    root = Path(__file__).resolve().parent.parent
+    compileall.compile_dir(root, quiet=1, rx=re.compile(r"/(\.venv|\.git|build|tests|bench)/"))
+
+
 @pytest.fixture
 def sock_dir() -> Any:
     """A short folder for sockets (AF_UNIX paths must stay under 108 bytes)."""
