@@ -40,7 +40,8 @@ test: lint
 docs-check: $(STAMP)
 	$(BIN)/python -m pytest -q tests/test_docs.py $(PYTEST_ARGS)
 
-# Layers are pytest markers given by tests/conftest.py (unit, trio, e2e, soak; see pyproject.toml).
+# Layers are pytest markers given by tests/conftest.py (unit, io, trio, e2e, soak; see pyproject.toml),
+# checked as the tests run; `make test-fast PYTEST_ARGS="-m unit"` runs the pure ones alone.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not e2e and not soak" $(PYTEST_ARGS)
 

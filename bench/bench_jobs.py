@@ -330,7 +330,7 @@ def run(tmp: Path, embedder: str, sizes: dict[str, int], search_only: bool = Fal
 QUEUE_RUNS = ((2, "always"), (8, "always"), (8, "batch"))
 
 SIZES = {
-    "quick": {"extractions": 5, "queue_jobs": 50, "memories": 500, "queries": 100},
+    "quick": {"extractions": 3, "queue_jobs": 30, "memories": 300, "queries": 50},
     "default": {"extractions": 30, "queue_jobs": 500, "memories": 5_000, "queries": 500},
 }
 

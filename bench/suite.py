@@ -103,8 +103,10 @@ class Sizes(msgspec.Struct):
 
 
 SIZES = {
-    "quick": Sizes(300, 50, 3_000, [1, 64], [1, 32], 0.5, [2_000], [2_000], [], [], 128, 300, 100, 20_000, 5_000,
-                   {"usem3": ["conv-26"]}, {"usem3": 20}, {"usem3": 128}),
+    # quick is CI's smoke run (after `make test`, in its time budget): every section and every kind of row
+    # once, on sizes whose time goes to starting the daemons rather than to the runs themselves
+    "quick": Sizes(100, 20, 1_000, [1, 64], [1, 32], 0.25, [1_000], [1_000], [], [], 128, 150, 50, 10_000, 2_500,
+                   {"usem3": ["conv-26"]}, {"usem3": 10}, {"usem3": 64}),
     "default": Sizes(3_000, 300, 30_000, [1, 4, 16, 64], [1, 8, 32, 128], 2.0, [10_000, 100_000], [10_000], [], [], 128,
                      10_000, 500,
                      1_000_000, 50_000, {"usem3": [], "e5-small": ["conv-26"]}, {"usem3": 100, "e5-small": 30},

@@ -20,6 +20,7 @@ import pytest
 import trio
 
 from eurekamem.daemon import Config, Daemon
+from eurekamem.daemon import app as _app
 from eurekamem.daemon.retrieval.embed import Embedder, make_embedder
 
 IO_TIMEOUT = 20  # seconds; every I/O test runs under trio.fail_after(IO_TIMEOUT)
@@ -174,6 +175,17 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     return result
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Compile the package to bytecode once, before the tests start their ~300 daemon and command
+    subprocesses: where PYTHONDONTWRITEBYTECODE is set (as on some CI machines) each of them would
+    otherwise compile its ~140 modules again (~0.3 s of CPU a process). Up to date: ~0.1 s."""
+    import compileall
+    import re
+
+    root = Path(__file__).resolve().parent.parent
+    compileall.compile_dir(root, quiet=1, rx=re.compile(r"/(\.venv|\.git|build|tests|bench)/"))
+
+
 @pytest.fixture
 def sock_dir() -> Any:
     """A short folder for sockets (AF_UNIX paths must stay under 108 bytes)."""
@@ -258,6 +270,27 @@ def tmpfs(tmp_path: Path, size: int) -> Iterator[Path]:
     finally:
         if subprocess.run(["umount", str(disk)], capture_output=True, timeout=10, check=False).returncode != 0:
             subprocess.run(["umount", "-l", str(disk)], check=True, timeout=10)
+
+
+@contextlib.contextmanager
+def _gc_tuned_without_the_collection() -> Iterator[None]:
+    """daemon/app.py's _gc_tuned (the collector frozen and tuned for the daemon's life, undone after)
+    less its full collection on entering: in a test process that walks every object of the run
+    (~200k, ~0.15 s of CPU, more as the run goes on), once for each of the hundreds of in-process
+    daemons the tests start. The subprocess daemons (e2e) run the daemon's own, collection included."""
+    from unittest import mock
+
+    tuned = _real_gc_tuned()
+    with mock.patch("gc.collect", return_value=0):
+        tuned.__enter__()
+    try:
+        yield
+    finally:
+        tuned.__exit__(None, None, None)
+
+
+_real_gc_tuned = _app._gc_tuned
+_app._gc_tuned = _gc_tuned_without_the_collection
 
 
 @asynccontextmanager

