@@ -312,7 +312,7 @@ class Daemon:
             seq=journal_actor.acked_seq if fresh else -1,
             local_store=self.store if config.store == "postgres" else None,
         )
-        self.extractions.jobs = jobs
+        self.extractions.serve(jobs)
         self.actors.update(tiers, jobs=jobs)  # dispatch routes to them from now on
 
     def _start_durable(self, system: trio.Nursery) -> None:
@@ -497,8 +497,12 @@ class Extractions:
     `unavailable` and an idle session stays open (daemon/tiers/episodic.py), as while the store fails."""
 
     def __init__(self, not_serving: Callable[[], StoreUnavailable]) -> None:
-        self.jobs: ExtractionQueue | None = None  # set by Daemon._build
+        self.jobs: ExtractionQueue | None = None  # serve(): once Daemon._build made the jobs actor
         self.not_serving = not_serving
+
+    def serve(self, jobs: ExtractionQueue) -> None:
+        """From now on the jobs actor takes tier 1's extraction jobs (the one hand-over, in _build)."""
+        self.jobs = jobs
 
     async def accept(self, kind: str, key: str, job_input: Any) -> str:
         if self.jobs is None:
