@@ -370,6 +370,10 @@ class AsyncCalls:
         """skills.confirm: a draft becomes active (and injectable)."""
         return await self._run(C.op_confirm_skill(name))
 
+    async def discard_skill(self, name: str) -> Skill:
+        """skills.discard: a draft and its file are deleted (an active skill is refused); the draft as it was."""
+        return await self._run(C.op_discard_skill(name))
+
     async def scan_skills(self) -> dict[str, int]:
         """skills.scan: read skills/ now (SKILL.md files others wrote, changed or removed); the counts
         {"new", "edit", "removed", "bad"}."""

@@ -498,6 +498,10 @@ def op_confirm_skill(name: str) -> Op[Skill]:
     return Op("skills.confirm", {"name": name}, Skill)
 
 
+def op_discard_skill(name: str) -> Op[Skill]:
+    return Op("skills.discard", {"name": name}, Skill)
+
+
 def op_inject_skills(
     agent_role: str, pipeline_stage: str | None, query: str | None, k: int | None, token_budget: int | None
 ) -> Op[SkillsInjection]:

@@ -745,6 +745,7 @@ METHODS: dict[str, MethodSpec] = dict(
         _spec("skills.put", SkillsPut, "skills", True, "create or change a skill (skills/<name>/SKILL.md)"),
         _spec("skills.record_use", SkillsRecordUse, "skills", True, "count a use; success rate as EurekaClaw's EMA"),
         _spec("skills.confirm", SkillRef, "skills", True, "make a draft skill active"),
+        _spec("skills.discard", SkillRef, "skills", True, "delete a draft skill and its file (never an active one)"),
         _spec("skills.inject", SkillsInject, "skills", False, "EurekaClaw's <skills> block for an agent's prompt"),
         _spec("skills.scan", Empty, "sys", False, "read skills/ now: SKILL.md files others wrote, changed or removed"),
         _spec("memory.promote", MemoryPromote, "memory", True, "ask for a local memory to become global (a review request)"),

@@ -30,7 +30,7 @@ from eurekamem.daemon.skills.format import (
     render_skill,
     split_frontmatter,
 )
-from eurekamem.daemon.skills.state import PutSkill, SkillsState
+from eurekamem.daemon.skills.state import PutSkill, RemoveSkill, SkillsState
 from eurekamem.protocol import METHODS, SKILL_SOURCES, Call, ProtocolError
 from eurekamem.protocol.blocks import SKILLS_NOTE
 
@@ -470,6 +470,7 @@ def test_put_get_list_and_defaults(state: SkillsState) -> None:
             ("skills.get", {}),
             ("skills.record_use", {"success": True}),
             ("skills.confirm", {}),
+            ("skills.discard", {}),
         ):
             with pytest.raises(ProtocolError) as refused:
                 call(state, method, name=bad, **params)
@@ -516,6 +517,41 @@ def test_record_use_and_confirm(state: SkillsState) -> None:
         "skills/latex_syntax/SKILL.md",
         "skills/ucb_regret/SKILL.md",
     ]
+
+
+def test_discard_drops_a_draft_and_owes_its_files_removal_even_after_a_replay(state: SkillsState) -> None:
+    call(state, "skills.put", **UCB)
+    call(state, "skills.put", **LATEX, status="draft", source="distilled")
+    state.take_projection()  # both files written
+    with pytest.raises(ProtocolError) as active:
+        call(state, "skills.discard", name="ucb_regret")
+    assert active.value.kind == "invalid_params" and active.value.data == {"field": "name"}
+    assert "only a draft" in str(active.value) and "ucb_regret" in state.skills and not state.owes_files()
+    with pytest.raises(ProtocolError) as missing:
+        call(state, "skills.discard", name="nope")
+    assert missing.value.kind == "not_found"
+    draft_file = "memory/skill_drafts/latex_syntax/SKILL.md"
+    discarded, mutations = call(state, "skills.discard", name="latex_syntax")
+    assert discarded.name == "latex_syntax" and discarded.status == "draft" and len(mutations) == 1
+    assert "latex_syntax" not in state.skills and state.counts()["drafts"] == 0
+    assert call(state, "skills.search", query="LaTeX algorithm environment", status="any")[0] == []
+    assert state.take_projection().removes == [draft_file]
+    # a rolled-back discard (the journal refused it) leaves the draft and owes no removal
+    call(state, "skills.put", **LATEX, status="draft", source="distilled")
+    state.take_projection()
+    state.begin_batch()
+    state.handle("skills.discard", msgspec.convert({"name": "latex_syntax"}, METHODS["skills.discard"].params))
+    state.rollback()
+    assert state.skills["latex_syntax"].status == "draft" and state.take_projection().removes == []
+    # after a crash before the projector ran: the start reads the file back, the replay removes it again
+    restarted = SkillsState(state.embedder)
+    restarted.load(state.skills["latex_syntax"], "", draft_file)
+    restarted.apply(msgspec.msgpack.Decoder(RemoveSkill).decode(msgspec.msgpack.encode(mutations[0])))
+    assert "latex_syntax" not in restarted.skills and restarted.take_projection().removes == [draft_file]
+    # the watcher's removal (the file is gone already) owes nothing: no flag, as old journal records read
+    restarted.load(state.skills["latex_syntax"], "", draft_file)
+    restarted.apply(msgspec.msgpack.Decoder(RemoveSkill).decode(msgspec.msgpack.encode({"type": "skills.remove", "name": "latex_syntax"})))
+    assert "latex_syntax" not in restarted.skills and restarted.take_projection().removes == []
 
 
 def test_inject_best_for_role_and_stage_within_budget_and_never_drafts(state: SkillsState) -> None:
@@ -675,6 +711,31 @@ async def test_files_follow_the_journal_and_a_confirm_moves_the_draft(data_dir: 
             assert hits[0]["skill"]["name"] == "latex_syntax" and hits[0]["why"]["dense_rank"] == 1
             stats_now = await conn.result("sys.stats", {})
             assert stats_now["tiers"]["skills"]["vectors"] == 2 and stats_now["skills"]["files_written"] >= 3
+            await conn.aclose()
+
+
+async def test_a_discarded_draft_and_its_file_are_gone_for_good(data_dir: Path, sock_dir: Path) -> None:
+    with trio.fail_after(IO_TIMEOUT):
+        async with running_daemon(data_dir, sock_dir / "s.sock", projection_interval=3600.0, **FAST) as daemon:
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            await conn.result("skills.put", {**LATEX, "status": "draft", "source": "distilled"})
+            await conn.result("skills.put", UCB)
+            await conn.result("sys.snapshot", {})
+            draft_file = data_dir / "memory" / "skill_drafts" / "latex_syntax" / "SKILL.md"
+            assert draft_file.is_file()
+            assert await conn.error_kind("skills.discard", {"name": "ucb_regret"}) == "invalid_params"
+            assert (await conn.result("skills.get", {"name": "ucb_regret"}))["status"] == "active"
+            assert await conn.error_kind("skills.discard", {"name": "nope"}) == "not_found"
+            gone = await conn.result("skills.discard", {"name": "latex_syntax"})
+            assert gone["name"] == "latex_syntax" and gone["status"] == "draft"
+            assert await conn.error_kind("skills.get", {"name": "latex_syntax"}) == "not_found"
+            assert await daemon.actors["skills"].project_files() == 0  # a removal, no file written
+            assert not draft_file.exists() and not draft_file.parent.exists()
+            assert (data_dir / "skills" / "ucb_regret" / "SKILL.md").is_file()  # the active skill is untouched
+            await conn.aclose()
+        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST):  # it stays discarded
+            conn = await RawConnection.open(sock_dir / "s.sock")
+            assert [s["name"] for s in await conn.result("skills.list", {})] == ["ucb_regret"]
             await conn.aclose()
 
 

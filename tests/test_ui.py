@@ -295,6 +295,24 @@ async def test_skills_and_conversation_groups(daemon: DaemonProcess, client: Cli
         assert "ucb_regret" in page and "draft" in page and "100%" in page
         assert (await post(web, "/skills/ucb_regret/confirm", page)).status_code == 303
         assert client.call("skills.get", name="ucb_regret")["status"] == "active"
+        # discard: a draft and its file are deleted; an active skill is refused; never without the form's token
+        client.call("skills.put", name="bad_draft", body="# Bad\nA wrong lesson.", status="draft", source="distilled")
+        client.call("sys.snapshot")
+        draft_file = daemon.data_dir / "memory" / "skill_drafts" / "bad_draft" / "SKILL.md"
+        assert draft_file.is_file()
+        page = (await web.get("/skills")).text
+        assert 'action="/skills/bad_draft/discard"' in page and 'action="/skills/ucb_regret/discard"' not in page
+        forged = await web.post("/skills/bad_draft/discard", data={"csrf": "forged"}, headers={"origin": BASE})
+        assert forged.status_code == 403 and client.call("skills.get", name="bad_draft")["status"] == "draft"
+        refused = await post(web, "/skills/ucb_regret/discard", page)
+        assert refused.status_code == 400 and "only a draft can be discarded" in refused.text
+        discarded = await post(web, "/skills/bad_draft/discard", page)
+        assert discarded.status_code == 303 and discarded.headers["location"].endswith("done=discarded")
+        with pytest.raises(NotFound):
+            client.call("skills.get", name="bad_draft")
+        client.call("sys.snapshot")  # the projector has removed the file by then
+        assert not draft_file.exists() and client.call("skills.get", name="ucb_regret")["status"] == "active"
+        assert "Discarded" in (await web.get(discarded.headers["location"].removeprefix(BASE))).text
         groups = (await web.get("/groups")).text
         assert "team chat" in groups
         group = (await web.get("/group?name=team+chat")).text
@@ -397,7 +415,7 @@ async def test_bad_input_is_a_clear_error_page_never_a_crash(daemon: DaemonProce
         for fields in ({"confidence": "5"}, {"category": "nonsense"}, {"content": "   "}):
             answer = await post(web, f"/memory/{memory['id']}/edit", page, title="Left alone", **fields)
             assert answer.status_code == 400, (fields, answer.text[-300:])
-        for path in ("/jobs/unknown/retry", "/skills/unknown/confirm", "/review/unknown/approve", "/memory/unknown/pin"):
+        for path in ("/jobs/unknown/retry", "/skills/unknown/confirm", "/skills/unknown/discard", "/skills/x/drop", "/review/unknown/approve", "/memory/unknown/pin"):
             assert (await post(web, path, page)).status_code == 404, path
     after = client.call("memory.get", id=memory["id"])
     assert (after["title"], after["content"], after["confidence"], after["category"]) == (

@@ -40,6 +40,7 @@ DONE = {  # the notes a change leaves on the page it returns to (?done=...): fix
     "wrong": "Counted as wrong.", "promoted": "Asked for it to be shared (see Review).",
     "approved": "Approved: the memory is global now.", "rejected": "Rejected.",
     "retried": "Queued again.", "cancelled": "Cancelled.", "confirmed": "Confirmed: the skill is active.",
+    "discarded": "Discarded: the draft and its file are deleted.",
 }
 STATUS_CODES = {"not_found": 404, "invalid_params": 400, "too_large": 413, "overloaded": 503, "unavailable": 503,
                 "read_only": 503}
@@ -318,9 +319,13 @@ class UI:
         skills = await self.call("skills.list", status="any")
         return await self.render(request, "skills.html", skills=skills)
 
-    async def confirm_skill(self, request: Request) -> Response:
-        await self.call("skills.confirm", name=request.path_params["name"])
-        return self.back("/skills", "confirmed")
+    async def skill_action(self, request: Request) -> Response:
+        """confirm (the draft becomes active) or discard (the draft and its file are deleted)."""
+        action = request.path_params["action"]
+        if action not in ("confirm", "discard"):
+            raise NotFound(f"no action {action!r}")
+        await self.call(f"skills.{action}", name=request.path_params["name"])
+        return self.back("/skills", "confirmed" if action == "confirm" else "discarded")
 
     async def groups(self, request: Request) -> Response:
         return await self.render(request, "groups.html", groups=await self.call("conversation.groups"))
@@ -373,7 +378,7 @@ def make_app(client: AsyncClient, guard: Guard, by: str | None = None) -> Any:
         Route("/graph", ui.graph),
         Route("/graph/node/{id}", ui.node),
         Route("/skills", ui.skills),
-        Route("/skills/{name}/confirm", ui.confirm_skill, methods=["POST"]),
+        Route("/skills/{name}/{action}", ui.skill_action, methods=["POST"]),
         Route("/groups", ui.groups),
         Route("/group", ui.group),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),

@@ -5,9 +5,10 @@ Rules kept here:
   internal call at a time. Durable changes go through `apply(PutSkill)` only; a PutSkill carries the
   whole skill and the frontmatter entries the daemon does not read, so replaying one twice, or one
   already in the files, gives the same state. Handlers check everything before they commit.
-- A name is a skill's identity and its folder; the daemon never deletes a skill (only another
+- A name is a skill's identity and its folder; the daemon never deletes an active skill (only another
   program's removal of its file does: RemoveSkill, daemon/skills/watch.py), and its status only moves
-  from draft to active. Drafts live in memory/skill_drafts/<name>/SKILL.md, out of the folder
+  from draft to active. A draft may be discarded (skills.discard: RemoveSkill with discard=True), which
+  also owes the removal of its file, replayed or not, so a discarded draft never comes back from it. Drafts live in memory/skill_drafts/<name>/SKILL.md, out of the folder
   EurekaClaw reads (so not even EurekaClaw's own loader can inject them); every other skill in
   skills/<name>/SKILL.md, or where its file was found.
 - Vectors are derived data: computed in the background from each skill's text (never journaled),
@@ -58,9 +59,11 @@ class PutSkill(msgspec.Struct, tag="skills.put"):
 
 
 class RemoveSkill(msgspec.Struct, tag="skills.remove"):
-    """Another program removed skills/<name>/SKILL.md (daemon/skills/watch.py): the skill is gone."""
+    """Another program removed skills/<name>/SKILL.md (daemon/skills/watch.py): the skill is gone.
+    `discard`: skills.discard dropped a draft, whose file the projector removes."""
 
     name: str
+    discard: bool = False
 
 
 def skill_file(name: str, status: str) -> str:
@@ -206,6 +209,18 @@ class SkillsState(TierState):
         skill = msgspec.structs.replace(old, status="active")
         self.commit(PutSkill(skill, self.extra.get(p.name, "")))
         return skill
+
+    @handles("skills.discard")
+    def do_discard(self, p: m.SkillRef) -> Skill:
+        old = self._get(p.name)
+        if old.status != "draft":
+            raise ProtocolError(
+                "invalid_params",
+                f"invalid params: skill {p.name!r} is {old.status}; only a draft can be discarded",
+                field="name",
+            )
+        self.commit(RemoveSkill(p.name, discard=True))
+        return old
 
     @handles("skills.search")
     def do_search(self, p: m.SkillsSearch) -> list[dict[str, Any]]:
@@ -403,7 +418,7 @@ class SkillsState(TierState):
 
     def apply(self, mutation: Any) -> Undo:
         if isinstance(mutation, RemoveSkill):
-            return self._remove(mutation.name)
+            return self._remove(mutation.name, mutation.discard)
         if not isinstance(mutation, PutSkill):
             raise TypeError(f"not a skills mutation: {mutation!r}")
         name = mutation.skill.name
@@ -417,15 +432,20 @@ class SkillsState(TierState):
                 self.seed_stats_dirty.pop(name, None)
         return lambda: self._restore(name, *before)
 
-    def _remove(self, name: str) -> Undo:
+    def _remove(self, name: str, discard: bool = False) -> Undo:
         old = self.skills.get(name)
         if old is None:  # replayed after the file's removal was already in a snapshot
             return lambda: None
         extra, path = self.extra.get(name, ""), self.files.get(name)
         owed = name in self.dirty, name in self.seed_stats_dirty
+        stale = path is not None and path in self.stale_files
         self._forget(name)
+        if discard and path is not None:  # the draft's file goes too (after a restart: the file read at start)
+            self.stale_files[path] = None
 
         def undo() -> None:
+            if discard and path is not None and not stale:
+                self.stale_files.pop(path, None)
             self._put(old, extra, path)
             if not owed[0]:
                 self.dirty.pop(name, None)
