@@ -284,6 +284,35 @@ async def test_the_graph_is_an_svg_with_neighbourhoods(daemon: DaemonProcess, cl
         assert "Azuma&#39;s inequality" in statement and "Hoeffding" in statement and "Freedman" in statement
 
 
+async def test_a_big_graph_is_cut_to_its_cap_and_the_page_says_what_it_left_out(daemon: DaemonProcess, client: Client) -> None:
+    # 330 theorems: a hub in "big hubs" used by 329 others in "big leaves"; 20 of them also in "big other"
+    hub = client.call("graph.add_theorem", theorem_name="Hub lemma", formal_statement="everything uses it", domain="big hubs")["node_id"]
+    made = client.call_many([("graph.add_theorem", {"theorem_name": f"Leaf {i:03d}", "formal_statement": f"leaf {i}",
+                                                    "domain": "big other" if i < 20 else "big leaves"}) for i in range(329)])
+    leaves = [node["node_id"] for node in made]
+    client.call_many([("graph.link", {"from_id": leaf, "to_id": hub, "relation": "uses"}) for leaf in leaves])
+    client.call("graph.link", from_id=leaves[0], to_id=leaves[1], relation="contradicts")
+    async with browser(daemon) as (web, _):
+        page = (await web.get("/graph?domain=big")).text
+        assert page.count('class="node"') == 300
+        assert "30 of the 330 theorems of these domains are left out" in page and "the most connected" in page
+        assert f'href="/graph/node/{hub}"' in page  # the hub, the most connected, is drawn
+        cut = page[page.index('id="cut"'):page.index("</div>", page.index('id="cut"'))]
+        left = dict(re.findall(r'<a href="/graph\?domain=big\+\w+">(big \w+)</a> (\d+)', cut))  # what was left out, by domain
+        assert set(left) <= {"big leaves", "big other"} and sum(map(int, left.values())) == 30, cut
+        assert "find a theorem by name" in page
+        narrowed = (await web.get("/graph?domain=big+other")).text
+        assert narrowed.count('class="node"') == 20 and 'id="cut"' not in narrowed
+        near = (await web.get(f"/graph?node={hub}&depth=1")).text
+        assert near.count('class="node"') == 300 and "30 of the 330 theorems in this neighbourhood are left out" in near
+        assert "at depth 1 and beyond" in near and "lower the depth" in near
+        found = (await web.get("/graph?find=Leaf+007")).text
+        assert f'href="/graph?node={leaves[7]}&amp;depth=2"' in found and "No theorem" not in found
+        assert "No theorem's name or statement contains" in (await web.get("/graph?find=nothing+like+it")).text
+        unknown = (await web.get("/graph?node=unknown")).text
+        assert "No theorem has the id unknown" in unknown
+
+
 async def test_skills_and_conversation_groups(daemon: DaemonProcess, client: Client) -> None:
     client.call("skills.put", name="ucb_regret", body="# UCB\nSplit the regret.", status="draft", description="UCB1 regret")
     client.call("skills.put", name="used_skill", body="# Used\nA skill in use.")

@@ -298,14 +298,18 @@ class UI:
         domain = q.get("domain", "")
         centre = q.get("node") or None
         depth = _int(q.get("depth"), 1, 1, 3)
+        find = q.get("find", "").strip()
+        found = await self.call("graph.search", query=find, limit=50) if find else []
         export = (await self.call("graph.export", format="node_link"))["data"]
         whole = graph_svg.build(export)
         part = graph_svg.select(whole, domain, centre, depth)
-        picture = graph_svg.svg(part, centre=centre)
+        picture = graph_svg.svg(part.graph, centre=centre)
         stats = await self.call("graph.stats")
         return await self.render(
             request, "graph.html", domain=domain, centre=centre, depth=depth, picture=picture, stats=stats,
-            shown=len(part), centre_name=whole.nodes[centre].get("theorem_name") if centre in whole else None,
+            part=part, cap=graph_svg.MAX_NODES, domains=graph_svg.domains(whole), find=find, found=found,
+            centre_name=whole.nodes[centre].get("theorem_name") if centre in whole else None,
+            unknown_centre=centre is not None and centre not in whole,
         )
 
     async def node(self, request: Request) -> Response:

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import math
 from html import escape
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
 import networkx as nx
 
 RELATIONS = ("uses", "generalizes", "specializes", "contradicts")
 COLOURS = {"uses": "#4a6fa5", "generalizes": "#3c8c5a", "specializes": "#a5784a", "contradicts": "#c0392b"}
-MAX_NODES = 300  # a bigger picture is unreadable and slow to lay out: the page asks for a domain or a theorem
+MAX_NODES = 300  # a bigger picture is unreadable and slow to lay out: the page says what it left out and how to narrow
 WIDTH, HEIGHT, MARGIN = 900, 640, 40
 LABEL_ROOM = 200  # on the right of the rightmost node: its name (28 characters at most)
 
@@ -32,17 +32,43 @@ def build(export: dict[str, Any]) -> nx.MultiDiGraph:
     return g
 
 
-def select(g: nx.MultiDiGraph, domain: str = "", centre: str | None = None, depth: int = 1) -> nx.MultiDiGraph:
-    """The part to draw: a theorem's neighbourhood within `depth` hops (either direction), else the
-    theorems whose domain contains `domain` (case-insensitive), at most MAX_NODES of them."""
+class Part(NamedTuple):
+    """What the page draws, and what it left out to stay at MAX_NODES."""
+
+    graph: nx.MultiDiGraph
+    matched: int  # theorems the question matched (the domain's, or the neighbourhood's)
+    left_out: dict[str, int]  # domain -> how many of its matched theorems were not drawn, most first
+    farthest: int | None  # for a neighbourhood cut short: the depth of the nearest theorem left out
+
+
+def select(g: nx.MultiDiGraph, domain: str = "", centre: str | None = None, depth: int = 1) -> Part:
+    """The part to draw: a theorem's neighbourhood within `depth` hops (either direction; the nearest
+    first when it holds more than MAX_NODES), else the theorems whose domain contains `domain`
+    (case-insensitive; the most connected first when more than MAX_NODES match)."""
+    farthest = None
     if centre is not None and centre in g:
         near = nx.single_source_shortest_path_length(g.to_undirected(as_view=True), centre, cutoff=depth)
-        nodes = sorted(near, key=lambda n: (near[n], n))[:MAX_NODES]
+        ordered = sorted(near, key=lambda n: (near[n], -g.degree(n), n))
+        if len(ordered) > MAX_NODES:
+            farthest = near[ordered[MAX_NODES]]
     else:
         wanted = domain.lower()
-        nodes = [n for n in sorted(g) if wanted in str(g.nodes[n].get("domain", "")).lower()][:MAX_NODES]
-    sub: nx.MultiDiGraph = g.subgraph(nodes).copy()
-    return sub
+        ordered = sorted((n for n in g if wanted in str(g.nodes[n].get("domain", "")).lower()), key=lambda n: (-g.degree(n), n))
+    left: dict[str, int] = {}
+    for n in ordered[MAX_NODES:]:
+        name = str(g.nodes[n].get("domain", ""))
+        left[name] = left.get(name, 0) + 1
+    sub: nx.MultiDiGraph = g.subgraph(ordered[:MAX_NODES]).copy()
+    return Part(sub, len(ordered), dict(sorted(left.items(), key=lambda item: (-item[1], item[0]))), farthest)
+
+
+def domains(g: nx.MultiDiGraph) -> dict[str, int]:
+    """Each domain's theorem count, by name: the page's ways to narrow the picture."""
+    counts: dict[str, int] = {}
+    for n in g:
+        name = str(g.nodes[n].get("domain", ""))
+        counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items(), key=lambda item: item[0].lower()))
 
 
 def _positions(g: nx.MultiDiGraph) -> dict[str, tuple[float, float]]:
