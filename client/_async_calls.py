@@ -188,11 +188,18 @@ class AsyncCalls:
         limit: int | None = None,
         offset: int | None = None,
         readable: bool = False,
+        order: str | None = None,
     ) -> MemoryPage:
         """memory.list: newest first, paged (`limit` default 50); `status` "active" (default), "archived" or "any".
         `total` counts every match before paging. readable=True: `readable` holds the domain's MEMORY.md
-        text as the daemon would write it now (without a domain: GLOBAL.md's)."""
-        return await self._run(C.op_list_memories(domain, category, status, limit, offset, readable))
+        text as the daemon would write it now (without a domain: GLOBAL.md's). order="strongest": MEMORY.md's
+        order (strength, then newest)."""
+        return await self._run(C.op_list_memories(domain, category, status, limit, offset, readable, order))
+
+    async def memory_strength(self, memory_ids: list[str]) -> list[dict[str, Any]]:
+        """memory.strength: each memory's `strength` now, `importance`, `half_life_days`, `since` (its clock's
+        start), `pinned`, `fades_at` (under archive_floor) and `archivable_at` (when maintenance may archive it)."""
+        return await self._run(C.op_memory_strength(memory_ids))
 
     async def memory_domains(self, domain: str | None = None) -> dict[str, Any]:
         """memory.domains: each domain's memory counts (`total`, `active`, `archived`, and per category

@@ -354,12 +354,16 @@ def op_get_memory(memory_id: str) -> Op[Memory]:
 
 def op_list_memories(
     domain: str | None, category: str | None, status: str | None, limit: int | None, offset: int | None,
-    readable: bool = False,
+    readable: bool = False, order: str | None = None,
 ) -> Op[MemoryPage]:
-    params = _drop_none(domain=domain, category=category, status=status, limit=limit, offset=offset)
+    params = _drop_none(domain=domain, category=category, status=status, limit=limit, offset=offset, order=order)
     if readable:
         params["readable"] = True
     return Op("memory.list", params, MemoryPage)
+
+
+def op_memory_strength(memory_ids: list[str]) -> Op[list[dict[str, Any]]]:
+    return Op("memory.strength", {"ids": list(memory_ids)}, list[dict[str, Any]])
 
 
 def op_memory_domains(domain: str | None) -> Op[dict[str, Any]]:

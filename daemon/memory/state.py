@@ -56,7 +56,7 @@ from .projection import Projection, memory_from_text
 from .records import MaintenanceRecord, MemorySnapshot, PurgeMemory, PutMemory, VersionEntry
 from .review import PutReview, apply_review
 from .search import Search
-from .strength import epoch
+from .strength import epoch, outlook
 
 log = logging.getLogger("eurekamem.memory")
 
@@ -171,7 +171,37 @@ class MemoryState(Search, Dedup, Projection):
             status=p.status,
             categories=None if p.category is None else [p.category],
         )
-        return {"total": int(labels.shape[0]), "memories": self._newest_page(labels, p.offset, p.offset + p.limit)}
+        end = p.offset + p.limit
+        page = self._strongest_page(labels, p.offset, end) if p.order == "strongest" else self._newest_page(labels, p.offset, end)
+        return {"total": int(labels.shape[0]), "memories": page}
+
+    def _strongest_page(self, labels: np.ndarray, start: int, end: int) -> list[Memory]:
+        """Positions start..end of `labels`' memories strongest first, then by created_at (text)
+        descending, then as they came: MEMORY.md's order within a category. Strength of every match in
+        one numpy pass and one lexsort with the `created` column; the text decides only within a run
+        of equal (strength, created) that the page touches, as in _newest_page."""
+        cols = self.columns
+        power = cols.strengths(labels, self.wall(), self.settings)
+        created = np.nan_to_num(cols.created[labels], nan=-np.inf)
+        order = np.lexsort((cols.seq[labels], -created, -power))
+        ranked, power, created = labels[order], power[order], created[order]
+        stop = min(end, ranked.shape[0])
+        if start >= stop:
+            return []
+        edges = np.flatnonzero((power == power[start]) & (created == created[start]))
+        lo = int(edges[0])
+        edges = np.flatnonzero((power == power[stop - 1]) & (created == created[stop - 1]))
+        hi = int(edges[-1]) + 1
+        block = [(self.memories[self._id_of[label]], -value) for label, value in zip(ranked[lo:hi].tolist(), power[lo:hi].tolist())]
+        block.sort(key=lambda pair: pair[0].created_at, reverse=True)  # stable: ties keep seq's order
+        block.sort(key=lambda pair: pair[1])  # stable: strongest first, each strength's run newest first
+        return [mem for mem, _ in block[start - lo : stop - lo]]
+
+    @handles("memory.strength")
+    def do_strength(self, p: m.MemoryStrength) -> list[dict[str, Any]]:
+        memories = [self.existing_memory(memory_id) for memory_id in p.ids]  # every id checked first
+        now = self.wall()
+        return [outlook(memory, now, self.settings) for memory in memories]
 
     def _newest_page(self, labels: np.ndarray, start: int, end: int) -> list[Memory]:
         """Positions start..end of `labels`' memories by created_at (text) descending, then seq.

@@ -24,6 +24,7 @@ relevance. The per-category tables and the weights come from the daemon's Config
 from __future__ import annotations
 
 import datetime as _dt
+import math
 from types import SimpleNamespace
 from typing import Any
 
@@ -115,6 +116,35 @@ def strength(memory: Memory, now: float, settings: StrengthSettings) -> float:
 
 
 _CATEGORY = {name: i for i, name in enumerate(MEMORY_CATEGORIES)}
+
+
+def outlook(memory: Memory, now: float, settings: StrengthSettings) -> dict[str, Any]:
+    """memory.strength's answer for one memory: its strength now, what it is made of, and when it
+    fades: `fades_at`, when its strength (rounded, as maintenance compares it) falls under
+    archive_floor (the formula solved for the age: half_life × log2(importance / (floor − 0.0005))
+    after its reference time), and `archivable_at`, the first time maintenance may archive it (faded
+    and not used for archive_idle_days). Both null for a pinned memory, and when no rounded strength
+    can fall under the floor (archive_floor 0: nothing is ever archived)."""
+    category = memory.category if memory.category in settings.half_life_days else MEMORY_CATEGORIES[0]
+    importance = memory.confidence * settings.importance[category]
+    half_life = settings.half_life_days[category] * (1.0 + settings.reinforcement * math.log2(1.0 + memory.used_count))
+    reference = reference_time(memory)
+    fades_at = archivable_at = None
+    under = settings.archive_floor - 0.5 / STEP  # the rounded strength is under the floor below this
+    if not memory.pinned and under > 0:
+        age = half_life * DAY * math.log2(importance / under) if importance > under else 0.0
+        fades_at = rfc3339(reference + age)
+        archivable_at = rfc3339(reference + max(age, settings.archive_idle_days * DAY))
+    return {
+        "id": memory.id,
+        "strength": strength(memory, now, settings),
+        "importance": round(importance, 6),
+        "half_life_days": round(half_life, 3),
+        "since": rfc3339(reference),
+        "pinned": memory.pinned,
+        "fades_at": fades_at,
+        "archivable_at": archivable_at,
+    }
 
 
 def strengths(
