@@ -345,6 +345,23 @@ async def test_a_big_graph_is_cut_to_its_cap_and_the_page_says_what_it_left_out(
         assert "No theorem has the id unknown" in unknown
 
 
+def test_a_picture_is_laid_out_once_while_its_graph_is_unchanged() -> None:
+    from eurekamem.ui import graph_svg
+
+    export = {"nodes": [{"id": f"n{i}", "theorem_name": f"T{i}", "domain": "d"} for i in range(4)],
+              "edges": [{"source": "n0", "target": "n1", "key": "uses"}, {"source": "n2", "target": "n3", "key": "contradicts"}]}
+    pictures = graph_svg.Pictures(size=2)
+    whole = graph_svg.build(export)
+    first = pictures.get(whole, None)
+    assert pictures.get(graph_svg.build(export), None) is first  # the same graph again: not drawn again
+    assert first == graph_svg.svg(whole)  # seeded: the same picture as a fresh layout
+    renamed = graph_svg.build({**export, "nodes": [{**export["nodes"][0], "theorem_name": "Renamed"}, *export["nodes"][1:]]})
+    assert "Renamed" in pictures.get(renamed, None)  # a change is a new picture
+    centred = pictures.get(whole, "n0")
+    assert centred is not first and 'fill="#f4d03f"' in centred  # the centre is marked: another picture
+    assert pictures.get(whole, None) is not first  # the oldest of three was let go (size 2)
+
+
 async def test_skills_and_conversation_groups(daemon: DaemonProcess, client: Client) -> None:
     client.call("skills.put", name="ucb_regret", body="# UCB\nSplit the regret.", status="draft", description="UCB1 regret")
     client.call("skills.put", name="used_skill", body="# Used\nA skill in use.")

@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import jinja2
+import trio
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
@@ -123,6 +124,7 @@ class UI:
         self.uid = os.getuid()
         self.by = by or f"ui:{getpass.getuser()}"
         self.env = _environment()
+        self.pictures = graph_svg.Pictures()
 
     # --- the frame: every page's status strip and the rendering ---------------------------------
 
@@ -344,7 +346,8 @@ class UI:
         export = (await self.call("graph.export", format="node_link"))["data"]
         whole = graph_svg.build(export)
         part = graph_svg.select(whole, domain, centre, depth)
-        picture = graph_svg.svg(part.graph, centre=centre)
+        # the layout is quadratic in the nodes: in a worker thread, so the other pages go on meanwhile
+        picture = await trio.to_thread.run_sync(self.pictures.get, part.graph, centre)
         stats = await self.call("graph.stats")
         return await self.render(
             request, "graph.html", domain=domain, centre=centre, depth=depth, picture=picture, stats=stats,

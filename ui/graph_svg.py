@@ -3,12 +3,14 @@ that the page embeds as it is (no script draws it).
 
 Rule kept here: every text of the graph (theorem names, ids) goes into the SVG through
 `html.escape`, so a theorem named like markup is shown as text; layouts are seeded, so the same
-graph gives the same picture.
+graph gives the same picture (and Pictures keeps the last few, keyed by what they show). A picture
+holds at most MAX_NODES theorems, and `select` says what it left out, so the page can.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from html import escape
 from typing import Any, NamedTuple
 from urllib.parse import quote
@@ -76,7 +78,9 @@ def _positions(g: nx.MultiDiGraph) -> dict[str, tuple[float, float]]:
         return {}
     if len(g) == 1:
         return {next(iter(g)): (WIDTH / 2, HEIGHT / 2)}
-    raw = nx.spring_layout(nx.Graph(g), seed=7, k=1.5 / math.sqrt(len(g)))
+    # each iteration is quadratic in the nodes: fewer for a big picture (20 at 300), which settles well enough
+    iterations = max(20, min(50, 5000 // len(g)))
+    raw = nx.spring_layout(nx.Graph(g), seed=7, k=1.5 / math.sqrt(len(g)), iterations=iterations)
     xs = [float(p[0]) for p in raw.values()]
     ys = [float(p[1]) for p in raw.values()]
     span_x = (max(xs) - min(xs)) or 1.0
@@ -86,6 +90,30 @@ def _positions(g: nx.MultiDiGraph) -> dict[str, tuple[float, float]]:
             MARGIN + (float(p[1]) - min(ys)) / span_y * (HEIGHT - 2 * MARGIN))
         for n, p in raw.items()
     }
+
+
+class Pictures:
+    """The last few pictures drawn, by what they show (their nodes with names and their edges), so a
+    page seen again, or by another request, is not laid out again."""
+
+    def __init__(self, size: int = 16) -> None:
+        self.size = size
+        self.drawn: dict[Any, str] = {}
+        self.lock = threading.Lock()  # pages draw in worker threads, two at a time perhaps
+
+    def get(self, g: nx.MultiDiGraph, centre: str | None) -> str:
+        key = (centre, tuple(sorted((str(n), str(g.nodes[n].get("theorem_name", n))) for n in g)),
+               tuple(sorted((str(a), str(b), str(k)) for a, b, k in g.edges(keys=True))))
+        with self.lock:
+            picture = self.drawn.get(key)
+        if picture is None:
+            picture = svg(g, centre=centre)  # outside the lock: another page need not wait for this one
+        with self.lock:
+            self.drawn.pop(key, None)
+            self.drawn[key] = picture  # the newest last
+            while len(self.drawn) > self.size:
+                del self.drawn[next(iter(self.drawn))]
+        return picture
 
 
 def svg(g: nx.MultiDiGraph, link: str = "/graph/node/", centre: str | None = None) -> str:
