@@ -24,6 +24,7 @@ import trio
 from daemon_process import DaemonProcess
 from eurekamem.client import AsyncClient, Client, NotFound
 from eurekamem.ui import Guard, make_app
+from eurekamem.ui.app import CATEGORIES
 
 PORT = 8123  # the port the ASGI tests' guard believes it serves (no socket is bound for them)
 BASE = f"http://127.0.0.1:{PORT}"
@@ -124,10 +125,11 @@ async def test_stored_markup_is_shown_as_text_on_every_page(daemon: DaemonProces
     review = client.call("memory.promote", id=memory["id"], reason=f"share {MARKUP}")
     node = client.call("graph.add_theorem", theorem_name=f"Lemma {MARKUP}", formal_statement=f"x {MARKUP}", domain="markup")
     client.call("conversation.append", group="markup chat", messages=[{"id": "m1", "role": "user", "sender": "<u>eve</u>", "text": f"hello {MARKUP}"}])
+    client.call("episodic.log", session_id="markup-session", agent_role="theory", content=f"tried {MARKUP}")
     pages = [
         "/", "/domain?name=markup+%3Cb%3Edomain%3C%2Fb%3E", f"/memory/{memory['id']}", f"/memory/{memory['id']}/edit",
         f"/memory/{memory['id']}/purge", "/search?q=Title+alert", "/review", "/graph?domain=markup",
-        f"/graph/node/{node['node_id']}", "/group?name=markup+chat", "/readable?domain=markup+%3Cb%3Edomain%3C%2Fb%3E",
+        f"/graph/node/{node['node_id']}", "/group?name=markup+chat", "/session?id=markup-session", "/readable?domain=markup+%3Cb%3Edomain%3C%2Fb%3E",
     ]
     async with browser(daemon) as (web, _):
         for path in pages:
@@ -197,6 +199,20 @@ async def test_a_memorys_page_and_its_actions(daemon: DaemonProcess, client: Cli
         assert client.call("memory.get", id=other["id"])["title"] == "Kept as it was"
 
 
+async def test_a_memory_links_to_the_session_it_came_from(daemon: DaemonProcess, client: Client) -> None:
+    client.call("episodic.log", session_id="sess-open", agent_role="theory", content="Tried Hoeffding; rewards are heavy-tailed.")
+    memory = add(client, "sessions", "Heavy tails", "Hoeffding fails for heavy-tailed rewards.", source_session="sess-open")
+    async with browser(daemon) as (web, _):
+        page = (await web.get(f"/memory/{memory['id']}")).text
+        assert '<a href="/session?id=sess-open" id="session">sess-open</a>' in page
+        session = (await web.get("/session?id=sess-open")).text
+        assert "The session is open" in session and "Tried Hoeffding; rewards are heavy-tailed." in session
+        client.call("session.close", session_id="sess-open", extract=False)
+        ended = (await web.get("/session?id=sess-open")).text
+        assert 'id="ended"' in ended and "runs/sess-open/episodic.json" in ended
+        assert (await web.get("/session?id=")).status_code == 400  # no session named: the daemon refuses, a page says why
+
+
 def test_strength_in_words() -> None:
     from eurekamem.ui.app import strength_words
 
@@ -221,19 +237,30 @@ def test_strength_in_words() -> None:
     assert words(0.3, 10, status="archived") == "weak (0.30); archived: restore brings it back"
 
 
-async def test_domains_list_memories_by_category_paged(daemon: DaemonProcess, client: Client) -> None:
+async def test_domains_list_memories_by_category_strongest_first_paged(daemon: DaemonProcess, client: Client) -> None:
     items = [{"domain": "paged", "category": "fact" if i % 3 else "goal", "title": f"Fact number {i}",
-              "content": f"The value of item {i} is {i * 7}.", "dedup": False} for i in range(120)]
+              "content": f"The value of item {i} is {i * 7}.", "confidence": 0.3 + (i % 7) / 10, "dedup": False} for i in range(120)]
     client.call("memory.add_many", items=items)
+
+    def confidences(page: str) -> list[float]:
+        return [float(c) for c in re.findall(r'<td class="strength">[^<]*</td><td>([\d.]+)</td>', page)]
+
     async with browser(daemon) as (web, _):
         assert "paged" in (await web.get("/")).text
-        first = (await web.get("/domain?name=paged")).text
-        assert first.count('<a href="/memory/') == 50 and "120 memories, strongest first (as MEMORY.md orders them) · page 1 of 3" in first
-        assert re.search(r">fact</a> 80<", first) and re.search(r">goal</a> 40<", first)
-        last = (await web.get("/domain?name=paged&page=3")).text
-        assert last.count('<a href="/memory/') == 20 and 'id="next"' not in last
-        goals = (await web.get("/domain?name=paged&category=goal&page=1")).text
-        assert goals.count('<a href="/memory/') == 40 and "Fact number 0<" in goals
+        every = (await web.get("/domain?name=paged")).text  # as MEMORY.md: by category, each strongest first
+        assert every.count('<a href="/memory/') == 20 and "120 memories by category" in every
+        assert re.search(r">fact</a> 80<", every) and re.search(r">goal</a> 40<", every)
+        order = [c for c in CATEGORIES if f'id="category-{c}"' in every]
+        assert order == [c for c in CATEGORIES if c in ("fact", "goal")]
+        assert "all 80 fact memories" in every and "all 40 goal memories" in every
+        assert confidences(every)[:10] == sorted(confidences(every)[:10], reverse=True) and confidences(every)[0] == 0.9
+        first = (await web.get("/domain?name=paged&category=fact")).text
+        assert first.count('<a href="/memory/') == 50 and "80 memories" in first and "page 1 of 2" in first
+        second = (await web.get("/domain?name=paged&category=fact&page=2")).text
+        assert second.count('<a href="/memory/') == 30 and 'id="next"' not in second
+        ranked = confidences(first) + confidences(second)  # equal half-lives and ages: confidence decides
+        assert len(ranked) == 80 and ranked == sorted(ranked, reverse=True)
+        assert "fades in ~" in first and "strong (0.90)" in first
         readable = (await web.get("/readable?domain=paged")).text
         assert "# " in readable and "Fact number 1" in readable
 

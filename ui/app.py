@@ -32,6 +32,7 @@ from .guard import CSRF_KEY, FORM_KEY, Guard, guarded
 
 HERE = Path(__file__).resolve().parent
 PAGE = 50  # memories per page
+SECTION = 10  # memories of each category on a domain's page (MEMORY.md's layout); the category's own page has them all
 CATEGORIES = [*RESEARCH_CATEGORIES, *ASSISTANT_CATEGORIES]  # MEMORY.md's order
 DONE = {  # the notes a change leaves on the page it returns to (?done=...): fixed texts, never echoed input
     "updated": "Saved.", "pinned": "Pinned: it never fades.", "unpinned": "Unpinned.",
@@ -181,17 +182,25 @@ class UI:
         found = (await self.call("memory.domains", domain=name))["domains"]
         by_category = found[0]["categories"] if found else {}
         counts = {c: sum(n for s, n in by_category.get(c, {}).items() if status in ("any", s)) for c in CATEGORIES}
-        listing = await self.call(
-            "memory.list", domain=name, category=category, status=status, limit=PAGE, offset=(page - 1) * PAGE,
-            order="strongest",  # as MEMORY.md orders a category's memories
-        )
-        ids = [memory["id"] for memory in listing["memories"]]
-        outlooks = await self.call("memory.strength", ids=ids) if ids else []
-        strengths = {o["id"]: strength_words(o, memory["status"]) for o, memory in zip(outlooks, listing["memories"])}
+        # as MEMORY.md shows them: by category, each strongest first; one category's memories paged
+        wanted = [category] if category else [c for c in CATEGORIES if counts[c]]
+        limit, offset = (PAGE, (page - 1) * PAGE) if category else (SECTION, 0)
+        answers = await self.client.call_many([
+            ("memory.list", {"domain": name, "category": c, "status": status, "limit": limit, "offset": offset,
+                             "order": "strongest"}) for c in wanted
+        ])
+        for answer in answers:
+            if isinstance(answer, Exception):
+                raise answer
+        sections = list(zip(wanted, answers))
+        shown = [memory for _, listing in sections for memory in listing["memories"]]
+        outlooks = await self.call("memory.strength", ids=[m["id"] for m in shown]) if shown else []
+        strengths = {o["id"]: strength_words(o, memory["status"]) for o, memory in zip(outlooks, shown)}
+        total = sections[0][1]["total"] if category else sum(counts.values())
         return await self.render(
             request, "domain.html", name=name, category=category, status=status, page=page,
-            counts=counts, listing=listing, strengths=strengths,
-            pages=max(1, -(-listing["total"] // PAGE)),
+            counts=counts, sections=sections, strengths=strengths, total=total, section=SECTION,
+            pages=max(1, -(-total // PAGE)) if category else 1,
         )
 
     async def readable(self, request: Request) -> Response:
@@ -375,6 +384,13 @@ class UI:
         await self.call(f"skills.{action}", name=request.path_params["name"])
         return self.back("/skills", "confirmed" if action == "confirm" else "discarded")
 
+    async def session(self, request: Request) -> Response:
+        """Where a memory came from: its session's events while the session is open (the daemon keeps
+        them until it ends), else where the session's end wrote them."""
+        session_id = request.query_params.get("id", "")
+        events = await self.call("episodic.recent", session_id=session_id, n=500)
+        return await self.render(request, "session.html", session_id=session_id, events=events)
+
     async def groups(self, request: Request) -> Response:
         return await self.render(request, "groups.html", groups=await self.call("conversation.groups"))
 
@@ -427,6 +443,7 @@ def make_app(client: AsyncClient, guard: Guard, by: str | None = None) -> Any:
         Route("/graph/node/{id}", ui.node),
         Route("/skills", ui.skills),
         Route("/skills/{name}/{action}", ui.skill_action, methods=["POST"]),
+        Route("/session", ui.session),
         Route("/groups", ui.groups),
         Route("/group", ui.group),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
