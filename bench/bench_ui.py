@@ -114,9 +114,12 @@ async def measure(sock: str, repeat: int, domain: str) -> dict[str, Any]:
     import httpx
 
     from eurekamem.client import AsyncClient
-    from eurekamem.ui import Guard, make_app
+    from eurekamem.ui import Guard, graph_svg, make_app
+    from eurekamem.ui import app as ui_app
     from eurekamem.ui.app import CATEGORIES as UI_CATEGORIES
-    from eurekamem.ui.app import PAGE
+
+    PAGE = ui_app.PAGE
+    SECTION = getattr(ui_app, "SECTION", 10)  # a build from before the by-category page has none
 
     guard = Guard(port=8123)
     base = "http://127.0.0.1:8123"
@@ -129,6 +132,7 @@ async def measure(sock: str, repeat: int, domain: str) -> dict[str, Any]:
             deep = (await daemon_client.call("memory.list", {"domain": domain, "limit": 1}))["total"] // PAGE // 2 + 1
 
             stats: Step = [("sys.stats", None)]
+            await load_graph(daemon_client)
             if "memory.domains" in (await daemon_client.call("sys.hello"))["methods"]:
                 counts: Step = [("memory.domains", {"domain": domain})]
                 every_domain: Step = [("memory.domains", None)]
@@ -137,17 +141,56 @@ async def measure(sock: str, repeat: int, domain: str) -> dict[str, Any]:
                 every_domain = [("memory.list", {"limit": 1000, "status": "any"})]
 
             # each page, and the daemon calls it makes (the anchor: the same calls, without the UI)
-            pages: list[tuple[str, str, Callable[[], Awaitable[Any]]]] = [
-                ("domain page 1", f"/domain?name={domain}", lambda: calls(daemon_client, stats, counts, [("memory.list", {"domain": domain, "limit": PAGE})])),
-                (f"domain page {deep} (the middle)", f"/domain?name={domain}&page={deep}", lambda: calls(daemon_client, stats, counts,
-                                    [("memory.list", {"domain": domain, "limit": PAGE, "offset": (deep - 1) * PAGE})])),
-                ("domain page 1, one category", f"/domain?name={domain}&category=pitfalls", lambda: calls(daemon_client, stats, counts,
-                                    [("memory.list", {"domain": domain, "category": "pitfalls", "limit": PAGE})])),
-                ("a memory", f"/memory/{one}", lambda: calls(daemon_client, stats, [("memory.get", {"id": one})], [("memory.history", {"id": one})])),
+            if "memory.strength" in (await daemon_client.call("sys.hello"))["methods"]:
+                # by category, each strongest first (MEMORY.md's layout), and the shown memories' strength in words
+                found = (await daemon_client.call("memory.domains", {"domain": domain}))["domains"][0]["categories"]
+                held = [c for c in UI_CATEGORIES if found.get(c, {}).get("active")]
+                sections: Step = [("memory.list", {"domain": domain, "category": c, "status": "active", "limit": SECTION, "offset": 0,
+                                                   "order": "strongest"}) for c in held]
+                deep = found["pitfalls"]["active"] // PAGE // 2 + 1
+
+                def category_page(page: int) -> Step:
+                    return [("memory.list", {"domain": domain, "category": "pitfalls", "status": "active", "limit": PAGE,
+                                             "offset": (page - 1) * PAGE, "order": "strongest"})]
+
+                async def shown(step: Step) -> Step:
+                    answers = await daemon_client.call_many(step)
+                    return [("memory.strength", {"ids": [m["id"] for a in answers for m in a["memories"]]})]
+
+                every_section, first_page, middle_page = await shown(sections), await shown(category_page(1)), await shown(category_page(deep))
+                pages: list[tuple[str, str, Callable[[], Awaitable[Any]]]] = [
+                    ("domain page (by category)", f"/domain?name={domain}", lambda: calls(daemon_client, stats, counts, sections, every_section)),
+                    ("one category, page 1", f"/domain?name={domain}&category=pitfalls", lambda: calls(
+                        daemon_client, stats, counts, category_page(1), first_page)),
+                    (f"one category, page {deep} (the middle)", f"/domain?name={domain}&category=pitfalls&page={deep}", lambda: calls(
+                        daemon_client, stats, counts, category_page(deep), middle_page)),
+                    ("a memory", f"/memory/{one}", lambda: calls(daemon_client, stats, [("memory.get", {"id": one})], [("memory.history", {"id": one})],
+                                                                 [("memory.strength", {"ids": [one]})])),
+                ]
+            else:  # a build from before memory.strength: newest first, no strength
+                pages = [
+                    ("domain page 1", f"/domain?name={domain}", lambda: calls(daemon_client, stats, counts, [("memory.list", {"domain": domain, "limit": PAGE})])),
+                    (f"domain page {deep} (the middle)", f"/domain?name={domain}&page={deep}", lambda: calls(daemon_client, stats, counts,
+                                        [("memory.list", {"domain": domain, "limit": PAGE, "offset": (deep - 1) * PAGE})])),
+                    ("domain page 1, one category", f"/domain?name={domain}&category=pitfalls", lambda: calls(daemon_client, stats, counts,
+                                        [("memory.list", {"domain": domain, "category": "pitfalls", "limit": PAGE})])),
+                    ("a memory", f"/memory/{one}", lambda: calls(daemon_client, stats, [("memory.get", {"id": one})], [("memory.history", {"id": one})])),
+                ]
+            pages += [
                 ("domains (home)", "/", lambda: calls(daemon_client, stats, [("conversation.groups", None)], every_domain)),
                 ("search (lexical)", "/search?q=martingale+peeling&mode=lexical", lambda: calls(daemon_client, stats, [("memory.search", {"query": "martingale peeling", "k": 20, "mode": "lexical"})],
                                     [("conversation.groups", None)])),
+                ("graph: 300 of 1,000 theorems (drawn before)", "/graph", lambda: calls(
+                    daemon_client, stats, [("graph.export", {"format": "node_link"})], [("graph.stats", None)])),
             ]
+            export = (await daemon_client.call("graph.export", {"format": "node_link"}))["data"]
+            layouts = []
+            for _ in range(5):  # the first view of a picture: laid out (in a worker thread, on the page)
+                t0 = time.perf_counter()
+                graph_svg.svg(graph_svg.select(graph_svg.build(export)).graph)
+                layouts.append(time.perf_counter() - t0)
+            results["graph layout"] = {"first_view": summarize_s(layouts), "nodes": graph_svg.MAX_NODES}
+            log(f"graph: a first view's layout of {graph_svg.MAX_NODES} theorems p50 {results['graph layout']['first_view']['p50_ms']} ms")
             for name, path, anchor in pages:
                 page_times, anchor_times = [], []
                 for _ in range(3):  # warm: caches, the first render of each template
@@ -171,6 +214,24 @@ async def measure(sock: str, repeat: int, domain: str) -> dict[str, Any]:
 
 Step = list[tuple[str, dict[str, Any] | None]]
 
+GRAPH = 1000  # theorems in the graph page's graph (the picture draws 300 of them)
+
+
+async def load_graph(client: Any) -> None:
+    """GRAPH theorems in ten domains, each using two earlier ones (seeded), unless already there."""
+    if (await client.call("graph.stats"))["nodes"] >= GRAPH:
+        return
+    rng = random.Random(SEED)
+    adds: Step = [("graph.add_theorem", {"theorem_name": f"Lemma {i}", "formal_statement": f"statement {i}", "domain": f"area {i % 10}"})
+                  for i in range(GRAPH)]
+    ids = [node["node_id"] for start in range(0, GRAPH, 500) for node in await client.call_many(adds[start : start + 500])]
+    links: Step = [("graph.link", {"from_id": ids[i], "to_id": ids[rng.randrange(i)], "relation": rng.choice(["uses", "generalizes"])})
+                   for i in range(1, GRAPH) for _ in range(2)]
+    for start in range(0, len(links), 500):  # under the connection's 1,024 calls in flight
+        for answer in await client.call_many(links[start : start + 500]):
+            if isinstance(answer, Exception):
+                raise answer
+
 
 async def calls(client: Any, *steps: Step) -> None:
     """The page's daemon calls as it makes them: step after step, the calls of a step pipelined."""
@@ -186,6 +247,8 @@ async def calls(client: Any, *steps: Step) -> None:
 def report(n: int, domains: int, loaded: dict[str, Any], results: dict[str, Any]) -> str:
     rows = []
     for name, r in results.items():
+        if "page" not in r:
+            continue
         page, anchor = r["page"], r["daemon_calls"]
         rows.append([name, f"{page['p50_ms']:.1f}", f"{page['p99_ms']:.1f}", f"{anchor['p50_ms']:.1f}",
                      f"{page['p50_ms'] / anchor['p50_ms']:.2f}x" if anchor["p50_ms"] else "–",
@@ -201,6 +264,11 @@ def report(n: int, domains: int, loaded: dict[str, Any], results: dict[str, Any]
         *table(["page", "p50 ms", "p99 ms", "its daemon calls p50 ms", "page / calls", "UI's own ms", "< 100 ms", "bytes"], rows),
         "",
     ]
+    if "graph layout" in results:
+        first = results["graph layout"]["first_view"]
+        lines += [f"The graph page's first view of a picture lays out its {results['graph layout']['nodes']} theorems: "
+                  f"p50 {first['p50_ms']:.0f} ms, p99 {first['p99_ms']:.0f} ms (networkx's spring layout, in a worker "
+                  "thread; the page keeps the last 16 pictures, so a picture seen again costs what the table says).", ""]
     return "\n".join(lines)
 
 

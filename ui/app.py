@@ -361,7 +361,7 @@ class UI:
         return await self.render(
             request, "graph.html", domain=domain, centre=centre, depth=depth, picture=picture, stats=stats,
             part=part, cap=graph_svg.MAX_NODES, domains=graph_svg.domains(whole), find=find, found=found,
-            centre_name=whole.nodes[centre].get("theorem_name") if centre in whole else None,
+            centre_name=whole.name(centre) if centre is not None and centre in whole else None,
             unknown_centre=centre is not None and centre not in whole,
         )
 

@@ -24,14 +24,39 @@ WIDTH, HEIGHT, MARGIN = 900, 640, 40
 LABEL_ROOM = 200  # on the right of the rightmost node: its name (28 characters at most)
 
 
-def build(export: dict[str, Any]) -> nx.MultiDiGraph:
+class Whole:
+    """graph.export's node-link data as plain tables (nodes by id, edges, each node's neighbours in
+    either direction): what `select` needs, without building a networkx graph of every theorem."""
+
+    def __init__(self, export: dict[str, Any]) -> None:
+        self.nodes: dict[str, dict[str, Any]] = {node["id"]: node for node in export.get("nodes", [])}
+        self.edges: list[tuple[str, str, str]] = [
+            (edge["source"], edge["target"], edge.get("key", "uses")) for edge in export.get("edges", export.get("links", []))
+        ]
+        self.near: dict[str, list[str]] = {n: [] for n in self.nodes}
+        for a, b, _ in self.edges:
+            self.near.setdefault(a, []).append(b)
+            self.near.setdefault(b, []).append(a)
+
+    def __contains__(self, node: object) -> bool:
+        return node in self.nodes
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def degree(self, node: str) -> int:
+        return len(self.near.get(node, ()))
+
+    def domain(self, node: str) -> str:
+        return str(self.nodes.get(node, {}).get("domain", ""))
+
+    def name(self, node: str) -> str:
+        return str(self.nodes.get(node, {}).get("theorem_name", node))
+
+
+def build(export: dict[str, Any]) -> Whole:
     """The graph of graph.export's node-link data (nodes with their fields, edges keyed by relation)."""
-    g = nx.MultiDiGraph()
-    for node in export.get("nodes", []):
-        g.add_node(node["id"], **{k: v for k, v in node.items() if k != "id"})
-    for edge in export.get("edges", export.get("links", [])):
-        g.add_edge(edge["source"], edge["target"], key=edge.get("key", "uses"), relation=edge.get("key", "uses"))
-    return g
+    return Whole(export)
 
 
 class Part(NamedTuple):
@@ -43,33 +68,52 @@ class Part(NamedTuple):
     farthest: int | None  # for a neighbourhood cut short: the depth of the nearest theorem left out
 
 
-def select(g: nx.MultiDiGraph, domain: str = "", centre: str | None = None, depth: int = 1) -> Part:
+def _within(g: Whole, centre: str, depth: int) -> dict[str, int]:
+    """Each theorem within `depth` hops of `centre`, either direction, and its distance."""
+    distance = {centre: 0}
+    frontier = [centre]
+    for hop in range(1, depth + 1):
+        reached = []
+        for n in frontier:
+            for m in g.near.get(n, ()):
+                if m not in distance:
+                    distance[m] = hop
+                    reached.append(m)
+        frontier = reached
+    return distance
+
+
+def select(g: Whole, domain: str = "", centre: str | None = None, depth: int = 1) -> Part:
     """The part to draw: a theorem's neighbourhood within `depth` hops (either direction; the nearest
     first when it holds more than MAX_NODES), else the theorems whose domain contains `domain`
     (case-insensitive; the most connected first when more than MAX_NODES match)."""
     farthest = None
     if centre is not None and centre in g:
-        near = nx.single_source_shortest_path_length(g.to_undirected(as_view=True), centre, cutoff=depth)
+        near = _within(g, centre, depth)
         ordered = sorted(near, key=lambda n: (near[n], -g.degree(n), n))
         if len(ordered) > MAX_NODES:
             farthest = near[ordered[MAX_NODES]]
     else:
         wanted = domain.lower()
-        ordered = sorted((n for n in g if wanted in str(g.nodes[n].get("domain", "")).lower()), key=lambda n: (-g.degree(n), n))
+        ordered = sorted((n for n in g.nodes if wanted in g.domain(n).lower()), key=lambda n: (-g.degree(n), n))
     left: dict[str, int] = {}
     for n in ordered[MAX_NODES:]:
-        name = str(g.nodes[n].get("domain", ""))
-        left[name] = left.get(name, 0) + 1
-    sub: nx.MultiDiGraph = g.subgraph(ordered[:MAX_NODES]).copy()
+        left[g.domain(n)] = left.get(g.domain(n), 0) + 1
+    drawn = set(ordered[:MAX_NODES])
+    sub = nx.MultiDiGraph()
+    for n in ordered[:MAX_NODES]:
+        sub.add_node(n, **{k: v for k, v in g.nodes[n].items() if k != "id"})
+    for a, b, relation in g.edges:
+        if a in drawn and b in drawn:
+            sub.add_edge(a, b, key=relation, relation=relation)
     return Part(sub, len(ordered), dict(sorted(left.items(), key=lambda item: (-item[1], item[0]))), farthest)
 
 
-def domains(g: nx.MultiDiGraph) -> dict[str, int]:
+def domains(g: Whole) -> dict[str, int]:
     """Each domain's theorem count, by name: the page's ways to narrow the picture."""
     counts: dict[str, int] = {}
-    for n in g:
-        name = str(g.nodes[n].get("domain", ""))
-        counts[name] = counts.get(name, 0) + 1
+    for n in g.nodes:
+        counts[g.domain(n)] = counts.get(g.domain(n), 0) + 1
     return dict(sorted(counts.items(), key=lambda item: item[0].lower()))
 
 
