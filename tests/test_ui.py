@@ -276,7 +276,10 @@ async def test_search_explains_each_hit_and_filters(daemon: DaemonProcess, clien
         assert "Peeling for anytime bounds" in both and "Peeling potatoes" in both
         for explained in ("(calibrated)", "cosine", "BM25", "lexical rank", "fused", "strength"):
             assert explained in both
-        assert "Did the peeling argument" in both  # the group's messages too
+        assert "Did the peeling argument" in both  # the group's messages too, linked and explained
+        assert 'href="/group?name=searching#message-s1" class="message-hit"' in both
+        conversations = both[both.index("<h2>Conversations</h2>"):]
+        assert re.search(r"score -?[\d.]+ \((zscore|learned)\) ·\s+cosine", conversations) and "lexical rank 1" in conversations
         pitfalls = (await web.get("/search?q=peeling&domain=searching&category=pitfalls")).text
         assert "Peeling for anytime bounds" in pitfalls and "Peeling potatoes" not in pitfalls
         past = (await web.get("/search?q=peeling&domain=searching&as_of=2000-01-01T00:00:00Z")).text

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from daemon_process import DaemonProcess
-from eurekamem.client import Client
+from eurekamem.client import Client, NotFound
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
@@ -75,6 +75,7 @@ def served() -> Iterator[tuple[str, Client, dict[str, str]]]:
         add("graph.link", from_id=more["Bernstein"], to_id=hoeffding["node_id"], relation="specializes")
         add("graph.link", from_id=more["McDiarmid"], to_id=hoeffding["node_id"], relation="uses")
         add("graph.link", from_id=more["Chernoff"], to_id=more["Bernstein"], relation="contradicts")
+        add("skills.put", name="wrong_lesson", body="# Wrong\nA lesson distilled wrongly.", status="draft", source="distilled")
         ui = subprocess.Popen(
             [sys.executable, "-m", "eurekamem.cli.main", "ui", "--socket", str(daemon.socket_path),
              "--data-dir", str(daemon.data_dir)],
@@ -161,6 +162,7 @@ def test_stored_markup_is_text_in_the_browser(served: tuple[str, Client, dict[st
 def test_forget_and_restore_a_memory(served: tuple[str, Client, dict[str, str]], browser: WebDriver) -> None:
     url, client, ids = served
     browser.get(f"{base(url)}/memory/{ids['median']}")
+    assert re.match(r"strong \(0\.\d\d\), fades in ~\d+ (years|months)", browser.find_element(By.ID, "strength").text)
     shot(browser, "memory")
     browser.find_element(By.ID, "forget").click()
     WebDriverWait(browser, WAIT).until(expected_conditions.alert_is_present()).accept()  # our script asks first
@@ -170,6 +172,17 @@ def test_forget_and_restore_a_memory(served: tuple[str, Client, dict[str, str]],
     wait_text(browser, "status", "active")
     assert "Restored." in browser.find_element(By.ID, "note").text
     assert client.call("memory.get", id=ids["median"])["status"] == "active"
+
+
+def test_discard_a_draft_skill(served: tuple[str, Client, dict[str, str]], browser: WebDriver) -> None:
+    url, client, _ = served
+    browser.get(f"{base(url)}/skills")
+    browser.find_element(By.CSS_SELECTOR, "#skill-wrong_lesson button.discard").click()
+    WebDriverWait(browser, WAIT).until(expected_conditions.alert_is_present()).accept()  # it asks first: no undo
+    wait_text(browser, "note", "Discarded")
+    assert not browser.find_elements(By.ID, "skill-wrong_lesson")
+    with pytest.raises(NotFound):
+        client.call("skills.get", name="wrong_lesson")
 
 
 def test_approve_a_review(served: tuple[str, Client, dict[str, str]], browser: WebDriver) -> None:

@@ -294,7 +294,7 @@ class UI:
             "mode": q.get("mode") or "hybrid",
         }
         hits: list[Any] = []
-        messages: list[tuple[str, Any]] = []
+        messages: list[tuple[str, list[Any]]] = []  # (group, its best hits): scores compare within one group only
         if query:
             hits = await self.call("memory.search", query=query, k=20, **{k: v for k, v in filters.items() if v is not None})
             groups = await self.call("conversation.groups")
@@ -306,9 +306,9 @@ class UI:
             for group, answer in zip(groups, answers):
                 if isinstance(answer, Exception):
                     raise answer
-                messages += [(group["group"], hit) for hit in answer]
-            messages.sort(key=lambda pair: -pair[1]["score"])
-        return await self.render(request, "search.html", query=query, filters=q, hits=hits, messages=messages[:20])
+                if answer:
+                    messages.append((group["group"], answer))
+        return await self.render(request, "search.html", query=query, filters=q, hits=hits, messages=messages)
 
     # --- review ---------------------------------------------------------------------------------
 
