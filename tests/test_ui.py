@@ -368,6 +368,7 @@ async def test_a_big_graph_is_cut_to_its_cap_and_the_page_says_what_it_left_out(
         near = (await web.get(f"/graph?node={hub}&depth=1")).text
         assert near.count('class="node"') == 300 and "30 of the 330 theorems in this neighbourhood are left out" in near
         assert "at depth 1 and beyond" in near and "lower the depth" in near
+        assert f'href="/graph?node={hub}&amp;depth=2"' in near and f'href="/graph?node={hub}&amp;depth=1"' not in near
         found = (await web.get("/graph?find=Leaf+007")).text
         assert f'href="/graph?node={leaves[7]}&amp;depth=2"' in found and "No theorem" not in found
         assert "No theorem's name or statement contains" in (await web.get("/graph?find=nothing+like+it")).text
