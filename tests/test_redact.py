@@ -1069,6 +1069,8 @@ def test_no_secret_reaches_any_file_or_log(data_dir: Path, sock_dir: Path) -> No
             call(c, "skills.record_use", {"name": "leaky", "success": True})
             call(c, "skills.put", {"name": "drafty", "body": everything, "status": "draft"})
             call(c, "skills.confirm", {"name": "drafty"})
+            call(c, "skills.put", {"name": "drafty_gone", "body": everything, "status": "draft"})
+            call(c, "skills.discard", {"name": "drafty_gone"})
             promoted = call(c, "memory.promote", {"id": memory["id"], "reason": fixtures, "by": "alice"})
             assert promoted["state"] == "pending", promoted  # what is stored is redacted: the check passes
             call(c, "review.reject", {"id": promoted["review_id"], "reason": fixtures, "by": "bob"})
