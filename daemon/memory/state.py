@@ -178,10 +178,19 @@ class MemoryState(Search, Dedup, Projection):
     def _strongest_page(self, labels: np.ndarray, start: int, end: int) -> list[Memory]:
         """Positions start..end of `labels`' memories strongest first, then by created_at (text)
         descending, then as they came: MEMORY.md's order within a category. Strength of every match in
-        one numpy pass and one lexsort with the `created` column; the text decides only within a run
-        of equal (strength, created) that the page touches, as in _newest_page."""
+        one numpy pass; a partition keeps the strongest `end` (at the edge's strength, its newest by
+        the `created` column, ties kept), which one lexsort orders; the text decides only within a
+        run of equal (strength, created) that the page touches, as in _newest_page."""
         cols = self.columns
         power = cols.strengths(labels, self.wall(), self.settings)
+        if end < labels.shape[0]:  # only the strongest `end` (and the ties at the edge) are sorted
+            edge = np.partition(power, labels.shape[0] - end)[labels.shape[0] - end]
+            above = power > edge
+            at_edge = labels[power == edge]
+            newest = cols.newest(at_edge, end - int(above.sum()))  # the edge's strength: its newest, ties kept
+            kept = at_edge if newest is None else newest
+            labels = np.concatenate((labels[above], kept))
+            power = np.concatenate((power[above], np.full(kept.shape[0], edge)))
         created = np.nan_to_num(cols.created[labels], nan=-np.inf)
         order = np.lexsort((cols.seq[labels], -created, -power))
         ranked, power, created = labels[order], power[order], created[order]
