@@ -209,8 +209,9 @@ class MemoryState(Search, Dedup, Projection):
     @handles("memory.strength")
     def do_strength(self, p: m.MemoryStrength) -> list[dict[str, Any]]:
         memories = [self.existing_memory(memory_id) for memory_id in p.ids]  # every id checked first
-        now = self.wall()
-        return [outlook(memory, now, self.settings) for memory in memories]
+        labels = np.fromiter((self._label[memory.id] for memory in memories), dtype=np.int64, count=len(memories))
+        power = self.columns.strengths(labels, self.wall(), self.settings).tolist()  # all at once, as a page's
+        return [outlook(memory, value, self.settings) for memory, value in zip(memories, power)]
 
     def _newest_page(self, labels: np.ndarray, start: int, end: int) -> list[Memory]:
         """Positions start..end of `labels`' memories by created_at (text) descending, then seq.

@@ -118,8 +118,9 @@ def strength(memory: Memory, now: float, settings: StrengthSettings) -> float:
 _CATEGORY = {name: i for i, name in enumerate(MEMORY_CATEGORIES)}
 
 
-def outlook(memory: Memory, now: float, settings: StrengthSettings) -> dict[str, Any]:
-    """memory.strength's answer for one memory: its strength now, what it is made of, and when it
+def outlook(memory: Memory, value: float, settings: StrengthSettings) -> dict[str, Any]:
+    """memory.strength's answer for one memory: its strength now (`value`, strength() at now: the
+    caller computes a page's at once, over the columns), what it is made of, and when it
     fades: `fades_at`, when its strength (rounded, as maintenance compares it) falls under
     archive_floor (the formula solved for the age: half_life × log2(importance / (floor − 0.0005))
     after its reference time), and `archivable_at`, the first time maintenance may archive it (faded
@@ -137,7 +138,7 @@ def outlook(memory: Memory, now: float, settings: StrengthSettings) -> dict[str,
         archivable_at = rfc3339(reference + max(age, settings.archive_idle_days * DAY))
     return {
         "id": memory.id,
-        "strength": strength(memory, now, settings),
+        "strength": value,
         "importance": round(importance, 6),
         "half_life_days": round(half_life, 3),
         "since": rfc3339(reference),
