@@ -714,9 +714,9 @@ async def test_files_follow_the_journal_and_a_confirm_moves_the_draft(data_dir: 
             await conn.aclose()
 
 
-async def test_a_discarded_draft_and_its_file_are_gone_for_good(data_dir: Path, sock_dir: Path) -> None:
+async def test_a_discarded_draft_and_its_file_are_gone_for_good(data_dir: Path, sock_dir: Path, store: dict[str, Any]) -> None:
     with trio.fail_after(IO_TIMEOUT):
-        async with running_daemon(data_dir, sock_dir / "s.sock", projection_interval=3600.0, **FAST) as daemon:
+        async with running_daemon(data_dir, sock_dir / "s.sock", projection_interval=3600.0, **FAST, **store) as daemon:
             conn = await RawConnection.open(sock_dir / "s.sock")
             await conn.result("skills.put", {**LATEX, "status": "draft", "source": "distilled"})
             await conn.result("skills.put", UCB)
@@ -733,7 +733,7 @@ async def test_a_discarded_draft_and_its_file_are_gone_for_good(data_dir: Path, 
             assert not draft_file.exists() and not draft_file.parent.exists()
             assert (data_dir / "skills" / "ucb_regret" / "SKILL.md").is_file()  # the active skill is untouched
             await conn.aclose()
-        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST):  # it stays discarded
+        async with running_daemon(data_dir, sock_dir / "s.sock", **FAST, **store):  # it stays discarded
             conn = await RawConnection.open(sock_dir / "s.sock")
             assert [s["name"] for s in await conn.result("skills.list", {})] == ["ucb_regret"]
             await conn.aclose()
