@@ -506,7 +506,9 @@ async def test_the_pages_work_on_the_postgres_store(postgres_dsn: str, sock_dir:
             async with browser(proc) as (web, _):
                 home = (await web.get("/")).text
                 assert "store: postgres" in home and ">pg</a>" in home
+                assert 'id="empty"' in (await web.get("/graph")).text  # no theorem yet: said, not an empty picture
                 page = (await web.get(f"/memory/{memory['id']}")).text
+                assert "fades in ~" in page and "fades in ~" in (await web.get("/domain?name=pg")).text
                 assert (await post(web, f"/memory/{memory['id']}/forget", page)).status_code == 303
             assert c.call("memory.get", id=memory["id"])["status"] == "archived"
     finally:
