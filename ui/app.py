@@ -32,6 +32,8 @@ from .guard import CSRF_KEY, FORM_KEY, Guard, guarded
 
 HERE = Path(__file__).resolve().parent
 PAGE = 50  # memories per page
+MESSAGES = 200  # a group's messages on its page
+MAX_SCAN = 10_000  # a source message is looked for among the group's last this many (conversation.get's most)
 SECTION = 10  # memories of each category on a domain's page (MEMORY.md's layout); the category's own page has them all
 CATEGORIES = [*RESEARCH_CATEGORIES, *ASSISTANT_CATEGORIES]  # MEMORY.md's order
 DONE = {  # the notes a change leaves on the page it returns to (?done=...): fixed texts, never echoed input
@@ -395,10 +397,21 @@ class UI:
         return await self.render(request, "groups.html", groups=await self.call("conversation.groups"))
 
     async def group(self, request: Request) -> Response:
+        """A group's summary and its last MESSAGES messages; with `message` (a memory's source), the
+        MESSAGES around that one, found among the group's last MAX_SCAN."""
         name = request.query_params.get("name", "")
+        wanted = request.query_params.get("message") or None
         summary = await self.call("conversation.summary", group=name)
-        messages = await self.call("conversation.get", group=name, limit=200)
-        return await self.render(request, "group.html", name=name, summary=summary, messages=messages)
+        if wanted is None:
+            messages = await self.call("conversation.get", group=name, limit=MESSAGES)
+            return await self.render(request, "group.html", name=name, summary=summary, messages=messages, wanted=None,
+                                     found=False)
+        every = await self.call("conversation.get", group=name, limit=MAX_SCAN)
+        at = next((i for i, message in enumerate(every) if message["id"] == wanted), None)
+        start = max(0, (at if at is not None else len(every)) - MESSAGES // 2)
+        window = every[start : start + MESSAGES] if at is not None else every[-MESSAGES:]
+        return await self.render(request, "group.html", name=name, summary=summary, messages=window, wanted=wanted,
+                                 found=at is not None)
 
 
 def _strip(stats: dict[str, Any]) -> dict[str, Any]:
