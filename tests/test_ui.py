@@ -299,6 +299,11 @@ async def test_search_explains_each_hit_and_filters(daemon: DaemonProcess, clien
         assert "No memory matches." in past
         bad = await web.get("/search?q=peeling&as_of=yesterday")
         assert bad.status_code == 400
+        client.call_many([("conversation.append", {"group": f"zz group {i:02d}", "messages": [
+            {"id": "z1", "role": "user", "sender": "zed", "text": "peeling again"}]}) for i in range(21)])
+        many = (await web.get("/search?q=peeling")).text  # more groups than a search looks in: the page says which
+        assert 'id="unsearched"' in many and "zz group 20" in many
+        assert 'id="unsearched"' not in (await web.get("/search?q=peeling&domain=searching")).text
 
 
 async def test_review_approve_and_reject_as_the_daemons_peer(daemon: DaemonProcess, client: Client) -> None:

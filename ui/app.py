@@ -34,6 +34,7 @@ HERE = Path(__file__).resolve().parent
 PAGE = 50  # memories per page
 MESSAGES = 200  # a group's messages on its page
 MAX_SCAN = 10_000  # a source message is looked for among the group's last this many (conversation.get's most)
+GROUPS_SEARCHED = 20  # conversation groups a search looks in (the page says which it left out)
 SECTION = 10  # memories of each category on a domain's page (MEMORY.md's layout); the category's own page has them all
 CATEGORIES = [*RESEARCH_CATEGORIES, *ASSISTANT_CATEGORIES]  # MEMORY.md's order
 DONE = {  # the notes a change leaves on the page it returns to (?done=...): fixed texts, never echoed input
@@ -134,6 +135,14 @@ class UI:
     async def call(self, method: str, **params: Any) -> Any:
         return await self.client.call(method, params)
 
+    async def calls(self, calls: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+        """Several daemon calls sent at once (pipelined); their results in order, or the first error raised."""
+        answers = await self.client.call_many(calls)
+        for answer in answers:
+            if isinstance(answer, Exception):
+                raise answer
+        return answers
+
     async def render(self, request: Request, template: str, code: int = 200, **context: Any) -> HTMLResponse:
         stats = await self.client.call("sys.stats")
         done = request.query_params.get("done")
@@ -187,13 +196,10 @@ class UI:
         # as MEMORY.md shows them: by category, each strongest first; one category's memories paged
         wanted = [category] if category else [c for c in CATEGORIES if counts[c]]
         limit, offset = (PAGE, (page - 1) * PAGE) if category else (SECTION, 0)
-        answers = await self.client.call_many([
+        answers = await self.calls([
             ("memory.list", {"domain": name, "category": c, "status": status, "limit": limit, "offset": offset,
                              "order": "strongest"}) for c in wanted
         ])
-        for answer in answers:
-            if isinstance(answer, Exception):
-                raise answer
         sections = list(zip(wanted, answers))
         shown = [memory for _, listing in sections for memory in listing["memories"]]
         outlooks = await self.call("memory.strength", ids=[m["id"] for m in shown]) if shown else []
@@ -212,9 +218,9 @@ class UI:
 
     async def memory(self, request: Request) -> Response:
         memory_id = request.path_params["id"]
-        memory = await self.call("memory.get", id=memory_id)
-        history = await self.call("memory.history", id=memory_id)
-        outlook = (await self.call("memory.strength", ids=[memory_id]))[0]
+        memory, history, outlooks = await self.calls([
+            ("memory.get", {"id": memory_id}), ("memory.history", {"id": memory_id}), ("memory.strength", {"ids": [memory_id]})])
+        outlook = outlooks[0]
         return await self.render(
             request, "memory.html", m=memory, history=list(reversed(history)), outlook=outlook,
             strength=strength_words(outlook, memory["status"]),
@@ -297,20 +303,18 @@ class UI:
         }
         hits: list[Any] = []
         messages: list[tuple[str, list[Any]]] = []  # (group, its best hits): scores compare within one group only
+        unsearched: list[Any] = []
         if query:
             hits = await self.call("memory.search", query=query, k=20, **{k: v for k, v in filters.items() if v is not None})
             groups = await self.call("conversation.groups")
             if filters["domain"]:
                 groups = [g for g in groups if g["domain"] == filters["domain"] or g["group"] == filters["domain"]]
-            answers = await self.client.call_many(
-                [("conversation.search", {"group": g["group"], "query": query, "k": 5}) for g in groups[:20]]
-            )
-            for group, answer in zip(groups, answers):
-                if isinstance(answer, Exception):
-                    raise answer
-                if answer:
-                    messages.append((group["group"], answer))
-        return await self.render(request, "search.html", query=query, filters=q, hits=hits, messages=messages)
+            answers = await self.calls(
+                [("conversation.search", {"group": g["group"], "query": query, "k": 5}) for g in groups[:GROUPS_SEARCHED]])
+            messages = [(group["group"], answer) for group, answer in zip(groups, answers) if answer]
+            unsearched = groups[GROUPS_SEARCHED:]
+        return await self.render(request, "search.html", query=query, filters=q, hits=hits, messages=messages,
+                                 unsearched=unsearched)
 
     # --- review ---------------------------------------------------------------------------------
 
