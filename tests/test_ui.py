@@ -326,6 +326,27 @@ async def test_review_approve_and_reject_as_the_daemons_peer(daemon: DaemonProce
     assert items[second]["state"] == "refused" and items[second]["decision_reason"] == "too local"
 
 
+async def test_long_lists_say_there_is_more(daemon: DaemonProcess, client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    from eurekamem.ui import app as ui_app
+
+    monkeypatch.setattr(ui_app, "LISTED", 2)  # what 201 requests would show, with 3
+    for i in range(3):
+        memory = add(client, "long queue", f"Proposal {i}", f"Shared technique number {i}.")
+        client.call("memory.promote", id=memory["id"], by="alice")
+    for group in ("queue chat a", "queue chat b", "queue chat c"):  # three extraction jobs (queued: no LLM)
+        client.call("conversation.append", group=group, messages=[{"id": "q1", "role": "user", "text": "Remember this."}])
+        client.call("conversation.flush", group=group)
+    async with browser(daemon) as (web, _):
+        first = (await web.get("/review")).text
+        assert first.count('class="review"') == 2 and 'id="next"' in first and "previous" not in first
+        second = (await web.get("/review?page=2")).text
+        assert ">previous</a>" in second and second.count('class="review"') >= 1
+        titles = lambda page: set(re.findall(r'<a href="/memory/[^"]+">([^<]+)</a>', page))  # noqa: E731
+        assert not titles(first) & titles(second)
+        jobs = (await web.get("/jobs")).text
+        assert jobs.count('<tr id="job-') == 2 and 'id="more"' in jobs
+
+
 async def test_jobs_cancel_and_retry(daemon: DaemonProcess, client: Client) -> None:
     client.call("conversation.append", group="jobs chat", messages=[
         {"id": "j1", "role": "user", "sender": "bob", "text": "Remember that the deadline moved to Friday."}])

@@ -34,6 +34,7 @@ HERE = Path(__file__).resolve().parent
 PAGE = 50  # memories per page
 MESSAGES = 200  # a group's messages on its page
 MAX_SCAN = 10_000  # a source message is looked for among the group's last this many (conversation.get's most)
+LISTED = 200  # requests on a page of the review queue, jobs on the jobs page (the newest: jobs.list has no offset)
 GROUPS_SEARCHED = 20  # conversation groups a search looks in (the page says which it left out)
 SECTION = 10  # memories of each category on a domain's page (MEMORY.md's layout); the category's own page has them all
 CATEGORIES = [*RESEARCH_CATEGORIES, *ASSISTANT_CATEGORIES]  # MEMORY.md's order
@@ -321,8 +322,10 @@ class UI:
     async def review(self, request: Request) -> Response:
         state = request.query_params.get("state") or "pending"
         state = state if state in ("pending", "approved", "refused", "any") else "pending"
-        items = await self.call("review.list", state=state, limit=200)
-        return await self.render(request, "review.html", state=state, items=items, by=self.by, uid=self.uid)
+        page = _int(request.query_params.get("page"), 1, 1, 10**6)
+        items = await self.call("review.list", state=state, limit=LISTED + 1, offset=(page - 1) * LISTED)
+        return await self.render(request, "review.html", state=state, items=items[:LISTED], more=len(items) > LISTED,
+                                 page=page, by=self.by, uid=self.uid)
 
     async def decide(self, request: Request) -> Response:
         review_id, decision = request.path_params["id"], request.path_params["decision"]
@@ -339,8 +342,8 @@ class UI:
     async def jobs(self, request: Request) -> Response:
         state = request.query_params.get("state") or None
         state = state if state in ("queued", "running", "done", "failed", "cancelled") else None
-        jobs = await self.call("jobs.list", state=state, limit=200)
-        return await self.render(request, "jobs.html", state=state, jobs=jobs)
+        jobs = await self.call("jobs.list", state=state, limit=LISTED + 1)
+        return await self.render(request, "jobs.html", state=state, jobs=jobs[:LISTED], more=len(jobs) > LISTED)
 
     async def job_action(self, request: Request) -> Response:
         job_id, action = request.path_params["id"], request.path_params["action"]
