@@ -177,6 +177,7 @@ def test_forget_and_restore_a_memory(served: tuple[str, Client, dict[str, str]],
 def test_discard_a_draft_skill(served: tuple[str, Client, dict[str, str]], browser: WebDriver) -> None:
     url, client, _ = served
     browser.get(f"{base(url)}/skills")
+    shot(browser, "skills")
     browser.find_element(By.CSS_SELECTOR, "#skill-wrong_lesson button.discard").click()
     WebDriverWait(browser, WAIT).until(expected_conditions.alert_is_present()).accept()  # it asks first: no undo
     wait_text(browser, "note", "Discarded")
