@@ -192,11 +192,18 @@ class Group:
         self.summary = Summary()
         self.taken: tuple[str, int] | None = None  # (job id, mark_to) of the last window an extraction took (not durable)
         self.version = 0
-        self._cache: dict[Any, np.ndarray] = {}
+        self._cache: dict[Any, Any] = {}
 
     def changed(self) -> None:
         self.version += 1
         self._cache.clear()
+
+    def cached(self, key: str, build: Callable[[], Any]) -> Any:
+        """What `build` gives, kept until the group changes (the ranker's Layout)."""
+        got = self._cache.get(key)
+        if got is None:
+            got = self._cache[key] = build()
+        return got
 
     def order_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """(timestamps in microseconds, seqs) in conversation order, cached until the group changes."""
