@@ -262,6 +262,7 @@ def latency(sessions: dict[str, list[list[dict[str, Any]]]], questions: list[dic
                 if round_:
                     times[ranker].append(time.perf_counter() - t0)
     out = timing_summary(times, len(state.messages))
+    out["query_embedding"] = query_embedding_anchor(state.embedder, questions)
     cache = state.terms
     size = sum(sys.getsizeof(c) + sum(sys.getsizeof(t) for t in c) for c, _ in cache.turns.values())
     size += sum(sys.getsizeof(c) for c, _ in cache.sessions.values())
@@ -374,7 +375,9 @@ def memory_latency(state: Any, questions: list[dict[str, Any]], qvecs: list[np.n
                 state.search(p)
                 if round_:
                     times[ranker].append(time.perf_counter() - t0)
-    return timing_summary(times, len(state.memories))
+    out = timing_summary(times, len(state.memories))
+    out["query_embedding"] = query_embedding_anchor(state.embedder, questions)
+    return out
 
 
 # --- choosing and fitting (either path) -----------------------------------------------------------
@@ -400,6 +403,19 @@ def query_vectors(emb: Any, questions: list[dict[str, Any]], vec_of: dict[str, n
         log(f"embedding {len(missing_q)} questions")
         vec_of.update(zip(missing_q, emb.embed_queries([k[len("query: "):] for k in missing_q])))
     return [vec_of[k] for k in keys]
+
+
+ANCHOR_QUERIES = 100  # questions embedded one at a time: the anchor the rankers' costs stand beside
+
+
+def query_embedding_anchor(embedder: Any, questions: list[dict[str, Any]]) -> dict[str, float]:
+    """p50 / p99 of embedding one question (what every search pays before it ranks), in the same run."""
+    ts = []
+    for q in questions[:: max(1, len(questions) // ANCHOR_QUERIES)][:ANCHOR_QUERIES]:
+        t0 = time.perf_counter()
+        embedder.embed_queries([q["question"]])
+        ts.append(time.perf_counter() - t0)
+    return {"p50_ms": round(1e3 * percentile(ts, 50), 3), "p99_ms": round(1e3 * percentile(ts, 99), 3), "n": len(ts)}
 
 
 def timing_summary(times: dict[str, list[float]], size: int) -> dict[str, Any]:
@@ -562,7 +578,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"p99 {lat['fusion']['p99_ms']:.2f} ms; learned p50 {lat['learned']['p50_ms']:.2f} ms / p99 "
                       f"{lat['learned']['p99_ms']:.2f} ms (+{lat['added_p50_ms']:.2f} ms p50, ×{lat['ratio_p50']:.2f}; the median of "
                       f"the per-question differences, both rankers back to back, {lat['rounds']} rounds: "
-                      f"+{lat['added_p50_ms_paired']:.2f} ms)."]
+                      f"+{lat['added_p50_ms_paired']:.2f} ms). The anchor, in the same run: embedding one question "
+                      f"with e5-small, p50 {lat['query_embedding']['p50_ms']:.2f} ms / p99 {lat['query_embedding']['p99_ms']:.2f} ms."]
         if "term_cache" in lat:
             lines[-1] += (f" The ranker's term cache after it: {lat['term_cache']['turns']} turns, "
                           f"{lat['term_cache']['sessions']} sessions, about {lat['term_cache']['bytes_per_message']} bytes a message.")
