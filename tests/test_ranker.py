@@ -296,3 +296,21 @@ def test_memory_search_ranks_by_the_shipped_weights_only_when_asked_or_trained_o
     state.ranker = "fusion"  # the daemon's setting wins over the default, a call's own over both
     assert state.ranker_of(m.MemorySearch(query=query)) == "fusion"
     assert state.ranker_of(m.MemorySearch(query=query, ranker="learned")) == "learned"
+
+
+def test_a_search_says_when_it_ran_on_bm25_alone() -> None:
+    """Before the background embedder reached them, hits are BM25's alone and say so (why.embedded,
+    why.lexical_only), and sys.stats counts those searches; once embedded, neither."""
+    state = new_state()
+    append(state, "g", [msg("1", "We adopted a greyhound", at=at(0)), msg("2", "Lunch on Friday?", at=at(1))])
+    query = "greyhound"
+    vector = state.embedder.embed_queries([query])[0]
+    hits = state.search(m.ConversationSearch(group="g", query=query), vector)  # no message vector yet
+    assert hits and all(not h["why"]["embedded"] and h["why"]["lexical_only"] for h in hits)
+    hits = state.search(m.ConversationSearch(group="g", query=query), None)  # no query vector (model loading)
+    assert all(h["why"]["lexical_only"] for h in hits) and state.statistics()["searches_lexical_only"] == 2
+    items = state.take_to_embed(10)
+    state.put_vectors(items[:1], state.embedder.embed_passages([items[0][1]]))  # one of two embedded
+    hits = {h["message"].id: h["why"] for h in state.search(m.ConversationSearch(group="g", query=query), vector)}
+    assert hits["1"]["embedded"] and not hits["2"]["embedded"] and not hits["1"]["lexical_only"]
+    assert state.statistics()["searches_lexical_only"] == 2
