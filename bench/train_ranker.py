@@ -122,7 +122,8 @@ def question_sets(state: Any, questions: list[dict[str, Any]], qvecs: list[np.nd
     for q, qv in zip(questions, qvecs):
         p = m.ConversationSearch(group=q["sample_id"], query=q["question"], k=20)
         labels, x = state.candidate_signals(p, qv)
-        same += [h["message"].seq for h in state.search(p, qv)] == labels[:20]
+        fusion = m.ConversationSearch(group=q["sample_id"], query=q["question"], k=20, ranker="fusion")
+        same += [h["message"].seq for h in state.search(fusion, qv)] == labels[:20]
         ids = [state.messages[lab].id for lab in labels]
         out.append({"x": x, "y": np.array([i in q["evidence"] for i in ids], dtype=np.float64),
                     "conv": q["sample_id"], "category": q["category"]})

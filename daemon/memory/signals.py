@@ -23,10 +23,10 @@ from importlib import resources
 import numpy as np
 
 from ..retrieval.lexical import LexicalIndex
-from ..retrieval.ranker import LinearRanker
+from ..retrieval.ranker import RM3_DOCS, LinearRanker, rm3
 from ..retrieval.vectors import VectorStore
 
-__all__ = ["FEATURES", "shipped_ranker", "signal_matrix"]
+__all__ = ["FEATURES", "RM3_DOCS", "shipped_ranker", "signal_matrix"]
 
 FEATURES: tuple[str, ...] = (
     "bm25",  # BM25 of the memory's text (title, abstract, content): exact for every candidate, 0 if none of the terms
@@ -46,8 +46,6 @@ FEATURES: tuple[str, ...] = (
 )
 
 RRF_K = 60
-RM3_DOCS = 10  # pseudo-relevance feedback: the fusion's first 10 ...
-RM3_TERMS = 20  # ... give the 20 terms they weigh most (not the query's own)
 
 
 @cache
@@ -114,27 +112,8 @@ def signal_matrix(
         x[:, col["person"]] = person
         x[:, col["names_person"]] = other
     x[:, col["person_x_bm25"]] = x[:, col["person"]] * x[:, col["bm25"]]
-    x[:, col["rm3"]] = _rm3(lexical_index, query, labels, feedback)
+    x[:, col["rm3"]] = rm3(lexical_index, query, labels, [Counter(lexical_index.tokenize(text)) for text in feedback])
     x[:, col["question"]] = [float("?" in text) for text in contents]
     x[:, col["log_length"]] = np.log1p(lexical_index.lengths(labels))
     return x
 
-
-def _rm3(lexical_index: LexicalIndex, query: str, labels: Sequence[int], feedback: Sequence[str]) -> np.ndarray:
-    """RM3's expansion: each term's weight is its mean share of the feedback texts' tokens; the
-    RM3_TERMS heaviest terms that are not the query's, each candidate scored by
-    sum(weight x idf x saturated count) over them (BM25 without length normalisation)."""
-    own = set(lexical_index.tokenize(query))
-    weight: dict[str, float] = {}
-    for text in feedback:
-        tokens = lexical_index.tokenize(text)
-        for term, count in Counter(tokens).items():
-            weight[term] = weight.get(term, 0.0) + count / (len(tokens) * len(feedback))
-    ranked = sorted(weight.items(), key=lambda kv: (-kv[1], kv[0]))  # ties by the term: the same in every run
-    chosen = [(term, w) for term, w in ranked if term not in own][:RM3_TERMS]
-    if not chosen:
-        return np.zeros(len(labels))
-    idf, tf = lexical_index.counts_of([term for term, _ in chosen], labels)
-    k1 = lexical_index.k1
-    result: np.ndarray = (tf * (k1 + 1.0) / (tf + k1)) @ (idf * np.array([w for _, w in chosen]))
-    return result
