@@ -1077,7 +1077,19 @@ def conversation_ablations(embedder_name: str, sessions: dict[str, list[list[dic
             saved = len(vec_of)
             texts = list(vec_of)
             np.savez(embed_cache, model=np.array(embedder_name), texts=np.array(texts), vectors=np.stack([vec_of[t] for t in texts]))
-    return {"rows": rows_of, "reproduced_daemon": reproduced, "seconds": time.perf_counter() - t_start, "_per_q": per_q}
+    out = {"rows": rows_of, "reproduced_daemon": reproduced, "seconds": time.perf_counter() - t_start, "_per_q": per_q}
+    from eurekamem.daemon.conversation.signals import FEATURES, shipped_ranker
+
+    shipped = shipped_ranker()
+    if shipped.meta.get("embedder") == embedder_name:  # the ranker's signals, each alone and each removed (issue 31)
+        import train_ranker
+
+        t0 = time.perf_counter()
+        sets, _ = train_ranker.question_sets(build(Tuning()), questions, qvecs)
+        out["signals"] = {"rows": train_ranker.signal_rows(sets, FEATURES, train_ranker.GROUPS, str(shipped.meta["model"]),
+                                                           float(shipped.meta["l2"]), shipped.depth),
+                          "seconds": time.perf_counter() - t0}
+    return out
 
 
 def conversation_report(results: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
@@ -1129,6 +1141,15 @@ def conversation_report(results: list[dict[str, Any]], meta: dict[str, Any]) -> 
                 rows.append([name, f3(v["all"]["any@10"]), f3(v["all"]["MRR@20"]), f3(v["all"]["all@10"]),
                              "" if name == base or not boot else f"{boot['diff']:+.3f} [{boot['lo']:+.3f}, {boot['hi']:+.3f}]", per_conv])
             lines += table(["variant", "any@10", "MRR@20", "all@10", "Δ any@10 vs daemon's", "any@10 per conversation"], rows) + [""]
+        sig = (ab or {}).get("signals")
+        if sig:
+            metrics = ["any@1", "any@5", "any@10", "MRR@10"]
+            lines.append(f"The learned ranker's signals, in-process ({sig['seconds']:.0f} s; the shipped model, L2 and depth; "
+                         "metrics over the candidates' order; LOCO: each conversation ranked by weights fit on the other four):")
+            lines.append("")
+            lines += table(["ranking", *metrics, "any@10 per category (" + ", ".join(CATEGORIES.values()) + ")"],
+                           [[name, *[f3(v["all"][mm]) for mm in metrics],
+                             " ".join(f3(c["any@10"]) for c in v["by_category"].values())] for name, v in sig["rows"].items()]) + [""]
     return lines
 
 

@@ -467,6 +467,26 @@ def choose_and_fit(sets: list[dict[str, Any]], features: Sequence[str], groups: 
             "depth": depth, "chosen": chosen, "sets": sets}
 
 
+def signal_rows(sets: list[dict[str, Any]], features: Sequence[str], groups: dict[str, list[str]],
+                kind: str, l2: float, depth: int | None) -> dict[str, dict[str, Any]]:
+    """bench/locomo.py's per-signal rows (issue 31 §4) at the shipped model, L2 and depth: the
+    fusion; the fusion's score with each signal group added alone (LOCO); the ranker, LOCO and
+    in-sample; the ranker with each group removed (LOCO)."""
+    sets = truncated(sets, depth)
+    fusion_col = list(features).index("fusion")
+    all_cols = list(range(len(features)))
+    rows: dict[str, dict[str, Any]] = {"fusion": summary(evaluate(sets, lambda s: -np.arange(s["x"].shape[0], dtype=float)), sets)}
+    for name, feats in groups.items():
+        cols = sorted({fusion_col, *(i for i, f in enumerate(features) if f in feats)})
+        rows[f"fusion + {name} alone, LOCO"] = summary(loco(sets, cols, kind, l2), sets)
+    rows["ranker, LOCO"] = summary(loco(sets, all_cols, kind, l2), sets)
+    rows["ranker, in-sample"] = summary(evaluate(sets, linear_scorer(all_cols, fit(sets, all_cols, kind, l2))), sets)
+    for name, feats in groups.items():
+        cols = [i for i, f in enumerate(features) if f not in feats]
+        rows[f"ranker − {name}, LOCO"] = summary(loco(sets, cols, kind, l2), sets)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     from eurekamem.daemon.conversation import signals as conversation_signals
     from eurekamem.daemon.memory import signals as memory_signals

@@ -314,3 +314,16 @@ def test_a_search_says_when_it_ran_on_bm25_alone() -> None:
     hits = {h["message"].id: h["why"] for h in state.search(m.ConversationSearch(group="g", query=query), vector)}
     assert hits["1"]["embedded"] and not hits["2"]["embedded"] and not hits["1"]["lexical_only"]
     assert state.statistics()["searches_lexical_only"] == 2
+
+
+def test_the_per_signal_rows_show_the_planted_signal() -> None:
+    """bench/locomo.py's rows: the planted signal added alone to the fusion's score lifts it, and
+    the ranker without it falls back."""
+    sets = synthetic_sets(1, 40, "a") + synthetic_sets(2, 40, "b") + synthetic_sets(3, 40, "c")
+    for s in sets:  # column 0 as the fusion's score: the candidates come in its order
+        s["x"][:, 0] = -np.arange(30, dtype=float)
+    rows = train_ranker.signal_rows(sets, ("fusion", "a", "planted", "c", "against"), {"planted": ["planted", "against"]},
+                                    "listwise", 1e-3, None)
+    assert list(rows) == ["fusion", "fusion + planted alone, LOCO", "ranker, LOCO", "ranker, in-sample", "ranker − planted, LOCO"]
+    assert rows["fusion"]["all"]["any@1"] < 0.2 < 0.9 < rows["fusion + planted alone, LOCO"]["all"]["any@1"]
+    assert rows["ranker, LOCO"]["all"]["any@1"] > 0.9 > rows["ranker − planted, LOCO"]["all"]["any@1"]
