@@ -75,6 +75,7 @@ GROUPS = {
     "dense neighbours": ["cos_next", "cos_session_max"],
     "speaker / person": ["speaker", "names_person", "speaker_x_bm25"],
     "static": ["question", "log_length", "position"],
+    "temporal": ["date_match"],
 }
 
 

@@ -327,3 +327,22 @@ def test_the_per_signal_rows_show_the_planted_signal() -> None:
     assert list(rows) == ["fusion", "fusion + planted alone, LOCO", "ranker, LOCO", "ranker, in-sample", "ranker − planted, LOCO"]
     assert rows["fusion"]["all"]["any@1"] < 0.2 < 0.9 < rows["fusion + planted alone, LOCO"]["all"]["any@1"]
     assert rows["ranker, LOCO"]["all"]["any@1"] > 0.9 > rows["ranker − planted, LOCO"]["all"]["any@1"]
+
+
+def test_the_dates_a_query_names_and_how_close_a_turn_is() -> None:
+    from datetime import date
+
+    from eurekamem.daemon.conversation.signals import date_match, query_dates
+
+    assert query_dates("What painting did Melanie show on October 13, 2023?") == [(13, 10, 2023)]
+    assert query_dates("What did Gina find on 1 February, 2023, and in 2022?") == [(1, 2, 2023), (None, None, 2022)]
+    assert query_dates("When did Melanie go camping in June?") == [(None, 6, None)]
+    assert query_dates("What may Caroline do next?") == [] and query_dates("What did she say?") == []
+
+    def day(y: int, mo: int, d: int) -> float:
+        return float((date(y, mo, d) - date(1970, 1, 1)).days) + 0.5  # noon
+
+    days = np.array([day(2023, 6, 10), day(2023, 7, 14), day(2024, 6, 1)])
+    assert date_match("camping in June?", days) == pytest.approx([1.0, np.exp(-14 / 14), 1.0], abs=0.04)
+    assert date_match("in July 2023", days)[1] == 1.0 and date_match("in July 2023", days)[2] < 0.001
+    assert date_match("on 10 June 2023", days)[0] == 1.0 and list(date_match("no date here", days)) == [0.0, 0.0, 0.0]
