@@ -75,6 +75,12 @@ SEED = 20261129
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 DENSE_WEIGHTS = [0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0]
 K_EVAL = 20  # the k of the per-mode memory.search calls
+# memory.search's params per mode measured: "hybrid" is the daemon's default (the learned ranker with
+# e5-small, issue 31), "hybrid-fusion" the same search ordered by the fusion alone (the daemon before)
+MEMORY_MODES: dict[str, dict[str, str]] = {
+    "lexical": {"mode": "lexical"}, "dense": {"mode": "dense"}, "hybrid-fusion": {"mode": "hybrid", "ranker": "fusion"},
+    "hybrid": {"mode": "hybrid"},
+}
 K_FETCH = 100  # the k of the dense / lexical calls the tuning grid fuses (the daemon's FETCH)
 RRF_K = 60
 CHUNK = 64  # memories per memory.add_many
@@ -331,8 +337,8 @@ def run_embedder(embedder: str, convs: list[dict[str, Any]], questions: list[dic
             log(f"{embedder}: ingested {n_mem} memories in {total_s:.1f} s ({n_mem / total_s:.0f}/s) {dict(counts)}")
 
             # searches: per question, the three modes at k=20 (timed), then dense and lexical at k=100
-            rankings: dict[str, list[list[str]]] = {"lexical": [], "dense": [], "hybrid": []}
-            lat: dict[str, list[float]] = {"lexical": [], "dense": [], "hybrid": []}
+            rankings: dict[str, list[list[str]]] = {mode: [] for mode in MEMORY_MODES}
+            lat: dict[str, list[float]] = {mode: [] for mode in MEMORY_MODES}
             full: dict[str, list[list[tuple[str, float | None]]]] = {"dense": [], "lexical": []}
             lat100: dict[str, list[float]] = {"dense": [], "lexical": []}
             hybrid_why: list[list[dict[str, Any]]] = []
@@ -340,9 +346,9 @@ def run_embedder(embedder: str, convs: list[dict[str, Any]], questions: list[dic
             load = Load(daemon.proc.pid)  # type: ignore[union-attr]
             for i, q in enumerate(questions):
                 base = {"query": q["question"], "domain": q["sample_id"], "include_global": False}
-                for mode in ("lexical", "dense", "hybrid"):
+                for mode in MEMORY_MODES:
                     t0 = time.perf_counter()
-                    res = client.call("memory.search", {**base, "k": K_EVAL, "mode": mode})
+                    res = client.call("memory.search", {**base, "k": K_EVAL, **MEMORY_MODES[mode]})
                     lat[mode].append(time.perf_counter() - t0)
                     rankings[mode].append(titles(res))
                     if mode == "hybrid":
@@ -417,6 +423,7 @@ def evaluate(out: dict[str, Any], questions: list[dict[str, Any]], floor: float,
         for mode in ("dense", "lexical")}
     grid = []
     grid_per_q: dict[tuple[float, bool], list[dict[str, float]]] = {}
+    fusion_ranks = out["_rankings"].get("hybrid-fusion", out["_rankings"]["hybrid"])  # the daemon's fusion (issue 31: not the ranker)
     for use_floor in (False, True):
         for w in DENSE_WEIGHTS:
             ranks = [offline_fusion(out["_full"]["dense"][i], out["_full"]["lexical"][i], w, floor if use_floor else None,
@@ -425,7 +432,7 @@ def evaluate(out: dict[str, Any], questions: list[dict[str, Any]], floor: float,
             grid_per_q[(w, use_floor)] = rows
             entry = {"w_dense": w, "w_lexical": 1.0, "floor": use_floor, **mean_scores(rows)}
             if daemon_weight is not None and use_floor == daemon_floor and w == daemon_weight:
-                entry["same_top20_as_daemon_hybrid"] = sum(1 for i, r in enumerate(ranks) if r == out["_rankings"]["hybrid"][i])
+                entry["same_top20_as_daemon_hybrid"] = sum(1 for i, r in enumerate(ranks) if r == fusion_ranks[i])
             grid.append(entry)
     out["grid"] = grid
     out["floor"] = floor
@@ -669,7 +676,8 @@ def memory_levers(out: dict[str, Any], convs: list[dict[str, Any]], questions: l
         per_q[name] = rows
         rows_of[name] = conv_summary(rows, questions)
         if not change and reproduced is None:
-            reproduced = sum(1 for a, b in zip(ranks, out["_rankings"]["hybrid"]) if a == b)
+            fusion_ranks = out["_rankings"].get("hybrid-fusion", out["_rankings"]["hybrid"])  # the fusion's order
+            reproduced = sum(1 for a, b in zip(ranks, fusion_ranks) if a == b)
         log(f"memory lever [{out['embedder']}] {name}: any@10 {rows_of[name]['all']['any@10']:.3f} MRR@20 {rows_of[name]['all']['MRR@20']:.3f}")
     first = next(iter(per_q))
     for name, rows in per_q.items():
@@ -765,11 +773,12 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], baselines: Path)
         lines.append("")
         hdr = ["retriever", *METRICS, "p50 ms", "p99 ms"]
         rows = []
-        for mode in ("lexical", "dense", "hybrid"):
+        for mode in (m for m in MEMORY_MODES if m in r["modes"]):
             s = r["modes"][mode]["all"]
+            fused = f"dense {dw} / lexical 1.0, floor {r['floor'] if r['daemon_weights'].get('floor') else 'off'}"
             label = {"lexical": "BM25 (mode lexical)", "dense": f"{e} (mode dense)",
-                     "hybrid": f"hybrid (daemon: dense {dw} / lexical 1.0, "
-                               f"floor {r['floor'] if r['daemon_weights'].get('floor') else 'off'})"}[mode]
+                     "hybrid-fusion": f"hybrid, ranker fusion ({fused})",
+                     "hybrid": f"hybrid, the daemon's default ranker ({fused}; learned with e5-small)"}[mode]
             rows.append([label, *[f3(s[m]) for m in METRICS], f"{r['latency_ms'][mode]['p50']:.2f}", f"{r['latency_ms'][mode]['p99']:.2f}"])
         for b in baseline_rows(baselines, e):
             rows.append([f"*reference, BASELINES.md, not measured here:* {b['name']}", *[f3(b[m]) for m in METRICS], "", ""])
@@ -783,7 +792,7 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], baselines: Path)
         lines.append("Per category (any@10 / MRR@20, n):")
         lines.append("")
         crow = []
-        for mode in ("lexical", "dense", "hybrid"):
+        for mode in (m for m in MEMORY_MODES if m in r["modes"]):
             bc = r["modes"][mode]["by_category"]
             crow.append([mode, *[f"{f3(bc[str(c)]['any@10'])} / {f3(bc[str(c)]['MRR@20'])}" for c in CATEGORIES]])
         lines += table(["mode", *[f"{c} {n} ({r['modes']['hybrid']['by_category'][str(c)]['n']})" for c, n in CATEGORIES.items()]], crow) + [""]
@@ -791,7 +800,7 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], baselines: Path)
         lines.append("")
         bv = r["modes"]["hybrid"]["by_conversation"]
         vrow = [[mode, *[f"{f3(r['modes'][mode]['by_conversation'][sid]['any@10'])} / {f3(r['modes'][mode]['by_conversation'][sid]['MRR@20'])}"
-                         for sid in bv]] for mode in ("lexical", "dense", "hybrid")]
+                         for sid in bv]] for mode in MEMORY_MODES if mode in r["modes"]]
         lines += table(["mode", *[f"{sid} ({v['n']})" for sid, v in bv.items()]], vrow) + [""]
         lines.append(f"Fusion grid, offline: z-score fusion (eurekamem.daemon.retrieval.fusion.fuse_scores) of the daemon's own dense and "
                      f"lexical top-{K_FETCH} lists per question (BM25 with the person boost); lexical weight 1.0; \"floor on\" keeps only dense hits with "
@@ -930,6 +939,7 @@ def run_conversation_daemon(embedder: str, sessions: dict[str, list[list[dict[st
                              "resend_ignored": resent.get("ignored"), "sessions": tier["sessions"]}
             log(f"conversation[{embedder}]: {appended} messages appended in {ingest_s:.1f} s, all embedded after {embed_s:.1f} s")
             rankings: list[list[str]] = []
+            fusion_rankings: list[list[str]] = []  # the same search with ranker fusion (the daemon before issue 31)
             lat: list[float] = []
             whys: list[list[dict[str, Any]]] = []
             for i, q in enumerate(questions):
@@ -938,6 +948,9 @@ def run_conversation_daemon(embedder: str, sessions: dict[str, list[list[dict[st
                 lat.append(time.perf_counter() - t0)
                 rankings.append([h["message"]["id"] for h in hits])
                 whys.append([{"id": h["message"]["id"], **h["why"]} for h in hits[:10]])
+                fusion_hits = client.call("conversation.search", {"group": q["sample_id"], "query": q["question"], "k": CONV_K,
+                                                                  "ranker": "fusion"})
+                fusion_rankings.append([h["message"]["id"] for h in fusion_hits])
                 if (i + 1) % 200 == 0:
                     log(f"conversation[{embedder}]: {i + 1}/{len(questions)} questions")
             stats = client.call("sys.stats", {})
@@ -947,6 +960,7 @@ def run_conversation_daemon(embedder: str, sessions: dict[str, list[list[dict[st
                                 if k in ("count", "p50_us", "p99_us")}
     rows = [score(r, q["evidence"]) for r, q in zip(rankings, questions)]
     out["scores"] = conv_summary(rows, questions)
+    out["scores_fusion"] = conv_summary([score(r, q["evidence"]) for r, q in zip(fusion_rankings, questions)], questions)
     out["_rankings"] = rankings
     out["_rows"] = rows
     out["_whys"] = whys
@@ -1063,7 +1077,19 @@ def conversation_ablations(embedder_name: str, sessions: dict[str, list[list[dic
             saved = len(vec_of)
             texts = list(vec_of)
             np.savez(embed_cache, model=np.array(embedder_name), texts=np.array(texts), vectors=np.stack([vec_of[t] for t in texts]))
-    return {"rows": rows_of, "reproduced_daemon": reproduced, "seconds": time.perf_counter() - t_start, "_per_q": per_q}
+    out = {"rows": rows_of, "reproduced_daemon": reproduced, "seconds": time.perf_counter() - t_start, "_per_q": per_q}
+    from eurekamem.daemon.conversation.signals import FEATURES, shipped_ranker
+
+    shipped = shipped_ranker()
+    if shipped.meta.get("embedder") == embedder_name:  # the ranker's signals, each alone and each removed (issue 31)
+        import train_ranker
+
+        t0 = time.perf_counter()
+        sets, _ = train_ranker.question_sets(build(Tuning()), questions, qvecs)
+        out["signals"] = {"rows": train_ranker.signal_rows(sets, FEATURES, train_ranker.GROUPS, str(shipped.meta["model"]),
+                                                           float(shipped.meta["l2"]), shipped.depth),
+                          "seconds": time.perf_counter() - t0}
+    return out
 
 
 def conversation_report(results: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
@@ -1088,10 +1114,14 @@ def conversation_report(results: list[dict[str, Any]], meta: dict[str, Any]) -> 
                      f"(BM25, dense, fusion; without the query's embedding) p50 {r['daemon_search_us']['p50_us']:.0f} µs, "
                      f"p99 {r['daemon_search_us']['p99_us']:.0f} µs.")
         lines.append("")
-        lines += table(["", *CONV_METRICS], [["daemon", *[f3(s[mm]) for mm in CONV_METRICS]]]) + [""]
+        sf = r.get("scores_fusion", {}).get("all")
+        lines += table(["", *CONV_METRICS], [["daemon (its default ranker)", *[f3(s[mm]) for mm in CONV_METRICS]]]
+                       + ([["daemon, ranker fusion", *[f3(sf[mm]) for mm in CONV_METRICS]]] if sf else [])) + [""]
         bc = r["scores"]["by_category"]
-        lines += table(["category", "n", "any@10", "MRR@20", "all@10"],
-                       [[f"{c} {n}", bc[str(c)]["n"], f3(bc[str(c)]["any@10"]), f3(bc[str(c)]["MRR@20"]), f3(bc[str(c)]["all@10"])]
+        bf = r.get("scores_fusion", {}).get("by_category", {})
+        lines += table(["category", "n", "any@10", "MRR@20", "all@10", "ranker fusion: any@10 / MRR@20"],
+                       [[f"{c} {n}", bc[str(c)]["n"], f3(bc[str(c)]["any@10"]), f3(bc[str(c)]["MRR@20"]), f3(bc[str(c)]["all@10"]),
+                         f"{f3(bf[str(c)]['any@10'])} / {f3(bf[str(c)]['MRR@20'])}" if bf else ""]
                         for c, n in CATEGORIES.items()]) + [""]
         bv = r["scores"]["by_conversation"]
         lines += table(["conversation", "n", "any@10", "MRR@20", "all@10"],
@@ -1111,6 +1141,15 @@ def conversation_report(results: list[dict[str, Any]], meta: dict[str, Any]) -> 
                 rows.append([name, f3(v["all"]["any@10"]), f3(v["all"]["MRR@20"]), f3(v["all"]["all@10"]),
                              "" if name == base or not boot else f"{boot['diff']:+.3f} [{boot['lo']:+.3f}, {boot['hi']:+.3f}]", per_conv])
             lines += table(["variant", "any@10", "MRR@20", "all@10", "Δ any@10 vs daemon's", "any@10 per conversation"], rows) + [""]
+        sig = (ab or {}).get("signals")
+        if sig:
+            metrics = ["any@1", "any@5", "any@10", "MRR@10"]
+            lines.append(f"The learned ranker's signals, in-process ({sig['seconds']:.0f} s; the shipped model, L2 and depth; "
+                         "metrics over the candidates' order; LOCO: each conversation ranked by weights fit on the other four):")
+            lines.append("")
+            lines += table(["ranking", *metrics, "any@10 per category (" + ", ".join(CATEGORIES.values()) + ")"],
+                           [[name, *[f3(v["all"][mm]) for mm in metrics],
+                             " ".join(f3(c["any@10"]) for c in v["by_category"].values())] for name, v in sig["rows"].items()]) + [""]
     return lines
 
 

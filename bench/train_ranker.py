@@ -46,6 +46,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -74,6 +75,7 @@ GROUPS = {
     "dense neighbours": ["cos_next", "cos_session_max"],
     "speaker / person": ["speaker", "names_person", "speaker_x_bm25"],
     "static": ["question", "log_length", "position"],
+    "temporal": ["date_match"],
 }
 
 
@@ -89,11 +91,7 @@ def embedded_state(sessions: dict[str, list[list[dict[str, Any]]]], questions: l
     from eurekamem.daemon.retrieval.embed import make_embedder
 
     emb = make_embedder("e5-small")
-    vec_of: dict[str, np.ndarray] = {}
-    if cache is not None and cache.exists():
-        with np.load(cache, allow_pickle=False) as cached:
-            if str(cached["model"]) == emb.name:
-                vec_of = dict(zip(cached["texts"].tolist(), cached["vectors"]))
+    vec_of = cached_vectors(cache, emb.name)
     known = len(vec_of)
     state = ConversationState(emb, Tuning(), session_gap=config_default("conversation_session_gap"))
     for sid, convo in sessions.items():
@@ -108,15 +106,10 @@ def embedded_state(sessions: dict[str, list[list[dict[str, Any]]]], questions: l
         log(f"embedding {len(missing)} messages (cached: {known})")
         vec_of.update(zip(missing, emb.embed_passages(missing)))
     state.put_vectors(todo, np.stack([vec_of[text] for _, text, _ in todo]))
-    keys = ["query: " + q["question"] for q in questions]
-    missing_q = [k for k in dict.fromkeys(keys) if k not in vec_of]
-    if missing_q:
-        log(f"embedding {len(missing_q)} questions")
-        vec_of.update(zip(missing_q, emb.embed_queries([k[len("query: "):] for k in missing_q])))
+    qvecs = query_vectors(emb, questions, vec_of)
     if cache is not None and len(vec_of) != known:
-        texts = list(vec_of)
-        np.savez(cache, model=np.array(emb.name), texts=np.array(texts), vectors=np.stack([vec_of[t] for t in texts]))
-    return state, [vec_of[k] for k in keys]
+        save_vectors(cache, emb.name, vec_of)
+    return state, qvecs
 
 
 def question_sets(state: Any, questions: list[dict[str, Any]], qvecs: list[np.ndarray]) -> tuple[list[dict[str, Any]], int]:
@@ -130,7 +123,8 @@ def question_sets(state: Any, questions: list[dict[str, Any]], qvecs: list[np.nd
     for q, qv in zip(questions, qvecs):
         p = m.ConversationSearch(group=q["sample_id"], query=q["question"], k=20)
         labels, x = state.candidate_signals(p, qv)
-        same += [h["message"].seq for h in state.search(p, qv)] == labels[:20]
+        fusion = m.ConversationSearch(group=q["sample_id"], query=q["question"], k=20, ranker="fusion")
+        same += [h["message"].seq for h in state.search(fusion, qv)] == labels[:20]
         ids = [state.messages[lab].id for lab in labels]
         out.append({"x": x, "y": np.array([i in q["evidence"] for i in ids], dtype=np.float64),
                     "conv": q["sample_id"], "category": q["category"]})
@@ -257,7 +251,6 @@ def latency(sessions: dict[str, list[list[dict[str, Any]]]], questions: list[dic
     from eurekamem.protocol import methods as m
 
     state, qvecs = embedded_state(sessions, questions, cache, group_of=lambda sid: "all")
-    out: dict[str, Any] = {"messages": len(state.messages), "rounds": LATENCY_ROUNDS}
     times: dict[str, list[float]] = {"fusion": [], "learned": []}
     for round_ in range(LATENCY_ROUNDS + 1):  # the first round warms the caches and is not counted
         for q, qv in zip(questions, qvecs):
@@ -270,17 +263,13 @@ def latency(sessions: dict[str, list[list[dict[str, Any]]]], questions: list[dic
                 state.search(p, qv)
                 if round_:
                     times[ranker].append(time.perf_counter() - t0)
-    for ranker, ts in times.items():
-        out[ranker] = {"p50_ms": round(1e3 * percentile(ts, 50), 3), "p99_ms": round(1e3 * percentile(ts, 99), 3)}
-    diffs = [b - a for a, b in zip(times["fusion"], times["learned"])]
-    out["added_p50_ms_paired"] = round(1e3 * percentile(diffs, 50), 3)
+    out = timing_summary(times, len(state.messages))
+    out["query_embedding"] = query_embedding_anchor(state.embedder, questions)
     cache = state.terms
     size = sum(sys.getsizeof(c) + sum(sys.getsizeof(t) for t in c) for c, _ in cache.turns.values())
     size += sum(sys.getsizeof(c) for c, _ in cache.sessions.values())
     out["term_cache"] = {"turns": len(cache.turns), "sessions": len(cache.sessions), "bytes_approx": size,
                          "bytes_per_message": round(size / max(len(state.messages), 1))}
-    out["added_p50_ms"] = round(out["learned"]["p50_ms"] - out["fusion"]["p50_ms"], 3)
-    out["ratio_p50"] = round(out["learned"]["p50_ms"] / out["fusion"]["p50_ms"], 3)
     return out
 
 
@@ -304,39 +293,147 @@ def category_table(rows: dict[str, dict[str, Any]], metric: str) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    from eurekamem.daemon.conversation.signals import FEATURES, shipped_ranker
-    from eurekamem.daemon.retrieval.ranker import LinearRanker
+# --- memory.search: every turn a memory, as bench/locomo.py stores them ---------------------------
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", default=None)
-    ap.add_argument("--embed-cache", default="/tmp/eurekamem-ranker-e5-small.npz",
-                    help="a .npz of the embeddings, reused when it exists (outside the repo)")
-    ap.add_argument("--out", default=str(HERE / "results" / f"ranker-{datetime.date.today().isoformat()}"))
-    ap.add_argument("--weights", default=str(ROOT / "daemon" / "conversation" / "ranker.json"))
-    ap.add_argument("--no-write", action="store_true", help="report only; leave the weights file alone")
-    ap.add_argument("--latency", action="store_true", help="also time both rankers at one ~2,760-turn group")
-    ap.add_argument("--latency-only", action="store_true", help="time the shipped weights only (no training)")
-    ap.add_argument("--only", default=None, help="comma-separated sample_ids (a quick look; LOCO needs at least two)")
-    args = ap.parse_args(argv)
-    data = Path(args.data or os.environ.get("EUREKAMEM_LOCOMO") or DEFAULT_DATA_DIR)
-    if data.is_dir():
-        data = data / "locomo-dev.json"
-    cache = Path(args.embed_cache) if args.embed_cache else None
-    t_start = time.perf_counter()
-    only = args.only.split(",") if args.only else None
-    _, questions, _ = load(data, only=only)
-    sessions = conversation_sessions(data, only=only)
-    if args.latency_only:
-        print(json.dumps(latency(sessions, questions, cache), indent=1))
-        return 0
-    state, qvecs = embedded_state(sessions, questions, cache)
-    sets, same = question_sets(state, questions, qvecs)
-    log(f"the candidates' first 20 are conversation.search's (fusion) answer for {same} of {len(sets)} questions")
-    log(f"{len(sets)} questions, {sum(s['x'].shape[0] for s in sets)} candidates, "
-        f"{sum(1 for s in sets if s['y'].any())} with evidence among them ({time.perf_counter() - t_start:.0f} s)")
-    all_cols = list(range(len(FEATURES)))
-    fusion_col = FEATURES.index("fusion")
+
+# memory.search's signal groups removed one at a time (LOCO)
+MEMORY_GROUPS = {
+    "BM25 (exact)": ["bm25", "person_x_bm25"],
+    "fusion inputs": ["lexical", "lexical_rrf", "dense_rrf", "fusion"],
+    "cosine": ["cosine"],
+    "coverage": ["coverage", "idf_coverage"],
+    "RM3": ["rm3"],
+    "person": ["person", "names_person", "person_x_bm25"],
+    "static": ["question", "log_length"],
+}
+
+
+def memory_state(convs: list[dict[str, Any]], questions: list[dict[str, Any]], cache: Path | None) -> tuple[Any, list[np.ndarray]]:
+    """The daemon's MemoryState holding every turn as a memory, exactly as bench/locomo.py adds them
+    through memory.add_many (one domain per conversation, title and tag the dia_id, content "Speaker
+    (date): text [image: caption]", attributed_to the speaker, dedup off), each passage embedded
+    once (cached in `cache`); and each question's vector."""
+    from eurekamem.daemon.memory.prepared import Prepared
+    from eurekamem.daemon.memory.state import MemoryState
+    from eurekamem.daemon.retrieval.embed import make_embedder
+    from eurekamem.protocol import methods as m
+
+    emb = make_embedder("e5-small")
+    vec_of = cached_vectors(cache, emb.name)
+    known = len(vec_of)
+    state = MemoryState(emb)
+    adds = [[m.MemoryAdd(domain=c["sample_id"], category="context", title=dia, content=content, tags=[dia], dedup=False,
+                         attributed_to=c["speakers"][dia]) for dia, content in c["turns"]] for c in convs]
+    texts = [t for items in adds for a in items for t in state.passage_texts(a.title, a.content, a.abstract)]
+    missing = list(dict.fromkeys(t for t in texts if t not in vec_of))
+    if missing:
+        log(f"embedding {len(missing)} memories (cached: {known})")
+        vec_of.update(zip(missing, emb.embed_passages(missing)))
+    for items in adds:
+        prepared = Prepared()
+        prepared.passages = {t: vec_of[t] for a in items for t in state.passage_texts(a.title, a.content, a.abstract)}
+        state.run("memory.add_many", m.MemoryAddMany(items=items), prepared)
+    qvecs = query_vectors(emb, questions, vec_of)
+    if cache is not None and len(vec_of) != known:
+        save_vectors(cache, emb.name, vec_of)
+    return state, qvecs
+
+
+def memory_sets(state: Any, questions: list[dict[str, Any]], qvecs: list[np.ndarray]) -> tuple[list[dict[str, Any]], int]:
+    """As question_sets, for memory.search (hybrid, the question's conversation as its domain)."""
+    from eurekamem.daemon.memory.prepared import Prepared
+    from eurekamem.protocol import methods as m
+
+    out = []
+    same = 0
+    for q, qv in zip(questions, qvecs):
+        p = m.MemorySearch(query=q["question"], domain=q["sample_id"], k=20, include_global=False, mode="hybrid")
+        state._prepared = Prepared()
+        state._prepared.queries[q["question"]] = qv
+        labels, x = state.candidate_signals(p)
+        hits = state.search(m.MemorySearch(**{**msgspec.structs.asdict(p), "ranker": "fusion"}))
+        titles = [state.memories[state._id_of[lab]].title for lab in labels]
+        same += [h["memory"].title for h in hits] == titles[:20]
+        out.append({"x": x, "y": np.array([t in q["evidence"] for t in titles], dtype=np.float64),
+                    "conv": q["sample_id"], "category": q["category"]})
+    return out, same
+
+
+def memory_latency(state: Any, questions: list[dict[str, Any]], qvecs: list[np.ndarray]) -> dict[str, Any]:
+    """memory.search (hybrid, k=10) with each ranker, back to back per question, in-process with the
+    query vector given; as latency() for conversation.search."""
+    from eurekamem.daemon.memory.prepared import Prepared
+    from eurekamem.protocol import methods as m
+
+    state._prepared = Prepared()
+    state._prepared.queries = {q["question"]: qv for q, qv in zip(questions, qvecs)}
+    times: dict[str, list[float]] = {"fusion": [], "learned": []}
+    for round_ in range(LATENCY_ROUNDS + 1):
+        for q in questions:
+            order = ("fusion", "learned") if (round_ + len(q["question"])) % 2 else ("learned", "fusion")
+            for ranker in order:
+                p = m.MemorySearch(query=q["question"], domain=q["sample_id"], k=10, include_global=False, ranker=ranker)  # type: ignore[arg-type]
+                t0 = time.perf_counter()
+                state.search(p)
+                if round_:
+                    times[ranker].append(time.perf_counter() - t0)
+    out = timing_summary(times, len(state.memories))
+    out["query_embedding"] = query_embedding_anchor(state.embedder, questions)
+    return out
+
+
+# --- choosing and fitting (either path) -----------------------------------------------------------
+
+
+def cached_vectors(cache: Path | None, model: str) -> dict[str, np.ndarray]:
+    if cache is not None and cache.exists():
+        with np.load(cache, allow_pickle=False) as cached:
+            if str(cached["model"]) == model:
+                return dict(zip(cached["texts"].tolist(), cached["vectors"]))
+    return {}
+
+
+def save_vectors(cache: Path, model: str, vec_of: dict[str, np.ndarray]) -> None:
+    texts = list(vec_of)
+    np.savez(cache, model=np.array(model), texts=np.array(texts), vectors=np.stack([vec_of[t] for t in texts]))
+
+
+def query_vectors(emb: Any, questions: list[dict[str, Any]], vec_of: dict[str, np.ndarray]) -> list[np.ndarray]:
+    keys = ["query: " + q["question"] for q in questions]
+    missing_q = [k for k in dict.fromkeys(keys) if k not in vec_of]
+    if missing_q:
+        log(f"embedding {len(missing_q)} questions")
+        vec_of.update(zip(missing_q, emb.embed_queries([k[len("query: "):] for k in missing_q])))
+    return [vec_of[k] for k in keys]
+
+
+ANCHOR_QUERIES = 100  # questions embedded one at a time: the anchor the rankers' costs stand beside
+
+
+def query_embedding_anchor(embedder: Any, questions: list[dict[str, Any]]) -> dict[str, float]:
+    """p50 / p99 of embedding one question (what every search pays before it ranks), in the same run."""
+    ts = []
+    for q in questions[:: max(1, len(questions) // ANCHOR_QUERIES)][:ANCHOR_QUERIES]:
+        t0 = time.perf_counter()
+        embedder.embed_queries([q["question"]])
+        ts.append(time.perf_counter() - t0)
+    return {"p50_ms": round(1e3 * percentile(ts, 50), 3), "p99_ms": round(1e3 * percentile(ts, 99), 3), "n": len(ts)}
+
+
+def timing_summary(times: dict[str, list[float]], size: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"messages": size, "rounds": LATENCY_ROUNDS}
+    for ranker, ts in times.items():
+        out[ranker] = {"p50_ms": round(1e3 * percentile(ts, 50), 3), "p99_ms": round(1e3 * percentile(ts, 99), 3)}
+    diffs = [b - a for a, b in zip(times["fusion"], times["learned"])]
+    out["added_p50_ms_paired"] = round(1e3 * percentile(diffs, 50), 3)
+    out["added_p50_ms"] = round(out["learned"]["p50_ms"] - out["fusion"]["p50_ms"], 3)
+    out["ratio_p50"] = round(out["learned"]["p50_ms"] / out["fusion"]["p50_ms"], 3)
+    return out
+
+
+def choose_and_fit(sets: list[dict[str, Any]], features: Sequence[str], groups: dict[str, list[str]]) -> dict[str, Any]:
+    """The model, L2 and depth chosen by LOCO MRR@10, fit on every set; the rows of the report."""
+    all_cols = list(range(len(features)))
     rows: dict[str, dict[str, Any]] = {}
     rows["old fusion (ranker: fusion)"] = summary(evaluate(sets, lambda s: -np.arange(s["x"].shape[0], dtype=float)), sets)
     grid: dict[str, Any] = {}
@@ -363,64 +460,151 @@ def main(argv: list[str] | None = None) -> int:
     w = fit(sets, all_cols, kind, l2)
     rows[f"learned, in-sample ({chosen})"] = summary(evaluate(sets, linear_scorer(all_cols, w)), sets)
     removed: dict[str, Any] = {}
-    for name, feats in GROUPS.items():
-        cols = [i for i, f in enumerate(FEATURES) if f not in feats]
+    for name, feats in groups.items():
+        cols = [i for i, f in enumerate(features) if f not in feats]
         removed[name] = summary(loco(sets, cols, kind, l2), sets)["all"]
         log(f"LOCO without {name}: {removed[name]}")
-    only_fusion = summary(loco(sets, [fusion_col], kind, l2), sets)["all"]
+    return {"rows": rows, "grid": grid, "by_depth": by_depth, "removed": removed, "w": w, "kind": kind, "l2": l2,
+            "depth": depth, "chosen": chosen, "sets": sets}
+
+
+def signal_rows(sets: list[dict[str, Any]], features: Sequence[str], groups: dict[str, list[str]],
+                kind: str, l2: float, depth: int | None) -> dict[str, dict[str, Any]]:
+    """bench/locomo.py's per-signal rows (issue 31 §4) at the shipped model, L2 and depth: the
+    fusion; the fusion's score with each signal group added alone (LOCO); the ranker, LOCO and
+    in-sample; the ranker with each group removed (LOCO)."""
+    sets = truncated(sets, depth)
+    fusion_col = list(features).index("fusion")
+    all_cols = list(range(len(features)))
+    rows: dict[str, dict[str, Any]] = {"fusion": summary(evaluate(sets, lambda s: -np.arange(s["x"].shape[0], dtype=float)), sets)}
+    for name, feats in groups.items():
+        cols = sorted({fusion_col, *(i for i, f in enumerate(features) if f in feats)})
+        rows[f"fusion + {name} alone, LOCO"] = summary(loco(sets, cols, kind, l2), sets)
+    rows["ranker, LOCO"] = summary(loco(sets, all_cols, kind, l2), sets)
+    rows["ranker, in-sample"] = summary(evaluate(sets, linear_scorer(all_cols, fit(sets, all_cols, kind, l2))), sets)
+    for name, feats in groups.items():
+        cols = [i for i, f in enumerate(features) if f not in feats]
+        rows[f"ranker − {name}, LOCO"] = summary(loco(sets, cols, kind, l2), sets)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    from eurekamem.daemon.conversation import signals as conversation_signals
+    from eurekamem.daemon.memory import signals as memory_signals
+    from eurekamem.daemon.retrieval.ranker import LinearRanker
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--path", choices=("conversation", "memory"), default="conversation",
+                    help="which search's ranker: conversation.search (default) or memory.search")
+    ap.add_argument("--data", default=None)
+    ap.add_argument("--embed-cache", default="/tmp/eurekamem-ranker-e5-small.npz",
+                    help="a .npz of the embeddings, reused when it exists (outside the repo)")
+    ap.add_argument("--out", default=None, help="the report's folder (default bench/results/<path>-ranker-<date>)")
+    ap.add_argument("--weights", default=None, help="the weights file (default the package's, beside the path's signals)")
+    ap.add_argument("--no-write", action="store_true", help="report only; leave the weights file alone")
+    ap.add_argument("--latency", action="store_true", help="also time both rankers (conversation: one ~2,760-turn group)")
+    ap.add_argument("--latency-only", action="store_true", help="time the shipped weights only (no training)")
+    ap.add_argument("--only", default=None, help="comma-separated sample_ids (a quick look; LOCO needs at least two)")
+    args = ap.parse_args(argv)
+    memory = args.path == "memory"
+    signals = memory_signals if memory else conversation_signals
+    features = signals.FEATURES
+    weights_path = Path(args.weights or ROOT / "daemon" / args.path / "ranker.json")
+    prefix = "memory-ranker" if memory else "ranker"
+    out = Path(args.out or HERE / "results" / f"{prefix}-{datetime.date.today().isoformat()}")
+    data = Path(args.data or os.environ.get("EUREKAMEM_LOCOMO") or DEFAULT_DATA_DIR)
+    if data.is_dir():
+        data = data / "locomo-dev.json"
+    cache = Path(args.embed_cache) if args.embed_cache else None
+    t_start = time.perf_counter()
+    only = args.only.split(",") if args.only else None
+    convs, questions, _ = load(data, only=only)
+    sessions = conversation_sessions(data, only=only)
+    if memory:
+        state, qvecs = memory_state(convs, questions, cache)
+        if args.latency_only:
+            print(json.dumps(memory_latency(state, questions, qvecs), indent=1))
+            return 0
+        sets, same = memory_sets(state, questions, qvecs)
+        model_name = state.model
+    else:
+        if args.latency_only:
+            print(json.dumps(latency(sessions, questions, cache), indent=1))
+            return 0
+        state, qvecs = embedded_state(sessions, questions, cache)
+        sets, same = question_sets(state, questions, qvecs)
+        model_name = state.model
+    log(f"the candidates' first 20 are the search's (fusion) answer for {same} of {len(sets)} questions")
+    log(f"{len(sets)} questions, {sum(s['x'].shape[0] for s in sets)} candidates, "
+        f"{sum(1 for s in sets if s['y'].any())} with evidence among them ({time.perf_counter() - t_start:.0f} s)")
+    got = choose_and_fit(sets, features, MEMORY_GROUPS if memory else GROUPS)
+    rows, w, kind, l2, depth, chosen, sets = (got[k] for k in ("rows", "w", "kind", "l2", "depth", "chosen", "sets"))
     loco_row = rows[f"learned, LOCO ({chosen})"]
+    search = "memory.search (hybrid)" if memory else "conversation.search"
     meta = {
-        "trained_by": "bench/train_ranker.py",
+        "trained_by": "bench/train_ranker.py" + (" --path memory" if memory else ""),
         "trained_on": "LoCoMo development split (conv-26, conv-30, conv-41, conv-42, conv-43), questions of categories 1-4, "
-                      "evidence turns as positives; e5-small vectors",
-        "embedder": state.model,  # the daemon ranks this way by default only with this embedder
+                      "evidence turns as positives; e5-small vectors"
+                      + ("; every turn a memory, as bench/locomo.py stores them" if memory else ""),
+        "embedder": model_name,  # the daemon ranks this way by default only with this embedder
         "model": kind, "l2": l2, "depth": depth,
         "loco": loco_row["all"], "in_sample": rows[f"learned, in-sample ({chosen})"]["all"],
         "fusion": rows["old fusion (ranker: fusion)"]["all"],
-        "check": check_set(FEATURES, w),
+        "check": check_set(features, w),
     }
-    model = LinearRanker(tuple(FEATURES), w, meta)
-    result: dict[str, Any] = {"rows": rows, "grid": grid, "by_depth": by_depth, "removed": removed, "fusion_alone_refit": only_fusion,
-                              "weights": dict(zip(FEATURES, [round(float(v), 6) for v in w])), "chosen": {"kind": kind, "l2": l2, "depth": depth},
-                              "questions": len(sets), "fusion_reproduced": same, "seconds_to_train_and_evaluate": round(time.perf_counter() - t_start, 1)}
+    model = LinearRanker(tuple(features), w, meta)
+    result: dict[str, Any] = {"rows": rows, "grid": got["grid"], "by_depth": got["by_depth"], "removed": got["removed"],
+                              "weights": dict(zip(features, [round(float(v), 6) for v in w])),
+                              "chosen": {"kind": kind, "l2": l2, "depth": depth},
+                              "questions": len(sets), "fusion_reproduced": same,
+                              "seconds_to_train_and_evaluate": round(time.perf_counter() - t_start, 1)}
     if not args.no_write:
-        Path(args.weights).write_text(model.to_json(), encoding="utf-8")
-        shipped_ranker.cache_clear()  # the latency run below ranks with these weights (when the file is the package's)
-        log(f"weights written to {args.weights}")
+        weights_path.write_text(model.to_json(), encoding="utf-8")
+        signals.shipped_ranker.cache_clear()  # the latency run below ranks with these weights (when the file is the package's)
+        log(f"weights written to {weights_path}")
     if args.latency:
-        result["latency"] = latency(sessions, questions, cache)
+        result["latency"] = memory_latency(state, questions, qvecs) if memory else latency(sessions, questions, cache)
         log(f"latency: {result['latency']}")
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "ranker.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    convs = sorted({s["conv"] for s in sets})
-    lines = ["# conversation.search's learned ranker on the LoCoMo dev split (issue 31)", "",
-             f"{len(sets)} questions of categories 1-4 over {len(convs)} conversations ({', '.join(convs)}); the candidates "
-             "are the old fusion's (union of the BM25 and e5-small top 100), computed in-process by the daemon's "
-             f"ConversationState (its top 20 is conversation.search's answer for {same} of {len(sets)} questions); "
+    convs_ = sorted({s["conv"] for s in sets})
+    if memory:
+        how = ("the candidates are memory.search's (hybrid: the union of the BM25 top 100 with the person boost and the "
+               "e5-small top 100, every turn a memory as bench/locomo.py stores them, one domain per conversation), "
+               f"computed in-process by the daemon's MemoryState (its top 20 is memory.search's answer with ranker fusion "
+               f"for {same} of {len(sets)} questions)")
+    else:
+        how = ("the candidates are the old fusion's (union of the BM25 and e5-small top 100), computed in-process by the "
+               f"daemon's ConversationState (its top 20 is conversation.search's fusion answer for {same} of {len(sets)} questions)")
+    lines = [f"# {search}'s learned ranker on the LoCoMo dev split (issue 31)", "",
+             f"{len(sets)} questions of categories 1-4 over {len(convs_)} conversations ({', '.join(convs_)}); {how}; "
              "metrics over the candidates' ranking. Model and L2 chosen by leave-one-conversation-out MRR@10 only; "
-             "a question whose evidence is not among the candidates counts as a miss everywhere.", "", *table(rows), "", "Per category (any@10):", "",
-             *category_table(rows, "any@10"), "", "Per category (MRR@10):", "", *category_table(rows, "MRR@10"), "",
+             "a question whose evidence is not among the candidates counts as a miss everywhere.", "", *table(rows), "",
+             "Per category (any@10):", "", *category_table(rows, "any@10"), "", "Per category (MRR@10):", "",
+             *category_table(rows, "MRR@10"), "",
              "LOCO grid (model, L2):", "", "| model | " + " | ".join(METRICS) + " |", "|---|" + "---|" * len(METRICS)]
-    lines += [f"| {name} | " + " | ".join(f"{r[k]:.3f}" for k in METRICS) + " |" for name, r in grid.items()]
+    lines += [f"| {name} | " + " | ".join(f"{r[k]:.3f}" for k in METRICS) + " |" for name, r in got["grid"].items()]
     lines += ["", f"LOCO by depth (how many of the fusion's candidates are reordered; {kind}, L2 {l2:g}; the smallest "
               f"within {DEPTH_SLACK} of the best MRR@10 is shipped):", "", "| depth | " + " | ".join(METRICS) + " |",
               "|---|" + "---|" * len(METRICS)]
-    lines += [f"| {d} | " + " | ".join(f"{r[k]:.3f}" for k in METRICS) + " |" for d, r in by_depth.items()]
+    lines += [f"| {d} | " + " | ".join(f"{r[k]:.3f}" for k in METRICS) + " |" for d, r in got["by_depth"].items()]
     lines += ["", "LOCO with one signal group removed:", "", "| removed | " + " | ".join(METRICS) + " |",
               "|---|" + "---|" * len(METRICS)]
-    lines += [f"| {name} | " + " | ".join(f"{r[k]:.3f}" for k in METRICS) + " |" for name, r in removed.items()]
+    lines += [f"| {name} | " + " | ".join(f"{r[k]:.3f}" for k in METRICS) + " |" for name, r in got["removed"].items()]
     lines += ["", "Weights (over per-query z-scores):", "", "| signal | weight |", "|---|---|"]
-    lines += [f"| {f} | {v:+.4f} |" for f, v in zip(FEATURES, w)]
+    lines += [f"| {f} | {v:+.4f} |" for f, v in zip(features, w)]
     if "latency" in result:
         lat = result["latency"]
-        lines += ["", f"Query cost in-process (the query vector given) at one group of {lat['messages']} turns, "
-                      f"{len(sets)} questions: fusion p50 {lat['fusion']['p50_ms']:.2f} ms / p99 {lat['fusion']['p99_ms']:.2f} ms; "
-                      f"learned p50 {lat['learned']['p50_ms']:.2f} ms / p99 {lat['learned']['p99_ms']:.2f} ms "
-                      f"(+{lat['added_p50_ms']:.2f} ms p50, ×{lat['ratio_p50']:.2f}; the median of the per-question differences, "
-                      f"both rankers back to back, {lat['rounds']} rounds: +{lat['added_p50_ms_paired']:.2f} ms). The ranker's term cache after it: "
-                      f"{lat['term_cache']['turns']} turns, {lat['term_cache']['sessions']} sessions, about "
-                      f"{lat['term_cache']['bytes_per_message']} bytes a message."]
+        lines += ["", f"Query cost in-process (the query vector given), {lat['messages']} {'memories' if memory else 'turns'}"
+                      f"{'' if memory else ' in one group'}, {len(sets)} questions: fusion p50 {lat['fusion']['p50_ms']:.2f} ms / "
+                      f"p99 {lat['fusion']['p99_ms']:.2f} ms; learned p50 {lat['learned']['p50_ms']:.2f} ms / p99 "
+                      f"{lat['learned']['p99_ms']:.2f} ms (+{lat['added_p50_ms']:.2f} ms p50, ×{lat['ratio_p50']:.2f}; the median of "
+                      f"the per-question differences, both rankers back to back, {lat['rounds']} rounds: "
+                      f"+{lat['added_p50_ms_paired']:.2f} ms). The anchor, in the same run: embedding one question "
+                      f"with e5-small, p50 {lat['query_embedding']['p50_ms']:.2f} ms / p99 {lat['query_embedding']['p99_ms']:.2f} ms."]
+        if "term_cache" in lat:
+            lines[-1] += (f" The ranker's term cache after it: {lat['term_cache']['turns']} turns, "
+                          f"{lat['term_cache']['sessions']} sessions, about {lat['term_cache']['bytes_per_message']} bytes a message.")
     (out / "README.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))
     return 0

@@ -425,6 +425,7 @@ class MemorySearch(Params):
     include_global: bool = True
     as_of: Instant | None = None  # null: now; only memories valid at that time
     include_expired: bool = False  # also memories whose validity ended at or before as_of
+    ranker: Literal["fusion", "learned"] | None = None  # hybrid only; None: learned with the weights' embedder, else fusion
 
 
 class MemoryInject(Params):

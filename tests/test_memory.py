@@ -348,7 +348,7 @@ def test_a_query_naming_a_person_boosts_their_memories() -> None:
     assert all(boost == 0.0 for _, boost in plain) and plain[0][0] != "m2"
     named = search("What did caroline say about painting?")
     assert named[0][0] == "m2" and named[0][1] > 0
-    caroline_best = state.lexical.search("What did caroline say about painting?", 10, state._named_people("caroline", None)[0])[1][0]
+    caroline_best = state.lexical.search("What did caroline say about painting?", 10, state._named_people("caroline", None)[0][1])[1][0]
     assert named[0][1] == pytest.approx(PERSON_BOOST * float(caroline_best), rel=1e-5)
     assert dict(named)["m3"] > 0 and dict(named)["m1"] == 0.0  # m3 matches "caroline" in its text
     # hybrid: the boost holds beside a dense side that ranks nobody higher (the query's vector is

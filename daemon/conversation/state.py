@@ -192,11 +192,18 @@ class Group:
         self.summary = Summary()
         self.taken: tuple[str, int] | None = None  # (job id, mark_to) of the last window an extraction took (not durable)
         self.version = 0
-        self._cache: dict[Any, np.ndarray] = {}
+        self._cache: dict[Any, Any] = {}
 
     def changed(self) -> None:
         self.version += 1
         self._cache.clear()
+
+    def cached(self, key: str, build: Callable[[], Any]) -> Any:
+        """What `build` gives, kept until the group changes (the ranker's Layout)."""
+        got = self._cache.get(key)
+        if got is None:
+            got = self._cache[key] = build()
+        return got
 
     def order_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """(timestamps in microseconds, seqs) in conversation order, cached until the group changes."""
@@ -251,6 +258,7 @@ class ConversationState(TierState):
         self._deferred: set[int] | None = None  # while loading: reindex once at the end
         self.search_time = Histogram()
         self.searches = 0
+        self.searches_lexical_only = 0  # searches that ran on BM25 alone (see _search)
         self.embedded = 0  # vectors computed since start
         self.terms = TermCache(lambda seq: self.lexical.tokenize(line(self.messages[seq])))  # the ranker's
 
@@ -574,6 +582,9 @@ class ConversationState(TierState):
         t = self.tuning
         fusion = "learned" if ranker == "learned" else t.fusion
         boosts = sides.boosts
+        # BM25 alone: no query vector (the model loading or failing) or no message vector yet
+        lexical_only = query_vector is None or not len(self.vectors)
+        self.searches_lexical_only += lexical_only
         out = []
         for item in fused:
             prev, nxt = self.neighbours(item.label)
@@ -584,6 +595,8 @@ class ConversationState(TierState):
                 "dense_score": _round(item.raw["dense"]),
                 "speaker_boost": _round(boosts.get(item.label, 0.0)),
                 "fusion": fusion,
+                "embedded": item.label in self.vectors,  # false: no vector yet, found and ranked by BM25 alone
+                "lexical_only": lexical_only,
             }
             if dense_error:
                 why["dense_error"] = dense_error
@@ -876,6 +889,7 @@ class ConversationState(TierState):
             "embedded": self.embedded,
             "lexical_index_from": self.lexical_from,
             "searches": self.searches,
+            "searches_lexical_only": self.searches_lexical_only,
             "search": self.search_time.copy(),
         }
 

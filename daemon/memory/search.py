@@ -21,9 +21,10 @@ from ...protocol import Memory, ProtocolError, domain_slug
 from ...protocol import methods as m
 from ..primitives import Histogram
 from ..retrieval import calibration
-from ..retrieval.fusion import FETCH, boost_named, fuse_scores
+from ..retrieval.fusion import FETCH, Fused, boost_named, fuse_scores
 from ..retrieval.tokens import name_tokens, tokenize
-from .data import MemoryData
+from . import signals
+from .data import MemoryData, memory_text
 from .params import time_param
 from .prepared import Prepared
 from .strength import epoch, rank_factor
@@ -50,6 +51,14 @@ DEFAULT_FUSION: dict[str, Any] = {"fusion": "zscore", "dense": 0.5, "lexical": 1
 PERSON_BOOST = 0.3
 
 
+# one search's candidates: the fusion (best first), the query's vector, the dense side's error, the
+# dense and lexical scores and the boosts `why` shows, and the sides fusion saw
+Candidates = tuple[
+    list[Fused], np.ndarray | None, str | None, dict[int, float], dict[int, float], dict[int, float],
+    dict[str, tuple[list[int], list[float]]],
+]
+
+
 class Search(MemoryData):
     """memory.search over MemoryData, with the caches and the thread it owns (module rule)."""
 
@@ -63,6 +72,7 @@ class Search(MemoryData):
         self._people: dict[str, dict[str, None]] = {}
         self._people_by_token: dict[str, dict[str, None]] = {}
         self.person_boost = PERSON_BOOST
+        self.ranker: str | None = None  # memory.search's `ranker` when it names none (see ranker_of)
 
     def _dense_searcher(self) -> ThreadPoolExecutor:
         """This state's one thread that runs a hybrid search's hnswlib query while the caller's thread
@@ -112,9 +122,83 @@ class Search(MemoryData):
 
     def _search(self, p: m.MemorySearch) -> list[dict[str, Any]]:
         now = self.wall()
+        got = self._candidates(p, now)
+        if got is None:
+            return []
+        fused, query, dense_error, dense_scores, lexical_scores, boosts, sides = got
+        ranker = self.ranker_of(p)
+        if ranker == "learned":
+            fused, head = self._reranked(p.query, query, sides, fused)
+        # The order: relevance first, then strength. Relevance is the fused score rescaled over this
+        # query's candidates (the best 1, the last 0: z-scores are unbounded and may be negative),
+        # times (1 - w + w x strength), w = strength_weight (0: the fusion's order alone). Only hybrid
+        # searches weigh strength (dense and lexical are the retrievers alone, for evaluation); the
+        # sort is stable, so ties keep fusion's order. The top k of that order are the hits; each
+        # hit's score is calibrated from its own evidence alone (its cosine with the query, the share
+        # of the query's terms its text holds: calibration.py), never from the other candidates, so
+        # it does not move with what else is stored; min_score drops those below it. With the
+        # learned ranker the relevance is its score rescaled over the candidates it reordered (the
+        # rest, in the fusion's order after them, 0).
+        labels = np.fromiter((item.label for item in fused), dtype=np.int64, count=len(fused))
+        raw_fused = np.fromiter((item.score for item in fused), dtype=np.float64, count=len(fused))
+        scored = raw_fused if ranker != "learned" else raw_fused[:head]
+        hi, lo = float(scored[0]), float(scored.min())
+        relevance = (raw_fused - lo) / (hi - lo) if hi - lo > 1e-12 * max(1.0, abs(hi)) else np.ones_like(raw_fused)
+        if ranker == "learned":
+            relevance[head:] = 0.0
+        power = self.columns.strengths(labels, now, self.settings)
+        order = relevance * rank_factor(power, self.settings) if p.mode == "hybrid" else relevance
+        score_model = calibration.score_model(self.model, self.thresholds.floor)
+        top = np.argsort(-order, kind="stable")[: p.k].tolist()
+        coverages = self.lexical.coverage(p.query, [fused[i].label for i in top])
+        out = []
+        for i, coverage in zip(top, coverages):
+            item = fused[i]
+            label, ranks = item.label, item.ranks
+            cosine = float(np.dot(self.vectors.get(label), query)) if query is not None and label in self.vectors else None
+            calibrated = calibration.calibrated_score(score_model, cosine, coverage)
+            if p.min_score is not None and calibrated < p.min_score:
+                continue
+            memory = self.memories[self._id_of[label]]
+            out.append(
+                {
+                    "memory": memory,
+                    "score": round(calibrated, 6),
+                    "why": {
+                        "dense_rank": ranks.get("dense") or ranks.get("dense_prev"),
+                        "lexical_rank": ranks.get("lexical"),
+                        "dense_score": round(dense_scores[label], 6) if label in dense_scores else None,
+                        "lexical_score": round(lexical_scores[label], 6) if label in lexical_scores else None,
+                        "person_boost": round(boosts.get(label, 0.0), 6),
+                        "cosine": round(cosine, 6) if cosine is not None else None,
+                        "lexical_coverage": round(coverage, 6),
+                        "fused_score": round(item.score, 6),
+                        "fused": round(float(relevance[i]), 6),
+                        "strength": round(float(power[i]), 6),
+                        "ranker": ranker,
+                        **({"dense_error": dense_error} if dense_error else {}),
+                    },
+                }
+            )
+        return out
+
+    def ranker_of(self, p: m.MemorySearch) -> str:
+        """How a search's candidates are ordered: "learned" (the shipped linear ranker, hybrid
+        searches only) or "fusion". A search that names none gets `self.ranker`, else learned when
+        the shipped weights were trained on this embedder's vectors."""
+        if p.mode != "hybrid":
+            return "fusion"  # the retrievers alone, for evaluation
+        chosen = p.ranker or self.ranker
+        if chosen is not None:
+            return chosen
+        return "learned" if signals.shipped_ranker().meta.get("embedder") == self.model else "fusion"
+
+    def _candidates(self, p: m.MemorySearch, now: float) -> Candidates | None:
+        """Both sides' top lists and their fusion (every candidate, best first), with what `why`
+        shows of them; None when no memory may match."""
         allowed = self._allowed(p, now)
         if allowed is not None and len(allowed) == 0:
-            return []
+            return None
         sides: dict[str, tuple[list[int], list[float]]] = {}
         dense_scores: dict[int, float] = {}
         lexical_scores: dict[int, float] = {}
@@ -149,7 +233,7 @@ class Search(MemoryData):
                 lex_labels, lex_scores, boosts = boost_named(
                     labels.tolist(),
                     scores.tolist(),
-                    self._named_people(p.query, allowed) if self.person_boost > 0 else [],
+                    [theirs for _, theirs in self._named_people(p.query, allowed)] if self.person_boost > 0 else [],
                     lambda theirs: self.lexical.search(p.query, FETCH, theirs),
                     self.person_boost,
                     FETCH,
@@ -175,57 +259,59 @@ class Search(MemoryData):
         method = str(fusion.get("fusion", "zscore")) if p.mode == "hybrid" else "zscore"
         fused = fuse_scores(sides, weights, method)  # type: ignore[arg-type]
         if not fused:
-            return []
-        # The order: relevance first, then strength. Relevance is the fused score rescaled over this
-        # query's candidates (the best 1, the last 0: z-scores are unbounded and may be negative),
-        # times (1 - w + w x strength), w = strength_weight (0: the fusion's order alone). Only hybrid
-        # searches weigh strength (dense and lexical are the retrievers alone, for evaluation); the
-        # sort is stable, so ties keep fusion's order. The top k of that order are the hits; each
-        # hit's score is calibrated from its own evidence alone (its cosine with the query, the share
-        # of the query's terms its text holds: calibration.py), never from the other candidates, so
-        # it does not move with what else is stored; min_score drops those below it.
-        labels = np.fromiter((item.label for item in fused), dtype=np.int64, count=len(fused))
-        raw_fused = np.fromiter((item.score for item in fused), dtype=np.float64, count=len(fused))
-        hi, lo = float(raw_fused[0]), float(raw_fused.min())
-        relevance = (raw_fused - lo) / (hi - lo) if hi - lo > 1e-12 * max(1.0, abs(hi)) else np.ones_like(raw_fused)
-        power = self.columns.strengths(labels, now, self.settings)
-        order = relevance * rank_factor(power, self.settings) if p.mode == "hybrid" else relevance
-        score_model = calibration.score_model(self.model, self.thresholds.floor)
-        top = np.argsort(-order, kind="stable")[: p.k].tolist()
-        coverages = self.lexical.coverage(p.query, [fused[i].label for i in top])
-        out = []
-        for i, coverage in zip(top, coverages):
-            item = fused[i]
-            label, ranks = item.label, item.ranks
-            cosine = float(np.dot(self.vectors.get(label), query)) if query is not None and label in self.vectors else None
-            calibrated = calibration.calibrated_score(score_model, cosine, coverage)
-            if p.min_score is not None and calibrated < p.min_score:
-                continue
-            memory = self.memories[self._id_of[label]]
-            out.append(
-                {
-                    "memory": memory,
-                    "score": round(calibrated, 6),
-                    "why": {
-                        "dense_rank": ranks.get("dense") or ranks.get("dense_prev"),
-                        "lexical_rank": ranks.get("lexical"),
-                        "dense_score": round(dense_scores[label], 6) if label in dense_scores else None,
-                        "lexical_score": round(lexical_scores[label], 6) if label in lexical_scores else None,
-                        "person_boost": round(boosts.get(label, 0.0), 6),
-                        "cosine": round(cosine, 6) if cosine is not None else None,
-                        "lexical_coverage": round(coverage, 6),
-                        "fused_score": round(item.score, 6),
-                        "fused": round(float(relevance[i]), 6),
-                        "strength": round(float(power[i]), 6),
-                        **({"dense_error": dense_error} if dense_error else {}),
-                    },
-                }
-            )
-        return out
+            return None
+        return fused, query, dense_error, dense_scores, lexical_scores, boosts, sides
 
-    def _named_people(self, query: str, allowed: np.ndarray | None) -> list[np.ndarray]:
+    def candidate_signals(self, p: m.MemorySearch) -> tuple[list[int], np.ndarray]:
+        """Every candidate of a search (the fusion's order) and its signals: what the learned
+        ranker scores, for bench/train_ranker.py (the daemon's own code path)."""
+        got = self._candidates(p, self.wall())
+        if got is None:
+            return [], np.zeros((0, len(signals.FEATURES)))
+        fused, query, _, _, _, _, sides = got
+        return [f.label for f in fused], self._signals(p.query, query, sides, fused)
+
+    def _signals(
+        self, text: str, query: np.ndarray | None, sides: dict[str, tuple[list[int], list[float]]], fused: list[Fused]
+    ) -> np.ndarray:
+        labels = [f.label for f in fused]
+        lex_labels, lex_scores = sides.get("lexical", ([], []))
+        dense_labels, _ = sides.get("dense", ([], []))
+        memories = [self.memories[self._id_of[label]] for label in labels]
+        return signals.signal_matrix(
+            self.lexical,
+            self.vectors,
+            text,
+            query,
+            labels,
+            dict(zip(lex_labels, lex_scores)),
+            {label: i + 1 for i, label in enumerate(lex_labels)},
+            {label: i + 1 for i, label in enumerate(dense_labels)},
+            [f.score for f in fused],
+            self._named_people(text, None),
+            [memory.attributed_to for memory in memories],
+            [memory.content for memory in memories],
+            [memory_text(memory) for memory in memories[: signals.RM3_DOCS]],
+        )
+
+    def _reranked(
+        self, text: str, query: np.ndarray | None, sides: dict[str, tuple[list[int], list[float]]], fused: list[Fused]
+    ) -> tuple[list[Fused], int]:
+        """The fusion's first `depth` candidates (the weights file says how many) by the shipped
+        linear ranker's score, ties in the fusion's order, then the rest in the fusion's order; each
+        reordered item's score becomes the ranker's. Also how many were reordered."""
+        ranker = signals.shipped_ranker()
+        head, tail = fused[: ranker.depth], fused[ranker.depth :]
+        scores = ranker.score(self._signals(text, query, sides, head)).tolist()
+        order = sorted(range(len(head)), key=lambda i: (-scores[i], i))
+        for i in order:
+            head[i].score = scores[i]
+        return [head[i] for i in order] + tail, len(head)
+
+    def _named_people(self, query: str, allowed: np.ndarray | None) -> list[tuple[str, np.ndarray]]:
         """For each person memories are attributed to whose name the query contains (a name token,
-        unstemmed, among the query's tokens): the labels of that person's memories a search may return."""
+        unstemmed, among the query's tokens): the person and the labels of that person's memories a
+        search may return."""
         people: dict[str, None] = {}
         for word in tokenize(query):
             people.update(self._people_by_token.get(word, {}))
@@ -239,7 +325,7 @@ class Search(MemoryData):
                 if len(self._allowed_cache) > 256:
                     self._allowed_cache.clear()
                 self._allowed_cache[key] = theirs
-            out.append(theirs if allowed is None else np.intersect1d(theirs, allowed, assume_unique=True))
+            out.append((person, theirs if allowed is None else np.intersect1d(theirs, allowed, assume_unique=True)))
         return out
 
     def _index_person(self, memory: Memory) -> None:

@@ -410,6 +410,42 @@ class LexicalIndex:
         result: list[float] = (found / len(terms)).tolist()
         return result
 
+    def term_counts(self, query: str, labels: Iterable[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The query's distinct terms' BM25 idf over the live documents (0 for a term none holds),
+        and each label's count of each term, (labels, terms) float64 (0 for a label not indexed):
+        what a ranker reads to score candidates otherwise than BM25 does. One binary search per
+        query term over the labels' document ids, as coverage."""
+        return self.counts_of(list(dict.fromkeys(self.tokenize(query))), labels)
+
+    def counts_of(self, terms: list[str], labels: Iterable[int]) -> tuple[np.ndarray, np.ndarray]:
+        """As term_counts, for terms already tokenized (distinct)."""
+        wanted = np.fromiter((int(label) for label in labels), dtype=np.int64)
+        idf = np.zeros(len(terms))
+        tf = np.zeros((wanted.size, len(terms)))
+        if not terms or not wanted.size:
+            return idf, tf
+        known = (wanted >= 0) & (wanted < self._label_doc.shape[0])
+        docs = np.where(known, self._label_doc[np.where(known, wanted, 0)], -1)  # -1: not indexed
+        for j, term in enumerate(terms):
+            tid = self._vocab.get(term)
+            p = self._post[tid] if tid is not None else None
+            if p is None or self._df[tid] <= 0:
+                continue
+            df = float(self._df[tid])
+            idf[j] = math.log(1.0 + (self._count - df + 0.5) / (df + 0.5))
+            posted = p.docs[: p.n]
+            at = np.minimum(np.searchsorted(posted, docs), p.n - 1)
+            hit = (posted[at] == docs) & (docs >= 0)
+            tf[hit, j] = p.tfs[at[hit]]
+        return idf, tf
+
+    def lengths(self, labels: Iterable[int]) -> np.ndarray:
+        """Each label's document length in tokens (float64; 0 for a label not indexed)."""
+        wanted = np.fromiter((int(label) for label in labels), dtype=np.int64)
+        known = (wanted >= 0) & (wanted < self._label_doc.shape[0])
+        docs = np.where(known, self._label_doc[np.where(known, wanted, 0)], -1)
+        return np.where(docs >= 0, self._doc_len[np.maximum(docs, 0)], 0.0).astype(np.float64)
+
     def remove(self, label: int) -> bool:
         """Forget `label`'s text. Idempotent; True if it was present."""
         if label not in self:

@@ -15,13 +15,18 @@ exactly the ones the code computes, in order, is refused (ValueError) rather tha
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-__all__ = ["LinearRanker", "zscored"]
+from .lexical import LexicalIndex
+
+__all__ = ["RM3_DOCS", "RM3_TERMS", "LinearRanker", "rm3", "zscored"]
+
+RM3_DOCS = 10  # pseudo-relevance feedback: the fusion's first 10 ...
+RM3_TERMS = 20  # ... give the 20 terms they weigh most (not the query's own)
 
 
 def zscored(x: np.ndarray) -> np.ndarray:
@@ -73,3 +78,24 @@ class LinearRanker:
     def to_json(self) -> str:
         doc = {"features": list(self.features), "weights": [float(w) for w in self.weights], **self.meta}
         return json.dumps(doc, indent=1, sort_keys=False) + "\n"
+
+
+def rm3(index: LexicalIndex, query: str, labels: Sequence[int], feedback: Sequence[Mapping[str, int]]) -> np.ndarray:
+    """RM3's expansion as a signal: each term's weight is its mean share of the feedback documents'
+    tokens (`feedback`: each one's term counts); the RM3_TERMS heaviest terms that are not the
+    query's (ties by the term), each of `labels` scored by sum(weight x idf x saturated count) over
+    them in its document in `index` (BM25 without length normalisation)."""
+    own = set(index.tokenize(query))
+    weight: dict[str, float] = {}
+    for counts in feedback:
+        total = sum(counts.values())
+        for term, count in counts.items():
+            weight[term] = weight.get(term, 0.0) + count / (total * len(feedback))
+    ranked = sorted(weight.items(), key=lambda kv: (-kv[1], kv[0]))
+    chosen = [(term, w) for term, w in ranked if term not in own][:RM3_TERMS]
+    if not chosen:
+        return np.zeros(len(labels))
+    idf, tf = index.counts_of([term for term, _ in chosen], labels)
+    k1 = index.k1
+    result: np.ndarray = (tf * (k1 + 1.0) / (tf + k1)) @ (idf * np.array([w for _, w in chosen]))
+    return result
