@@ -32,18 +32,23 @@ $(STAMP): pyproject.toml | $(VENV)/bin/python
 run: $(RUN_STAMP)
 	$(BIN)/eurekamem serve $(ARGS)
 
+# The tests run in WORKERS processes (pytest-xdist; default one per core, WORKERS=0 runs them in this one):
+# a module's tests stay together in one worker (--dist loadfile), so its module-scoped daemon is shared.
+WORKERS ?= auto
+XDIST = $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile)
+
 test: lint
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 # Every shell and Python example of README.md and protocol/PROTOCOL.md, run against a real daemon on a
 # fresh data root with XDG_RUNTIME_DIR unset (tests/test_docs.py; `make test` runs it too).
 docs-check: $(STAMP)
 	$(BIN)/python -m pytest -q tests/test_docs.py $(PYTEST_ARGS)
 
-# Layers are pytest markers given by tests/conftest.py (unit, io, trio, e2e, soak; see pyproject.toml),
-# checked as the tests run; `make test-fast PYTEST_ARGS="-m unit"` runs the pure ones alone.
+# Layers are pytest markers given by tests/conftest.py (unit, io, trio, e2e, soak, slow; see pyproject.toml),
+# checked as the tests run; `make test-fast PYTEST_ARGS="-m unit"` runs the quick pure ones alone.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not e2e and not soak" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) -m "not e2e and not soak" $(PYTEST_ARGS)
 
 # mypy finds a package by a folder of its name, and a checkout's folder may have any name: build/typecheck/
 # holds one link, eurekamem -> the tree (which packages it checks, and how strictly: pyproject.toml).

@@ -25,6 +25,19 @@ from eurekamem.daemon.retrieval.embed import Embedder, make_embedder
 
 IO_TIMEOUT = 20  # seconds; every I/O test runs under trio.fail_after(IO_TIMEOUT)
 
+# pytest keeps each test module with its asserts rewritten as bytecode in tests/__pycache__, unless
+# writing bytecode is off (PYTHONDONTWRITEBYTECODE, as on this project's machines and CI): then every
+# run rewrites the ~90 modules' ~5,000 asserts again, ~8 s of CPU in each run's collection (in each
+# xdist worker's). The package's bytecode is written for the same reason (pytest_sessionstart below).
+sys.dont_write_bytecode = False
+
+# In a pytest-xdist worker GNU readline (which pdb imports) writes a LINES and COLUMNS of its own into the
+# environment: the commands the tests run would then cut their tables to 80 columns, where a run in one
+# process, their output a pipe, prints them whole.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    for _name in ("COLUMNS", "LINES"):
+        os.environ.pop(_name, None)
+
 
 # The layers. A test is `e2e` when it starts a subprocess (the daemon, the eurekamem command, a load
 # generator, `mount`): its own code, a fixture it takes or a helper it calls (in its module, or
@@ -34,9 +47,11 @@ IO_TIMEOUT = 20  # seconds; every I/O test runs under trio.fail_after(IO_TIMEOUT
 # same way: a Client against a stub server, trio.run of its own), and `unit` if neither. A test marked by hand keeps its marker. The derivation is checked while the
 # tests run (_LayerCheck): a `unit` test that opens a socket or starts a process, or a `trio` or `io`
 # test that starts a process, fails saying which marker it needs. (`trio` is also pytest-trio's marker,
-# which runs a coroutine test: a test that is not one cannot have it, hence `io`.)
+# which runs a coroutine test: a test that is not one cannot have it, hence `io`.) `slow` is given by
+# hand to an in-process test that takes seconds of CPU (a real model over a labelled set, a store of
+# thousands), so that `-m unit` stays the quick loop; `make test-fast` still runs them.
 LAYERS = {"test_soak": "soak", "test_faults": "e2e", "test_loadgen": "e2e"}
-LAYER_NAMES = ("unit", "io", "trio", "e2e", "soak")
+LAYER_NAMES = ("unit", "io", "trio", "e2e", "soak", "slow")
 SPAWN_MARKS = ("DaemonProcess", "subprocess", "run_process", "Popen", "sys.executable", "NotifiedDaemon")
 SOCKET_MARKS = ("trio.run", "running_daemon", "open_unix_socket", "socket.socket", "socketpair", "RawConnection",
                 "StubLLMServer", "Client(", "AsyncClient", "MemoryManager(", "asyncio.run", "anyio.run", "HTTPServer",
@@ -125,7 +140,7 @@ class _LayerCheck:
 
     EVENTS = {"socket.__new__": "opens a socket", "subprocess.Popen": "starts a process", "os.fork": "forks",
               "os.posix_spawn": "starts a process", "os.exec": "starts a process", "os.system": "starts a process"}
-    ALLOWED = {"unit": (), "io": ("opens a socket",), "trio": ("opens a socket",)}
+    ALLOWED = {"unit": (), "io": ("opens a socket",), "trio": ("opens a socket",), "slow": ("opens a socket",)}
 
     def __init__(self) -> None:
         self.seen: set[str] | None = None  # what the running test did; None between tests
@@ -149,7 +164,7 @@ class _LayerCheck:
         layers = {name for name in LAYER_NAMES if item.get_closest_marker(name)}
         if not seen or layers & {"e2e", "soak"}:
             return
-        layer = "trio" if "trio" in layers else "io" if "io" in layers else "unit"
+        layer = next((name for name in ("trio", "io", "slow") if name in layers), "unit")
         wrong = seen - set(self.ALLOWED[layer])
         if wrong:
             needs = "io" if wrong == {"opens a socket"} else "e2e"

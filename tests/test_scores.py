@@ -168,6 +168,7 @@ class _Store:
         return hits[0]["score"], hits[0]["why"]["lexical_score"]
 
 
+@pytest.mark.slow
 def test_a_score_does_not_move_with_the_store() -> None:
     """The README's query and memory score the same (within 0.05; measured: identical) whatever else
     is stored: the memory alone, beside the README's second memory, beside the labelled set's 31,

@@ -111,6 +111,7 @@ bodies = texts.map(lambda t: t.replace("\r", "\n").strip()).filter(bool)
 times = st.datetimes(timezones=st.timezones()).map(lambda d: d.isoformat())
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, derandomize=True)
 @given(
     name=names,

@@ -224,6 +224,7 @@ def test_overfetch_grows_when_the_allowed_labels_are_far() -> None:
     assert len(set(labels.tolist()) & set(expect.tolist())) >= 9
 
 
+@pytest.mark.slow
 def test_recall_at_10_against_exact_20k_384d() -> None:
     rng = np.random.default_rng(6)
     n, dim = 20_000, 384

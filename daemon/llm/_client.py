@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import importlib
 import logging
 import random
 import time
@@ -97,17 +98,41 @@ def make_provider(resolved: ResolvedLLM) -> Provider:
         return UnavailableProvider(
             resolved.provider, resolved.model, resolved.unavailable_kind, resolved.unavailable_reason
         )
-    if resolved.provider == "anthropic":
-        from ._anthropic import AnthropicProvider  # the SDK is imported only when it is used
+    return _Deferred(resolved)
 
-        return AnthropicProvider(
-            model=resolved.model, api_key=resolved.api_key, base_url=resolved.base_url, timeout=resolved.timeout
-        )
-    from ._openai import OpenAIProvider
 
-    return OpenAIProvider(
-        model=resolved.model, api_key=resolved.api_key, base_url=resolved.base_url, timeout=resolved.timeout
-    )
+class _Deferred(Provider):
+    """The configured provider, made when the first answer is asked for (`ready`): its SDK
+    (anthropic's takes ~1.6 s of CPU to import, openai's httpx ~0.4 s) is imported then, in a worker
+    thread, not while the daemon starts; a daemon whose jobs never call the LLM never imports it."""
+
+    def __init__(self, resolved: ResolvedLLM) -> None:
+        self.name = resolved.provider
+        self.model = resolved.model
+        self._resolved = resolved
+        self._provider: Provider | None = None
+        self._making = trio.Lock()
+
+    async def ready(self) -> None:
+        if self._provider is not None:
+            return
+        async with self._making:
+            if self._provider is None:
+                module = "._anthropic" if self.name == "anthropic" else "._openai"
+                found = await trio.to_thread.run_sync(importlib.import_module, module, __package__)
+                kind = found.AnthropicProvider if self.name == "anthropic" else found.OpenAIProvider
+                r = self._resolved
+                self._provider = kind(model=r.model, api_key=r.api_key, base_url=r.base_url, timeout=r.timeout)
+
+    async def complete(self, request: CompletionRequest) -> Completion:
+        if self._provider is None:
+            await self.ready()
+        assert self._provider is not None
+        return await self._provider.complete(request)
+
+    async def aclose(self) -> None:
+        if self._provider is not None:
+            await self._provider.aclose()
 
 
 class _Counters:
@@ -269,6 +294,7 @@ class LLM:
         error: LLMError | None = None
         if isinstance(self.provider, UnavailableProvider):
             await self.provider.complete(request)  # raises at once: no budget spent, nothing retried
+        await self.provider.ready()  # not within the first request's timeout
         reservation = estimate + request.max_output_tokens
         ceiling = _input_ceiling(request) + request.max_output_tokens  # the most a request is charged
         for attempt in range(1, self.resolved.max_attempts + 1):

@@ -82,6 +82,9 @@ class Provider(abc.ABC):
     async def complete(self, request: CompletionRequest) -> Completion:
         """Send one request; return its answer or raise LLMUnavailable / LLMFailed."""
 
+    async def ready(self) -> None:  # noqa: B027 - most providers are ready once made
+        """Be ready to send: called before each answer's requests, outside their timeout."""
+
     async def aclose(self) -> None:  # noqa: B027 - a provider without connections has nothing to close
         """Release the provider's connections."""
 
