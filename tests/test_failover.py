@@ -78,6 +78,7 @@ class Answer:
     ident: str = ""  # what the daemon made: the memory's or node's id, the edge "from>to"
     value: Any = None
     error: str = ""  # the error's kind when not ok
+    in_doubt: bool = False  # refused with data.in_doubt: its COMMIT's outcome unknown, it may be in the database
 
 
 @dataclass
@@ -88,10 +89,33 @@ class Load:
     failures: list[str] = field(default_factory=list)  # anything but an answer or `unavailable`
     stop: threading.Event = field(default_factory=threading.Event)
     changed: threading.Condition = field(default_factory=threading.Condition)
+    paused: bool = False  # pause(): the writers wait before their next write
+    writing: int = 0  # writes sent and not answered yet
+
+    def begin(self) -> bool:
+        """Before a write: wait while paused; False once stopped (or failed)."""
+        with self.changed:
+            self.changed.wait_for(lambda: not self.paused or self.stop.is_set(), PHASE)
+            if self.stop.is_set() or self.failures:
+                return False
+            self.writing += 1
+            return True
+
+    def pause(self) -> None:
+        """Until no write is in flight, and none starts before resume()."""
+        with self.changed:
+            self.paused = True
+            assert self.changed.wait_for(lambda: self.writing == 0, PHASE), self.summary()
+
+    def resume(self) -> None:
+        with self.changed:
+            self.paused = False
+            self.changed.notify_all()
 
     def add(self, answer: Answer) -> None:
         with self.changed:
             self.answers.append(answer)
+            self.writing -= 1
             self.changed.notify_all()
 
     def fail(self, what: str) -> None:
@@ -113,8 +137,9 @@ class Load:
     def acked(self, kind: str, prefix: str = "") -> list[Answer]:
         return [a for a in self.answers if a.ok and a.kind == kind and a.writer.startswith(prefix)]
 
-    def refused(self, prefix: str = "") -> set[str]:
-        return {a.label for a in self.answers if not a.ok and a.writer.startswith(prefix)}
+    def in_doubt(self, prefix: str = "") -> set[str]:
+        """The writes refused as in doubt (their labels)."""
+        return {a.label for a in self.answers if a.in_doubt and a.writer.startswith(prefix)}
 
 
 def _write(c: Client, kind: str, label: str, domain: str, previous: str) -> tuple[str, Any]:
@@ -133,11 +158,13 @@ def _write(c: Client, kind: str, label: str, domain: str, previous: str) -> tupl
 
 def _attempt(load: Load, c: Client, writer: str, kind: str, label: str, domain: str, previous: str = "") -> str:
     """One write, its answer recorded: what it made, or "" when refused (`unavailable` is the only
-    refusal a failover may give: any other is a failure)."""
+    refusal a failover may give: any other is a failure); "" too once the load stopped."""
+    if not load.begin():
+        return ""
     try:
         made, value = _write(c, kind, label, domain, previous)
     except EurekamemError as exc:
-        load.add(Answer(time.monotonic(), writer, kind, label, False, error=exc.kind))
+        load.add(Answer(time.monotonic(), writer, kind, label, False, error=exc.kind, in_doubt=bool(exc.data.get("in_doubt"))))
         if exc.kind != "unavailable":
             load.fail(f"{writer}: {kind} {label} answered {exc.kind}: {exc}")
         return ""
@@ -181,7 +208,9 @@ def _start_writers(load: Load, daemons: dict[str, DaemonProcess]) -> dict[str, t
 
 
 def _stop(load: Load, threads: dict[str, threading.Thread]) -> None:
-    load.stop.set()
+    with load.changed:
+        load.stop.set()
+        load.changed.notify_all()
     for thread in threads.values():
         thread.join(PHASE)
         assert not thread.is_alive()
@@ -243,10 +272,10 @@ def _view(c: Client, name: str) -> dict[str, dict[str, Any]]:
     }
 
 
-def _differences(running: dict[str, dict[str, Any]], fresh: dict[str, dict[str, Any]], refused: set[str]) -> list[str]:
+def _differences(running: dict[str, dict[str, Any]], fresh: dict[str, dict[str, Any]], in_doubt: set[str]) -> list[str]:
     """How a running daemon's view differs from a fresh daemon's (the database's), but for what it
-    may lawfully lack: a write it answered `unavailable` whose COMMIT reached the database anyway
-    (refused names the refused writes: keys, titles, theorem names, link targets' ids)."""
+    may lawfully lack: a write it answered `unavailable` as in doubt, whose COMMIT may have reached
+    the database (in_doubt names them: keys, titles, theorem names, link targets' ids)."""
     found = []
     for kind, served in running.items():
         loaded = fresh[kind]
@@ -255,8 +284,8 @@ def _differences(running: dict[str, dict[str, Any]], fresh: dict[str, dict[str, 
             if k in served:
                 continue
             name = k if kind == "remember" else k.split(">")[1] if kind == "link" else v
-            if name not in refused:
-                found.append(f"{kind} {k} ({v!r}) is in the database, not served, and was never refused")
+            if name not in in_doubt:
+                found.append(f"{kind} {k} ({v!r}) is in the database, not served, and was never in doubt")
     return found
 
 
@@ -269,8 +298,8 @@ def _counts(c: Client) -> dict[str, int]:
 
 def _check_views(dsn: str, root: Path, load: Load, names: list[str], running: dict[str, dict[str, dict[str, Any]]]) -> dict[str, int]:
     """A fresh daemon on a new data root (the database alone) serves every acknowledged write with
-    its value, and each running daemon's view (taken before) equals its, but for refused writes.
-    Returns the fresh daemon's counts (_counts)."""
+    its value, and each running daemon's view (taken before) equals its, but for writes refused as
+    in doubt. Returns the fresh daemon's counts (_counts)."""
     fresh = _daemon(root, dsn).start()
     try:
         with Client(fresh.socket_path, timeout=TIMEOUT) as c:
@@ -281,7 +310,7 @@ def _check_views(dsn: str, root: Path, load: Load, names: list[str], running: di
                 for kind in ("memory", "theorem"):
                     assert not [a for a in load.acked(kind, name) if loaded[kind].get(a.ident) != a.value]
                 assert {a.ident for a in load.acked("link", name)} <= loaded["link"].keys()
-                assert _differences(running[name], loaded, load.refused(name)) == []
+                assert _differences(running[name], loaded, load.in_doubt(name)) == []
             return _counts(c)
     finally:
         assert fresh.terminate() == 0
@@ -305,11 +334,16 @@ def test_killing_the_primary_and_promoting_the_standby_loses_no_acknowledged_wri
         pair.primary.crash()
         crashed = time.monotonic()
         load.wait("a write refused on every writer", _each_since(threads, killed, ok=False))
+        load.pause()  # a read batched behind a refused write answers its error: reads alone here
         for name, proc in daemons.items():  # reads answer from the caches meanwhile
             with Client(proc.socket_path, timeout=TIMEOUT) as c:
                 first = load.acked("remember", name)[0]
                 assert c.recall(first.label).value == first.value
                 assert c.get_memory(load.acked("memory", name)[0].ident).title == load.acked("memory", name)[0].value
+                with pytest.raises(EurekamemError) as refused:
+                    c.remember(f"{name}-during", 1)
+                assert refused.value.kind == "unavailable"
+        load.resume()
         promoting = time.monotonic()
         pair.standby.promote()
         promoted = time.monotonic()
@@ -341,10 +375,13 @@ def test_a_node_cut_off_over_and_over_then_healed_serves_what_the_database_holds
     tmp_path: Path, postgres_server: Any, postgres_dsn: str
 ) -> None:
     """The daemon's sessions terminated (pg_terminate_backend) over and over under writers of three
-    tiers, until every writer has had writes refused, then left alone: its writes succeed again
-    without a restart, nothing it acknowledged is lost, and its view (records, memories, theorems,
-    edges, sys.stats' counts) equals what a fresh daemon loads from the database, but for writes it
-    answered `unavailable`."""
+    tiers: first in a tight loop, until three writes were refused, then once per answer, for
+    100 rounds at least, until commits were cut under it (sys.stats: `recommitted`) and every writer
+    had writes acknowledged through the cut; then left alone: its writes succeed without a restart,
+    nothing it acknowledged is lost, and its view (records, memories, theorems, edges, sys.stats'
+    counts) equals what a fresh daemon loads from the database: a commit whose connection broke was
+    committed again, so its outcome is known, but for one still in doubt at its deadline (the tight
+    loop), whose write answered `unavailable` with data.in_doubt: only those may differ."""
     name = postgres_dsn.rsplit("dbname=", 1)[1]
     proc = _started({"a": _daemon(tmp_path / "a", postgres_dsn)})["a"]
     load = Load()
@@ -352,30 +389,42 @@ def test_a_node_cut_off_over_and_over_then_healed_serves_what_the_database_holds
     try:
         load.wait("writes before the cut", _each_since(threads, 0.0, ok=True, n=3))
         cut = time.monotonic()
-        refused = _each_since(threads, cut, ok=False, n=5)
+        served_through = _each_since(threads, cut, ok=True, n=5)
+        def refused(answers: list[Answer]) -> bool:
+            return sum(not a.ok for a in answers if a.at > cut) >= 3
+
         rounds = 0
-        with psycopg.connect(postgres_server.dsn("postgres"), autocommit=True) as conn:
-            while True:  # the cut itself, as fast as the server answers, until each writer had 5 writes refused
-                conn.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()", (name,)
-                )
+        query = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()"
+        with psycopg.connect(postgres_server.dsn("postgres"), autocommit=True) as conn, Client(proc.socket_path, timeout=TIMEOUT) as c:
+            while not refused(load.answers):  # first as fast as the server answers: nothing gets through
+                conn.execute(query, (name,))
                 rounds += 1
-                with load.changed:
-                    if load.failures or refused(load.answers):
-                        break
-                assert time.monotonic() - cut < PHASE, f"writers never refused under the cut: {load.summary()}"
+                assert not load.failures and time.monotonic() - cut < PHASE, f"writes never refused under the cut: {load.summary()}"
+            recommitted = 0
+            while rounds < 100 or recommitted < 5 or not served_through(load.answers):  # then once per answer
+                seen = len(load.answers)
+                conn.execute(query, (name,))
+                rounds += 1
+                load.wait("an answer under the cut", lambda answers, seen=seen: len(answers) > seen)
+                recommitted = c.stats()["store"]["recommitted"]
+                assert time.monotonic() - cut < PHASE, f"the cut did not cut commits ({recommitted}): {load.summary()}"
         healed = time.monotonic()
         load.wait("writes again on every writer", _each_since(threads, healed, ok=True, n=3))
     finally:
         _stop(load, threads)
-    print(f"cut off for {healed - cut:.2f} s ({rounds} rounds of pg_terminate_backend): {load.summary()}")
-    assert {a.error for a in load.answers if not a.ok} == {"unavailable"}
     with Client(proc.socket_path, timeout=TIMEOUT) as c:
         running = {"a": _view(c, "a")}
         served = _counts(c)
+        store = c.stats()["store"]
+    print(
+        f"cut off for {healed - cut:.2f} s ({rounds} rounds of pg_terminate_backend): {load.summary()};"
+        f" {store['recommitted']} commits committed again, {store['in_doubt']} left in doubt"
+    )
+    assert {a.error for a in load.answers if not a.ok} <= {"unavailable"}
     held, _ = _in_database(postgres_dsn)
     assert _lost(load, held) == dict.fromkeys(held, [])
     assert proc.terminate() == 0
     loaded = _check_views(postgres_dsn, tmp_path / "fresh", load, ["a"], running)
-    in_doubt = len(load.refused())  # each may have reached the database (its COMMIT's outcome unknown)
+    in_doubt = len(load.in_doubt())
+    assert in_doubt == store["in_doubt"]
     assert all(served[k] <= loaded[k] <= served[k] + in_doubt for k in served), (served, loaded, in_doubt)

@@ -7,12 +7,18 @@ Rules kept here:
 - The driver is psycopg 3's sync pool, called from trio through `trio.to_thread.run_sync` with a
   CapacityLimiter of the pool's size (psycopg's async API needs asyncio). Nothing else touches the
   pool; each call borrows a connection for its transaction and gives it back.
-- What a failure means (daemon/storage/store.py): a connection that broke (a restarted server's,
-  or one lost during the transaction, COMMIT included) gets the batch once more on a fresh one; a
-  connection that cannot be had, or a second break, is `unavailable` (retryable). Both retries are
-  safe because every row operation is an upsert or a delete by key of whole records: a batch
-  committed twice leaves the same rows (and appears twice in the feed, whose mutations are
-  state-based: applying one twice changes nothing). A server that refuses the write (a full disk, a read-only server, a missing
+- What a failure means (daemon/storage/store.py): a connection that cannot be had is `unavailable`
+  (retryable; nothing was sent). A connection that broke with the transaction sent (a restarted
+  server's, or one lost during the transaction, COMMIT included) leaves the batch in doubt: it may
+  have committed, and the caches, rolled back, would then lack rows the database holds. So it is
+  committed again, on fresh connections, until a COMMIT returns or `timeout` passes (the server
+  away: a short pause between tries): the outcome is then known, and the answer true. Only a batch
+  still in doubt at the deadline answers `unavailable` with `data.in_doubt` (counted in
+  `in_doubt`; a client's retry, or the change feed, brings the caches back to the rows). Committing
+  again is safe because every row operation is an upsert or a delete by key of whole records: a
+  batch committed twice leaves the same rows (and appears twice in the feed, whose mutations are
+  state-based: applying one twice changes nothing), and the actor waits for this commit before
+  its next batch, so nothing newer of its keys can be overwritten. A server that refuses the write (a full disk, a read-only server, a missing
   permission, any other error it raises) is `read_only`, with the server's message.
 - Failover (several hosts in the DSN: a primary and its standbys): a connection is only ever made
   to the writable one (libpq's `target_session_attrs=read-write`, added when the DSN names several
@@ -35,6 +41,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
@@ -101,6 +108,25 @@ class SchemaTooNew(Exception):
     """The database was made by a newer eurekamem."""
 
 
+class _Unreached(Exception):
+    """A commit's own connection could not be made: nothing of the transaction was sent."""
+
+
+def _in_doubt(exc: BaseException) -> StoreUnavailable:
+    """What a batch answers whose connection broke and that could not be committed again (the
+    module's rule): its outcome is unknown."""
+    log.warning("PostgreSQL: a commit in doubt (its connection broke) could not be committed again: %s", exc)
+    return StoreUnavailable(
+        f"PostgreSQL is not reachable; the outcome of a COMMIT is unknown: {_first_line(exc)}",
+        "unavailable", store="postgres", in_doubt=True,
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def _classify(exc: BaseException, failover: bool = False) -> StoreUnavailable:
     """What a failed transaction's writes answer (the module's rule); `failover`: the DSN names
     several hosts, so a read-only server is a standby, not the database's answer."""
@@ -108,14 +134,14 @@ def _classify(exc: BaseException, failover: bool = False) -> StoreUnavailable:
     import psycopg_pool
 
     sqlstate = getattr(exc, "sqlstate", None) or ""
-    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    message = _first_line(exc)
     if failover and sqlstate == "25006":
         return StoreUnavailable(f"PostgreSQL is failing over (a read-only server answered): {message}", "unavailable", store="postgres")
     # class 53: insufficient resources (disk full, out of memory); 25006: read-only transaction
     # (a standby, default_transaction_read_only); 42501: insufficient privilege
     if sqlstate[:2] == "53" or sqlstate in ("25006", "42501"):
         return StoreUnavailable(f"PostgreSQL refused the write: {message}", "read_only", store="postgres")
-    if isinstance(exc, (psycopg.OperationalError, psycopg_pool.PoolTimeout, psycopg.InterfaceError)):
+    if isinstance(exc, (psycopg.OperationalError, psycopg_pool.PoolTimeout, psycopg.InterfaceError, _Unreached)):
         return StoreUnavailable(f"PostgreSQL is not reachable: {message}", "unavailable", store="postgres")
     return StoreUnavailable(f"PostgreSQL refused the write: {message}", "read_only", store="postgres")
 
@@ -133,6 +159,8 @@ class PostgresStore:
         self.pool: Any = None
         self.commits = 0
         self.failures = 0
+        self.recommitted = 0  # commits whose connection broke, committed again (the module's rule)
+        self.in_doubt = 0  # commits whose connection broke and that could not be committed again in time
         self.last_error: str | None = None
         self.attempts = 0  # connect_once's, this daemon's life
         # the models that have their HNSW index: read at open, grown by the commit that brings a
@@ -244,35 +272,48 @@ class PostgresStore:
             return
         batch = list(mutations)
         try:
-            await trio.to_thread.run_sync(self._commit_sync, batch, limiter=self.limiter)
+            broken = await trio.to_thread.run_sync(self._commit_sync, batch, limiter=self.limiter)
         except StoreUnavailable as exc:
             self.failures += 1
+            self.in_doubt += bool(exc.data.get("in_doubt"))
             self.last_error = str(exc)
             raise
         self.commits += 1
+        self.recommitted += bool(broken)
 
-    def _commit_sync(self, mutations: list[Any]) -> None:
+    def _commit_sync(self, mutations: list[Any]) -> int:
+        """Commit the batch (the module's rule); the connections that broke under it (0 mostly)."""
         import psycopg
         import psycopg_pool
 
         if self.pool is None:
             raise StoreUnavailable("PostgreSQL is not connected", "unavailable", store="postgres")
-        for attempt in (1, 2):
+        deadline = time.monotonic() + self.timeout
+        broken = 0  # attempts whose connection broke with the transaction sent: it may have committed
+        pause = 0.05
+        while True:
             try:
                 self._transaction(mutations)
-                self._index_new_models(mutations)
-                return
+                break
             except Exception as exc:
-                if attempt == 1 and isinstance(exc, psycopg.OperationalError) and not isinstance(exc, psycopg_pool.PoolTimeout):
-                    # a pooled connection that had broken (the server restarted), or one lost during
-                    # the transaction: once more on a fresh one. Safe whatever the first attempt did:
-                    # every row operation is an upsert or a delete by key of whole records (rows.py),
-                    # so a batch committed twice leaves the same rows (the feed holds it twice)
-                    log.info("PostgreSQL: a connection broke during a commit (%s); trying it once on another", exc)
-                    self.reconnecting = True
-                    self.pool.check()  # its idle ones went to the same server: the broken ones replaced now
-                    continue
-                raise _classify(exc, self.failover) from exc
+                unreached = isinstance(exc, (psycopg_pool.PoolTimeout, _Unreached))  # nothing was sent
+                if not unreached and isinstance(exc, psycopg.OperationalError):
+                    if not broken:
+                        log.info("PostgreSQL: a connection broke during a commit (%s); committing it again", exc)
+                        self.reconnecting = True
+                        self.pool.check()  # its idle ones went to the same server: the broken ones replaced now
+                    broken += 1
+                elif not broken:
+                    raise _classify(exc, self.failover) from exc
+                elif not unreached:  # refused now, but an earlier try may have committed
+                    raise _in_doubt(exc) from exc
+                if time.monotonic() >= deadline:
+                    raise _in_doubt(exc) from exc
+                if unreached:  # the server away (a failover): again after a short pause, until the deadline
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.5)
+        self._index_new_models(mutations)
+        return broken
 
     def _index_new_models(self, mutations: list[Any]) -> None:
         """After a commit that stored the first vector of a model: that model's HNSW index (the
@@ -348,8 +389,12 @@ class PostgresStore:
         import psycopg
         from pgvector.psycopg import register_vector
 
-        with psycopg.connect(self.dsn, connect_timeout=max(1, int(self.timeout))) as conn:
+        try:
+            conn = psycopg.connect(self.dsn, connect_timeout=max(1, int(self.timeout)))
             register_vector(conn)
+        except psycopg.OperationalError as exc:
+            raise _Unreached(_first_line(exc)) from exc
+        with conn:
             yield conn
 
     # --- start-up -----------------------------------------------------------------------------------
@@ -383,6 +428,8 @@ class PostgresStore:
             "store": "postgres",
             "commits": self.commits,
             "failures": self.failures,
+            "recommitted": self.recommitted,
+            "in_doubt": self.in_doubt,
             "last_error": self.last_error,
             "pool_size": self.pool_size,
             "connected": self.pool is not None,
