@@ -81,10 +81,12 @@ class PostgresServer:
                 shutil.copytree(folder, self.root / "bundle" / folder.name, symlinks=True)
             self.bin = self.root / "bundle" / package.name / "pginstall" / "bin"
 
-    def _run(self, *argv: str) -> subprocess.CompletedProcess[str]:
+    def _argv(self, *argv: str) -> list[str]:
         prefix = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"] if self.as_root else []
-        env = ["env", f"HOME={self.root}", "LC_ALL=C"]
-        return subprocess.run([*prefix, *env, *argv], capture_output=True, text=True, timeout=120)
+        return [*prefix, "env", f"HOME={self.root}", "LC_ALL=C", *argv]
+
+    def _run(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self._argv(*argv), capture_output=True, text=True, timeout=120)
 
     def _folders(self) -> None:
         for folder in (self.data, self.sock):
@@ -121,15 +123,36 @@ class PostgresServer:
         return f"host={self.sock} user=postgres dbname={dbname}"
 
     def create_database(self) -> str:
-        """A fresh database with the vector extension; its DSN."""
+        """A fresh database with the vector extension; its DSN. On a primary with a synchronous
+        standby, both are there on the standby too when this returns (remote_apply: the standby
+        replayed them; a server without one commits them as usual)."""
         import psycopg
 
         name = f"t{os.getpid()}_{next(self._names)}"
         with psycopg.connect(self.dsn("postgres"), autocommit=True) as conn:
+            conn.execute("SET synchronous_commit = remote_apply")
             conn.execute(f"CREATE DATABASE {name}")
         with psycopg.connect(self.dsn(name), autocommit=True) as conn:
+            conn.execute("SET synchronous_commit = remote_apply")
             conn.execute("CREATE EXTENSION vector")
         return self.dsn(name)
+
+    def restore_copy(self, dbname: str) -> str:
+        """What a team operator's backup gives back: `pg_dump -Fc` of `dbname`, restored by
+        `pg_restore` into a new database of this server; the copy's DSN."""
+        copy = f"{dbname}_restored"
+        dumped = subprocess.run(
+            self._argv(str(self.bin / "pg_dump"), "-h", str(self.sock), "-U", "postgres", "-Fc", dbname),
+            capture_output=True, timeout=120, check=True,
+        ).stdout
+        done = self._run(str(self.bin / "createdb"), "-h", str(self.sock), "-U", "postgres", copy)
+        assert done.returncode == 0, done.stderr
+        restored = subprocess.run(
+            self._argv(str(self.bin / "pg_restore"), "-h", str(self.sock), "-U", "postgres", "-d", copy),
+            input=dumped, capture_output=True, timeout=120,
+        )
+        assert restored.returncode == 0, restored.stderr.decode(errors="replace")
+        return self.dsn(copy)
 
     def drop_database(self, dsn: str) -> None:
         import psycopg
@@ -217,8 +240,8 @@ class ReplicatedPair:
 
     def create_database(self) -> str:
         """A fresh database with the vector extension on the primary; the pair's DSN. Its COMMITs
-        waited for the standby (a synchronous standby not connected yet holds a COMMIT until it is),
-        so the standby is streaming, as the synchronous one, when this returns."""
+        waited until the standby replayed them (a synchronous standby not connected yet holds a
+        COMMIT until it is), so the standby is streaming, as the synchronous one, when this returns."""
         import psycopg
 
         dsn = self.primary.create_database()

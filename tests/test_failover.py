@@ -381,7 +381,8 @@ def test_a_node_cut_off_over_and_over_then_healed_serves_what_the_database_holds
     nothing it acknowledged is lost, and its view (records, memories, theorems, edges, sys.stats'
     counts) equals what a fresh daemon loads from the database: a commit whose connection broke was
     committed again, so its outcome is known, but for one still in doubt at its deadline (the tight
-    loop), whose write answered `unavailable` with data.in_doubt: only those may differ."""
+    loop), whose write answered `unavailable` with data.in_doubt: only those may differ. The fresh
+    daemon loads a pg_dump of the database restored into a new one (an operator's backup)."""
     name = postgres_dsn.rsplit("dbname=", 1)[1]
     proc = _started({"a": _daemon(tmp_path / "a", postgres_dsn)})["a"]
     load = Load()
@@ -424,7 +425,51 @@ def test_a_node_cut_off_over_and_over_then_healed_serves_what_the_database_holds
     held, _ = _in_database(postgres_dsn)
     assert _lost(load, held) == dict.fromkeys(held, [])
     assert proc.terminate() == 0
-    loaded = _check_views(postgres_dsn, tmp_path / "fresh", load, ["a"], running)
+    copy = postgres_server.restore_copy(name)  # an operator's backup: pg_dump, then pg_restore into a new database
+    try:
+        assert _in_database(copy)[0] == held
+        loaded = _check_views(copy, tmp_path / "fresh", load, ["a"], running)  # a fresh daemon on the restored copy
+    finally:
+        postgres_server.drop_database(copy)
     in_doubt = len(load.in_doubt())
     assert in_doubt == store["in_doubt"]
     assert all(served[k] <= loaded[k] <= served[k] + in_doubt for k in served), (served, loaded, in_doubt)
+
+
+def test_a_standby_never_takes_writes_and_a_read_only_session_is_left_when_several_hosts_are_named(pair: ReplicatedPair) -> None:
+    """The store, given both servers: without target_session_attrs it adds read-write, so a commit
+    reaches the primary even with the standby named first; told `any`, it connects to the standby
+    first, and the write answers `unavailable` (a standby is a failover's state, not the database's
+    answer: not `read_only`) and that session is closed, so the pool connects again. Named alone, the
+    standby still answers `read_only` (the operator pointed the daemon at a replica)."""
+    from eurekamem.daemon.postgres.store import PostgresStore
+    from eurekamem.daemon.storage.store import StoreUnavailable
+    from eurekamem.daemon.tiers.persistent import PutRecord
+    from eurekamem.protocol import CrossRunRecord
+
+    dsn = pair.create_database()
+    dbname = dsn.split("dbname=", 1)[1].split()[0]
+    standby_first = f"host={pair.standby.sock},{pair.primary.sock} user=postgres dbname={dbname}"
+
+    def record(key: str) -> PutRecord:
+        return PutRecord(CrossRunRecord(record_id=key, key=key, value=1, created_at="2026-01-01T00:00:00Z", updated_at="2026-01-01T00:00:00Z"))
+
+    def commit(dsn: str, key: str) -> PostgresStore:
+        store = PostgresStore(dsn, pool_size=1)
+        store.open()  # the schema: made on the primary at the first, read on the standby after
+        try:
+            store._commit_sync([record(key)])
+        finally:
+            store.close()
+        return store
+
+    chosen = commit(standby_first, "reached the primary")
+    assert "target_session_attrs=read-write" in chosen.dsn and chosen.failover
+    with pytest.raises(StoreUnavailable) as refused:
+        commit(standby_first + " target_session_attrs=any", "on the standby")
+    assert refused.value.code == "unavailable" and "read-only" in str(refused.value)
+    with pytest.raises(StoreUnavailable) as alone:
+        commit(pair.standby.dsn(dbname), "on the standby alone")
+    assert alone.value.code == "read_only"
+    held, _ = _in_database(pair.primary.dsn(dbname))
+    assert held["remember"] == {"reached the primary"}
