@@ -79,6 +79,7 @@ class Answer:
     value: Any = None
     error: str = ""  # the error's kind when not ok
     in_doubt: bool = False  # refused with data.in_doubt: its COMMIT's outcome unknown, it may be in the database
+    sent: float = 0.0  # time.monotonic() when it was sent
 
 
 @dataclass
@@ -91,15 +92,32 @@ class Load:
     changed: threading.Condition = field(default_factory=threading.Condition)
     paused: bool = False  # pause(): the writers wait before their next write
     writing: int = 0  # writes sent and not answered yet
+    down: set[str] = field(default_factory=set)  # the daemons the test killed and has not started again
+    kills: dict[str, int] = field(default_factory=dict)  # how many times the test killed each daemon
+    allowed: int = 0  # writes each writer may send in all (allow(): each phase's, so they do not run away)
+    sent: dict[str, int] = field(default_factory=dict)
 
-    def begin(self) -> bool:
-        """Before a write: wait while paused; False once stopped (or failed)."""
+    def begin(self, writer: str) -> bool:
+        """Before a write: wait while paused, while its daemon is down or while the writer has sent
+        what it was allowed; False once stopped (or failed)."""
+        node = writer.split("-")[0]
         with self.changed:
-            self.changed.wait_for(lambda: not self.paused or self.stop.is_set(), PHASE)
+            self.changed.wait_for(
+                lambda: self.stop.is_set()
+                or (not self.paused and node not in self.down and self.sent.get(writer, 0) < self.allowed),
+                PHASE,
+            )
             if self.stop.is_set() or self.failures:
                 return False
             self.writing += 1
+            self.sent[writer] = self.sent.get(writer, 0) + 1
             return True
+
+    def allow(self, writes: int) -> None:
+        """Each writer may send `writes` more."""
+        with self.changed:
+            self.allowed += writes
+            self.changed.notify_all()
 
     def pause(self) -> None:
         """Until no write is in flight, and none starts before resume()."""
@@ -110,6 +128,15 @@ class Load:
     def resume(self) -> None:
         with self.changed:
             self.paused = False
+            self.changed.notify_all()
+
+    def set_down(self, node: str, down: bool) -> None:
+        with self.changed:
+            if down:
+                self.down.add(node)
+                self.kills[node] = self.kills.get(node, 0) + 1
+            else:
+                self.down.discard(node)
             self.changed.notify_all()
 
     def add(self, answer: Answer) -> None:
@@ -156,37 +183,51 @@ def _write(c: Client, kind: str, label: str, domain: str, previous: str) -> tupl
     return f"{previous}>{label}", None
 
 
-def _attempt(load: Load, c: Client, writer: str, kind: str, label: str, domain: str, previous: str = "") -> str:
+def _attempt(load: Load, c: Client, writer: str, kind: str, label: str, domain: str, previous: str = "", kills: int = 0) -> str | None:
     """One write, its answer recorded: what it made, or "" when refused (`unavailable` is the only
-    refusal a failover may give: any other is a failure); "" too once the load stopped."""
-    if not load.begin():
+    refusal a failover may give: any other is a failure), or "" once the load stopped; None when
+    the connection was lost because the test killed the daemon since the client connected (`kills`
+    then: the write's outcome unknown)."""
+    node = writer.split("-")[0]
+    if not load.begin(writer):
         return ""
+    sent = time.monotonic()
     try:
         made, value = _write(c, kind, label, domain, previous)
     except EurekamemError as exc:
-        load.add(Answer(time.monotonic(), writer, kind, label, False, error=exc.kind, in_doubt=bool(exc.data.get("in_doubt"))))
+        lost = exc.kind == "connection_lost" and load.kills.get(node, 0) != kills
+        doubt = lost or bool(exc.data.get("in_doubt"))
+        load.add(Answer(time.monotonic(), writer, kind, label, False, error=exc.kind, in_doubt=doubt, sent=sent))
+        if lost:
+            return None
         if exc.kind != "unavailable":
             load.fail(f"{writer}: {kind} {label} answered {exc.kind}: {exc}")
         return ""
-    load.add(Answer(time.monotonic(), writer, kind, label, True, made, value))
+    load.add(Answer(time.monotonic(), writer, kind, label, True, made, value, sent=sent))
     return made
 
 
 def _writer(load: Load, socket_path: Path, writer: str, kind: str, domain: str) -> None:
     """Writes of `kind` until load.stop (or a failure); a graph writer links each new node to its
-    last acknowledged one (a second write)."""
+    last acknowledged one (a second write). When the test kills its daemon, it connects again once
+    the daemon is back."""
     previous = ""
+    numbers = itertools.count()
     try:
-        with Client(socket_path, timeout=TIMEOUT) as c:
-            for i in itertools.count():
-                if load.stop.is_set() or load.failures:
-                    return
-                made = _attempt(load, c, writer, kind, f"{writer}-{i}", domain)
-                if kind == "theorem" and made:
-                    if previous:
-                        _attempt(load, c, writer, "link", made, domain, previous)
-                    previous = made
-    except Exception as exc:  # the connection lost, a timeout: never a write's answer
+        while not (load.stop.is_set() or load.failures):
+            kills = load.kills.get(writer.split("-")[0], 0)
+            with Client(socket_path, timeout=TIMEOUT) as c:
+                for i in numbers:
+                    if load.stop.is_set() or load.failures:
+                        return
+                    made = _attempt(load, c, writer, kind, f"{writer}-{i}", domain, kills=kills)
+                    if made and kind == "theorem":
+                        linked = _attempt(load, c, writer, "link", made, domain, previous, kills) if previous else ""
+                        previous = made
+                        made = None if linked is None else made
+                    if made is None:
+                        break  # its daemon was killed: the next _attempt waits until it is back
+    except Exception as exc:  # the connection lost unasked, a timeout: never a write's answer
         load.fail(f"{writer}: {type(exc).__name__}: {exc}")
 
 
@@ -320,16 +361,26 @@ def _check_views(dsn: str, root: Path, load: Load, names: list[str], running: di
 
 
 def test_killing_the_primary_and_promoting_the_standby_loses_no_acknowledged_write(tmp_path: Path, pair: ReplicatedPair) -> None:
-    """Two daemons (each on its own data root; without the change feed they do not see each other's
-    writes) under writers of three tiers; kill -9 of the primary; every write answers `unavailable`
-    until the standby is promoted, reads answer from the caches; then both daemons write again, and
-    nothing either acknowledged is lost."""
+    """Three daemons (each on its own data root; without the change feed they do not see each other's
+    writes) under writers of three tiers; kill -9 of one daemon, started again; then kill -9 of the
+    primary: every write answers `unavailable` until the standby is promoted, reads answer from the
+    caches; then every daemon writes again, and nothing any acknowledged is lost (a write cut by
+    the daemon's kill is in doubt, as one whose COMMIT's outcome is unknown)."""
     dsn = pair.create_database()
-    daemons = _started({name: _daemon(tmp_path / name, dsn) for name in ("a", "b")})
+    daemons = _started({name: _daemon(tmp_path / name, dsn) for name in ("a", "b", "c")})
     load = Load()
     threads = _start_writers(load, daemons)
     try:
+        load.allow(6)
         load.wait("writes before the kill", _each_since(threads, 0.0, ok=True, n=3))
+        load.set_down("c", True)  # kill -9 of a node under the load, started again on its data root
+        load.allow(6)
+        daemons["c"].kill()
+        daemons["c"].start()
+        restarted = time.monotonic()
+        load.set_down("c", False)
+        load.wait("writes on the restarted node", _each_since([w for w in threads if w.startswith("c-")], restarted, ok=True, n=2))
+        load.allow(20)
         killed = time.monotonic()
         pair.primary.crash()
         crashed = time.monotonic()
@@ -347,6 +398,7 @@ def test_killing_the_primary_and_promoting_the_standby_loses_no_acknowledged_wri
         promoting = time.monotonic()
         pair.standby.promote()
         promoted = time.monotonic()
+        load.allow(10)
         load.wait("writes again on every writer", _each_since(threads, promoted, ok=True, n=2))
     finally:
         _stop(load, threads)
@@ -361,8 +413,9 @@ def test_killing_the_primary_and_promoting_the_standby_loses_no_acknowledged_wri
         f"failover: promotion took {promoted - promoting:.2f} s; first acknowledged write {first_write:.2f} s after it;"
         f" {len(window)} writes answered unavailable between the kill and then ({load.summary()})"
     )
-    assert {a.error for a in load.answers if not a.ok} == {"unavailable"}
-    assert not [a for a in load.answers if a.ok and crashed < a.at < promoting]  # nothing acknowledged without a primary
+    assert {a.error for a in load.answers if not a.ok and a.at > killed} == {"unavailable"}
+    assert {a.error for a in load.answers if not a.ok and a.at < killed} <= {"connection_lost"}  # the node's kill
+    assert not [a for a in load.answers if a.ok and crashed < a.sent and a.at < promoting]  # nothing acknowledged without a primary
     held, server = _in_database(dsn)
     assert server == str(pair.standby.sock)  # the new primary
     assert _lost(load, held) == dict.fromkeys(held, [])
@@ -388,7 +441,9 @@ def test_a_node_cut_off_over_and_over_then_healed_serves_what_the_database_holds
     load = Load()
     threads = _start_writers(load, {"a": proc})
     try:
+        load.allow(6)
         load.wait("writes before the cut", _each_since(threads, 0.0, ok=True, n=3))
+        load.allow(150)
         cut = time.monotonic()
         served_through = _each_since(threads, cut, ok=True, n=5)
         def refused(answers: list[Answer]) -> bool:
@@ -410,6 +465,7 @@ def test_a_node_cut_off_over_and_over_then_healed_serves_what_the_database_holds
                 recommitted = c.stats()["store"]["recommitted"]
                 assert time.monotonic() - cut < PHASE, f"the cut did not cut commits ({recommitted}): {load.summary()}"
         healed = time.monotonic()
+        load.allow(10)
         load.wait("writes again on every writer", _each_since(threads, healed, ok=True, n=3))
     finally:
         _stop(load, threads)
