@@ -443,7 +443,7 @@ def test_a_node_cut_off_over_and_over_then_healed_serves_what_the_database_holds
     try:
         load.allow(6)
         load.wait("writes before the cut", _each_since(threads, 0.0, ok=True, n=3))
-        load.allow(150)
+        load.allow(20)
         cut = time.monotonic()
         served_through = _each_since(threads, cut, ok=True, n=5)
         def refused(answers: list[Answer]) -> bool:
@@ -458,6 +458,7 @@ def test_a_node_cut_off_over_and_over_then_healed_serves_what_the_database_holds
                 assert not load.failures and time.monotonic() - cut < PHASE, f"writes never refused under the cut: {load.summary()}"
             recommitted = 0
             while rounds < 100 or recommitted < 5 or not served_through(load.answers):  # then once per answer
+                load.allow(1)
                 seen = len(load.answers)
                 conn.execute(query, (name,))
                 rounds += 1
@@ -497,8 +498,9 @@ def test_a_standby_never_takes_writes_and_a_read_only_session_is_left_when_sever
     reaches the primary even with the standby named first; told `any`, it connects to the standby
     first, and the write answers `unavailable` (a standby is a failover's state, not the database's
     answer: not `read_only`) and that session is closed, so the pool connects again. Named alone, the
-    standby still answers `read_only` (the operator pointed the daemon at a replica)."""
-    from eurekamem.daemon.postgres.store import PostgresStore
+    standby still answers `read_only` (the operator pointed the daemon at a replica). Every
+    connection carries connect_timeout, keepalives and tcp_user_timeout, unless the DSN sets them."""
+    from eurekamem.daemon.postgres.store import PostgresStore, _connect_options
     from eurekamem.daemon.storage.store import StoreUnavailable
     from eurekamem.daemon.tiers.persistent import PutRecord
     from eurekamem.protocol import CrossRunRecord
@@ -521,6 +523,15 @@ def test_a_standby_never_takes_writes_and_a_read_only_session_is_left_when_sever
 
     chosen = commit(standby_first, "reached the primary")
     assert "target_session_attrs=read-write" in chosen.dsn and chosen.failover
+    chosen.open()  # every connection bounds how long a vanished host may hold it (the DSN's own settings kept)
+    try:
+        with chosen.pool.connection() as conn:
+            options = {o.keyword.decode(): (o.val or b"").decode() for o in conn.pgconn.info}
+    finally:
+        chosen.close()
+    assert {k: options[k] for k in ("connect_timeout", "keepalives_idle", "keepalives_count", "tcp_user_timeout")} == {
+        "connect_timeout": "5", "keepalives_idle": "5", "keepalives_count": "3", "tcp_user_timeout": "10000"}
+    assert _connect_options(standby_first + " keepalives_idle=30", 5.0).keys() == chosen.connect_options.keys() - {"keepalives_idle"}
     with pytest.raises(StoreUnavailable) as refused:
         commit(standby_first + " target_session_attrs=any", "on the standby")
     assert refused.value.code == "unavailable" and "read-only" in str(refused.value)

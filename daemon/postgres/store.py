@@ -32,6 +32,7 @@ Rules kept here:
   libpq fails to connect, not after the pool's timeout, and the first commit after a promotion
   reaches the new primary at once, not after the pool's reconnection back-off (1, 2, 4 s..., which
   gives up after `timeout` here, not psycopg_pool's 5 minutes, and starts again at the next commit).
+  Every connection bounds how long a vanished host may hold it (`_connect_options`).
 - The schema is created or migrated at start (`schema_version`); a database of a newer version is
   refused, saying so.
 """
@@ -153,6 +154,7 @@ class PostgresStore:
 
     def __init__(self, dsn: str, *, pool_size: int, timeout: float = 5.0) -> None:
         self.dsn, self.failover = _read_write(dsn)
+        self.connect_options = _connect_options(self.dsn, timeout)
         self.pool_size = pool_size
         self.timeout = timeout
         self.limiter = trio.CapacityLimiter(pool_size)
@@ -181,7 +183,7 @@ class PostgresStore:
         from pgvector.psycopg import register_vector
         from psycopg_pool import ConnectionPool
 
-        with psycopg.connect(self.dsn, autocommit=True, connect_timeout=max(1, int(self.timeout))) as conn:
+        with psycopg.connect(self.dsn, autocommit=True, **self.connect_options) as conn:
             self._migrate(conn)
 
         def configure(conn: Any) -> None:
@@ -197,7 +199,7 @@ class PostgresStore:
             # getconn starts again): the default (5 min) would leave a promoted standby unused for
             # as long as the outage lasted (the module's rule)
             reconnect_timeout=self.timeout,
-            kwargs={"connect_timeout": max(1, int(self.timeout))},  # per host (libpq tries them in turn)
+            kwargs=self.connect_options,
             configure=configure,
             open=False,
         )
@@ -390,7 +392,7 @@ class PostgresStore:
         from pgvector.psycopg import register_vector
 
         try:
-            conn = psycopg.connect(self.dsn, connect_timeout=max(1, int(self.timeout)))
+            conn = psycopg.connect(self.dsn, **self.connect_options)
             register_vector(conn)
         except psycopg.OperationalError as exc:
             raise _Unreached(_first_line(exc)) from exc
@@ -499,13 +501,38 @@ def _statement(op: RowOp, pos: int) -> tuple[str, tuple[Any, ...]]:
     raise ValueError(f"unknown row operation {op.op!r}")
 
 
+def _connect_options(dsn: str, timeout: float) -> dict[str, Any]:
+    """libpq options of every connection, where the DSN does not set them: connect_timeout (per
+    host: libpq tries them in turn), and over TCP, a vanished server (a primary's machine lost, no
+    RST) found within ~10 s, where the kernel's defaults would hold a commit for many minutes:
+    keepalives on an idle or waiting connection, tcp_user_timeout on unacknowledged data (a slow
+    COMMIT is not cut: the server's kernel acknowledges at once). Unix sockets ignore the TCP ones."""
+    from psycopg import pq
+    from psycopg.conninfo import conninfo_to_dict
+
+    wanted: dict[str, Any] = {
+        "connect_timeout": max(1, int(timeout)), "keepalives": 1, "keepalives_idle": max(1, int(timeout)),
+        "keepalives_interval": 1, "keepalives_count": 3,
+    }
+    if pq.version() >= 120000:  # libpq 12 brought tcp_user_timeout
+        wanted["tcp_user_timeout"] = int(timeout * 2000)
+    try:
+        given = conninfo_to_dict(dsn)
+    except Exception:  # a DSN psycopg cannot parse: the connect says why
+        given = {}
+    return {k: v for k, v in wanted.items() if k not in given}
+
+
 def _read_write(dsn: str) -> tuple[str, bool]:
     """The DSN the pool connects with, and whether it names several hosts (failover, the module's
     rule): then a connection must reach the writable one, so `target_session_attrs=read-write` is
     added where the DSN does not say (libpq's default, `any`, would take a standby listed first)."""
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-    parts = conninfo_to_dict(dsn)
+    try:
+        parts = conninfo_to_dict(dsn)
+    except Exception:  # a DSN psycopg cannot parse: the connect says why
+        return dsn, False
     hosts = str(parts.get("host") or parts.get("hostaddr") or "").split(",")
     if len(hosts) < 2:
         return dsn, False
