@@ -499,7 +499,9 @@ def test_a_standby_never_takes_writes_and_a_read_only_session_is_left_when_sever
     first, and the write answers `unavailable` (a standby is a failover's state, not the database's
     answer: not `read_only`) and that session is closed, so the pool connects again. Named alone, the
     standby still answers `read_only` (the operator pointed the daemon at a replica). Every
-    connection carries connect_timeout, keepalives and tcp_user_timeout, unless the DSN sets them."""
+    connection carries connect_timeout, keepalives and tcp_user_timeout, unless the DSN sets them.
+    Then the primary killed under a store and the standby promoted within its timeout: the commit
+    whose connection broke is committed on the new primary."""
     from eurekamem.daemon.postgres.store import PostgresStore, _connect_options
     from eurekamem.daemon.storage.store import StoreUnavailable
     from eurekamem.daemon.tiers.persistent import PutRecord
@@ -540,3 +542,20 @@ def test_a_standby_never_takes_writes_and_a_read_only_session_is_left_when_sever
     assert alone.value.code == "read_only"
     held, _ = _in_database(pair.primary.dsn(dbname))
     assert held["remember"] == {"reached the primary"}
+
+    # a commit whose connection broke with the primary, promoted within the store's timeout: committed
+    # on the new primary (its outcome made known), not answered unavailable
+    store = PostgresStore(dsn, pool_size=1)
+    store.open()  # its pooled connection goes to the primary
+    try:
+        pair.primary.crash()
+        outcome: list[Any] = []
+        committing = threading.Thread(target=lambda: outcome.append(store._commit_sync([record("across the promotion")])))
+        committing.start()
+        pair.standby.promote()
+        committing.join(TIMEOUT)
+        assert outcome and outcome[0] >= 1  # committed again after its connection broke
+    finally:
+        store.close()
+    held, server = _in_database(dsn)
+    assert server == str(pair.standby.sock) and held["remember"] == {"reached the primary", "across the promotion"}
