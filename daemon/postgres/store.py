@@ -298,12 +298,13 @@ class PostgresStore:
                 self._transaction(mutations)
                 break
             except Exception as exc:
-                unreached = isinstance(exc, (psycopg_pool.PoolTimeout, _Unreached))  # nothing was sent
+                # nothing was sent: no connection from the pool (or the pool closed: the daemon stopping), none of its own
+                unreached = isinstance(exc, (psycopg_pool.PoolTimeout, psycopg_pool.PoolClosed, _Unreached))
                 if not unreached and isinstance(exc, psycopg.OperationalError):
                     if not broken:
                         log.info("PostgreSQL: a connection broke during a commit (%s); committing it again", exc)
                         self.reconnecting = True
-                        self.pool.check()  # its idle ones went to the same server: the broken ones replaced now
+                        self._check_pool()
                     broken += 1
                 elif not broken:
                     raise _classify(exc, self.failover) from exc
@@ -375,13 +376,29 @@ class PostgresStore:
                     conn.close()
                 raise
 
+    def _check_pool(self) -> None:
+        """The pool's idle connections went to the server a broken one went to: the broken ones
+        replaced now, not handed to the next commits (a pool closed meanwhile has none)."""
+        import psycopg_pool
+
+        pool = self.pool
+        if pool is None:
+            return
+        try:
+            pool.check()
+        except psycopg_pool.PoolClosed:
+            return
+
     def _connection(self) -> AbstractContextManager[Any]:
         """The connection of one commit's transaction: the pool's, but while `reconnecting` and the
         pool has none ready, one of its own, closed after (the module's rule)."""
-        pooled: AbstractContextManager[Any] = self.pool.connection()  # (not entered: borrows nothing yet)
+        pool = self.pool
+        if pool is None:  # closed meanwhile (the daemon stopping)
+            raise _Unreached("PostgreSQL is not connected")
+        pooled: AbstractContextManager[Any] = pool.connection()  # (not entered: borrows nothing yet)
         if not self.reconnecting:
             return pooled
-        if self.pool.get_stats().get("pool_available", 0):
+        if pool.get_stats().get("pool_available", 0):
             self.reconnecting = False
             return pooled
         return self._own_connection()
@@ -507,6 +524,7 @@ def _connect_options(dsn: str, timeout: float) -> dict[str, Any]:
     RST) found within ~10 s, where the kernel's defaults would hold a commit for many minutes:
     keepalives on an idle or waiting connection, tcp_user_timeout on unacknowledged data (a slow
     COMMIT is not cut: the server's kernel acknowledges at once). Unix sockets ignore the TCP ones."""
+    import psycopg
     from psycopg import pq
     from psycopg.conninfo import conninfo_to_dict
 
@@ -518,7 +536,7 @@ def _connect_options(dsn: str, timeout: float) -> dict[str, Any]:
         wanted["tcp_user_timeout"] = int(timeout * 2000)
     try:
         given = conninfo_to_dict(dsn)
-    except Exception:  # a DSN psycopg cannot parse: the connect says why
+    except psycopg.ProgrammingError:  # a DSN psycopg cannot parse: the connect says why
         given = {}
     return {k: v for k, v in wanted.items() if k not in given}
 
@@ -527,11 +545,12 @@ def _read_write(dsn: str) -> tuple[str, bool]:
     """The DSN the pool connects with, and whether it names several hosts (failover, the module's
     rule): then a connection must reach the writable one, so `target_session_attrs=read-write` is
     added where the DSN does not say (libpq's default, `any`, would take a standby listed first)."""
+    import psycopg
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
     try:
         parts = conninfo_to_dict(dsn)
-    except Exception:  # a DSN psycopg cannot parse: the connect says why
+    except psycopg.ProgrammingError:  # a DSN psycopg cannot parse: the connect says why
         return dsn, False
     hosts = str(parts.get("host") or parts.get("hostaddr") or "").split(",")
     if len(hosts) < 2:
