@@ -493,7 +493,9 @@ def test_a_node_cut_off_over_and_over_then_healed_serves_what_the_database_holds
     assert all(served[k] <= loaded[k] <= served[k] + in_doubt for k in served), (served, loaded, in_doubt)
 
 
-def test_a_standby_never_takes_writes_and_a_read_only_session_is_left_when_several_hosts_are_named(pair: ReplicatedPair) -> None:
+def test_a_standby_never_takes_writes_and_a_read_only_session_is_left_when_several_hosts_are_named(
+    tmp_path: Path, pair: ReplicatedPair
+) -> None:
     """The store, given both servers: without target_session_attrs it adds read-write, so a commit
     reaches the primary even with the standby named first; told `any`, it connects to the standby
     first, and the write answers `unavailable` (a standby is a failover's state, not the database's
@@ -501,7 +503,8 @@ def test_a_standby_never_takes_writes_and_a_read_only_session_is_left_when_sever
     standby still answers `read_only` (the operator pointed the daemon at a replica). Every
     connection carries connect_timeout, keepalives and tcp_user_timeout, unless the DSN sets them.
     Then the primary killed under a store and the standby promoted within its timeout: the commit
-    whose connection broke is committed on the new primary."""
+    whose connection broke is committed on the new primary; a daemon started while only the standby
+    ran serves once it is promoted."""
     from eurekamem.daemon.postgres.store import PostgresStore, _connect_options
     from eurekamem.daemon.storage.store import StoreUnavailable
     from eurekamem.daemon.tiers.persistent import PutRecord
@@ -545,17 +548,33 @@ def test_a_standby_never_takes_writes_and_a_read_only_session_is_left_when_sever
 
     # a commit whose connection broke with the primary, promoted within the store's timeout: committed
     # on the new primary (its outcome made known), not answered unavailable
+    # and a daemon started meanwhile, with only the standby up, waits for a writable server (the
+    # durable tiers unavailable, the reason given), then serves once the standby is promoted
     store = PostgresStore(dsn, pool_size=1)
     store.open()  # its pooled connection goes to the primary
+    late = _daemon(tmp_path / "late", dsn)
     try:
         pair.primary.crash()
+        late.start(expect_ready=False)
+        late.wait_for_line("listening on")
+        with Client(late.socket_path, timeout=TIMEOUT) as c:
+            with pytest.raises(EurekamemError) as waiting:
+                c.remember("while only the standby runs", 1)
+            assert waiting.value.kind == "unavailable" and "read-only" in waiting.value.data["reason"]
         outcome: list[Any] = []
         committing = threading.Thread(target=lambda: outcome.append(store._commit_sync([record("across the promotion")])))
         committing.start()
         pair.standby.promote()
         committing.join(TIMEOUT)
         assert outcome and outcome[0] >= 1  # committed again after its connection broke
+        late.wait_for_line("serving on")  # its back-off's next attempt found the new primary
+        with Client(late.socket_path, timeout=TIMEOUT) as c:
+            assert c.recall("across the promotion") is not None  # loaded from the new primary
+            c.remember("after the promotion", 2)
+        assert late.terminate() == 0
     finally:
         store.close()
+        late.kill()
     held, server = _in_database(dsn)
-    assert server == str(pair.standby.sock) and held["remember"] == {"reached the primary", "across the promotion"}
+    assert server == str(pair.standby.sock)
+    assert held["remember"] == {"reached the primary", "across the promotion", "after the promotion"}
