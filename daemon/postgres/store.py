@@ -7,13 +7,32 @@ Rules kept here:
 - The driver is psycopg 3's sync pool, called from trio through `trio.to_thread.run_sync` with a
   CapacityLimiter of the pool's size (psycopg's async API needs asyncio). Nothing else touches the
   pool; each call borrows a connection for its transaction and gives it back.
-- What a failure means (daemon/storage/store.py): a connection that broke (a restarted server's,
-  or one lost during the transaction, COMMIT included) gets the batch once more on a fresh one; a
-  connection that cannot be had, or a second break, is `unavailable` (retryable). Both retries are
-  safe because every row operation is an upsert or a delete by key of whole records: a batch
-  committed twice leaves the same rows (and appears twice in the feed, whose mutations are
-  state-based: applying one twice changes nothing). A server that refuses the write (a full disk, a read-only server, a missing
+- What a failure means (daemon/storage/store.py): a connection that cannot be had is `unavailable`
+  (retryable; nothing was sent). A connection that broke with the transaction sent (a restarted
+  server's, or one lost during the transaction, COMMIT included) leaves the batch in doubt: it may
+  have committed, and the caches, rolled back, would then lack rows the database holds. So it is
+  committed again, on fresh connections, until a COMMIT returns or `timeout` passes (the server
+  away: a short pause between tries): the outcome is then known, and the answer true. Only a batch
+  still in doubt at the deadline answers `unavailable` with `data.in_doubt` (counted in
+  `in_doubt`; a client's retry, or the change feed, brings the caches back to the rows). Committing
+  again is safe because every row operation is an upsert or a delete by key of whole records: a
+  batch committed twice leaves the same rows (and appears twice in the feed, whose mutations are
+  state-based: applying one twice changes nothing), and the actor waits for this commit before
+  its next batch, so nothing newer of its keys can be overwritten. A server that refuses the write (a full disk, a read-only server, a missing
   permission, any other error it raises) is `read_only`, with the server's message.
+- Failover (several hosts in the DSN: a primary and its standbys): a connection is only ever made
+  to the writable one (libpq's `target_session_attrs=read-write`, added when the DSN names several
+  hosts and says nothing). While the primary is gone and no standby is promoted, every connect
+  fails, so writes answer `unavailable`; a session that is on a read-only server anyway answers
+  `unavailable` too (not `read_only`: the standby is about to be promoted, or the primary is on
+  another host), and is closed, so the pool connects again, to the primary. The first broken
+  connection makes the pool check its idle ones (they went to the same dead server) and puts the
+  store in `reconnecting`: until the pool has a connection ready again, each commit connects on its
+  own (and closes it after), so while the server is away a write answers `unavailable` as soon as
+  libpq fails to connect, not after the pool's timeout, and the first commit after a promotion
+  reaches the new primary at once, not after the pool's reconnection back-off (1, 2, 4 s..., which
+  gives up after `timeout` here, not psycopg_pool's 5 minutes, and starts again at the next commit).
+  Every connection bounds how long a vanished host may hold it (`_connect_options`).
 - The schema is created or migrated at start (`schema_version`); a database of a newer version is
   refused, saying so.
 """
@@ -23,7 +42,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import numpy as np
@@ -88,18 +109,40 @@ class SchemaTooNew(Exception):
     """The database was made by a newer eurekamem."""
 
 
-def _classify(exc: BaseException) -> StoreUnavailable:
-    """What a failed transaction's writes answer (the module's rule)."""
+class _Unreached(Exception):
+    """A commit's own connection could not be made: nothing of the transaction was sent."""
+
+
+def _in_doubt(exc: BaseException) -> StoreUnavailable:
+    """What a batch answers whose connection broke and that could not be committed again (the
+    module's rule): its outcome is unknown."""
+    log.warning("PostgreSQL: a commit in doubt (its connection broke) could not be committed again: %s", exc)
+    return StoreUnavailable(
+        f"PostgreSQL is not reachable; the outcome of a COMMIT is unknown: {_first_line(exc)}",
+        "unavailable", store="postgres", in_doubt=True,
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _classify(exc: BaseException, failover: bool = False) -> StoreUnavailable:
+    """What a failed transaction's writes answer (the module's rule); `failover`: the DSN names
+    several hosts, so a read-only server is a standby, not the database's answer."""
     import psycopg
     import psycopg_pool
 
     sqlstate = getattr(exc, "sqlstate", None) or ""
-    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    message = _first_line(exc)
+    if failover and sqlstate == "25006":
+        return StoreUnavailable(f"PostgreSQL is failing over (a read-only server answered): {message}", "unavailable", store="postgres")
     # class 53: insufficient resources (disk full, out of memory); 25006: read-only transaction
     # (a standby, default_transaction_read_only); 42501: insufficient privilege
     if sqlstate[:2] == "53" or sqlstate in ("25006", "42501"):
         return StoreUnavailable(f"PostgreSQL refused the write: {message}", "read_only", store="postgres")
-    if isinstance(exc, (psycopg.OperationalError, psycopg_pool.PoolTimeout, psycopg.InterfaceError)):
+    if isinstance(exc, (psycopg.OperationalError, psycopg_pool.PoolTimeout, psycopg.InterfaceError, _Unreached)):
         return StoreUnavailable(f"PostgreSQL is not reachable: {message}", "unavailable", store="postgres")
     return StoreUnavailable(f"PostgreSQL refused the write: {message}", "read_only", store="postgres")
 
@@ -110,13 +153,16 @@ class PostgresStore:
     store_name = "postgres"
 
     def __init__(self, dsn: str, *, pool_size: int, timeout: float = 5.0) -> None:
-        self.dsn = dsn
+        self.dsn, self.failover = _read_write(dsn)
+        self.connect_options = _connect_options(self.dsn, timeout)
         self.pool_size = pool_size
         self.timeout = timeout
         self.limiter = trio.CapacityLimiter(pool_size)
         self.pool: Any = None
         self.commits = 0
         self.failures = 0
+        self.recommitted = 0  # commits whose connection broke, committed again (the module's rule)
+        self.in_doubt = 0  # commits whose connection broke and that could not be committed again in time
         self.last_error: str | None = None
         self.attempts = 0  # connect_once's, this daemon's life
         # the models that have their HNSW index: read at open, grown by the commit that brings a
@@ -124,6 +170,9 @@ class PostgresStore:
         self.indexed: set[str] = set()
         self._index_lock = threading.Lock()
         self.next_attempt_in: float | None = None  # connect(): the back-off before the next attempt
+        # a connection broke (the module's rule): commits connect on their own until the pool has one
+        # ready (worker threads set and clear it; a stale read costs one commit the other path)
+        self.reconnecting = False
 
     # --- life -------------------------------------------------------------------------------------
 
@@ -134,7 +183,7 @@ class PostgresStore:
         from pgvector.psycopg import register_vector
         from psycopg_pool import ConnectionPool
 
-        with psycopg.connect(self.dsn, autocommit=True, connect_timeout=max(1, int(self.timeout))) as conn:
+        with psycopg.connect(self.dsn, autocommit=True, **self.connect_options) as conn:
             self._migrate(conn)
 
         def configure(conn: Any) -> None:
@@ -146,7 +195,11 @@ class PostgresStore:
             min_size=1,
             max_size=self.pool_size,
             timeout=self.timeout,
-            kwargs={"connect_timeout": max(1, int(self.timeout))},
+            # psycopg_pool's reconnection backs off 1, 2, 4 s... up to this, then gives up (the next
+            # getconn starts again): the default (5 min) would leave a promoted standby unused for
+            # as long as the outage lasted (the module's rule)
+            reconnect_timeout=self.timeout,
+            kwargs=self.connect_options,
             configure=configure,
             open=False,
         )
@@ -221,33 +274,49 @@ class PostgresStore:
             return
         batch = list(mutations)
         try:
-            await trio.to_thread.run_sync(self._commit_sync, batch, limiter=self.limiter)
+            broken = await trio.to_thread.run_sync(self._commit_sync, batch, limiter=self.limiter)
         except StoreUnavailable as exc:
             self.failures += 1
+            self.in_doubt += bool(exc.data.get("in_doubt"))
             self.last_error = str(exc)
             raise
         self.commits += 1
+        self.recommitted += bool(broken)
 
-    def _commit_sync(self, mutations: list[Any]) -> None:
+    def _commit_sync(self, mutations: list[Any]) -> int:
+        """Commit the batch (the module's rule); the connections that broke under it (0 mostly)."""
         import psycopg
         import psycopg_pool
 
         if self.pool is None:
             raise StoreUnavailable("PostgreSQL is not connected", "unavailable", store="postgres")
-        for attempt in (1, 2):
+        deadline = time.monotonic() + self.timeout
+        broken = 0  # attempts whose connection broke with the transaction sent: it may have committed
+        pause = 0.05
+        while True:
             try:
                 self._transaction(mutations)
-                self._index_new_models(mutations)
-                return
+                break
             except Exception as exc:
-                if attempt == 1 and isinstance(exc, psycopg.OperationalError) and not isinstance(exc, psycopg_pool.PoolTimeout):
-                    # a pooled connection that had broken (the server restarted), or one lost during
-                    # the transaction: once more on a fresh one. Safe whatever the first attempt did:
-                    # every row operation is an upsert or a delete by key of whole records (rows.py),
-                    # so a batch committed twice leaves the same rows (the feed holds it twice)
-                    log.info("PostgreSQL: a connection broke during a commit (%s); trying it once on another", exc)
-                    continue
-                raise _classify(exc) from exc
+                # nothing was sent: no connection from the pool (or the pool closed: the daemon stopping), none of its own
+                unreached = isinstance(exc, (psycopg_pool.PoolTimeout, psycopg_pool.PoolClosed, _Unreached))
+                if not unreached and isinstance(exc, psycopg.OperationalError):
+                    if not broken:
+                        log.info("PostgreSQL: a connection broke during a commit (%s); committing it again", exc)
+                        self.reconnecting = True
+                        self._check_pool()
+                    broken += 1
+                elif not broken:
+                    raise _classify(exc, self.failover) from exc
+                elif not unreached:  # refused now, but an earlier try may have committed
+                    raise _in_doubt(exc) from exc
+                if time.monotonic() >= deadline:
+                    raise _in_doubt(exc) from exc
+                if unreached:  # the server away (a failover): again after a short pause, until the deadline
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.5)
+        self._index_new_models(mutations)
+        return broken
 
     def _index_new_models(self, mutations: list[Any]) -> None:
         """After a commit that stored the first vector of a model: that model's HNSW index (the
@@ -290,14 +359,62 @@ class PostgresStore:
         (BEGIN, every statement in order, COMMIT: one round trip and the commit's flush, where a
         statement at a time would wait on the server for each): each mutation takes its seq in the
         feed (nextval) and its row operations take it from currval, in the same session."""
+        import psycopg
+
         from ..storage.store import mutation_encoder
 
-        with self.pool.connection() as conn, conn.pipeline(), conn.transaction(), conn.cursor() as cur:
-            for mutation in mutations:
-                cur.execute(_INSERT_MUTATION, (mutation_encoder.encode(mutation),))
-                for pos, op in enumerate(row_ops(mutation)):
-                    sql, args = _statement(op, pos)
-                    cur.execute(sql, args)
+        with self._connection() as conn:
+            try:
+                with conn.pipeline(), conn.transaction(), conn.cursor() as cur:
+                    for mutation in mutations:
+                        cur.execute(_INSERT_MUTATION, (mutation_encoder.encode(mutation),))
+                        for pos, op in enumerate(row_ops(mutation)):
+                            sql, args = _statement(op, pos)
+                            cur.execute(sql, args)
+            except psycopg.errors.ReadOnlySqlTransaction:
+                if self.failover:  # a standby's session (the module's rule): the pool replaces it
+                    conn.close()
+                raise
+
+    def _check_pool(self) -> None:
+        """The pool's idle connections went to the server a broken one went to: the broken ones
+        replaced now, not handed to the next commits (a pool closed meanwhile has none)."""
+        import psycopg_pool
+
+        pool = self.pool
+        if pool is None:
+            return
+        try:
+            pool.check()
+        except psycopg_pool.PoolClosed:
+            return
+
+    def _connection(self) -> AbstractContextManager[Any]:
+        """The connection of one commit's transaction: the pool's, but while `reconnecting` and the
+        pool has none ready, one of its own, closed after (the module's rule)."""
+        pool = self.pool
+        if pool is None:  # closed meanwhile (the daemon stopping)
+            raise _Unreached("PostgreSQL is not connected")
+        pooled: AbstractContextManager[Any] = pool.connection()  # (not entered: borrows nothing yet)
+        if not self.reconnecting:
+            return pooled
+        if pool.get_stats().get("pool_available", 0):
+            self.reconnecting = False
+            return pooled
+        return self._own_connection()
+
+    @contextmanager
+    def _own_connection(self) -> Iterator[Any]:
+        import psycopg
+        from pgvector.psycopg import register_vector
+
+        try:
+            conn = psycopg.connect(self.dsn, **self.connect_options)
+            register_vector(conn)
+        except psycopg.OperationalError as exc:
+            raise _Unreached(_first_line(exc)) from exc
+        with conn:
+            yield conn
 
     # --- start-up -----------------------------------------------------------------------------------
 
@@ -330,6 +447,8 @@ class PostgresStore:
             "store": "postgres",
             "commits": self.commits,
             "failures": self.failures,
+            "recommitted": self.recommitted,
+            "in_doubt": self.in_doubt,
             "last_error": self.last_error,
             "pool_size": self.pool_size,
             "connected": self.pool is not None,
@@ -397,6 +516,49 @@ def _statement(op: RowOp, pos: int) -> tuple[str, tuple[Any, ...]]:
             (op.body, pos, op.key[0], op.key[0]),
         )
     raise ValueError(f"unknown row operation {op.op!r}")
+
+
+def _connect_options(dsn: str, timeout: float) -> dict[str, Any]:
+    """libpq options of every connection, where the DSN does not set them: connect_timeout (per
+    host: libpq tries them in turn), and over TCP, a vanished server (a primary's machine lost, no
+    RST) found within ~10 s, where the kernel's defaults would hold a commit for many minutes:
+    keepalives on an idle or waiting connection, tcp_user_timeout on unacknowledged data (a slow
+    COMMIT is not cut: the server's kernel acknowledges at once). Unix sockets ignore the TCP ones."""
+    import psycopg
+    from psycopg import pq
+    from psycopg.conninfo import conninfo_to_dict
+
+    wanted: dict[str, Any] = {
+        "connect_timeout": max(1, int(timeout)), "keepalives": 1, "keepalives_idle": max(1, int(timeout)),
+        "keepalives_interval": 1, "keepalives_count": 3,
+    }
+    if pq.version() >= 120000:  # libpq 12 brought tcp_user_timeout
+        wanted["tcp_user_timeout"] = int(timeout * 2000)
+    try:
+        given = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:  # a DSN psycopg cannot parse: the connect says why
+        given = {}
+    return {k: v for k, v in wanted.items() if k not in given}
+
+
+def _read_write(dsn: str) -> tuple[str, bool]:
+    """The DSN the pool connects with, and whether it names several hosts (failover, the module's
+    rule): then a connection must reach the writable one, so `target_session_attrs=read-write` is
+    added where the DSN does not say (libpq's default, `any`, would take a standby listed first)."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    try:
+        parts = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:  # a DSN psycopg cannot parse: the connect says why
+        return dsn, False
+    hosts = str(parts.get("host") or parts.get("hostaddr") or "").split(",")
+    if len(hosts) < 2:
+        return dsn, False
+    if "target_session_attrs" not in parts:
+        log.info("PostgreSQL: the DSN names %d hosts: connecting with target_session_attrs=read-write", len(hosts))
+        dsn = make_conninfo(dsn, target_session_attrs="read-write")
+    return dsn, True
 
 
 def shown_dsn(dsn: str) -> str:
