@@ -30,11 +30,15 @@ import numpy as np
 import trio
 
 from ..storage.store import StoreUnavailable
+from .feed import FEED_SCHEMA, HEAD, OwnCommits
 from .rows import TABLES, RowOp, row_ops
 
 log = logging.getLogger("eurekamem.postgres")
 
-SCHEMA_VERSION = 2  # 2: an HNSW index per embedding model on memories.vec (vector_indexes)
+SCHEMA_VERSION = 3  # 2: an HNSW index per embedding model on memories.vec (vector_indexes); 3: the change feed (feed.py)
+
+FEED_LOCK = 727002  # the advisory lock every commit takes first: the feed's seq order is its commit order (feed.py)
+FEED_CHANNEL = "eurekamem_feed"  # NOTIFY'd by every commit (delivered at COMMIT)
 
 _BODY = "seq bigint NOT NULL, pos integer NOT NULL, body bytea NOT NULL"
 
@@ -48,6 +52,7 @@ def _schema() -> list[str]:
         " body bytea NOT NULL)",
         # the models whose vectors have their HNSW index (index_name: vector_index_name)
         "CREATE TABLE IF NOT EXISTS vector_indexes (model text PRIMARY KEY, dim integer NOT NULL)",
+        *FEED_SCHEMA,
     ]
     for table, keys in TABLES.items():
         columns = [
@@ -124,6 +129,14 @@ class PostgresStore:
         self.indexed: set[str] = set()
         self._index_lock = threading.Lock()
         self.next_attempt_in: float | None = None  # connect(): the back-off before the next attempt
+        # the change feed (daemon/postgres/feed.py): this node's id in `mutations.node`, its commits as
+        # the follower needs them (the re-apply rule), the follower once running (sys.stats), and
+        # the feed's seq the tables were loaded at (rows_in_order, same snapshot)
+        self.node_id = ""
+        self.own = OwnCommits()
+        self.feed: Any = None
+        self.loaded_seq = 0
+        self.feed_changes = 0  # chunks the follower applied (the local files' snapshot schedule: changes())
 
     # --- life -------------------------------------------------------------------------------------
 
@@ -220,15 +233,21 @@ class PostgresStore:
         if not mutations:
             return
         batch = list(mutations)
+        txn = self.own.begin()
         try:
-            await trio.to_thread.run_sync(self._commit_sync, batch, limiter=self.limiter)
+            await trio.to_thread.run_sync(self._commit_sync, batch, txn, limiter=self.limiter)
         except StoreUnavailable as exc:
+            self.own.end(txn, kept=False)
             self.failures += 1
             self.last_error = str(exc)
             raise
+        except BaseException:  # cancelled in the thread's wait: the outcome is unknown, the batch is not kept
+            self.own.end(txn, kept=False)
+            raise
+        self.own.end(txn, kept=True)
         self.commits += 1
 
-    def _commit_sync(self, mutations: list[Any]) -> None:
+    def _commit_sync(self, mutations: list[Any], txn: int = 0) -> None:
         import psycopg
         import psycopg_pool
 
@@ -236,7 +255,7 @@ class PostgresStore:
             raise StoreUnavailable("PostgreSQL is not connected", "unavailable", store="postgres")
         for attempt in (1, 2):
             try:
-                self._transaction(mutations)
+                self._transaction(mutations, txn)
                 self._index_new_models(mutations)
                 return
             except Exception as exc:
@@ -285,19 +304,23 @@ class PostgresStore:
             rows = conn.execute(query, (np.asarray(vector, dtype=np.float32), k)).fetchall()
         return [bytes(row[0]).decode("utf-8", "surrogatepass") for row in rows]
 
-    def _transaction(self, mutations: list[Any]) -> None:
+    def _transaction(self, mutations: list[Any], txn: int = 0) -> None:
         """One batch's transaction (the module's rule), sent at once in psycopg's pipeline mode
         (BEGIN, every statement in order, COMMIT: one round trip and the commit's flush, where a
-        statement at a time would wait on the server for each): each mutation takes its seq in the
-        feed (nextval) and its row operations take it from currval, in the same session."""
+        statement at a time would wait on the server for each): the feed's lock first (FEED_LOCK:
+        held to COMMIT, so seq order is commit order), then each mutation takes its seq in the
+        feed (nextval) and its row operations take it from currval, in the same session; the NOTIFY
+        wakes the other nodes' followers at COMMIT."""
         from ..storage.store import mutation_encoder
 
         with self.pool.connection() as conn, conn.pipeline(), conn.transaction(), conn.cursor() as cur:
+            cur.execute(_FEED_LOCK)
             for mutation in mutations:
-                cur.execute(_INSERT_MUTATION, (mutation_encoder.encode(mutation),))
+                cur.execute(_INSERT_MUTATION, (self.node_id, txn, mutation_encoder.encode(mutation)))
                 for pos, op in enumerate(row_ops(mutation)):
                     sql, args = _statement(op, pos)
                     cur.execute(sql, args)
+            cur.execute(_NOTIFY)
 
     # --- start-up -----------------------------------------------------------------------------------
 
@@ -310,6 +333,9 @@ class PostgresStore:
         query = " UNION ALL ".join(parts) + " ORDER BY 1, 2"
         with self.pool.connection() as conn:
             with conn.transaction(), conn.cursor(name="load", binary=True) as cur:  # binary: vectors not parsed from text
+                # the feed's seq these rows are at, read in their snapshot: the follower starts there (feed.py)
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                self.loaded_seq = int(conn.execute(HEAD).fetchone()[0])
                 cur.itersize = 2000
                 cur.execute(query)
                 for _seq, _pos, body, vec in cur:
@@ -318,12 +344,17 @@ class PostgresStore:
     def is_empty(self) -> bool:
         """Whether no mutation was ever committed here (a first start imports EurekaClaw's files). Blocking."""
         with self.pool.connection() as conn:
-            return bool(conn.execute("SELECT NOT EXISTS (SELECT 1 FROM mutations)").fetchone()[0])
+            return bool(conn.execute(f"SELECT ({HEAD}) = 0").fetchone()[0])
 
     def counts(self) -> dict[str, int]:
         """Rows per table (verify, migrate, sys.stats)."""
         with self.pool.connection() as conn:
             return {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("mutations", *TABLES)}
+
+    def changes(self) -> int:
+        """How many times the tiers changed through this store: its commits and the feed's chunks
+        (the local files' snapshot schedule compares it, daemon/snapshots.py)."""
+        return self.commits + self.feed_changes
 
     def statistics(self) -> dict[str, Any]:
         return {
@@ -335,6 +366,7 @@ class PostgresStore:
             "connected": self.pool is not None,
             "attempts": self.attempts,
             "next_attempt_in": self.next_attempt_in,
+            "feed": self.feed.statistics() if self.feed is not None else None,
         }
 
 
@@ -364,7 +396,9 @@ def _vector_bytes(value: Any) -> bytes:
     return np.asarray(value, dtype=np.float32).tobytes()
 
 
-_INSERT_MUTATION = "INSERT INTO mutations (seq, body) VALUES (nextval('mutation_seq'), %s)"
+_INSERT_MUTATION = "INSERT INTO mutations (seq, node, txn, body) VALUES (nextval('mutation_seq'), %s, %s, %s)"
+_FEED_LOCK = f"SELECT pg_advisory_xact_lock({FEED_LOCK})"
+_NOTIFY = f"NOTIFY {FEED_CHANNEL}"
 _SEQ = "currval('mutation_seq')"  # the seq of the mutation inserted just before, in this session
 
 
