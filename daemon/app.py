@@ -203,7 +203,7 @@ class Daemon:
         else:
             self.store = postgres_store(self.config)
             journal = await trio.to_thread.run_sync(open_local_root, self.paths, self.fs)
-            self.store.node_id = node_identity(self.paths.journal)  # before any commit: its rows name the node
+            self.store.identify(node_identity(self.paths.journal))  # before any commit: its rows name the node
             try:
                 if await self.store.connect_once():
                     recovered = await self._recover(started)
@@ -338,7 +338,7 @@ class Daemon:
     async def _follow_feed(self) -> None:
         """store = postgres: this node follows the change feed (daemon/postgres/feed.py) from the seq
         its tiers were loaded at, until shutdown; a node the feed was trimmed past stops the daemon."""
-        follower = self.store.feed = Follower(
+        follower = Follower(
             self.store,
             self.actors,
             node_id=self.store.node_id,
@@ -346,6 +346,7 @@ class Daemon:
             start=self.store.loaded_seq,
             retention=self.config.feed_retention,
         )
+        self.store.followed_by(follower)
         log.info("feed: node %s (%s) follows the feed from seq %d", follower.node_id, follower.name, follower.applied)
         with self._feed_scope:
             try:

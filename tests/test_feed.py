@@ -10,6 +10,7 @@ re-apply rule for a node's own mutations (OwnCommits).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,10 +19,14 @@ from typing import Any
 import msgspec
 import psycopg
 import pytest
+import trio
+import trio.testing
 from test_postgres import _state_of as tier_state
 
 from daemon_process import DaemonProcess
 from eurekamem.client import Client
+from eurekamem.daemon.postgres.feed import OwnCommits
+from eurekamem.daemon.recovery import decode_mutation
 
 TIMEOUT = 30.0
 DEADLINE = 20.0  # seconds a node may take to apply what another committed (it takes milliseconds)
@@ -96,3 +101,159 @@ def test_what_one_node_writes_the_others_read(team: tuple[str, list[DaemonProces
     while not any(memory_file.glob("*.md")):
         assert time.monotonic() < deadline, "node b never projected a's memories"
         time.sleep(0.05)
+
+
+def test_the_same_keys_written_on_two_nodes_at_once_end_the_same_everywhere(team: tuple[str, list[DaemonProcess]]) -> None:
+    dsn, (a, b, c) = team
+    with Client(a.socket_path, timeout=TIMEOUT) as ca:
+        memory = ca.add_memory("race", "fact", "Contended", "Written by every node.").memory
+    caught_up([b], dsn)
+
+    def write(proc: DaemonProcess, tag: str) -> None:
+        with Client(proc.socket_path, timeout=TIMEOUT) as client:
+            for i in range(40):
+                client.remember("contended", f"{tag}{i}")
+                client.remember(f"contended-{i % 3}", {"by": tag, "i": i})
+                if i % 10 == 0:
+                    client.update_memory(memory.id, content=f"Written by {tag} at {i}.")
+
+    threads = [threading.Thread(target=write, args=(proc, proc.data_dir.name)) for proc in (a, b)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(TIMEOUT)
+    caught_up([a, b, c], dsn)
+
+    def seen(proc: DaemonProcess) -> dict[str, Any]:
+        with Client(proc.socket_path, timeout=TIMEOUT) as client:
+            return {
+                "records": [msgspec.to_builtins(client.recall(k)) for k in ("contended", "contended-0", "contended-1", "contended-2")],
+                "memory": msgspec.to_builtins(client.get_memory(memory.id)),
+            }
+
+    views = [seen(proc) for proc in (a, b, c)]
+    assert views[0] == views[1] == views[2]
+    with psycopg.connect(dsn) as conn:  # the database's: the last committed
+        body = conn.execute("SELECT body FROM persistent WHERE key = %s", (b"contended",)).fetchone()[0]
+    assert views[0]["records"][0]["value"] == decode_mutation(bytes(body)).record.value
+
+
+def test_a_follower_whose_connection_is_killed_misses_nothing(team: tuple[str, list[DaemonProcess]]) -> None:
+    dsn, (a, b, _c) = team
+    with Client(b.socket_path, timeout=TIMEOUT) as cb:
+        node = cb.stats()["store"]["feed"]["node"]
+        reconnects = cb.stats()["store"]["feed"]["reconnects"]
+    with psycopg.connect(dsn, autocommit=True) as conn, Client(a.socket_path, timeout=TIMEOUT) as ca:
+        for i in range(3):
+            killed = conn.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s",
+                (f"eurekamem-feed-{node}",),
+            ).fetchone()[0]
+            assert killed == 1 or i > 0  # the first time it is surely connected
+            for j in range(5):
+                ca.remember(f"during-cut-{i}-{j}", j)
+    caught_up([b], dsn)
+    with Client(b.socket_path, timeout=TIMEOUT) as cb:
+        assert [cb.recall(f"during-cut-{i}-{j}").value for i in range(3) for j in range(5)] == [0, 1, 2, 3, 4] * 3
+        assert cb.stats()["store"]["feed"]["reconnects"] > reconnects
+
+
+# --- the re-apply rule, without a database --------------------------------------------------------
+
+
+async def test_a_node_converges_to_the_feeds_order_whatever_the_interleaving() -> None:
+    """A simulated node (one tier: key -> value) writes keys itself, applied at once and committed
+    later (the feed gets them then; a commit of unknown outcome is rolled back here), while other
+    nodes commit the same keys and the follower decides on the feed's rows one at a time and
+    applies them between the node's batches (the actor's rule: not while a commit is in flight).
+    Whatever the interleaving, once the follower reached the head the state is the feed replayed
+    in order; and a node alone (nothing foreign, every commit kept) skips every own row."""
+    for seed in range(400):
+        await _simulate(seed)
+
+
+async def _simulate(seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    own = OwnCommits()
+    log: list[tuple[int, bool, int, str, int]] = []  # (seq, own, txn, key, value)
+    state: dict[str, int] = {}
+    batch: tuple[int, str, int, int | None, bool] | None = None  # the commit in flight: txn, key, value, before, kept
+    decided: list[tuple[int, str, int]] = []  # rows the follower decided to apply, not applied yet
+    followed = skipped = 0
+    alone = seed % 5 == 0
+
+    def flush() -> None:
+        for _seq, k, v in decided:
+            state[k] = v
+        if decided:
+            own.applied = decided[-1][0]
+        decided.clear()
+
+    for step in range(80):
+        event = rng.random()
+        key = rng.choice("ab")
+        if event < 0.25 and batch is None:  # the node writes: applied now, its commit begins
+            flush()  # the feed's applies run between batches
+            batch = (own.begin(), key, step, state.get(key), alone or rng.random() < 0.85)
+            state[key] = step
+        elif event < 0.45 and batch is not None:  # the commit ends: kept, or of unknown outcome (rolled back)
+            txn, k, value, before, kept = batch
+            log.append((len(log) + 1, True, txn, k, value))
+            if not kept:
+                if before is None:
+                    del state[k]
+                else:
+                    state[k] = before
+            own.end(txn, kept)
+            batch = None
+        elif event < 0.65 and not alone:  # another node commits
+            log.append((len(log) + 1, False, 0, key, 1000 + step))
+        elif followed < len(log):  # the follower decides on the next row
+            seq, is_own, txn, k, value = log[followed]
+            if await own.wanted(seq, is_own, txn):
+                decided.append((seq, k, value))
+            else:
+                skipped += 1
+            followed += 1
+            if batch is None and rng.random() < 0.5:
+                flush()
+    if batch is not None:
+        txn, k, value, _before, _kept = batch
+        log.append((len(log) + 1, True, txn, k, value))
+        own.end(txn, True)
+    for seq, is_own, txn, k, value in log[followed:]:
+        if await own.wanted(seq, is_own, txn):
+            decided.append((seq, k, value))
+    flush()
+    assert state == _replayed(log), seed
+    if alone:
+        assert skipped == sum(1 for row in log[:followed] if row[1]), seed
+
+
+def _replayed(log: list[tuple[int, bool, int, str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for _seq, _own, _txn, key, value in log:
+        out[key] = value
+    return out
+
+
+async def test_an_own_row_waits_for_its_commit_to_end() -> None:
+    """The follower may read a commit's rows before the committing node heard its COMMIT return:
+    it waits for that, then skips the rows (kept, nothing applied since) or applies them (not kept)."""
+    own = OwnCommits()
+    decided: list[bool] = []
+    for kept in (True, False):
+        txn = own.begin()
+        async with trio.open_nursery() as nursery:
+
+            async def ask(txn: int = txn) -> None:
+                decided.append(await own.wanted(own.applied + 1, True, txn))
+
+            nursery.start_soon(ask)
+            await trio.testing.wait_all_tasks_blocked()
+            assert len(decided) == (0 if kept else 1)
+            own.end(txn, kept)
+        own.applied += 1
+    assert decided == [False, True]

@@ -58,6 +58,8 @@ HEAD = (
     "SELECT greatest((SELECT coalesce(max(seq), 0) FROM mutations), (SELECT coalesce(max(seq), 0) FROM feed_trim))"
 )
 
+FEED_LOCK = 727002  # the advisory lock every commit takes first (PostgresStore._transaction): seq order is commit order
+FEED_CHANNEL = "eurekamem_feed"  # NOTIFY'd by every commit (delivered at COMMIT)
 TRIM_LOCK = 727003  # one node at a time trims
 
 # a chunk of the feed after `seq`, with the trimmed point, in one statement (one snapshot)
@@ -261,9 +263,12 @@ class Follower:
     def _connect(self) -> Any:
         import psycopg
 
-        from .store import FEED_CHANNEL
-
-        conn = psycopg.connect(self.store.dsn, autocommit=True, connect_timeout=max(1, int(self.store.timeout)))
+        conn = psycopg.connect(
+            self.store.dsn,
+            autocommit=True,
+            connect_timeout=max(1, int(self.store.timeout)),
+            application_name=f"eurekamem-feed-{self.node_id}",  # what an operator (or a test) finds it by
+        )
         conn.execute(f"LISTEN {FEED_CHANNEL}")
         return conn
 

@@ -30,15 +30,12 @@ import numpy as np
 import trio
 
 from ..storage.store import StoreUnavailable
-from .feed import FEED_SCHEMA, HEAD, OwnCommits
+from .feed import FEED_CHANNEL, FEED_LOCK, FEED_SCHEMA, HEAD, OwnCommits
 from .rows import TABLES, RowOp, row_ops
 
 log = logging.getLogger("eurekamem.postgres")
 
 SCHEMA_VERSION = 3  # 2: an HNSW index per embedding model on memories.vec (vector_indexes); 3: the change feed (feed.py)
-
-FEED_LOCK = 727002  # the advisory lock every commit takes first: the feed's seq order is its commit order (feed.py)
-FEED_CHANNEL = "eurekamem_feed"  # NOTIFY'd by every commit (delivered at COMMIT)
 
 _BODY = "seq bigint NOT NULL, pos integer NOT NULL, body bytea NOT NULL"
 
@@ -350,6 +347,14 @@ class PostgresStore:
         """Rows per table (verify, migrate, sys.stats)."""
         with self.pool.connection() as conn:
             return {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("mutations", *TABLES)}
+
+    def identify(self, node_id: str) -> None:
+        """The node's id its commits write in `mutations.node` (the daemon's, before any commit)."""
+        self.node_id = node_id
+
+    def followed_by(self, follower: Any) -> None:
+        """The node's follower of the feed (daemon/postgres/feed.py), shown in statistics()."""
+        self.feed = follower
 
     def changes(self) -> int:
         """How many times the tiers changed through this store: its commits and the feed's chunks
