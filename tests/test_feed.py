@@ -53,6 +53,34 @@ def caught_up(procs: list[DaemonProcess], dsn: str) -> None:
                 time.sleep(0.01)
 
 
+def database_view(dsn: str) -> dict[str, Any]:
+    """The checksums of the tables loaded afresh (what a new node would hold), the jobs aside."""
+    from eurekamem.daemon.postgres.migrate import checksums
+    from eurekamem.daemon.postgres.store import PostgresStore
+    from eurekamem.daemon.recovery import Recovered, load_from_store
+    from eurekamem.daemon.retrieval.embed import make_embedder
+
+    store = PostgresStore(dsn, pool_size=1)
+    store.open()
+    try:
+        loaded = load_from_store(store, Recovered(make_embedder("e5-small")))  # not loaded: its name and dimension
+    finally:
+        store.close()
+    return {kind: {"count": n, "sha256": digest} for kind, (n, digest) in checksums(loaded).items() if kind != "jobs"}
+
+
+def assert_views_equal(procs: list[DaemonProcess], dsn: str) -> None:
+    """Once caught up, every node's own view (sys.digest) equals the database's, the jobs aside
+    (each node runs its own queue until the team's)."""
+    caught_up(procs, dsn)
+    expected = database_view(dsn)
+    for proc in procs:
+        with Client(proc.socket_path, timeout=TIMEOUT) as client:
+            kinds = client.digest()["kinds"]
+        kinds.pop("jobs")
+        assert kinds == expected, proc.data_dir.name
+
+
 def _state_of(c: Client, memory_ids: list[str]) -> dict[str, Any]:
     """What a client reads of every shared tier the tests write (test_postgres's, and the skills)."""
     return {**tier_state(c, memory_ids), "skills": [msgspec.to_builtins(s) for s in c.list_skills()]}
@@ -96,6 +124,7 @@ def test_what_one_node_writes_the_others_read(team: tuple[str, list[DaemonProces
             assert _state_of(other, [m1.id, m2.id]) == expected
             feed = other.stats()["store"]["feed"]
             assert feed["mutations"] > 0 and feed["name"] == proc.data_dir.name
+    assert_views_equal([a, b, c], dsn)
     memory_file = b.data_dir / "memories" / "prob"  # the local projection of what another node wrote
     deadline = time.monotonic() + DEADLINE
     while not any(memory_file.glob("*.md")):
@@ -131,6 +160,7 @@ def test_the_same_keys_written_on_two_nodes_at_once_end_the_same_everywhere(team
                 "memory": msgspec.to_builtins(client.get_memory(memory.id)),
             }
 
+    assert_views_equal([a, b, c], dsn)
     views = [seen(proc) for proc in (a, b, c)]
     assert views[0] == views[1] == views[2]
     with psycopg.connect(dsn) as conn:  # the database's: the last committed
