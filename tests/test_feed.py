@@ -10,6 +10,8 @@ re-apply rule for a node's own mutations (OwnCommits).
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -186,6 +188,58 @@ def test_a_follower_whose_connection_is_killed_misses_nothing(team: tuple[str, l
     with Client(b.socket_path, timeout=TIMEOUT) as cb:
         assert [cb.recall(f"during-cut-{i}-{j}").value for i in range(3) for j in range(5)] == [0, 1, 2, 3, 4] * 3
         assert cb.stats()["store"]["feed"]["reconnects"] > reconnects
+
+
+def _trimmed(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT seq FROM feed_trim").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _wait_trimmed_past(dsn: str, seq: int) -> None:
+    """Wait (bounded) until a node trimmed the feed past `seq` (it does so every retention/4 s)."""
+    deadline = time.monotonic() + DEADLINE
+    while _trimmed(dsn) <= seq:
+        assert time.monotonic() < deadline, f"the feed was not trimmed past {seq}"
+        time.sleep(0.1)
+
+
+def test_a_stopped_node_catches_up_and_one_the_feed_was_trimmed_past_reloads(tmp_path: Path, postgres_dsn: str) -> None:
+    """With a short retention: a node stopped while another writes is trimmed past (it is not seen),
+    and its restart loads the tables; a node suspended (SIGSTOP) while the feed is trimmed past
+    what it applied stops when it wakes, saying so (exit status 1), and its restart loads the tables."""
+    dsn = postgres_dsn
+    retention = ("--feed-retention", "2")
+    a = _daemon(tmp_path / "a", tmp_path / "a.sock", dsn, *retention).start()
+    b = _daemon(tmp_path / "b", tmp_path / "b.sock", dsn, *retention).start()
+    try:
+        with Client(a.socket_path, timeout=TIMEOUT) as ca:
+            ca.remember("before", 1)
+            caught_up([b], dsn)
+            assert b.terminate() == 0
+            for i in range(20):
+                ca.remember(f"while-stopped-{i}", i)
+            _wait_trimmed_past(dsn, _head(dsn) - 1)
+            b.start()
+            with Client(b.socket_path, timeout=TIMEOUT) as cb:
+                assert [cb.recall(f"while-stopped-{i}").value for i in range(20)] == list(range(20))  # type: ignore[union-attr]
+            assert_views_equal([a, b], dsn)
+
+            assert b.proc is not None
+            os.kill(b.proc.pid, signal.SIGSTOP)
+            try:
+                for i in range(20):
+                    ca.remember(f"while-suspended-{i}", i)
+                _wait_trimmed_past(dsn, _head(dsn) - 1)
+            finally:
+                os.kill(b.proc.pid, signal.SIGCONT)
+            assert b.wait_exit() == 1
+            assert "the feed was trimmed to seq" in b.output
+            b.start()
+            assert_views_equal([a, b], dsn)
+    finally:
+        a.kill()
+        b.kill()
 
 
 # --- the re-apply rule, without a database --------------------------------------------------------
