@@ -171,7 +171,7 @@ def test_the_same_keys_written_on_two_nodes_at_once_end_the_same_everywhere(team
 
 
 def test_a_follower_whose_connection_is_killed_misses_nothing(team: tuple[str, list[DaemonProcess]]) -> None:
-    dsn, (a, b, _c) = team
+    dsn, (a, b, c) = team
     with Client(b.socket_path, timeout=TIMEOUT) as cb:
         node = cb.stats()["store"]["feed"]["node"]
         reconnects = cb.stats()["store"]["feed"]["reconnects"]
@@ -185,6 +185,11 @@ def test_a_follower_whose_connection_is_killed_misses_nothing(team: tuple[str, l
             for j in range(5):
                 ca.remember(f"during-cut-{i}-{j}", j)
     caught_up([b], dsn)
+    with Client(c.socket_path, timeout=TIMEOUT) as cc, psycopg.connect(dsn) as conn:
+        # node c only ever read, in every test of the module: what it projected of the others'
+        # writes (memories/, skills/) was not taken by its own scans for a write of another program
+        quiet = cc.stats()["store"]["feed"]["node"]
+        assert conn.execute("SELECT count(*) FROM mutations WHERE node = %s", (quiet,)).fetchone()[0] == 0
     with Client(b.socket_path, timeout=TIMEOUT) as cb:
         assert [cb.recall(f"during-cut-{i}-{j}").value for i in range(3) for j in range(5)] == [0, 1, 2, 3, 4] * 3
         assert cb.stats()["store"]["feed"]["reconnects"] > reconnects
@@ -240,6 +245,45 @@ def test_a_stopped_node_catches_up_and_one_the_feed_was_trimmed_past_reloads(tmp
     finally:
         a.kill()
         b.kill()
+
+
+def test_a_version_2_database_gets_the_feed_and_keeps_its_rows(postgres_dsn: str) -> None:
+    """Schema 3 adds the feed's columns and tables to a version 2 database (the rows written before
+    name no node: every node applies them like another node's), and start-up's load reads the
+    feed's head in its snapshot."""
+    from eurekamem.daemon.postgres.store import SCHEMA_VERSION, PostgresStore
+    from eurekamem.daemon.recovery import Recovered, load_from_store
+    from eurekamem.daemon.retrieval.embed import make_embedder
+
+    store = PostgresStore(postgres_dsn, pool_size=1)
+    store.open()
+    store._commit_sync([record_put("old")])
+    store.close()
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:  # as version 2 was
+        conn.execute("ALTER TABLE mutations DROP COLUMN node, DROP COLUMN txn")
+        conn.execute("DROP TABLE nodes, feed_trim")
+        conn.execute("UPDATE schema_version SET version = 2")
+    store = PostgresStore(postgres_dsn, pool_size=1)
+    store.open()
+    try:
+        store.identify("n1")
+        store._commit_sync([record_put("new")], 7)
+        loaded = load_from_store(store, Recovered(make_embedder("e5-small")))
+        assert sorted(loaded.persistent.records) == ["new", "old"]
+        assert store.loaded_seq == 2
+    finally:
+        store.close()
+    with psycopg.connect(postgres_dsn) as conn:
+        assert conn.execute("SELECT version FROM schema_version").fetchone()[0] == SCHEMA_VERSION
+        assert conn.execute("SELECT seq, node, txn FROM mutations ORDER BY seq").fetchall() == [(1, "", 0), (2, "n1", 7)]
+
+
+def record_put(key: str) -> Any:
+    from eurekamem.daemon.tiers.persistent import PutRecord
+    from eurekamem.protocol import CrossRunRecord
+
+    at = "2026-01-01T00:00:00Z"
+    return PutRecord(CrossRunRecord(record_id=key, key=key, value=key, created_at=at, updated_at=at))
 
 
 # --- the re-apply rule, without a database --------------------------------------------------------

@@ -43,6 +43,8 @@ from typing import Any
 import msgspec
 import trio
 
+from ..primitives import Histogram
+
 log = logging.getLogger("eurekamem.feed")
 
 FEED_SCHEMA = [
@@ -64,10 +66,13 @@ TRIM_LOCK = 727003  # one node at a time trims
 
 # a chunk of the feed after `seq`, with the trimmed point, in one statement (one snapshot)
 _READ = (
-    "SELECT t.trimmed, m.seq, m.node, m.txn, m.body FROM (SELECT coalesce(max(seq), 0) AS trimmed FROM feed_trim) t"
-    " LEFT JOIN LATERAL (SELECT seq, node, txn, body FROM mutations WHERE seq > %s ORDER BY seq LIMIT %s) m ON true"
+    "SELECT t.trimmed, m.seq, m.node, m.txn, m.body, extract(epoch FROM m.at)::float8"
+    " FROM (SELECT coalesce(max(seq), 0) AS trimmed FROM feed_trim) t"
+    " LEFT JOIN LATERAL (SELECT seq, node, txn, body, at FROM mutations WHERE seq > %s ORDER BY seq LIMIT %s) m ON true"
     " ORDER BY m.seq"
 )
+
+Row = tuple[int, str, int, bytes, float]  # seq, node, txn, body, when it was written (seconds since 1970)
 
 NODE_FILE = "NODE"  # memory/journal/NODE: the node's id, made once, kept with the data root
 
@@ -191,6 +196,7 @@ class Follower:
         self.skipped = 0  # own mutations the node already had
         self.reapplied = 0  # own mutations applied again (the re-apply rule)
         self.reconnects = 0
+        self.visibility = Histogram()  # another node's write: from its row's writing to applied here (as the clocks agree)
         self.trimmed = 0  # mutations this node trimmed
         self.last_error: str | None = None
         self._conn: Any = None  # the follower's connection: its worker thread's only
@@ -208,6 +214,9 @@ class Follower:
             "head_seq": max(self.head, self.applied),
             "lag_seqs": max(0, self.head - self.applied),
             "lag_seconds": round(self.lag_seconds, 3),
+            "visibility_ms": {
+                q: round(self.visibility.percentile(f) / 1000, 3) for q, f in (("p50", 0.5), ("p99", 0.99), ("max", 1.0))
+            },
             "mutations": self.mutations,
             "skipped": self.skipped,
             "reapplied": self.reapplied,
@@ -272,7 +281,7 @@ class Follower:
         conn.execute(f"LISTEN {FEED_CHANNEL}")
         return conn
 
-    def _fetch(self, after: int) -> tuple[int, list[tuple[int, str, int, bytes]]]:
+    def _fetch(self, after: int) -> tuple[int, list[Row]]:
         """The next chunk after `after` (and the trimmed point); when there is none, waits for a
         NOTIFY, at most `poll` seconds, and reads again. Blocking (the worker thread)."""
         if self._conn is None:
@@ -289,25 +298,28 @@ class Follower:
             self._fail(RuntimeError("stopping"))
         return trimmed, rows
 
-    def _read(self, conn: Any, after: int) -> tuple[int, list[tuple[int, str, int, bytes]]]:
+    def _read(self, conn: Any, after: int) -> tuple[int, list[Row]]:
         found = conn.execute(_READ, (after, self.chunk)).fetchall()
-        rows = [(seq, node, txn, bytes(body)) for _t, seq, node, txn, body in found if seq is not None]
+        rows = [(seq, node, txn, bytes(body), at) for _t, seq, node, txn, body, at in found if seq is not None]
         return int(found[0][0]) if found else 0, rows
 
     # --- the hand-off ---------------------------------------------------------------------------------
 
-    async def _apply(self, rows: list[tuple[int, str, int, bytes]]) -> None:
+    async def _apply(self, rows: list[Row]) -> None:
         """One chunk, in seq order: what each tier applies of it, handed to its actor (the module's rule)."""
         from ..recovery import decode_mutation
 
         per_tier: dict[str, list[Any]] = {}
-        for seq, node, txn, body in rows:
+        written: list[float] = []  # when each row applied was written
+        for seq, node, txn, body, at in rows:
             own = node == self.node_id
             if not await self.own.wanted(seq, own, txn):
                 self.skipped += 1
                 continue
             if own:
                 self.reapplied += 1
+            else:
+                written.append(at)
             for tier, mutation in feed_parts(decode_mutation(body)):
                 per_tier.setdefault(tier, []).append(mutation)
             self.mutations += 1
@@ -315,6 +327,9 @@ class Follower:
             async with trio.open_nursery() as nursery:
                 for tier, mutations in per_tier.items():
                     nursery.start_soon(self.actors[tier].apply_feed, mutations)
+        now = time.time()  # the visibility lag: from the commit's writing of the row to its use here
+        for at in written:
+            self.visibility.add(max(0.0, now - at) * 1e6)
         self.applied = self.own.applied = rows[-1][0]
         self.head = max(self.head, self.applied)
         self.store.feed_changes += 1  # the local files' snapshot schedule sees the change (Snapshots.written)

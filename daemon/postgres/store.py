@@ -401,7 +401,10 @@ def _vector_bytes(value: Any) -> bytes:
     return np.asarray(value, dtype=np.float32).tobytes()
 
 
-_INSERT_MUTATION = "INSERT INTO mutations (seq, node, txn, body) VALUES (nextval('mutation_seq'), %s, %s, %s)"
+# `at`: when the row was written, under the feed's lock (the followers' visibility lag is measured from it)
+_INSERT_MUTATION = (
+    "INSERT INTO mutations (seq, at, node, txn, body) VALUES (nextval('mutation_seq'), clock_timestamp(), %s, %s, %s)"
+)
 _FEED_LOCK = f"SELECT pg_advisory_xact_lock({FEED_LOCK})"
 _NOTIFY = f"NOTIFY {FEED_CHANNEL}"
 _SEQ = "currval('mutation_seq')"  # the seq of the mutation inserted just before, in this session
