@@ -8,8 +8,9 @@ and writes DIR/report.md and report.json (default bench/results/feed-<timestamp>
 
 - lock: what the feed adds to a commit, in this process, on PostgresStore's own transaction code:
   8 and 32 threads each committing a `persistent.remember`'s mutation in a loop, as part 1 did
-  (no feed lock, no NOTIFY), with the feed's advisory lock, and with the lock and the NOTIFY (what
-  the daemon runs), alternating, twice each; writes/s and the ratios to part 1's.
+  (no feed lock, no NOTIFY), with the feed's advisory lock, and with the lock and the NOTIFY; and
+  as many trio tasks (tier actors) awaiting `PostgresStore.commit`, which puts the batches that
+  wait into one transaction (the daemon's path); alternating, twice each; writes/s, ratios to part 1's.
 - nodes: durable `persistent.remember` writes/s on node A (16 clients: the C loadgen where a
   compiler is there, else the Python client) with 1, 2 and 3 nodes on the database (the others
   following the feed), and how long the followers took to reach the head after.
@@ -103,19 +104,53 @@ def commits(dsn: str, threads: int, seconds: float, variant: str) -> dict[str, A
     return {"threads": threads, "variant": variant, "writes": sum(counts), "writes_per_s": round(sum(counts) / wall)}
 
 
+def grouped(dsn: str, tasks: int, seconds: float) -> dict[str, Any]:
+    """`tasks` trio tasks (as many tier actors) each awaiting PostgresStore.commit of one PutRecord in
+    a loop, for `seconds`: the daemon's path, where the batches waiting go in one transaction."""
+    import trio
+
+    from eurekamem.daemon.postgres.store import PostgresStore
+
+    store = PostgresStore(dsn, pool_size=4)
+    store.open()
+    counts = [0] * tasks
+
+    async def main() -> None:
+        async def write(t: int) -> None:
+            while True:
+                await store.commit([record(f"grouped.{t}.{counts[t]}")])
+                counts[t] += 1
+
+        with trio.move_on_after(seconds):
+            async with trio.open_nursery() as nursery:
+                for t in range(tasks):
+                    nursery.start_soon(write, t)
+
+    t0 = time.perf_counter()
+    try:
+        trio.run(main)
+    finally:
+        store.close()
+    return {"tasks": tasks, "writes": sum(counts), "writes_per_s": round(sum(counts) / (time.perf_counter() - t0))}
+
+
 def sec_lock(ctx: dict[str, Any]) -> dict[str, Any]:
     dsn = ctx["server"].create_database()
     out: dict[str, Any] = {}
     for threads in (8, 32):
-        runs: dict[str, list[int]] = {"none": [], "lock": [], "lock+notify": []}
+        runs: dict[str, list[int]] = {"none": [], "lock": [], "lock+notify": [], "grouped": []}
         for _round in range(2):
             for variant in runs:
-                log(f"lock: {threads} threads, {variant}, {ctx['seconds']} s")
-                runs[variant].append(commits(dsn, threads, ctx["seconds"], variant)["writes_per_s"])
+                log(f"lock: {threads} writers, {variant}, {ctx['seconds']} s")
+                if variant == "grouped":
+                    runs[variant].append(grouped(dsn, threads, ctx["seconds"])["writes_per_s"])
+                else:
+                    runs[variant].append(commits(dsn, threads, ctx["seconds"], variant)["writes_per_s"])
         best = {variant: max(rates) for variant, rates in runs.items()}
         out[str(threads)] = {"runs": runs, "best": best,
                              "ratio_lock": round(best["lock"] / best["none"], 3),
-                             "ratio_daemon": round(best["lock+notify"] / best["none"], 3)}
+                             "ratio_notify": round(best["lock+notify"] / best["none"], 3),
+                             "ratio_daemon": round(best["grouped"] / best["none"], 3)}
     return out
 
 
@@ -289,10 +324,11 @@ def render(rep: dict[str, Any]) -> str:
              f"{rep['machine'].get('cores', '?')} cores; load {rep['load_start']:.2f} at start, {rep.get('load_end', 0):.2f} at end.", ""]
     if "lock" in rep:
         lines += ["## What the feed adds to a commit (PostgresStore, best of 2)", ""]
-        lines += common.table(["threads", "part 1 (no lock, no NOTIFY)", "feed lock", "feed lock + NOTIFY (the daemon)", "lock / part 1",
-                        "daemon / part 1"],
-                       [[t, fmt_rate(r["best"]["none"]), fmt_rate(r["best"]["lock"]), fmt_rate(r["best"]["lock+notify"]),
-                         f"{r['ratio_lock']:.2f}x", f"{r['ratio_daemon']:.2f}x"] for t, r in rep["lock"].items()])
+        lines += common.table(["writers", "part 1 (no lock, no NOTIFY)", "feed lock", "lock + NOTIFY", "lock + NOTIFY, grouped (the daemon)",
+                               "lock / part 1", "+ NOTIFY / part 1", "grouped / part 1"],
+                              [[t, fmt_rate(r["best"]["none"]), fmt_rate(r["best"]["lock"]), fmt_rate(r["best"]["lock+notify"]),
+                                fmt_rate(r["best"]["grouped"]), f"{r['ratio_lock']:.2f}x", f"{r['ratio_notify']:.2f}x",
+                                f"{r['ratio_daemon']:.2f}x"] for t, r in rep["lock"].items()])
         lines.append("")
     if "nodes" in rep:
         nodes = rep["nodes"]

@@ -333,6 +333,48 @@ def record_put(key: str) -> Any:
     return PutRecord(CrossRunRecord(record_id=key, key=key, value=key, created_at=at, updated_at=at))
 
 
+async def test_batches_committed_at_once_share_a_transaction_and_a_refused_one_fails_alone(postgres_dsn: str) -> None:
+    """PostgresStore.commit: batches that arrive while a transaction commits go together in the next
+    one (one flush: the feed's lock lets one commit at a time); a batch the server refuses fails
+    alone, the others of its group commit."""
+    from test_postgres import _memory
+
+    from eurekamem.daemon.memory.records import PutMemory
+    from eurekamem.daemon.postgres.store import PostgresStore
+    from eurekamem.daemon.storage.store import StoreUnavailable
+
+    store = PostgresStore(postgres_dsn, pool_size=4)
+    await trio.to_thread.run_sync(store.open)
+    failed: list[str] = []
+    try:
+        async def commit(key: str) -> None:
+            if key == "refused":  # a version beyond the integer column: the server refuses the row
+                batch: list[Any] = [PutMemory(_memory("m-refused", "text"), "", b"", version=2**40)]
+            else:
+                batch = [record_put(key)]
+            try:
+                await store.commit(batch)
+            except StoreUnavailable as exc:
+                failed.append(f"{key}: {exc.code}")
+
+        async with trio.open_nursery() as nursery:
+            for i in range(20):
+                nursery.start_soon(commit, f"r{i}")
+        with psycopg.connect(postgres_dsn) as conn:
+            transactions = conn.execute("SELECT count(DISTINCT xmin::text) FROM mutations").fetchone()[0]
+        async with trio.open_nursery() as nursery:
+            for i in range(20, 25):
+                nursery.start_soon(commit, f"r{i}")
+            nursery.start_soon(commit, "refused")
+    finally:
+        await trio.to_thread.run_sync(store.close)
+    assert failed == ["refused: read_only"]
+    with psycopg.connect(postgres_dsn) as conn:
+        keys = {bytes(k).decode() for (k,) in conn.execute("SELECT key FROM persistent").fetchall()}
+    assert keys == {f"r{i}" for i in range(25)}
+    assert transactions < 20  # grouped (the first alone, then what waited meanwhile)
+
+
 # --- the re-apply rule, without a database --------------------------------------------------------
 
 

@@ -133,6 +133,9 @@ class PostgresStore:
         self.own = OwnCommits()
         self.feed: Any = None
         self.loaded_seq = 0
+        # the batches waiting for the next transaction, and whether one is being committed (commit())
+        self._queue: list[_Queued] = []
+        self._committing = False
         self.feed_changes = 0  # chunks the follower applied (the local files' snapshot schedule: changes())
 
     # --- life -------------------------------------------------------------------------------------
@@ -227,24 +230,67 @@ class PostgresStore:
     # --- the seam -----------------------------------------------------------------------------------
 
     async def commit(self, mutations: Sequence[Any]) -> None:
+        """The seam's commit. The batches committed meanwhile (by other tiers) wait and go together
+        in the next transaction, whose commit is the first of them to have waited: the feed's lock
+        lets one transaction of the database commit at a time, so one transaction (one flush) for
+        every batch waiting gives back the group commit the lock takes away. Cancellable before it
+        is queued, not after (nor was the worker thread a commit waits on once started)."""
         if not mutations:
             return
-        batch = list(mutations)
-        txn = self.own.begin()
-        try:
-            await trio.to_thread.run_sync(self._commit_sync, batch, txn, limiter=self.limiter)
-        except StoreUnavailable as exc:
-            self.own.end(txn, kept=False)
-            self.failures += 1
-            self.last_error = str(exc)
-            raise
-        except BaseException:  # cancelled in the thread's wait: the outcome is unknown, the batch is not kept
-            self.own.end(txn, kept=False)
-            raise
-        self.own.end(txn, kept=True)
-        self.commits += 1
+        await trio.lowlevel.checkpoint_if_cancelled()  # a caller cancelled before it commits: nothing queued
+        queued = _Queued(list(mutations), self.own.begin())
+        self._queue.append(queued)
+        with trio.CancelScope(shield=True):
+            if self._committing:
+                await queued.wake.wait()  # its group committed, or it leads the next one
+            else:
+                self._committing = queued.lead = True
+            if queued.lead:
+                group, self._queue = self._queue, []
+                try:
+                    await self._commit_group(group)
+                finally:
+                    for other in group:  # an error that is no StoreUnavailable (a bug): nobody waits forever
+                        if not other.wake.is_set():
+                            self._ended(other, StoreUnavailable("the commit failed", "unavailable", store="postgres"))
+                    if self._queue:  # what came meanwhile: the first of it leads the next transaction
+                        self._queue[0].lead = True
+                        self._queue[0].wake.set()
+                    else:
+                        self._committing = False
+        if queued.error is not None:
+            raise queued.error
 
-    def _commit_sync(self, mutations: list[Any], txn: int = 0) -> None:
+    async def _commit_group(self, group: list[_Queued]) -> None:
+        """One transaction for the group's batches, in order; when the server refuses it and it
+        holds several, each batch alone (one refused batch fails only its own writes)."""
+        mutations = [mutation for queued in group for mutation in queued.mutations]
+        txns = [queued.txn for queued in group for _mutation in queued.mutations]
+        try:
+            await trio.to_thread.run_sync(self._commit_sync, mutations, txns, limiter=self.limiter)
+        except StoreUnavailable as exc:
+            if len(group) > 1 and exc.code == "read_only":
+                for queued in group:
+                    await self._commit_group([queued])
+                return
+            for queued in group:
+                self._ended(queued, exc)
+            return
+        for queued in group:
+            self._ended(queued, None)
+
+    def _ended(self, queued: _Queued, error: StoreUnavailable | None) -> None:
+        self.own.end(queued.txn, kept=error is None)
+        if error is None:
+            self.commits += 1
+        else:
+            self.failures += 1
+            self.last_error = str(error)
+            queued.error = error
+        queued.wake.set()
+
+    def _commit_sync(self, mutations: list[Any], txn: int | list[int] = 0) -> None:
+        """One transaction of `mutations` (blocking); `txn`: the node's commit id of each (or of all)."""
         import psycopg
         import psycopg_pool
 
@@ -301,7 +347,7 @@ class PostgresStore:
             rows = conn.execute(query, (np.asarray(vector, dtype=np.float32), k)).fetchall()
         return [bytes(row[0]).decode("utf-8", "surrogatepass") for row in rows]
 
-    def _transaction(self, mutations: list[Any], txn: int = 0) -> None:
+    def _transaction(self, mutations: list[Any], txn: int | list[int] = 0) -> None:
         """One batch's transaction (the module's rule), sent at once in psycopg's pipeline mode
         (BEGIN, every statement in order, COMMIT: one round trip and the commit's flush, where a
         statement at a time would wait on the server for each): the feed's lock first (FEED_LOCK:
@@ -312,8 +358,9 @@ class PostgresStore:
 
         with self.pool.connection() as conn, conn.pipeline(), conn.transaction(), conn.cursor() as cur:
             cur.execute(_FEED_LOCK)
-            for mutation in mutations:
-                cur.execute(_INSERT_MUTATION, (self.node_id, txn, mutation_encoder.encode(mutation)))
+            txns = txn if isinstance(txn, list) else [txn] * len(mutations)
+            for mutation, commit_id in zip(mutations, txns):
+                cur.execute(_INSERT_MUTATION, (self.node_id, commit_id, mutation_encoder.encode(mutation)))
                 for pos, op in enumerate(row_ops(mutation)):
                     sql, args = _statement(op, pos)
                     cur.execute(sql, args)
@@ -373,6 +420,19 @@ class PostgresStore:
             "next_attempt_in": self.next_attempt_in,
             "feed": self.feed.statistics() if self.feed is not None else None,
         }
+
+
+class _Queued:
+    """One batch waiting in PostgresStore.commit: woken when committed (or failed), or to lead the next transaction."""
+
+    __slots__ = ("error", "lead", "mutations", "txn", "wake")
+
+    def __init__(self, mutations: list[Any], txn: int) -> None:
+        self.mutations = mutations
+        self.txn = txn
+        self.wake = trio.Event()
+        self.lead = False
+        self.error: StoreUnavailable | None = None
 
 
 def _vector_models(mutations: list[Any]) -> set[tuple[str, int]]:
