@@ -21,6 +21,12 @@ Rules kept here:
   records: re-applying is idempotent). Rows of a commit the node did not keep (its outcome was
   unknown, so it answered `unavailable` and rolled back) or does not know (a previous life) are
   applied like another node's.
+- The known limit of that rule: a memory's version history is not a pure function of its puts
+  (a new version keeps, in the previous version's entry, the text the memory had when it was
+  applied). When two nodes make new versions of one memory at once, the node whose own version
+  was applied before the other's older one keeps, in that entry, the text it saw: the memory and
+  its versions converge, that one entry's text may differ from the tables' until the node's
+  restart. Exact order for it would keep each own commit's undo until the follower passes it.
 - Start-up loads the tables and reads the feed's head in one REPEATABLE READ snapshot
   (PostgresStore.rows_in_order: `loaded_seq`); the follower starts there.
 - Retention: the nodes heartbeat their applied seq into `nodes`; one node at a time (an advisory
