@@ -1,9 +1,10 @@
 """PostgreSQL as the daemon's store (`store = "postgres"`): the Store seam's second implementation.
 
 Rules kept here:
-- One commit = one transaction: the batch's mutations go into `mutations` (a sequence-numbered
-  feed, for several daemons on one database) and their row operations (daemon/postgres/rows.py)
-  into the tiers' tables, and `commit` returns only after COMMIT returned (synchronous_commit on).
+- A commit's batch is in one transaction (with the other batches waiting at the time: `commit`):
+  its mutations go into `mutations` (the change feed, daemon/postgres/feed.py, ordered by the
+  feed's lock) and their row operations (daemon/postgres/rows.py) into the tiers' tables, and
+  `commit` returns only after COMMIT returned (synchronous_commit on).
 - The driver is psycopg 3's sync pool, called from trio through `trio.to_thread.run_sync` with a
   CapacityLimiter of the pool's size (psycopg's async API needs asyncio). Nothing else touches the
   pool; each call borrows a connection for its transaction and gives it back.
