@@ -480,3 +480,17 @@ async def test_an_own_row_waits_for_its_commit_to_end() -> None:
             own.end(txn, kept)
         own.applied += 1
     assert decided == [False, True]
+
+
+def test_status_shows_the_node_its_lag_and_the_other_nodes() -> None:
+    from eurekamem.cli.calls import feed_lines
+
+    feed = {
+        "node": "9f3c", "name": "lab-1", "applied_seq": 90, "head_seq": 100, "lag_seqs": 10, "lag_seconds": 0.25,
+        "nodes": [{"node": "77aa", "name": "lab-2", "applied_seq": 100, "seen_seconds_ago": 1.5}],
+    }
+    assert feed_lines(feed) == [
+        "  node     lab-1 (9f3c): applied seq 90 of 100, 10 behind (0.25 s)",
+        "    node lab-2 (77aa): applied seq 100, seen 1.5 s ago",
+    ]
+    assert feed_lines(None) == []  # the journal, or the durable tiers not serving yet
