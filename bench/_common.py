@@ -18,9 +18,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Iterable, Sequence
+import traceback
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -416,3 +418,53 @@ def write_report(out_dir: Path, stem: str, text: str, data: dict[str, Any]) -> t
     js.write_text(json.dumps(data, indent=2, default=str) + "\n")
     md.write_text(text)
     return md, js
+
+
+def run_sections(rep: dict[str, Any], sections: dict[str, Callable[[], Any]], names: str, out_dir: Path,
+                 render: Callable[[dict[str, Any]], str]) -> int:
+    """Run the sections `names` (comma-separated) in order, each's result under its name in `rep`
+    (a failure's traceback under rep["errors"], the others still run), rewriting the report after
+    each; 1 if any failed, else 0."""
+    status = 0
+    for name in names.split(","):
+        t0 = time.perf_counter()
+        try:
+            rep[name] = sections[name]()
+        except Exception:
+            rep.setdefault("errors", {})[name] = traceback.format_exc()
+            log(f"{name} failed:\n{rep['errors'][name]}")
+            status = 1
+        rep.setdefault("seconds", {})[name] = round(time.perf_counter() - t0, 1)
+        rep["load_end"] = os.getloadavg()[0]
+        write_report(out_dir, "report", render(rep), rep)
+    return status
+
+
+@contextlib.contextmanager
+def pg_bench(name: str, out: Path | None) -> Iterator[dict[str, Any]]:
+    """A benchmark's run on its own PostgreSQL (tests/pg_server.py, the tests' server): a dict with the
+    `server`, a temporary folder `tmp`, the report's `out_dir` (default bench/results/<name>-<stamp>),
+    `stamp`, and `launch(daemon)`, which starts a Daemon and stops it when the run ends."""
+    if str(ROOT / "tests") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tests"))
+    from pg_server import PostgresServer
+
+    set_log_prefix(name)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    tmp = Path(tempfile.mkdtemp(prefix=f"ems-{name}-", dir="/tmp"))
+    servers: list[Server] = []
+
+    def launch(d: Server) -> Server:
+        servers.append(d)
+        return d.start(600)
+
+    server = PostgresServer()
+    server.init()
+    try:
+        yield {"server": server, "tmp": tmp, "out_dir": out or ROOT / "bench" / "results" / f"{name}-{stamp}", "stamp": stamp,
+               "launch": launch, "servers": servers}
+    finally:
+        for d in servers:
+            d.stop()
+        server.destroy()
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -161,6 +161,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"  journal  {journal['bytes']} bytes in {journal['segments']} segments, seq {journal['last_seq']}, "
         f"fsync {journal['fsync']}, {state}"
     )
+    for node_line in feed_lines((stats.get("store") or {}).get("feed")):
+        print(node_line)
     for tier, counts in stats["tiers"].items():
         print(f"  {tier:<10} " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     line = embedding_line(stats)
@@ -174,6 +176,21 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"errors {sum(m['errors'].values())}"
         )
     return 0
+
+
+def feed_lines(feed: dict[str, Any] | None) -> list[str]:
+    """store = postgres: the node, how far it applied the change feed, and the other nodes seen lately."""
+    if not feed:
+        return []
+    lines = [
+        f"  node     {feed['name']} ({feed['node']}): applied seq {feed['applied_seq']} of {feed['head_seq']}, "
+        f"{feed['lag_seqs']} behind ({feed['lag_seconds']} s)"
+    ]
+    for other in feed["nodes"]:
+        lines.append(
+            f"    node {other['name']} ({other['node']}): applied seq {other['applied_seq']}, seen {other['seen_seconds_ago']} s ago"
+        )
+    return lines
 
 
 def cmd_resume(args: argparse.Namespace) -> int:

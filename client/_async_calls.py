@@ -56,6 +56,11 @@ class AsyncCalls:
         """sys.stats: counts per tier, journal, background work, requests and latencies (members may grow)."""
         return await self._run(C.op_stats())
 
+    async def digest(self) -> dict[str, Any]:
+        """sys.digest: per kind of durable record, how many this daemon holds and a checksum; under
+        PostgreSQL with the change feed's seq it had applied (compare nodes with each other and the database)."""
+        return await self._run(C.op_digest())
+
     async def snapshot(self) -> dict[str, Any]:
         """sys.snapshot: write every snapshot file now; {"seq": the journal sequence it covers}."""
         return await self._run(C.op_snapshot())

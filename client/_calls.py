@@ -63,6 +63,11 @@ class Calls:
         """sys.stats: counts per tier, journal, background work, requests and latencies (members may grow)."""
         return self._run(C.op_stats())
 
+    def digest(self) -> dict[str, Any]:
+        """sys.digest: per kind of durable record, how many this daemon holds and a checksum; under
+        PostgreSQL with the change feed's seq it had applied (compare nodes with each other and the database)."""
+        return self._run(C.op_digest())
+
     def snapshot(self) -> dict[str, Any]:
         """sys.snapshot: write every snapshot file now; {"seq": the journal sequence it covers}."""
         return self._run(C.op_snapshot())

@@ -201,6 +201,10 @@ def op_stats() -> Op[dict[str, Any]]:
     return Op("sys.stats", {})
 
 
+def op_digest() -> Op[dict[str, Any]]:
+    return Op("sys.digest", {})
+
+
 def op_snapshot() -> Op[dict[str, Any]]:
     return Op("sys.snapshot", {})
 

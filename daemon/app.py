@@ -49,6 +49,7 @@ from .llm import LLM, LLMConfigError, resolve
 from .memory.actor import MemoryActor, MemoryLoops
 from .memory.strength import StrengthSettings
 from .paths import Paths, owned_root, record_socket
+from .postgres.feed import FeedBehind, Follower, node_identity, node_name
 from .postgres.store import postgres_store
 from .recovery import Recovered, open_local_root, recover_reporting, recovery_line
 from .redact import Redactor
@@ -141,6 +142,8 @@ class Daemon:
         self.actors: dict[str, TierActor] = {}
         self.recovery: dict[str, Any] = {}
         self._started_clock = 0.0  # trio.current_time() when serve() began
+        self._feed_scope = trio.CancelScope()  # the change feed's follower (store = postgres), cancelled at _stop
+        self.failed: Exception | None = None  # why the daemon stopped itself (the feed trimmed past it; exit status 1)
 
     # what tests and tools read of a running daemon (the parts own them)
     @property
@@ -200,6 +203,7 @@ class Daemon:
         else:
             self.store = postgres_store(self.config)
             journal = await trio.to_thread.run_sync(open_local_root, self.paths, self.fs)
+            self.store.identify(node_identity(self.paths.journal))  # before any commit: its rows name the node
             try:
                 if await self.store.connect_once():
                     recovered = await self._recover(started)
@@ -328,6 +332,29 @@ class Daemon:
             snapshots=self.snapshots,
         )
         system.start_soon(self.snapshots.schedule, self._scheduler_scope)
+        if self.config.store == "postgres":
+            system.start_soon(self._follow_feed)
+
+    async def _follow_feed(self) -> None:
+        """store = postgres: this node follows the change feed (daemon/postgres/feed.py) from the seq
+        its tiers were loaded at, until shutdown; a node the feed was trimmed past stops the daemon."""
+        follower = Follower(
+            self.store,
+            self.actors,
+            node_id=self.store.node_id,
+            name=node_name(self.config.node_name),
+            start=self.store.loaded_seq,
+            retention=self.config.feed_retention,
+        )
+        self.store.followed_by(follower)
+        log.info("feed: node %s (%s) follows the feed from seq %d", follower.node_id, follower.name, follower.applied)
+        with self._feed_scope:
+            try:
+                await follower.run()
+            except FeedBehind as exc:
+                log.error("feed: %s", exc)
+                self.failed = exc
+                self.request_shutdown()
 
     async def _load_when_connected(self) -> Recovered | None:
         """The durable tiers' state once PostgreSQL answers (retried with back-off) and is loaded;
@@ -439,6 +466,7 @@ class Daemon:
     async def _stop(self, durable: bool, watchdog_scope: trio.CancelScope, system: trio.Nursery) -> None:
         """After the connections: the loops stopped, a final snapshot, the actors closed."""
         self._scheduler_scope.cancel()
+        self._feed_scope.cancel()
         if durable:
             # the actors' own loops: projections, scans, embedding, and the schedules that only
             # ask for jobs (the job queue runs them)

@@ -167,6 +167,8 @@ _BASE: list[Setting] = [
     Setting("store", "where the durable tiers live: journal (files in the data root) or postgres (postgres_dsn's database)"),
     Setting("postgres_dsn", "store = postgres: the database, as a libpq connection string or URI (multi-host allowed)"),
     Setting("postgres_pool_size", "store = postgres: connections to the database (commits in flight at once)"),
+    Setting("node_name", "store = postgres: this daemon's name among the nodes on one database (default: the hostname)"),
+    Setting("feed_retention", "store = postgres: seconds the change feed keeps what every node seen that long applied"),
     Setting("journal_sync", "who makes the journal's fdatasync under fsync=always: auto (the kernel, Linux AIO, where it works; else a writer thread) or thread"),
     Setting("max_frame_bytes", "largest request frame, in bytes"),
     Setting("max_inflight", "requests in flight per connection"),
@@ -682,6 +684,8 @@ class Config(msgspec.Struct, kw_only=True):
     store: Literal["journal", "postgres"] = "journal"  # daemon/storage/store.py
     postgres_dsn: str = ""  # store = postgres (daemon/postgres/store.py); never logged with its password
     postgres_pool_size: Annotated[int, Meta(ge=1, le=64)] = 4
+    node_name: str = ""  # store = postgres: the node's name in `nodes` and sys.stats (daemon/postgres/feed.py); "" = the hostname
+    feed_retention: Seconds = 86400.0  # store = postgres: the change feed's retention (daemon/postgres/feed.py)
     max_frame_bytes: Annotated[int, Meta(ge=1024)] = _LIMITS.max_frame_bytes
     max_inflight: PositiveInt = _LIMITS.max_inflight
     max_requests_per_second: Annotated[float, Meta(ge=0)] = _LIMITS.max_requests_per_second  # 0 = unlimited

@@ -63,6 +63,9 @@ def serve(args: argparse.Namespace) -> int:
             print(f"eurekamem: {leaf}", file=sys.stderr)
             return 2
         raise
+    if daemon.failed is not None:  # it stopped itself (the change feed was trimmed past it): a restart loads afresh
+        print(f"eurekamem: {daemon.failed}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -104,8 +104,8 @@ class Snapshots:
 
     def written(self) -> int:
         """How far the store's durable writes go: the journal's acknowledged seq, or under
-        PostgreSQL its count of commits (what the schedule compares with `seq`)."""
-        return self.journal_actor.acked_seq if self.local_store is None else int(self.local_store.commits)
+        PostgreSQL its count of commits and of the feed's changes (what the schedule compares with `seq`)."""
+        return self.journal_actor.acked_seq if self.local_store is None else int(self.local_store.changes())
 
     async def snapshot(self, force: bool = False) -> int:
         """Write persistent.json, knowledge_graph.json and the checkpoint; returns the covered seq.

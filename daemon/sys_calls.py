@@ -14,6 +14,7 @@ them with the SysCalls it built once recovery was done.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping
@@ -133,6 +134,25 @@ class SysCalls:
     @handles("sys.stats", "sys")
     def _sys_stats(self, call: Call, reply: Reply, started_ns: int) -> None:
         reply.deliver(call, self.statistics(), started_ns)
+
+    @handles("sys.digest", "sys")
+    def _sys_digest(self, call: Call, reply: Reply, started_ns: int) -> None:
+        if not self._refused(call, reply, started_ns):
+            self.nursery.start_soon(self._answer_awaited, call, reply, started_ns, self.digest)
+
+    async def digest(self) -> dict[str, Any]:
+        """sys.digest: each durable tier's kinds of record, counted and checksummed by its own actor
+        (daemon/postgres/migrate.py's checksums, so a view compares with the tables loaded afresh);
+        under PostgreSQL with the feed's seq applied when asked."""
+        from .postgres.migrate import CHECKSUM_TIERS, tier_checksums
+
+        feed = getattr(self.store, "feed", None)
+        applied = feed.applied if feed is not None else None
+        kinds: dict[str, Any] = {}
+        for tier in CHECKSUM_TIERS:
+            found: dict[str, tuple[int, str]] = await self.actors[tier].run_internal(functools.partial(tier_checksums, tier))
+            kinds.update({kind: {"count": count, "sha256": digest} for kind, (count, digest) in found.items()})
+        return {"kinds": kinds, "applied_seq": applied}
 
     @handles("sys.snapshot", "sys")
     def _sys_snapshot(self, call: Call, reply: Reply, started_ns: int) -> None:

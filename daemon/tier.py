@@ -209,6 +209,17 @@ class TierActor:
             raise
         return Stage(item, result, mutations, self.state)
 
+    async def apply_feed(self, mutations: list[Any]) -> None:
+        """Other nodes' committed mutations, from the change feed (daemon/postgres/feed.py): applied
+        through the state's own `apply`, in order, between batches like an internal call; committed
+        nowhere (they are in the database) and with no undo kept; the counts published after."""
+
+        def apply(state: TierState) -> None:
+            for mutation in mutations:
+                state.apply(mutation)
+
+        await self.run_internal(apply)
+
     def can_inline(self, call: Call) -> bool:
         """May the caller run `call` now, itself, with handle_inline (see the module's rule)?
         Never a call whose handler waits on I/O (an actor handler: only the actor may wait)."""

@@ -712,6 +712,7 @@ METHODS: dict[str, MethodSpec] = dict(
         _spec("sys.hello", Empty, "sys", False, "server name, version, protocol, methods, limits"),
         _spec("sys.ping", Empty, "sys", False, '{"pong": true}'),
         _spec("sys.stats", Empty, "sys", False, "counts per tier, journal, requests, latencies"),
+        _spec("sys.digest", Empty, "sys", False, "per kind of durable record: how many this daemon holds, and a checksum"),
         _spec("sys.snapshot", Empty, "sys", False, "write every snapshot file now"),
         _spec("sys.resume", Empty, "sys", False, "after a journal failure: try writing again, leave read-only mode"),
         _spec("sys.maintain", Empty, "sys", False, "start tier 4's maintenance now (archive the faded, merge duplicates)"),

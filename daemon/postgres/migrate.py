@@ -118,24 +118,38 @@ def _digest(items: list[bytes]) -> str:
 
 def checksums(recovered: Any) -> dict[str, tuple[int, str]]:
     """Per kind of record: (how many, a checksum of their sorted encodings)."""
-    mem = recovered.memory
-    kinds: dict[str, list[bytes]] = {
-        "records": [_encode(r) for r in recovered.persistent.records.values()],
-        "nodes": [_encode(n) for n in recovered.graph.nodes.values()],
-        "edges": [_encode(list(e)) for e in recovered.graph.edges],
+    states = {tier: getattr(recovered, tier) for tier in CHECKSUM_TIERS}
+    return {kind: found for tier, state in states.items() for kind, found in tier_checksums(tier, state).items()}
+
+
+CHECKSUM_TIERS = ("persistent", "graph", "memory", "skills", "conversation", "jobs")
+
+
+def tier_checksums(tier: str, state: Any) -> dict[str, tuple[int, str]]:
+    """checksums' kinds of one tier's state (a tier in CHECKSUM_TIERS): what its owner computes
+    (sys.digest asks each actor for its own)."""
+    kinds: dict[str, list[bytes]] = {}
+    if tier == "persistent":
+        kinds["records"] = [_encode(r) for r in state.records.values()]
+    elif tier == "graph":
+        kinds["nodes"] = [_encode(n) for n in state.nodes.values()]
+        kinds["edges"] = [_encode(list(e)) for e in state.edges]
+    elif tier == "memory":
         # the vectors apart (vector_drift): hnswlib renormalises each vector it is given (cosine), so
         # one loaded again can differ from the root's in the last bit of a float32
-        "memories": [_encode([m, mem.model_of.get(i, "")]) for i, m in mem.memories.items()],
-        "history": [_encode([i, entries]) for i, entries in mem.history.items()],
-        "reviews": [_encode(item) for item in mem.review.items.values()],
-        "maintenance": [_encode(run) for run in mem.maintenance_runs],
-        "skills": [_encode([s, recovered.skills.extra.get(n, "")]) for n, s in recovered.skills.skills.items()],
-        "messages": [_encode(m) for m in recovered.conversation.messages.values()],
-        "conversations": [
-            _encode([n, g.mark, g.summary]) for n, g in recovered.conversation.groups.items()
-        ],
-        "jobs": [_encode([j, recovered.jobs.inputs.get(i)]) for i, j in recovered.jobs.jobs.items()],
-    }
+        kinds["memories"] = [_encode([m, state.model_of.get(i, "")]) for i, m in state.memories.items()]
+        kinds["history"] = [_encode([i, entries]) for i, entries in state.history.items()]
+        kinds["reviews"] = [_encode(item) for item in state.review.items.values()]
+        kinds["maintenance"] = [_encode(run) for run in state.maintenance_runs]
+    elif tier == "skills":
+        kinds["skills"] = [_encode([s, state.extra.get(n, "")]) for n, s in state.skills.items()]
+    elif tier == "conversation":
+        kinds["messages"] = [_encode(m) for m in state.messages.values()]
+        kinds["conversations"] = [_encode([n, g.mark, g.summary]) for n, g in state.groups.items()]
+    elif tier == "jobs":
+        kinds["jobs"] = [_encode([j, state.inputs.get(i)]) for i, j in state.jobs.items()]
+    else:
+        raise ValueError(f"no checksums for the tier {tier!r}")
     return {kind: (len(items), _digest(items)) for kind, items in kinds.items()}
 
 

@@ -1,9 +1,10 @@
 """PostgreSQL as the daemon's store (`store = "postgres"`): the Store seam's second implementation.
 
 Rules kept here:
-- One commit = one transaction: the batch's mutations go into `mutations` (a sequence-numbered
-  feed, for several daemons on one database) and their row operations (daemon/postgres/rows.py)
-  into the tiers' tables, and `commit` returns only after COMMIT returned (synchronous_commit on).
+- A commit's batch is in one transaction (with the other batches waiting at the time: `commit`):
+  its mutations go into `mutations` (the change feed, daemon/postgres/feed.py, ordered by the
+  feed's lock) and their row operations (daemon/postgres/rows.py) into the tiers' tables, and
+  `commit` returns only after COMMIT returned (synchronous_commit on).
 - The driver is psycopg 3's sync pool, called from trio through `trio.to_thread.run_sync` with a
   CapacityLimiter of the pool's size (psycopg's async API needs asyncio). Nothing else touches the
   pool; each call borrows a connection for its transaction and gives it back.
@@ -51,11 +52,12 @@ import numpy as np
 import trio
 
 from ..storage.store import StoreUnavailable
+from .feed import FEED_CHANNEL, FEED_LOCK, FEED_SCHEMA, HEAD, OwnCommits
 from .rows import TABLES, RowOp, row_ops
 
 log = logging.getLogger("eurekamem.postgres")
 
-SCHEMA_VERSION = 2  # 2: an HNSW index per embedding model on memories.vec (vector_indexes)
+SCHEMA_VERSION = 3  # 2: an HNSW index per embedding model on memories.vec (vector_indexes); 3: the change feed (feed.py)
 
 _BODY = "seq bigint NOT NULL, pos integer NOT NULL, body bytea NOT NULL"
 
@@ -69,6 +71,7 @@ def _schema() -> list[str]:
         " body bytea NOT NULL)",
         # the models whose vectors have their HNSW index (index_name: vector_index_name)
         "CREATE TABLE IF NOT EXISTS vector_indexes (model text PRIMARY KEY, dim integer NOT NULL)",
+        *FEED_SCHEMA,
     ]
     for table, keys in TABLES.items():
         columns = [
@@ -173,6 +176,17 @@ class PostgresStore:
         # a connection broke (the module's rule): commits connect on their own until the pool has one
         # ready (worker threads set and clear it; a stale read costs one commit the other path)
         self.reconnecting = False
+        # the change feed (daemon/postgres/feed.py): this node's id in `mutations.node`, its commits as
+        # the follower needs them (the re-apply rule), the follower once running (sys.stats), and
+        # the feed's seq the tables were loaded at (rows_in_order, same snapshot)
+        self.node_id = ""
+        self.own = OwnCommits()
+        self.feed: Any = None
+        self.loaded_seq = 0
+        # the batches waiting for the next transaction, and whether one is being committed (commit())
+        self._queue: list[_Queued] = []
+        self._committing = False
+        self.feed_changes = 0  # chunks the follower applied (the local files' snapshot schedule: changes())
 
     # --- life -------------------------------------------------------------------------------------
 
@@ -270,21 +284,70 @@ class PostgresStore:
     # --- the seam -----------------------------------------------------------------------------------
 
     async def commit(self, mutations: Sequence[Any]) -> None:
+        """The seam's commit. The batches committed meanwhile (by other tiers) wait and go together
+        in the next transaction, whose commit is the first of them to have waited: the feed's lock
+        lets one transaction of the database commit at a time, so one transaction (one flush) for
+        every batch waiting gives back the group commit the lock takes away. Cancellable before it
+        is queued, not after (nor was the worker thread a commit waits on once started)."""
         if not mutations:
             return
-        batch = list(mutations)
-        try:
-            broken = await trio.to_thread.run_sync(self._commit_sync, batch, limiter=self.limiter)
-        except StoreUnavailable as exc:
-            self.failures += 1
-            self.in_doubt += bool(exc.data.get("in_doubt"))
-            self.last_error = str(exc)
-            raise
-        self.commits += 1
-        self.recommitted += bool(broken)
+        await trio.lowlevel.checkpoint_if_cancelled()  # a caller cancelled before it commits: nothing queued
+        queued = _Queued(list(mutations), self.own.begin())
+        self._queue.append(queued)
+        with trio.CancelScope(shield=True):
+            if self._committing:
+                await queued.wake.wait()  # its group committed, or it leads the next one
+            else:
+                self._committing = queued.lead = True
+            if queued.lead:
+                group, self._queue = self._queue, []
+                try:
+                    await self._commit_group(group)
+                finally:
+                    for other in group:  # an error that is no StoreUnavailable (a bug): nobody waits forever
+                        if not other.wake.is_set():
+                            self._ended(other, StoreUnavailable("the commit failed", "unavailable", store="postgres"))
+                    if self._queue:  # what came meanwhile: the first of it leads the next transaction
+                        self._queue[0].lead = True
+                        self._queue[0].wake.set()
+                    else:
+                        self._committing = False
+        if queued.error is not None:
+            raise queued.error
 
-    def _commit_sync(self, mutations: list[Any]) -> int:
-        """Commit the batch (the module's rule); the connections that broke under it (0 mostly)."""
+    async def _commit_group(self, group: list[_Queued]) -> None:
+        """One transaction for the group's batches, in order; when the server refuses it and it
+        holds several, each batch alone (one refused batch fails only its own writes)."""
+        mutations = [mutation for queued in group for mutation in queued.mutations]
+        txns = [queued.txn for queued in group for _mutation in queued.mutations]
+        try:
+            broken = await trio.to_thread.run_sync(self._commit_sync, mutations, txns, limiter=self.limiter)
+        except StoreUnavailable as exc:
+            if len(group) > 1 and exc.code == "read_only":
+                for queued in group:
+                    await self._commit_group([queued])
+                return
+            for queued in group:
+                self._ended(queued, exc)
+            return
+        self.recommitted += bool(broken)
+        for queued in group:
+            self._ended(queued, None)
+
+    def _ended(self, queued: _Queued, error: StoreUnavailable | None) -> None:
+        self.own.end(queued.txn, kept=error is None)
+        if error is None:
+            self.commits += 1
+        else:
+            self.failures += 1
+            self.in_doubt += bool(error.data.get("in_doubt"))
+            self.last_error = str(error)
+            queued.error = error
+        queued.wake.set()
+
+    def _commit_sync(self, mutations: list[Any], txn: int | list[int] = 0) -> int:
+        """One transaction of `mutations` (blocking; the module's rule); `txn`: the node's commit id
+        of each (or of all). Returns how many connections broke under it (0 mostly)."""
         import psycopg
         import psycopg_pool
 
@@ -295,7 +358,7 @@ class PostgresStore:
         pause = 0.05
         while True:
             try:
-                self._transaction(mutations)
+                self._transaction(mutations, txn)
                 break
             except Exception as exc:
                 # nothing was sent: no connection from the pool (or the pool closed: the daemon stopping), none of its own
@@ -354,11 +417,13 @@ class PostgresStore:
             rows = conn.execute(query, (np.asarray(vector, dtype=np.float32), k)).fetchall()
         return [bytes(row[0]).decode("utf-8", "surrogatepass") for row in rows]
 
-    def _transaction(self, mutations: list[Any]) -> None:
+    def _transaction(self, mutations: list[Any], txn: int | list[int] = 0) -> None:
         """One batch's transaction (the module's rule), sent at once in psycopg's pipeline mode
         (BEGIN, every statement in order, COMMIT: one round trip and the commit's flush, where a
-        statement at a time would wait on the server for each): each mutation takes its seq in the
-        feed (nextval) and its row operations take it from currval, in the same session."""
+        statement at a time would wait on the server for each): the feed's lock first (FEED_LOCK:
+        held to COMMIT, so seq order is commit order), then each mutation takes its seq in the
+        feed (nextval) and its row operations take it from currval, in the same session; the NOTIFY
+        wakes the other nodes' followers at COMMIT."""
         import psycopg
 
         from ..storage.store import mutation_encoder
@@ -366,11 +431,14 @@ class PostgresStore:
         with self._connection() as conn:
             try:
                 with conn.pipeline(), conn.transaction(), conn.cursor() as cur:
-                    for mutation in mutations:
-                        cur.execute(_INSERT_MUTATION, (mutation_encoder.encode(mutation),))
+                    cur.execute(_FEED_LOCK)
+                    txns = txn if isinstance(txn, list) else [txn] * len(mutations)
+                    for mutation, commit_id in zip(mutations, txns):
+                        cur.execute(_INSERT_MUTATION, (self.node_id, commit_id, mutation_encoder.encode(mutation)))
                         for pos, op in enumerate(row_ops(mutation)):
                             sql, args = _statement(op, pos)
                             cur.execute(sql, args)
+                    cur.execute(_NOTIFY)
             except psycopg.errors.ReadOnlySqlTransaction:
                 if self.failover:  # a standby's session (the module's rule): the pool replaces it
                     conn.close()
@@ -427,6 +495,9 @@ class PostgresStore:
         query = " UNION ALL ".join(parts) + " ORDER BY 1, 2"
         with self.pool.connection() as conn:
             with conn.transaction(), conn.cursor(name="load", binary=True) as cur:  # binary: vectors not parsed from text
+                # the feed's seq these rows are at, read in their snapshot: the follower starts there (feed.py)
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                self.loaded_seq = int(conn.execute(HEAD).fetchone()[0])
                 cur.itersize = 2000
                 cur.execute(query)
                 for _seq, _pos, body, vec in cur:
@@ -435,12 +506,25 @@ class PostgresStore:
     def is_empty(self) -> bool:
         """Whether no mutation was ever committed here (a first start imports EurekaClaw's files). Blocking."""
         with self.pool.connection() as conn:
-            return bool(conn.execute("SELECT NOT EXISTS (SELECT 1 FROM mutations)").fetchone()[0])
+            return bool(conn.execute(f"SELECT ({HEAD}) = 0").fetchone()[0])
 
     def counts(self) -> dict[str, int]:
         """Rows per table (verify, migrate, sys.stats)."""
         with self.pool.connection() as conn:
             return {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("mutations", *TABLES)}
+
+    def identify(self, node_id: str) -> None:
+        """The node's id its commits write in `mutations.node` (the daemon's, before any commit)."""
+        self.node_id = node_id
+
+    def followed_by(self, follower: Any) -> None:
+        """The node's follower of the feed (daemon/postgres/feed.py), shown in statistics()."""
+        self.feed = follower
+
+    def changes(self) -> int:
+        """How many times the tiers changed through this store: its commits and the feed's chunks
+        (the local files' snapshot schedule compares it, daemon/snapshots.py)."""
+        return self.commits + self.feed_changes
 
     def statistics(self) -> dict[str, Any]:
         return {
@@ -454,7 +538,21 @@ class PostgresStore:
             "connected": self.pool is not None,
             "attempts": self.attempts,
             "next_attempt_in": self.next_attempt_in,
+            "feed": self.feed.statistics() if self.feed is not None else None,
         }
+
+
+class _Queued:
+    """One batch waiting in PostgresStore.commit: woken when committed (or failed), or to lead the next transaction."""
+
+    __slots__ = ("error", "lead", "mutations", "txn", "wake")
+
+    def __init__(self, mutations: list[Any], txn: int) -> None:
+        self.mutations = mutations
+        self.txn = txn
+        self.wake = trio.Event()
+        self.lead = False
+        self.error: StoreUnavailable | None = None
 
 
 def _vector_models(mutations: list[Any]) -> set[tuple[str, int]]:
@@ -483,7 +581,12 @@ def _vector_bytes(value: Any) -> bytes:
     return np.asarray(value, dtype=np.float32).tobytes()
 
 
-_INSERT_MUTATION = "INSERT INTO mutations (seq, body) VALUES (nextval('mutation_seq'), %s)"
+# `at`: when the row was written, under the feed's lock (the followers' visibility lag is measured from it)
+_INSERT_MUTATION = (
+    "INSERT INTO mutations (seq, at, node, txn, body) VALUES (nextval('mutation_seq'), clock_timestamp(), %s, %s, %s)"
+)
+_FEED_LOCK = f"SELECT pg_advisory_xact_lock({FEED_LOCK})"
+_NOTIFY = f"NOTIFY {FEED_CHANNEL}"
 _SEQ = "currval('mutation_seq')"  # the seq of the mutation inserted just before, in this session
 
 
