@@ -34,7 +34,9 @@ from .rows import TABLES, RowOp, row_ops
 
 log = logging.getLogger("eurekamem.postgres")
 
-SCHEMA_VERSION = 2  # 2: an HNSW index per embedding model on memories.vec (vector_indexes)
+# 2: an HNSW index per embedding model on memories.vec (vector_indexes)
+# 3: job_queue, the team's job queue (daemon/postgres/jobqueue.py)
+SCHEMA_VERSION = 3
 
 _BODY = "seq bigint NOT NULL, pos integer NOT NULL, body bytea NOT NULL"
 
@@ -62,7 +64,9 @@ def _schema() -> list[str]:
         statements.append(
             f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(columns)}, {_BODY}{extra}, PRIMARY KEY ({', '.join(keys)}))"
         )
-    return statements
+    from .jobtable import SCHEMA as JOB_QUEUE_SCHEMA
+
+    return statements + JOB_QUEUE_SCHEMA
 
 
 def vector_index_name(model: str, dim: int) -> str:
@@ -102,6 +106,9 @@ def _classify(exc: BaseException) -> StoreUnavailable:
     if isinstance(exc, (psycopg.OperationalError, psycopg_pool.PoolTimeout, psycopg.InterfaceError)):
         return StoreUnavailable(f"PostgreSQL is not reachable: {message}", "unavailable", store="postgres")
     return StoreUnavailable(f"PostgreSQL refused the write: {message}", "read_only", store="postgres")
+
+
+classify = _classify  # what a failed transaction answers: the team's job queue's too (jobqueue.py)
 
 
 class PostgresStore:
@@ -208,6 +215,10 @@ class PostgresStore:
                     "SELECT model, vector_dims(vec) FROM memories WHERE vec IS NOT NULL GROUP BY 1, 2"
                 ).fetchall():
                     _create_vector_index(conn, model, dim)
+                if version < 3:
+                    from .jobtable import fill_job_queue
+
+                    fill_job_queue(conn)  # the jobs stored before job_queue was
                 conn.execute("DELETE FROM schema_version")
                 conn.execute("INSERT INTO schema_version VALUES (%s)", (SCHEMA_VERSION,))
             indexed = {model for (model,) in conn.execute("SELECT model FROM vector_indexes").fetchall()}
@@ -290,14 +301,8 @@ class PostgresStore:
         (BEGIN, every statement in order, COMMIT: one round trip and the commit's flush, where a
         statement at a time would wait on the server for each): each mutation takes its seq in the
         feed (nextval) and its row operations take it from currval, in the same session."""
-        from ..storage.store import mutation_encoder
-
         with self.pool.connection() as conn, conn.pipeline(), conn.transaction(), conn.cursor() as cur:
-            for mutation in mutations:
-                cur.execute(_INSERT_MUTATION, (mutation_encoder.encode(mutation),))
-                for pos, op in enumerate(row_ops(mutation)):
-                    sql, args = _statement(op, pos)
-                    cur.execute(sql, args)
+            write_mutations(cur, mutations)
 
     # --- start-up -----------------------------------------------------------------------------------
 
@@ -368,7 +373,31 @@ _INSERT_MUTATION = "INSERT INTO mutations (seq, body) VALUES (nextval('mutation_
 _SEQ = "currval('mutation_seq')"  # the seq of the mutation inserted just before, in this session
 
 
+def write_mutations(cur: Any, mutations: Sequence[Any]) -> None:
+    """The statements of the mutations, in order, on a cursor in a transaction (its caller's): each
+    mutation into the feed, then its row operations (rows.py)."""
+    from ..storage.store import mutation_encoder
+
+    for mutation in mutations:
+        cur.execute(_INSERT_MUTATION, (mutation_encoder.encode(mutation),))
+        for pos, op in enumerate(row_ops(mutation)):
+            sql, args = _statement(op, pos)
+            cur.execute(sql, args)
+
+
+_JOB_STATE = (
+    "INSERT INTO job_queue (id, key, kind, state, attempts, created) VALUES (%s, %s, %s, %s, %s, currval('mutation_seq'))"
+    " ON CONFLICT (id) DO UPDATE SET key = EXCLUDED.key, kind = EXCLUDED.kind, state = EXCLUDED.state,"
+    " attempts = EXCLUDED.attempts, created = CASE WHEN %s THEN EXCLUDED.created ELSE job_queue.created END,"
+    " lease_until = CASE WHEN EXCLUDED.state = 'running' THEN job_queue.lease_until END, not_before = NULL"
+)
+
+
 def _statement(op: RowOp, pos: int) -> tuple[str, tuple[Any, ...]]:
+    if op.table == "job_queue":  # not a table of bodies: the team's job queue (rows.py's job_state)
+        if op.op == "job_state":
+            return _JOB_STATE, (*op.key, *op.values)
+        return "DELETE FROM job_queue WHERE id = %s", op.key
     keys = TABLES[op.table]
     if op.op == "put":
         columns = [*keys, "seq", "pos", "body"]
