@@ -42,25 +42,30 @@ MARKER = re.compile(r"Domain: (team-[a-z]+-\d+)")
 
 
 class CountingLLM(LoopbackLLM):
-    """The loopback LLM answering session extractions, counting them per session (the domain named in
-    the prompt); a session named in `holds` is held until its event is set (or the server closes)."""
+    """The loopback LLM, counting its calls per marker: a session extraction's session (the domain
+    its prompt names), else the tool asked for (`conversation_memories`: a conversation group's
+    extraction); a call whose marker is in `holds` is held until that event is set (or the server
+    closes). `peak` is the most calls of one marker ever in flight at once."""
 
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()
         self.arrived: dict[str, threading.Event] = {}
         self.holds: dict[str, threading.Event] = {}
-        self.in_flight = 0
+        self.in_flight: Counter[str] = Counter()
+        self.peak: Counter[str] = Counter()
         self.most_in_flight = 0
         self.counting = threading.Condition()
         super().__init__()
 
     def respond(self, path: str, headers: dict[str, str], body: Any) -> Any:
         found = MARKER.search(json.dumps(body).replace("\\n", "\n"))
-        marker = found.group(1) if found else ""
+        tools = body.get("tools") if isinstance(body, dict) else None
+        marker = found.group(1) if found else str(tools[0].get("name", "")) if tools else ""
         with self.counting:
             self.calls[marker] += 1
-            self.in_flight += 1
-            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            self.in_flight[marker] += 1
+            self.peak[marker] = max(self.peak[marker], self.in_flight[marker])
+            self.most_in_flight = max(self.most_in_flight, sum(self.in_flight.values()))
             self.arrived.setdefault(marker, threading.Event()).set()
             self.counting.notify_all()
         try:
@@ -70,7 +75,7 @@ class CountingLLM(LoopbackLLM):
             return super().respond(path, headers, body)
         finally:
             with self.counting:
-                self.in_flight -= 1
+                self.in_flight[marker] -= 1
 
     def wait_for(self, marker: str) -> None:
         assert self.arrived.setdefault(marker, threading.Event()).wait(TIMEOUT), f"no LLM call for {marker}"
@@ -235,6 +240,44 @@ def test_a_node_that_lost_its_lease_commits_nothing(tmp_path: Path, postgres_dsn
         stop(a, b)
 
 
+def test_lanes_and_debounce_hold_across_nodes(tmp_path: Path, postgres_dsn: str, llm: CountingLLM) -> None:
+    """One conversation group on two nodes: a flush on each while a job of the group is queued makes
+    one job; a second job of the group waits, on both nodes, while the first runs; never two
+    extractions of the group at once."""
+    group, tool = "team-lane", "conversation_memories"
+
+    def said(first: int, last: int) -> list[dict[str, Any]]:
+        return [{"id": f"m{i}", "role": "user", "sender": "Lena", "text": f"I keep notebook {i} of the proof"} for i in range(first, last)]
+
+    a = node(tmp_path, "a", postgres_dsn, llm).start()
+    b: DaemonProcess | None = None
+    try:
+        with Client(a.socket_path, timeout=TIMEOUT) as ca:
+            ca.append_messages(group, said(0, 3))
+            held = llm.holds[tool] = threading.Event()
+            first = ca.flush(group)
+            llm.wait_for(tool)  # a runs the first job; its call is held
+            del llm.holds[tool]  # later calls are answered at once
+            b = node(tmp_path, "b", postgres_dsn, llm).start()  # b loads the group from the database
+            with Client(b.socket_path, timeout=TIMEOUT) as cb:
+                for c in (ca, cb):  # the same messages on both nodes (the change feed will spare this)
+                    c.append_messages(group, said(3, 5))
+                second = ca.flush(group)  # the first job's window does not cover m3, m4: a new job
+                assert second is not None and second != first
+                assert cb.flush(group) == second  # b's flush joins it: decided on the database's rows
+                assert [j["id"] for j in cb.call("jobs.list", {"kind": "conversation.extract"})] == [second, first]
+                b.wait_for_line(f"job {second}: waiting for job {first}")  # b looked, and left it to its lane
+                assert cb.call("jobs.get", {"id": second})["state"] == "queued"
+                held.set()
+                for c in (ca, cb):
+                    assert c.wait_job(second, timeout=TIMEOUT)["state"] == "done"
+                    assert c.wait_job(first, timeout=TIMEOUT)["state"] == "done"
+        assert llm.calls[tool] == 2 and llm.peak[tool] == 1
+        assert commits_of(postgres_dsn) == Counter({first: 1, second: 1})
+    finally:
+        stop(a, *([b] if b else []))
+
+
 # --- the queue on the database alone ----------------------------------------------------------------
 
 
@@ -252,12 +295,13 @@ async def test_the_commit_of_a_lost_lease_writes_nothing(postgres_dsn: str) -> N
             found, created = await first.accept("session.extract", "k1", session_input("s1"), "job-1", lambda r: True, 5)
             assert created and found is not None and found[0].state == "queued"
             lane = lambda kind, job_input: None  # noqa: E731
-            [(started, _, token)], ended = await first.claim(2, ["session.extract"], 5, lane)
-            assert started.state == "running" and started.attempts == 1 and ended == []
-            assert await second.claim(2, ["session.extract"], 5, lane) == ([], [])  # leased: not claimable
+            claim = await first.claim(2, ["session.extract"], 5, lane)
+            [(started, _, token)] = claim.claimed
+            assert started.state == "running" and started.attempts == 1 and claim.ended == []
+            assert (await second.claim(2, ["session.extract"], 5, lane)).claimed == []  # leased: not claimable
             with psycopg.connect(postgres_dsn) as conn:  # the lease expires (its node stopped renewing)
                 conn.execute("UPDATE job_queue SET lease_until = now() - interval '1 second'")
-            [(again, _, token2)], _ = await second.claim(2, ["session.extract"], 5, lane)
+            [(again, _, token2)] = (await second.claim(2, ["session.extract"], 5, lane)).claimed
             assert again.attempts == 2 and again.failures == 1 and "lease expired" in (again.last_failure or "")
             assert await first.renew_leases({"job-1": token}) == {"job-1"}  # the first node finds out
             done = msgspec.structs.replace(started, state="done", result={"by": "one"})

@@ -216,6 +216,7 @@ class JobsActor(TierActor):
         self.queue = queue  # the team's queue (daemon/postgres/jobqueue.py's TeamQueue), None: this daemon's alone
         self._leases: dict[str, str] = {}  # team mode: job id -> the token of this node's lease on it
         self._clear_backoffs = False  # team mode: sys.resume asked to forget every node's back-offs
+        self._lane_waits_logged: set[str] = set()  # team mode: jobs whose wait for their lane was logged
         if queue is not None:
             state.purging = False  # the database holds the jobs; a cache purges nothing
         self.tiers = tiers
@@ -720,12 +721,17 @@ class JobsActor(TierActor):
                 if self._clear_backoffs:
                     await self.queue.clear_backoffs()
                     self._clear_backoffs = False
-                claimed, ended = await self.queue.claim(free, kinds, self.state.max_attempts, self._lane)
+                claim = await self.queue.claim(free, kinds, self.state.max_attempts, self._lane)
             except StoreUnavailable as exc:
                 self._refused(exc)
             else:
-                await self._adopt([*ended, *((record, job_input) for record, job_input, _ in claimed)])
-                for record, job_input, token in claimed:
+                await self._adopt([*claim.ended, *((record, job_input) for record, job_input, _ in claim.claimed)])
+                for job_id, why in claim.lane_waits.items():
+                    if job_id not in self._lane_waits_logged:
+                        log.info("job %s: %s", job_id, self._scrubbed(why))
+                self._lane_waits_logged = set(claim.lane_waits)
+                self._lane_waits = {job_id: self._scrubbed(why) for job_id, why in claim.lane_waits.items()}
+                for record, job_input, token in claim.claimed:
                     lane = self._lane(record.kind, job_input)
                     if lane is not None:
                         self._lanes[lane] = record.id

@@ -32,7 +32,7 @@ import functools
 import secrets
 import zlib
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 import trio
@@ -48,6 +48,14 @@ LANE_LOCK = 727003  # ... a lane's claim
 
 T = TypeVar("T")
 Loaded = tuple[JobRecord, JobInput | None]
+
+
+class Claim(NamedTuple):
+    """What a claim did (TeamQueue.claim)."""
+
+    claimed: list[tuple[JobRecord, JobInput, str]]  # (record, input, this node's token) of each job started
+    ended: list[Loaded]  # jobs it failed instead (the attempt cap, no input)
+    lane_waits: dict[str, str]  # job id -> the job of its lane it waits for
 
 
 def _hash(text: str) -> int:
@@ -166,19 +174,17 @@ class TeamQueue:
 
     # --- claim, renew, commit ---------------------------------------------------------------------------
 
-    async def claim(
-        self, limit: int, kinds: list[str], max_attempts: int, lane: Callable[[str, Any], str | None]
-    ) -> tuple[list[tuple[JobRecord, JobInput, str]], list[Loaded]]:
+    async def claim(self, limit: int, kinds: list[str], max_attempts: int, lane: Callable[[str, Any], str | None]) -> Claim:
         """Up to `limit` jobs claimed for this node (the module's rule): (record, input, token) of
-        each started, and the (record, input) of those the claim ended instead (failed: the attempt
-        cap, or no input)."""
-        claimed, ended = await self._run(self._claim, limit, kinds, max_attempts, lane)
-        self.claims += len(claimed)
-        return claimed, ended
+        each started; the (record, input) of those the claim ended instead (failed: the attempt
+        cap, or no input); and why each job passed over for its lane waits."""
+        claim: Claim = await self._run(self._claim, limit, kinds, max_attempts, lane)
+        self.claims += len(claim.claimed)
+        return claim
 
     def _claim(
         self, conn: Any, limit: int, kinds: list[str], max_attempts: int, lane_of: Callable[[str, Any], str | None]
-    ) -> tuple[list[tuple[JobRecord, JobInput, str]], list[Loaded]]:
+    ) -> Claim:
         rows = conn.execute(
             "SELECT id, state FROM job_queue WHERE (state = 'queued' OR (state = 'running' AND"
             " (lease_until IS NULL OR lease_until < now()))) AND (not_before IS NULL OR not_before <= now())"
@@ -186,8 +192,8 @@ class TeamQueue:
             (kinds, limit * 4 + 4),  # more than asked for: some may wait for their lane
         ).fetchall()
         loaded = _load(conn, [bytes(job_id) for job_id, _ in rows])
-        claimed: list[tuple[JobRecord, JobInput, str]] = []
-        ended: list[Loaded] = []
+        out = Claim([], [], {})
+        claimed, ended = out.claimed, out.ended
         lanes: set[str] = set()
         cur = conn.cursor()
         for job_id, row_state in rows:
@@ -205,7 +211,9 @@ class TeamQueue:
                 write_mutations(cur, state.take_pending())
                 continue
             lane = lane_of(record.kind, job_input)
-            if lane is not None and not self._lane_free(conn, lane, bytes(job_id), lanes):
+            busy = self._lane_busy(conn, lane, bytes(job_id), lanes) if lane is not None else None
+            if busy is not None:
+                out.lane_waits[record.id] = f"waiting for {busy} of the same lane ({lane}) to finish"
                 continue
             started = state.start(record.id)
             write_mutations(cur, state.take_pending())
@@ -221,20 +229,21 @@ class TeamQueue:
             if lane is not None:
                 lanes.add(lane)
             claimed.append((started[0], started[1], token))
-        return claimed, ended
+        return out
 
-    def _lane_free(self, conn: Any, lane: str, job_id: bytes, taken: set[str]) -> bool:
-        """May a job of `lane` start now (the module's rule)? The lane's lock is held to the claim's end."""
+    def _lane_busy(self, conn: Any, lane: str, job_id: bytes, taken: set[str]) -> str | None:
+        """None if a job of `lane` may start now (the module's rule; the lane's lock is then held to
+        the claim's end), else what it waits for."""
         if lane in taken:
-            return False
+            return "a job this claim started"
         if not conn.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", (LANE_LOCK, _hash(lane))).fetchone()[0]:
-            return False  # another node is claiming in this lane now
-        busy = conn.execute(
-            "SELECT EXISTS (SELECT 1 FROM job_queue WHERE lane = %s AND state = 'running'"
-            " AND lease_until >= now() AND id <> %s)",
+            return "another node's claim"
+        row = conn.execute(
+            "SELECT id, node FROM job_queue WHERE lane = %s AND state = 'running' AND lease_until >= now()"
+            " AND id <> %s LIMIT 1",
             (_b(lane), job_id),
-        ).fetchone()[0]
-        return not busy
+        ).fetchone()
+        return None if row is None else f"job {bytes(row[0]).decode('utf-8', 'surrogatepass')} (on {row[1]})"
 
     async def renew_leases(self, held: dict[str, str]) -> set[str]:
         """Renew this node's leases (job id -> token); the ids whose lease is lost."""
