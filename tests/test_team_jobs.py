@@ -163,8 +163,46 @@ def test_jobs_accepted_on_two_nodes_each_run_once(tmp_path: Path, postgres_dsn: 
             stats_a, stats_b = ca.stats()["jobs"]["team"], cb.stats()["jobs"]["team"]
         assert stats_a["node"] != stats_b["node"] and stats_a["claims"] >= 1 and stats_b["claims"] >= 1
         assert stats_a["claims"] + stats_b["claims"] == len(ids)
+        # a result delivered through the node that does not run the job completes it once; the
+        # running node's attempt finds its lease lost and commits nothing
+        delivered = "team-learned-1"
+        held = llm.holds[delivered] = threading.Event()
+        learned_id = close_session(a, delivered)
+        llm.wait_for(delivered)
+        runner, other = running_node(a, b)
+        item = {"category": "pitfalls", "title": "Bernstein needs a variance bound", "content": "Check the variance first."}
+        with Client(other.socket_path, timeout=TIMEOUT) as c:
+            assert c.call("session.learned", {"job_id": learned_id, "items": [item]})["state"] == "done"
+        runner.wait_for_line(f"job {learned_id}: this node's lease on it is lost")
+        held.set()
+        # an orderly shutdown gives its running job back at once (queued, not a counted failure)
+        given = "team-given-1"
+        llm.holds[given] = threading.Event()
+        given_id = close_session(a, given)
+        llm.wait_for(given)
+        runner, other = running_node(a, b)
+        del llm.holds[given]
+        assert runner.terminate() == 0
+        with Client(other.socket_path, timeout=TIMEOUT) as c:
+            job = c.wait_job(given_id, timeout=TIMEOUT)
+        assert job["state"] == "done" and job["attempts"] == 2 and llm.calls[given] == 2
+        assert commits_of(postgres_dsn)[learned_id] == 1 and commits_of(postgres_dsn)[given_id] == 1
+        with psycopg.connect(postgres_dsn) as conn:
+            failures = [decode_mutation(bytes(body)).job.failures for (body,) in conn.execute(
+                "SELECT body FROM jobs WHERE id = %s AND slot = 'last'", (given_id.encode(),))]
+        assert failures == [0]
     finally:
         stop(a, b)
+
+
+def running_node(*procs: DaemonProcess) -> tuple[DaemonProcess, DaemonProcess]:
+    """(the node holding a lease, the other) of two, by their sys.stats."""
+    held = []
+    for proc in procs:
+        with Client(proc.socket_path, timeout=TIMEOUT) as c:
+            held.append(c.stats()["jobs"]["team"]["leases_held"])
+    assert sorted(held) == [0, 1], held
+    return (procs[0], procs[1]) if held[0] else (procs[1], procs[0])
 
 
 def test_a_node_killed_mid_job_loses_it_to_another(tmp_path: Path, postgres_dsn: str, llm: CountingLLM) -> None:
