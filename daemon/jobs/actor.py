@@ -299,7 +299,8 @@ class JobsActor(TierActor):
         self, kind: str, key: str, job_input: JobInput | None, job_id: str, covers: Callable[[JobRecord], bool]
     ) -> tuple[tuple[JobRecord, JobInput | None] | None, bool]:
         """The team's accept (the queue's rule: decided on the database's rows), adopted by the cache."""
-        found, created = await self.queue.accept(kind, key, job_input, job_id, covers, self.state.max_attempts)
+        lane = self._lane(kind, job_input)
+        found, created = await self.queue.accept(kind, key, job_input, job_id, covers, self.state.max_attempts, lane)
         if found is not None:
             await self._adopt([found])
         return found, created

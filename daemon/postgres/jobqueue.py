@@ -4,7 +4,7 @@ Rules kept here:
 - `job_queue` holds one row per job: its key, kind, state and attempts, which rows.py sets with
   every job mutation in the same transaction (so the row is never behind the job's record), and
   what only this module writes: who holds the job (`node`, a `token` per claim, `lease_until`),
-  its lane while it runs, and a back-off's `not_before`.
+  its lane (set at accept, or at its first claim for a job stored before), a back-off's `not_before`.
 - A claim is one transaction: `SELECT ... FOR UPDATE SKIP LOCKED` over the claimable rows (queued,
   or running under a lease that expired; not backing off; of a kind this node runs), oldest first;
   each job's record and input are read from the `jobs` table (whichever node accepted it) and
@@ -12,7 +12,9 @@ Rules kept here:
   its own, written as a PutJob, and leased to this node under a new token.
 - Lanes: a job with a lane (a conversation group) is claimed only under the lane's advisory lock
   (transaction-scoped) and while no job of the lane runs under a live lease, so two jobs of one
-  lane never run at once on any of the nodes while their leases are renewed.
+  lane never run at once on any of the nodes while their leases are renewed. The claim's SELECT
+  already passes over the jobs whose lane runs (so it locks no more rows than it may start: other
+  nodes' claims skip only what this one takes); the check under the lock decides.
 - Every later write of an attempt (its result with its completion: the CommitJob; a requeue, a
   failure) commits only if the job's row still names this node and this token, checked under
   `SELECT ... FOR UPDATE` in the same transaction; else nothing is written (StaleAttempt). A node
@@ -92,6 +94,23 @@ def _state_of(loaded: Iterable[Loaded], max_attempts: int) -> JobsState:
     return state
 
 
+_LIVE = "r.lane = q.lane AND r.state = 'running' AND r.lease_until >= now() AND r.id <> q.id"
+# the claimable rows, oldest first (the module's rule); a lane's job while the lane runs is not one
+_CLAIMABLE = (
+    "SELECT q.id, q.state FROM job_queue q WHERE q.state IN ('queued', 'running') AND (q.state = 'queued' OR"
+    " (q.state = 'running' AND"
+    " (q.lease_until IS NULL OR q.lease_until < now()))) AND (q.not_before IS NULL OR q.not_before <= now())"
+    f" AND q.kind = ANY(%s) AND (q.lane IS NULL OR NOT EXISTS (SELECT 1 FROM job_queue r WHERE {_LIVE}))"
+    " ORDER BY q.created LIMIT %s FOR UPDATE OF q SKIP LOCKED"
+)
+# the queued jobs that wait for their lane: (id, lane, the lane's running job, its node)
+_LANE_WAITS = (  # from the running side: few rows (at most every node's concurrency)
+    "SELECT q.id, q.lane, r.id, r.node FROM job_queue r JOIN job_queue q ON q.lane = r.lane AND q.state = 'queued'"
+    " WHERE r.state = 'running' AND r.lane IS NOT NULL AND r.lease_until >= now() AND q.kind = ANY(%s)"
+    " ORDER BY q.created LIMIT 100"
+)
+
+
 class TeamQueue:
     """The job queue of the daemons on one database (the module's rule), for one node."""
 
@@ -146,10 +165,11 @@ class TeamQueue:
         job_id: str,
         covers: Callable[[JobRecord], bool],
         max_attempts: int,
+        lane: str | None = None,
     ) -> tuple[Loaded | None, bool]:
         """JobsState.accept_coalesced on the key's newest job in the database, under the key's lock:
-        ((record, input) or None, whether it was created now)."""
-        return await self._run(self._accept, kind, key, job_input, job_id, covers, max_attempts)
+        ((record, input) or None, whether it was created now). `lane`: a new job's (the module's rule)."""
+        return await self._run(self._accept, kind, key, job_input, job_id, covers, max_attempts, lane)
 
     def _accept(
         self,
@@ -160,6 +180,7 @@ class TeamQueue:
         job_id: str,
         covers: Callable[[JobRecord], bool],
         max_attempts: int,
+        lane: str | None,
     ) -> tuple[Loaded | None, bool]:
         conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (KEY_LOCK, _hash(key)))
         row = conn.execute(
@@ -170,6 +191,8 @@ class TeamQueue:
         if record is None:
             return None, False
         write_mutations(conn.cursor(), state.take_pending())
+        if created and lane is not None:
+            conn.execute("UPDATE job_queue SET lane = %s WHERE id = %s", (_b(lane), _b(record.id)))
         return (record, state.inputs.get(record.id, job_input if created else None)), created
 
     # --- claim, renew, commit ---------------------------------------------------------------------------
@@ -185,17 +208,13 @@ class TeamQueue:
     def _claim(
         self, conn: Any, limit: int, kinds: list[str], max_attempts: int, lane_of: Callable[[str, Any], str | None]
     ) -> Claim:
-        rows = conn.execute(
-            "SELECT id, state FROM job_queue WHERE (state = 'queued' OR (state = 'running' AND"
-            " (lease_until IS NULL OR lease_until < now()))) AND (not_before IS NULL OR not_before <= now())"
-            " AND kind = ANY(%s) ORDER BY created LIMIT %s FOR UPDATE SKIP LOCKED",
-            (kinds, limit * 4 + 4),  # more than asked for: some may wait for their lane
-        ).fetchall()
+        rows = conn.execute(_CLAIMABLE, (kinds, limit)).fetchall()
         loaded = _load(conn, [bytes(job_id) for job_id, _ in rows])
         out = Claim([], [], {})
         claimed, ended = out.claimed, out.ended
         lanes: set[str] = set()
-        cur = conn.cursor()
+        writes: list[Any] = []  # the claim's mutations, in order
+        leases: list[tuple[Any, ...]] = []  # (node, token, lane, lease, id) of each job started
         for job_id, row_state in rows:
             if len(claimed) >= limit:
                 break
@@ -208,7 +227,7 @@ class TeamQueue:
                 state.interrupted(record, f"its node's lease expired during attempt {record.attempts} (the node died or was cut off)")
             if job_input is None:
                 ended.append((state.finish(state.jobs[record.id], "failed", error="its input is missing"), None))
-                write_mutations(cur, state.take_pending())
+                writes += state.take_pending()
                 continue
             lane = lane_of(record.kind, job_input)
             busy = self._lane_busy(conn, lane, bytes(job_id), lanes) if lane is not None else None
@@ -216,19 +235,29 @@ class TeamQueue:
                 out.lane_waits[record.id] = f"waiting for {busy} of the same lane ({lane}) to finish"
                 continue
             started = state.start(record.id)
-            write_mutations(cur, state.take_pending())
+            writes += state.take_pending()
             if started is None:  # failed: the attempt cap
                 ended.append((state.jobs[record.id], job_input))
                 continue
             token = secrets.token_hex(8)
-            conn.execute(
-                "UPDATE job_queue SET node = %s, token = %s, lane = %s,"
-                " lease_until = now() + make_interval(secs => %s) WHERE id = %s",
-                (self.node, token, _b(lane) if lane is not None else None, self.lease, bytes(job_id)),
-            )
+            leases.append((self.node, token, _b(lane) if lane is not None else None, self.lease, bytes(job_id)))
             if lane is not None:
                 lanes.add(lane)
             claimed.append((started[0], started[1], token))
+        with conn.pipeline(), conn.cursor() as cur:  # the writes in one round trip
+            write_mutations(cur, writes)
+            cur.executemany(
+                "UPDATE job_queue SET node = %s, token = %s, lane = %s,"
+                " lease_until = now() + make_interval(secs => %s) WHERE id = %s",
+                leases,
+            )
+        for job_id, lane, running, node in conn.execute(_LANE_WAITS, (kinds,)).fetchall():
+            ident = bytes(job_id).decode("utf-8", "surrogatepass")
+            out.lane_waits.setdefault(
+                ident,
+                f"waiting for job {bytes(running).decode('utf-8', 'surrogatepass')} (on {node}) of the same lane "
+                f"({bytes(lane).decode('utf-8', 'surrogatepass')}) to finish",
+            )
         return out
 
     def _lane_busy(self, conn: Any, lane: str, job_id: bytes, taken: set[str]) -> str | None:
@@ -304,12 +333,13 @@ class TeamQueue:
                 )
         if not held:
             raise StaleAttempt(job_id)
-        write_mutations(conn.cursor(), mutations)
-        if not_before is not None:
-            conn.execute(
-                "UPDATE job_queue SET not_before = now() + make_interval(secs => %s) WHERE id = %s",
-                (not_before, _b(job_id)),
-            )
+        with conn.pipeline(), conn.cursor() as cur:  # the writes in one round trip
+            write_mutations(cur, mutations)
+            if not_before is not None:
+                cur.execute(
+                    "UPDATE job_queue SET not_before = now() + make_interval(secs => %s) WHERE id = %s",
+                    (not_before, _b(job_id)),
+                )
 
     async def clear_backoffs(self) -> None:
         """sys.resume: every job's back-off forgotten, on every node."""

@@ -20,7 +20,7 @@ SCHEMA = [
     "CREATE INDEX IF NOT EXISTS job_queue_active ON job_queue (created) WHERE state IN ('queued', 'running')",
     "CREATE INDEX IF NOT EXISTS job_queue_key ON job_queue (key, created)",
     "CREATE INDEX IF NOT EXISTS job_queue_created ON job_queue (created)",
-    "CREATE INDEX IF NOT EXISTS job_queue_lane ON job_queue (lane) WHERE state = 'running'",
+    "CREATE INDEX IF NOT EXISTS job_queue_lane ON job_queue (lane, state) WHERE lane IS NOT NULL",
 ]
 
 decoder = msgspec.msgpack.Decoder(AcceptJob | PutJob)  # the bodies of the `jobs` table
