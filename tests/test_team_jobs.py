@@ -100,6 +100,15 @@ def node(tmp_path: Path, name: str, dsn: str, llm: CountingLLM, *extra: str) -> 
     )
 
 
+def started(*procs: DaemonProcess) -> tuple[DaemonProcess, ...]:
+    """The daemons started at once, each waited for until it serves."""
+    for proc in procs:
+        proc.start(expect_ready=False)
+    for proc in procs:
+        proc.wait_for_line("serving on")
+    return procs
+
+
 def close_session(proc: DaemonProcess, marker: str, theory: bool = False) -> str:
     """A session closed on `proc`: its extraction job's id (the job's prompt names `marker`)."""
     with Client(proc.socket_path, timeout=TIMEOUT) as c:
@@ -136,8 +145,7 @@ def stop(*procs: DaemonProcess) -> None:
 
 
 def test_jobs_accepted_on_two_nodes_each_run_once(tmp_path: Path, postgres_dsn: str, llm: CountingLLM) -> None:
-    a = node(tmp_path, "a", postgres_dsn, llm, "--jobs-concurrency", "1").start()
-    b = node(tmp_path, "b", postgres_dsn, llm, "--jobs-concurrency", "1").start()
+    a, b = started(*(node(tmp_path, n, postgres_dsn, llm, "--jobs-concurrency", "1") for n in "ab"))
     try:
         # the first session's call is held until another node calls too: both nodes run jobs at once
         first = "team-each-0"
@@ -234,8 +242,7 @@ def test_a_node_killed_mid_job_loses_it_to_another(tmp_path: Path, postgres_dsn:
 def test_a_node_that_lost_its_lease_commits_nothing(tmp_path: Path, postgres_dsn: str, llm: CountingLLM) -> None:
     """a is stopped (SIGSTOP) mid-job past its lease; b takes the job over and completes it; a, resumed
     and answered, commits nothing. A job a runs is cancelled through b: a finds out and stops it."""
-    a = node(tmp_path, "a", postgres_dsn, llm).start()
-    b = node(tmp_path, "b", postgres_dsn, llm, "--jobs-concurrency", "1").start()
+    a, b = started(node(tmp_path, "a", postgres_dsn, llm), node(tmp_path, "b", postgres_dsn, llm, "--jobs-concurrency", "1"))
     assert a.proc is not None
     try:
         with Client(b.socket_path, timeout=TIMEOUT) as c:  # b is busy with a held job: it claims nothing more
@@ -271,8 +278,13 @@ def test_a_node_that_lost_its_lease_commits_nothing(tmp_path: Path, postgres_dsn
             a.wait_for_line(f"job {cancelled_id}: this node's lease on it is lost")
             llm.holds[cancelled].set()
             assert c.call("jobs.get", {"id": cancelled_id})["state"] == "cancelled"
+            assert commits_of(postgres_dsn)[cancelled_id] == 0
+            # retried through a, it runs again (on either node) and completes once
+            assert c.call("jobs.retry", {"id": cancelled_id})["state"] == "queued"
+            with Client(b.socket_path, timeout=TIMEOUT) as cb:
+                assert cb.wait_job(cancelled_id, timeout=TIMEOUT)["state"] == "done"
         assert listed(a) == listed(b)
-        assert commits_of(postgres_dsn)[cancelled_id] == 0
+        assert commits_of(postgres_dsn)[cancelled_id] == 1 and llm.calls[cancelled] == 2
     finally:
         a.proc.send_signal(signal.SIGCONT)
         stop(a, b)
@@ -294,6 +306,7 @@ def test_lanes_and_debounce_hold_across_nodes(tmp_path: Path, postgres_dsn: str,
             ca.append_messages(group, said(0, 3))
             held = llm.holds[tool] = threading.Event()
             first = ca.flush(group)
+            assert first is not None
             llm.wait_for(tool)  # a runs the first job; its call is held
             del llm.holds[tool]  # later calls are answered at once
             b = node(tmp_path, "b", postgres_dsn, llm).start()  # b loads the group from the database
