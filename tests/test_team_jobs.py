@@ -368,6 +368,26 @@ async def test_the_commit_of_a_lost_lease_writes_nothing(postgres_dsn: str) -> N
         store.close()
 
 
+async def test_old_finished_jobs_are_purged_for_the_team(postgres_dsn: str) -> None:
+    """TeamQueue.purge keeps the newest finished jobs; a queued one is never purged."""
+    store = PostgresStore(postgres_dsn, pool_size=2)
+    store.open()
+    try:
+        queue = TeamQueue(store, "node-one", lease=30.0, renew=5.0)
+        with trio.fail_after(TIMEOUT):
+            for i in range(4):
+                await queue.accept("session.extract", f"k{i}", session_input(f"s{i}"), f"job-{i}", lambda r: True, 5)
+            for _ in range(3):
+                [(record, _, token)] = (await queue.claim(1, ["session.extract"], 5, lambda kind, job_input: None)).claimed
+                await queue.commit([CommitJob(msgspec.structs.replace(record, state="done"))], record.id, token)
+            assert sorted(await queue.purge(keep=1)) == ["job-0", "job-1"]
+            assert await queue.purge(keep=1) == []
+            assert await queue.get("job-0") is None and await queue.get("job-2") is not None
+            assert [record.id for record, _ in await queue.jobs(None, None, 10)] == ["job-3", "job-2"]
+    finally:
+        store.close()
+
+
 def test_a_version_2_database_gets_its_job_queue(postgres_dsn: str) -> None:
     """Schema 3 adds job_queue: the jobs a version 2 database holds get their rows, in queue order."""
     from eurekamem.daemon.jobs.state import AcceptJob, PutJob

@@ -79,10 +79,12 @@ from .outcome import COMMIT_ORDER, JobFailed, Outcome
 from .state import (
     ACTIVE,
     FINISHED,
+    MAX_FINISHED,
     CommitJob,
     JobInput,
     JobRecord,
     JobsState,
+    PurgeJob,
     PutJob,
     StaleAttempt,
 )
@@ -187,6 +189,7 @@ def lane_of(kind: Any, job_input: Any) -> str | None:
 
 
 STORE_RETRY = 5.0  # seconds: jobs paused by a store that could not be reached start again after this
+PURGE_EVERY = 60.0  # seconds: team mode's purge of old finished jobs (state.py's purge_old, for the team)
 TEAM_CALLS = ("jobs.get", "jobs.list", "jobs.cancel", "jobs.retry")  # answered from the database in team mode
 
 class JobsActor(TierActor):
@@ -754,10 +757,15 @@ class JobsActor(TierActor):
             log.info("jobs: %d jobs this node ran before its restart are claimable again", taken)
 
     async def _renew_leases(self) -> None:
-        """Team mode: this node's leases renewed every `queue.renew` seconds; a lost one stops its attempt."""
+        """Team mode: this node's leases renewed every `queue.renew` seconds; a lost one stops its
+        attempt. Every PURGE_EVERY seconds, the old finished jobs purged (MAX_FINISHED are kept)."""
         assert self.queue is not None
+        purge_at = trio.current_time()
         while True:
             await trio.sleep(self.queue.renew)
+            if trio.current_time() >= purge_at:
+                purge_at = trio.current_time() + PURGE_EVERY
+                await self._purge()
             held = dict(self._leases)
             if not held:
                 continue
@@ -776,6 +784,18 @@ class JobsActor(TierActor):
                     scope.cancel()
             for job_id in lost:
                 await self._refresh(job_id)
+
+    async def _purge(self) -> None:
+        """Team mode: the team's finished jobs past the MAX_FINISHED newest purged, and forgotten here."""
+        assert self.queue is not None
+        try:
+            purged = await self.queue.purge(MAX_FINISHED)
+        except StoreUnavailable as exc:
+            log.warning("jobs: old finished jobs could not be purged now (%s)", exc)
+            return
+        if purged:
+            await self.run_internal(lambda state: [state.apply(PurgeJob(job_id)) for job_id in purged])
+            log.info("jobs: %d old finished jobs purged (the %d newest are kept)", len(purged), MAX_FINISHED)
 
     async def _refresh(self, job_id: str) -> None:
         """Team mode: the cache takes the job as committed (after a lost lease)."""

@@ -39,7 +39,7 @@ from typing import Any, NamedTuple, TypeVar
 import msgspec
 import trio
 
-from ..jobs.state import AcceptJob, JobInput, JobRecord, JobsState, PutJob, StaleAttempt
+from ..jobs.state import AcceptJob, JobInput, JobRecord, JobsState, PurgeJob, PutJob, StaleAttempt
 from ..storage.store import StoreUnavailable
 from .jobtable import decoder
 from .jobtable import key_bytes as _b
@@ -47,6 +47,7 @@ from .store import classify, write_mutations
 
 KEY_LOCK = 727002  # advisory locks' first key: an accept by key (the second: the key's hash)
 LANE_LOCK = 727003  # ... a lane's claim
+PURGE_LOCK = 727004  # ... the purge of old finished jobs (one node at a time)
 
 T = TypeVar("T")
 Loaded = tuple[JobRecord, JobInput | None]
@@ -340,6 +341,26 @@ class TeamQueue:
                     "UPDATE job_queue SET not_before = now() + make_interval(secs => %s) WHERE id = %s",
                     (not_before, _b(job_id)),
                 )
+
+    async def purge(self, keep: int) -> list[str]:
+        """The finished jobs past the `keep` newest purged (PurgeJob through the feed, as JobsState's
+        purge_old does for one daemon), by one node at a time (an advisory lock; a node that finds
+        it taken purges nothing now); a job being retried or cancelled meanwhile (its row locked)
+        is passed over. The ids purged."""
+        return await self._run(self._purge, keep)
+
+    def _purge(self, conn: Any, keep: int) -> list[str]:
+        if not conn.execute("SELECT pg_try_advisory_xact_lock(%s, 0)", (PURGE_LOCK,)).fetchone()[0]:
+            return []
+        rows = conn.execute(
+            "SELECT id FROM job_queue WHERE state IN ('done', 'failed', 'cancelled') ORDER BY created DESC"
+            " OFFSET %s FOR UPDATE SKIP LOCKED",
+            (keep,),
+        ).fetchall()
+        ids = [bytes(row[0]).decode("utf-8", "surrogatepass") for row in rows]
+        with conn.pipeline(), conn.cursor() as cur:
+            write_mutations(cur, [PurgeJob(job_id) for job_id in ids])
+        return ids
 
     async def clear_backoffs(self) -> None:
         """sys.resume: every job's back-off forgotten, on every node."""
