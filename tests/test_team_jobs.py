@@ -388,6 +388,15 @@ async def test_old_finished_jobs_are_purged_for_the_team(postgres_dsn: str) -> N
         store.close()
 
 
+def test_a_lease_is_renewed_before_it_expires() -> None:
+    from eurekamem.daemon import Config
+
+    with pytest.raises(ValueError, match="jobs_lease_renew"):
+        Config(data_dir=Path("/tmp/x"), socket_path=Path("/tmp/x.sock"), jobs_lease=5.0, jobs_lease_renew=5.0)
+    config = Config(data_dir=Path("/tmp/x"), socket_path=Path("/tmp/x.sock"))
+    assert (config.jobs_lease, config.jobs_lease_renew) == (30.0, 5.0)
+
+
 def test_a_version_2_database_gets_its_job_queue(postgres_dsn: str) -> None:
     """Schema 3 adds job_queue: the jobs a version 2 database holds get their rows, in queue order."""
     from eurekamem.daemon.jobs.state import AcceptJob, PutJob
