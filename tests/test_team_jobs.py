@@ -37,7 +37,10 @@ from eurekamem.daemon.recovery import decode_mutation
 pytestmark = pytest.mark.postgres
 
 TIMEOUT = 30.0
-LEASE = ["--jobs-lease", "2", "--jobs-lease-renew", "0.5"]  # short: the tests wait out an expired lease
+# short where a test waits out an expired lease; longer where none should expire (a node starved of
+# CPU on a loaded machine may renew late: another node would then take its job over, rightly)
+SHORT_LEASE = ["--jobs-lease", "3", "--jobs-lease-renew", "0.5"]
+LEASE = ["--jobs-lease", "15", "--jobs-lease-renew", "0.5"]
 MARKER = re.compile(r"Domain: (team-[a-z]+-\d+)")
 
 
@@ -92,11 +95,11 @@ def llm() -> Iterator[CountingLLM]:
     server.close()
 
 
-def node(tmp_path: Path, name: str, dsn: str, llm: CountingLLM, *extra: str) -> DaemonProcess:
+def node(tmp_path: Path, name: str, dsn: str, llm: CountingLLM, *extra: str, lease: list[str] = LEASE) -> DaemonProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("ANTHROPIC_API_KEY", "EUREKACLAW_FAST_MODEL")}
     env.update(ANTHROPIC_BASE_URL=llm.url("anthropic"), ANTHROPIC_API_KEY="sk-test-team")
     return DaemonProcess(
-        tmp_path / name, tmp_path / f"{name}.sock", "--store", "postgres", "--postgres-dsn", dsn, *LEASE, *extra, env=env
+        tmp_path / name, tmp_path / f"{name}.sock", "--store", "postgres", "--postgres-dsn", dsn, *lease, *extra, env=env
     )
 
 
@@ -177,7 +180,7 @@ def test_jobs_accepted_on_two_nodes_each_run_once(tmp_path: Path, postgres_dsn: 
         held = llm.holds[delivered] = threading.Event()
         learned_id = close_session(a, delivered)
         llm.wait_for(delivered)
-        runner, other = running_node(a, b)
+        runner, other = running_node(postgres_dsn, learned_id, a, b)
         item = {"category": "pitfalls", "title": "Bernstein needs a variance bound", "content": "Check the variance first."}
         with Client(other.socket_path, timeout=TIMEOUT) as c:
             assert c.call("session.learned", {"job_id": learned_id, "items": [item]})["state"] == "done"
@@ -188,7 +191,7 @@ def test_jobs_accepted_on_two_nodes_each_run_once(tmp_path: Path, postgres_dsn: 
         llm.holds[given] = threading.Event()
         given_id = close_session(a, given)
         llm.wait_for(given)
-        runner, other = running_node(a, b)
+        runner, other = running_node(postgres_dsn, given_id, a, b)
         del llm.holds[given]
         assert runner.terminate() == 0
         with Client(other.socket_path, timeout=TIMEOUT) as c:
@@ -203,25 +206,24 @@ def test_jobs_accepted_on_two_nodes_each_run_once(tmp_path: Path, postgres_dsn: 
         stop(a, b)
 
 
-def running_node(*procs: DaemonProcess) -> tuple[DaemonProcess, DaemonProcess]:
-    """(the node holding a lease, the other) of two, by their sys.stats."""
-    held = []
-    for proc in procs:
-        with Client(proc.socket_path, timeout=TIMEOUT) as c:
-            held.append(c.stats()["jobs"]["team"]["leases_held"])
-    assert sorted(held) == [0, 1], held
-    return (procs[0], procs[1]) if held[0] else (procs[1], procs[0])
+def running_node(dsn: str, job_id: str, a: DaemonProcess, b: DaemonProcess) -> tuple[DaemonProcess, DaemonProcess]:
+    """(the node that holds the running job, the other): the database's job_queue names it."""
+    with psycopg.connect(dsn) as conn:
+        state, holder = conn.execute("SELECT state, node FROM job_queue WHERE id = %s", (job_id.encode(),)).fetchone()
+    assert state == "running"
+    with Client(a.socket_path, timeout=TIMEOUT) as c:
+        return (a, b) if c.stats()["jobs"]["team"]["node"] == holder else (b, a)
 
 
 def test_a_node_killed_mid_job_loses_it_to_another(tmp_path: Path, postgres_dsn: str, llm: CountingLLM) -> None:
-    a = node(tmp_path, "a", postgres_dsn, llm).start()
+    a = node(tmp_path, "a", postgres_dsn, llm, lease=SHORT_LEASE).start()
     b: DaemonProcess | None = None
     try:
         marker = "team-killed-1"
         llm.holds[marker] = threading.Event()  # a's call never comes back: a is killed meanwhile
         job_id = close_session(a, marker, theory=True)
         llm.wait_for(marker)
-        b = node(tmp_path, "b", postgres_dsn, llm).start()
+        b = node(tmp_path, "b", postgres_dsn, llm, lease=SHORT_LEASE).start()
         with Client(b.socket_path, timeout=TIMEOUT) as c:
             assert c.call("jobs.get", {"id": job_id})["state"] == "running"  # a holds it, on b's word too
             del llm.holds[marker]  # the next call (b's) is answered at once
@@ -242,7 +244,10 @@ def test_a_node_killed_mid_job_loses_it_to_another(tmp_path: Path, postgres_dsn:
 def test_a_node_that_lost_its_lease_commits_nothing(tmp_path: Path, postgres_dsn: str, llm: CountingLLM) -> None:
     """a is stopped (SIGSTOP) mid-job past its lease; b takes the job over and completes it; a, resumed
     and answered, commits nothing. A job a runs is cancelled through b: a finds out and stops it."""
-    a, b = started(node(tmp_path, "a", postgres_dsn, llm), node(tmp_path, "b", postgres_dsn, llm, "--jobs-concurrency", "1"))
+    a, b = started(
+        node(tmp_path, "a", postgres_dsn, llm, lease=SHORT_LEASE),
+        node(tmp_path, "b", postgres_dsn, llm, "--jobs-concurrency", "1", lease=SHORT_LEASE),
+    )
     assert a.proc is not None
     try:
         with Client(b.socket_path, timeout=TIMEOUT) as c:  # b is busy with a held job: it claims nothing more
@@ -268,14 +273,16 @@ def test_a_node_that_lost_its_lease_commits_nothing(tmp_path: Path, postgres_dsn
         assert commits_of(postgres_dsn)[job_id] == 1 and llm.calls[marker] == 2
         with Client(a.socket_path, timeout=TIMEOUT) as c:
             assert c.call("jobs.get", {"id": job_id})["state"] == "done"  # a's own view, from the database
-            # cancel through b a job a runs: a's attempt stops at its renewal, nothing of it is committed
+            # cancel a job through the node that does not run it: the runner's attempt stops at its
+            # renewal, nothing of it is committed
             cancelled = "team-cancelled-1"
             llm.holds[cancelled] = threading.Event()
             cancelled_id = close_session(a, cancelled)
             llm.wait_for(cancelled)
-            with Client(b.socket_path, timeout=TIMEOUT) as cb:
-                assert cb.call("jobs.cancel", {"id": cancelled_id})["state"] == "cancelled"
-            a.wait_for_line(f"job {cancelled_id}: this node's lease on it is lost")
+            runner, other = running_node(postgres_dsn, cancelled_id, a, b)
+            with Client(other.socket_path, timeout=TIMEOUT) as co:
+                assert co.call("jobs.cancel", {"id": cancelled_id})["state"] == "cancelled"
+            runner.wait_for_line(f"job {cancelled_id}: this node's lease on it is lost")
             llm.holds[cancelled].set()
             assert c.call("jobs.get", {"id": cancelled_id})["state"] == "cancelled"
             assert commits_of(postgres_dsn)[cancelled_id] == 0

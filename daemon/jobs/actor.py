@@ -725,7 +725,7 @@ class JobsActor(TierActor):
                 if self._clear_backoffs:
                     await self.queue.clear_backoffs()
                     self._clear_backoffs = False
-                claim = await self.queue.claim(free, kinds, self.state.max_attempts, self._lane)
+                claim = await self.queue.claim(free, kinds, self.state.max_attempts, self._lane, list(self._running))
             except StoreUnavailable as exc:
                 self._refused(exc)
             else:

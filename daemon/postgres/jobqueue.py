@@ -102,6 +102,7 @@ _CLAIMABLE = (
     " (q.state = 'running' AND"
     " (q.lease_until IS NULL OR q.lease_until < now()))) AND (q.not_before IS NULL OR q.not_before <= now())"
     f" AND q.kind = ANY(%s) AND (q.lane IS NULL OR NOT EXISTS (SELECT 1 FROM job_queue r WHERE {_LIVE}))"
+    " AND NOT (q.id = ANY(%s))"
     " ORDER BY q.created LIMIT %s FOR UPDATE OF q SKIP LOCKED"
 )
 # the queued jobs that wait for their lane: (id, lane, the lane's running job, its node)
@@ -198,18 +199,33 @@ class TeamQueue:
 
     # --- claim, renew, commit ---------------------------------------------------------------------------
 
-    async def claim(self, limit: int, kinds: list[str], max_attempts: int, lane: Callable[[str, Any], str | None]) -> Claim:
+    async def claim(
+        self,
+        limit: int,
+        kinds: list[str],
+        max_attempts: int,
+        lane: Callable[[str, Any], str | None],
+        running: Iterable[str] = (),
+    ) -> Claim:
         """Up to `limit` jobs claimed for this node (the module's rule): (record, input, token) of
         each started; the (record, input) of those the claim ended instead (failed: the attempt
-        cap, or no input); and why each job passed over for its lane waits."""
-        claim: Claim = await self._run(self._claim, limit, kinds, max_attempts, lane)
+        cap, or no input); and why each job passed over for its lane waits. `running`: the jobs
+        this node runs now, never claimed again by it (a lease it renewed late has expired, but the
+        attempt goes on, and its renewal or its commit says whether it still holds)."""
+        claim: Claim = await self._run(self._claim, limit, kinds, max_attempts, lane, [_b(j) for j in running])
         self.claims += len(claim.claimed)
         return claim
 
     def _claim(
-        self, conn: Any, limit: int, kinds: list[str], max_attempts: int, lane_of: Callable[[str, Any], str | None]
+        self,
+        conn: Any,
+        limit: int,
+        kinds: list[str],
+        max_attempts: int,
+        lane_of: Callable[[str, Any], str | None],
+        running: list[bytes],
     ) -> Claim:
-        rows = conn.execute(_CLAIMABLE, (kinds, limit)).fetchall()
+        rows = conn.execute(_CLAIMABLE, (kinds, running, limit)).fetchall()
         loaded = _load(conn, [bytes(job_id) for job_id, _ in rows])
         out = Claim([], [], {})
         claimed, ended = out.claimed, out.ended
@@ -252,11 +268,11 @@ class TeamQueue:
                 " lease_until = now() + make_interval(secs => %s) WHERE id = %s",
                 leases,
             )
-        for job_id, lane, running, node in conn.execute(_LANE_WAITS, (kinds,)).fetchall():
+        for job_id, lane, holder, node in conn.execute(_LANE_WAITS, (kinds,)).fetchall():
             ident = bytes(job_id).decode("utf-8", "surrogatepass")
             out.lane_waits.setdefault(
                 ident,
-                f"waiting for job {bytes(running).decode('utf-8', 'surrogatepass')} (on {node}) of the same lane "
+                f"waiting for job {bytes(holder).decode('utf-8', 'surrogatepass')} (on {node}) of the same lane "
                 f"({bytes(lane).decode('utf-8', 'surrogatepass')}) to finish",
             )
         return out
