@@ -69,9 +69,16 @@ def _hash(text: str) -> int:
 
 def _load(conn: Any, ids: list[bytes]) -> dict[bytes, Loaded]:
     """The jobs' records (their last put, else their accept's) and inputs, from the `jobs` table."""
+    return _assemble(ids, conn.execute("SELECT id, slot, body FROM jobs WHERE id = ANY(%s)", (ids,)).fetchall())
+
+
+def _assemble(ids: list[bytes], rows: Iterable[tuple[Any, Any, Any]]) -> dict[bytes, Loaded]:
+    """_load's jobs from their rows of the `jobs` table (id, slot, body)."""
     accepted: dict[bytes, AcceptJob] = {}
     last: dict[bytes, JobRecord] = {}
-    for job_id, slot, body in conn.execute("SELECT id, slot, body FROM jobs WHERE id = ANY(%s)", (ids,)).fetchall():
+    for job_id, slot, body in rows:
+        if body is None:  # a job_queue row without its jobs rows (the outer join's)
+            continue
         mutation = decoder.decode(bytes(body))
         if bytes(slot) == b"accept" and isinstance(mutation, AcceptJob):
             accepted[bytes(job_id)] = mutation
@@ -97,13 +104,14 @@ def _state_of(loaded: Iterable[Loaded], max_attempts: int) -> JobsState:
 
 _LIVE = "r.lane = q.lane AND r.state = 'running' AND r.lease_until >= now() AND r.id <> q.id"
 # the claimable rows, oldest first (the module's rule); a lane's job while the lane runs is not one
-_CLAIMABLE = (
-    "SELECT q.id, q.state FROM job_queue q WHERE q.state IN ('queued', 'running') AND (q.state = 'queued' OR"
+_CLAIMABLE = (  # with the jobs' rows of `jobs` (id, state, slot, body): one round trip
+    "WITH c AS (SELECT q.id, q.state, q.created FROM job_queue q WHERE q.state IN ('queued', 'running') AND (q.state = 'queued' OR"
     " (q.state = 'running' AND"
     " (q.lease_until IS NULL OR q.lease_until < now()))) AND (q.not_before IS NULL OR q.not_before <= now())"
     f" AND q.kind = ANY(%s) AND (q.lane IS NULL OR NOT EXISTS (SELECT 1 FROM job_queue r WHERE {_LIVE}))"
     " AND NOT (q.id = ANY(%s))"
-    " ORDER BY q.created LIMIT %s FOR UPDATE OF q SKIP LOCKED"
+    " ORDER BY q.created LIMIT %s FOR UPDATE OF q SKIP LOCKED)"
+    " SELECT c.id, c.state, j.slot, j.body FROM c LEFT JOIN jobs j ON j.id = c.id ORDER BY c.created, c.id"
 )
 # the queued jobs that wait for their lane: (id, lane, the lane's running job, its node)
 _LANE_WAITS = (  # from the running side: few rows (at most every node's concurrency)
@@ -225,8 +233,9 @@ class TeamQueue:
         lane_of: Callable[[str, Any], str | None],
         running: list[bytes],
     ) -> Claim:
-        rows = conn.execute(_CLAIMABLE, (kinds, running, limit)).fetchall()
-        loaded = _load(conn, [bytes(job_id) for job_id, _ in rows])
+        found = conn.execute(_CLAIMABLE, (kinds, running, limit)).fetchall()
+        rows = list(dict.fromkeys((bytes(job_id), row_state) for job_id, row_state, _, _ in found))
+        loaded = _assemble([job_id for job_id, _ in rows], [(job_id, slot, body) for job_id, _, slot, body in found])
         out = Claim([], [], {})
         claimed, ended = out.claimed, out.ended
         lanes: set[str] = set()
