@@ -50,6 +50,8 @@ from .memory.actor import MemoryActor, MemoryLoops
 from .memory.strength import StrengthSettings
 from .paths import Paths, owned_root, record_socket
 from .postgres.feed import FeedBehind, Follower, node_identity, node_name
+from .postgres.jobqueue import TeamQueue
+from .postgres.node import node_id
 from .postgres.store import postgres_store
 from .recovery import Recovered, open_local_root, recover_reporting, recovery_line
 from .redact import Redactor
@@ -254,6 +256,7 @@ class Daemon:
             max_attempts=config.jobs_max_attempts,
             environ=self.environ,
             redactor=self.redactor,
+            queue=self._team_queue(),
         )
         conversation = self.conversation_actor = ConversationActor(
             recovered.conversation,
@@ -318,6 +321,14 @@ class Daemon:
         )
         self.extractions.serve(jobs)
         self.actors.update(tiers, jobs=jobs)  # dispatch routes to them from now on
+
+    def _team_queue(self) -> TeamQueue | None:
+        """store = postgres: the job queue shared with the other daemons on the database, as this node."""
+        if self.config.store != "postgres":
+            return None
+        return TeamQueue(
+            self.store, node_id(self.paths), lease=self.config.jobs_lease, renew=self.config.jobs_lease_renew
+        )
 
     def _start_durable(self, system: trio.Nursery) -> None:
         """The durable tiers' actors and the snapshot schedule run; sys.* gets their parts."""

@@ -243,6 +243,16 @@ _BASE: list[Setting] = [
         "failed attempts (interrupted, LLM timeouts, server errors) after which a job is failed; jobs.retry re-arms it",
     ),
     Setting(
+        "jobs_lease",
+        "store = postgres: seconds a node's claim on a job holds without renewal; a node that dies mid-job "
+        "loses it after this long and another node runs the job",
+    ),
+    Setting(
+        "jobs_lease_renew",
+        "store = postgres: seconds between a node's renewals of its job leases, and between its looks at the "
+        "team's queue (less than jobs_lease)",
+    ),
+    Setting(
         "llm_provider",
         "LLM for jobs: anthropic, openai (any OpenAI-compatible server) or none; empty: anthropic when "
         "ANTHROPIC_API_KEY is set",
@@ -718,6 +728,8 @@ class Config(msgspec.Struct, kw_only=True):
     conversation_extract_token_budget: Annotated[int, Meta(ge=256, le=1_000_000)] = 12_000
     jobs_concurrency: PositiveInt = 2  # jobs running at once
     jobs_max_attempts: PositiveInt = 5  # counted failed attempts before a job is failed (jobs.retry re-arms it)
+    jobs_lease: Seconds = 30.0  # store = postgres: a claim's lease (daemon/postgres/jobqueue.py)
+    jobs_lease_renew: Seconds = 5.0  # ... renewed this often; the team's queue looked at this often
     # the LLM of jobs; "" provider: anthropic when ANTHROPIC_API_KEY is set, else none (daemon/llm resolve())
     llm_provider: Literal["", "anthropic", "openai", "none"] = ""
     llm_model: str = ""
@@ -761,6 +773,11 @@ class Config(msgspec.Struct, kw_only=True):
             raise ValueError(f"llm_provider must be anthropic, openai, none or empty, not {self.llm_provider!r}")
         if self.jobs_concurrency < 1:
             raise ValueError("jobs_concurrency must be at least 1")
+        if self.jobs_lease_renew >= self.jobs_lease:
+            raise ValueError(
+                f"jobs_lease_renew ({self.jobs_lease_renew} s) must be less than jobs_lease ({self.jobs_lease} s): "
+                "a lease must be renewed before it expires"
+            )
         # Config(...) made in code passes no TOML check: the same bounds, the same clear refusal
         try:
             half_lives = msgspec.convert(self.memory_half_life_days, HalfLives)

@@ -42,6 +42,16 @@ Rules kept here:
   answered as it is and nothing is applied: exactly once either way. A queued job waiting for an
   LLM that none is configured for says so from the first look (`no LLM: ...`), so that a client
   can tell at once that it should extract itself.
+- The team's queue (store = postgres, `queue` given: daemon/postgres/jobqueue.py): the database
+  decides, this actor's state is a cache of it. Jobs are accepted (key, debounce) and claimed there
+  (any node may run a job any node accepted: the claim reads its input from the database); every
+  write of an attempt (its CommitJob, a requeue, a failure, the requeue at shutdown) is staged on
+  this actor and committed only while this node's lease on the job holds (else StaleAttempt:
+  nothing of it is applied); leases are renewed every `queue.renew` seconds and a lost one stops
+  its attempt; the scheduler also looks at the queue that often (other nodes' jobs, expired
+  leases). jobs.get / list / wait read the database; jobs.cancel / retry decide on it (a job
+  another node runs finds out at its renewal or its commit). Lanes are the database's (the claim's
+  rule); this actor's own lane table only keeps its `waiting_reason`s.
 - Test hook: EUREKAMEM_JOBS_PAUSE_AT=answered (after the LLM's last answer, before the commit) or
   committed (after the commit's journal write) makes each job log "jobs: paused at <point>" and
   wait there forever, so that a test can kill -9 the daemon at that point.
@@ -54,8 +64,8 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import trio
@@ -69,15 +79,18 @@ from .outcome import COMMIT_ORDER, JobFailed, Outcome
 from .state import (
     ACTIVE,
     FINISHED,
+    MAX_FINISHED,
     CommitJob,
     JobInput,
     JobRecord,
     JobsState,
+    PurgeJob,
     PutJob,
     StaleAttempt,
 )
 
 log = logging.getLogger("eurekamem.jobs")
+R = TypeVar("R")
 
 PAUSE_VARIABLE = "EUREKAMEM_JOBS_PAUSE_AT"
 PAUSE_POINTS = ("answered", "committed")
@@ -176,6 +189,8 @@ def lane_of(kind: Any, job_input: Any) -> str | None:
 
 
 STORE_RETRY = 5.0  # seconds: jobs paused by a store that could not be reached start again after this
+PURGE_EVERY = 60.0  # seconds: team mode's purge of old finished jobs (state.py's purge_old, for the team)
+TEAM_CALLS = ("jobs.get", "jobs.list", "jobs.cancel", "jobs.retry")  # answered from the database in team mode
 
 class JobsActor(TierActor):
     ARRIVAL_ORDER = False  # jobs.wait is answered when its job finishes, after later requests
@@ -198,8 +213,15 @@ class JobsActor(TierActor):
         rng: random.Random | None = None,
         environ: Any = None,
         redactor: Redactor | None = None,
+        queue: Any = None,
     ) -> None:
         super().__init__(state, store, inline=True)
+        self.queue = queue  # the team's queue (daemon/postgres/jobqueue.py's TeamQueue), None: this daemon's alone
+        self._leases: dict[str, str] = {}  # team mode: job id -> the token of this node's lease on it
+        self._clear_backoffs = False  # team mode: sys.resume asked to forget every node's back-offs
+        self._lane_waits_logged: set[str] = set()  # team mode: jobs whose wait for their lane was logged
+        if queue is not None:
+            state.purging = False  # the database holds the jobs; a cache purges nothing
         self.tiers = tiers
         self.kinds = kinds
         self.llm_factory = llm_factory
@@ -243,7 +265,12 @@ class JobsActor(TierActor):
         if kind not in self.kinds:
             raise ValueError(f"no job kind {kind!r}")
         job_id = new_id()
-        record, created = await self.run_internal(lambda state: state.accept(kind, key, job_input, job_id))
+        if self.queue is not None:
+            found, created = await self._team_accept(kind, key, job_input, job_id, lambda record: True)
+            assert found is not None
+            record = found[0]
+        else:
+            record, created = await self.run_internal(lambda state: state.accept(kind, key, job_input, job_id))
         if created:
             self.accepted += 1
         self._wake.set()
@@ -259,13 +286,40 @@ class JobsActor(TierActor):
         if kind not in self.kinds:
             raise ValueError(f"no job kind {kind!r}")
         job_id = new_id()
-        record, created = await self.run_internal(
-            lambda state: state.accept_coalesced(kind, key, job_input, job_id, covers)
-        )
+        if self.queue is not None:
+            found, created = await self._team_accept(kind, key, job_input, job_id, covers)
+            record = found[0] if found is not None else None
+        else:
+            record, created = await self.run_internal(
+                lambda state: state.accept_coalesced(kind, key, job_input, job_id, covers)
+            )
         if created:
             self.accepted += 1
             self._wake.set()
         return record.id if record is not None else None
+
+    async def _team_accept(
+        self, kind: str, key: str, job_input: JobInput | None, job_id: str, covers: Callable[[JobRecord], bool]
+    ) -> tuple[tuple[JobRecord, JobInput | None] | None, bool]:
+        """The team's accept (the queue's rule: decided on the database's rows), adopted by the cache."""
+        lane = self._lane(kind, job_input)
+        found, created = await self.queue.accept(kind, key, job_input, job_id, covers, self.state.max_attempts, lane)
+        if found is not None:
+            await self._adopt([found])
+        return found, created
+
+    async def _adopt(self, jobs: list[tuple[JobRecord, JobInput | None]]) -> None:
+        """Team mode: the jobs as the database holds them, into this actor's state (a cache then)."""
+        if jobs:
+            await self.run_internal(lambda state: [state.adopt(record, job_input) for record, job_input in jobs])
+
+    async def _team_get(self, job_id: str) -> Job:
+        """Team mode: the job as committed, adopted, as this node sees it (ProtocolError not_found)."""
+        found = await self.queue.get(job_id)
+        if found is None:
+            raise ProtocolError("not_found", f"no job with id {job_id!r}", id=job_id)
+        await self._adopt([found])
+        return await self.run_internal(lambda state: state.view(found[0]))
 
     def nudge(self, llm: LLMHandle | None = None) -> None:
         """Try again now: a new LLM client (a resolved configuration), back-offs forgotten."""
@@ -277,6 +331,7 @@ class JobsActor(TierActor):
                     continue_from(self.llm)  # sys.stats keeps counting (the module's rule)
             self.llm = llm
         self._backoff.clear()
+        self._clear_backoffs = self.queue is not None  # and every node's, in the database
         self.read_only = None
         self._store_retry_at = None
         self._wake.set()
@@ -292,12 +347,19 @@ class JobsActor(TierActor):
         and stay `running` in the journal; every jobs.wait is answered now."""
         self._stopping = True
         stopped = list(self._running)
+        leases = dict(self._leases)
         self._work_scope.cancel()
         for event in self._watchers.values():
             event.set()
         while self._running:  # the attempts end at their next checkpoint (a commit first finishes)
             await trio.sleep(0.01)
-        if stopped:  # queued again in the journal: a shutdown is no failure of theirs (state.py's rule)
+        if stopped and self.queue is not None:  # each under its lease (the module's rule)
+            for job_id in stopped:
+                try:
+                    await self._write(functools.partial(JobsState.requeue_stopped, job_ids=[job_id]), job_id, leases.get(job_id))
+                except (StaleAttempt, StoreUnavailable, trio.ClosedResourceError) as exc:
+                    log.warning("jobs: stopped job %s not queued again by this node (%r)", job_id, exc)
+        elif stopped:  # queued again in the journal: a shutdown is no failure of theirs (state.py's rule)
             try:
                 await self.run_internal(lambda state: state.requeue_stopped(stopped))
             except (StoreUnavailable, trio.ClosedResourceError) as exc:
@@ -329,6 +391,8 @@ class JobsActor(TierActor):
             "commit_time_us": round(self.commit_time_us, 1),
         }
         stats["llm"] = self.llm.statistics() if self.llm is not None else {}
+        if self.queue is not None:
+            stats["team"] = {**self.queue.statistics(), "leases_held": len(self._leases)}
         return stats
 
     # --- the actor --------------------------------------------------------------------------------
@@ -338,7 +402,48 @@ class JobsActor(TierActor):
         if name in ("jobs.wait", "session.learned") and self._nursery is not None:
             self._nursery.start_soon(self._answer_wait if name == "jobs.wait" else self._answer_learned, work)
             return
+        if name in TEAM_CALLS and self.queue is not None and self._nursery is not None:
+            self._nursery.start_soon(self._answer_team, work)
+            return
         super().submit(work)
+
+    def can_inline(self, call: Call) -> bool:
+        if self.queue is not None and call.spec.name in TEAM_CALLS:
+            return False  # the database answers (submit)
+        return super().can_inline(call)
+
+    async def _answer_team(self, work: Work) -> None:
+        """Team mode: jobs.get / list from the database, jobs.cancel / retry decided on it (the module's rule)."""
+        await self._answer(work, functools.partial(self._team_call, work.call.spec.name, work.call.params))
+
+    async def _team_call(self, name: str, p: Any) -> Any:
+        if name == "jobs.get":
+            return await self._team_get(p.id)
+        if name == "jobs.list":
+            found = await self.queue.jobs(p.state, p.kind, p.limit)
+            await self._adopt(found)
+            return await self.run_internal(lambda state: [state.view(record) for record, _ in found])
+        changed, was_running = await self.queue.change(p.id, name, p, self.state.max_attempts)
+        await self._adopt([changed])
+        scope = self._running.get(p.id)
+        if was_running and scope is not None:
+            scope.cancel()  # cancelled here; another node's attempt finds out at its renewal
+        self._wake.set()
+        return await self.run_internal(lambda state: state.view(changed[0]))
+
+    async def _answer(self, work: Work, answer: Callable[[], Awaitable[Any]]) -> None:
+        """Answer `work`, in a task of its own, with what answer() returns or the error it raised."""
+        result: Any
+        try:
+            result = await answer()
+        except ProtocolError as exc:
+            result = exc
+        except StoreUnavailable as exc:
+            result = exc.error()
+        except (trio.ClosedResourceError, trio.EndOfChannel):
+            result = ProtocolError("unavailable", "the daemon is shutting down")
+        work.reply.deliver(work.call, result, work.started_ns)
+        work.reply.flush()
 
     async def run(self) -> None:
         if self.llm is None:
@@ -408,19 +513,27 @@ class JobsActor(TierActor):
 
     async def _answer_wait(self, work: Work) -> None:
         p = work.call.params
-        result: Any
-        try:
-            event = await self.run_internal(lambda state: self._watch(state, p.id))
-            if event is not None and not self._stopping:
-                with trio.move_on_after(p.timeout):
+        await self._answer(work, functools.partial(self._team_wait if self.queue is not None else self._wait, p.id, p.timeout))
+
+    async def _wait(self, job_id: str, timeout: float) -> Job:
+        event = await self.run_internal(lambda state: self._watch(state, job_id))
+        if event is not None and not self._stopping:
+            with trio.move_on_after(timeout):
+                await event.wait()
+        return await self.run_internal(lambda state: state.view(state.record(job_id)))
+
+    async def _team_wait(self, job_id: str, timeout: float) -> Job:
+        """Team mode's jobs.wait: woken by this node's change of the job, and looking at the database
+        every `queue.renew` seconds (another node's)."""
+        deadline = trio.current_time() + timeout
+        while True:
+            job = await self._team_get(job_id)
+            if job.state not in ACTIVE or self._stopping or trio.current_time() >= deadline:
+                return job
+            event = await self.run_internal(lambda state: self._watch(state, job_id))
+            if event is not None:
+                with trio.move_on_at(min(deadline, trio.current_time() + self.queue.renew)):
                     await event.wait()
-            result = await self.run_internal(lambda state: state.view(state.record(p.id)))
-        except ProtocolError as exc:
-            result = exc
-        except (trio.ClosedResourceError, trio.EndOfChannel):
-            result = ProtocolError("unavailable", "the daemon is shutting down")
-        work.reply.deliver(work.call, result, work.started_ns)
-        work.reply.flush()
 
     async def _answer_learned(self, work: Work) -> None:
         p = work.call.params
@@ -442,6 +555,8 @@ class JobsActor(TierActor):
         the job as it is afterwards."""
         if self._stopping:
             raise ProtocolError("unavailable", "the daemon is shutting down")
+        if self.queue is not None:
+            await self._team_get(job_id)  # the job as committed (another node may have accepted it)
         record, job_input = await self.run_internal(lambda state: state.deliverable(job_id))
         deliver = getattr(self.kinds.get(record.kind), "deliver", None)
         if deliver is None:
@@ -487,9 +602,12 @@ class JobsActor(TierActor):
         """Why the job waits now (the module's rule), None while it works: state.view asks."""
         if job_id in self._running:
             return self._call_waits.get(job_id)
+        record = self.state.jobs.get(job_id)
+        if self.queue is not None and record is not None and record.state == "running":
+            return None  # it works, on another node
         if self.waiting_all and not self._slots_full:  # read-only, no LLM: nothing starts before that ends
             return self.waiting_all
-        llm, record = self.llm, self.state.jobs.get(job_id)
+        llm = self.llm
         if not self.read_only and llm is not None and not llm.available and record is not None:
             if getattr(self.kinds.get(record.kind), "needs_llm", True):  # before the scheduler's first look too
                 return f"no LLM: {llm.unavailable_reason}"
@@ -510,6 +628,9 @@ class JobsActor(TierActor):
     async def _scheduler(self) -> None:
         with self._work_scope:
             async with trio.open_nursery() as runners:
+                if self.queue is not None:
+                    await self._take_back()
+                    runners.start_soon(self._renew_leases)
                 while not self._stopping:
                     self._wake = trio.Event()
                     deadline = await self._start_ready(runners)
@@ -518,6 +639,8 @@ class JobsActor(TierActor):
 
     async def _start_ready(self, runners: trio.Nursery) -> float:
         """Start what may start; returns when to look again (inf: when woken)."""
+        if self.queue is not None:
+            return await self._claim_ready(runners)
         llm = self.llm
         assert llm is not None
         no_llm = None if llm.available else f"no LLM: {llm.unavailable_reason}"
@@ -560,6 +683,10 @@ class JobsActor(TierActor):
                     self._lanes[lane] = record.id
                 self._running[record.id] = scope = trio.CancelScope()
                 runners.start_soon(self._run, record, job_input, scope)
+        return self._waiting(no_llm, next_look)
+
+    def _waiting(self, no_llm: str | None, next_look: float) -> float:
+        """After a look at the queue: why nothing more starts (waiting_all), and when to look again."""
         self._slots_full = False
         if self.read_only and self._store_retry_at is not None:
             self.waiting_all = f"the store cannot be reached ({self.read_only}); trying again in {STORE_RETRY:.0f} s"
@@ -578,6 +705,126 @@ class JobsActor(TierActor):
             else None
         )
         return next_look
+
+    def _lane(self, kind: str, job_input: Any) -> str | None:
+        return lane_of(self.kinds[kind], job_input) if kind in self.kinds else None
+
+    async def _claim_ready(self, runners: trio.Nursery) -> float:
+        """Team mode's look at the queue: claim in the database what this node may run now."""
+        llm = self.llm
+        assert llm is not None and self.queue is not None
+        no_llm = None if llm.available else f"no LLM: {llm.unavailable_reason}"
+        now = trio.current_time()
+        if self.read_only and self._store_retry_at is not None and now >= self._store_retry_at:
+            self.read_only = self._store_retry_at = None
+        self._lane_waits = {}
+        free = self.concurrency - len(self._running)
+        kinds = [name for name, kind in self.kinds.items() if no_llm is None or not getattr(kind, "needs_llm", True)]
+        if not self.read_only and free > 0 and kinds:
+            try:
+                if self._clear_backoffs:
+                    await self.queue.clear_backoffs()
+                    self._clear_backoffs = False
+                claim = await self.queue.claim(free, kinds, self.state.max_attempts, self._lane, list(self._running))
+            except StoreUnavailable as exc:
+                self._refused(exc)
+            else:
+                await self._adopt([*claim.ended, *((record, job_input) for record, job_input, _ in claim.claimed)])
+                for job_id, why in claim.lane_waits.items():
+                    if job_id not in self._lane_waits_logged:
+                        log.info("job %s: %s", job_id, self._scrubbed(why))
+                self._lane_waits_logged = set(claim.lane_waits)
+                self._lane_waits = {job_id: self._scrubbed(why) for job_id, why in claim.lane_waits.items()}
+                for record, job_input, token in claim.claimed:
+                    lane = self._lane(record.kind, job_input)
+                    if lane is not None:
+                        self._lanes[lane] = record.id
+                    self._leases[record.id] = token
+                    self._running[record.id] = scope = trio.CancelScope()
+                    runners.start_soon(self._run, record, job_input, scope)
+        return self._waiting(no_llm, now + self.queue.renew)  # other nodes' jobs, expired leases: looked for this often
+
+    async def _take_back(self) -> None:
+        """Team mode, at start: this node's leases from before its restart are given up (nothing of
+        them runs), so that its interrupted jobs run at once, here or on another node."""
+        assert self.queue is not None
+        try:
+            taken = await self.queue.take_back()
+        except StoreUnavailable as exc:
+            log.warning("jobs: this node's leases from before its start could not be given up (%s); they expire", exc)
+            return
+        if taken:
+            log.info("jobs: %d jobs this node ran before its restart are claimable again", taken)
+
+    async def _renew_leases(self) -> None:
+        """Team mode: this node's leases renewed every `queue.renew` seconds; a lost one stops its
+        attempt. Every PURGE_EVERY seconds, the old finished jobs purged (MAX_FINISHED are kept)."""
+        assert self.queue is not None
+        purge_at = trio.current_time()
+        while True:
+            await trio.sleep(self.queue.renew)
+            if trio.current_time() >= purge_at:
+                purge_at = trio.current_time() + PURGE_EVERY
+                await self._purge()
+            held = dict(self._leases)
+            if not held:
+                continue
+            try:
+                lost = await self.queue.renew_leases(held)
+            except StoreUnavailable as exc:
+                log.warning("jobs: the leases on %d jobs could not be renewed (%s)", len(held), exc)
+                continue
+            for job_id in lost:
+                scope = self._running.get(job_id)
+                if scope is not None and self._leases.get(job_id) == held[job_id]:
+                    log.warning(
+                        "job %s: this node's lease on it is lost (cancelled, completed elsewhere, or taken over "
+                        "after it expired); its attempt stops, nothing of it is committed", job_id,
+                    )
+                    scope.cancel()
+            for job_id in lost:
+                await self._refresh(job_id)
+
+    async def _purge(self) -> None:
+        """Team mode: the team's finished jobs past the MAX_FINISHED newest purged, and forgotten here."""
+        assert self.queue is not None
+        try:
+            purged = await self.queue.purge(MAX_FINISHED)
+        except StoreUnavailable as exc:
+            log.warning("jobs: old finished jobs could not be purged now (%s)", exc)
+            return
+        if purged:
+            await self.run_internal(lambda state: [state.apply(PurgeJob(job_id)) for job_id in purged])
+            log.info("jobs: %d old finished jobs purged (the %d newest are kept)", len(purged), MAX_FINISHED)
+
+    async def _refresh(self, job_id: str) -> None:
+        """Team mode: the cache takes the job as committed (after a lost lease)."""
+        assert self.queue is not None
+        try:
+            found = await self.queue.get(job_id)
+        except StoreUnavailable as exc:
+            log.warning("jobs: job %s could not be read again (%s)", job_id, exc)
+            return
+        if found is not None:
+            await self._adopt([found])
+
+    async def _write(self, fn: Callable[[Any], R], job_id: str, token: str | None, not_before: float | None = None) -> R:
+        """fn(state)'s change to a job this node runs: committed at once (the journal), or, in team mode,
+        staged and committed only while this node's lease on the job holds (StaleAttempt when not)."""
+        if self.queue is None:
+            return await self.run_internal(fn)
+        if token is None:
+            raise StaleAttempt(job_id)
+        stage = await self.stage(fn)
+        try:
+            if stage.mutations:
+                await self.queue.commit(stage.mutations, job_id, token, not_before=not_before)
+        except BaseException:
+            stage.release(False)
+            raise
+        stage.release(True)
+        result: R = stage.result
+        return result
 
     async def _fail_now(self, job_id: str, error: str) -> None:
         try:
@@ -613,6 +860,8 @@ class JobsActor(TierActor):
                     )
                 except StaleAttempt:
                     log.info("job %s: attempt %d was cancelled before its commit; nothing applied", job_id, attempt)
+                    if self.queue is not None:
+                        await self._refresh(job_id)
                 except StoreUnavailable as exc:
                     self._refused(exc)
                     await self.run_internal(lambda s: self._requeue_in_memory(s, job_id, attempt))
@@ -626,6 +875,7 @@ class JobsActor(TierActor):
             self.tokens_since_start.input += ctx.tokens.input
             self.tokens_since_start.output += ctx.tokens.output
             self._running.pop(job_id, None)
+            self._leases.pop(job_id, None)
             self._call_waits.pop(job_id, None)
             for lane, running in list(self._lanes.items()):
                 if running == job_id:
@@ -646,7 +896,12 @@ class JobsActor(TierActor):
         counted = f"llm: {error}" if exc.kind in COUNTED else None  # towards the attempt cap (state.py's rule)
         self._backoff[job_id] = (trio.current_time() + delay, failures, reason)  # before the job is queued
         try:
-            after = await self.run_internal(lambda s: s.requeue(job_id, attempt, tokens.pair(), counted))
+            after = await self._write(
+                lambda s: s.requeue(job_id, attempt, tokens.pair(), counted), job_id, self._leases.get(job_id), delay
+            )
+        except StaleAttempt:
+            await self._lost(job_id, attempt)
+            return
         except StoreUnavailable as exc2:
             self._refused(exc2)
             await self.run_internal(lambda s: self._requeue_in_memory(s, job_id, attempt))
@@ -657,6 +912,12 @@ class JobsActor(TierActor):
         else:
             self.requeued += 1
             log.warning("job %s: %s", job_id, reason)
+
+    async def _lost(self, job_id: str, attempt: int) -> None:
+        """Team mode: the attempt's end was not written (the lease was lost): the job as committed."""
+        self._backoff.pop(job_id, None)
+        log.info("job %s: attempt %d ended after this node's lease on it was lost; nothing of it written", job_id, attempt)
+        await self._refresh(job_id)
 
     def _requeue_in_memory(self, state: JobsState, job_id: str, attempt: int) -> None:
         """The journal refused the job's write: queued in memory only, which is what recovery would
@@ -669,7 +930,9 @@ class JobsActor(TierActor):
         log.warning("job %s failed: %s", job_id, error)
         self._backoff.pop(job_id, None)
         try:
-            await self.run_internal(lambda s: s.fail(job_id, attempt, error, tokens.pair()))
+            await self._write(lambda s: s.fail(job_id, attempt, error, tokens.pair()), job_id, self._leases.get(job_id))
+        except StaleAttempt:
+            await self._lost(job_id, attempt)
         except StoreUnavailable as exc:
             self._refused(exc)
             await self.run_internal(lambda s: self._requeue_in_memory(s, job_id, attempt))
@@ -726,7 +989,14 @@ class JobsActor(TierActor):
                 raise errors[0]
             done = own.extend(complete)
             record = CommitJob(done, [mutation for stage in stages[1:] for mutation in stage.mutations])
-            await self.store.commit([record])
+            if self.queue is None:
+                await self.store.commit([record])
+            elif delivered:
+                await self.queue.commit([record], job_id, None)  # while the job is neither done nor cancelled
+            elif job_id in self._leases:
+                await self.queue.commit([record], job_id, self._leases[job_id])  # while this node's lease holds
+            else:
+                raise StaleAttempt(job_id)
         except BaseException:
             for stage in stages:
                 stage.release(False)

@@ -144,6 +144,7 @@ class JobsState(TierState):
         self.why_waiting: Callable[[str], str | None] = lambda job_id: None
         self.cancelled_running: list[str] = []  # running jobs jobs.cancel cancelled in the batch in progress
         self.max_attempts = max_attempts
+        self.purging = True  # purge_old keeps MAX_FINISHED; False where the team's queue owns the jobs (jobqueue.py)
 
     def now(self) -> str:
         """Jobs change through internal calls as well as batches: always the current time."""
@@ -367,6 +368,8 @@ class JobsState(TierState):
         )
 
     def purge_old(self) -> None:
+        if not self.purging:
+            return
         if sum(self._by_state[state] for state in FINISHED) <= MAX_FINISHED:
             return
         finished = [record.id for record in self.jobs.values() if record.state in FINISHED]
@@ -378,10 +381,21 @@ class JobsState(TierState):
         failure (journaled with the next attempt's start). Returns how many."""
         interrupted = [record for record in self.jobs.values() if record.state == "running"]
         for record in interrupted:
-            why = f"interrupted: the daemon stopped during attempt {record.attempts} (a crash or a kill)"
-            queued = msgspec.structs.replace(record, state="queued", failures=record.failures + 1, last_failure=why)
-            self._set(record.id, queued, self.inputs.get(record.id))
+            self.interrupted(record, f"the daemon stopped during attempt {record.attempts} (a crash or a kill)")
         return len(interrupted)
+
+    def interrupted(self, record: JobRecord, why: str) -> None:
+        """A running job whose attempt ended without a word (a crash, a kill, a lost lease): queued
+        again, the interruption a counted failure (journaled with the next attempt's start)."""
+        queued = msgspec.structs.replace(
+            record, state="queued", failures=record.failures + 1, last_failure=f"interrupted: {why}"
+        )
+        self._set(record.id, queued, self.inputs.get(record.id))
+
+    def adopt(self, record: JobRecord, job_input: JobInput | None) -> None:
+        """The job as the team's queue committed it (daemon/postgres/jobqueue.py decided it): this
+        state, a cache of it then, takes it without journaling anything (its input kept if known)."""
+        self._set(record.id, record, job_input if job_input is not None else self.inputs.get(record.id))
 
     # --- mutations ---------------------------------------------------------------------------------
 

@@ -13,7 +13,9 @@ Where a state keeps more than the last record, the rows keep what it needs:
 - a review that promoted a memory: the review row and the memory's put, apart;
 - a job: its accept (its input) and its last put;
 - a CommitJob: each of its parts as its own kind, and the job as a put;
-- PutMessages: one row per message.
+- PutMessages: one row per message;
+- every job mutation also sets the job's row in `job_queue` (its key, kind, state and attempts:
+  what the team's job queue claims by, daemon/postgres/jobqueue.py), in the same transaction.
 
 Row operations are plain values (`RowOp`): the store turns them into SQL; nothing here does I/O.
 Keys are bytes (UTF-8): an id may hold any character, NUL included, and a bytea key takes it.
@@ -63,6 +65,7 @@ class RowOp(NamedTuple):
     body: bytes = b""
     vector: bytes = b""  # memories: the float32 row, stored in the pgvector column
     model: str = ""
+    values: tuple[Any, ...] = ()  # job_state: the job's (key, kind, state, attempts, accepted now)
 
 
 def _b(text: str) -> bytes:
@@ -109,15 +112,22 @@ def row_ops(mutation: Any) -> list[RowOp]:
         return [
             RowOp("delete", "jobs", (job,)),  # an id accepted again (after a purge) starts afresh
             RowOp("put", "jobs", (job, b"accept"), encoder.encode(mutation)),
+            job_state(mutation.job, accepted=True),
         ]
     if isinstance(mutation, PutJob):
-        return [RowOp("put", "jobs", (_b(mutation.job.id), b"last"), encoder.encode(mutation))]
+        return [RowOp("put", "jobs", (_b(mutation.job.id), b"last"), encoder.encode(mutation)), job_state(mutation.job)]
     if isinstance(mutation, PurgeJob):
-        return [RowOp("delete", "jobs", (_b(mutation.id),))]
+        return [RowOp("delete", "jobs", (_b(mutation.id),)), RowOp("delete", "job_queue", (_b(mutation.id),))]
     if isinstance(mutation, CommitJob):
         ops = [op for part in mutation.parts for op in row_ops(part)]
-        return [*ops, RowOp("put", "jobs", (_b(mutation.job.id), b"last"), encoder.encode(PutJob(mutation.job)))]
+        done = mutation.job
+        return [*ops, RowOp("put", "jobs", (_b(done.id), b"last"), encoder.encode(PutJob(done))), job_state(done)]
     raise TypeError(f"no table holds a {type(mutation).__name__}")
+
+
+def job_state(job: Any, *, accepted: bool = False) -> RowOp:
+    """The job's row in job_queue (the module's rule): `accepted` places it at the queue's end."""
+    return RowOp("job_state", "job_queue", (_b(job.id),), values=(_b(job.key), job.kind, job.state, job.attempts, accepted))
 
 
 def _memory_put(mutation: PutMemory) -> list[RowOp]:

@@ -57,7 +57,9 @@ from .rows import TABLES, RowOp, row_ops
 
 log = logging.getLogger("eurekamem.postgres")
 
-SCHEMA_VERSION = 3  # 2: an HNSW index per embedding model on memories.vec (vector_indexes); 3: the change feed (feed.py)
+# 2: an HNSW index per embedding model on memories.vec (vector_indexes)
+# 3: the change feed (feed.py); job_queue, the team's job queue (daemon/postgres/jobqueue.py)
+SCHEMA_VERSION = 3
 
 _BODY = "seq bigint NOT NULL, pos integer NOT NULL, body bytea NOT NULL"
 
@@ -86,7 +88,9 @@ def _schema() -> list[str]:
         statements.append(
             f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(columns)}, {_BODY}{extra}, PRIMARY KEY ({', '.join(keys)}))"
         )
-    return statements
+    from .jobtable import SCHEMA as JOB_QUEUE_SCHEMA
+
+    return statements + JOB_QUEUE_SCHEMA
 
 
 def vector_index_name(model: str, dim: int) -> str:
@@ -148,6 +152,9 @@ def _classify(exc: BaseException, failover: bool = False) -> StoreUnavailable:
     if isinstance(exc, (psycopg.OperationalError, psycopg_pool.PoolTimeout, psycopg.InterfaceError, _Unreached)):
         return StoreUnavailable(f"PostgreSQL is not reachable: {message}", "unavailable", store="postgres")
     return StoreUnavailable(f"PostgreSQL refused the write: {message}", "read_only", store="postgres")
+
+
+classify = _classify  # what a failed transaction answers: the team's job queue's too (jobqueue.py)
 
 
 class PostgresStore:
@@ -275,6 +282,10 @@ class PostgresStore:
                     "SELECT model, vector_dims(vec) FROM memories WHERE vec IS NOT NULL GROUP BY 1, 2"
                 ).fetchall():
                     _create_vector_index(conn, model, dim)
+                if version < 3:
+                    from .jobtable import fill_job_queue
+
+                    fill_job_queue(conn)  # the jobs stored before job_queue was
                 conn.execute("DELETE FROM schema_version")
                 conn.execute("INSERT INTO schema_version VALUES (%s)", (SCHEMA_VERSION,))
             indexed = {model for (model,) in conn.execute("SELECT model FROM vector_indexes").fetchall()}
@@ -426,19 +437,10 @@ class PostgresStore:
         wakes the other nodes' followers at COMMIT."""
         import psycopg
 
-        from ..storage.store import mutation_encoder
-
         with self._connection() as conn:
             try:
                 with conn.pipeline(), conn.transaction(), conn.cursor() as cur:
-                    cur.execute(_FEED_LOCK)
-                    txns = txn if isinstance(txn, list) else [txn] * len(mutations)
-                    for mutation, commit_id in zip(mutations, txns):
-                        cur.execute(_INSERT_MUTATION, (self.node_id, commit_id, mutation_encoder.encode(mutation)))
-                        for pos, op in enumerate(row_ops(mutation)):
-                            sql, args = _statement(op, pos)
-                            cur.execute(sql, args)
-                    cur.execute(_NOTIFY)
+                    write_mutations(cur, mutations, self.node_id, txn)
             except psycopg.errors.ReadOnlySqlTransaction:
                 if self.failover:  # a standby's session (the module's rule): the pool replaces it
                     conn.close()
@@ -585,12 +587,41 @@ def _vector_bytes(value: Any) -> bytes:
 _INSERT_MUTATION = (
     "INSERT INTO mutations (seq, at, node, txn, body) VALUES (nextval('mutation_seq'), clock_timestamp(), %s, %s, %s)"
 )
-_FEED_LOCK = f"SELECT pg_advisory_xact_lock({FEED_LOCK})"
+FEED_LOCK_SQL = f"SELECT pg_advisory_xact_lock({FEED_LOCK})"
 _NOTIFY = f"NOTIFY {FEED_CHANNEL}"
 _SEQ = "currval('mutation_seq')"  # the seq of the mutation inserted just before, in this session
 
 
+def write_mutations(cur: Any, mutations: Sequence[Any], node: str = "", txn: int | list[int] = 0) -> None:
+    """The statements of the mutations, in order, on a cursor in a transaction (its caller's): the
+    feed's lock first (FEED_LOCK, held to COMMIT: seq order is commit order; taken again, it is
+    already held), each mutation into the feed (with the node and its commit id, or one per
+    mutation), then its row operations (rows.py); the NOTIFY wakes the other nodes at COMMIT."""
+    from ..storage.store import mutation_encoder
+
+    cur.execute(FEED_LOCK_SQL)
+    txns = txn if isinstance(txn, list) else [txn] * len(mutations)
+    for mutation, commit_id in zip(mutations, txns):
+        cur.execute(_INSERT_MUTATION, (node, commit_id, mutation_encoder.encode(mutation)))
+        for pos, op in enumerate(row_ops(mutation)):
+            sql, args = _statement(op, pos)
+            cur.execute(sql, args)
+    cur.execute(_NOTIFY)
+
+
+_JOB_STATE = (
+    "INSERT INTO job_queue (id, key, kind, state, attempts, created) VALUES (%s, %s, %s, %s, %s, currval('mutation_seq'))"
+    " ON CONFLICT (id) DO UPDATE SET key = EXCLUDED.key, kind = EXCLUDED.kind, state = EXCLUDED.state,"
+    " attempts = EXCLUDED.attempts, created = CASE WHEN %s THEN EXCLUDED.created ELSE job_queue.created END,"
+    " lease_until = CASE WHEN EXCLUDED.state = 'running' THEN job_queue.lease_until END, not_before = NULL"
+)
+
+
 def _statement(op: RowOp, pos: int) -> tuple[str, tuple[Any, ...]]:
+    if op.table == "job_queue":  # not a table of bodies: the team's job queue (rows.py's job_state)
+        if op.op == "job_state":
+            return _JOB_STATE, (*op.key, *op.values)
+        return "DELETE FROM job_queue WHERE id = %s", op.key
     keys = TABLES[op.table]
     if op.op == "put":
         columns = [*keys, "seq", "pos", "body"]
