@@ -287,7 +287,7 @@ def test_each_models_vectors_get_an_hnsw_index_and_a_version_1_database_is_migra
         store.close()
     with psycopg.connect(postgres_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM pg_indexes WHERE indexname = %s", (name,)).fetchone()[0] == 1
-        assert conn.execute("SELECT version FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 2
+        assert conn.execute("SELECT version FROM schema_version").fetchone()[0] == SCHEMA_VERSION == 3
 
 
 def test_the_dsn_is_shown_without_its_password() -> None:

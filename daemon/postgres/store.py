@@ -34,7 +34,7 @@ from .rows import TABLES, RowOp, row_ops
 
 log = logging.getLogger("eurekamem.postgres")
 
-SCHEMA_VERSION = 2  # 2: an HNSW index per embedding model on memories.vec (vector_indexes)
+SCHEMA_VERSION = 3  # 2: an HNSW index per embedding model on memories.vec (vector_indexes); 3: index_snapshots
 
 _BODY = "seq bigint NOT NULL, pos integer NOT NULL, body bytea NOT NULL"
 
@@ -62,7 +62,9 @@ def _schema() -> list[str]:
         statements.append(
             f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(columns)}, {_BODY}{extra}, PRIMARY KEY ({', '.join(keys)}))"
         )
-    return statements
+    from .snapshots import schema as snapshot_schema  # version 3: tier 4's index snapshots
+
+    return statements + snapshot_schema()
 
 
 def vector_index_name(model: str, dim: int) -> str:

@@ -1,0 +1,357 @@
+"""Tier 4's index snapshot in PostgreSQL: start-up loads it and replays the feed after it, not every row.
+
+Rules kept here:
+- A snapshot is keyed by the feed seq it covers (`upto_seq`), never by the node that wrote it: it
+  holds tier 4's state (the journal's memories.snapshot document, with the BM25 index) and its
+  hnswlib index (VectorStore's two files), made from the memory actor's state between batches
+  (`capture`, an internal call). Under the actor every mutation it applied is committed (tier.py:
+  apply, then commit; a staged CommitJob holds the actor), so the state holds every memory
+  mutation whose seq is at most the feed's highest seq read then: that is `upto_seq`. A state
+  that may lack a committed mutation (a commit whose outcome was unknown) writes no snapshot.
+- One transaction writes the snapshot whole (a row in index_snapshots naming its parts' sizes and
+  crc32s, the parts in 8 MiB chunks) and deletes the older ones: a reader sees the whole of one
+  or none. Two writers at once take turns (an advisory lock); one that is not newer writes nothing.
+- Start-up (`load_memory`) uses the newest snapshot only when it is of the configured model and
+  dimension, whole (sizes, crc32s, the vector files' own checks, the document's fingerprint), and
+  the feed still holds every mutation after it (`feed_covers`); then tier 4 is the snapshot plus the
+  memory mutations of the feed after `upto_seq`, replayed through `apply` in seq order (tier.py:
+  re-applying one the snapshot holds changes nothing). Otherwise None, and the caller rebuilds from
+  the rows (recovery.load_from_store's full path), which is what the tests compare it with.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import time
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import msgspec
+
+log = logging.getLogger("eurekamem.postgres")
+
+KIND = "memory"
+CHUNK = 8 << 20  # bytes per row of index_snapshot_chunks (bytea rows stay well under 1 GB)
+STEM = "snapshot"
+PARTS = ("doc", "vectors", "hnsw")
+FILES = {"vectors": f"{STEM}.vectors", "hnsw": f"{STEM}.hnsw"}
+_LOCK = 727002  # pg_advisory_xact_lock: one snapshot writer at a time (727001: the schema's)
+
+
+def schema() -> list[str]:
+    """The two tables (schema version 3); the chunks are stored uncompressed (vectors do not
+    compress, and trying costs CPU on every write)."""
+    return [
+        "CREATE TABLE IF NOT EXISTS index_snapshots (kind text NOT NULL, upto_seq bigint NOT NULL, model text NOT NULL,"
+        " dim integer NOT NULL, parts jsonb NOT NULL, written_at timestamptz NOT NULL DEFAULT now(),"
+        " PRIMARY KEY (kind, upto_seq))",
+        "CREATE TABLE IF NOT EXISTS index_snapshot_chunks (kind text NOT NULL, upto_seq bigint NOT NULL, part text NOT NULL,"
+        " chunk integer NOT NULL, data bytea NOT NULL, PRIMARY KEY (kind, upto_seq, part, chunk),"
+        " FOREIGN KEY (kind, upto_seq) REFERENCES index_snapshots ON DELETE CASCADE)",
+        "ALTER TABLE index_snapshot_chunks ALTER COLUMN data SET STORAGE EXTERNAL",
+    ]
+
+
+class Captured(NamedTuple):
+    """Tier 4 as one snapshot: the encoded document, the vector files in `folder`, what it covers."""
+
+    upto_seq: int
+    model: str
+    dim: int
+    doc: bytes
+    folder: Path
+
+    def discard(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def feed_horizon(conn: Any) -> int:
+    """The highest seq the feed holds now (0: none)."""
+    return int(conn.execute("SELECT coalesce(max(seq), 0) FROM mutations").fetchone()[0])
+
+
+def _newest_upto(conn: Any) -> int | None:
+    value = conn.execute("SELECT max(upto_seq) FROM index_snapshots WHERE kind = %s", (KIND,)).fetchone()[0]
+    return None if value is None else int(value)
+
+
+def capture(state: Any, store: Any, scratch: Path | None) -> Captured | None:
+    """Runs as the memory actor's internal call (the module's rule): the covered seq, the state's
+    document and its vector files (into a new folder under `scratch`). None during a change of
+    model (two indexes; a restart then rebuilds from the rows, which keep both models' vectors)."""
+    if state.previous is not None:
+        return None
+    with store.pool.connection() as conn:
+        upto = feed_horizon(conn)
+        conn.rollback()
+    doc = msgspec.msgpack.encode(state.snapshot_document())
+    if scratch is not None:
+        scratch.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix=".pg-snapshot-", dir=scratch))
+    try:
+        state.vectors.save(str(folder), STEM)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return Captured(upto, state.model, int(state.vectors.dim), doc, folder)
+
+
+def _chunks(captured: Captured, part: str) -> Iterator[bytes]:
+    if part == "doc":
+        for start in range(0, len(captured.doc), CHUNK):
+            yield captured.doc[start : start + CHUNK]
+        return
+    with open(captured.folder / FILES[part], "rb") as f:
+        while chunk := f.read(CHUNK):
+            yield chunk
+
+
+def upload(dsn: str, captured: Captured) -> bool:
+    """Write the captured snapshot and delete the older ones, in one transaction on a connection
+    of its own (the pool's stay for commits). False when the database holds one at least as new.
+    Blocking."""
+    import psycopg
+
+    with psycopg.connect(dsn) as conn, conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
+        held = _newest_upto(conn)
+        if held is not None and held >= captured.upto_seq:
+            return False
+        parts: dict[str, dict[str, int]] = {}
+        conn.execute(
+            "INSERT INTO index_snapshots (kind, upto_seq, model, dim, parts) VALUES (%s, %s, %s, %s, '{}')",
+            (KIND, captured.upto_seq, captured.model, captured.dim),
+        )
+        with conn.cursor() as cur, cur.copy(
+            "COPY index_snapshot_chunks (kind, upto_seq, part, chunk, data) FROM STDIN (FORMAT BINARY)"
+        ) as copy:
+            copy.set_types(["text", "int8", "text", "int4", "bytea"])
+            for part in PARTS:
+                size = crc = n = 0
+                for n, chunk in enumerate(_chunks(captured, part)):  # noqa: B007 (n: the chunks counted)
+                    copy.write_row((KIND, captured.upto_seq, part, n, chunk))
+                    size += len(chunk)
+                    crc = zlib.crc32(chunk, crc)
+                parts[part] = {"bytes": size, "crc32": crc}
+        conn.execute(
+            "UPDATE index_snapshots SET parts = %s WHERE kind = %s AND upto_seq = %s",
+            (msgspec.json.encode(parts).decode(), KIND, captured.upto_seq),
+        )
+        conn.execute("DELETE FROM index_snapshots WHERE kind = %s AND upto_seq < %s", (KIND, captured.upto_seq))
+    return True
+
+
+def write(state_capture: Captured, dsn: str) -> bool:
+    """upload(), then the captured files removed whatever happened. Blocking."""
+    try:
+        return upload(dsn, state_capture)
+    finally:
+        state_capture.discard()
+
+
+def feed_covers(conn: Any, upto_seq: int) -> bool:
+    """Whether the feed still holds every mutation committed after `upto_seq`. Trimming removes a
+    prefix of the feed, so it does when its first seq is at most upto_seq + 1; an empty feed does
+    when the sequence never went past upto_seq. (A trimmed feed whose first seq after upto_seq was
+    never committed reads as not covering: a full rebuild, slower, never wrong.)"""
+    first = conn.execute("SELECT min(seq) FROM mutations").fetchone()[0]
+    if first is not None:
+        return bool(first <= upto_seq + 1)
+    last, called = conn.execute("SELECT last_value, is_called FROM mutation_seq").fetchone()
+    return not called or int(last) <= upto_seq
+
+
+class Loaded(NamedTuple):
+    upto_seq: int
+    doc: Any  # MemorySnapshot
+    vectors: Any  # VectorStore
+    seconds: dict[str, float]
+
+
+def fetch(dsn: str, model: str, dim: int, scratch: Path | None) -> Loaded | str:
+    """The newest usable snapshot of `model` (dimension `dim`), decoded and its index loaded, or
+    why there is none (the module's rule). Blocking."""
+    import psycopg
+
+    from ..memory.records import MemorySnapshot
+    from ..retrieval.vectors import VectorStore
+
+    t0 = time.perf_counter()
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT upto_seq, model, dim, parts FROM index_snapshots WHERE kind = %s ORDER BY upto_seq DESC LIMIT 1",
+            (KIND,),
+        ).fetchone()
+        if row is None:
+            return "no snapshot in the database"
+        upto, snap_model, snap_dim, parts = row
+        if (snap_model, snap_dim) != (model, dim):
+            return f"the snapshot is of {snap_model} ({snap_dim} dimensions), the daemon's model is {model} ({dim})"
+        if not feed_covers(conn, upto):
+            return f"the feed no longer holds every mutation after the snapshot's seq {upto}"
+        if scratch is not None:
+            scratch.mkdir(parents=True, exist_ok=True)
+        folder = Path(tempfile.mkdtemp(prefix=".pg-load-", dir=scratch))
+        try:
+            return _read(conn, upto, parts, folder, model, dim, t0, MemorySnapshot, VectorStore)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _read(
+    conn: Any, upto: int, parts: dict[str, Any], folder: Path, model: str, dim: int, t0: float, doc_type: Any, store_type: Any
+) -> Loaded | str:
+    if set(parts) != set(PARTS):
+        return f"the snapshot at seq {upto} is incomplete"
+    doc_chunks: list[bytes] = []
+    sums = {part: [0, 0] for part in PARTS}
+    files = {part: open(folder / name, "wb") for part, name in FILES.items()}  # noqa: SIM115 (closed below)
+    try:
+        with conn.cursor(binary=True) as cur:
+            cur.execute(
+                "SELECT part, data FROM index_snapshot_chunks WHERE kind = %s AND upto_seq = %s ORDER BY part, chunk",
+                (KIND, upto),
+            )
+            for part, data in cur:
+                chunk = bytes(data)
+                sums[part][0] += len(chunk)
+                sums[part][1] = zlib.crc32(chunk, sums[part][1])
+                if part == "doc":
+                    doc_chunks.append(chunk)
+                else:
+                    files[part].write(chunk)
+    finally:
+        for f in files.values():
+            f.close()
+    fetched = time.perf_counter()
+    for part in PARTS:
+        if sums[part] != [parts[part]["bytes"], parts[part]["crc32"]]:
+            return f"the snapshot at seq {upto} is damaged ({part}: sizes or crc32 differ)"
+    try:
+        doc = msgspec.msgpack.decode(b"".join(doc_chunks), type=doc_type)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        return f"the snapshot at seq {upto} does not decode: {exc}"
+    vectors = store_type.load(str(folder), STEM, dim=dim, model=model, expected_fingerprint=doc.vectors_fingerprint)
+    if vectors is None or doc.model != model:
+        return f"the snapshot at seq {upto}: its vector index cannot be used (logged above)"
+    done = time.perf_counter()
+    return Loaded(upto, doc, vectors, {"fetch_s": round(fetched - t0, 3), "decode_s": round(done - fetched, 3)})
+
+
+def feed_after(store: Any, upto_seq: int) -> Iterator[bytes]:
+    """The bodies of the feed's mutations after `upto_seq`, in seq order (its primary key). Blocking."""
+    with store.pool.connection() as conn:
+        with conn.transaction(), conn.cursor(name="feed_tail", binary=True) as cur:
+            cur.itersize = 2000
+            cur.execute("SELECT body FROM mutations WHERE seq > %s ORDER BY seq", (upto_seq,))
+            for (body,) in cur:
+                yield bytes(body)
+
+
+def rows_of(store: Any, tables: list[str]) -> Iterator[tuple[bytes, bytes]]:
+    """PostgresStore.rows_in_order's bodies of these tables alone (none of them `memories`), in
+    commit order: the tiers a snapshot does not hold. Blocking."""
+    if not tables:
+        return
+    parts = [f"SELECT seq, pos, body FROM {t}" for t in tables]
+    query = " UNION ALL ".join(parts) + " ORDER BY 1, 2"
+    with store.pool.connection() as conn:
+        with conn.transaction(), conn.cursor(name="load_rest", binary=True) as cur:
+            cur.itersize = 2000
+            cur.execute(query)
+            for _seq, _pos, body in cur:
+                yield bytes(body), b""
+
+
+def drop(dsn: str) -> None:
+    """Delete every tier 4 snapshot (a purge whose text a snapshot holds, when no new one can be written). Blocking."""
+    import psycopg
+
+    with psycopg.connect(dsn) as conn, conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
+        conn.execute("DELETE FROM index_snapshots WHERE kind = %s", (KIND,))
+
+
+def newest(dsn: str) -> tuple[int | None, int]:
+    """(the newest snapshot's upto_seq or None, the feed's highest seq). Blocking."""
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        return _newest_upto(conn), feed_horizon(conn)
+
+
+TAIL = 2_000  # commits after the last snapshot that make a new one due (a start replays at most about these)
+AGE = 600.0  # seconds after which any memory change makes one due
+
+
+class DatabaseSnapshots:
+    """When tier 4's snapshot is written into PostgreSQL (owned by daemon/snapshots.py's Snapshots,
+    on the event loop, under its lock): after a purge (the old one holds the purged text), at the
+    final snapshot when tier 4 changed, when TAIL commits or AGE seconds went by with changes, and
+    once at start when the database has none or one TAIL behind. Never after a commit failed in
+    this run: its outcome may be unknown, so the state may lack a committed mutation (the module's
+    rule); the last good snapshot plus the feed still give a restart everything."""
+
+    def __init__(self, store: Any, memory: Any, scratch: Path) -> None:
+        self.store = store
+        self.memory = memory
+        self.scratch = scratch
+        self.commits = 0  # the store's commit count at the last snapshot written (or at start)
+        self.version: int | None = None  # tier 4's change counter then
+        self.at = 0.0
+        self.owed = False
+        self.written = 0
+        self.last: dict[str, Any] = {}
+        self._refused = False
+
+    async def start(self) -> None:
+        """At the schedule's start: what the database holds decides whether one is owed now."""
+        import trio
+
+        upto, horizon = await trio.to_thread.run_sync(newest, self.store.dsn)
+        self.owed = upto is None or horizon - upto >= TAIL
+        self.commits = self.store.commits
+        self.version = await self.memory.run_internal(lambda s: s._version)
+        self.at = trio.current_time()
+
+    async def maybe_write(self, force: bool = False, purged: bool = False) -> bool:
+        import trio
+
+        moved = self.store.commits - self.commits
+        aged = moved and trio.current_time() - self.at >= AGE
+        if not (self.owed or purged or (force and moved) or moved >= TAIL or aged):
+            return False
+        if self.store.failures:
+            if not self._refused:
+                log.warning("PostgreSQL: a commit failed during this run (its outcome may be unknown): this daemon "
+                            "writes no more index snapshots until restarted")
+                self._refused = True
+            if purged:  # the snapshot must not keep the purged text
+                await trio.to_thread.run_sync(drop, self.store.dsn)
+            return False
+        unchanged = self.version
+        began = trio.current_time()
+        version, captured = await self.memory.run_internal(
+            lambda s: (s._version, None if s._version == unchanged and not (self.owed or purged) else capture(s, self.store, self.scratch))
+        )
+        if version == unchanged and captured is None and not purged:
+            self.commits = self.store.commits  # other tiers' commits only: nothing to write
+            return False
+        self.commits, self.version, self.at, self.owed = self.store.commits, version, trio.current_time(), False
+        if captured is None:
+            if purged:
+                await trio.to_thread.run_sync(drop, self.store.dsn)
+            return False
+        held = trio.current_time() - began
+        wrote = await trio.to_thread.run_sync(write, captured, self.store.dsn)
+        took = trio.current_time() - began
+        if wrote:
+            self.written += 1
+            self.last = {"upto_seq": captured.upto_seq, "capture_s": round(held, 3), "seconds": round(took, 3)}
+            log.info("PostgreSQL: tier 4's index snapshot covers seq %d (%.0f ms, the memory actor held %.0f ms)",
+                     captured.upto_seq, took * 1000, held * 1000)
+        return wrote
