@@ -115,8 +115,11 @@ def test_a_load_from_the_snapshot_and_the_feed_equals_a_load_from_every_row(post
     assert "m5" not in fast.memory.memories and "m60" in fast.memory.memories and fast.memory.memories["m6"].scope == "global"
 
 
-@pytest.mark.parametrize("spoil", ["damaged", "other model", "feed trimmed", "incomplete"])
+@pytest.mark.parametrize("spoil", ["doc", "vectors", "hnsw", "other model", "feed trimmed", "incomplete"])
 def test_a_snapshot_that_cannot_be_trusted_gives_way_to_the_rows(postgres_dsn: str, tmp_path: Path, spoil: str) -> None:
+    """A damaged document or vector file, another model, a feed trimmed past the snapshot, a part
+    missing: the rows are loaded instead. A damaged hnswlib file alone is rebuilt from the
+    snapshot's vectors (VectorStore's own rule), and the snapshot still serves."""
     dim = make_embedder(MODEL).dim
     store = _opened(postgres_dsn)
     try:
@@ -126,8 +129,9 @@ def test_a_snapshot_that_cannot_be_trusted_gives_way_to_the_rows(postgres_dsn: s
         assert captured is not None and snapshots.write(captured, postgres_dsn)
         store._commit_sync([_put(i, dim, "after", version=2) for i in range(10)])
         with psycopg.connect(postgres_dsn, autocommit=True) as conn:
-            if spoil == "damaged":
-                conn.execute("UPDATE index_snapshot_chunks SET data = overlay(data PLACING '\\xff'::bytea FROM 40) WHERE part = 'hnsw'")
+            if spoil in ("doc", "vectors", "hnsw"):
+                conn.execute("UPDATE index_snapshot_chunks SET data = overlay(data PLACING '\\xff'::bytea FROM 200) WHERE part = %s",
+                             (spoil,))
             elif spoil == "other model":
                 conn.execute("UPDATE index_snapshots SET model = 'usem3'")
             elif spoil == "feed trimmed":
@@ -137,7 +141,7 @@ def test_a_snapshot_that_cannot_be_trusted_gives_way_to_the_rows(postgres_dsn: s
         fast, full = _both_loads(store, tmp_path)
     finally:
         store.close()
-    assert fast.checkpoint_seq == 0  # rebuilt from the rows
+    assert fast.checkpoint_seq == (captured.upto_seq if spoil == "hnsw" else 0)  # else rebuilt from the rows
     assert checksums(fast) == checksums(full)
     assert _searches(fast, dim) == _searches(full, dim)
 

@@ -9,10 +9,10 @@ Rules kept here:
   mutation whose seq is at most the feed's highest seq read then: that is `upto_seq`. A state
   that may lack a committed mutation (a commit whose outcome was unknown) writes no snapshot.
 - One transaction writes the snapshot whole (a row in index_snapshots naming its parts' sizes and
-  crc32s, the parts in 8 MiB chunks) and deletes the older ones: a reader sees the whole of one
+  the document's crc32, the parts in 8 MiB chunks) and deletes the older ones: a reader sees the whole of one
   or none. Two writers at once take turns (an advisory lock); one that is not newer writes nothing.
 - Start-up (`load_memory`) uses the newest snapshot only when it is of the configured model and
-  dimension, whole (sizes, crc32s, the vector files' own checks, the document's fingerprint), and
+  dimension, whole (sizes, the document's crc32, the vector files' own checks and fingerprint), and
   the feed still holds every mutation after it (`feed_covers`); then tier 4 is the snapshot plus the
   memory mutations of the feed after `upto_seq`, replayed through `apply` in seq order (tier.py:
   re-applying one the snapshot holds changes nothing). Otherwise None, and the caller rebuilds from
@@ -131,12 +131,12 @@ def upload(dsn: str, captured: Captured) -> bool:
         ) as copy:
             copy.set_types(["text", "int8", "text", "int4", "bytea"])
             for part in PARTS:
-                size = crc = n = 0
-                for n, chunk in enumerate(_chunks(captured, part)):  # noqa: B007 (n: the chunks counted)
+                size = 0
+                for n, chunk in enumerate(_chunks(captured, part)):
                     copy.write_row((KIND, captured.upto_seq, part, n, chunk))
                     size += len(chunk)
-                    crc = zlib.crc32(chunk, crc)
-                parts[part] = {"bytes": size, "crc32": crc}
+                parts[part] = {"bytes": size}
+        parts["doc"]["crc32"] = zlib.crc32(captured.doc)  # the vector files carry their own (_read)
         conn.execute(
             "UPDATE index_snapshots SET parts = %s WHERE kind = %s AND upto_seq = %s",
             (msgspec.json.encode(parts).decode(), KIND, captured.upto_seq),
@@ -205,39 +205,43 @@ def fetch(dsn: str, model: str, dim: int, scratch: Path | None) -> Loaded | str:
 def _read(
     conn: Any, upto: int, parts: dict[str, Any], folder: Path, model: str, dim: int, t0: float, doc_type: Any, store_type: Any
 ) -> Loaded | str:
+    """The parts as they arrive: the document and the .vectors content into memory, the .hnsw into
+    a file (hnswlib loads from a path). Only the document gets a crc32 here: the .vectors header is
+    checked by its own crc32 and vouches for the body's and the .hnsw's (VectorStore.from_saved)."""
     if set(parts) != set(PARTS):
         return f"the snapshot at seq {upto} is incomplete"
-    doc_chunks: list[bytes] = []
-    sums = {part: [0, 0] for part in PARTS}
-    files = {part: open(folder / name, "wb") for part, name in FILES.items()}  # noqa: SIM115 (closed below)
-    try:
-        with conn.cursor(binary=True) as cur:
-            cur.execute(
-                "SELECT part, data FROM index_snapshot_chunks WHERE kind = %s AND upto_seq = %s ORDER BY part, chunk",
-                (KIND, upto),
-            )
-            for part, data in cur:
-                chunk = bytes(data)
-                sums[part][0] += len(chunk)
-                sums[part][1] = zlib.crc32(chunk, sums[part][1])
-                if part == "doc":
-                    doc_chunks.append(chunk)
-                else:
-                    files[part].write(chunk)
-    finally:
-        for f in files.values():
-            f.close()
+    buffers = {part: bytearray(int(parts[part]["bytes"])) for part in ("doc", "vectors")}
+    filled = dict.fromkeys(PARTS, 0)
+    with open(folder / FILES["hnsw"], "wb") as hnsw, conn.cursor(binary=True) as cur:
+        cur.execute(
+            "SELECT part, data FROM index_snapshot_chunks WHERE kind = %s AND upto_seq = %s ORDER BY part, chunk",
+            (KIND, upto),
+        )
+        for part, data in cur:
+            at = filled[part]
+            filled[part] = at + len(data)
+            if part == "hnsw":
+                hnsw.write(data)
+            elif filled[part] <= len(buffers[part]):
+                buffers[part][at : filled[part]] = data
     fetched = time.perf_counter()
     for part in PARTS:
-        if sums[part] != [parts[part]["bytes"], parts[part]["crc32"]]:
-            return f"the snapshot at seq {upto} is damaged ({part}: sizes or crc32 differ)"
+        if filled[part] != parts[part]["bytes"]:
+            return f"the snapshot at seq {upto} is damaged ({part}: {filled[part]} bytes, {parts[part]['bytes']} expected)"
+    if zlib.crc32(buffers["doc"]) != parts["doc"]["crc32"]:
+        return f"the snapshot at seq {upto} is damaged (its document's crc32 differs)"
     try:
-        doc = msgspec.msgpack.decode(b"".join(doc_chunks), type=doc_type)
+        doc = msgspec.msgpack.decode(buffers.pop("doc"), type=doc_type)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         return f"the snapshot at seq {upto} does not decode: {exc}"
-    vectors = store_type.load(str(folder), STEM, dim=dim, model=model, expected_fingerprint=doc.vectors_fingerprint)
-    if vectors is None or doc.model != model:
-        return f"the snapshot at seq {upto}: its vector index cannot be used (logged above)"
+    if doc.model != model:
+        return f"the snapshot at seq {upto} holds {doc.model}'s memories, not {model}'s"
+    vectors = store_type.from_saved(
+        buffers.pop("vectors"), str(folder / FILES["hnsw"]), dim=dim, model=model,
+        expected_fingerprint=doc.vectors_fingerprint, name=f"the vectors of the snapshot at seq {upto}",
+    )
+    if vectors is None:
+        return f"the snapshot at seq {upto}: its vectors cannot be used (logged above)"
     done = time.perf_counter()
     return Loaded(upto, doc, vectors, {"fetch_s": round(fetched - t0, 3), "decode_s": round(done - fetched, 3)})
 
@@ -284,24 +288,25 @@ def newest(dsn: str) -> tuple[int | None, int]:
         return _newest_upto(conn), feed_horizon(conn)
 
 
-TAIL = 2_000  # commits after the last snapshot that make a new one due (a start replays at most about these)
-AGE = 600.0  # seconds after which any memory change makes one due
+TAIL = 1_000  # tier 4 changes after the last snapshot that make a new one due (or 2% of its memories, if more)
+AGE = 600.0  # seconds after which any change of tier 4 makes one due
 
 
 class DatabaseSnapshots:
     """When tier 4's snapshot is written into PostgreSQL (owned by daemon/snapshots.py's Snapshots,
-    on the event loop, under its lock): after a purge (the old one holds the purged text), at the
-    final snapshot when tier 4 changed, when TAIL commits or AGE seconds went by with changes, and
-    once at start when the database has none or one TAIL behind. Never after a commit failed in
-    this run: its outcome may be unknown, so the state may lack a committed mutation (the module's
-    rule); the last good snapshot plus the feed still give a restart everything."""
+    on the event loop, under its lock), counting tier 4's changes (its state's `_version`): after a
+    purge (the old one holds the purged text); at the final snapshot when tier 4 changed; when
+    TAIL changes (2% of the memories, if more: a start replays at most about these) or AGE seconds
+    went by with changes; and once at start when the database has none, or one TAIL feed
+    mutations behind. Never after a commit failed in this run: its outcome may be unknown, so the
+    state may lack a committed mutation (the module's rule); the last good snapshot and the feed
+    still give a restart everything."""
 
     def __init__(self, store: Any, memory: Any, scratch: Path) -> None:
         self.store = store
         self.memory = memory
         self.scratch = scratch
-        self.commits = 0  # the store's commit count at the last snapshot written (or at start)
-        self.version: int | None = None  # tier 4's change counter then
+        self.version: int | None = None  # tier 4's change counter at the last snapshot written (or at start)
         self.at = 0.0
         self.owed = False
         self.written = 0
@@ -314,17 +319,20 @@ class DatabaseSnapshots:
 
         upto, horizon = await trio.to_thread.run_sync(newest, self.store.dsn)
         self.owed = upto is None or horizon - upto >= TAIL
-        self.commits = self.store.commits
         self.version = await self.memory.run_internal(lambda s: s._version)
         self.at = trio.current_time()
+
+    def _due(self, state: Any, force: bool, purged: bool, now: float) -> bool:
+        if self.owed or purged:
+            return True
+        if self.version is None:  # start() failed: the database's state is unknown
+            return True
+        changes = state._version - self.version
+        return changes > 0 and (force or changes >= max(TAIL, len(state.memories) // 50) or now - self.at >= AGE)
 
     async def maybe_write(self, force: bool = False, purged: bool = False) -> bool:
         import trio
 
-        moved = self.store.commits - self.commits
-        aged = moved and trio.current_time() - self.at >= AGE
-        if not (self.owed or purged or (force and moved) or moved >= TAIL or aged):
-            return False
         if self.store.failures:
             if not self._refused:
                 log.warning("PostgreSQL: a commit failed during this run (its outcome may be unknown): this daemon "
@@ -333,22 +341,24 @@ class DatabaseSnapshots:
             if purged:  # the snapshot must not keep the purged text
                 await trio.to_thread.run_sync(drop, self.store.dsn)
             return False
-        unchanged = self.version
-        began = trio.current_time()
-        version, captured = await self.memory.run_internal(
-            lambda s: (s._version, None if s._version == unchanged and not (self.owed or purged) else capture(s, self.store, self.scratch))
-        )
-        if version == unchanged and captured is None and not purged:
-            self.commits = self.store.commits  # other tiers' commits only: nothing to write
+        now = trio.current_time()
+
+        def step(state: Any) -> tuple[int, Captured | None, bool]:
+            if not self._due(state, force, purged, now):
+                return state._version, None, False
+            return state._version, capture(state, self.store, self.scratch), True
+
+        version, captured, due = await self.memory.run_internal(step)
+        if not due:
             return False
-        self.commits, self.version, self.at, self.owed = self.store.commits, version, trio.current_time(), False
-        if captured is None:
+        held = trio.current_time() - now
+        self.version, self.at, self.owed = version, trio.current_time(), False
+        if captured is None:  # a change of model is under way
             if purged:
                 await trio.to_thread.run_sync(drop, self.store.dsn)
             return False
-        held = trio.current_time() - began
         wrote = await trio.to_thread.run_sync(write, captured, self.store.dsn)
-        took = trio.current_time() - began
+        took = trio.current_time() - now
         if wrote:
             self.written += 1
             self.last = {"upto_seq": captured.upto_seq, "capture_s": round(held, 3), "seconds": round(took, 3)}
