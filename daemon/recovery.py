@@ -276,13 +276,13 @@ def _recover_from_store(
 
 
 def pg_scratch(paths: Paths) -> Path:
-    """Where a daemon on PostgreSQL puts tier 4's index files while it loads or writes its snapshot
-    (daemon/postgres/snapshots.py); emptied at start (a crash may have left some)."""
+    """Where a daemon on PostgreSQL keeps its local copy of tier 4's index snapshot and the files
+    of one being loaded or written (daemon/postgres/snapshots.py); those a crash left are removed."""
     import shutil
 
     folder = paths.memory / "postgres"
-    if folder.exists():
-        shutil.rmtree(folder, ignore_errors=True)
+    for left in folder.glob(".pg-*"):
+        shutil.rmtree(left, ignore_errors=True)
     return folder
 
 
@@ -359,9 +359,9 @@ def _load_with_snapshot(store: Any, out: Recovered, progress: Callable[[str], No
             "loading from PostgreSQL: {} rows")
     out.replayed += tail
     log.info(
-        "PostgreSQL: tier 4 from the index snapshot at seq %d (%s, built %.2f s) and %d feed mutations after it "
-        "(%.2f s); the other tiers' rows %.2f s",
-        got.upto_seq, ", ".join(f"{k} {v:.2f} s" for k, v in got.seconds.items()), t1 - t0, tail, t2 - t1,
+        "PostgreSQL: tier 4 from the index snapshot at seq %d, its %s (%s, built %.2f s) and %d feed mutations "
+        "after it (%.2f s); the other tiers' rows %.2f s",
+        got.upto_seq, got.source, ", ".join(f"{k} {v:.2f} s" for k, v in got.seconds.items()), t1 - t0, tail, t2 - t1,
         time.perf_counter() - t2,
     )
     return True

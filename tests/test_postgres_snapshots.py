@@ -146,6 +146,40 @@ def test_a_snapshot_that_cannot_be_trusted_gives_way_to_the_rows(postgres_dsn: s
     assert _searches(fast, dim) == _searches(full, dim)
 
 
+def test_a_start_reads_its_local_copy_when_it_is_the_databases_snapshot(postgres_dsn: str, tmp_path: Path) -> None:
+    """The first read keeps a local copy; the next reads it; a damaged copy, or one the database
+    has replaced, is not read: the database's bytes are."""
+    dim = make_embedder(MODEL).dim
+    local = tmp_path / "local"
+    store = _opened(postgres_dsn)
+    try:
+        store._commit_sync([_put(i, dim) for i in range(20)])
+        first = load_from_store(store, Recovered(make_embedder(MODEL)), use_snapshot=False)
+        captured = snapshots.capture(first.memory, store, tmp_path)
+        assert captured is not None and snapshots.write(captured, postgres_dsn)
+        sources = [snapshots.fetch(postgres_dsn, MODEL, dim, local) for _ in range(2)]
+        (local / snapshots.LOCAL / snapshots.FILES["doc"]).write_bytes(b"\x00" * 10)
+        sources.append(snapshots.fetch(postgres_dsn, MODEL, dim, local))
+        store._commit_sync([_put(i, dim, "newer", version=2) for i in range(5)])
+        newer = load_from_store(store, Recovered(make_embedder(MODEL)), use_snapshot=False)
+        captured = snapshots.capture(newer.memory, store, tmp_path)
+        assert captured is not None and snapshots.write(captured, postgres_dsn)  # another node's, say
+        sources.append(snapshots.fetch(postgres_dsn, MODEL, dim, local))
+        sources.append(snapshots.fetch(postgres_dsn, MODEL, dim, local))
+    finally:
+        store.close()
+    assert [(got.source, got.upto_seq) for got in sources if not isinstance(got, str)] == [
+        ("database", 20), ("local copy", 20), ("database", 20), ("database", 25), ("local copy", 25)]
+    assert sorted(p.name for p in local.iterdir()) == [snapshots.LOCAL]  # no download left behind
+    assert checksums(newer)["memories"] == (20, _memory_checksum(sources[-1]))
+
+
+def _memory_checksum(got: Any) -> str:
+    out = Recovered(make_embedder(MODEL))
+    out.memory.load_snapshot(got.doc, got.vectors)
+    return checksums(out)["memories"][1]
+
+
 def _daemon(root: Path, sock: Path, dsn: str) -> DaemonProcess:
     return DaemonProcess(root, sock, "--store", "postgres", "--postgres-dsn", dsn)
 

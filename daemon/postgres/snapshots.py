@@ -11,7 +11,11 @@ Rules kept here:
 - One transaction writes the snapshot whole (a row in index_snapshots naming its parts' sizes and
   the document's crc32, the parts in 8 MiB chunks) and deletes the older ones: a reader sees the whole of one
   or none. Two writers at once take turns (an advisory lock); one that is not newer writes nothing.
-- Start-up (`load_memory`) uses the newest snapshot only when it is of the configured model and
+- A daemon keeps a local copy of the newest snapshot it wrote or read (memory/postgres/copy in its
+  data root, with the database row it matches, written last); a start reads that copy instead of
+  the database's bytes only when the database's newest row is the same (seq, model, sizes, the
+  document's crc32): a restart reads local files, as the journal's does; a new node, the database.
+- Start-up (`fetch`) uses the newest snapshot only when it is of the configured model and
   dimension, whole (sizes, the document's crc32, the vector files' own checks and fingerprint), and
   the feed still holds every mutation after it (`feed_covers`); then tier 4 is the snapshot plus the
   memory mutations of the feed after `upto_seq`, replayed through `apply` in seq order (tier.py:
@@ -38,7 +42,9 @@ KIND = "memory"
 CHUNK = 8 << 20  # bytes per row of index_snapshot_chunks (bytea rows stay well under 1 GB)
 STEM = "snapshot"
 PARTS = ("doc", "vectors", "hnsw")
-FILES = {"vectors": f"{STEM}.vectors", "hnsw": f"{STEM}.hnsw"}
+FILES = {"doc": f"{STEM}.doc", "vectors": f"{STEM}.vectors", "hnsw": f"{STEM}.hnsw"}
+MANIFEST = f"{STEM}.json"  # the local copy's: what index_snapshots says of it, written last
+LOCAL = "copy"  # the folder of the local copy, under the data root's memory/postgres
 _LOCK = 727002  # pg_advisory_xact_lock: one snapshot writer at a time (727001: the schema's)
 
 
@@ -100,27 +106,24 @@ def capture(state: Any, store: Any, scratch: Path | None) -> Captured | None:
     return Captured(upto, state.model, int(state.vectors.dim), doc, folder)
 
 
-def _chunks(captured: Captured, part: str) -> Iterator[bytes]:
-    if part == "doc":
-        for start in range(0, len(captured.doc), CHUNK):
-            yield captured.doc[start : start + CHUNK]
-        return
-    with open(captured.folder / FILES[part], "rb") as f:
+def _chunks(path: Path) -> Iterator[bytes]:
+    with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
             yield chunk
 
 
-def upload(dsn: str, captured: Captured) -> bool:
+def upload(dsn: str, captured: Captured) -> dict[str, Any] | None:
     """Write the captured snapshot and delete the older ones, in one transaction on a connection
-    of its own (the pool's stay for commits). False when the database holds one at least as new.
-    Blocking."""
+    of its own (the pool's stay for commits): its manifest (what index_snapshots says of it), or
+    None when the database holds one at least as new. Blocking."""
     import psycopg
 
+    (captured.folder / FILES["doc"]).write_bytes(captured.doc)  # streamed from there, and kept with the local copy
     with psycopg.connect(dsn) as conn, conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
         held = _newest_upto(conn)
         if held is not None and held >= captured.upto_seq:
-            return False
+            return None
         parts: dict[str, dict[str, int]] = {}
         conn.execute(
             "INSERT INTO index_snapshots (kind, upto_seq, model, dim, parts) VALUES (%s, %s, %s, %s, '{}')",
@@ -132,25 +135,39 @@ def upload(dsn: str, captured: Captured) -> bool:
             copy.set_types(["text", "int8", "text", "int4", "bytea"])
             for part in PARTS:
                 size = 0
-                for n, chunk in enumerate(_chunks(captured, part)):
+                for n, chunk in enumerate(_chunks(captured.folder / FILES[part])):
                     copy.write_row((KIND, captured.upto_seq, part, n, chunk))
                     size += len(chunk)
                 parts[part] = {"bytes": size}
-        parts["doc"]["crc32"] = zlib.crc32(captured.doc)  # the vector files carry their own (_read)
+        parts["doc"]["crc32"] = zlib.crc32(captured.doc)  # the vector files carry their own (_open)
         conn.execute(
             "UPDATE index_snapshots SET parts = %s WHERE kind = %s AND upto_seq = %s",
             (msgspec.json.encode(parts).decode(), KIND, captured.upto_seq),
         )
         conn.execute("DELETE FROM index_snapshots WHERE kind = %s AND upto_seq < %s", (KIND, captured.upto_seq))
-    return True
+    return {"upto_seq": captured.upto_seq, "model": captured.model, "dim": captured.dim, "parts": parts}
 
 
-def write(state_capture: Captured, dsn: str) -> bool:
-    """upload(), then the captured files removed whatever happened. Blocking."""
+def write(captured: Captured, dsn: str, local: Path | None = None) -> bool:
+    """upload(); the captured files then become the local copy in `local` (when given and the
+    upload wrote), else are removed. Blocking."""
     try:
-        return upload(dsn, state_capture)
+        manifest = upload(dsn, captured)
+        if manifest is not None and local is not None:
+            _keep(captured.folder, manifest, local)
+        return manifest is not None
     finally:
-        state_capture.discard()
+        captured.discard()
+
+
+def _keep(folder: Path, manifest: dict[str, Any], local: Path) -> None:
+    """`folder` (the three parts' files) becomes the local copy: its manifest written last, then
+    the folder renamed into place (a crash between the two steps leaves no local copy: the next
+    start reads the database's)."""
+    (folder / MANIFEST).write_bytes(msgspec.json.encode(manifest))
+    copy = local / LOCAL
+    shutil.rmtree(copy, ignore_errors=True)
+    folder.rename(copy)
 
 
 def feed_covers(conn: Any, upto_seq: int) -> bool:
@@ -169,16 +186,16 @@ class Loaded(NamedTuple):
     upto_seq: int
     doc: Any  # MemorySnapshot
     vectors: Any  # VectorStore
+    source: str  # "database" or "local copy"
     seconds: dict[str, float]
 
 
-def fetch(dsn: str, model: str, dim: int, scratch: Path | None) -> Loaded | str:
+def fetch(dsn: str, model: str, dim: int, local: Path | None) -> Loaded | str:
     """The newest usable snapshot of `model` (dimension `dim`), decoded and its index loaded, or
-    why there is none (the module's rule). Blocking."""
+    why there is none (the module's rule). Read from the local copy in `local` when that is the
+    same snapshot (its manifest equal to the database's row), else from the database (and then
+    kept as the local copy). Blocking."""
     import psycopg
-
-    from ..memory.records import MemorySnapshot
-    from ..retrieval.vectors import VectorStore
 
     t0 = time.perf_counter()
     with psycopg.connect(dsn) as conn:
@@ -193,57 +210,85 @@ def fetch(dsn: str, model: str, dim: int, scratch: Path | None) -> Loaded | str:
             return f"the snapshot is of {snap_model} ({snap_dim} dimensions), the daemon's model is {model} ({dim})"
         if not feed_covers(conn, upto):
             return f"the feed no longer holds every mutation after the snapshot's seq {upto}"
-        if scratch is not None:
-            scratch.mkdir(parents=True, exist_ok=True)
-        folder = Path(tempfile.mkdtemp(prefix=".pg-load-", dir=scratch))
+        if set(parts) != set(PARTS):
+            return f"the snapshot at seq {upto} is incomplete"
+        manifest = {"upto_seq": upto, "model": snap_model, "dim": snap_dim, "parts": parts}
+        if local is not None and _manifest(local / LOCAL) == manifest:
+            loaded = _open(local / LOCAL, manifest, "local copy", t0)
+            if not isinstance(loaded, str):
+                return loaded
+            log.warning("PostgreSQL: the local copy of tier 4's snapshot cannot be used (%s); reading the database's", loaded)
+            shutil.rmtree(local / LOCAL, ignore_errors=True)
+        if local is not None:
+            local.mkdir(parents=True, exist_ok=True)
+        folder = Path(tempfile.mkdtemp(prefix=".pg-load-", dir=local))
         try:
-            return _read(conn, upto, parts, folder, model, dim, t0, MemorySnapshot, VectorStore)
+            damaged = _download(conn, manifest, folder)
+            loaded = damaged if damaged is not None else _open(folder, manifest, "database", t0)
+            if not isinstance(loaded, str) and local is not None:
+                _keep(folder, manifest, local)
+            return loaded
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _read(
-    conn: Any, upto: int, parts: dict[str, Any], folder: Path, model: str, dim: int, t0: float, doc_type: Any, store_type: Any
-) -> Loaded | str:
-    """The parts as they arrive: the document and the .vectors content into memory, the .hnsw into
-    a file (hnswlib loads from a path). Only the document gets a crc32 here: the .vectors header is
-    checked by its own crc32 and vouches for the body's and the .hnsw's (VectorStore.from_saved)."""
-    if set(parts) != set(PARTS):
-        return f"the snapshot at seq {upto} is incomplete"
-    buffers = {part: bytearray(int(parts[part]["bytes"])) for part in ("doc", "vectors")}
-    filled = dict.fromkeys(PARTS, 0)
-    with open(folder / FILES["hnsw"], "wb") as hnsw, conn.cursor(binary=True) as cur:
-        cur.execute(
-            "SELECT part, data FROM index_snapshot_chunks WHERE kind = %s AND upto_seq = %s ORDER BY part, chunk",
-            (KIND, upto),
-        )
-        for part, data in cur:
-            at = filled[part]
-            filled[part] = at + len(data)
-            if part == "hnsw":
-                hnsw.write(data)
-            elif filled[part] <= len(buffers[part]):
-                buffers[part][at : filled[part]] = data
-    fetched = time.perf_counter()
-    for part in PARTS:
-        if filled[part] != parts[part]["bytes"]:
-            return f"the snapshot at seq {upto} is damaged ({part}: {filled[part]} bytes, {parts[part]['bytes']} expected)"
-    if zlib.crc32(buffers["doc"]) != parts["doc"]["crc32"]:
-        return f"the snapshot at seq {upto} is damaged (its document's crc32 differs)"
+def _manifest(folder: Path) -> Any:
     try:
-        doc = msgspec.msgpack.decode(buffers.pop("doc"), type=doc_type)
+        return msgspec.json.decode((folder / MANIFEST).read_bytes())
+    except (OSError, msgspec.DecodeError):
+        return None
+
+
+def _download(conn: Any, manifest: dict[str, Any], folder: Path) -> str | None:
+    """The parts' chunks into their files in `folder`, as they arrive; why not, if a size differs."""
+    upto, parts = manifest["upto_seq"], manifest["parts"]
+    files = {part: open(folder / FILES[part], "wb") for part in PARTS}  # noqa: SIM115 (closed below)
+    sizes = dict.fromkeys(PARTS, 0)
+    try:
+        with conn.cursor(binary=True) as cur:
+            cur.execute(
+                "SELECT part, data FROM index_snapshot_chunks WHERE kind = %s AND upto_seq = %s ORDER BY part, chunk",
+                (KIND, upto),
+            )
+            for part, data in cur:
+                files[part].write(data)
+                sizes[part] += len(data)
+    finally:
+        for f in files.values():
+            f.close()
+    for part in PARTS:
+        if sizes[part] != parts[part]["bytes"]:
+            return f"the snapshot at seq {upto} is damaged ({part}: {sizes[part]} bytes, {parts[part]['bytes']} expected)"
+    return None
+
+
+def _open(folder: Path, manifest: dict[str, Any], source: str, t0: float) -> Loaded | str:
+    """The snapshot whose parts are the files in `folder`, decoded, or why not. Only the document
+    gets a crc32 here: the .vectors header has its own and vouches for the body's and the .hnsw's
+    (VectorStore.load)."""
+    from ..memory.records import MemorySnapshot
+    from ..retrieval.vectors import VectorStore
+
+    upto, parts, model, dim = manifest["upto_seq"], manifest["parts"], manifest["model"], manifest["dim"]
+    read = time.perf_counter()
+    try:
+        doc_bytes = (folder / FILES["doc"]).read_bytes()
+    except OSError as exc:
+        return f"the snapshot at seq {upto}: {exc}"
+    if len(doc_bytes) != parts["doc"]["bytes"] or zlib.crc32(doc_bytes) != parts["doc"]["crc32"]:
+        return f"the snapshot at seq {upto} is damaged (its document's size or crc32 differs)"
+    try:
+        doc = msgspec.msgpack.decode(doc_bytes, type=MemorySnapshot)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         return f"the snapshot at seq {upto} does not decode: {exc}"
+    del doc_bytes
     if doc.model != model:
         return f"the snapshot at seq {upto} holds {doc.model}'s memories, not {model}'s"
-    vectors = store_type.from_saved(
-        buffers.pop("vectors"), str(folder / FILES["hnsw"]), dim=dim, model=model,
-        expected_fingerprint=doc.vectors_fingerprint, name=f"the vectors of the snapshot at seq {upto}",
-    )
+    vectors = VectorStore.load(str(folder), STEM, dim=dim, model=model, expected_fingerprint=doc.vectors_fingerprint)
     if vectors is None:
         return f"the snapshot at seq {upto}: its vectors cannot be used (logged above)"
     done = time.perf_counter()
-    return Loaded(upto, doc, vectors, {"fetch_s": round(fetched - t0, 3), "decode_s": round(done - fetched, 3)})
+    return Loaded(upto, doc, vectors, source, {"read_s": round(read - t0, 3), "decode_s": round(done - read, 3)})
 
 
 def feed_after(store: Any, upto_seq: int) -> Iterator[bytes]:
@@ -357,7 +402,7 @@ class DatabaseSnapshots:
             if purged:
                 await trio.to_thread.run_sync(drop, self.store.dsn)
             return False
-        wrote = await trio.to_thread.run_sync(write, captured, self.store.dsn)
+        wrote = await trio.to_thread.run_sync(write, captured, self.store.dsn, self.scratch)
         took = trio.current_time() - now
         if wrote:
             self.written += 1

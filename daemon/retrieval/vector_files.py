@@ -195,7 +195,7 @@ def sync_and_crc(path: str, *, sync: bool = True) -> tuple[int, int]:
     return size, crc
 
 
-def parse_vectors(data: bytes | bytearray, *, dim: int, model: str) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+def parse_vectors(data: bytes, *, dim: int, model: str) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
     if len(data) < _HEAD.size + 4:
         raise VectorFileError(f"too short ({len(data)} bytes)")
     magic, version, fdim, count, fingerprint, hnsw_size, hnsw_crc, body_crc, model_len = _HEAD.unpack_from(data)

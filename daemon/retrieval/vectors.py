@@ -562,26 +562,6 @@ class VectorStore:
         except OSError as e:
             log.warning("%s: unreadable: %s", vpath, e)
             return None
-        return cls.from_saved(
-            data, os.path.join(folder, stem + ".hnsw"), dim=dim, model=model, expected_fingerprint=expected_fingerprint,
-            name=vpath, **params,
-        )
-
-    @classmethod
-    def from_saved(
-        cls,
-        data: bytes | bytearray,
-        hnsw_path: str,
-        *,
-        dim: int,
-        model: str,
-        expected_fingerprint: str | None = None,
-        name: str = "the saved vectors",
-        **params: int,
-    ) -> VectorStore | None:
-        """load() of a .vectors file's content already in memory (`name` in the log lines), its
-        .hnsw at `hnsw_path`: the same checks and the same None."""
-        vpath = name
         try:
             head, labs, rows = parse_vectors(data, dim=dim, model=model)
         except VectorFileError as e:
@@ -602,7 +582,7 @@ class VectorStore:
             store._hi = int(labs.max()) + 1
         store._count = int(labs.size)
         store._hash = int(head["fingerprint"])
-        if not store._load_index(hnsw_path, head):
+        if not store._load_index(os.path.join(folder, stem + ".hnsw"), head):
             store.rebuild()
         return store
 
