@@ -54,6 +54,16 @@ def _opened(dsn: str) -> PostgresStore:
     return store
 
 
+def _write_snapshot(store: PostgresStore, scratch: Path) -> tuple[Recovered, int]:
+    """The database's tier 4 loaded from every row, written as its index snapshot (as migrate
+    does): that load, and the seq the snapshot covers."""
+    loaded = load_from_store(store, Recovered(make_embedder(MODEL)), use_snapshot=False)
+    captured = snapshots.capture(loaded.memory, store, scratch)
+    assert captured is not None and snapshots.write(captured, store.dsn)
+    assert not captured.folder.exists()
+    return loaded, captured.upto_seq
+
+
 def _both_loads(store: PostgresStore, scratch: Path) -> tuple[Recovered, Recovered]:
     embedder = make_embedder(MODEL)
     fast = load_from_store(store, Recovered(embedder), scratch=scratch)
@@ -90,10 +100,7 @@ def test_a_load_from_the_snapshot_and_the_feed_equals_a_load_from_every_row(post
         store._commit_sync([_put(1, dim, "", archived_reason="feedback", status="archived")])  # same version, new state
         store._commit_sync([PurgeMemory("m3"), PutRecord(_record("k", 1))])
         store._commit_sync([MaintenanceRecord(job_id="maint-1", started_at="2026-01-02T00:00:00Z", finished_at="2026-01-02T00:01:00Z")])
-        first = load_from_store(store, Recovered(make_embedder(MODEL)), use_snapshot=False)
-        captured = snapshots.capture(first.memory, store, tmp_path / "scratch")
-        assert captured is not None and snapshots.write(captured, postgres_dsn)
-        assert not captured.folder.exists()
+        _, upto = _write_snapshot(store, tmp_path / "scratch")
         # after the snapshot: new memories, new versions of snapshotted ones, a purge of one, a job's
         # commit carrying a memory, a review promoting one, other tiers' writes
         store._commit_sync([_put(i, dim, "after snapshot") for i in range(40, 50)])
@@ -107,7 +114,7 @@ def test_a_load_from_the_snapshot_and_the_feed_equals_a_load_from_every_row(post
         fast, full = _both_loads(store, tmp_path / "scratch")
     finally:
         store.close()
-    assert fast.checkpoint_seq == captured.upto_seq > 0 and full.checkpoint_seq == 0  # the snapshot was used
+    assert fast.checkpoint_seq == upto > 0 and full.checkpoint_seq == 0  # the snapshot was used
     assert checksums(fast) == checksums(full)
     assert vector_drift(fast, full) == 0.0
     assert _searches(fast, dim) == _searches(full, dim)
@@ -124,9 +131,7 @@ def test_a_snapshot_that_cannot_be_trusted_gives_way_to_the_rows(postgres_dsn: s
     store = _opened(postgres_dsn)
     try:
         store._commit_sync([_put(i, dim) for i in range(20)])
-        first = load_from_store(store, Recovered(make_embedder(MODEL)), use_snapshot=False)
-        captured = snapshots.capture(first.memory, store, tmp_path)
-        assert captured is not None and snapshots.write(captured, postgres_dsn)
+        _, upto = _write_snapshot(store, tmp_path)
         store._commit_sync([_put(i, dim, "after", version=2) for i in range(10)])
         with psycopg.connect(postgres_dsn, autocommit=True) as conn:
             if spoil in ("doc", "vectors", "hnsw"):
@@ -141,7 +146,7 @@ def test_a_snapshot_that_cannot_be_trusted_gives_way_to_the_rows(postgres_dsn: s
         fast, full = _both_loads(store, tmp_path)
     finally:
         store.close()
-    assert fast.checkpoint_seq == (captured.upto_seq if spoil == "hnsw" else 0)  # else rebuilt from the rows
+    assert fast.checkpoint_seq == (upto if spoil == "hnsw" else 0)  # else rebuilt from the rows
     assert checksums(fast) == checksums(full)
     assert _searches(fast, dim) == _searches(full, dim)
 
@@ -154,16 +159,12 @@ def test_a_start_reads_its_local_copy_when_it_is_the_databases_snapshot(postgres
     store = _opened(postgres_dsn)
     try:
         store._commit_sync([_put(i, dim) for i in range(20)])
-        first = load_from_store(store, Recovered(make_embedder(MODEL)), use_snapshot=False)
-        captured = snapshots.capture(first.memory, store, tmp_path)
-        assert captured is not None and snapshots.write(captured, postgres_dsn)
+        _write_snapshot(store, tmp_path)
         sources = [snapshots.fetch(postgres_dsn, MODEL, dim, local) for _ in range(2)]
         (local / snapshots.LOCAL / snapshots.FILES["doc"]).write_bytes(b"\x00" * 10)
         sources.append(snapshots.fetch(postgres_dsn, MODEL, dim, local))
         store._commit_sync([_put(i, dim, "newer", version=2) for i in range(5)])
-        newer = load_from_store(store, Recovered(make_embedder(MODEL)), use_snapshot=False)
-        captured = snapshots.capture(newer.memory, store, tmp_path)
-        assert captured is not None and snapshots.write(captured, postgres_dsn)  # another node's, say
+        newer, _ = _write_snapshot(store, tmp_path)  # another node's, say
         sources.append(snapshots.fetch(postgres_dsn, MODEL, dim, local))
         sources.append(snapshots.fetch(postgres_dsn, MODEL, dim, local))
     finally:
