@@ -173,6 +173,10 @@ class Snapshots:
             doc = {"seq": covered, "written_at": now_rfc3339(), "files": files}
             atomic_write(fs, str(self.paths.checkpoint), json.dumps(doc).encode())
 
+    def statistics(self) -> dict[str, Any]:
+        """sys.stats → snapshot, beside its seq: under PostgreSQL, tier 4's index snapshot (`database`)."""
+        return {} if self.database is None else {"database": self.database.statistics()}
+
     async def _database(self, force: bool, purged: bool) -> None:
         """Tier 4's index snapshot into PostgreSQL when due: a failure there is logged, never the
         snapshot's (the database still holds every row; the next start replays more of the feed)."""

@@ -209,7 +209,9 @@ def test_daemons_write_the_snapshot_and_another_root_starts_from_it(tmp_path: Pa
     b = _daemon(tmp_path / "b", tmp_path / "b.sock", postgres_dsn).start()
     try:
         with Client(b.socket_path, timeout=30) as c:
-            assert c.stats()["recovery"]["checkpoint_seq"] == seqs[0]
+            stats = c.stats()
+            assert stats["recovery"]["checkpoint_seq"] == seqs[0]
+            assert stats["snapshot"]["database"] == {"written": 0, "last": None, "refused": False}  # none owed: it is current
             later = c.add_memory("prob", "fact", "Secret plan", "The zebra-quartz secret must vanish.").memory
             c.update_memory(kept[0].id, content="Azuma-Hoeffding bound for martingale differences.")
         b.kill()  # kill -9: nothing written at stop; the feed holds it
@@ -227,6 +229,7 @@ def test_daemons_write_the_snapshot_and_another_root_starts_from_it(tmp_path: Pa
             seqs_after, doc = _snapshot_bytes(postgres_dsn)
             assert len(seqs_after) == 1 and seqs_after[0] > seqs[0]
             assert b"zebra" not in doc
+            assert c.stats()["snapshot"]["database"]["last"]["upto_seq"] == seqs_after[0]
             assert msgspec.msgpack.decode(doc)["model"]  # the document is whole
     finally:
         c_proc.kill()

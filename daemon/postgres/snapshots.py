@@ -358,6 +358,10 @@ class DatabaseSnapshots:
         self.last: dict[str, Any] = {}
         self._refused = False
 
+    def statistics(self) -> dict[str, Any]:
+        """How many this daemon wrote, the last one's seq and times, and whether it stopped writing them."""
+        return {"written": self.written, "last": self.last or None, "refused": self._refused}
+
     async def start(self) -> None:
         """At the schedule's start: what the database holds decides whether one is owed now."""
         import trio
