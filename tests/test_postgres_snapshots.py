@@ -181,6 +181,48 @@ def _memory_checksum(got: Any) -> str:
     return checksums(out)["memories"][1]
 
 
+class _Actor:
+    """What DatabaseSnapshots asks of the memory actor: its state, one internal call at a time."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+
+    async def run_internal(self, fn: Any) -> Any:
+        return fn(self.state)
+
+
+async def test_when_a_daemon_writes_the_snapshot(postgres_dsn: str, tmp_path: Path) -> None:
+    """Owed at start into a database without one; not again while tier 4 is unchanged, even at the
+    final snapshot; after a change, at the final snapshot; after a purge at once; never again after
+    a commit failed in this run, and a purge then drops the one the database holds."""
+    dim = make_embedder(MODEL).dim
+    store = _opened(postgres_dsn)
+    try:
+        store._commit_sync([_put(i, dim) for i in range(5)])
+        memory = load_from_store(store, Recovered(make_embedder(MODEL)), use_snapshot=False).memory
+        policy = snapshots.DatabaseSnapshots(store, _Actor(memory), tmp_path / "local")
+        await policy.start()
+        assert policy.owed
+        assert await policy.maybe_write() and snapshots.newest(postgres_dsn)[0] == 5
+        assert not await policy.maybe_write(force=True)  # nothing changed
+        memory.apply(_put(7, dim))
+        store._commit_sync([_put(7, dim)])
+        assert not await policy.maybe_write()  # one change: not due yet
+        assert await policy.maybe_write(force=True) and snapshots.newest(postgres_dsn)[0] == 6
+        memory.apply(PurgeMemory("m7"))
+        store._commit_sync([PurgeMemory("m7")])
+        assert await policy.maybe_write(purged=True) and snapshots.newest(postgres_dsn)[0] == 7
+        store.failures += 1  # as after a commit whose outcome was unknown
+        memory.apply(PurgeMemory("m1"))
+        store._commit_sync([PurgeMemory("m1")])
+        assert not await policy.maybe_write(force=True)
+        assert not await policy.maybe_write(purged=True)
+        assert snapshots.newest(postgres_dsn)[0] is None  # the purged text left the database's snapshot
+        assert policy.statistics() == {"written": 3, "last": policy.last, "refused": True}
+    finally:
+        store.close()
+
+
 def _daemon(root: Path, sock: Path, dsn: str) -> DaemonProcess:
     return DaemonProcess(root, sock, "--store", "postgres", "--postgres-dsn", dsn)
 
