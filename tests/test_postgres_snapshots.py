@@ -200,6 +200,9 @@ async def test_when_a_daemon_writes_the_snapshot(postgres_dsn: str, tmp_path: Pa
     try:
         store._commit_sync([_put(i, dim) for i in range(5)])
         memory = load_from_store(store, Recovered(make_embedder(MODEL)), use_snapshot=False).memory
+        capped = snapshots.capture(memory, store, tmp_path, applied_through=3)  # a node that applied the feed up to 3
+        assert capped is not None and capped.upto_seq == 3
+        capped.discard()
         policy = snapshots.DatabaseSnapshots(store, _Actor(memory), tmp_path / "local")
         await policy.start()
         assert policy.owed

@@ -8,6 +8,9 @@ Rules kept here:
   apply, then commit; a staged CommitJob holds the actor), so the state holds every memory
   mutation whose seq is at most the feed's highest seq read then: that is `upto_seq`. A state
   that may lack a committed mutation (a commit whose outcome was unknown) writes no snapshot.
+  A node that also applies other nodes' mutations from the feed (part 2) holds those only up to
+  where it has applied them all: it passes that seq as `applied_through`, and the snapshot covers
+  no more (`capture`).
 - One transaction writes the snapshot whole (a row in index_snapshots naming its parts' sizes and
   the document's crc32, the parts in 8 MiB chunks) and deletes the older ones: a reader sees the whole of one
   or none. Two writers at once take turns (an advisory lock); one that is not newer writes nothing.
@@ -85,15 +88,18 @@ def _newest_upto(conn: Any) -> int | None:
     return None if value is None else int(value)
 
 
-def capture(state: Any, store: Any, scratch: Path | None) -> Captured | None:
-    """Runs as the memory actor's internal call (the module's rule): the covered seq, the state's
-    document and its vector files (into a new folder under `scratch`). None during a change of
-    model (two indexes; a restart then rebuilds from the rows, which keep both models' vectors)."""
+def capture(state: Any, store: Any, scratch: Path | None, applied_through: int | None = None) -> Captured | None:
+    """Runs as the memory actor's internal call (the module's rule): the covered seq (the feed's
+    highest, or `applied_through` if lower), the state's document and its vector files (into a new
+    folder under `scratch`). None during a change of model (two indexes; a restart then rebuilds
+    from the rows, which keep both models' vectors)."""
     if state.previous is not None:
         return None
     with store.pool.connection() as conn:
         upto = feed_horizon(conn)
         conn.rollback()
+    if applied_through is not None:
+        upto = min(upto, applied_through)
     doc = msgspec.msgpack.encode(state.snapshot_document())
     if scratch is not None:
         scratch.mkdir(parents=True, exist_ok=True)
