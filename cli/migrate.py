@@ -73,7 +73,8 @@ def _migrate(paths: Paths, dsn: str, force: bool, model: str, options: dict[str,
                 "(--force writes over it: the root's records replace those of the same ids, others stay)"
             )
         written = commit_all(store, all_mutations(source))
-        loaded = recovery.load_from_store(store, recovery.Recovered(source.memory.embedder))
+        loaded = recovery.load_from_store(store, recovery.Recovered(source.memory.embedder), use_snapshot=False)
+        snapshot = _index_snapshot(store, loaded)
     finally:
         store.close()
     before, after = checksums(source), checksums(loaded)
@@ -92,5 +93,19 @@ def _migrate(paths: Paths, dsn: str, force: bool, model: str, options: dict[str,
         differ.append("vectors")
     if differ:
         return fail(f"the database differs from the root in: {', '.join(differ)}")
+    print(f"tier 4's index snapshot: {snapshot}")
     print("ok: the database holds what the root holds")
     return 0
+
+
+def _index_snapshot(store: Any, loaded: Any) -> str:
+    """Tier 4's index snapshot of what was just loaded back, so that a daemon's first start on the
+    database loads it rather than rebuilding the indexes (daemon/postgres/snapshots.py)."""
+    from ..daemon.postgres import snapshots
+
+    captured = snapshots.capture(loaded.memory, store, None)
+    if captured is None:
+        return "not written (a change of model is under way: the daemon rebuilds from the rows)"
+    if not snapshots.write(captured, store.dsn):
+        return "not written (the database holds a newer one)"
+    return f"written, covering seq {captured.upto_seq}"

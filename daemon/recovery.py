@@ -272,7 +272,18 @@ def _recover_from_store(
     out = Recovered(embedder or make_embedder(config_default("embedder")))
     if store.is_empty():
         _import_into_store(paths, out, store, redactor)
-    return load_from_store(store, out, progress)
+    return load_from_store(store, out, progress, scratch=pg_scratch(paths))
+
+
+def pg_scratch(paths: Paths) -> Path:
+    """Where a daemon on PostgreSQL keeps its local copy of tier 4's index snapshot and the files
+    of one being loaded or written (daemon/postgres/snapshots.py); those a crash left are removed."""
+    import shutil
+
+    folder = paths.memory / "postgres"
+    for left in folder.glob(".pg-*"):
+        shutil.rmtree(left, ignore_errors=True)
+    return folder
 
 
 def _import_into_store(paths: Paths, out: Recovered, store: Any, redactor: Any) -> None:
@@ -287,10 +298,21 @@ def _import_into_store(paths: Paths, out: Recovered, store: Any, redactor: Any) 
     out.redacted.extend(read.redacted)
 
 
-def load_from_store(store: Any, out: Recovered, progress: Callable[[str], None] | None = None) -> Recovered:
+def load_from_store(
+    store: Any,
+    out: Recovered,
+    progress: Callable[[str], None] | None = None,
+    *,
+    scratch: Path | None = None,
+    use_snapshot: bool = True,
+) -> Recovered:
     """The tiers of `out` (fresh states) loaded from an opened PostgresStore's tables, with no data
-    root: start-up's loading part, which `eurekamem migrate` also uses to check what it wrote."""
+    root: start-up's loading part, which `eurekamem migrate` also uses to check what it wrote
+    (`use_snapshot=False`: every row). Tier 4 comes from its index snapshot and the feed after it
+    when the database holds a usable one (daemon/postgres/snapshots.py), else from its rows."""
     progress = progress or (lambda text: None)
+    if use_snapshot and _load_with_snapshot(store, out, progress, scratch):
+        return out
     progress("loading the tiers from PostgreSQL")
     current: dict[str, bytes] = {}  # memory id -> its vector of the current model
     others: dict[str, tuple[str, bytes]] = {}  # memory id -> a vector of another model
@@ -300,6 +322,63 @@ def load_from_store(store: Any, out: Recovered, progress: Callable[[str], None] 
     out.memory.add_loaded_vectors(current)
     _keep_previous_model(out.memory, others)
     return out
+
+
+MEMORY_TABLES = ("memories", "memory_versions", "reviews", "maintenance")  # tier 4's (daemon/postgres/rows.py)
+
+
+def _load_with_snapshot(store: Any, out: Recovered, progress: Callable[[str], None], scratch: Path | None) -> bool:
+    """Tier 4 from the newest usable index snapshot and the feed's memory mutations after it, the
+    other tiers from their rows; False (nothing loaded) when there is no usable snapshot."""
+    import time
+
+    from .postgres import snapshots
+
+    progress("loading tier 4's index snapshot from PostgreSQL")
+    t0 = time.perf_counter()
+    got = snapshots.fetch(store.dsn, out.memory.model, out.memory.embedder.dim, scratch)
+    if isinstance(got, str):
+        log.info("PostgreSQL: tier 4 is rebuilt from its rows: %s", got)
+        return False
+    memory = out.memory
+    memory.load_snapshot(got.doc, got.vectors)
+    for loaded in memory.memories.values():  # the local root's files are owed, as after a load from the rows
+        memory._changed(loaded)
+    memory.global_dirty = bool(memory._global)
+    out.checkpoint_seq = got.upto_seq
+    t1 = time.perf_counter()
+    progress("replaying the feed after tier 4's snapshot")
+    tail = 0
+    others = [table for table in store_tables() if table not in MEMORY_TABLES]
+    with snapshots.one_snapshot(store) as conn:  # the tail and the other tiers of one moment: the feed's head
+        for body in snapshots.feed_after(conn, got.upto_seq):
+            for part in _memory_parts(mutation_decoder.decode(body)):
+                memory.apply(part)
+                tail += 1
+        t2 = time.perf_counter()
+        _replay(out, (mutation_decoder.decode(body) for body, _vector in snapshots.rows_of(conn, others)), progress,
+                "loading from PostgreSQL: {} rows")
+    out.replayed += tail
+    log.info(
+        "PostgreSQL: tier 4 from the index snapshot at seq %d, its %s (%s, built %.2f s) and %d feed mutations "
+        "after it (%.2f s); the other tiers' rows %.2f s",
+        got.upto_seq, got.source, ", ".join(f"{k} {v:.2f} s" for k, v in got.seconds.items()), t1 - t0, tail, t2 - t1,
+        time.perf_counter() - t2,
+    )
+    return True
+
+
+def store_tables() -> list[str]:
+    from .postgres.rows import TABLES
+
+    return list(TABLES)
+
+
+def _memory_parts(mutation: Any) -> list[Any]:
+    """Tier 4's mutations in one of the feed's (a CommitJob's parts included, in their order)."""
+    if isinstance(mutation, CommitJob):
+        return [part for part in mutation.parts if MUTATION_TIER[type(part)] == "memory"]
+    return [mutation] if MUTATION_TIER[type(mutation)] == "memory" else []
 
 
 def _with_vectors(rows: Any, model: str, current: dict[str, bytes], others: dict[str, tuple[str, bytes]]) -> Any:

@@ -7,7 +7,8 @@ renamed only once complete and synced (the vector files too, see VectorStore.sav
 only after the snapshot files and the checkpoint that covers them are durable. One snapshot at a
 time (the lock). A purge snapshots at once: that drops the journal segments that held its text.
 Under PostgreSQL (`local_store`) the database holds everything: a snapshot writes only what local
-readers read (EurekaClaw's two files, `memories/` and MEMORY.md, `skills/`), scheduled by its commits.
+readers read (EurekaClaw's two files, `memories/` and MEMORY.md, `skills/`), scheduled by its commits,
+and, when due, tier 4's index snapshot into the database (daemon/postgres/snapshots.py's DatabaseSnapshots).
 
 Ownership: the Snapshots' seq and purge signal are trio's (the scheduler, sys.snapshot,
 sys.resume and shutdown all run on the event loop).
@@ -101,6 +102,11 @@ class Snapshots:
         self.max_delay = max_delay
         self.seq = seq  # the journal seq the files on disk cover (-1: none yet)
         self._lock = trio.Lock()
+        self.database: Any = None  # store = postgres: when tier 4's index snapshot goes into the database
+        if local_store is not None:
+            from .postgres.snapshots import DatabaseSnapshots
+
+            self.database = DatabaseSnapshots(local_store, memory, paths.memory / "postgres")
 
     def written(self) -> int:
         """How far the store's durable writes go: the journal's acknowledged seq, or under
@@ -112,6 +118,7 @@ class Snapshots:
         Under PostgreSQL (`local_store`), only the files local readers read: no memories.snapshot,
         vector files, conversation or jobs snapshot, nor checkpoint (the database holds it all)."""
         async with self._lock:
+            purged = self.purged.is_set()
             self.purged.clear()  # this snapshot covers every purge answered so far
             journal_actor = self.journal_actor
             if not force and self.written() == self.seq:
@@ -145,6 +152,7 @@ class Snapshots:
             took = (trio.current_time() - began) * 1000
             if local_only:
                 log.info("snapshot: the local files cover %d PostgreSQL commits (%.0f ms)", covered, took)
+                await self._database(force, purged)
             else:
                 log.info("snapshot: covers journal seq %d (%.0f ms)", covered, took)
             result: int = covered
@@ -165,9 +173,28 @@ class Snapshots:
             doc = {"seq": covered, "written_at": now_rfc3339(), "files": files}
             atomic_write(fs, str(self.paths.checkpoint), json.dumps(doc).encode())
 
+    def statistics(self) -> dict[str, Any]:
+        """sys.stats → snapshot, beside its seq: under PostgreSQL, tier 4's index snapshot (`database`)."""
+        return {} if self.database is None else {"database": self.database.statistics()}
+
+    async def _database(self, force: bool, purged: bool) -> None:
+        """Tier 4's index snapshot into PostgreSQL when due: a failure there is logged, never the
+        snapshot's (the database still holds every row; the next start replays more of the feed)."""
+        try:
+            await self.database.maybe_write(force, purged)
+        except Exception:
+            log.exception("PostgreSQL: tier 4's index snapshot could not be written; will try again")
+
     async def schedule(self, scope: trio.CancelScope) -> None:
         """Until `scope` is cancelled (shutdown, before the final snapshot)."""
         with scope:
+            if self.database is not None:
+                try:
+                    await self.database.start()
+                except Exception:
+                    log.exception("PostgreSQL: the index snapshots' state could not be read")
+                async with self._lock:
+                    await self._database(False, False)  # owed at once when the database has none, or an old one
             await self._loop()
 
     async def _loop(self) -> None:

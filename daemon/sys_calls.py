@@ -337,7 +337,7 @@ class SysCalls:
             "skills": self.skills.statistics(),
             "conversation": self.conversation.statistics(),
             "jobs": {**self.jobs.statistics(), "conversation": self.conversation.trigger_statistics()},
-            "snapshot": {"seq": self.snapshots.seq},
+            "snapshot": {"seq": self.snapshots.seq, **self.snapshots.statistics()},
         })
         return answer
 

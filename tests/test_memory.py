@@ -264,8 +264,8 @@ async def test_add_many_is_one_journal_write_and_survives_restart(data_dir: Path
             conn = await RawConnection.open(sock_dir / "s.sock")
             stats = await conn.result("sys.stats", {})
             assert stats["tiers"]["memory"]["memories"] == 41 and stats["tiers"]["memory"]["vectors"] == 41
-            lexical_from = "new" if store else "snapshot"  # PostgreSQL: indexed as its rows are applied
-            assert daemon.actors["memory"].state.lexical_from == lexical_from  # the journal's: not re-tokenised
+            lexical_from = "snapshot"  # PostgreSQL's too: tier 4's index snapshot in the database, then the feed
+            assert daemon.actors["memory"].state.lexical_from == lexical_from  # not re-tokenised
             hits = await conn.result("memory.search", {"query": "message number 17", "domain": "conv", "k": 1})
             assert hits[0]["memory"]["title"] == "D1:17"
             late = await conn.result("memory.search", {"query": "only in the journal", "domain": "conv", "k": 1})

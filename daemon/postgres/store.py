@@ -58,7 +58,8 @@ from .rows import TABLES, RowOp, row_ops
 log = logging.getLogger("eurekamem.postgres")
 
 # 2: an HNSW index per embedding model on memories.vec (vector_indexes)
-# 3: the change feed (feed.py); job_queue, the team's job queue (daemon/postgres/jobqueue.py)
+# 3: the change feed (feed.py); job_queue, the team's job queue (daemon/postgres/jobqueue.py);
+#    index_snapshots, tier 4's index snapshots (daemon/postgres/snapshots.py)
 SCHEMA_VERSION = 3
 
 _BODY = "seq bigint NOT NULL, pos integer NOT NULL, body bytea NOT NULL"
@@ -89,8 +90,9 @@ def _schema() -> list[str]:
             f"CREATE TABLE IF NOT EXISTS {table} ({', '.join(columns)}, {_BODY}{extra}, PRIMARY KEY ({', '.join(keys)}))"
         )
     from .jobtable import SCHEMA as JOB_QUEUE_SCHEMA
+    from .snapshots import schema as snapshot_schema  # version 3: tier 4's index snapshots
 
-    return statements + JOB_QUEUE_SCHEMA
+    return statements + JOB_QUEUE_SCHEMA + snapshot_schema()
 
 
 def vector_index_name(model: str, dim: int) -> str:
