@@ -303,11 +303,9 @@ def one_snapshot(store: Any) -> Iterator[Any]:
     """A connection in one REPEATABLE READ transaction, the feed's head read in it into
     `store.loaded_seq` (the follower starts there, daemon/postgres/feed.py): the feed's tail and the
     other tiers' rows read on it are of that one moment. Blocking."""
-    from .feed import HEAD
-
     with store.pool.connection() as conn, conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        store.loaded_seq = int(conn.execute(HEAD).fetchone()[0])
+        store.loaded_seq = store.head_seq(conn)
         yield conn
 
 

@@ -507,6 +507,10 @@ class PostgresStore:
                 for _seq, _pos, body, vec in cur:
                     yield bytes(body), _vector_bytes(vec)
 
+    def head_seq(self, conn: Any) -> int:
+        """The feed's head as `conn`'s transaction sees it (feed.HEAD). Blocking."""
+        return int(conn.execute(HEAD).fetchone()[0])
+
     def is_empty(self) -> bool:
         """Whether no mutation was ever committed here (a first start imports EurekaClaw's files). Blocking."""
         with self.pool.connection() as conn:
