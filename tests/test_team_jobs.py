@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import signal
 import threading
 from collections import Counter
@@ -33,6 +34,7 @@ from eurekamem.daemon.llm.loopback import LoopbackLLM
 from eurekamem.daemon.postgres.jobqueue import TeamQueue
 from eurekamem.daemon.postgres.store import PostgresStore
 from eurekamem.daemon.recovery import decode_mutation
+from eurekamem.daemon.storage.store import StoreUnavailable
 
 pytestmark = pytest.mark.postgres
 
@@ -371,6 +373,80 @@ async def test_the_commit_of_a_lost_lease_writes_nothing(postgres_dsn: str) -> N
             assert commits_of(postgres_dsn)["job-1"] == 1
             now = await first.get("job-1")
             assert now is not None and isinstance(now[0], JobRecord) and now[0].result == {"by": "two"}
+    finally:
+        store.close()
+
+
+async def test_a_node_stopped_holding_the_feed_lock_holds_the_team_only_briefly(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transaction holding the feed's lock (a node stopped mid-claim: SIGSTOP, a paused VM) is
+    ended by the server once idle for FEED_HOLD_LIMIT, so the other nodes' claims and commits go on;
+    reads and lease renewals never wait for that lock at all."""
+    from eurekamem.daemon.postgres import store as store_module
+
+    store = PostgresStore(postgres_dsn, pool_size=2)
+    store.open()
+    try:
+        queue = TeamQueue(store, "node-one", lease=30.0, renew=5.0)
+        for limit, then in (("15s", "read"), ("1s", "write")):
+            monkeypatch.setattr(store_module, "FEED_HOLD_LIMIT", limit)
+            stuck = psycopg.connect(postgres_dsn)  # the stopped node's connection, in its transaction
+            stuck.execute("SET idle_in_transaction_session_timeout = '20s'")  # this test never hangs
+            store_module.take_feed_lock(stuck.cursor())
+            try:
+                if then == "read":
+                    with trio.fail_after(5):  # well within the holder's 15 s
+                        assert await queue.get("job-x") is None
+                        assert await queue.jobs(None, None, 10) == []
+                        assert await queue.renew_leases({}) == set()
+                    stuck.rollback()  # the node wakes and ends its transaction
+                else:
+                    with trio.fail_after(TIMEOUT):  # goes through once the server ended the idle holder
+                        _, created = await queue.accept("session.extract", "k", session_input("s"), "job-x", lambda r: True, 5)
+                    assert created
+                    with pytest.raises(psycopg.Error) as ended:  # the woken node finds its session ended
+                        stuck.execute("SELECT 1")
+                    answer = store_module.classify(ended.value)  # rolled back: its writes answer retryable
+                    assert answer.code == "unavailable", answer
+            finally:
+                stuck.close()
+        # stopped mid-renewal: its row lock would keep the job (its lease expired) from the other nodes
+        lane = lambda kind, job_input: None  # noqa: E731
+        [(_, _, token)] = (await queue.claim(1, ["session.extract"], 5, lane)).claimed
+        with psycopg.connect(postgres_dsn) as conn:
+            conn.execute("UPDATE job_queue SET lease_until = now() - interval '1 second'")
+        renewed, woken, outcome = threading.Event(), threading.Event(), []
+        held: list[Any] = []
+
+        def renew_then_stop(conn: Any, leases: dict[str, str]) -> set[str]:
+            kept = queue._renew(conn, leases)
+            held.append(conn)
+            renewed.set()
+            woken.wait(TIMEOUT)  # the node stops here, its transaction open
+            return kept
+
+        def renewal() -> None:
+            try:
+                queue._transaction(renew_then_stop, ({"job-x": token},), False)
+            except Exception as exc:  # what the woken node's renewal answers: checked below
+                outcome.append(exc)
+
+        thread = threading.Thread(target=renewal)
+        thread.start()
+        try:
+            assert renewed.wait(TIMEOUT)
+            other = TeamQueue(store, "node-two", lease=30.0, renew=5.0)
+            assert (await other.claim(1, ["session.extract"], 5, lane)).claimed == []  # the row is locked
+            ended, _, _ = select.select([held[0].fileno()], [], [], 20)  # the server ends the session (1 s)
+            assert ended, "the stopped node's transaction was not ended"
+            [(again, _, _)] = (await other.claim(1, ["session.extract"], 5, lane)).claimed
+            assert again.attempts == 2
+        finally:
+            woken.set()
+            thread.join(TIMEOUT)
+        [failed] = outcome  # its renewal was rolled back, and says so
+        assert isinstance(failed, StoreUnavailable) and failed.code == "unavailable", failed
     finally:
         store.close()
 

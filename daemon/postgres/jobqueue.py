@@ -43,7 +43,7 @@ from ..jobs.state import AcceptJob, JobInput, JobRecord, JobsState, PurgeJob, Pu
 from ..storage.store import StoreUnavailable
 from .jobtable import decoder
 from .jobtable import key_bytes as _b
-from .store import FEED_LOCK_SQL, classify, write_mutations
+from .store import classify, take_feed_lock, write_mutations
 
 KEY_LOCK = 727002  # advisory locks' first key: an accept by key (the second: the key's hash)
 LANE_LOCK = 727003  # ... a lane's claim
@@ -132,21 +132,27 @@ class TeamQueue:
         self.claims = 0
         self.lost = 0  # leases found lost at renewal or at a commit
 
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        """fn(conn, *args) in one transaction, in a worker thread (the module's rule)."""
+    async def _run(self, fn: Callable[..., T], *args: Any, writes: bool = True) -> T:
+        """fn(conn, *args) in one transaction, in a worker thread (the module's rule). `writes`: fn
+        writes the feed after taking row locks (False: it reads, or updates job_queue alone)."""
         result: T = await trio.to_thread.run_sync(
-            functools.partial(self._transaction, fn, *args), limiter=self.store.limiter
+            functools.partial(self._transaction, fn, args, writes), limiter=self.store.limiter
         )
         return result
 
-    def _transaction(self, fn: Callable[..., T], *args: Any) -> T:
+    def _transaction(self, fn: Callable[..., T], args: tuple[Any, ...], writes: bool) -> T:
         if self.store.pool is None:
             raise StoreUnavailable("PostgreSQL is not connected", "unavailable", store="postgres")
         try:
             with self.store.pool.connection() as conn, conn.transaction():
-                # the feed's lock first, as every commit takes it (store.write_mutations): one order of
-                # locks, so a queue transaction's row locks never wait in a circle with a commit's
-                conn.execute(FEED_LOCK_SQL)
+                # a transaction that writes the feed takes the feed's lock first, as every commit does
+                # (store.write_mutations): one order of locks, so its row locks never wait in a circle
+                # with a commit's. One that only reads, or only updates job_queue's own columns (a
+                # renewal, every `renew` seconds on every node), waits for no lock while it holds one,
+                # and does not take it: it would serialise the team's renewals with every commit.
+                # Either way the server ends it if this node stops mid-way (FEED_HOLD_LIMIT): a
+                # renewal's row lock would keep the job from the node taking it over.
+                take_feed_lock(conn.cursor(), lock=writes)
                 return fn(conn, *args)
         except (StaleAttempt, StoreUnavailable, msgspec.DecodeError):
             raise
@@ -160,7 +166,7 @@ class TeamQueue:
     async def take_back(self) -> int:
         """At start: the leases of this node's previous life expire now (nothing of it runs any
         more), so its jobs are claimable at once rather than after their lease. Returns how many."""
-        return await self._run(self._take_back)
+        return await self._run(self._take_back, writes=False)
 
     def _take_back(self, conn: Any) -> int:
         cur = conn.execute(
@@ -305,7 +311,7 @@ class TeamQueue:
 
     async def renew_leases(self, held: dict[str, str]) -> set[str]:
         """Renew this node's leases (job id -> token); the ids whose lease is lost."""
-        kept = await self._run(self._renew, held)
+        kept = await self._run(self._renew, held, writes=False)
         lost = set(held) - kept
         self.lost += len(lost)
         return lost
@@ -392,7 +398,9 @@ class TeamQueue:
 
     async def clear_backoffs(self) -> None:
         """sys.resume: every job's back-off forgotten, on every node."""
-        await self._run(lambda conn: conn.execute("UPDATE job_queue SET not_before = NULL WHERE not_before IS NOT NULL"))
+        await self._run(
+            lambda conn: conn.execute("UPDATE job_queue SET not_before = NULL WHERE not_before IS NOT NULL"), writes=False
+        )
 
     # --- jobs.* -----------------------------------------------------------------------------------------
 
@@ -415,12 +423,12 @@ class TeamQueue:
 
     async def get(self, job_id: str) -> Loaded | None:
         """The job as committed (None: no such job)."""
-        found: dict[bytes, Loaded] = await self._run(_load, [_b(job_id)])
+        found: dict[bytes, Loaded] = await self._run(_load, [_b(job_id)], writes=False)
         return found.get(_b(job_id))
 
     async def jobs(self, state: str | None, kind: str | None, limit: int) -> list[Loaded]:
         """jobs.list's jobs as committed, newest first."""
-        return await self._run(self._list, state, kind, limit)
+        return await self._run(self._list, state, kind, limit, writes=False)
 
     def _list(self, conn: Any, state: str | None, kind: str | None, limit: int) -> list[Loaded]:
         rows = conn.execute(

@@ -151,6 +151,10 @@ def _classify(exc: BaseException, failover: bool = False) -> StoreUnavailable:
     # (a standby, default_transaction_read_only); 42501: insufficient privilege
     if sqlstate[:2] == "53" or sqlstate in ("25006", "42501"):
         return StoreUnavailable(f"PostgreSQL refused the write: {message}", "read_only", store="postgres")
+    # 25P03: the server ended a session idle in its transaction (a node that was stopped, FEED_HOLD_LIMIT);
+    # class 40: a deadlock or serialization failure. Rolled back either way, and worth a retry.
+    if sqlstate == "25P03" or sqlstate[:2] == "40":
+        return StoreUnavailable(f"PostgreSQL rolled the transaction back: {message}", "unavailable", store="postgres")
     if isinstance(exc, (psycopg.OperationalError, psycopg_pool.PoolTimeout, psycopg.InterfaceError, _Unreached)):
         return StoreUnavailable(f"PostgreSQL is not reachable: {message}", "unavailable", store="postgres")
     return StoreUnavailable(f"PostgreSQL refused the write: {message}", "read_only", store="postgres")
@@ -593,7 +597,19 @@ def _vector_bytes(value: Any) -> bytes:
 _INSERT_MUTATION = (
     "INSERT INTO mutations (seq, at, node, txn, body) VALUES (nextval('mutation_seq'), clock_timestamp(), %s, %s, %s)"
 )
-FEED_LOCK_SQL = f"SELECT pg_advisory_xact_lock({FEED_LOCK})"
+_IDLE_LIMIT = "set_config('idle_in_transaction_session_timeout', %s, true)"
+FEED_LOCK_SQL = f"SELECT {_IDLE_LIMIT}, pg_advisory_xact_lock({FEED_LOCK})"
+# how long a transaction holding the feed's lock (or a job's row lock) may sit idle before the server
+# ends its session: a node stopped mid-transaction (SIGSTOP, a paused VM, a hung thread) whose
+# connection stays up would otherwise hold every node's commits and claims (or that job) until it wakes. Our transactions send their
+# statements back to back, so a legitimate one is never idle for long.
+FEED_HOLD_LIMIT = "10s"
+
+
+def take_feed_lock(cur: Any, lock: bool = True) -> None:
+    """The feed's lock (write_mutations' rule), with the idle limit of the transaction holding it;
+    `lock` False: the limit alone (a transaction that holds row locks other nodes may wait for)."""
+    cur.execute(FEED_LOCK_SQL if lock else f"SELECT {_IDLE_LIMIT}", (FEED_HOLD_LIMIT,))
 _NOTIFY = f"NOTIFY {FEED_CHANNEL}"
 _SEQ = "currval('mutation_seq')"  # the seq of the mutation inserted just before, in this session
 
@@ -605,7 +621,7 @@ def write_mutations(cur: Any, mutations: Sequence[Any], node: str = "", txn: int
     mutation), then its row operations (rows.py); the NOTIFY wakes the other nodes at COMMIT."""
     from ..storage.store import mutation_encoder
 
-    cur.execute(FEED_LOCK_SQL)
+    take_feed_lock(cur)
     txns = txn if isinstance(txn, list) else [txn] * len(mutations)
     for mutation, commit_id in zip(mutations, txns):
         cur.execute(_INSERT_MUTATION, (node, commit_id, mutation_encoder.encode(mutation)))
