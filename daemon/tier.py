@@ -209,13 +209,15 @@ class TierActor:
             raise
         return Stage(item, result, mutations, self.state)
 
-    async def apply_feed(self, mutations: list[Any]) -> None:
+    async def apply_feed(self, mutations: list[Any], again: Callable[[], list[Any]] = list) -> None:
         """Other nodes' committed mutations, from the change feed (daemon/postgres/feed.py): applied
         through the state's own `apply`, in order, between batches like an internal call; committed
-        nowhere (they are in the database) and with no undo kept; the counts published after."""
+        nowhere (they are in the database) and with no undo kept; the counts published after.
+        Then `again()`'s, asked when they are applied (the node's own commits the feed has not
+        reached yet: feed.py's re-apply rule), so no older row hides a newer write of the node's."""
 
         def apply(state: TierState) -> None:
-            for mutation in mutations:
+            for mutation in [*mutations, *again()]:
                 state.apply(mutation)
 
         await self.run_internal(apply)

@@ -390,7 +390,11 @@ async def test_a_node_converges_to_the_feeds_order_whatever_the_interleaving() -
     nodes commit the same keys and the follower decides on the feed's rows one at a time and
     applies them between the node's batches (the actor's rule: not while a commit is in flight).
     Whatever the interleaving, once the follower reached the head the state is the feed replayed
-    in order; and a node alone (nothing foreign, every commit kept) skips every own row."""
+    in order; and a node alone (nothing foreign, every commit kept) skips every own row. And at
+    every step between the node's batches, it reads its own writes: each key holds what the feed
+    holds through the seq the follower applied, but where a commit the node kept is past it, the
+    latest such (an own row applied again must not hide a newer own write: issue 26, the
+    kill-and-promote test's archived memory read back active, with its old title)."""
     for seed in range(400):
         await _simulate(seed)
 
@@ -399,8 +403,9 @@ async def _simulate(seed: int) -> None:
     import random
 
     rng = random.Random(seed)
-    own = OwnCommits()
+    own = OwnCommits(parts=lambda mutation: [("t", mutation)])  # one tier, of (key, value)
     log: list[tuple[int, bool, int, str, int]] = []  # (seq, own, txn, key, value)
+    kept_txns: dict[int, bool] = {}
     state: dict[str, int] = {}
     batch: tuple[int, str, int, int | None, bool] | None = None  # the commit in flight: txn, key, value, before, kept
     decided: list[tuple[int, str, int]] = []  # rows the follower decided to apply, not applied yet
@@ -408,11 +413,21 @@ async def _simulate(seed: int) -> None:
     alone = seed % 5 == 0
 
     def flush() -> None:
+        if not decided:
+            return
         for _seq, k, v in decided:
             state[k] = v
-        if decided:
-            own.applied = decided[-1][0]
+        for k, v in own.unreached("t"):  # the hand-off's own commits past the chunk, again (the rule)
+            state[k] = v
+        own.applied = decided[-1][0]
         decided.clear()
+
+    def reads_its_own_writes() -> None:
+        seen = _replayed([row for row in log if row[0] <= own.applied])
+        for seq, is_own, txn, k, value in log:
+            if is_own and seq > own.applied and kept_txns.get(txn):
+                seen[k] = value
+        assert state == seen, (seed, step)
 
     for step in range(80):
         event = rng.random()
@@ -429,7 +444,8 @@ async def _simulate(seed: int) -> None:
                     del state[k]
                 else:
                     state[k] = before
-            own.end(txn, kept)
+            own.end(txn, kept, [(k, value)])
+            kept_txns[txn] = kept
             batch = None
         elif event < 0.65 and not alone:  # another node commits
             log.append((len(log) + 1, False, 0, key, 1000 + step))
@@ -442,10 +458,12 @@ async def _simulate(seed: int) -> None:
             followed += 1
             if batch is None and rng.random() < 0.5:
                 flush()
+        if batch is None:
+            reads_its_own_writes()
     if batch is not None:
         txn, k, value, _before, _kept = batch
         log.append((len(log) + 1, True, txn, k, value))
-        own.end(txn, True)
+        own.end(txn, True, [(k, value)])
     for seq, is_own, txn, k, value in log[followed:]:
         if await own.wanted(seq, is_own, txn):
             decided.append((seq, k, value))

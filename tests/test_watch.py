@@ -349,3 +349,30 @@ async def test_a_file_moved_into_the_archive_by_hand_archives_its_memory(data_di
             assert memory["file"] not in daemon.memory_actor.watcher.known  # the old path forgotten
             assert path.name not in json.loads((path.parent / "_index.json").read_text())
             await conn.aclose()
+
+
+async def test_its_own_file_of_an_older_version_left_by_a_crash_is_no_edit(data_dir: Path, sock_dir: Path) -> None:
+    """A memory archived (or changed) and the daemon killed before its projection wrote that: at
+    the next start its old file is still in the memory's old place, byte for byte the daemon's own
+    rendering of the previous version. The start's scan must not take it for another program
+    moving the file back (un-archiving an acknowledged archive: issue 26's kill-and-promote test,
+    where a restarted node's old projection of another node's memory undid that node's archive):
+    the file is removed, the memory stays as committed."""
+    with trio.fail_after(IO_TIMEOUT):
+        async with watched(data_dir, sock_dir) as (daemon, conn):
+            memory, path = await scanned_fact(conn, daemon, "Stale", "The user lived in Berlin.")
+            old_text = path.read_bytes()
+            await conn.result("memory.delete", {"id": memory["id"]})
+            archived = await conn.result("memory.get", {"id": memory["id"]})
+            assert archived["status"] == "archived" and archived["file"] != memory["file"]
+        # the files as a kill -9 before the projection would leave them: the old file, no archived one
+        (data_dir / archived["file"]).unlink()
+        path.write_bytes(old_text)
+        async with watched(data_dir, sock_dir) as (daemon, conn):
+            got = await conn.result("memory.get", {"id": memory["id"]})
+            assert (got["status"], got["file"]) == ("archived", archived["file"])
+            history = await conn.result("memory.history", {"id": memory["id"]})
+            assert [v["decision"] for v in history] == ["created", "archived"]
+            assert daemon.memory_actor.watcher.moved == 0
+            await project(daemon)
+            assert not path.exists()

@@ -239,6 +239,9 @@ class MemoryFiles:
                 malformed.pop(relative, None)
                 if change.kind in ("new", "edit", "move"):
                     log.info("tier 4: %s %s: memory %s", relative, _WHAT[change.kind], change.memory and change.memory.id)
+                elif change.kind == "stale":
+                    log.info("tier 4: %s is this daemon's file of an older version of memory %s, left by a stop before"
+                             " its projection: removed", relative, change.memory and change.memory.id)
             if change.kind in counts and relative not in retry:
                 counts[change.kind] += 1
         for relative in gone:  # archived, moved, nobody's, or owed by the projection (which records it anew)

@@ -171,7 +171,8 @@ class Change:
     """A planned change of tier 4 for one file: "new" (a memory), "edit" (a new version of the
     file's memory), "move" (a memory whose file another program moved), "archive" (its file was
     removed), "same" (the file shows its memory: just remember the file), "pending" (the
-    projection owes the file), "rewrite" (its folder is gone: write it again), "bad" (reported);
+    projection owes the file), "rewrite" (its folder is gone: write it again), "stale" (the
+    daemon's own file of an older version, left by a crash: the projection removes it), "bad" (reported);
     "redacted" rides along with the file's change, counting what redaction replaced in it."""
 
     kind: str
@@ -271,8 +272,12 @@ def plan(
             else:
                 out.append(Change("edit", relative, edited, _texts(state, current, edited), state.revision(current.id), parsed))
             continue
-        # a file the state does not know: moved here (its id names a memory whose file is gone), or new
+        # a file the state does not know: the daemon's own of an older version (left by a crash before
+        # the projection moved it), moved here (its id names a memory whose file is gone), or new
         owner = state.memories.get(parsed.id)
+        if owner is not None and _left_behind(state, owner.id, relative, text):
+            out.append(Change("stale", relative, owner))
+            continue
         if owner is not None and owner.file not in on_disk:
             moved = edited_memory(owner, parsed, relative) or owner
             moved = _placed(moved, relative)
@@ -294,6 +299,17 @@ def plan(
             continue
         out.append(Change("archive", relative, owner, revision=state.revision(owner.id)))
     return out
+
+
+def _left_behind(state: MemoryState, memory_id: str, relative: str, text: str) -> bool:
+    """Is this file, at a path the memory no longer has, byte for byte the daemon's own rendering of
+    one of its previous versions at that path? Then the daemon wrote it and was stopped (killed)
+    before its projection moved or removed it: no other program's move (which would have changed
+    the file, or brought the current version's), and the projection removes it."""
+    return any(
+        entry.memory is not None and entry.memory.file == relative and render_markdown(entry.memory) == text
+        for entry in state.history.get(memory_id, ())
+    )
 
 
 def _own(memory: Memory) -> str | None:
@@ -361,6 +377,9 @@ def apply_changes(state: MemoryState, changes: list[Change], vectors: dict[int, 
             continue
         if change.kind == "rewrite":
             state.redirty([memory.id], [], [])
+            continue
+        if change.kind == "stale":  # the daemon's own old file: the projection removes it
+            state.redirty([], [change.relative], [])
             continue
         vector = vectors.get(at)
         if change.kind == "new":

@@ -20,7 +20,14 @@ Rules kept here:
   `base`; otherwise it applies them again at their place in the order (mutations carry whole
   records: re-applying is idempotent). Rows of a commit the node did not keep (its outcome was
   unknown, so it answered `unavailable` and rolled back) or does not know (a previous life) are
-  applied like another node's.
+  applied like another node's. A row applied at its place may be older than what the node wrote
+  since (the chunk was read before the node's next commit ended, or that commit's rows are past
+  the chunk): so each tier's hand-off then applies again, in commit order, its part of every
+  commit the node kept whose rows the follower has not passed (`OwnCommits.unreached`, asked when
+  the actor runs the hand-off, between its batches, so every commit of that tier has ended by
+  then). After a chunk through seq S, each tier holds the feed through S overlaid with the node's
+  own later commits: a node always reads its own acknowledged writes, and a read-modify-write on
+  it (memory.update, memory.delete) never builds on a row its own newer write replaced.
 - The known limit of that rule: a memory's version history is not a pure function of its puts
   (a new version keeps, in the previous version's entry, the text the memory had when it was
   applied). When two nodes make new versions of one memory at once, the node whose own version
@@ -38,11 +45,14 @@ Rules kept here:
 
 from __future__ import annotations
 
+import collections
+import functools
 import logging
 import secrets
 import socket
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -108,30 +118,41 @@ class FeedBehind(Exception):
 
 
 class OwnCommits:
-    """This node's commits as the follower needs them (the module's re-apply rule). On the event
-    loop only: PostgresStore.commit calls begin/end, the follower sets `applied` and calls `decide`."""
+    """This node's commits as the follower needs them (the module's re-apply rule). PostgresStore.commit
+    calls begin/end, the follower sets `applied` and calls `wanted`, on the event loop; `unreached`
+    is read by the tier actors' hand-off, in their worker threads too (under the lock)."""
 
     KEPT_AT_MOST = 10_000  # ends remembered (a failed commit's rows may never appear)
 
-    def __init__(self) -> None:
+    def __init__(self, parts: Callable[[Any], list[tuple[str, Any]]] | None = None) -> None:
         self.applied = 0  # the follower's: every seq up to it applied to every tier
         self.fed = 0  # the follower's: the last seq it applied through the feed (not skipped)
+        self.parts = parts or own_parts  # (tier, mutation) of what a tier applies of one of its mutations
         # txn ids: random high bits per life, so a previous life's rows are not taken for this one's
         self._next = (secrets.randbits(30) + 1) << 32
         self._open: dict[int, tuple[int, trio.Event]] = {}
         self._done: dict[int, tuple[int, bool]] = {}  # txn -> (base, kept)
         self._current = (0, False)  # the txn being read and whether its rows are applied
+        # the kept commits' mutations whose rows the follower has not passed yet, in commit order
+        self._unreached: dict[int, collections.deque[Any]] = {}
+        self._lock = threading.Lock()  # over _unreached: `unreached` is read from worker threads
 
     def begin(self) -> int:
         self._next += 1
         self._open[self._next] = (self.applied, trio.Event())
         return self._next
 
-    def end(self, txn: int, kept: bool) -> None:
+    def end(self, txn: int, kept: bool, mutations: Sequence[Any] = ()) -> None:
+        """The commit `txn` ended: committed (kept, its `mutations` in order), or rolled back here."""
         base, done = self._open.pop(txn)
         self._done[txn] = (base, kept)
         if len(self._done) > self.KEPT_AT_MOST:
             del self._done[next(iter(self._done))]
+        if kept and mutations:
+            with self._lock:
+                self._unreached[txn] = collections.deque(mutations)
+                if len(self._unreached) > self.KEPT_AT_MOST:
+                    del self._unreached[next(iter(self._unreached))]
         done.set()
 
     async def wanted(self, seq: int, own: bool, txn: int) -> bool:
@@ -147,13 +168,32 @@ class OwnCommits:
             self._current = (txn, apply)
         else:
             apply = True
+        if own and txn:
+            self._passed(txn)
         if apply:
             self.fed = seq
         return apply
 
+    def _passed(self, txn: int) -> None:
+        """The follower passed one more row of the commit `txn` (its rows are in its mutations' order)."""
+        with self._lock:
+            rows = self._unreached.get(txn)
+            if rows is not None:
+                rows.popleft()
+                if not rows:
+                    del self._unreached[txn]
 
-def feed_parts(mutation: Any) -> list[tuple[str, Any]]:
-    """(tier, mutation) for what a node applies of one committed mutation (the module's rule)."""
+    def unreached(self, tier: str) -> list[Any]:
+        """What `tier` applies again after a chunk of the feed (the re-apply rule): its part of every
+        commit the node kept whose rows the follower has not passed, in commit order. Any thread."""
+        with self._lock:
+            mutations = [mutation for rows in self._unreached.values() for mutation in rows]
+        return [item for mutation in mutations for part, item in self.parts(mutation) if part == tier]
+
+
+def feed_parts(mutation: Any, own: bool = False) -> list[tuple[str, Any]]:
+    """(tier, mutation) for what a node applies of one committed mutation (the module's rule);
+    `own`: one of this node's commits, applied again as the node applied it."""
     from ..jobs.state import CommitJob
     from ..recovery import MUTATION_TIER
 
@@ -163,10 +203,14 @@ def feed_parts(mutation: Any) -> list[tuple[str, Any]]:
         tier = MUTATION_TIER[type(item)]
         if tier == "jobs":
             continue
-        if getattr(item, "from_file", False):  # read from a file on the writer's node: here, the file is owed
+        if not own and getattr(item, "from_file", False):  # read from a file on the writer's node: here, the file is owed
             item = msgspec.structs.replace(item, from_file=False)
         out.append((tier, item))
     return out
+
+
+def own_parts(mutation: Any) -> list[tuple[str, Any]]:
+    return feed_parts(mutation, own=True)
 
 
 class Follower:
@@ -332,7 +376,8 @@ class Follower:
         if per_tier:
             async with trio.open_nursery() as nursery:
                 for tier, mutations in per_tier.items():
-                    nursery.start_soon(self.actors[tier].apply_feed, mutations)
+                    again = functools.partial(self.own.unreached, tier)
+                    nursery.start_soon(self.actors[tier].apply_feed, mutations, again)
         now = time.time()  # the visibility lag: from the commit's writing of the row to its use here
         for at in written:
             self.visibility.add(max(0.0, now - at) * 1e6)

@@ -352,7 +352,7 @@ class PostgresStore:
             self._ended(queued, None)
 
     def _ended(self, queued: _Queued, error: StoreUnavailable | None) -> None:
-        self.own.end(queued.txn, kept=error is None)
+        self.own.end(queued.txn, kept=error is None, mutations=queued.mutations)
         if error is None:
             self.commits += 1
         else:
