@@ -100,10 +100,10 @@ def team(postgres_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iter
     yield from nodes(postgres_server, tmp_path_factory.mktemp("team"), ("a", "b", "c"))
 
 
-def nodes(postgres_server: Any, base: Path, names: tuple[str, ...]) -> Iterator[tuple[str, list[DaemonProcess]]]:
+def nodes(postgres_server: Any, base: Path, names: tuple[str, ...], *extra: str) -> Iterator[tuple[str, list[DaemonProcess]]]:
     """A fixture's nodes, one per name, started on a new database (dropped after)."""
     dsn = postgres_server.create_database()
-    procs = [_daemon(base / name, base / f"{name}.sock", dsn, "--node-name", name) for name in names]
+    procs = [_daemon(base / name, base / f"{name}.sock", dsn, "--node-name", name, *extra) for name in names]
     try:
         for proc in procs:
             proc.start()

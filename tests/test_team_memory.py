@@ -34,7 +34,8 @@ WORDS = "martingale concentration bound variance freedman azuma increments bound
 @pytest.fixture(scope="module")
 def pair(postgres_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[DaemonProcess]]]:
     """Two nodes on one database, shared by the module's tests (each writes its own domains)."""
-    yield from nodes(postgres_server, tmp_path_factory.mktemp("team-memory"), ("a", "b"))
+    # the team's queue looked at twice a second (its default, 5 s, would make the maintenance test wait)
+    yield from nodes(postgres_server, tmp_path_factory.mktemp("team-memory"), ("a", "b"), "--jobs-lease-renew", "0.5")
 
 
 def at_once(procs: list[DaemonProcess], calls: list[Callable[[Client], Any]]) -> list[Any]:
@@ -147,3 +148,23 @@ def test_two_nodes_approving_one_request_at_once_approve_it_once(pair: tuple[str
                 assert [v["state"] for v in views] == ["approved"], proc.data_dir.name
                 assert client.get_memory(memory.id).scope == "global"
     assert_views_equal([a, b], dsn, history_text=False)
+
+
+def test_maintenance_asked_on_two_nodes_at_once_runs_once(pair: tuple[str, list[DaemonProcess]]) -> None:
+    dsn, (a, b) = pair
+
+    def runs() -> int:
+        with psycopg.connect(dsn) as conn:
+            return int(conn.execute("SELECT count(*) FROM maintenance").fetchone()[0])
+
+    before = runs()
+    for _ in range(3):
+        first, second = at_once([a, b], [lambda c: c.maintain()] * 2)
+        assert first == second  # one job for the team: the second request found it queued or running
+        with Client(b.socket_path, timeout=TIMEOUT) as client:
+            assert client.wait_job(first, timeout=TIMEOUT).state == "done"
+    assert runs() == before + 3
+    caught_up([a, b], dsn)
+    for proc in (a, b):
+        with Client(proc.socket_path, timeout=TIMEOUT) as client:
+            assert len(client.jobs(kind="memory.maintain")) == 3, proc.data_dir.name
