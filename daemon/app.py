@@ -49,9 +49,9 @@ from .llm import LLM, LLMConfigError, resolve
 from .memory.actor import MemoryActor, MemoryLoops
 from .memory.strength import StrengthSettings
 from .paths import Paths, owned_root, record_socket
-from .postgres.feed import FeedBehind, Follower, node_identity, node_name
+from .postgres.feed import FeedBehind, Follower
 from .postgres.jobqueue import TeamQueue
-from .postgres.node import node_id
+from .postgres.node import node_id, node_name
 from .postgres.store import postgres_store
 from .recovery import Recovered, open_local_root, recover_reporting, recovery_line
 from .redact import Redactor
@@ -205,7 +205,7 @@ class Daemon:
         else:
             self.store = postgres_store(self.config)
             journal = await trio.to_thread.run_sync(open_local_root, self.paths, self.fs)
-            self.store.identify(node_identity(self.paths.journal))  # before any commit: its rows name the node
+            self.store.identify(node_id(self.paths))  # before any commit: its rows name the node
             try:
                 if await self.store.connect_once():
                     recovered = await self._recover(started)
@@ -327,7 +327,7 @@ class Daemon:
         if self.config.store != "postgres":
             return None
         return TeamQueue(
-            self.store, node_id(self.paths), lease=self.config.jobs_lease, renew=self.config.jobs_lease_renew
+            self.store, self.store.node_id, lease=self.config.jobs_lease, renew=self.config.jobs_lease_renew
         )
 
     def _start_durable(self, system: trio.Nursery) -> None:

@@ -361,7 +361,7 @@ class TierActor:
         if mutations:
             assert self.store is not None, f"{self.name} is not journaled but changed durable state"
             try:
-                await self.store.commit(mutations)
+                results = await self.commit_batch(calls, results, mutations)
             except StoreUnavailable as exc:
                 await self._call_on_state(lambda s: s.rollback())
                 error = exc.error()
@@ -377,6 +377,14 @@ class TierActor:
             if id(work.reply) not in flushed:
                 flushed.add(id(work.reply))
                 work.reply.flush()
+
+    async def commit_batch(self, calls: list[Call], results: list[Any], mutations: list[Any]) -> list[Any]:
+        """Commit a batch's mutations (raises StoreUnavailable); what its calls answer. Tier 4 on
+        several nodes decides again here when another node's commit contradicts what it decided on
+        (daemon/memory/concurrency.py)."""
+        assert self.store is not None, f"{self.name} is not journaled but changed durable state"
+        await self.store.commit(mutations)
+        return results
 
     async def handle_calls(self, calls: list[Call]) -> list[Any]:
         return [await self.handle(call) for call in calls]

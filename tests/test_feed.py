@@ -97,9 +97,13 @@ def _state_of(c: Client, memory_ids: list[str]) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def team(postgres_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[DaemonProcess]]]:
     """Three nodes on one database, shared by the tests that do not stop them."""
+    yield from nodes(postgres_server, tmp_path_factory.mktemp("team"), ("a", "b", "c"))
+
+
+def nodes(postgres_server: Any, base: Path, names: tuple[str, ...], *extra: str) -> Iterator[tuple[str, list[DaemonProcess]]]:
+    """A fixture's nodes, one per name, started on a new database (dropped after)."""
     dsn = postgres_server.create_database()
-    base = tmp_path_factory.mktemp("team")
-    procs = [_daemon(base / name, base / f"{name}.sock", dsn, "--node-name", name) for name in ("a", "b", "c")]
+    procs = [_daemon(base / name, base / f"{name}.sock", dsn, "--node-name", name, *extra) for name in names]
     try:
         for proc in procs:
             proc.start()

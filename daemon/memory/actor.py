@@ -54,8 +54,9 @@ from ..primitives import Histogram
 from ..redact import Redactor
 from ..retrieval.text import pooled
 from ..stats import EmbeddingProgress
-from ..storage.store import Store
+from ..storage.store import Store, StoreConflict, StoreUnavailable
 from ..tier import MAX_BATCH, Internal, TierActor, Work
+from .concurrency import RETRIES, CaughtUp, Decisions, caught_up
 from .data import own_abstract
 from .embedding import Embeddings
 from .files import MemoryFiles
@@ -92,6 +93,15 @@ class ConversationReads(Protocol):
     ) -> list[dict[str, Any]]: ...
 
     async def summaries_and_intents(self, slugs: list[str]) -> dict[str, tuple[str, list[str]]]: ...
+
+
+class CheckingStore(Protocol):
+    """The team's store (store = postgres): a commit checks the batch's decisions in its transaction
+    (daemon/memory/concurrency.py) and raises StoreConflict when another node's commit contradicts them."""
+
+    own: Any  # the feed's OwnCommits: `applied`, the follower's applied seq
+
+    async def commit(self, mutations: list[Any], check: Any = None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -182,6 +192,8 @@ class MemoryActor(TierActor):
         # tier 4's maintenance: jobs of the queue, asked for by sys.maintain and the nightly schedule
         self.maintenance = Maintenance(jobs, self, wall=state.wall) if jobs is not None else None
         self.reembedded = 0
+        self.conflicts = 0  # batches decided again after another node's commit (commit_batch)
+        self.caught = CaughtUp()  # other nodes' mutations applied by _decide_again, not yet by the follower
         self._state_lock = trio.StrictFIFOLock()  # one batch or internal call on the state at a time
         self._embedded: tuple[Prepared, str | None] | None = None  # for the write batch about to run
         self.writes_waiting = 0  # write requests in the pipeline, not yet applied
@@ -431,6 +443,52 @@ class MemoryActor(TierActor):
             finally:
                 self._embedded = None
 
+    async def commit_batch(self, calls: list[Call], results: list[Any], mutations: list[Any]) -> list[Any]:
+        """On several nodes (store = postgres), the batch's decisions are checked in its transaction
+        against what the other nodes committed; when they conflict, the batch is decided again on the
+        committed state (daemon/memory/concurrency.py's rule). The journal store: the plain commit."""
+        if self.store is None or self.store.store_name != "postgres":
+            return await super().commit_batch(calls, results, mutations)
+        store: CheckingStore = self.store  # type: ignore[assignment]  # PostgresStore
+        after: int | None = None
+        for _attempt in range(RETRIES):
+            try:
+                await store.commit(mutations, Decisions(mutations, self.state.deduplicated, after))
+                return results
+            except StoreConflict as conflict:
+                self.conflicts += 1
+                results, mutations = await self._run_sync(self._decide_again, calls, conflict.rows)
+                after = conflict.head
+                if not mutations:  # decided again: nothing to write (a skip, or an error)
+                    return results
+        raise StoreUnavailable(
+            f"other nodes kept changing what this write decided on ({RETRIES} tries); try again", "unavailable", store="postgres"
+        )
+
+    def _decide_again(self, calls: list[Call], rows: list[tuple[int, str, bytes]]) -> tuple[list[Any], list[Any]]:
+        """After a conflict: the batch rolled back, the feed it was checked against applied (committed
+        already: no undo kept, nothing to commit), its calls run again; their results and mutations."""
+        state = self.state
+        state.rollback()
+        node = self.store.node_id  # type: ignore[union-attr]  # PostgresStore
+        for seq, writer, mutation in caught_up(rows):
+            state.apply(mutation)
+            if writer != node:
+                self.caught.add(seq, mutation)
+        state.begin_batch()
+        results = self._process(calls, self._embedded)
+        return results, state.take_pending()
+
+    async def apply_feed(self, mutations: list[Any]) -> None:
+        """Other nodes' committed mutations (TierActor.apply_feed), but those _decide_again applied
+        already (CaughtUp), decided under the state lock, as the feed's own apply."""
+        def apply(state: MemoryState) -> None:
+            applied = self.store.own.applied if self.store is not None and hasattr(self.store, "own") else 0
+            for mutation in self.caught.unapplied(mutations, applied):
+                state.apply(mutation)
+
+        await self.run_internal(apply)
+
     async def handle_calls(self, calls: list[Call]) -> list[Any]:
         results = await self._run_sync(self._process, calls, self._embedded)
         if self.on_purge is not None and any(
@@ -648,6 +706,7 @@ class MemoryActor(TierActor):
             "watch": {"enabled": self.watching, **self.watcher.statistics()},
             "projection_errors": self.files.projection_errors,
             "reembedded": self.reembedded,
+            "decided_again": self.conflicts,  # batches decided again after another node's commit (several nodes)
             "model": self.model,
             "writes_waiting": self.writes_waiting,
             # the fast lane's bound: the writes refused `overloaded`, the embedding waiting (ms, at

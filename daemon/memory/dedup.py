@@ -44,6 +44,13 @@ class Dedup(MemoryData):
     def __init__(self, embedder: Any, files_root: str = "memories") -> None:
         super().__init__(embedder, files_root)
         self._word_sets: dict[str, tuple[Memory, frozenset[str]]] = {}  # id -> (memory, its words); see _words_of
+        # the domains (slugs) in which the batch in progress deduplicated a text: what its decisions
+        # read beside the memories it changed (daemon/memory/concurrency.py, several nodes)
+        self.deduplicated: set[str] = set()
+
+    def begin_batch(self) -> None:
+        super().begin_batch()
+        self.deduplicated.clear()
 
     def _near_duplicate(self, slug: str, p: m.MemoryAdd, vector: np.ndarray) -> tuple[str | None, str]:
         found = self.near_duplicates(slug, p.category, p.title, p.content, vector, limit=1)

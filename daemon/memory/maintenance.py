@@ -5,6 +5,13 @@ Rules kept here:
   schedule and a catch-up after a start ask for one (Maintenance.request; while one is queued or
   running, asking again answers its id), and its report is the job's result (jobs.get). The kind
   needs no LLM: the queue runs it while none is usable, and the rule decides.
+- Several nodes on one database (the team's job queue, daemon/postgres/jobqueue.py): every
+  request of every node names one key (TEAM_KEY), and the queue decides under that key's advisory
+  lock, on the committed rows, whether the key's newest job covers it (queued or running, or it
+  started since the request: since the run became due, for the schedule's): so one run at a time
+  for the team, on whichever node claims it, and requests made together (sys.maintain on two
+  nodes, the same night, a catch-up on each after a restart) run it once. No node is named for it
+  in the configuration.
 - Nothing is deleted. A faded memory (strength under `archive_floor` and not used for
   `archive_idle_days`; never a pinned one) is archived: status `archived`, its file in
   `_archive/`, the reason in `archived_reason`; `memory.restore` brings it back. A merged
@@ -29,6 +36,7 @@ Rules kept here:
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -399,9 +407,25 @@ class Internals(Protocol):
 
 
 class JobQueue(Internals, Protocol):
-    """What maintenance asks of the job queue (the JobsActor): a look at its jobs, a new job."""
+    """What maintenance asks of the job queue (the JobsActor): a look at its jobs, a new job, the
+    team's accept by key (its `queue`: the team's, or None)."""
 
     async def accept(self, kind: str, key: str, job_input: Any) -> str: ...
+
+    async def accept_coalesced(self, kind: str, key: str, job_input: Any, covers: Callable[[Any], bool]) -> str | None: ...
+
+
+TEAM_KEY = KIND  # every maintenance request's key on several nodes (the module's rule)
+
+
+def _covers(since: float, record: Any) -> bool:
+    """Whether the key's newest job covers a request: queued or running, or started at or after `since`."""
+    from ..jobs.state import ACTIVE
+    from .strength import epoch
+
+    if record.state in ACTIVE:
+        return True
+    return record.started_at is not None and epoch(record.started_at) >= since
 
 
 class Maintenance:
@@ -416,17 +440,24 @@ class Maintenance:
         self.next_at: float | None = None  # when the schedule asks next (seconds since 1970)
         self.last_job_id: str | None = None
 
-    async def request(self, trigger: str, key: str | None = None) -> str:
+    async def request(self, trigger: str, key: str | None = None, since: float | None = None) -> str:
         """The id of the maintenance job under way, else of a new one (journaled before this returns).
-        `key` makes a request once only (a night's run across restarts)."""
+        `key` makes a request once only (a night's run across restarts); on several nodes, the team's
+        one key instead, and a run started at or after `since` (default: now) covers the request (the
+        module's rule)."""
         from ..jobs.state import ACTIVE, MaintainInput
 
         def active(state: Any) -> str | None:
             return next((r.id for r in reversed(state.jobs.values()) if r.kind == KIND and r.state in ACTIVE), None)
 
-        job_id = await self.jobs.run_internal(active)
+        now = self.wall()
+        job_input = MaintainInput(trigger=trigger, requested_at=rfc3339(now))
+        if getattr(self.jobs, "queue", None) is not None:  # the team's queue
+            covers = functools.partial(_covers, now if since is None else since)
+            job_id = await self.jobs.accept_coalesced(KIND, TEAM_KEY, job_input, covers)
+        else:
+            job_id = await self.jobs.run_internal(active)
         if job_id is None:
-            job_input = MaintainInput(trigger=trigger, requested_at=rfc3339(self.wall()))
             job_id = await self.jobs.accept(KIND, key or f"{KIND}:{trigger}:{new_id()}", job_input)
         self.last_job_id = job_id
         return str(job_id)
@@ -471,11 +502,11 @@ async def schedule(maintenance: Maintenance, at: str, catchup: float) -> None:
         night = _dt.datetime.fromtimestamp(due).astimezone().date().isoformat()
         try:
             if not catching_up:
-                await maintenance.request("nightly", f"{KIND}:nightly:{night}")
+                await maintenance.request("nightly", f"{KIND}:nightly:{night}", since=due)
             else:
                 last = await maintenance.last_finished()
                 if last is None or wall() - last >= DAY:
-                    await maintenance.request("catch-up", f"{KIND}:catch-up:{night}")
+                    await maintenance.request("catch-up", f"{KIND}:catch-up:{night}", since=wall() - DAY)
         except Exception:  # the journal is read-only, or the daemon stops: asked again the next night
             log.exception("tier 4 maintenance: could not queue the %s run", "catch-up" if catching_up else "nightly")
         catching_up = False

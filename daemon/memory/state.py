@@ -93,6 +93,7 @@ class MemoryState(Search, Dedup, Projection):
         slug = domain_slug(p.domain)
         fp = fingerprint(p.title, p.content)
         if p.dedup:
+            self.deduplicated.add(slug)  # the decision reads the domain's memories (concurrency.py)
             if p.confidence < MIN_CONFIDENCE:
                 return {"decision": "skipped", "memory": None, "reason": f"confidence {p.confidence!r} is below {MIN_CONFIDENCE}"}
             same = self._fingerprints.get((slug, fp))

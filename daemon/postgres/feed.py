@@ -49,11 +49,9 @@ import collections
 import functools
 import logging
 import secrets
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -89,28 +87,6 @@ _READ = (
 )
 
 Row = tuple[int, str, int, bytes, float]  # seq, node, txn, body, when it was written (seconds since 1970)
-
-NODE_FILE = "NODE"  # memory/journal/NODE: the node's id, made once, kept with the data root
-
-
-def node_identity(journal_dir: Path) -> str:
-    """The node's id: read from the data root, or made (random) and kept there on its first start."""
-    path = journal_dir / NODE_FILE
-    try:
-        text = path.read_text().strip()
-    except FileNotFoundError:
-        text = ""
-    if text:
-        return text
-    from ..storage.files import RealFiles, atomic_write
-
-    node_id = secrets.token_hex(8)
-    atomic_write(RealFiles(), str(path), (node_id + "\n").encode())
-    return node_id
-
-
-def node_name(configured: str) -> str:
-    return configured or socket.gethostname()
 
 
 class FeedBehind(Exception):

@@ -188,31 +188,22 @@ class TeamQueue:
     ) -> tuple[Loaded | None, bool]:
         """JobsState.accept_coalesced on the key's newest job in the database, under the key's lock:
         ((record, input) or None, whether it was created now). `lane`: a new job's (the module's rule)."""
-        return await self._run(self._accept, kind, key, job_input, job_id, covers, max_attempts, lane)
 
-    def _accept(
-        self,
-        conn: Any,
-        kind: str,
-        key: str,
-        job_input: JobInput | None,
-        job_id: str,
-        covers: Callable[[JobRecord], bool],
-        max_attempts: int,
-        lane: str | None,
-    ) -> tuple[Loaded | None, bool]:
-        conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (KEY_LOCK, _hash(key)))
-        row = conn.execute(
-            "SELECT id FROM job_queue WHERE key = %s ORDER BY created DESC LIMIT 1", (_b(key),)
-        ).fetchone()
-        state = _state_of(_load(conn, [bytes(row[0])]).values() if row else [], max_attempts)
-        record, created = state.accept_coalesced(kind, key, job_input, job_id, covers)
-        if record is None:
-            return None, False
-        write_mutations(conn.cursor(), state.take_pending())
-        if created and lane is not None:
-            conn.execute("UPDATE job_queue SET lane = %s WHERE id = %s", (_b(lane), _b(record.id)))
-        return (record, state.inputs.get(record.id, job_input if created else None)), created
+        def accept_in(conn: Any) -> tuple[Loaded | None, bool]:
+            conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (KEY_LOCK, _hash(key)))
+            row = conn.execute(
+                "SELECT id FROM job_queue WHERE key = %s ORDER BY created DESC LIMIT 1", (_b(key),)
+            ).fetchone()
+            state = _state_of(_load(conn, [bytes(row[0])]).values() if row else [], max_attempts)
+            record, created = state.accept_coalesced(kind, key, job_input, job_id, covers)
+            if record is None:
+                return None, False
+            write_mutations(conn.cursor(), state.take_pending())
+            if created and lane is not None:
+                conn.execute("UPDATE job_queue SET lane = %s WHERE id = %s", (_b(lane), _b(record.id)))
+            return (record, state.inputs.get(record.id, job_input if created else None)), created
+
+        return await self._run(accept_in)
 
     # --- claim, renew, commit ---------------------------------------------------------------------------
 

@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 import trio
 
-from ..storage.store import StoreUnavailable
+from ..storage.store import StoreConflict, StoreUnavailable
 from .feed import FEED_CHANNEL, FEED_LOCK, FEED_SCHEMA, HEAD, OwnCommits
 from .rows import TABLES, RowOp, row_ops
 
@@ -179,6 +179,7 @@ class PostgresStore:
         self.failures = 0
         self.recommitted = 0  # commits whose connection broke, committed again (the module's rule)
         self.in_doubt = 0  # commits whose connection broke and that could not be committed again in time
+        self.conflicts = 0  # batches whose decisions another node's commit contradicted (StoreConflict)
         self.last_error: str | None = None
         self.attempts = 0  # connect_once's, this daemon's life
         # the models that have their HNSW index: read at open, grown by the commit that brings a
@@ -300,8 +301,9 @@ class PostgresStore:
 
     # --- the seam -----------------------------------------------------------------------------------
 
-    async def commit(self, mutations: Sequence[Any]) -> None:
-        """The seam's commit. The batches committed meanwhile (by other tiers) wait and go together
+    async def commit(self, mutations: Sequence[Any], check: Any = None) -> None:
+        """The seam's commit; `check`: the batch's decisions, checked in its transaction against what
+        the other nodes committed (daemon/memory/concurrency.py; StoreConflict when they changed it). The batches committed meanwhile (by other tiers) wait and go together
         in the next transaction, whose commit is the first of them to have waited: the feed's lock
         lets one transaction of the database commit at a time, so one transaction (one flush) for
         every batch waiting gives back the group commit the lock takes away. Cancellable before it
@@ -309,7 +311,8 @@ class PostgresStore:
         if not mutations:
             return
         await trio.lowlevel.checkpoint_if_cancelled()  # a caller cancelled before it commits: nothing queued
-        queued = _Queued(list(mutations), self.own.begin())
+        after = self.own.applied  # the feed the node had applied when it decided (a check's default base)
+        queued = _Queued(list(mutations), self.own.begin(), check, after)
         self._queue.append(queued)
         with trio.CancelScope(shield=True):
             if self._committing:
@@ -337,10 +340,11 @@ class PostgresStore:
         holds several, each batch alone (one refused batch fails only its own writes)."""
         mutations = [mutation for queued in group for mutation in queued.mutations]
         txns = [queued.txn for queued in group for _mutation in queued.mutations]
+        checks = [queued.checked() for queued in group if queued.check is not None]
         try:
-            broken = await trio.to_thread.run_sync(self._commit_sync, mutations, txns, limiter=self.limiter)
+            broken = await trio.to_thread.run_sync(self._commit_sync, mutations, txns, checks, limiter=self.limiter)
         except StoreUnavailable as exc:
-            if len(group) > 1 and exc.code == "read_only":
+            if len(group) > 1 and (exc.code == "read_only" or isinstance(exc, StoreConflict)):
                 for queued in group:
                     await self._commit_group([queued])
                 return
@@ -355,6 +359,9 @@ class PostgresStore:
         self.own.end(queued.txn, kept=error is None, mutations=queued.mutations)
         if error is None:
             self.commits += 1
+        elif isinstance(error, StoreConflict):  # decided again by its actor: no failure
+            self.conflicts += 1
+            queued.error = error
         else:
             self.failures += 1
             self.in_doubt += bool(error.data.get("in_doubt"))
@@ -362,7 +369,7 @@ class PostgresStore:
             queued.error = error
         queued.wake.set()
 
-    def _commit_sync(self, mutations: list[Any], txn: int | list[int] = 0) -> int:
+    def _commit_sync(self, mutations: list[Any], txn: int | list[int] = 0, checks: Sequence[Check] = ()) -> int:
         """One transaction of `mutations` (blocking; the module's rule); `txn`: the node's commit id
         of each (or of all). Returns how many connections broke under it (0 mostly)."""
         import psycopg
@@ -375,8 +382,10 @@ class PostgresStore:
         pause = 0.05
         while True:
             try:
-                self._transaction(mutations, txn)
+                self._transaction(mutations, txn, checks)
                 break
+            except StoreConflict:
+                raise
             except Exception as exc:
                 # nothing was sent: no connection from the pool (or the pool closed: the daemon stopping), none of its own
                 unreached = isinstance(exc, (psycopg_pool.PoolTimeout, psycopg_pool.PoolClosed, _Unreached))
@@ -434,18 +443,20 @@ class PostgresStore:
             rows = conn.execute(query, (np.asarray(vector, dtype=np.float32), k)).fetchall()
         return [bytes(row[0]).decode("utf-8", "surrogatepass") for row in rows]
 
-    def _transaction(self, mutations: list[Any], txn: int | list[int] = 0) -> None:
+    def _transaction(self, mutations: list[Any], txn: int | list[int] = 0, checks: Sequence[Check] = ()) -> None:
         """One batch's transaction (the module's rule), sent at once in psycopg's pipeline mode
         (BEGIN, every statement in order, COMMIT: one round trip and the commit's flush, where a
         statement at a time would wait on the server for each): the feed's lock first (FEED_LOCK:
         held to COMMIT, so seq order is commit order), then each mutation takes its seq in the
         feed (nextval) and its row operations take it from currval, in the same session; the NOTIFY
-        wakes the other nodes' followers at COMMIT."""
+        wakes the other nodes' followers at COMMIT. A batch's `checks` first (check_decisions)."""
         import psycopg
 
         with self._connection() as conn:
             try:
                 with conn.pipeline(), conn.transaction(), conn.cursor() as cur:
+                    if checks:
+                        check_decisions(cur, checks, self.node_id)
                     write_mutations(cur, mutations, self.node_id, txn)
             except psycopg.errors.ReadOnlySqlTransaction:
                 if self.failover:  # a standby's session (the module's rule): the pool replaces it
@@ -545,6 +556,7 @@ class PostgresStore:
             "failures": self.failures,
             "recommitted": self.recommitted,
             "in_doubt": self.in_doubt,
+            "conflicts": self.conflicts,
             "last_error": self.last_error,
             "pool_size": self.pool_size,
             "connected": self.pool is not None,
@@ -554,17 +566,27 @@ class PostgresStore:
         }
 
 
+Check = tuple[Any, int]  # a batch's decisions (daemon/memory/concurrency.py) and the seq they were made at
+
+
 class _Queued:
     """One batch waiting in PostgresStore.commit: woken when committed (or failed), or to lead the next transaction."""
 
-    __slots__ = ("error", "lead", "mutations", "txn", "wake")
+    __slots__ = ("after", "check", "error", "lead", "mutations", "txn", "wake")
 
-    def __init__(self, mutations: list[Any], txn: int) -> None:
+    def __init__(self, mutations: list[Any], txn: int, check: Any = None, after: int = 0) -> None:
         self.mutations = mutations
         self.txn = txn
+        self.check = check
+        self.after = after
         self.wake = trio.Event()
         self.lead = False
         self.error: StoreUnavailable | None = None
+
+    def checked(self) -> Check:
+        """The check and the seq it is made at: the check's own (the node caught up to it itself)
+        when later than what the node's follower had applied when the batch was queued."""
+        return self.check, max(self.after, self.check.after or 0)
 
 
 def _vector_models(mutations: list[Any]) -> set[tuple[str, int]]:
@@ -629,6 +651,21 @@ def write_mutations(cur: Any, mutations: Sequence[Any], node: str = "", txn: int
             sql, args = _statement(op, pos)
             cur.execute(sql, args)
     cur.execute(_NOTIFY)
+
+
+_SINCE = "SELECT seq, node, body FROM mutations WHERE seq > %s ORDER BY seq"
+
+
+def check_decisions(cur: Any, checks: Sequence[Check], node: str) -> None:
+    """Batches' decisions against the committed rows, in their transaction: under the feed's lock
+    (held to COMMIT: nothing commits between this read and this transaction's COMMIT), the feed
+    after the earliest seq a check was made at; StoreConflict (the transaction rolls back) when a
+    check finds another node changed what its batch decided on (daemon/memory/concurrency.py)."""
+    cur.execute(FEED_LOCK_SQL)
+    cur.execute(_SINCE, (min(after for _check, after in checks),))
+    rows = [(int(seq), str(writer), bytes(body)) for seq, writer, body in cur.fetchall()]
+    if any(check.conflicting(rows, node, after) for check, after in checks):
+        raise StoreConflict(rows, rows[-1][0])
 
 
 _JOB_STATE = (

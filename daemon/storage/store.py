@@ -51,6 +51,19 @@ class StoreUnavailable(Exception):
         return ProtocolError(self.code, str(self), **self.data)
 
 
+class StoreConflict(StoreUnavailable):
+    """A batch whose decisions the committed rows contradict (store = postgres, several nodes: what
+    another node committed since the batch's node last caught up touches what the batch read,
+    daemon/memory/concurrency.py): nothing of it was written; `rows` holds the feed it was checked
+    against (seq, node, body) and `head` its last seq, for the actor to catch up and decide again.
+    Answered `unavailable` (retryable) by a caller that does not decide again."""
+
+    def __init__(self, rows: list[tuple[int, str, bytes]], head: int) -> None:
+        super().__init__("another node changed what this write decided on; try again", "unavailable", store="postgres")
+        self.rows = rows
+        self.head = head
+
+
 class Store(Protocol):
     """Where durable mutations go (the module's rule)."""
 
