@@ -101,6 +101,9 @@ def shown_path(path: Path) -> str:
     try:
         return f"{path.resolve().relative_to(shared.resolve().parent).as_posix()} (the shared data folder beside the repo)"
     except ValueError:
+        parts = path.resolve().parts  # a worktree's repo is not beside the shared folder: name it from "shared" on
+        if "shared" in parts:
+            return f"{Path(*parts[parts.index('shared') + 1:]).as_posix()} (the shared data folder beside the repo)"
         return str(path)
 
 

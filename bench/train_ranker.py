@@ -60,7 +60,7 @@ _common.set_log_prefix("train_ranker")
 
 L2S = (1e-3, 1e-2, 1e-1, 1.0)
 DEPTHS = (30, 50, 100, None)  # how many of the fusion's candidates the ranker reorders (None: all, up to ~200)
-DEPTH_SLACK = 0.005  # the smallest depth whose LOCO MRR@10 is within this of the best is shipped (cost)
+DEPTH_SLACK = 0.005  # the smallest depth whose LOCO MRR@10 and any@10 are each within this of the best is shipped (cost)
 KINDS = ("listwise", "logistic")
 LATENCY_ROUNDS = 3
 CHECK_SEED = 31
@@ -75,7 +75,9 @@ GROUPS = {
     "dense neighbours": ["cos_next", "cos_session_max"],
     "speaker / person": ["speaker", "names_person", "speaker_x_bm25"],
     "static": ["question", "log_length", "position"],
-    "temporal": ["date_match"],
+    "temporal (the turn's date)": ["date_match"],
+    "temporal (dates the text names or implies)": ["text_date_match"],
+    "asks when x time": ["when_x_time"],
 }
 
 
@@ -305,6 +307,8 @@ MEMORY_GROUPS = {
     "RM3": ["rm3"],
     "person": ["person", "names_person", "person_x_bm25"],
     "static": ["question", "log_length"],
+    "temporal": ["date_match"],
+    "asks when x time": ["when_x_time"],
 }
 
 
@@ -452,8 +456,8 @@ def choose_and_fit(sets: list[dict[str, Any]], features: Sequence[str], groups: 
     for depth in DEPTHS:
         by_depth[str(depth)] = summary(loco(truncated(sets, depth), all_cols, kind, l2), sets)["all"]
         log(f"LOCO depth {depth}: {by_depth[str(depth)]}")
-    top = max(r["MRR@10"] for r in by_depth.values())
-    depth = next(d for d in DEPTHS if by_depth[str(d)]["MRR@10"] >= top - DEPTH_SLACK)
+    best_of = {k: max(r[k] for r in by_depth.values()) for k in ("MRR@10", "any@10")}
+    depth = next(d for d in DEPTHS if all(by_depth[str(d)][k] >= best_of[k] - DEPTH_SLACK for k in best_of))
     sets = truncated(sets, depth)
     chosen = f"{kind}, L2 {l2:g}, depth {depth}"
     rows[f"learned, LOCO ({chosen})"] = summary(loco(sets, all_cols, kind, l2), sets)
@@ -585,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
              "LOCO grid (model, L2):", "", "| model | " + " | ".join(METRICS) + " |", "|---|" + "---|" * len(METRICS)]
     lines += [f"| {name} | " + " | ".join(f"{r[k]:.3f}" for k in METRICS) + " |" for name, r in got["grid"].items()]
     lines += ["", f"LOCO by depth (how many of the fusion's candidates are reordered; {kind}, L2 {l2:g}; the smallest "
-              f"within {DEPTH_SLACK} of the best MRR@10 is shipped):", "", "| depth | " + " | ".join(METRICS) + " |",
+              f"within {DEPTH_SLACK} of the best MRR@10 and of the best any@10 is shipped):", "", "| depth | " + " | ".join(METRICS) + " |",
               "|---|" + "---|" * len(METRICS)]
     lines += [f"| {d} | " + " | ".join(f"{r[k]:.3f}" for k in METRICS) + " |" for d, r in got["by_depth"].items()]
     lines += ["", "LOCO with one signal group removed:", "", "| removed | " + " | ".join(METRICS) + " |",

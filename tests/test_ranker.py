@@ -268,6 +268,26 @@ def test_the_signals_of_a_few_memories() -> None:
     assert row["m1"][col["lexical_rrf"]] == pytest.approx(1 / 61)  # the lexical side's first
 
 
+def test_the_temporal_signals_of_a_few_memories() -> None:
+    """A memory's own day is the first full date its text names (else refers_to, valid_from,
+    created_at); its relative times count from it; a "when" question marks those naming one."""
+    from eurekamem.daemon.memory.signals import FEATURES as MEMORY_FEATURES
+    from eurekamem.daemon.memory.signals import own_day
+
+    state, _ = memory_state_of([
+        ("t1", "Caroline (8 May 2023): I went to a support group yesterday", "Caroline"),
+        ("t2", "Melanie (20 June 2023): the support group was lovely", "Melanie"),
+    ])
+    col = {f: i for i, f in enumerate(MEMORY_FEATURES)}
+    row = memory_signals(state, "Which support group did Caroline go to on 7 May 2023?")
+    assert row["t1"][col["date_match"]] == 1.0 and row["t2"][col["date_match"]] == pytest.approx(np.exp(-43 / 14))  # 8 May to 20 June
+    row = memory_signals(state, "When did Caroline go to the support group?")
+    assert row["t1"][col["when_x_time"]] == 1.0 and row["t2"][col["when_x_time"]] == 0.0
+    assert row["t1"][col["date_match"]] == 0.0  # the query names no date
+    assert own_day(None, None, "no date", "1970-01-02T12:00:00Z") == 1.5
+    assert own_day("1970-01-03T00:00:00Z", None, "on 8 May 2023", "1970-01-02T12:00:00Z") == 2.0
+
+
 def test_memory_search_ranks_by_the_shipped_weights_only_when_asked_or_trained_on_its_embedder() -> None:
     from eurekamem.daemon.memory.prepared import Prepared
     from eurekamem.daemon.memory.signals import FEATURES as MEMORY_FEATURES
@@ -332,7 +352,7 @@ def test_the_per_signal_rows_show_the_planted_signal() -> None:
 def test_the_dates_a_query_names_and_how_close_a_turn_is() -> None:
     from datetime import date
 
-    from eurekamem.daemon.conversation.signals import date_match, query_dates
+    from eurekamem.daemon.retrieval.dates import closeness, query_dates, query_intervals
 
     assert query_dates("What painting did Melanie show on October 13, 2023?") == [(13, 10, 2023)]
     assert query_dates("What did Gina find on 1 February, 2023, and in 2022?") == [(1, 2, 2023), (None, None, 2022)]
@@ -340,9 +360,66 @@ def test_the_dates_a_query_names_and_how_close_a_turn_is() -> None:
     assert query_dates("What may Caroline do next?") == [] and query_dates("What did she say?") == []
 
     def day(y: int, mo: int, d: int) -> float:
-        return float((date(y, mo, d) - date(1970, 1, 1)).days) + 0.5  # noon
+        return float((date(y, mo, d) - date(1970, 1, 1)).days)
 
-    days = np.array([day(2023, 6, 10), day(2023, 7, 14), day(2024, 6, 1)])
-    assert date_match("camping in June?", days) == pytest.approx([1.0, np.exp(-14 / 14), 1.0], abs=0.04)
-    assert date_match("in July 2023", days)[1] == 1.0 and date_match("in July 2023", days)[2] < 0.001
-    assert date_match("on 10 June 2023", days)[0] == 1.0 and list(date_match("no date here", days)) == [0.0, 0.0, 0.0]
+    turns = [[(day(2023, 6, 10), day(2023, 6, 11))], [(day(2023, 7, 14), day(2023, 7, 15))], [(day(2024, 6, 1), day(2024, 6, 2))]]
+    now = day(2024, 6, 1)
+    got = closeness(query_intervals("camping in June?", now), turns)  # June of now's year, the one before or after
+    assert got == pytest.approx([1.0, np.exp(-14 / 14), 1.0], abs=0.04)
+    got = closeness(query_intervals("in July 2023", now), turns)
+    assert got[1] == 1.0 and got[2] < 0.001
+    assert closeness(query_intervals("on 10 June 2023", now), turns)[0] == 1.0
+    assert list(closeness(query_intervals("no date here", now), turns)) == [0.0, 0.0, 0.0]
+    # a relative time in a query counts from the full date it names, else from `now`
+    assert query_intervals("What did she finish last Friday, on 23 January, 2022?", now) == [
+        (day(2022, 1, 23), day(2022, 1, 24)), (day(2022, 1, 21), day(2022, 1, 22))]
+    assert query_intervals("What did she write yesterday?", now) == [(day(2024, 5, 31), day(2024, 6, 1))]
+
+
+def test_relative_times_in_a_text_count_from_the_day_it_was_said() -> None:
+    from datetime import date
+
+    from eurekamem.daemon.retrieval.dates import asks_when, mentions_time, relative_intervals, text_days
+
+    def day(y: int, mo: int, d: int) -> float:
+        return float((date(y, mo, d) - date(1970, 1, 1)).days)
+
+    monday = day(2023, 5, 8) + 0.6  # 1:56 pm on Monday 8 May 2023
+    assert relative_intervals("I went to a support group yesterday", monday) == [(day(2023, 5, 7), day(2023, 5, 8))]
+    assert relative_intervals("two weeks ago", monday) == [(day(2023, 4, 24), day(2023, 5, 1))]
+    assert relative_intervals("last week", monday) == [(day(2023, 5, 1), day(2023, 5, 8))]
+    assert relative_intervals("last Friday", monday) == [(day(2023, 5, 5), day(2023, 5, 6))]
+    assert relative_intervals("last weekend", monday) == [(day(2023, 5, 6), day(2023, 5, 8))]
+    assert relative_intervals("this weekend", monday) == [(day(2023, 5, 13), day(2023, 5, 15))]
+    assert relative_intervals("a few days ago", monday) == [(day(2023, 5, 5), day(2023, 5, 6))]
+    assert relative_intervals("last year", monday) == [(day(2022, 5, 8), day(2023, 5, 8))]
+    assert relative_intervals("See you tomorrow", monday) == [(day(2023, 5, 9), day(2023, 5, 10))]
+    assert relative_intervals("We met at the park", monday) == []
+    assert text_days("on 3 June 2023, and last week", monday) == [(day(2023, 6, 3), day(2023, 6, 4)),
+                                                                 (day(2023, 5, 1), day(2023, 5, 8))]
+    assert asks_when("When did Caroline go?") and asks_when("What year did they move?") and not asks_when("Who came?")
+    assert mentions_time("I went yesterday") and mentions_time("in May 2023") and not mentions_time("hello there")
+
+
+def test_the_temporal_signals_of_a_conversation() -> None:
+    """date_match: the turn's own date; text_date_match: the dates its text implies, counted from
+    its own; when_x_time: a "when" question and a turn naming a time."""
+    state = new_state()
+    append(state, "g", [
+        msg("1", "We adopted a greyhound yesterday", sender="Ann", at=at(0)),
+        msg("2", "A greyhound! Lovely", sender="Bo", at=at(1)),
+    ])
+    col = {f: i for i, f in enumerate(FEATURES)}
+    def signals(query: str) -> dict[str, np.ndarray]:
+        labels, x = state.candidate_signals(m.ConversationSearch(group="g", query=query), None)
+        return {state.messages[lab].id: x[i] for i, lab in enumerate(labels)}
+
+    row = signals("Which greyhound was adopted on 29 February 2024?")  # the turns were said on 1 March 2024
+    assert row["1"][col["text_date_match"]] == 1.0 and row["2"][col["text_date_match"]] == 0.0
+    assert row["1"][col["date_match"]] == 1.0  # days that touch are as close as the same day
+    row = signals("Which greyhound was adopted on 27 February 2024?")
+    assert row["1"][col["text_date_match"]] == pytest.approx(np.exp(-1 / 14))  # 28 February: 29 February's eve
+    assert row["1"][col["date_match"]] == row["2"][col["date_match"]] == pytest.approx(np.exp(-2 / 14))
+    row = signals("When did they adopt the greyhound?")
+    assert row["1"][col["when_x_time"]] == 1.0 and row["2"][col["when_x_time"]] == 0.0
+    assert row["1"][col["date_match"]] == 0.0  # the query names no date

@@ -19,8 +19,6 @@ Rules kept here:
 
 from __future__ import annotations
 
-import datetime as _dt
-import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from functools import cache
@@ -29,6 +27,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..retrieval import dates
 from ..retrieval.ranker import LinearRanker
 from ..retrieval.vectors import VectorStore
 from .text import StemmedIndex
@@ -54,7 +53,10 @@ FEATURES: tuple[str, ...] = (
     "question",  # the turn's text has a "?"
     "log_length",  # log(1 + tokens of the turn's line)
     "position",  # the turn's place in its session, 0 (first) to 1 (last)
-    "date_match",  # exp(-days / 14) between the turn's date and a date the query names (0 when it names none)
+    "date_match",  # exp(-days / 14) between the turn's date and a date the query names or implies (0 if none)
+    "text_date_match",  # ... between the dates the turn's text names or implies ("yesterday" said on 8 May is
+    # 7 May) and the query's
+    "when_x_time",  # the query asks when, and the turn's text names a date or a relative time
 )
 
 RRF_K = 60
@@ -101,14 +103,23 @@ class TermCache:
         self.tokens_of = tokens_of  # seq -> the tokens of its line
         self.turns: dict[int, Terms] = {}
         self.sessions: dict[tuple[str, str], Terms] = {}
+        self.times: dict[int, list[dates.Interval]] = {}  # seq -> the dates its text names or implies
 
     def forget(self, seq: int, group: str, session: str) -> None:
         self.turns.pop(seq, None)
+        self.times.pop(seq, None)
         self.sessions.pop((group, session), None)
 
     def clear(self) -> None:
         self.turns.clear()
+        self.times.clear()
         self.sessions.clear()
+
+    def time(self, seq: int, text: str, day: float) -> list[dates.Interval]:
+        got = self.times.get(seq)
+        if got is None:
+            got = self.times[seq] = dates.text_days(text, day)
+        return got
 
     def turn(self, seq: int) -> Terms:
         got = self.turns.get(seq)
@@ -144,7 +155,7 @@ class Layout:
     search first needs it after the group changed (Group.cached: dropped with every change), from
     the TermCache's counts, so a rebuild tokenizes only the lines that changed."""
 
-    __slots__ = ("days", "index", "length", "names", "order", "question", "rows", "sender", "senders", "seqs", "session",
+    __slots__ = ("days", "index", "length", "names", "newest", "order", "question", "rows", "sender", "senders", "seqs", "session",
                  "session_names", "size", "sorted_seqs")
 
     def __init__(self, state: State, group: Group) -> None:
@@ -162,6 +173,7 @@ class Layout:
         self.length = np.fromiter((terms.turn(seq)[1] for seq in seqs), dtype=np.float64, count=len(seqs))
         keys = state.keys  # (microseconds since the epoch, seq)
         self.days = np.fromiter((keys[seq][0] / 86_400e6 for seq in seqs), dtype=np.float64, count=len(seqs))
+        self.newest = float(self.days.max()) if len(seqs) else 0.0
         self.question = np.fromiter(("?" in messages[seq].text for seq in seqs), dtype=np.float64, count=len(seqs))
         self.senders = list(dict.fromkeys(messages[seq].sender for seq in seqs))
         sender_of = {name: i for i, name in enumerate(self.senders)}
@@ -265,69 +277,19 @@ def signal_matrix(
     x[:, col["log_length"]] = np.log1p(ln[:, 2])
     x[:, col["position"]] = np.where(lay.size[rows] > 1, lay.index[rows] / np.maximum(lay.size[rows] - 1, 1), 0.0)
     x[:, col["speaker_x_bm25"]] = x[:, col["speaker"]] * x[:, col["bm25_1_1"]]
-    x[:, col["date_match"]] = date_match(query, lay.days[rows])
+    temporal = _temporal(state, query, labels, lay.days[rows], lay.newest)
+    x[:, [col["date_match"], col["text_date_match"], col["when_x_time"]]] = temporal
     return x
 
 
-_MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
-           "november", "december")
-_MONTH = "(" + "|".join(_MONTHS) + ")"
-_DATE_PATTERNS = (  # (pattern, which groups are day / month / year)
-    (re.compile(rf"\b(\d{{1,2}})(?:st|nd|rd|th)?\s+{_MONTH},?\s+(\d{{4}})\b", re.I), (1, 2, 3)),
-    (re.compile(rf"\b{_MONTH}\s+(\d{{1,2}})(?:st|nd|rd|th)?,?\s+(\d{{4}})\b", re.I), (2, 1, 3)),
-    (re.compile(rf"\b{_MONTH},?\s+(\d{{4}})\b", re.I), (0, 1, 2)),
-    (re.compile(r"\b(" + "|".join(m.capitalize() for m in _MONTHS) + r")\b"), (0, 1, 0)),  # "may" alone is a verb
-    (re.compile(r"\b((?:19|20)\d{2})\b"), (0, 0, 1)),
-)
-_DAY = 86400.0
-DATE_SCALE_DAYS = 14.0
-
-
-def query_dates(query: str) -> list[tuple[int | None, int | None, int | None]]:
-    """The (day, month, year) the query names, most precise first; a part it does not name is None.
-    Each span of the query counts once (a full date is not also read as its month and its year)."""
-    out: list[tuple[int | None, int | None, int | None]] = []
-    taken: list[tuple[int, int]] = []
-    for pattern, (d, mo, y) in _DATE_PATTERNS:
-        for found in pattern.finditer(query):
-            if any(a < found.end() and found.start() < b for a, b in taken):
-                continue
-            day = int(found.group(d)) if d else None
-            month = _MONTHS.index(found.group(mo).lower()) + 1 if mo else None
-            year = int(found.group(y)) if y else None
-            if (day is None or 1 <= day <= 31) and (year is None or 1900 <= year <= 2100):
-                out.append((day, month, year))
-                taken.append(found.span())
-    return out
-
-
-def date_match(query: str, days: np.ndarray) -> np.ndarray:
-    """exp(-distance / DATE_SCALE_DAYS) between each of `days` (days since the epoch) and the nearest
-    date the query names (0 inside it; a month or a year is the span it covers; a month without a
-    year, that month of the turn's own year or the next to it); 0 everywhere when it names none."""
-    named = query_dates(query)
-    if not named or not days.size:
-        return np.zeros(days.size)
-    best = np.full(days.size, np.inf)
-    years = np.array([_dt.datetime.fromtimestamp(t * _DAY, _dt.UTC).year for t in days.tolist()])
-    for day, month, year in named:
-        for shift in ((0,) if year is not None else (-1, 0, 1)):
-            y = years + shift if year is None else np.full(days.size, year)
-            first = [_dt.date(int(v), month or 1, day or 1) for v in y]
-            if day is not None:
-                last = first
-            elif month is not None:
-                last = [_dt.date(int(v) + (month == 12), month % 12 + 1, 1) - _dt.timedelta(days=1) for v in y]
-            else:
-                last = [_dt.date(int(v), 12, 31) for v in y]
-            lo = np.array([(f - _EPOCH_DATE).days for f in first], dtype=np.float64)
-            hi = np.array([(t - _EPOCH_DATE).days for t in last], dtype=np.float64) + 1.0
-            best = np.minimum(best, np.maximum(0.0, np.maximum(lo - days, days - hi)))
-    result: np.ndarray = np.exp(-best / DATE_SCALE_DAYS)
-    return result
-
-
-_EPOCH_DATE = _dt.date(1970, 1, 1)
+def _temporal(state: State, query: str, labels: Sequence[int], days: np.ndarray, now: float) -> np.ndarray:
+    """date_match, text_date_match and when_x_time (see FEATURES), as (candidates, 3); `days`: each
+    candidate's own day, `now`: the group's newest (what the query's relative times count from)."""
+    texts = [state.terms.time(seq, state.messages[seq].text, day) for seq, day in zip(labels, days.tolist())]
+    wanted = dates.query_intervals(query, now)
+    own = [[(float(np.floor(day)), float(np.floor(day)) + 1.0)] for day in days.tolist()]
+    when = np.array([bool(t) for t in texts], dtype=np.float64) if dates.asks_when(query) else np.zeros(len(labels))
+    return np.column_stack((dates.closeness(wanted, own), dates.closeness(wanted, texts), when))
 
 
 def _dense(

@@ -292,6 +292,7 @@ class Search(MemoryData):
             [memory.attributed_to for memory in memories],
             [memory.content for memory in memories],
             [memory_text(memory) for memory in memories[: signals.RM3_DOCS]],
+            [signals.own_day(mem.refers_to, mem.valid_from, mem.content, mem.created_at) for mem in memories],
         )
 
     def _reranked(

@@ -6,25 +6,32 @@ Rules kept here:
   memory has: there is no session neighbourhood, so no BM25 windows, no session document and no
   neighbour's vector; what is left is the memory's own BM25 and cosine, the fusion's inputs, the
   person it is attributed to, and static traits of its text.
+- A memory's own day: the time it refers to (refers_to, else valid_from), else the first full date
+  its text names ("Caroline (8 May 2023): ..."), else when it was created; its text's relative
+  times count from that day, the query's from the candidates' newest (daemon/retrieval/dates.py).
 - Every signal comes from what the state already holds: the BM25 index (a BM25 restricted to the
   candidates gives each its exact score; its document lengths), the stored vectors, the people
-  index of the person boost, the fusion's lists. No new index, no new vector, no cache.
+  index of the person boost, the fusion's lists. No new index, no new vector; the one cache is a
+  bounded memo of what a text's dates are (a pure function of the text and its day).
 - The daemon and bench/train_ranker.py compute the signals through this one function, so the
   shipped weights (ranker.json beside this module) mean the same thing in both.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 
 import numpy as np
 
+from ..retrieval import dates
 from ..retrieval.lexical import LexicalIndex
 from ..retrieval.ranker import RM3_DOCS, LinearRanker, rm3
 from ..retrieval.vectors import VectorStore
+from .strength import epoch
 
 __all__ = ["FEATURES", "RM3_DOCS", "shipped_ranker", "signal_matrix"]
 
@@ -43,6 +50,9 @@ FEATURES: tuple[str, ...] = (
     "rm3",  # the expansion terms of RM3 pseudo-relevance feedback (the fusion's first 10), BM25-weighed
     "question",  # the memory's content has a "?"
     "log_length",  # log(1 + tokens of its text)
+    "date_match",  # exp(-days / 14) between the memory's dates (its own, and those its text names or implies:
+    # "yesterday" said on 8 May is 7 May) and a date the query names or implies (0 if none)
+    "when_x_time",  # the query asks when, and the memory's text holds a relative time ("last week")
 )
 
 RRF_K = 60
@@ -69,11 +79,13 @@ def signal_matrix(
     attributed: Sequence[str | None],
     contents: Sequence[str],
     feedback: Sequence[str],
+    days: Sequence[float] | None = None,
 ) -> np.ndarray:
     """(len(labels), len(FEATURES)) float64: the raw signals of each candidate (see FEATURES).
     `people`: each person the query names and the labels attributed to them; `attributed` and
     `contents`: each candidate's attributed_to and content; `feedback`: the texts of the fusion's
-    first RM3_DOCS candidates."""
+    first RM3_DOCS candidates; `days`: each candidate's own day (see the rule above; None: the
+    temporal signals are 0)."""
     n = len(labels)
     x = np.zeros((n, len(FEATURES)), dtype=np.float64)
     if n == 0:
@@ -115,5 +127,39 @@ def signal_matrix(
     x[:, col["rm3"]] = rm3(lexical_index, query, labels, [Counter(lexical_index.tokenize(text)) for text in feedback])
     x[:, col["question"]] = [float("?" in text) for text in contents]
     x[:, col["log_length"]] = np.log1p(lexical_index.lengths(labels))
+    if days is not None:
+        _temporal(query, contents, np.asarray(days, dtype=np.float64), x, col)
     return x
+
+
+def _temporal(query: str, contents: Sequence[str], days: np.ndarray, x: np.ndarray, col: dict[str, int]) -> None:
+    own = np.floor(days).tolist()
+    times = [_text_times(text, day) for text, day in zip(contents, own)]
+    have = [[(day, day + 1.0), *intervals] for day, (intervals, _) in zip(own, times)]
+    x[:, col["date_match"]] = dates.closeness(dates.query_intervals(query, max(own)), have)
+    if dates.asks_when(query):
+        x[:, col["when_x_time"]] = [relative for _, relative in times]
+
+
+@lru_cache(maxsize=1 << 16)
+def _text_times(text: str, day: float) -> tuple[tuple[dates.Interval, ...], bool]:
+    """The dates a memory's text names or implies, counted from its own day, and whether it holds
+    a relative time (a pure function of both, kept: the regular expressions cost ~0.1 ms a text)."""
+    relative = dates.relative_intervals(text, day)
+    return (*dates.text_days(text, day, relative), ), bool(relative)
+
+
+@lru_cache(maxsize=1 << 16)
+def own_day(refers_to: str | None, valid_from: str | None, content: str, created_at: str) -> float:
+    """A memory's own day (days since the epoch; see the rule above)."""
+    for stamp in (refers_to, valid_from):
+        if stamp:
+            return epoch(stamp) / 86400.0
+    for day, month, year in dates.query_dates(content):
+        if day and month and year:
+            try:
+                return dates.day_of(_dt.date(year, month, day))
+            except ValueError:
+                continue
+    return epoch(created_at) / 86400.0
 
