@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 START_TIMEOUT = 30.0
@@ -100,6 +104,20 @@ class DaemonProcess:
     @property
     def output(self) -> str:
         return "".join(self.log)
+
+
+@contextlib.contextmanager
+def shared_daemon(prefix: str, *extra: str, env: dict[str, str] | None = None) -> Iterator[DaemonProcess]:
+    """One daemon on a fresh short root (/tmp/<prefix>...: the socket path stays short) for the tests of a
+    module that do not interfere (each its own keys, sessions, nodes): a module-scoped fixture yields from
+    it, one start (~1-3 s of a busy machine) instead of one a test. Stopped with SIGTERM, the root removed."""
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    proc = DaemonProcess(root / "data", root / "s.sock", *extra, env=env).start()
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def wait_gone(pid: int, timeout: float = START_TIMEOUT) -> None:

@@ -11,11 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +24,7 @@ import trio.testing
 from test_extraction import INSIGHTS
 from test_llm import StubLLMServer, anthropic_tool
 
-from daemon_process import DaemonProcess
+from daemon_process import DaemonProcess, shared_daemon
 from eurekamem.client import Client
 from eurekamem.integrations import eurekaclaw as integration
 from eurekamem.integrations.eurekaclaw import _routed
@@ -52,14 +50,9 @@ def stub() -> Iterator[StubLLMServer]:
 
 @pytest.fixture(scope="module")
 def daemon(stub: StubLLMServer) -> Iterator[DaemonProcess]:
-    root = Path(tempfile.mkdtemp(prefix="em-ec-", dir="/tmp"))
     env = {**os.environ, "ANTHROPIC_API_KEY": KEY, "ANTHROPIC_BASE_URL": stub.url("anthropic")}
-    proc = DaemonProcess(root / "data", root / "s.sock", env=env).start()
-    try:
+    with shared_daemon("em-ec-", env=env) as proc:
         yield proc
-    finally:
-        proc.terminate()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _forget_eurekaclaw() -> None:

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +19,7 @@ import pytest
 from test_extraction import INSIGHTS
 from test_llm import Recorded, StubLLMServer, anthropic_tool
 
-from daemon_process import DaemonProcess
+from daemon_process import DaemonProcess, shared_daemon
 from eurekamem.client import Client
 from eurekamem.daemon.jobs.distill import find_pattern
 from eurekamem.daemon.jobs.extract import failures_key
@@ -48,14 +46,9 @@ def stub() -> Iterator[StubLLMServer]:
 
 @pytest.fixture(scope="module")
 def daemon(stub: StubLLMServer) -> Iterator[DaemonProcess]:
-    root = Path(tempfile.mkdtemp(prefix="em-ec-next-"))
     env = {**os.environ, "ANTHROPIC_API_KEY": "sk-test-next-session", "ANTHROPIC_BASE_URL": stub.url("anthropic")}
-    proc = DaemonProcess(root / "data", root / "s.sock", env=env).start()
-    try:
+    with shared_daemon("em-ec-next-", env=env) as proc:
         yield proc
-    finally:
-        proc.terminate()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def by_tool(recorded: Recorded) -> Any:

@@ -22,7 +22,7 @@ import pytest
 import trio
 
 from conftest import IO_TIMEOUT, RawConnection, running_daemon
-from daemon_process import DaemonProcess
+from daemon_process import DaemonProcess, shared_daemon
 from eurekamem.client import Client
 from eurekamem.integrations import eurekaclaw as integration
 from eurekamem.integrations.eurekaclaw import _routed
@@ -35,13 +35,8 @@ ROUTED = "eurekamem.integrations.eurekaclaw._routed"
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[DaemonProcess]:
-    root = Path(tempfile.mkdtemp(prefix="em-ecs-", dir="/tmp"))
-    proc = DaemonProcess(root / "data", root / "s.sock").start()
-    try:
+    with shared_daemon("em-ecs-") as proc:
         yield proc
-    finally:
-        proc.terminate()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _forget_eurekaclaw() -> None:

@@ -6,11 +6,12 @@ import json
 import shutil
 import socket
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from daemon_process import CLI, DaemonProcess, kill_9_under_writers
+from daemon_process import CLI, DaemonProcess, kill_9_under_writers, shared_daemon
 from eurekamem.client import Client, InvalidParams, MemoryManager, NotFound
 
 TIMEOUT = 20.0  # socket timeout of every client in these tests
@@ -18,13 +19,21 @@ TIMEOUT = 20.0  # socket timeout of every client in these tests
 
 @pytest.fixture
 def daemon(data_dir: Path, sock_dir: Path):  # type: ignore[no-untyped-def]
+    """A daemon of the test's own: for the tests that stop it or start a second one on its root."""
     proc = DaemonProcess(data_dir, sock_dir / "s.sock").start()
     yield proc
     proc.kill()
 
 
-def test_client_round_trip(daemon: DaemonProcess) -> None:
-    with Client(daemon.socket_path, timeout=TIMEOUT) as c:
+@pytest.fixture(scope="module")
+def shared() -> Iterator[DaemonProcess]:
+    """One daemon for the tests that only talk to it (each its own keys, sessions and nodes)."""
+    with shared_daemon("em-int-") as proc:
+        yield proc
+
+
+def test_client_round_trip(shared: DaemonProcess) -> None:
+    with Client(shared.socket_path, timeout=TIMEOUT) as c:
         assert c.ping() is True
         record = c.remember("theory.failed_strategies.x", {"why": "loose"}, tags=["failed"], source_session="s1")
         assert c.recall("theory.failed_strategies.x").record_id == record.record_id
@@ -45,8 +54,8 @@ def test_client_round_trip(daemon: DaemonProcess) -> None:
         assert c.forget("theory.failed_strategies.x") is True
 
 
-def test_memory_manager_is_a_drop_in(daemon: DaemonProcess) -> None:
-    with MemoryManager("run-1", socket_path=daemon.socket_path) as mm:
+def test_memory_manager_is_a_drop_in(shared: DaemonProcess) -> None:
+    with MemoryManager("run-1", socket_path=shared.socket_path) as mm:
         mm.log_event("survey", "read 3 papers", {"n": 3})
         mm.log_event("theory", "proved lemma 1")
         assert [e.content for e in mm.recent_events(agent_role="theory")] == ["proved lemma 1"]
@@ -60,10 +69,10 @@ def test_memory_manager_is_a_drop_in(daemon: DaemonProcess) -> None:
         assert [n.theorem_name for n in mm.find_related_theorems(a.node_id, depth=1)] == ["B"]
 
 
-def test_raw_ndjson_and_socat(daemon: DaemonProcess) -> None:
+def test_raw_ndjson_and_socat(shared: DaemonProcess) -> None:
     raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     raw.settimeout(TIMEOUT)
-    raw.connect(str(daemon.socket_path))
+    raw.connect(str(shared.socket_path))
     raw.sendall(b'{"id":1,"method":"persistent.remember","params":{"key":"shell","value":"hi"}}\r\n{"id":2,"method":"persistent.recall","params":{"key":"shell"}}\n')
     raw.shutdown(socket.SHUT_WR)
     data = b""
@@ -75,7 +84,7 @@ def test_raw_ndjson_and_socat(daemon: DaemonProcess) -> None:
     if shutil.which("socat") is None:
         pytest.skip("socat is not installed; the raw socket part passed")
     out = subprocess.run(
-        ["socat", "-", f"UNIX-CONNECT:{daemon.socket_path}"],
+        ["socat", "-", f"UNIX-CONNECT:{shared.socket_path}"],
         input=b'{"id":1,"method":"sys.ping"}\n', capture_output=True, timeout=TIMEOUT, check=True,
     )
     assert json.loads(out.stdout) == {"jsonrpc": "2.0", "id": 1, "result": {"pong": True}}
@@ -85,8 +94,8 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=TIMEOUT)
 
 
-def test_cli_call_and_status(daemon: DaemonProcess) -> None:
-    sock = str(daemon.socket_path)
+def test_cli_call_and_status(shared: DaemonProcess) -> None:
+    sock = str(shared.socket_path)
     done = run_cli("call", "--socket", sock, "persistent.remember", '{"key": "cli", "value": {"a": 1}}')
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["value"] == {"a": 1}
@@ -98,7 +107,7 @@ def test_cli_call_and_status(daemon: DaemonProcess) -> None:
     assert failed.returncode == 1 and "not JSON" in failed.stderr
     status = run_cli("status", "--socket", sock)
     assert status.returncode == 0 and "persistent" in status.stdout and "journal" in status.stdout
-    absent = run_cli("status", "--socket", str(daemon.socket_path) + ".absent")
+    absent = run_cli("status", "--socket", str(shared.socket_path) + ".absent")
     assert absent.returncode == 1
 
 

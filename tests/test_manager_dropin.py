@@ -22,7 +22,7 @@ import pytest
 import trio
 from eurekaclaw_reference import ReferenceManager
 
-from daemon_process import DaemonProcess, wait_gone
+from daemon_process import DaemonProcess, shared_daemon, wait_gone
 from eurekamem.client import AsyncClient, Client, MemoryManager, Timeout
 from eurekamem.client._autostart import daemon_answers
 from eurekamem.client._paths import eurekaclaw_dir
@@ -32,13 +32,8 @@ TIMEOUT = 20.0
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[DaemonProcess]:
-    root = Path(tempfile.mkdtemp(prefix="em-dropin-"))
-    proc = DaemonProcess(root / "data", root / "s.sock").start()
-    try:
+    with shared_daemon("em-dropin-") as proc:
         yield proc
-    finally:
-        proc.terminate()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 _counter = iter(range(10**9))

