@@ -479,12 +479,13 @@ class MemoryActor(TierActor):
         results = self._process(calls, self._embedded)
         return results, state.take_pending()
 
-    async def apply_feed(self, mutations: list[Any]) -> None:
+    async def apply_feed(self, mutations: list[Any], again: Callable[[], list[Any]] = list) -> None:
         """Other nodes' committed mutations (TierActor.apply_feed), but those _decide_again applied
-        already (CaughtUp), decided under the state lock, as the feed's own apply."""
+        already (CaughtUp), decided under the state lock, as the feed's own apply; then `again()`'s
+        (the node's own commits the feed has not reached: feed.py's re-apply rule)."""
         def apply(state: MemoryState) -> None:
             applied = self.store.own.applied if self.store is not None and hasattr(self.store, "own") else 0
-            for mutation in self.caught.unapplied(mutations, applied):
+            for mutation in [*self.caught.unapplied(mutations, applied), *again()]:
                 state.apply(mutation)
 
         await self.run_internal(apply)
