@@ -118,7 +118,7 @@ SHAPES = {
 def sec_shapes(pg: PostgresServer, seconds: float) -> list[dict[str, Any]]:
     import psycopg
 
-    from eurekamem.daemon.postgres.store import FEED_LOCK_SQL
+    from eurekamem.daemon.postgres.store import take_feed_lock
 
     dsn = pg.create_database()
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -139,7 +139,7 @@ def sec_shapes(pg: PostgresServer, seconds: float) -> list[dict[str, Any]]:
                         with conn.transaction():
                             if "domain" in steps:
                                 conn.execute("SELECT pg_advisory_xact_lock(727010, hashtext(%s))", (f"d{rng.randrange(4)}",))
-                            conn.execute(FEED_LOCK_SQL)
+                            take_feed_lock(conn.cursor())
                             if "rows" in steps:
                                 ids = [rng.randrange(1, 1001) for _ in range(3)]
                                 conn.execute("SELECT id FROM mems WHERE id = ANY(%s) FOR UPDATE", (ids,)).fetchall()

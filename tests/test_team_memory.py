@@ -158,7 +158,7 @@ def test_maintenance_asked_on_two_nodes_at_once_runs_once(pair: tuple[str, list[
         answers = at_once([a, b], [lambda c: c.maintain()] * 2)
         with Client(b.socket_path, timeout=TIMEOUT) as client:
             ran = sorted((client.wait_job(job_id, timeout=TIMEOUT) for job_id in set(answers)), key=lambda job: job.created_at)
-        assert all(job.state == "done" for job in ran)
+        assert all(job.state == "done" for job in ran), ran
         # one job for both requests, unless the later request came once the first run had started
         # (then it is a run of its own, after: the rule, whatever the timing)
         assert len(ran) == 1 or ran[1].created_at >= (ran[0].started_at or ""), ran

@@ -661,7 +661,7 @@ def check_decisions(cur: Any, checks: Sequence[Check], node: str) -> None:
     (held to COMMIT: nothing commits between this read and this transaction's COMMIT), the feed
     after the earliest seq a check was made at; StoreConflict (the transaction rolls back) when a
     check finds another node changed what its batch decided on (daemon/memory/concurrency.py)."""
-    cur.execute(FEED_LOCK_SQL)
+    take_feed_lock(cur)
     cur.execute(_SINCE, (min(after for _check, after in checks),))
     rows = [(int(seq), str(writer), bytes(body)) for seq, writer, body in cur.fetchall()]
     if any(check.conflicting(rows, node, after) for check, after in checks):
